@@ -1,0 +1,239 @@
+/*
+ * psclient.h - the one public header of libpsclient, the C library that
+ * training workers link to talk to psd parameter servers.
+ *
+ * Conventions (libuv/SQLite style):
+ *  - Every handle is opaque and comes from a *_create function; the matching
+ *    *_destroy releases it, and *_destroy(NULL) is a no-op.
+ *  - Functions return 0 on success or a negative PS_E* code; ps_strerror()
+ *    names a code and ps_client_errmsg() gives the details of the last error.
+ *  - Thread safety: a ps_client and everything created from it (variables,
+ *    requests) must be used by one thread at a time. Different clients are
+ *    independent. ps_strerror() is thread-safe.
+ *  - All tensors are float32, row-major, in host byte order (little endian).
+ */
+#ifndef PSCLIENT_H
+#define PSCLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PS_VERSION_MAJOR 0
+#define PS_VERSION_MINOR 1
+#define PS_VERSION_PATCH 0
+
+/* Error codes: one table generates the enum and ps_strerror(). The same
+ * numbers travel on the wire in Error messages. */
+#define PS_ERRNO_MAP(X)                                                        \
+  X(EINVAL, -1, "invalid argument")                                            \
+  X(ENOMEM, -2, "out of memory")                                               \
+  X(ECONNECT, -3, "could not connect to parameter server")                     \
+  X(ECLOSED, -4, "connection to parameter server lost")                        \
+  X(EPROTO, -5, "protocol error")                                              \
+  X(EVERSION, -6, "protocol version mismatch")                                 \
+  X(EMISMATCH, -7, "configuration mismatch between peers")                     \
+  X(ESTALE, -8, "stale gradient dropped")                                      \
+  X(EDUPLICATE, -9, "duplicate gradient for this step")                        \
+  X(ETIMEDOUT, -10, "timed out")                                               \
+  X(ENOTFOUND, -11, "unknown variable or slice")                               \
+  X(ESHAPE, -12, "conflicting shape or size")                                  \
+  X(ETOOBIG, -13, "message or tensor too large")                               \
+  X(EAUTH, -14, "authentication failed")                                       \
+  X(EUNSUPPORTED, -15, "not supported")                                        \
+  X(ESTATE, -16, "operation not valid in the current state")                   \
+  X(EBUSY, -17, "resource busy")                                               \
+  X(EIO, -18, "input/output error")                                            \
+  X(ESHUTDOWN, -19, "server is shutting down")                                 \
+  X(EINTERNAL, -20, "internal error")
+
+typedef enum ps_errno {
+  PS_OK = 0,
+#define PS__ERR_ENUM(name, val, msg) PS_##name = (val),
+  PS_ERRNO_MAP(PS__ERR_ENUM)
+#undef PS__ERR_ENUM
+} ps_errno;
+
+/* Static description of an error code; never NULL (unknown codes give
+ * "unknown error"). */
+const char *ps_strerror(int code);
+/* Symbolic name of an error code ("PS_ESTALE"), or "PS_UNKNOWN". */
+const char *ps_err_name(int code);
+
+/* ---------------------------------------------------------------------- */
+/* Optimizers: run on the servers, configured per variable by the workers. */
+
+typedef enum ps_opt_kind {
+  PS_OPT_SGD = 0,      /* w -= lr * g */
+  PS_OPT_MOMENTUM = 1, /* v = m*v + g; w -= lr*v (Nesterov: w -= lr*(g + m*v)) */
+  PS_OPT_ADAM = 2      /* Kingma & Ba, bias-corrected, TF's epsilon-hat form */
+} ps_opt_kind;
+
+typedef enum ps_lr_decay {
+  PS_DECAY_NONE = 0,
+  PS_DECAY_EXPONENTIAL = 1, /* lr * rate^(step / decay_steps) */
+  PS_DECAY_STEP = 2         /* lr * rate^floor(step / decay_steps) */
+} ps_lr_decay;
+
+typedef struct ps_optimizer {
+  ps_opt_kind kind;     /* which update rule */
+  double lr;            /* base learning rate, > 0 */
+  double momentum;      /* PS_OPT_MOMENTUM: coefficient in [0, 1) */
+  int nesterov;         /* PS_OPT_MOMENTUM: nonzero for Nesterov momentum */
+  double beta1;         /* PS_OPT_ADAM: first moment decay, default 0.9 */
+  double beta2;         /* PS_OPT_ADAM: second moment decay, default 0.999 */
+  double epsilon;       /* PS_OPT_ADAM: default 1e-8 */
+  ps_lr_decay decay;    /* learning rate schedule */
+  double decay_rate;    /* factor per decay_steps, in (0, 1] */
+  uint64_t decay_steps; /* > 0 when decay != PS_DECAY_NONE */
+  double weight_decay;  /* L2: the gradient gets weight_decay * w added */
+} ps_optimizer;
+
+/* Fills *opt with plain SGD at learning rate lr and Adam's usual betas. */
+void ps_optimizer_default(ps_optimizer *opt, double lr);
+
+/* ---------------------------------------------------------------------- */
+/* Initializers: only the chief (worker 0) runs them; the others wait for
+ * the chief's values. Seeded, so any worker would compute the same ones. */
+
+typedef enum ps_init_kind {
+  PS_INIT_ZEROS = 0,
+  PS_INIT_CONSTANT = 1,         /* every element = a */
+  PS_INIT_UNIFORM = 2,          /* U[a, b) */
+  PS_INIT_NORMAL = 3,           /* N(mean a, stddev b) */
+  PS_INIT_TRUNCATED_NORMAL = 4, /* N(a, b) redrawn beyond 2 stddev */
+  PS_INIT_GLOROT_UNIFORM = 5,   /* U(+-sqrt(6/(fan_in+fan_out))) */
+  PS_INIT_GLOROT_NORMAL = 6     /* truncated N(0, sqrt(2/(fan_in+fan_out))) */
+} ps_init_kind;
+
+typedef struct ps_init {
+  ps_init_kind kind; /* distribution */
+  double a;          /* constant value, uniform low bound or normal mean */
+  double b;          /* uniform high bound or normal stddev */
+  uint64_t seed;     /* combined with the variable name: names differ, draws differ */
+} ps_init;
+
+/* Fills out[0..n) for a tensor of the given shape (fans come from the shape:
+ * the last dim is fan_out, the rest multiply to fan_in, as TensorFlow does).
+ * `name` salts the seed. Returns 0 or PS_EINVAL (bad kind or parameters). */
+int ps_init_fill(const ps_init *init, const char *name, const int64_t *shape,
+                 int ndim, float *out, size_t n);
+
+/* ---------------------------------------------------------------------- */
+/* Client */
+
+typedef struct ps_client ps_client; /* connections to every ps task */
+typedef struct ps_var ps_var;       /* a variable, owned by its client */
+typedef struct ps_req ps_req;       /* an in-flight push or pull */
+
+#define PS_MAX_DIMS 8     /* enough for any conv/attention weight */
+#define PS_MAX_NAME 255   /* variable names are at most this many bytes */
+
+typedef struct ps_config {
+  const char *const *hosts;   /* "host:port" of each ps task, in ps order */
+  int num_ps;                 /* entries in hosts, >= 1 */
+  int worker_index;           /* 0..num_workers-1; 0 is the chief */
+  int num_workers;            /* >= 1 */
+  int replicas_to_aggregate;  /* 0: all workers; fewer makes backups */
+  int async_mode;             /* nonzero: every push applied at once */
+  int connect_timeout_ms;     /* keep retrying connects this long; 0: 60000 */
+  int request_timeout_ms;     /* bound on any wait; 0: 600000 */
+  uint64_t split_threshold;   /* bytes above which a variable is split over
+                                 all ps tasks; 0: 1 MiB */
+  uint64_t max_slice_bytes;   /* largest slice; larger parts are chunked so
+                                 servers pipeline them; 0: 4 MiB */
+  const void *credential;     /* authentication credential (may be NULL) */
+  size_t credential_len;      /* bytes in credential */
+} ps_config;
+
+/* Connects to every ps task (retrying with backoff up to
+ * connect_timeout_ms) and performs the handshake. On success *out owns the
+ * connections; destroy it with ps_client_destroy(). On failure *out is NULL
+ * and the return is negative; errmsg (if not NULL, errmsg_len bytes) gets
+ * the reason, naming the host:port that failed. The config is copied. */
+int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
+                     size_t errmsg_len);
+
+/* Same, configured from the environment set by psrun:
+ *   PS_HOSTS=h1:p1,h2:p2   PS_WORKER_INDEX   PS_NUM_WORKERS
+ *   PS_REPLICAS_TO_AGGREGATE (optional)  PS_ASYNC=1 (optional)
+ *   PS_CONNECT_TIMEOUT_MS (optional)     PS_REQUEST_TIMEOUT_MS (optional)
+ * A missing or malformed variable is PS_EINVAL with a message naming it. */
+int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
+
+/* Closes the connections (without ps_client_finish: servers see the worker
+ * leave) and frees every variable and request. NULL is a no-op. */
+void ps_client_destroy(ps_client *c);
+
+/* Details of the last error on c; valid until the next call on c. */
+const char *ps_client_errmsg(const ps_client *c);
+
+int ps_client_worker_index(const ps_client *c);
+int ps_client_num_workers(const ps_client *c);
+int ps_client_num_ps(const ps_client *c);
+
+/* Creates variable `name` with the given shape (1..PS_MAX_DIMS dims, all
+ * > 0) on the servers, placed deterministically from the order of creation.
+ * The chief initializes it with `init`; every other worker blocks until the
+ * chief has, then receives the values. If the variable already exists on
+ * the servers (another worker or a restore created it) with the same shape
+ * and optimizer, this attaches to it; a different shape is PS_ESHAPE.
+ * `opt` may be NULL (SGD, lr 0.01). On success *out is owned by c and its
+ * data holds the current parameters. Blocking. */
+int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape,
+                         int ndim, const ps_init *init, const ps_optimizer *opt,
+                         ps_var **out);
+
+/* Parameter values (numel floats), owned by the variable. Pulls overwrite
+ * them: do not read while a pull is in flight. */
+float *ps_var_data(ps_var *v);
+/* Gradient buffer (numel floats, zero at creation) that push sends. Pushes
+ * send straight from it: do not write while a push is in flight. */
+float *ps_var_grad(ps_var *v);
+size_t ps_var_numel(const ps_var *v);
+const char *ps_var_name(const ps_var *v);
+int ps_var_ndim(const ps_var *v);
+const int64_t *ps_var_shape(const ps_var *v);
+
+/* Pushes the gradients of vars[0..n) (all variables when vars is NULL),
+ * computed from parameters at `step`, to every ps concurrently. *out is a
+ * request to wait on. Returns 0 or a negative code (nothing was sent). */
+int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars,
+                         size_t n, ps_req **out);
+
+/* Asks every ps for the parameters of vars (all when NULL) at a step >=
+ * min_step; the values land in ps_var_data() as they arrive. */
+int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars,
+                         size_t n, ps_req **out);
+
+/* Waits for r (up to timeout_ms; < 0: the client's request timeout) while
+ * driving all of c's I/O. Returns 0, or the request's error: a push whose
+ * gradient came too late returns PS_ESTALE (not fatal: pull and go on).
+ * *step_out (may be NULL) gets, for a pull, the smallest step among the
+ * slices received. r stays valid until ps_req_destroy(). */
+int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
+
+/* Releases a finished request (waiting first if it is still in flight, so
+ * that no buffer is still in use). NULL is a no-op. */
+void ps_req_destroy(ps_req *r);
+
+/* One synchronous training step for every variable: pushes the gradients
+ * computed at *step, pulls the parameters of the next step, and sets *step
+ * to it. A stale push is not an error here: the client skips ahead to the
+ * servers' step (*stale_out, if not NULL, is set to 1 when it happened). */
+int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
+
+/* Pulls every variable at step >= min_step (blocking); *step_out gets the
+ * step received. Used to start or resume: ps_client_pull(c, 0, &s). */
+int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out);
+
+/* Tells every server this worker is done; they exit when all are. */
+int ps_client_finish(ps_client *c);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PSCLIENT_H */

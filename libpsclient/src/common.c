@@ -1,0 +1,172 @@
+/* common.c - error table, frame header codec and small helpers shared by
+ * libpsclient and psd. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ps_internal.h"
+
+const char *ps_strerror(int code) {
+  switch (code) {
+  case PS_OK:
+    return "success";
+#define PS__ERR_STR(name, val, msg) \
+  case PS_##name:                   \
+    return msg;
+    PS_ERRNO_MAP(PS__ERR_STR)
+#undef PS__ERR_STR
+  default:
+    return "unknown error";
+  }
+}
+
+const char *ps_err_name(int code) {
+  switch (code) {
+  case PS_OK:
+    return "PS_OK";
+#define PS__ERR_NAME(name, val, msg) \
+  case PS_##name:                    \
+    return "PS_" #name;
+    PS_ERRNO_MAP(PS__ERR_NAME)
+#undef PS__ERR_NAME
+  default:
+    return "PS_UNKNOWN";
+  }
+}
+
+static void put_u16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+}
+static void put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint16_t get_u16(const uint8_t *p) {
+  return (uint16_t)(p[0] | (p[1] << 8));
+}
+static uint32_t get_u32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+void ps__header_encode(uint8_t out[PS__HEADER_SIZE], unsigned type,
+                       uint32_t meta_len, uint64_t data_len) {
+  put_u32(out, PS__MAGIC);
+  put_u16(out + 4, (uint16_t)PS__PROTOCOL_VERSION);
+  put_u16(out + 6, (uint16_t)type);
+  put_u32(out + 8, meta_len);
+  put_u32(out + 12, 0); /* flags: none defined yet */
+  put_u64(out + 16, data_len);
+}
+
+int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
+                      ps__frame_header *h, char *err, size_t errlen) {
+  uint32_t magic = get_u32(in);
+  uint16_t version = get_u16(in + 4);
+  uint16_t type = get_u16(in + 6);
+  uint32_t meta = get_u32(in + 8);
+  uint32_t flags = get_u32(in + 12);
+  uint64_t data = get_u64(in + 16);
+  if (magic != PS__MAGIC) {
+    snprintf(err, errlen, "bad frame magic 0x%08x (expected 0x%08x): not a psd peer",
+             magic, PS__MAGIC);
+    return PS_EPROTO;
+  }
+  if (version != PS__PROTOCOL_VERSION) {
+    snprintf(err, errlen, "frame protocol version %u, this side speaks %u",
+             version, PS__PROTOCOL_VERSION);
+    return PS_EVERSION;
+  }
+  if (type == 0 || type >= PS__MSG_MAX_) {
+    snprintf(err, errlen, "unknown message type %u", type);
+    return PS_EPROTO;
+  }
+  if (flags != 0) {
+    snprintf(err, errlen, "unknown frame flags 0x%x", flags);
+    return PS_EPROTO;
+  }
+  if (!handshaken) {
+    if (type != PS__MSG_HELLO && type != PS__MSG_HELLO_REPLY &&
+        type != PS__MSG_ERROR) {
+      snprintf(err, errlen, "%s frame before the handshake (expected HELLO)",
+               ps__msg_name(type));
+      return PS_EPROTO;
+    }
+    if (meta > PS__MAX_PREAUTH_META || data != 0) {
+      snprintf(err, errlen,
+               "handshake frame too large (%u meta + %llu data bytes; limit %u + 0)",
+               meta, (unsigned long long)data, PS__MAX_PREAUTH_META);
+      return PS_ETOOBIG;
+    }
+  }
+  if (meta > PS__MAX_META) {
+    snprintf(err, errlen, "frame metadata of %u bytes exceeds the limit of %u",
+             meta, PS__MAX_META);
+    return PS_ETOOBIG;
+  }
+  if (data > PS__MAX_DATA) {
+    snprintf(err, errlen, "frame data of %llu bytes exceeds the limit of %llu",
+             (unsigned long long)data, (unsigned long long)PS__MAX_DATA);
+    return PS_ETOOBIG;
+  }
+  if (data % 4 != 0) {
+    snprintf(err, errlen, "frame data of %llu bytes is not whole float32 values",
+             (unsigned long long)data);
+    return PS_EPROTO;
+  }
+  h->type = type;
+  h->meta_len = meta;
+  h->data_len = data;
+  return 0;
+}
+
+const char *ps__msg_name(unsigned type) {
+  static const char *const names[] = {
+      "NONE",  "HELLO",      "HELLO_REPLY", "ERROR",     "ACK",
+      "REGISTER", "REGISTER_REPLY", "INIT", "PUSH", "PUSH_REPLY",
+      "PULL",  "PULL_REPLY", "FINISH"};
+  if (type == 0 || type >= PS__MSG_MAX_) return "UNKNOWN";
+  return names[type];
+}
+
+double ps__now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int ps__parse_hostport(const char *s, char *host, size_t hostcap, int *port) {
+  if (!s || !*s) return PS_EINVAL;
+  const char *colon;
+  const char *hstart = s;
+  size_t hlen;
+  if (s[0] == '[') {
+    const char *close = strchr(s, ']');
+    if (!close || close[1] != ':') return PS_EINVAL;
+    hstart = s + 1;
+    hlen = (size_t)(close - hstart);
+    colon = close + 1;
+  } else {
+    colon = strrchr(s, ':');
+    if (!colon) return PS_EINVAL;
+    hlen = (size_t)(colon - s);
+  }
+  if (hlen == 0 || hlen >= hostcap) return PS_EINVAL;
+  char *end;
+  long p = strtol(colon + 1, &end, 10);
+  if (end == colon + 1 || *end != '\0' || p < 1 || p > 65535) return PS_EINVAL;
+  memcpy(host, hstart, hlen);
+  host[hlen] = '\0';
+  *port = (int)p;
+  return 0;
+}

@@ -1,0 +1,212 @@
+/*
+ * init.c - optimizer defaults and seeded variable initializers.
+ *
+ * The generator is our own (splitmix64 seeding xoshiro256**), seeded from
+ * init->seed mixed with an FNV-1a hash of the variable name, so the draws
+ * depend only on (seed, name, shape, kind, parameters): any worker on any
+ * machine would compute the same values. Uniform floats use the top 24 bits
+ * of a draw; normals use Box-Muller in double precision.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "psclient.h"
+
+void ps_optimizer_default(ps_optimizer *opt, double lr) {
+  if (!opt) return;
+  memset(opt, 0, sizeof *opt);
+  opt->kind = PS_OPT_SGD;
+  opt->lr = lr;
+  opt->momentum = 0.9;
+  opt->nesterov = 0;
+  opt->beta1 = 0.9;
+  opt->beta2 = 0.999;
+  opt->epsilon = 1e-8;
+  opt->decay = PS_DECAY_NONE;
+  opt->decay_rate = 1.0;
+  opt->decay_steps = 0;
+  opt->weight_decay = 0.0;
+}
+
+/* ---- generator -------------------------------------------------------- */
+
+typedef struct rng {
+  uint64_t s[4];    /* xoshiro256** state */
+  double spare;     /* second Box-Muller output */
+  int has_spare;
+} rng;
+
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static uint64_t fnv1a(const char *s) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (; *s; s++) {
+    h ^= (unsigned char)*s;
+    h *= 0x100000001B3ull;
+  }
+  return h;
+}
+
+static void rng_seed(rng *r, uint64_t seed, const char *name) {
+  uint64_t x = seed;
+  x = splitmix64(&x) ^ fnv1a(name ? name : "");
+  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+  r->has_spare = 0;
+  r->spare = 0.0;
+}
+
+static uint64_t rotl(uint64_t v, int k) { return (v << k) | (v >> (64 - k)); }
+
+static uint64_t rng_next(rng *r) {
+  uint64_t *s = r->s;
+  uint64_t out = rotl(s[1] * 5, 7) * 9;
+  uint64_t t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return out;
+}
+
+/* Uniform in [0, 1) with 24 bits (exactly a float). */
+static double rng_u24(rng *r) {
+  return (double)(rng_next(r) >> 40) * 0x1p-24;
+}
+
+/* Uniform in [0, 1) with 53 bits. */
+static double rng_u53(rng *r) {
+  return (double)(rng_next(r) >> 11) * 0x1p-53;
+}
+
+/* Standard normal by Box-Muller; the second value of each pair is kept. */
+static double rng_normal(rng *r) {
+  if (r->has_spare) {
+    r->has_spare = 0;
+    return r->spare;
+  }
+  double u1 = 1.0 - rng_u53(r); /* (0, 1]: log is finite */
+  double u2 = rng_u53(r);
+  double rad = sqrt(-2.0 * log(u1));
+  double th = 6.283185307179586476925286766559 * u2; /* 2*pi*u2 */
+  r->spare = rad * sin(th);
+  r->has_spare = 1;
+  return rad * cos(th);
+}
+
+/* Standard normal redrawn until |z| <= 2. */
+static double rng_trunc_normal(rng *r) {
+  for (;;) {
+    double z = rng_normal(r);
+    if (fabs(z) <= 2.0) return z;
+  }
+}
+
+/* a + u*(b-a) as a float strictly below b when possible. */
+static float uniform_value(rng *r, double a, double b) {
+  double x = a + rng_u24(r) * (b - a);
+  float f = (float)x;
+  if ((double)f >= b) {
+    float g = nextafterf(f, -INFINITY);
+    if ((double)g >= a) f = g;
+  }
+  return f;
+}
+
+/* ---- fill ------------------------------------------------------------- */
+
+static int float_finite(double v) { return isfinite(v) && fabs(v) <= FLT_MAX; }
+
+/* TensorFlow's fans: for [..., in, out] the leading dims form the receptive
+ * field, fan_in = receptive*in and fan_out = receptive*out. */
+static void compute_fans(const int64_t *shape, int ndim, double *fan_in,
+                         double *fan_out) {
+  if (ndim == 0) {
+    *fan_in = *fan_out = 1.0;
+  } else if (ndim == 1) {
+    *fan_in = *fan_out = (double)shape[0];
+  } else {
+    double receptive = 1.0;
+    for (int i = 0; i < ndim - 2; i++) receptive *= (double)shape[i];
+    *fan_in = receptive * (double)shape[ndim - 2];
+    *fan_out = receptive * (double)shape[ndim - 1];
+  }
+}
+
+int ps_init_fill(const ps_init *init, const char *name, const int64_t *shape,
+                 int ndim, float *out, size_t n) {
+  if (!init) return PS_EINVAL;
+  if (n > 0 && !out) return PS_EINVAL;
+  if (ndim < 0 || ndim > PS_MAX_DIMS) return PS_EINVAL;
+  if (ndim > 0 && !shape) return PS_EINVAL;
+  uint64_t numel = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] <= 0) return PS_EINVAL;
+    if (__builtin_mul_overflow(numel, (uint64_t)shape[i], &numel))
+      return PS_EINVAL;
+  }
+  if (numel != (uint64_t)n) return PS_EINVAL;
+
+  double a = init->a, b = init->b;
+  switch (init->kind) {
+  case PS_INIT_ZEROS:
+  case PS_INIT_GLOROT_UNIFORM:
+  case PS_INIT_GLOROT_NORMAL:
+    break;
+  case PS_INIT_CONSTANT:
+    if (!float_finite(a)) return PS_EINVAL;
+    break;
+  case PS_INIT_UNIFORM:
+    if (!float_finite(a) || !float_finite(b) || !(a < b)) return PS_EINVAL;
+    break;
+  case PS_INIT_NORMAL:
+  case PS_INIT_TRUNCATED_NORMAL:
+    if (!float_finite(a) || !float_finite(b) || !(b > 0)) return PS_EINVAL;
+    break;
+  default:
+    return PS_EINVAL;
+  }
+
+  rng r;
+  rng_seed(&r, init->seed, name);
+  double fan_in, fan_out;
+  compute_fans(shape, ndim, &fan_in, &fan_out);
+
+  switch (init->kind) {
+  case PS_INIT_ZEROS:
+    for (size_t i = 0; i < n; i++) out[i] = 0.0f;
+    break;
+  case PS_INIT_CONSTANT:
+    for (size_t i = 0; i < n; i++) out[i] = (float)a;
+    break;
+  case PS_INIT_UNIFORM:
+    for (size_t i = 0; i < n; i++) out[i] = uniform_value(&r, a, b);
+    break;
+  case PS_INIT_NORMAL:
+    for (size_t i = 0; i < n; i++) out[i] = (float)(a + b * rng_normal(&r));
+    break;
+  case PS_INIT_TRUNCATED_NORMAL:
+    for (size_t i = 0; i < n; i++)
+      out[i] = (float)(a + b * rng_trunc_normal(&r));
+    break;
+  case PS_INIT_GLOROT_UNIFORM: {
+    double limit = sqrt(6.0 / (fan_in + fan_out));
+    for (size_t i = 0; i < n; i++) out[i] = uniform_value(&r, -limit, limit);
+    break;
+  }
+  case PS_INIT_GLOROT_NORMAL: {
+    double sd = sqrt(2.0 / (fan_in + fan_out));
+    for (size_t i = 0; i < n; i++) out[i] = (float)(sd * rng_trunc_normal(&r));
+    break;
+  }
+  }
+  return 0;
+}

@@ -1,0 +1,133 @@
+/*
+ * ps_internal.h - pieces shared by libpsclient and psd: the frame header,
+ * protocol limits and the deterministic placement of variables. Not part of
+ * the public API (names are ps__).
+ */
+#ifndef PS_INTERNAL_H
+#define PS_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "psclient.h"
+
+/* ---- frame header ----------------------------------------------------- */
+
+#define PS__MAGIC 0x31445350u        /* "PSD1" as little-endian bytes */
+#define PS__PROTOCOL_VERSION 1u      /* bump on any incompatible change */
+#define PS__HEADER_SIZE 24u          /* magic4 ver2 type2 meta4 flags4 data8 */
+
+/* Largest protobuf part of a frame. A Register of ~20k slices or a Pull of
+ * 250k slice ids fits; anything bigger is a bug or an attack. */
+#define PS__MAX_META (1u << 20)
+/* Largest tensor part of one frame: every slice a frame carries is at most
+ * PS__MAX_SLICE_BYTES, and clients batch only small slices, so 1 GiB is far
+ * above any honest frame while still bounding what one peer can make us
+ * read. Data is never buffered whole (it streams slice by slice). */
+#define PS__MAX_DATA ((uint64_t)1 << 30)
+/* Largest slice a server accepts: the unit it buffers, accumulates and
+ * applies at once. Clients chunk bigger variables (default 4 MiB chunks). */
+#define PS__MAX_SLICE_BYTES ((uint64_t)64 << 20)
+/* Before the handshake only a Hello may come, and it is tiny: credentials
+ * (a MUNGE token is < 1 KiB) plus a few integers. */
+#define PS__MAX_PREAUTH_META 4096u
+/* Most slices one server holds; bounds per-connection tables. */
+#define PS__MAX_SLICES (1u << 20)
+
+typedef enum ps__msg_type {
+  PS__MSG_HELLO = 1,
+  PS__MSG_HELLO_REPLY = 2,
+  PS__MSG_ERROR = 3,
+  PS__MSG_ACK = 4,
+  PS__MSG_REGISTER = 5,
+  PS__MSG_REGISTER_REPLY = 6,
+  PS__MSG_INIT = 7,
+  PS__MSG_PUSH = 8,
+  PS__MSG_PUSH_REPLY = 9,
+  PS__MSG_PULL = 10,
+  PS__MSG_PULL_REPLY = 11,
+  PS__MSG_FINISH = 12,
+  PS__MSG_MAX_ = 13 /* one past the last valid type */
+} ps__msg_type;
+
+typedef struct ps__frame_header {
+  uint16_t type;      /* ps__msg_type */
+  uint32_t meta_len;  /* bytes of protobuf after the header */
+  uint64_t data_len;  /* bytes of float32 tensor data after the protobuf */
+} ps__frame_header;
+
+/* Writes the 24-byte header for the given type and lengths. */
+void ps__header_encode(uint8_t out[PS__HEADER_SIZE], unsigned type,
+                       uint32_t meta_len, uint64_t data_len);
+
+/* Parses and checks a header. `handshaken` is 0 before the handshake, when
+ * only a small Hello (no data) is allowed. Returns 0, or a negative PS_E*
+ * code with a sentence naming the problem in err. */
+int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
+                      ps__frame_header *h, char *err, size_t errlen);
+
+/* Name of a message type for logs ("PUSH"), "UNKNOWN" if invalid. */
+const char *ps__msg_name(unsigned type);
+
+/* ---- placement -------------------------------------------------------- */
+
+/* Where one slice of a variable lives. */
+typedef struct ps__slice_place {
+  uint32_t ps;      /* ps index */
+  uint64_t offset;  /* first element */
+  uint64_t length;  /* elements */
+} ps__slice_place;
+
+/* Deterministic placement state: every worker feeds it the same variables
+ * in the same order and gets the same map without talking to anyone. */
+typedef struct ps__placer {
+  uint32_t num_ps;          /* ps tasks */
+  uint64_t split_threshold; /* bytes above which a variable is split */
+  uint64_t max_slice_bytes; /* chunk size for big parts (multiple of 4) */
+  uint64_t *load;           /* bytes placed on each ps so far */
+} ps__placer;
+
+#define PS__DEFAULT_SPLIT_THRESHOLD ((uint64_t)1 << 20)
+#define PS__DEFAULT_MAX_SLICE_BYTES ((uint64_t)4 << 20)
+
+/* 0 or PS_EINVAL/PS_ENOMEM. Zero thresholds take the defaults. */
+int ps__placer_init(ps__placer *p, uint32_t num_ps, uint64_t split_threshold,
+                    uint64_t max_slice_bytes);
+void ps__placer_free(ps__placer *p);
+
+/* Number of slices a variable of numel elements will get (no state change). */
+size_t ps__placer_count(const ps__placer *p, uint64_t numel);
+
+/* Places the next variable: fills out[0..count) (cap must be >= count) and
+ * updates the loads. Rule: a variable of more than split_threshold bytes is
+ * cut into num_ps near-equal contiguous parts, part i on ps i; a smaller one
+ * goes whole to the least loaded ps (lowest index on ties). Each part is then
+ * chunked into slices of at most max_slice_bytes. Returns the count. */
+size_t ps__placer_place(ps__placer *p, uint64_t numel, ps__slice_place *out,
+                        size_t cap);
+
+/* Server-side check that [offset, offset+length) of a numel-element
+ * variable is a slice the placement rule could give ps_index. Returns 0 or
+ * PS_ESHAPE with the reason in err. */
+int ps__placement_check(uint32_t num_ps, uint32_t ps_index,
+                        uint64_t split_threshold, uint64_t max_slice_bytes,
+                        uint64_t numel, uint64_t offset, uint64_t length,
+                        char *err, size_t errlen);
+
+/* ---- small helpers ---------------------------------------------------- */
+
+/* a*b into *out unless it overflows (returns -1 then). */
+static inline int ps__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+static inline int ps__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+/* Monotonic clock in seconds. */
+double ps__now(void);
+
+/* Parses "host:port" ("[v6]:port" too) into host (hostcap bytes) and port. */
+int ps__parse_hostport(const char *s, char *host, size_t hostcap, int *port);
+
+#endif /* PS_INTERNAL_H */

@@ -1,0 +1,186 @@
+/* config.c - the option table, and the one parser that applies both the
+ * defaults and the command line through it. */
+#include "config.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "psclient.h"
+
+typedef enum { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_MODE, OPT_LEVEL } opt_type;
+
+typedef struct psd_option {
+  const char *name;   /* long option, without "--" */
+  opt_type type;      /* how the value is parsed */
+  size_t offset;      /* field in psd_config */
+  size_t size;        /* field size (strings) */
+  const char *def;    /* default, parsed like a command-line value */
+  double min, max;    /* inclusive range for numbers */
+  const char *help;   /* one line for --help */
+} psd_option;
+
+#define F(field) offsetof(psd_config, field), sizeof(((psd_config *)0)->field)
+
+static const psd_option OPTIONS[] = {
+    {"host", OPT_STRING, F(host), "127.0.0.1", 0, 0, "address to listen on"},
+    {"port", OPT_INT, F(port), "0", 0, 65535, "TCP port (0: any free port)"},
+    {"port-file", OPT_STRING, F(port_file), "", 0, 0,
+     "write the bound host:port to this file (atomically)"},
+    {"ps-index", OPT_INT, F(ps_index), "0", 0, 65535, "index of this ps task"},
+    {"num-ps", OPT_INT, F(num_ps), "1", 1, 65536, "number of ps tasks in the job"},
+    {"workers", OPT_INT, F(workers), "0", 0, 1000000,
+     "number of workers (0: as the workers say)"},
+    {"replicas-to-aggregate", OPT_INT, F(replicas), "0", 0, 1000000,
+     "gradients averaged per step (0: all workers; fewer makes backups)"},
+    {"mode", OPT_MODE, F(mode), "auto", 0, 0,
+     "sync, async, or auto (as the workers say)"},
+    {"grace-period", OPT_DOUBLE, F(grace_s), "60", 0, 1e9,
+     "seconds a lost worker has to rejoin before psd exits non-zero"},
+    {"stall-timeout", OPT_DOUBLE, F(stall_s), "30", 0.01, 1e9,
+     "log a step that has waited this many seconds for gradients"},
+    {"startup-timeout", OPT_DOUBLE, F(startup_timeout_s), "900", 0, 1e9,
+     "exit non-zero if not every worker has joined by then (0: wait forever)"},
+    {"pull-timeout", OPT_DOUBLE, F(pull_timeout_s), "600", 0.01, 1e9,
+     "default deadline of a parked pull, seconds"},
+    {"log-every", OPT_INT, F(log_every), "100", 1, INT_MAX,
+     "log every Nth applied step"},
+    {"log-level", OPT_LEVEL, F(log_level), "info", 0, 0,
+     "error, warn, info or debug"},
+    {"name", OPT_STRING, F(name), "", 0, 0,
+     "identity in log lines (default ps<index>)"},
+    {"socket-buffer", OPT_INT, F(sock_buf), "4194304", 0, 1 << 30,
+     "SO_SNDBUF/SO_RCVBUF bytes per connection"},
+};
+#define NOPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
+
+static int set_option(psd_config *cfg, const psd_option *o, const char *val,
+                      char *err, size_t errlen) {
+  char *field = (char *)cfg + o->offset;
+  char *end;
+  switch (o->type) {
+  case OPT_INT: {
+    errno = 0;
+    long v = strtol(val, &end, 10);
+    if (errno || end == val || *end || v < o->min || v > o->max) {
+      snprintf(err, errlen, "--%s must be an integer from %.0f to %.0f, got '%s'",
+               o->name, o->min, o->max, val);
+      return -1;
+    }
+    *(int *)field = (int)v;
+    return 0;
+  }
+  case OPT_DOUBLE: {
+    errno = 0;
+    double v = strtod(val, &end);
+    if (errno || end == val || *end || !isfinite(v) || v < o->min || v > o->max) {
+      snprintf(err, errlen, "--%s must be a number from %g to %g, got '%s'",
+               o->name, o->min, o->max, val);
+      return -1;
+    }
+    *(double *)field = v;
+    return 0;
+  }
+  case OPT_STRING:
+    if (strlen(val) >= o->size) {
+      snprintf(err, errlen, "--%s is too long (%zu bytes; at most %zu)", o->name,
+               strlen(val), o->size - 1);
+      return -1;
+    }
+    memcpy(field, val, strlen(val) + 1);
+    return 0;
+  case OPT_MODE:
+    if (strcmp(val, "auto") == 0) *(int *)field = PSD_MODE_AUTO;
+    else if (strcmp(val, "sync") == 0) *(int *)field = PSD_MODE_SYNC;
+    else if (strcmp(val, "async") == 0) *(int *)field = PSD_MODE_ASYNC;
+    else {
+      snprintf(err, errlen, "--%s must be sync, async or auto, got '%s'", o->name, val);
+      return -1;
+    }
+    return 0;
+  case OPT_LEVEL: {
+    int l = psd_log_level_parse(val);
+    if (l < 0) {
+      snprintf(err, errlen, "--%s must be error, warn, info or debug, got '%s'",
+               o->name, val);
+      return -1;
+    }
+    *(int *)field = l;
+    return 0;
+  }
+  }
+  return -1;
+}
+
+void psd_config_usage(FILE *f) {
+  fprintf(f,
+          "usage: psd [OPTIONS]\n"
+          "psd holds a shard of a model's variables, averages the workers'\n"
+          "gradients for each step and serves the parameters.\n\n");
+  for (size_t i = 0; i < NOPTIONS; i++) {
+    const psd_option *o = &OPTIONS[i];
+    char left[64];
+    snprintf(left, sizeof left, "--%s VALUE", o->name);
+    fprintf(f, "  %-30s %s", left, o->help);
+    if (o->def[0]) fprintf(f, " [%s]", o->def);
+    fputc('\n', f);
+  }
+  fprintf(f, "  %-30s %s\n  %-30s %s\n", "--help", "print this and exit",
+          "--version", "print the version and exit");
+}
+
+int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
+                     size_t errlen) {
+  memset(cfg, 0, sizeof *cfg);
+  for (size_t i = 0; i < NOPTIONS; i++)
+    if (set_option(cfg, &OPTIONS[i], OPTIONS[i].def, err, errlen) != 0) return -1;
+  for (int a = 1; a < argc; a++) {
+    const char *arg = argv[a];
+    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+      psd_config_usage(stdout);
+      return 1;
+    }
+    if (strcmp(arg, "--version") == 0) {
+      printf("psd %d.%d.%d\n", PS_VERSION_MAJOR, PS_VERSION_MINOR, PS_VERSION_PATCH);
+      return 1;
+    }
+    if (strncmp(arg, "--", 2) != 0) {
+      snprintf(err, errlen, "unexpected argument '%s' (options start with --; see --help)", arg);
+      return -1;
+    }
+    const char *name = arg + 2;
+    const char *eq = strchr(name, '=');
+    size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
+    const psd_option *o = NULL;
+    for (size_t i = 0; i < NOPTIONS; i++)
+      if (strlen(OPTIONS[i].name) == nlen && strncmp(OPTIONS[i].name, name, nlen) == 0)
+        o = &OPTIONS[i];
+    if (!o) {
+      snprintf(err, errlen, "unknown option '--%.*s' (see --help)", (int)nlen, name);
+      return -1;
+    }
+    const char *val;
+    if (eq) val = eq + 1;
+    else if (a + 1 < argc) val = argv[++a];
+    else {
+      snprintf(err, errlen, "option --%s needs a value", o->name);
+      return -1;
+    }
+    if (set_option(cfg, o, val, err, errlen) != 0) return -1;
+  }
+  if (cfg->ps_index >= cfg->num_ps) {
+    snprintf(err, errlen, "--ps-index %d must be less than --num-ps %d", cfg->ps_index,
+             cfg->num_ps);
+    return -1;
+  }
+  if (cfg->workers > 0 && cfg->replicas > cfg->workers) {
+    snprintf(err, errlen, "--replicas-to-aggregate %d exceeds --workers %d",
+             cfg->replicas, cfg->workers);
+    return -1;
+  }
+  if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);
+  return 0;
+}

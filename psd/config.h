@@ -1,0 +1,37 @@
+/* config.h - psd's command-line options. One table (config.c) drives
+ * parsing, --help and the defaults. */
+#ifndef PSD_CONFIG_H
+#define PSD_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+enum { PSD_MODE_AUTO = 0, PSD_MODE_SYNC = 1, PSD_MODE_ASYNC = 2 };
+
+typedef struct psd_config {
+  char host[256];          /* address to listen on */
+  int port;                /* TCP port; 0 picks a free one */
+  char port_file[1024];    /* if set, "host:port" is written here atomically */
+  int ps_index;            /* this task's index among the ps tasks */
+  int num_ps;              /* number of ps tasks in the job */
+  int workers;             /* expected workers; 0: learn from the first */
+  int replicas;            /* replicas_to_aggregate; 0: all workers/learn */
+  int mode;                /* PSD_MODE_*: auto takes the workers' choice */
+  double grace_s;          /* how long a lost worker may take to come back */
+  double stall_s;          /* a step waiting longer than this is logged */
+  double startup_timeout_s;/* all workers must have joined by then; 0: never */
+  double pull_timeout_s;   /* default deadline of a parked pull */
+  int log_every;           /* log every Nth applied step */
+  int log_level;           /* PSD_LOG_* */
+  char name[64];           /* identity in log lines; default "ps<index>" */
+  int sock_buf;            /* SO_SNDBUF/SO_RCVBUF bytes for connections */
+} psd_config;
+
+/* Fills cfg from argv (defaults first). Returns 0, 1 when --help or
+ * --version was printed (exit 0), or -1 with a sentence naming the bad
+ * option and value in err. */
+int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
+                     size_t errlen);
+void psd_config_usage(FILE *f);
+
+#endif

@@ -1,0 +1,27 @@
+/* main.c - psd entry point: options, logging, the server loop. */
+#include <stdio.h>
+
+#include "config.h"
+#include "log.h"
+#include "server.h"
+
+int main(int argc, char **argv) {
+  psd_config cfg;
+  char err[512];
+  int rc = psd_config_parse(&cfg, argc, argv, err, sizeof err);
+  if (rc == 1) return 0;
+  if (rc != 0) {
+    fprintf(stderr, "psd: %s\n", err);
+    return PSD_EXIT_USAGE;
+  }
+  psd_log_init(cfg.name, cfg.log_level);
+  psd_server srv;
+  if (psd_server_init(&srv, &cfg) != 0) {
+    psd_server_free(&srv);
+    return PSD_EXIT_STARTUP;
+  }
+  int code = psd_server_run(&srv);
+  psd_server_free(&srv);
+  psd_info("exit status %d", code);
+  return code;
+}

@@ -1,0 +1,331 @@
+/*
+ * optimizer.c - SGD, momentum (plain and Nesterov) and Adam update rules,
+ * learning-rate schedules, and validation of configurations sent by
+ * workers.
+ *
+ * psd_opt_apply is the server's hot path (slices of up to 16M floats). Each
+ * rule is one fused pass over memory in float: the per-step scalars (decayed
+ * learning rate, Adam's bias correction) are computed once in double, and
+ * every (rule, grad_b present or not) pair has its own branch-free loop over
+ * restrict-qualified pointers so gcc -O3 vectorizes all of them.
+ */
+#include "optimizer.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+/* Adam needs sqrtf in its inner loop. With the default -fmath-errno, gcc
+ * treats sqrtf as a function that may write errno and will not vectorize a
+ * loop calling it (and per-function optimize("no-math-errno") does not
+ * change that). sqrtf only sets errno for arguments below -0, and Adam's
+ * second moment is a sum of squares (>= 0, or NaN, which sets nothing), so
+ * declaring it const here is true for every call this file makes and lets
+ * gcc emit sqrtps. */
+#if defined(__GNUC__)
+float sqrtf(float x) __attribute__((const, nothrow));
+#endif
+
+/* ---------------------------------------------------------------------- */
+/* Validation and description */
+
+static const char *kind_name(int kind) {
+  switch (kind) {
+    case PS_OPT_SGD: return "sgd";
+    case PS_OPT_MOMENTUM: return "momentum";
+    case PS_OPT_ADAM: return "adam";
+    default: return NULL;
+  }
+}
+
+static const char *decay_name(int decay) {
+  switch (decay) {
+    case PS_DECAY_NONE: return "none";
+    case PS_DECAY_EXPONENTIAL: return "exponential";
+    case PS_DECAY_STEP: return "step";
+    default: return NULL;
+  }
+}
+
+/* Writes the message (if there is room for one) and returns PS_EINVAL. */
+__attribute__((format(printf, 3, 4)))
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return PS_EINVAL;
+}
+
+/* x in [0, 1); false for NaN. */
+static int in_unit_halfopen(double x) { return x >= 0.0 && x < 1.0; }
+
+int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
+  if (err && errlen > 0) err[0] = '\0';
+  if (!o) return fail(err, errlen, "optimizer configuration is missing");
+  if (!(isfinite(o->lr) && o->lr > 0.0))
+    return fail(err, errlen,
+                "optimizer lr must be a positive finite number, got %g", o->lr);
+  if (!kind_name((int)o->kind))
+    return fail(err, errlen,
+                "optimizer kind must be %d (sgd), %d (momentum) or %d (adam), "
+                "got %d",
+                PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, (int)o->kind);
+  /* Fields of the other rules are ignored, so a config zeroed apart from
+   * kind and lr is valid SGD. */
+  if (o->kind == PS_OPT_MOMENTUM && !in_unit_halfopen(o->momentum))
+    return fail(err, errlen, "optimizer momentum must be in [0, 1), got %g",
+                o->momentum);
+  if (o->kind == PS_OPT_ADAM) {
+    if (!in_unit_halfopen(o->beta1))
+      return fail(err, errlen, "optimizer beta1 must be in [0, 1), got %g",
+                  o->beta1);
+    if (!in_unit_halfopen(o->beta2))
+      return fail(err, errlen, "optimizer beta2 must be in [0, 1), got %g",
+                  o->beta2);
+    if (!(isfinite(o->epsilon) && o->epsilon > 0.0))
+      return fail(err, errlen,
+                  "optimizer epsilon must be a positive finite number, got %g",
+                  o->epsilon);
+  }
+  if (!decay_name((int)o->decay))
+    return fail(err, errlen,
+                "optimizer decay must be %d (none), %d (exponential) or %d "
+                "(step), got %d",
+                PS_DECAY_NONE, PS_DECAY_EXPONENTIAL, PS_DECAY_STEP,
+                (int)o->decay);
+  if (o->decay != PS_DECAY_NONE) {
+    if (!(o->decay_rate > 0.0 && o->decay_rate <= 1.0))
+      return fail(err, errlen,
+                  "optimizer decay_rate must be in (0, 1] with %s decay, "
+                  "got %g",
+                  decay_name((int)o->decay), o->decay_rate);
+    if (o->decay_steps == 0)
+      return fail(err, errlen,
+                  "optimizer decay_steps must be > 0 with %s decay, got 0",
+                  decay_name((int)o->decay));
+  }
+  if (!(isfinite(o->weight_decay) && o->weight_decay >= 0.0))
+    return fail(err, errlen,
+                "optimizer weight_decay must be a finite number >= 0, got %g",
+                o->weight_decay);
+  return 0;
+}
+
+size_t psd_opt_state_per_elem(const ps_optimizer *o) {
+  if (!o) return 0;
+  switch (o->kind) {
+    case PS_OPT_MOMENTUM: return 1;
+    case PS_OPT_ADAM: return 2;
+    default: return 0;
+  }
+}
+
+double psd_opt_lr(const ps_optimizer *o, uint64_t step) {
+  if (o->decay_steps == 0) return o->lr; /* invalid for decay; be safe */
+  switch (o->decay) {
+    case PS_DECAY_EXPONENTIAL:
+      return o->lr * pow(o->decay_rate, (double)step / (double)o->decay_steps);
+    case PS_DECAY_STEP:
+      return o->lr * pow(o->decay_rate, (double)(step / o->decay_steps));
+    default:
+      return o->lr;
+  }
+}
+
+void psd_opt_describe(const ps_optimizer *o, char *buf, size_t len) {
+  if (!buf || len == 0) return;
+  if (!o) {
+    snprintf(buf, len, "(no optimizer)");
+    return;
+  }
+  const char *kn = kind_name((int)o->kind);
+  const char *dn = decay_name((int)o->decay);
+  char head[160], tail[96];
+  if (!kn)
+    snprintf(head, sizeof head, "unknown-kind(%d) lr=%.9g", (int)o->kind,
+             o->lr);
+  else if (o->kind == PS_OPT_MOMENTUM)
+    snprintf(head, sizeof head, "momentum lr=%.9g momentum=%.9g nesterov=%s",
+             o->lr, o->momentum, o->nesterov ? "yes" : "no");
+  else if (o->kind == PS_OPT_ADAM)
+    snprintf(head, sizeof head, "adam lr=%.9g beta1=%.9g beta2=%.9g eps=%.9g",
+             o->lr, o->beta1, o->beta2, o->epsilon);
+  else
+    snprintf(head, sizeof head, "sgd lr=%.9g", o->lr);
+  if (!dn)
+    snprintf(tail, sizeof tail, "decay=unknown(%d)", (int)o->decay);
+  else if (o->decay == PS_DECAY_NONE)
+    snprintf(tail, sizeof tail, "decay=none");
+  else
+    snprintf(tail, sizeof tail, "decay=%s rate=%.9g steps=%" PRIu64, dn,
+             o->decay_rate, o->decay_steps);
+  snprintf(buf, len, "%s wd=%.9g %s", head, o->weight_decay, tail);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Update kernels. One loop per (rule, grad_b NULL or not); each reads and
+ * writes every array exactly once per element, with no branches inside.
+ * Pointers are restrict: param, state and the gradients never overlap
+ * (grad_a and grad_b may, being read-only). */
+
+static void sgd_a(float *restrict w, const float *restrict a, float s,
+                  float wd, float lr, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float wi = w[i];
+    float g = s * a[i] + wd * wi;
+    w[i] = wi - lr * g;
+  }
+}
+
+static void sgd_ab(float *restrict w, const float *restrict a,
+                   const float *restrict b, float s, float wd, float lr,
+                   size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float wi = w[i];
+    float g = s * (a[i] + b[i]) + wd * wi;
+    w[i] = wi - lr * g;
+  }
+}
+
+/* TF MomentumOptimizer: v = mu*v + g; w -= lr*v. */
+static void mom_a(float *restrict w, float *restrict v,
+                  const float *restrict a, float s, float wd, float lr,
+                  float mu, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float wi = w[i];
+    float g = s * a[i] + wd * wi;
+    float vi = mu * v[i] + g;
+    v[i] = vi;
+    w[i] = wi - lr * vi;
+  }
+}
+
+static void mom_ab(float *restrict w, float *restrict v,
+                   const float *restrict a, const float *restrict b, float s,
+                   float wd, float lr, float mu, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float wi = w[i];
+    float g = s * (a[i] + b[i]) + wd * wi;
+    float vi = mu * v[i] + g;
+    v[i] = vi;
+    w[i] = wi - lr * vi;
+  }
+}
+
+/* Nesterov (TF use_nesterov): v = mu*v + g; w -= lr*(g + mu*v). */
+static void nag_a(float *restrict w, float *restrict v,
+                  const float *restrict a, float s, float wd, float lr,
+                  float mu, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float wi = w[i];
+    float g = s * a[i] + wd * wi;
+    float vi = mu * v[i] + g;
+    v[i] = vi;
+    w[i] = wi - lr * (g + mu * vi);
+  }
+}
+
+static void nag_ab(float *restrict w, float *restrict v,
+                   const float *restrict a, const float *restrict b, float s,
+                   float wd, float lr, float mu, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    float wi = w[i];
+    float g = s * (a[i] + b[i]) + wd * wi;
+    float vi = mu * v[i] + g;
+    v[i] = vi;
+    w[i] = wi - lr * (g + mu * vi);
+  }
+}
+
+/* Adam's per-step scalars, in float for the loop. */
+typedef struct {
+  float lr_hat; /* lr_t * sqrt(1 - beta2^t) / (1 - beta1^t) */
+  float b1, c1; /* beta1, 1 - beta1 */
+  float b2, c2; /* beta2, 1 - beta2 */
+  float eps;
+} adam_k;
+
+/* TF AdamOptimizer: m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+ * w -= lr_hat * m / (sqrt(v) + eps). */
+static void adam_a(float *restrict w, float *restrict m, float *restrict v,
+                   const float *restrict a, float s, float wd, adam_k k,
+                   size_t n) {
+  const float lr_hat = k.lr_hat, b1 = k.b1, c1 = k.c1, b2 = k.b2, c2 = k.c2,
+              eps = k.eps;
+  for (size_t i = 0; i < n; i++) {
+    float wi = w[i];
+    float g = s * a[i] + wd * wi;
+    float mi = b1 * m[i] + c1 * g;
+    float vi = b2 * v[i] + c2 * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wi - lr_hat * mi / (sqrtf(vi) + eps);
+  }
+}
+
+static void adam_ab(float *restrict w, float *restrict m, float *restrict v,
+                    const float *restrict a, const float *restrict b, float s,
+                    float wd, adam_k k, size_t n) {
+  const float lr_hat = k.lr_hat, b1 = k.b1, c1 = k.c1, b2 = k.b2, c2 = k.c2,
+              eps = k.eps;
+  for (size_t i = 0; i < n; i++) {
+    float wi = w[i];
+    float g = s * (a[i] + b[i]) + wd * wi;
+    float mi = b1 * m[i] + c1 * g;
+    float vi = b2 * v[i] + c2 * (g * g);
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wi - lr_hat * mi / (sqrtf(vi) + eps);
+  }
+}
+
+void psd_opt_apply(const ps_optimizer *o, uint64_t step, float *param,
+                   float *state, const float *grad_a, const float *grad_b,
+                   float scale, size_t n) {
+  if (!o || n == 0) return;
+  const double lr_t = psd_opt_lr(o, step);
+  const float lr = (float)lr_t;
+  const float wd = (float)o->weight_decay;
+
+  switch (o->kind) {
+    case PS_OPT_SGD:
+      if (grad_b) sgd_ab(param, grad_a, grad_b, scale, wd, lr, n);
+      else sgd_a(param, grad_a, scale, wd, lr, n);
+      break;
+    case PS_OPT_MOMENTUM: {
+      const float mu = (float)o->momentum;
+      if (o->nesterov) {
+        if (grad_b) nag_ab(param, state, grad_a, grad_b, scale, wd, lr, mu, n);
+        else nag_a(param, state, grad_a, scale, wd, lr, mu, n);
+      } else {
+        if (grad_b) mom_ab(param, state, grad_a, grad_b, scale, wd, lr, mu, n);
+        else mom_a(param, state, grad_a, scale, wd, lr, mu, n);
+      }
+      break;
+    }
+    case PS_OPT_ADAM: {
+      /* t = step + 1; computed in double so late steps keep precision. */
+      const double t = (double)step + 1.0;
+      const double corr1 = 1.0 - pow(o->beta1, t);
+      const double corr2 = 1.0 - pow(o->beta2, t);
+      adam_k k;
+      k.lr_hat = (float)(lr_t * sqrt(corr2) / corr1);
+      k.b1 = (float)o->beta1;
+      k.c1 = (float)(1.0 - o->beta1);
+      k.b2 = (float)o->beta2;
+      k.c2 = (float)(1.0 - o->beta2);
+      k.eps = (float)o->epsilon;
+      if (grad_b)
+        adam_ab(param, state, state + n, grad_a, grad_b, scale, wd, k, n);
+      else
+        adam_a(param, state, state + n, grad_a, scale, wd, k, n);
+      break;
+    }
+    default:
+      break; /* rejected by psd_opt_validate */
+  }
+}

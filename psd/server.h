@@ -1,0 +1,83 @@
+/*
+ * server.h - psd's event loop: the listener, the workers' lifecycle
+ * (joined, finished, lost), timers (stalls, pull deadlines, grace period)
+ * and the decision to exit.
+ */
+#ifndef PSD_SERVER_H
+#define PSD_SERVER_H
+
+#include <stdint.h>
+
+#include "config.h"
+#include "ps.pb-c.h"
+#include "shard.h"
+
+struct event_base;
+struct event;
+struct psd_conn;
+
+/* Exit statuses, so a launcher can tell why psd ended. */
+enum {
+  PSD_EXIT_OK = 0,           /* every worker finished (or a signal asked) */
+  PSD_EXIT_USAGE = 64,       /* bad command line */
+  PSD_EXIT_STARTUP = 65,     /* could not listen, write the port file, ... */
+  PSD_EXIT_WORKER_LOST = 66, /* a needed worker left and did not come back */
+  PSD_EXIT_NO_WORKERS = 67,  /* not every worker joined before the timeout */
+};
+
+typedef struct psd_worker {
+  int joined;               /* has ever completed a handshake */
+  int finished;             /* said it is done */
+  int lost;                 /* connection dropped before finishing */
+  struct psd_conn *conn;    /* live connection, or NULL */
+  char peer[64];            /* address it connected from */
+} psd_worker;
+
+typedef struct psd_server {
+  psd_config *cfg;             /* options (not owned) */
+  struct event_base *base;     /* libevent loop */
+  int lfd;                     /* listening socket */
+  struct event *listen_ev;     /* accept readiness */
+  struct event *tick_ev;       /* periodic timer for deadlines and stalls */
+  struct event *sig_ev[2];     /* SIGTERM, SIGINT */
+  psd_shard shard;             /* variables held here */
+  int pinned;                  /* workers/replicas/mode/placement agreed */
+  uint32_t num_workers;        /* once pinned */
+  psd_worker *workers;         /* num_workers entries once pinned */
+  uint64_t split_threshold;    /* placement inputs, pinned by first worker */
+  uint64_t max_slice_bytes;
+  struct psd_conn *conns;      /* every open connection */
+  struct psd_conn *dirty;      /* connections with pull replies to build */
+  double started_at;           /* monotonic start time */
+  double lost_since;           /* when too many workers were lost (0: not) */
+  int exit_code;               /* set when the loop should end */
+  int exiting;                 /* draining replies before exit */
+  double exiting_since;        /* when draining began */
+  uint64_t logged_step;        /* last step written to the log */
+  uint64_t conn_seq;           /* connection counter, for log names */
+} psd_server;
+
+/* Opens the listener (and port file) and sets up the loop. 0 or -1 (logged). */
+int psd_server_init(psd_server *srv, psd_config *cfg);
+/* Runs until every worker is done, a fatal condition, or a signal.
+ * Returns the process exit status. */
+int psd_server_run(psd_server *srv);
+void psd_server_free(psd_server *srv);
+
+/* --- used by conn.c ---------------------------------------------------- */
+
+/* Validates a Hello and binds conn to its worker; 0 or a PS_E* code with err. */
+int psd_server_hello(psd_server *srv, struct psd_conn *c, const Ps__Hello *h, char *err, size_t errlen);
+/* A worker said it is done. */
+void psd_server_worker_finished(psd_server *srv, struct psd_conn *c);
+/* A connection is going away (after its waiters were removed). */
+void psd_server_conn_closed(psd_server *srv, struct psd_conn *c);
+/* A slice advanced: move its satisfied waiters to their connections'
+ * ready lists, log every Nth step. */
+void psd_server_slice_advanced(psd_server *srv, psd_slice *sl);
+/* Builds and sends replies for every connection with ready pulls. */
+void psd_server_flush(psd_server *srv);
+/* Marks c as having ready pulls. */
+void psd_server_mark_dirty(psd_server *srv, struct psd_conn *c);
+
+#endif

@@ -1,0 +1,251 @@
+/* shard.c - slices, their registration and the SyncReplicas rule. */
+#include "shard.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optimizer.h"
+
+/* Alignment of tensor buffers: whole cache lines, full-width vectors. */
+#define PSD_TENSOR_ALIGN 64
+
+static float *alloc_floats(uint64_t n) {
+  void *p = NULL;
+  size_t bytes = (size_t)(n ? n : 1) * sizeof(float);
+  bytes = (bytes + PSD_TENSOR_ALIGN - 1) / PSD_TENSOR_ALIGN * PSD_TENSOR_ALIGN;
+  if (posix_memalign(&p, PSD_TENSOR_ALIGN, bytes) != 0) return NULL;
+  memset(p, 0, bytes);
+  return p;
+}
+
+static uint32_t hash_key(const char *name, uint64_t offset) {
+  uint64_t h = 1469598103934665603ULL;
+  for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+    h = (h ^ *p) * 1099511628211ULL;
+  h ^= offset * 0x9e3779b97f4a7c15ULL;
+  return (uint32_t)(h ^ (h >> 32));
+}
+
+void psd_shard_init(psd_shard *s, uint32_t num_workers, uint32_t replicas,
+                    int async_mode) {
+  memset(s, 0, sizeof *s);
+  s->num_workers = num_workers;
+  s->replicas = replicas;
+  s->async_mode = async_mode;
+}
+
+static void slice_free(psd_slice *sl) {
+  if (!sl) return;
+  free(sl->name);
+  free(sl->param);
+  free(sl->acc);
+  free(sl->state);
+  free(sl->pushed);
+  free(sl);
+}
+
+void psd_shard_free(psd_shard *s) {
+  for (uint32_t i = 0; i < s->n; i++) slice_free(s->slices[i]);
+  free(s->slices);
+  free(s->htab);
+  memset(s, 0, sizeof *s);
+}
+
+static int rehash(psd_shard *s, uint32_t ncap) {
+  psd_slice **nt = calloc(ncap, sizeof *nt);
+  if (!nt) return PS_ENOMEM;
+  for (uint32_t i = 0; i < s->n; i++) {
+    psd_slice *sl = s->slices[i];
+    uint32_t b = hash_key(sl->name, sl->offset) & (ncap - 1);
+    sl->hnext = nt[b];
+    nt[b] = sl;
+  }
+  free(s->htab);
+  s->htab = nt;
+  s->hcap = ncap;
+  return 0;
+}
+
+static int opt_equal(const ps_optimizer *a, const ps_optimizer *b) {
+  return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum &&
+         !a->nesterov == !b->nesterov && a->beta1 == b->beta1 &&
+         a->beta2 == b->beta2 && a->epsilon == b->epsilon && a->decay == b->decay &&
+         a->decay_rate == b->decay_rate && a->decay_steps == b->decay_steps &&
+         a->weight_decay == b->weight_decay;
+}
+
+int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
+                       const uint64_t *shape, uint64_t offset, uint64_t length,
+                       const ps_optimizer *opt, psd_slice **out, char *err,
+                       size_t errlen) {
+  if (s->hcap) {
+    uint32_t b = hash_key(name, offset) & (s->hcap - 1);
+    for (psd_slice *sl = s->htab[b]; sl; sl = sl->hnext) {
+      if (sl->offset != offset || strcmp(sl->name, name) != 0) continue;
+      int same_shape = sl->ndim == ndim && sl->length == length;
+      for (uint32_t d = 0; same_shape && d < ndim; d++)
+        same_shape = sl->shape[d] == shape[d];
+      if (!same_shape) {
+        snprintf(err, errlen,
+                 "variable '%s' already exists with a different shape or slice "
+                 "(slice at %llu has %llu elements)",
+                 name, (unsigned long long)offset, (unsigned long long)sl->length);
+        return PS_ESHAPE;
+      }
+      if (!opt_equal(&sl->opt, opt)) {
+        snprintf(err, errlen, "variable '%s' already exists with a different optimizer",
+                 name);
+        return PS_EMISMATCH;
+      }
+      *out = sl;
+      return 0;
+    }
+  }
+  for (uint32_t i = 0; i < s->n; i++) {
+    /* A different slicing of a known variable would double-count
+     * elements: the same name must always come with the same numel. */
+    psd_slice *o = s->slices[i];
+    if (strcmp(o->name, name) != 0) continue;
+    int same_shape = o->ndim == ndim;
+    for (uint32_t d = 0; same_shape && d < ndim; d++) same_shape = o->shape[d] == shape[d];
+    if (!same_shape) {
+      snprintf(err, errlen, "variable '%s' already exists with a different shape", name);
+      return PS_ESHAPE;
+    }
+    if (offset < o->offset + o->length && o->offset < offset + length) {
+      snprintf(err, errlen,
+               "slice [%llu, %llu) of variable '%s' overlaps the registered slice [%llu, %llu)",
+               (unsigned long long)offset, (unsigned long long)(offset + length), name,
+               (unsigned long long)o->offset, (unsigned long long)(o->offset + o->length));
+      return PS_ESHAPE;
+    }
+    break; /* shapes agree; overlap is checked against one slice only */
+  }
+  if (s->n >= 0x7fffffffu) {
+    snprintf(err, errlen, "too many slices");
+    return PS_ETOOBIG;
+  }
+  psd_slice *sl = calloc(1, sizeof *sl);
+  if (!sl) goto nomem;
+  sl->name = strdup(name);
+  sl->ndim = ndim;
+  sl->numel = 1;
+  for (uint32_t d = 0; d < ndim; d++) {
+    sl->shape[d] = shape[d];
+    sl->numel *= shape[d]; /* caller checked for overflow */
+  }
+  sl->offset = offset;
+  sl->length = length;
+  sl->opt = *opt;
+  sl->param = alloc_floats(length);
+  sl->acc = alloc_floats(length);
+  size_t per = psd_opt_state_per_elem(opt);
+  sl->state = per ? alloc_floats(length * per) : NULL;
+  sl->pushed = calloc(s->num_workers ? s->num_workers : 1, sizeof *sl->pushed);
+  if (!sl->name || !sl->param || !sl->acc || (per && !sl->state) || !sl->pushed)
+    goto nomem;
+  if (s->n == s->cap) {
+    uint32_t ncap = s->cap ? s->cap * 2 : 64;
+    psd_slice **ns = realloc(s->slices, ncap * sizeof *ns);
+    if (!ns) goto nomem;
+    s->slices = ns;
+    s->cap = ncap;
+  }
+  sl->id = s->n;
+  s->slices[s->n++] = sl;
+  if (s->n * 2 > s->hcap) {
+    if (rehash(s, s->hcap ? s->hcap * 2 : 128) != 0) {
+      s->n--;
+      goto nomem;
+    }
+  } else {
+    uint32_t b = hash_key(name, offset) & (s->hcap - 1);
+    sl->hnext = s->htab[b];
+    s->htab[b] = sl;
+  }
+  s->bytes_held += length * sizeof(float);
+  *out = sl;
+  return 0;
+nomem:
+  slice_free(sl);
+  snprintf(err, errlen, "out of memory registering variable '%s' (%llu elements)", name,
+           (unsigned long long)length);
+  return PS_ENOMEM;
+}
+
+int psd_shard_init_values(psd_shard *s, psd_slice *sl, const float *values) {
+  (void)s;
+  if (sl->initialized) return 0;
+  memcpy(sl->param, values, sl->length * sizeof(float));
+  sl->initialized = 1;
+  sl->step = 0;
+  return 0;
+}
+
+/* acc += g over n floats (auto-vectorized). */
+static void add_into(float *restrict acc, const float *restrict g, uint64_t n) {
+  for (uint64_t i = 0; i < n; i++) acc[i] += g[i];
+}
+
+int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
+                   const float *grad, double now) {
+  if (!sl->initialized) return PS_ESTATE;
+  if (s->async_mode) {
+    psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad, NULL, 1.0f,
+                  sl->length);
+    sl->step++;
+    return 1;
+  }
+  if (step < sl->step) {
+    s->stale_dropped++;
+    return PS_ESTALE;
+  }
+  if (step > sl->step) return PS_EINVAL;
+  if (sl->pushed[worker] == step + 1) return PS_EDUPLICATE;
+  sl->pushed[worker] = step + 1;
+  if (sl->count + 1 >= s->replicas) {
+    /* Last gradient of the step: average and apply in one fused pass. */
+    float scale = 1.0f / (float)(sl->count + 1);
+    psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad,
+                  sl->count ? sl->acc : NULL, scale, sl->length);
+    sl->count = 0;
+    sl->step++;
+    sl->stall_logged_at = 0;
+    return 1;
+  }
+  if (sl->count == 0) {
+    memcpy(sl->acc, grad, sl->length * sizeof(float));
+    sl->first_grad_at = now;
+  } else {
+    add_into(sl->acc, grad, sl->length);
+  }
+  sl->count++;
+  return 0;
+}
+
+uint32_t psd_slice_missing(const psd_shard *s, const psd_slice *sl,
+                           uint32_t *missing, uint32_t cap) {
+  uint32_t n = 0;
+  for (uint32_t w = 0; w < s->num_workers && n < cap; w++)
+    if (sl->pushed[w] != sl->step + 1) missing[n++] = w;
+  return n;
+}
+
+void psd_slice_park(psd_slice *sl, psd_waiter *w) {
+  w->prev = NULL;
+  w->next = sl->waiters;
+  if (sl->waiters) sl->waiters->prev = w;
+  sl->waiters = w;
+  w->parked = 1;
+}
+
+void psd_slice_unpark(psd_slice *sl, psd_waiter *w) {
+  if (!w->parked) return;
+  if (w->prev) w->prev->next = w->next;
+  else sl->waiters = w->next;
+  if (w->next) w->next->prev = w->prev;
+  w->prev = w->next = NULL;
+  w->parked = 0;
+}

@@ -1,0 +1,102 @@
+/*
+ * shard.h - the slices this ps holds and their SyncReplicas state.
+ *
+ * A slice is a contiguous range of one variable with its own parameters,
+ * optimizer state and step counter. Parameters are at step s (the number of
+ * updates applied). A gradient computed at step t < s is stale; at t == s it
+ * is accumulated, once per worker; when replicas_to_aggregate gradients are
+ * in, their average is applied and the slice moves to s+1. In async mode
+ * every gradient is applied at once. Everything here runs on the event-loop
+ * thread, so an update is never observed half-applied.
+ */
+#ifndef PSD_SHARD_H
+#define PSD_SHARD_H
+
+#include <stdint.h>
+
+#include "psclient.h"
+
+struct psd_conn;
+
+/* A parked pull of one slice by one connection; nodes live in the
+ * connection's table (one per slice), linked into the slice's list. */
+typedef struct psd_waiter {
+  struct psd_waiter *prev, *next;   /* slice's list of parked pulls */
+  struct psd_waiter *ready_next;    /* connection's list of answerable pulls */
+  struct psd_conn *conn;            /* who asked */
+  uint32_t slice_id;                /* which slice */
+  uint64_t request_id;              /* the Pull it answers */
+  uint64_t min_step;                /* answer once step >= this */
+  double deadline;                  /* monotonic time to give up */
+  int parked;                       /* on the slice's list */
+  int ready;                        /* on the connection's ready list */
+} psd_waiter;
+
+typedef struct psd_slice {
+  uint32_t id;             /* index in the shard, used on the wire */
+  char *name;              /* variable name */
+  uint32_t ndim;           /* variable's rank */
+  uint64_t shape[PS_MAX_DIMS]; /* variable's shape */
+  uint64_t numel;          /* elements in the whole variable */
+  uint64_t offset;         /* first element of this slice */
+  uint64_t length;         /* elements in this slice */
+  ps_optimizer opt;        /* update rule, agreed by all workers */
+  float *param;            /* parameters, length floats */
+  float *acc;              /* sum of this step's gradients so far */
+  float *state;            /* optimizer state (0-2 x length floats) */
+  int initialized;         /* the chief has sent initial values */
+  uint64_t step;           /* updates applied so far */
+  uint32_t count;          /* gradients accumulated for `step` */
+  uint64_t *pushed;        /* per worker: step+1 of its last accepted push */
+  double first_grad_at;    /* when this step's first gradient came */
+  double stall_logged_at;  /* last stall log line for this step */
+  psd_waiter *waiters;     /* parked pulls (doubly linked) */
+  struct psd_slice *hnext; /* hash chain by (name, offset) */
+} psd_slice;
+
+typedef struct psd_shard {
+  psd_slice **slices;      /* by id */
+  uint32_t n;              /* slices in use */
+  uint32_t cap;            /* allocated entries of slices */
+  psd_slice **htab;        /* hash of (name, offset) -> slice */
+  uint32_t hcap;           /* buckets, power of two */
+  uint32_t num_workers;    /* sizes the per-worker arrays */
+  uint32_t replicas;       /* gradients per step (sync) */
+  int async_mode;          /* apply every gradient at once */
+  uint64_t stale_dropped;  /* gradients that came too late */
+  uint64_t bytes_held;     /* parameter bytes in this shard */
+} psd_shard;
+
+void psd_shard_init(psd_shard *s, uint32_t num_workers, uint32_t replicas,
+                    int async_mode);
+void psd_shard_free(psd_shard *s);
+
+/* Looks up or creates the slice [offset, offset+length) of variable name.
+ * An existing one must agree on shape and optimizer (else PS_ESHAPE or
+ * PS_EMISMATCH, with err naming the variable). Returns 0 and *out. */
+int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
+                       const uint64_t *shape, uint64_t offset, uint64_t length,
+                       const ps_optimizer *opt, psd_slice **out, char *err,
+                       size_t errlen);
+
+/* Sets initial values (length floats) of an uninitialized slice; a slice
+ * already initialized keeps its values (returns 0: the chief may restart). */
+int psd_shard_init_values(psd_shard *s, psd_slice *sl, const float *values);
+
+/* Offers worker's gradient (length floats) computed at step. Returns 1 if
+ * the slice advanced, 0 if accumulated, or PS_ESTALE (too late: dropped),
+ * PS_EDUPLICATE (worker already pushed this step), PS_ESTATE (slice not
+ * initialized), PS_EINVAL (a step the slice has not reached). */
+int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
+                   const float *grad, double now);
+
+/* Workers that have not pushed to sl for its current step: fills
+ * missing[0..n) and returns n. */
+uint32_t psd_slice_missing(const psd_shard *s, const psd_slice *sl,
+                           uint32_t *missing, uint32_t cap);
+
+/* Parks w on sl's list / removes it. */
+void psd_slice_park(psd_slice *sl, psd_waiter *w);
+void psd_slice_unpark(psd_slice *sl, psd_waiter *w);
+
+#endif

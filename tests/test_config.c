@@ -1,0 +1,2 @@
+#include "testutil.h"
+Suite *suite_config(void) { return suite_create("config"); }

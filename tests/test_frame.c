@@ -1,0 +1,2 @@
+#include "testutil.h"
+Suite *suite_frame(void) { return suite_create("frame"); }

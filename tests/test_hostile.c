@@ -1,0 +1,2 @@
+#include "testutil.h"
+Suite *suite_hostile(void) { return suite_create("hostile"); }

@@ -1,0 +1,2 @@
+#include "testutil.h"
+Suite *suite_lifecycle(void) { return suite_create("lifecycle"); }

@@ -1,0 +1,2 @@
+#include "testutil.h"
+Suite *suite_sync(void) { return suite_create("sync"); }

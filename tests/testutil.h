@@ -1,0 +1,44 @@
+/* Shared helpers for the test suites: start real psd processes on
+ * 127.0.0.1, wait for them, read their logs. */
+#ifndef PS_TESTUTIL_H
+#define PS_TESTUTIL_H
+
+#include <check.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+Suite *suite_frame(void);
+Suite *suite_placement(void);
+Suite *suite_init(void);
+Suite *suite_optimizer(void);
+Suite *suite_config(void);
+Suite *suite_sync(void);
+Suite *suite_lifecycle(void);
+Suite *suite_hostile(void);
+
+/* A psd child process. */
+typedef struct tu_psd {
+  pid_t pid;            /* 0 once reaped */
+  int status;           /* wait status once reaped */
+  char addr[64];        /* "127.0.0.1:PORT" read from its port file */
+  char log_path[512];   /* its stdout+stderr */
+  char port_file[512];  /* where it wrote addr */
+} tu_psd;
+
+/* Starts $PSD_BIN --host 127.0.0.1 --port 0 --port-file F plus args
+ * (NULL-terminated) and waits (10 s) for the port file. 0 or -1. */
+int tu_psd_start(tu_psd *p, const char *const *args);
+/* Waits up to timeout_s for exit; 0 and p->status set, or -1 on timeout. */
+int tu_psd_wait(tu_psd *p, double timeout_s);
+/* SIGKILLs and reaps if still running. */
+void tu_psd_kill(tu_psd *p);
+/* 1 if the psd's log contains needle. */
+int tu_log_contains(const tu_psd *p, const char *needle);
+/* Whole file, NUL-terminated, malloc'd (NULL if unreadable). */
+char *tu_read_file(const char *path);
+/* A fresh private directory for this test process. */
+const char *tu_tmpdir(void);
+/* Fills hosts[i] (each of 64 bytes) with the addresses of ps[0..n). */
+void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs);
+
+#endif
