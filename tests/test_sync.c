@@ -1,2 +1,167 @@
+/* Integration: real psd processes on 127.0.0.1 and real clients (threads
+ * of this process), checking the SyncReplicas semantics end to end. */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
 #include "testutil.h"
-Suite *suite_sync(void) { return suite_create("sync"); }
+
+#define MAXW 8
+
+/* Starts nps psd processes with extra args; fills hosts. */
+static void start_ps(tu_psd *ps, int nps, char hosts[][64], const char **hp,
+                     const char *const *extra) {
+  for (int i = 0; i < nps; i++) {
+    char idx[16], n[16];
+    snprintf(idx, sizeof idx, "%d", i);
+    snprintf(n, sizeof n, "%d", nps);
+    const char *args[32] = {"--ps-index", idx, "--num-ps", n};
+    int k = 4;
+    for (int j = 0; extra && extra[j] && k < 30; j++) args[k++] = extra[j];
+    args[k] = NULL;
+    ck_assert_msg(tu_psd_start(&ps[i], args) == 0, "psd %d did not start", i);
+  }
+  tu_hosts(ps, nps, hosts, hp);
+}
+
+static void run_workers(tu_train *t, int n) {
+  pthread_t th[MAXW];
+  for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, tu_train_worker, &t[i]);
+  for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < n; i++)
+    ck_assert_msg(t[i].rc == 0, "worker %d failed: %s (%s)", i, ps_strerror(t[i].rc),
+                  t[i].err);
+}
+
+static void expect_clean_exit(tu_psd *ps, int nps) {
+  for (int i = 0; i < nps; i++) {
+    ck_assert_msg(tu_psd_wait(&ps[i], 10) == 0, "psd %d did not exit after all workers finished", i);
+    ck_assert_msg(WIFEXITED(ps[i].status) && WEXITSTATUS(ps[i].status) == 0,
+                  "psd %d exit status %d", i, WEXITSTATUS(ps[i].status));
+  }
+}
+
+/* (a) 4 workers x batch b over 2 ps == 1 worker over the 4 batches
+ * concatenated, after 20 steps (|diff| <= 1e-5). W is split across both ps
+ * and chunked, so slicing is exercised too. */
+START_TEST(test_equivalence) {
+  enum { NW = 4, NPS = 2, STEPS = 20, B = 16 };
+  tu_psd ps[NPS];
+  char hosts[NPS][64];
+  const char *hp[NPS];
+  start_ps(ps, NPS, hosts, hp, NULL);
+  tu_train t[NW];
+  memset(t, 0, sizeof t);
+  for (int i = 0; i < NW; i++) {
+    t[i].hosts = hp;
+    t[i].num_ps = NPS;
+    t[i].num_workers = NW;
+    t[i].worker = i;
+    t[i].steps = STEPS;
+    t[i].batch = B;
+    t[i].split_threshold = 32;  /* W (96 bytes) is split over both ps */
+    t[i].max_slice_bytes = 20;  /* ... in 5-element chunks */
+  }
+  run_workers(t, NW);
+  expect_clean_exit(ps, NPS);
+
+  /* Reference: one worker, global batch, same optimizers applied locally. */
+  float W[TU_D * TU_C], b[TU_C], gW[TU_D * TU_C], gb[TU_C], vb[TU_C] = {0};
+  tu_model_init(W, b);
+  ps_optimizer ow, ob;
+  tu_model_opts(&ow, &ob);
+  float loss0 = 0, loss = 0;
+  for (int s = 0; s < STEPS; s++) {
+    loss = tu_grad(W, b, (uint64_t)s * NW * B, NW * B, gW, gb);
+    if (s == 0) loss0 = loss;
+    for (int i = 0; i < TU_D * TU_C; i++) W[i] -= (float)ow.lr * gW[i];
+    for (int k = 0; k < TU_C; k++) {
+      vb[k] = (float)ob.momentum * vb[k] + gb[k];
+      b[k] -= (float)ob.lr * vb[k];
+    }
+  }
+  ck_assert_msg(loss < loss0 * 0.8f, "reference did not learn (%g -> %g)", loss0, loss);
+  for (int w = 0; w < NW; w++) {
+    ck_assert_uint_eq(t[w].final_step, STEPS);
+    for (int i = 0; i < TU_D * TU_C; i++)
+      ck_assert_msg(fabsf(t[w].W[i] - W[i]) <= 1e-5f, "worker %d W[%d] %g vs %g", w, i,
+                    t[w].W[i], W[i]);
+    for (int k = 0; k < TU_C; k++)
+      ck_assert_msg(fabsf(t[w].b[k] - b[k]) <= 1e-5f, "worker %d b[%d] %g vs %g", w, k,
+                    t[w].b[k], b[k]);
+  }
+}
+END_TEST
+
+/* (b) With 3 workers and replicas_to_aggregate 2, a worker whose gradient
+ * arrives after the step completed is told it is stale, and training goes
+ * on to the end. */
+START_TEST(test_backup_stale) {
+  enum { NW = 3, STEPS = 10, B = 8 };
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  start_ps(ps, 1, hosts, hp, NULL);
+  tu_train t[NW];
+  memset(t, 0, sizeof t);
+  for (int i = 0; i < NW; i++) {
+    t[i].hosts = hp;
+    t[i].num_ps = 1;
+    t[i].num_workers = NW;
+    t[i].worker = i;
+    t[i].replicas = 2;
+    t[i].steps = STEPS;
+    t[i].batch = B;
+  }
+  t[2].slow = 1;
+  run_workers(t, NW);
+  ck_assert_int_eq(t[2].stale, STEPS);
+  ck_assert_int_eq(t[0].stale, 0);
+  ck_assert_uint_eq(t[0].final_step, STEPS);
+  expect_clean_exit(ps, 1);
+  ck_assert_msg(tu_log_contains(&ps[0], "1 backup workers"), "log does not mention the backup");
+}
+END_TEST
+
+/* (e) Async mode: every push applied at once; two workers still learn. */
+START_TEST(test_async_converges) {
+  enum { NW = 2, STEPS = 150, B = 32 };
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--mode", "async", NULL};
+  start_ps(ps, 1, hosts, hp, extra);
+  tu_train t[NW];
+  memset(t, 0, sizeof t);
+  for (int i = 0; i < NW; i++) {
+    t[i].hosts = hp;
+    t[i].num_ps = 1;
+    t[i].num_workers = NW;
+    t[i].worker = i;
+    t[i].async_mode = 1;
+    t[i].steps = STEPS;
+    t[i].batch = B;
+  }
+  float W0[TU_D * TU_C], b0[TU_C];
+  tu_model_init(W0, b0);
+  float acc0 = tu_accuracy(W0, b0, 1000000, 5000);
+  run_workers(t, NW);
+  expect_clean_exit(ps, 1);
+  float acc = tu_accuracy(t[0].W, t[0].b, 1000000, 5000);
+  ck_assert_msg(acc > 0.9f && acc > acc0 + 0.2f, "async accuracy %.3f (initial %.3f)", acc,
+                acc0);
+}
+END_TEST
+
+Suite *suite_sync(void) {
+  Suite *s = suite_create("sync");
+  TCase *tc = tcase_create("sync");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_equivalence);
+  tcase_add_test(tc, test_backup_stale);
+  tcase_add_test(tc, test_async_converges);
+  suite_add_tcase(s, tc);
+  return s;
+}

@@ -57,7 +57,19 @@ char *tu_read_file(const char *path) {
 int tu_psd_start(tu_psd *p, const char *const *args) {
   static int seq;
   const char *bin = getenv("PSD_BIN");
-  if (!bin) bin = "psd";
+  static char self[1024];
+  if (!bin) {
+    /* Default: the psd built next to this test runner. */
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 8);
+    if (n > 0) {
+      self[n] = '\0';
+      char *slash = strrchr(self, '/');
+      if (slash) strcpy(slash + 1, "psd");
+      bin = self;
+    } else {
+      bin = "psd";
+    }
+  }
   memset(p, 0, sizeof *p);
   seq++;
   snprintf(p->log_path, sizeof p->log_path, "%s/psd.%d.%d.log", tu_tmpdir(),
@@ -145,4 +157,163 @@ void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs) {
     snprintf(hosts[i], 64, "%s", ps[i].addr);
     ptrs[i] = hosts[i];
   }
+}
+
+/* ---- model ---------------------------------------------------------------- */
+#include <math.h>
+
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+void tu_sample(uint64_t i, float x[TU_D], int *y) {
+  static const float truth[TU_C][TU_D] = {
+      {1, -1, 0.5f, 0, 2, -0.5f, 0, 1},
+      {-1, 1, 0, 0.5f, -1, 1, 1, 0},
+      {0, 0.5f, -1, -1, 0, 0, -1, -1}};
+  for (int d = 0; d < TU_D; d++)
+    x[d] = (float)((mix(i * TU_D + (uint64_t)d) >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
+  int best = 0;
+  float bs = -1e30f;
+  for (int k = 0; k < TU_C; k++) {
+    float s = 0;
+    for (int d = 0; d < TU_D; d++) s += truth[k][d] * x[d];
+    if (s > bs) {
+      bs = s;
+      best = k;
+    }
+  }
+  *y = best;
+}
+
+float tu_grad(const float *W, const float *b, uint64_t first, uint64_t n, float *gW,
+              float *gb) {
+  memset(gW, 0, sizeof(float) * TU_D * TU_C);
+  memset(gb, 0, sizeof(float) * TU_C);
+  double loss = 0;
+  for (uint64_t i = first; i < first + n; i++) {
+    float x[TU_D], z[TU_C];
+    int y;
+    tu_sample(i, x, &y);
+    float mx = -1e30f;
+    for (int k = 0; k < TU_C; k++) {
+      z[k] = b[k];
+      for (int d = 0; d < TU_D; d++) z[k] += x[d] * W[d * TU_C + k];
+      if (z[k] > mx) mx = z[k];
+    }
+    float sum = 0;
+    for (int k = 0; k < TU_C; k++) sum += (z[k] = expf(z[k] - mx));
+    for (int k = 0; k < TU_C; k++) {
+      float p = z[k] / sum;
+      float dz = (p - (k == y ? 1.0f : 0.0f)) / (float)n;
+      gb[k] += dz;
+      for (int d = 0; d < TU_D; d++) gW[d * TU_C + k] += x[d] * dz;
+      if (k == y) loss -= log(p > 1e-30f ? p : 1e-30f);
+    }
+  }
+  return (float)(loss / (double)n);
+}
+
+float tu_accuracy(const float *W, const float *b, uint64_t first, uint64_t n) {
+  uint64_t right = 0;
+  for (uint64_t i = first; i < first + n; i++) {
+    float x[TU_D];
+    int y, best = 0;
+    float bs = -1e30f;
+    tu_sample(i, x, &y);
+    for (int k = 0; k < TU_C; k++) {
+      float s = b[k];
+      for (int d = 0; d < TU_D; d++) s += x[d] * W[d * TU_C + k];
+      if (s > bs) {
+        bs = s;
+        best = k;
+      }
+    }
+    right += best == y;
+  }
+  return (float)right / (float)n;
+}
+
+void tu_model_opts(ps_optimizer *ow, ps_optimizer *ob) {
+  ps_optimizer_default(ow, 0.5);
+  ps_optimizer_default(ob, 0.1);
+  ob->kind = PS_OPT_MOMENTUM;
+  ob->momentum = 0.9;
+}
+
+static const ps_init TU_INIT_W = {PS_INIT_GLOROT_UNIFORM, 0, 0, 42};
+static const int64_t TU_SHAPE_W[2] = {TU_D, TU_C};
+static const int64_t TU_SHAPE_B[1] = {TU_C};
+
+void tu_model_init(float *W, float *b) {
+  ps_init_fill(&TU_INIT_W, "W", TU_SHAPE_W, 2, W, TU_D * TU_C);
+  memset(b, 0, sizeof(float) * TU_C);
+}
+
+void *tu_train_worker(void *arg) {
+  tu_train *t = arg;
+  ps_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.hosts = t->hosts;
+  cfg.num_ps = t->num_ps;
+  cfg.worker_index = t->worker;
+  cfg.num_workers = t->num_workers;
+  cfg.replicas_to_aggregate = t->replicas;
+  cfg.async_mode = t->async_mode;
+  cfg.connect_timeout_ms = 10000;
+  cfg.request_timeout_ms = 30000;
+  cfg.split_threshold = t->split_threshold;
+  cfg.max_slice_bytes = t->max_slice_bytes;
+  ps_client *c = NULL;
+  t->rc = ps_client_create(&cfg, &c, t->err, sizeof t->err);
+  if (t->rc) return NULL;
+  ps_optimizer ow, ob;
+  tu_model_opts(&ow, &ob);
+  ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+  ps_var *vw = NULL, *vb = NULL;
+  t->rc = ps_client_var_create(c, "W", TU_SHAPE_W, 2, &TU_INIT_W, &ow, &vw);
+  if (!t->rc) t->rc = ps_client_var_create(c, "b", TU_SHAPE_B, 1, &zero, &ob, &vb);
+  uint64_t step = 0;
+  if (!t->rc) t->rc = ps_client_pull(c, 0, &step);
+  for (int i = 0; i < t->steps && !t->rc; i++) {
+    uint64_t first = (step * (uint64_t)t->num_workers + (uint64_t)t->worker) * (uint64_t)t->batch;
+    tu_grad(ps_var_data(vw), ps_var_data(vb), first, (uint64_t)t->batch, ps_var_grad(vw),
+            ps_var_grad(vb));
+    if (t->slow) {
+      /* Wait until the others have completed this step: our gradient is
+       * then stale by construction. */
+      uint64_t s2;
+      ps_req *r;
+      t->rc = ps_client_pull_async(c, step + 1, NULL, 0, &r);
+      if (!t->rc) t->rc = ps_req_wait(r, -1, &s2);
+      ps_req_destroy(r);
+      if (t->rc) break;
+      ps_req *p;
+      t->rc = ps_client_push_async(c, step, NULL, 0, &p);
+      if (!t->rc) t->rc = ps_req_wait(p, -1, NULL);
+      ps_req_destroy(p);
+      if (t->rc == PS_ESTALE) {
+        t->stale++;
+        t->rc = 0;
+      }
+      step = step + 1; /* one stale push for every step, in order */
+      continue;
+    }
+    int stale = 0;
+    t->rc = ps_client_step(c, &step, &stale);
+    t->stale += stale;
+  }
+  if (t->rc) snprintf(t->err, sizeof t->err, "%s", ps_client_errmsg(c));
+  if (!t->rc) {
+    memcpy(t->W, ps_var_data(vw), sizeof t->W);
+    memcpy(t->b, ps_var_data(vb), sizeof t->b);
+    t->final_step = step;
+    t->rc = ps_client_finish(c);
+    if (t->rc) snprintf(t->err, sizeof t->err, "%s", ps_client_errmsg(c));
+  }
+  ps_client_destroy(c);
+  return NULL;
 }

@@ -5,7 +5,10 @@
 
 #include <check.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
+
+#include "psclient.h"
 
 Suite *suite_frame(void);
 Suite *suite_placement(void);
@@ -42,3 +45,37 @@ const char *tu_tmpdir(void);
 void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs);
 
 #endif
+
+/* ---- a small real model: multinomial logistic regression ---------------- */
+#define TU_D 8 /* features */
+#define TU_C 3 /* classes */
+
+/* Sample i of a fixed synthetic, learnable dataset. */
+void tu_sample(uint64_t i, float x[TU_D], int *y);
+/* Mean softmax cross-entropy gradient over samples [first, first+n), at
+ * parameters W (D x C, row-major) and b; returns the mean loss. */
+float tu_grad(const float *W, const float *b, uint64_t first, uint64_t n, float *gW,
+              float *gb);
+/* Fraction of samples [first, first+n) classified right. */
+float tu_accuracy(const float *W, const float *b, uint64_t first, uint64_t n);
+
+/* One worker of a training run (a thread entry: tu_train_worker(arg)). */
+typedef struct tu_train {
+  const char *const *hosts; /* ps addresses */
+  int num_ps, num_workers, worker, replicas, async_mode;
+  int steps;                /* ps_client_step calls */
+  int batch;                /* samples per worker per step */
+  int slow;                 /* push only after the others finished the step */
+  uint64_t split_threshold, max_slice_bytes; /* 0: defaults */
+  /* results */
+  float W[TU_D * TU_C], b[TU_C];
+  int stale;                /* stale pushes seen */
+  int rc;                   /* first error (0 if none) */
+  char err[512];
+  uint64_t final_step;
+} tu_train;
+void *tu_train_worker(void *arg);
+/* The optimizers the test model uses (server side), and a local reference
+ * applying the same rules: W plain SGD lr 0.5, b momentum 0.9 lr 0.1. */
+void tu_model_opts(ps_optimizer *ow, ps_optimizer *ob);
+void tu_model_init(float *W, float *b);
