@@ -8,7 +8,7 @@
 #include "ps_internal.h"
 #include "testutil.h"
 
-/* ---- helpers ------------------------------------------------------------ */
+/* ---- helpers ----------------------------------------------------------- */
 
 /* A header with every field chosen freely (little-endian, as on the wire). */
 static void raw_header(uint8_t out[PS__HEADER_SIZE], uint32_t magic,
@@ -37,17 +37,17 @@ static int decode_fields(uint16_t type, uint32_t meta, uint32_t flags,
 }
 
 /* Asserts that decoding fails with want and a message containing needle. */
-#define EXPECT_REJECT(want, needle, type, meta, flags, data, hs)               \
+#define EXPECT_REJECT(want, needle, ty, me, fl, da, hs)                        \
   do {                                                                         \
     char e_[256];                                                              \
     ps__frame_header h_;                                                       \
-    int rc_ = decode_fields((type), (meta), (flags), (data), (hs), &h_, e_,    \
+    int rc_ = decode_fields((ty), (me), (fl), (da), (hs), &h_, e_,             \
                             sizeof e_);                                        \
     ck_assert_msg(rc_ == (want),                                               \
                   "type %u meta %u flags %u data %llu hs %d: rc %d (%s), "     \
                   "want %d",                                                   \
-                  (unsigned)(type), (unsigned)(meta), (unsigned)(flags),       \
-                  (unsigned long long)(data), (hs), rc_, ps_err_name(rc_),     \
+                  (unsigned)(ty), (unsigned)(me), (unsigned)(fl),              \
+                  (unsigned long long)(da), (hs), rc_, ps_err_name(rc_),       \
                   (want));                                                     \
     ck_assert_msg(strlen(e_) > 0, "no error message");                         \
     ck_assert_msg(strstr(e_, (needle)) != NULL,                                \
@@ -55,22 +55,22 @@ static int decode_fields(uint16_t type, uint32_t meta, uint32_t flags,
   } while (0)
 
 /* Asserts that decoding succeeds and gives the same fields back. */
-#define EXPECT_ACCEPT(type, meta, data, hs)                                    \
+#define EXPECT_ACCEPT(ty, me, da, hs)                                          \
   do {                                                                         \
     char e_[256];                                                              \
     ps__frame_header h_;                                                       \
     memset(&h_, 0xAB, sizeof h_);                                              \
-    int rc_ = decode_fields((type), (meta), 0, (data), (hs), &h_, e_,          \
+    int rc_ = decode_fields((ty), (me), 0, (da), (hs), &h_, e_,                \
                             sizeof e_);                                        \
     ck_assert_msg(rc_ == 0, "type %u meta %u data %llu hs %d rejected: %s",    \
-                  (unsigned)(type), (unsigned)(meta),                          \
-                  (unsigned long long)(data), (hs), e_);                       \
-    ck_assert_uint_eq(h_.type, (type));                                        \
-    ck_assert_uint_eq(h_.meta_len, (meta));                                    \
-    ck_assert_uint_eq(h_.data_len, (data));                                    \
+                  (unsigned)(ty), (unsigned)(me),                              \
+                  (unsigned long long)(da), (hs), e_);                         \
+    ck_assert_uint_eq(h_.type, (ty));                                          \
+    ck_assert_uint_eq(h_.meta_len, (me));                                      \
+    ck_assert_uint_eq(h_.data_len, (da));                                      \
   } while (0)
 
-/* ---- encode / decode round trip ------------------------------------------- */
+/* ---- encode / decode round trip ---------------------------------------- */
 
 START_TEST(test_encode_layout) {
   uint8_t buf[PS__HEADER_SIZE];
@@ -121,7 +121,8 @@ START_TEST(test_roundtrip_all_types) {
     ps__frame_header h;
     char err[256] = "";
     ck_assert_msg(ps__header_decode(buf, 0, &h, err, sizeof err) == 0,
-                  "%s rejected before handshake: %s", ps__msg_name(pre[i]), err);
+                  "%s rejected before handshake: %s", ps__msg_name(pre[i]),
+                  err);
     ck_assert_uint_eq(h.type, pre[i]);
     ck_assert_uint_eq(h.meta_len, 123);
     ck_assert_uint_eq(h.data_len, 0);
@@ -145,7 +146,7 @@ START_TEST(test_msg_names) {
 }
 END_TEST
 
-/* ---- rejections ------------------------------------------------------------ */
+/* ---- rejections -------------------------------------------------------- */
 
 START_TEST(test_bad_magic) {
   const uint32_t magics[] = {0, 0x31445351u, 0x32445350u, 0x50534431u,
@@ -280,7 +281,7 @@ START_TEST(test_error_truncated) {
 }
 END_TEST
 
-/* ---- random headers --------------------------------------------------------- */
+/* ---- random headers ---------------------------------------------------- */
 
 /* xorshift64*: fixed seed, the same buffers every run. */
 static uint64_t rng_next(uint64_t *s) {
@@ -377,7 +378,7 @@ START_TEST(test_random_headers) {
 }
 END_TEST
 
-/* ---- error table ------------------------------------------------------------ */
+/* ---- error table ------------------------------------------------------- */
 
 typedef struct {
   int code;
@@ -428,7 +429,7 @@ START_TEST(test_error_unknown) {
 }
 END_TEST
 
-/* ---- host:port -------------------------------------------------------------- */
+/* ---- host:port --------------------------------------------------------- */
 
 static int hp(const char *s, char *host, size_t cap, int *port) {
   memset(host, 'Z', cap);

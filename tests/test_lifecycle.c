@@ -1,2 +1,252 @@
+/* Integration: when psd exits and what it says — all workers finished, a
+ * worker killed mid-step, a stalled step, a lost backup worker, startup
+ * timeout, SIGTERM. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "testutil.h"
-Suite *suite_lifecycle(void) { return suite_create("lifecycle"); }
+
+static void start1(tu_psd *ps, char hosts[][64], const char **hp, const char *const *extra) {
+  ck_assert_msg(tu_psd_start(ps, extra) == 0, "psd did not start");
+  tu_hosts(ps, 1, hosts, hp);
+}
+
+static void init_train(tu_train *t, const char **hp, int nw, int i, int steps) {
+  memset(t, 0, sizeof *t);
+  t->hosts = hp;
+  t->num_ps = 1;
+  t->num_workers = nw;
+  t->worker = i;
+  t->steps = steps;
+  t->batch = 8;
+}
+
+/* A worker process that connects, then stops (SIGSTOP to itself) until the
+ * test kills it: a worker that never delivers its gradient, or dies in the
+ * middle of a step. (It cannot create variables: non-chief workers wait
+ * for the chief's values.) Returns its pid. */
+static pid_t doomed_worker(const char **hp, int nw, int index) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    tu_train t;
+    init_train(&t, hp, nw, index, 0);
+    ps_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hosts = t.hosts;
+    cfg.num_ps = 1;
+    cfg.worker_index = index;
+    cfg.num_workers = nw;
+    cfg.replicas_to_aggregate = t.replicas;
+    ps_client *c;
+    char err[256];
+    if (ps_client_create(&cfg, &c, err, sizeof err)) _exit(3);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  /* Wait until it has stopped (it has joined). */
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+  ck_assert_msg(WIFSTOPPED(st), "doomed worker exited early (status %d)", st);
+  return pid;
+}
+
+/* (c) Every worker finishes: psd exits 0 by itself, and says so. */
+START_TEST(test_exit_when_all_finish) {
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  start1(&ps, hosts, hp, NULL);
+  tu_train t[2];
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    init_train(&t[i], hp, 2, i, 3);
+    pthread_create(&th[i], NULL, tu_train_worker, &t[i]);
+  }
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 2; i++) ck_assert_msg(t[i].rc == 0, "worker %d: %s", i, t[i].err);
+  ck_assert_msg(tu_psd_wait(&ps, 5) == 0, "psd still running after all workers finished");
+  ck_assert(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 0);
+  ck_assert(tu_log_contains(&ps, "all 2 workers finished"));
+  ck_assert(tu_log_contains(&ps, "worker 1 joined"));
+}
+END_TEST
+
+/* (d) A worker killed mid-step, no backups: psd exits non-zero within the
+ * grace period and names the worker; the surviving worker gets an error
+ * naming the ps instead of hanging. */
+START_TEST(test_killed_worker) {
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--grace-period", "1", NULL};
+  start1(&ps, hosts, hp, extra);
+  pid_t doomed = doomed_worker(hp, 2, 1);
+  tu_train t;
+  init_train(&t, hp, 2, 0, 5);
+  pthread_t th;
+  pthread_create(&th, NULL, tu_train_worker, &t);
+  struct timespec ts = {0, 300 * 1000000L};
+  nanosleep(&ts, NULL); /* worker 0 has pushed step 0 and waits for worker 1 */
+  double t0 = 0;
+  {
+    struct timespec n;
+    clock_gettime(CLOCK_MONOTONIC, &n);
+    t0 = (double)n.tv_sec + n.tv_nsec * 1e-9;
+  }
+  kill(doomed, SIGKILL);
+  waitpid(doomed, NULL, 0);
+  ck_assert_msg(tu_psd_wait(&ps, 5) == 0, "psd did not exit after losing a worker");
+  struct timespec n;
+  clock_gettime(CLOCK_MONOTONIC, &n);
+  double took = (double)n.tv_sec + n.tv_nsec * 1e-9 - t0;
+  ck_assert_msg(took < 3.0, "psd took %.1f s to give up (grace 1 s)", took);
+  ck_assert_msg(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 66, "psd status %d",
+                ps.status);
+  ck_assert(tu_log_contains(&ps, "worker 1 ("));
+  ck_assert(tu_log_contains(&ps, "left at step 0 without finishing"));
+  ck_assert(tu_log_contains(&ps, "worker(s) 1 did not come back"));
+  pthread_join(th, NULL);
+  ck_assert_int_ne(t.rc, 0);
+  ck_assert_msg(strstr(t.err, "ps 0 at 127.0.0.1:") != NULL, "worker error: %s", t.err);
+}
+END_TEST
+
+/* A lost backup worker is tolerated: training goes on and psd exits 0. */
+START_TEST(test_lost_backup_worker) {
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--grace-period", "1", NULL};
+  start1(&ps, hosts, hp, extra);
+  tu_train t[2];
+  for (int i = 0; i < 2; i++) {
+    init_train(&t[i], hp, 3, i, 10);
+    t[i].replicas = 2;
+  }
+  /* The doomed one must agree on replicas too. */
+  pid_t pid = fork();
+  if (pid == 0) {
+    ps_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hosts = hp;
+    cfg.num_ps = 1;
+    cfg.worker_index = 2;
+    cfg.num_workers = 3;
+    cfg.replicas_to_aggregate = 2;
+    ps_client *c;
+    char err[256];
+    if (ps_client_create(&cfg, &c, err, sizeof err)) _exit(3);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  int st;
+  waitpid(pid, &st, WUNTRACED);
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, tu_train_worker, &t[i]);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 2; i++) ck_assert_msg(t[i].rc == 0, "worker %d: %s", i, t[i].err);
+  ck_assert_uint_eq(t[0].final_step, 10);
+  ck_assert_msg(tu_psd_wait(&ps, 5) == 0, "psd did not exit");
+  ck_assert_msg(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 0, "status %d", ps.status);
+  ck_assert(tu_log_contains(&ps, "worker 2 ("));
+  ck_assert(tu_log_contains(&ps, "tolerated as backups"));
+}
+END_TEST
+
+/* (g) A step waiting longer than --stall-timeout is logged with the missing
+ * worker; it completes once the worker comes. */
+START_TEST(test_stall_logged) {
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--stall-timeout", "0.3", NULL};
+  start1(&ps, hosts, hp, extra);
+  pid_t slow = doomed_worker(hp, 2, 1); /* stopped: registered, not pushing */
+  tu_train t;
+  init_train(&t, hp, 2, 0, 1);
+  pthread_t th;
+  pthread_create(&th, NULL, tu_train_worker, &t);
+  int seen = 0;
+  for (int i = 0; i < 50 && !seen; i++) {
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+    seen = tu_log_contains(&ps, "step 0 stalled");
+  }
+  ck_assert_msg(seen, "no stall line in the log");
+  ck_assert(tu_log_contains(&ps, "waiting for worker(s) 1"));
+  ck_assert(tu_log_contains(&ps, "variables: W, b"));
+  kill(slow, SIGKILL);
+  waitpid(slow, NULL, 0);
+  tu_psd_kill(&ps); /* worker 0 then fails fast instead of waiting */
+  pthread_join(th, NULL);
+  ck_assert_int_ne(t.rc, 0);
+}
+END_TEST
+
+/* Nobody comes: psd gives up after --startup-timeout instead of burning
+ * the job's walltime. */
+START_TEST(test_startup_timeout) {
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--startup-timeout", "0.5", NULL};
+  start1(&ps, hosts, hp, extra);
+  ck_assert_msg(tu_psd_wait(&ps, 5) == 0, "psd did not give up");
+  ck_assert(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 67);
+  ck_assert(tu_log_contains(&ps, "never connected"));
+}
+END_TEST
+
+/* SIGTERM shuts psd down cleanly (exit 0, logged). */
+START_TEST(test_sigterm) {
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  start1(&ps, hosts, hp, NULL);
+  kill(ps.pid, SIGTERM);
+  ck_assert_msg(tu_psd_wait(&ps, 5) == 0, "psd ignored SIGTERM");
+  ck_assert(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 0);
+  ck_assert(tu_log_contains(&ps, "shutting down"));
+}
+END_TEST
+
+/* A client with nothing to connect to fails with the address it tried. */
+START_TEST(test_connect_failure_names_host) {
+  const char *hp[1] = {"127.0.0.1:1"};
+  ps_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  cfg.connect_timeout_ms = 300;
+  ps_client *c = (ps_client *)1;
+  char err[512];
+  int rc = ps_client_create(&cfg, &c, err, sizeof err);
+  ck_assert_int_eq(rc, PS_ECONNECT);
+  ck_assert_ptr_null(c);
+  ck_assert_msg(strstr(err, "127.0.0.1:1") != NULL, "message: %s", err);
+}
+END_TEST
+
+Suite *suite_lifecycle(void) {
+  Suite *s = suite_create("lifecycle");
+  TCase *tc = tcase_create("lifecycle");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_exit_when_all_finish);
+  tcase_add_test(tc, test_killed_worker);
+  tcase_add_test(tc, test_lost_backup_worker);
+  tcase_add_test(tc, test_stall_logged);
+  tcase_add_test(tc, test_startup_timeout);
+  tcase_add_test(tc, test_sigterm);
+  tcase_add_test(tc, test_connect_failure_names_host);
+  suite_add_tcase(s, tc);
+  return s;
+}

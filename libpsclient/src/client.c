@@ -94,6 +94,8 @@ typedef struct ps__conn {
   struct iovec *dst;           /* data destinations of the frame */
   size_t ndst, capdst, dst_i;  /* count, capacity, current */
   uint64_t dst_got;            /* bytes of dst[dst_i] received */
+  uint64_t data_req;           /* PullReply being received: request id */
+  int data_items;              /* ... and the slices it completes */
   uint8_t *discard;            /* sink for data nobody wants */
   size_t discard_cap;
 } ps__conn;
@@ -408,18 +410,13 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
     if (!m) break;
     ps_req *r = find_req(c, m->request_id);
     int rc = plan_pull_data(c, k, m, r);
-    if (rc == 0 && r) {
-      r->pending -= (int)m->n_items;
-    }
+    k->data_req = m->request_id;
+    k->data_items = (int)m->n_items;
     ps__pull_reply__free_unpacked(m, NULL);
     if (rc) return rc;
+    /* The request's slices count as received once the data is in. */
     k->rstate = 2;
-    /* The request completes once its data is in (see read_data). */
-    k->hdr.type = PS__MSG_PULL_REPLY;
-    k->hdr.meta_len = 0;
-    /* Remember which request to complete: reuse hdr.meta_len? keep id. */
-    k->dst_got = 0;
-    return r ? 1 : 0;
+    return 0;
   }
   default:
     break;
@@ -430,10 +427,17 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   return PS_EPROTO;
 }
 
+/* The data of a PullReply is all in: its slices are received. */
+static void pull_data_done(ps_client *c, ps__conn *k) {
+  k->rstate = 0;
+  ps_req *r = find_req(c, k->data_req);
+  if (r && (r->pending -= k->data_items) <= 0) req_finish(c, r);
+  k->data_req = 0;
+  k->data_items = 0;
+}
+
 /* Processes buffered input and reads more; 0 or <0 (broken). */
 static int conn_read(ps_client *c, ps__conn *k) {
-  static ps_req *const NO_REQ = NULL;
-  (void)NO_REQ;
   for (;;) {
     /* Parse what is buffered. */
     for (;;) {
@@ -468,14 +472,7 @@ static int conn_read(ps_client *c, ps__conn *k) {
         uint64_t dlen = k->hdr.data_len;
         int rc = handle_reply(c, k, meta);
         if (rc < 0) return rc;
-        if (k->rstate == 2 && dlen == 0) k->rstate = 0;
-        if (k->rstate == 0) {
-          /* A pull reply without data may complete its request. */
-          for (ps_req *r = c->inflight, *n; r; r = n) {
-            n = r->next;
-            if (r->type == REQ_PULL && r->pending <= 0) req_finish(c, r);
-          }
-        }
+        if (k->rstate == 2 && dlen == 0) pull_data_done(c, k);
       }
       if (k->rstate == 2) {
         while (k->dst_i < k->ndst && k->in_len) {
@@ -492,11 +489,7 @@ static int conn_read(ps_client *c, ps__conn *k) {
           }
         }
         if (k->dst_i < k->ndst) break;
-        k->rstate = 0;
-        for (ps_req *r = c->inflight, *n; r; r = n) {
-          n = r->next;
-          if (r->type == REQ_PULL && r->pending <= 0) req_finish(c, r);
-        }
+        pull_data_done(c, k);
       }
     }
     /* Read more. */
@@ -524,13 +517,7 @@ static int conn_read(ps_client *c, ps__conn *k) {
             left = 0;
           }
         }
-        if (k->dst_i == k->ndst) {
-          k->rstate = 0;
-          for (ps_req *r = c->inflight, *nx; r; r = nx) {
-            nx = r->next;
-            if (r->type == REQ_PULL && r->pending <= 0) req_finish(c, r);
-          }
-        }
+        if (k->dst_i == k->ndst) pull_data_done(c, k);
         continue;
       }
     } else {
