@@ -3,7 +3,6 @@
 #include "conn.h"
 
 #include <errno.h>
-#include <event2/buffer.h>
 #include <event2/event.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -84,6 +83,8 @@ static void arena_destroy(psd_arena *a) {
 
 static void on_read(evutil_socket_t fd, short what, void *arg);
 static void on_write(evutil_socket_t fd, short what, void *arg);
+static void slice_hold(void *ctx, void *ref);
+static void slice_release(void *ctx, void *ref);
 
 static int grow(void **p, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return 0;
@@ -114,27 +115,25 @@ static int ensure_tables(psd_conn *c) {
     if (grow((void **)&c->reply_ptrs, &cap, n, sizeof *c->reply_ptrs)) return -1;
     cap = c->reply_cap;
     if (grow((void **)&c->status, &cap, n, sizeof *c->status)) return -1;
+    cap = c->reply_cap;
+    if (grow((void **)&c->reply_data, &cap, n, sizeof *c->reply_data)) return -1;
+    cap = c->reply_cap;
+    if (grow((void **)&c->reply_count, &cap, n, sizeof *c->reply_count)) return -1;
+    cap = c->reply_cap;
+    if (grow((void **)&c->reply_refs, &cap, n, sizeof *c->reply_refs)) return -1;
     c->reply_cap = cap;
   }
   (void)old;
   return 0;
 }
 
-/* Queues one frame: header, packed message, then data segments. */
+/* Queues one frame: header, packed message, then data segments sent from
+ * where they are (refs: the slices whose parameters they are, held until
+ * written so no update changes bytes in flight). */
 static int send_frame(psd_conn *c, unsigned type, const ProtobufCMessage *msg,
-                      const float *const *data, const uint64_t *counts,
+                      const float *const *data, const uint64_t *counts, void *const *refs,
                       size_t nseg) {
-  size_t mlen = protobuf_c_message_get_packed_size(msg);
-  if (grow((void **)&c->pack, &c->pack_cap, mlen + PS__HEADER_SIZE, 1)) return -1;
-  uint64_t dlen = 0;
-  for (size_t i = 0; i < nseg; i++) dlen += counts[i] * sizeof(float);
-  ps__header_encode(c->pack, type, (uint32_t)mlen, dlen);
-  protobuf_c_message_pack(msg, c->pack + PS__HEADER_SIZE);
-  if (evbuffer_add(c->out, c->pack, PS__HEADER_SIZE + mlen) != 0) return -1;
-  for (size_t i = 0; i < nseg; i++)
-    if (counts[i] && evbuffer_add(c->out, data[i], counts[i] * sizeof(float)) != 0)
-      return -1;
-  return 0;
+  return ps__outq_frame(&c->out, type, msg, data, counts, refs, nseg);
 }
 
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
@@ -154,7 +153,7 @@ void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
   e.code = code;
   e.message = msg;
   e.fatal = fatal;
-  send_frame(c, PS__MSG_ERROR, &e.base, NULL, NULL, 0);
+  send_frame(c, PS__MSG_ERROR, &e.base, NULL, NULL, NULL, 0);
   if (fatal && c->state != PSD_CONN_CLOSING) {
     c->state = PSD_CONN_CLOSING;
     c->closing_since = ps__now();
@@ -183,10 +182,12 @@ psd_conn *psd_conn_new(struct psd_server *srv, int fd, const char *peer) {
   c->alloc.alloc = arena_alloc;
   c->alloc.free = arena_free;
   c->alloc.allocator_data = &c->arena;
-  c->out = evbuffer_new();
+  c->out.hold = slice_hold;
+  c->out.release = slice_release;
+  c->out.ctx = srv;
   c->rev = event_new(srv->base, fd, EV_READ | EV_PERSIST, on_read, c);
   c->wev = event_new(srv->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
-  if (!c->in || !c->arena.buf || !c->out || !c->rev || !c->wev ||
+  if (!c->in || !c->arena.buf || !c->rev || !c->wev ||
       event_add(c->rev, NULL) != 0) {
     psd_conn_close(c, "out of memory");
     return NULL;
@@ -225,7 +226,7 @@ void psd_conn_close(psd_conn *c, const char *why) {
   psd_server_conn_closed(srv, c);
   if (c->rev) event_free(c->rev);
   if (c->wev) event_free(c->wev);
-  if (c->out) evbuffer_free(c->out);
+  ps__outq_free(&c->out);
   if (c->fd >= 0) close(c->fd);
   arena_destroy(&c->arena);
   free(c->in);
@@ -233,21 +234,19 @@ void psd_conn_close(psd_conn *c, const char *why) {
   free(c->status);
   free(c->reply_items);
   free(c->reply_ptrs);
+  free(c->reply_data);
+  free(c->reply_count);
+  free(c->reply_refs);
   free(c->pack);
   free(c);
 }
 
 int psd_conn_write(psd_conn *c) {
-  while (evbuffer_get_length(c->out) > 0) {
-    int n = evbuffer_write(c->out, c->fd);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
-      psd_conn_close(c, "write failed");
-      return -1;
-    }
-    if (n == 0) break;
+  if (ps__outq_write(&c->out, c->fd) != 0) {
+    psd_conn_close(c, strerror(errno));
+    return -1;
   }
-  if (evbuffer_get_length(c->out) > 0) {
+  if (ps__outq_pending(&c->out)) {
     event_add(c->wev, NULL);
     return 0;
   }
@@ -262,7 +261,21 @@ int psd_conn_write(psd_conn *c) {
 static void on_write(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
-  psd_conn_write(arg);
+  psd_conn *c = arg;
+  psd_server *srv = c->srv;
+  psd_conn_write(c);     /* may free c */
+  psd_server_flush(srv); /* updates that waited for these bytes */
+}
+
+/* outq hooks: a queued reply references a slice's parameters. */
+static void slice_hold(void *ctx, void *ref) {
+  (void)ctx;
+  ((psd_slice *)ref)->readers++;
+}
+
+static void slice_release(void *ctx, void *ref) {
+  psd_slice *sl = ref;
+  if (--sl->readers == 0 && sl->apply_pending) psd_server_defer(ctx, sl);
 }
 
 /* ---- pulls --------------------------------------------------------------- */
@@ -281,15 +294,12 @@ void psd_conn_flush(psd_conn *c) {
   psd_shard *sh = &c->srv->shard;
   psd_waiter *w = c->ready_head;
   c->ready_head = c->ready_tail = NULL;
-  const float **segs = (const float **)c->reply_ptrs; /* reused below */
-  (void)segs;
   while (w) {
-    /* One PullReply per run of waiters of the same request. */
+    /* One PullReply per run of waiters of the same request (at most one
+     * waiter per slice, so reply_cap entries always suffice). */
     uint64_t req = w->request_id;
     size_t n = 0;
-    static const float *dptr[4096];
-    static uint64_t dcnt[4096];
-    while (w && w->request_id == req && n < 4096) {
+    while (w && w->request_id == req && n < c->reply_cap) {
       psd_slice *sl = sh->slices[w->slice_id];
       Ps__Item *it = &c->reply_items[n];
       ps__item__init(it);
@@ -297,8 +307,9 @@ void psd_conn_flush(psd_conn *c) {
       it->count = sl->length;
       it->step = sl->step;
       c->reply_ptrs[n] = it;
-      dptr[n] = sl->param;
-      dcnt[n] = sl->length;
+      c->reply_data[n] = sl->param;
+      c->reply_count[n] = sl->length;
+      c->reply_refs[n] = sl;
       n++;
       psd_waiter *next = w->ready_next;
       w->ready = 0;
@@ -309,7 +320,8 @@ void psd_conn_flush(psd_conn *c) {
     r.request_id = req;
     r.n_items = n;
     r.items = c->reply_ptrs;
-    if (send_frame(c, PS__MSG_PULL_REPLY, &r.base, dptr, dcnt, n) != 0) {
+    if (send_frame(c, PS__MSG_PULL_REPLY, &r.base, c->reply_data, c->reply_count,
+                   c->reply_refs, n) != 0) {
       psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory building a pull reply");
       return;
     }
@@ -363,7 +375,7 @@ static int handle_hello(psd_conn *c, const uint8_t *meta) {
   r.replicas_to_aggregate = srv->shard.replicas;
   r.async_mode = srv->shard.async_mode;
   r.server_id = srv->cfg->name;
-  send_frame(c, PS__MSG_HELLO_REPLY, &r.base, NULL, NULL, 0);
+  send_frame(c, PS__MSG_HELLO_REPLY, &r.base, NULL, NULL, NULL, 0);
   return 0;
 }
 
@@ -469,7 +481,7 @@ static int handle_register(psd_conn *c, const uint8_t *meta) {
     r.request_id = m->request_id;
     r.n_slices = m->n_slices;
     r.slices = sptrs;
-    send_frame(c, PS__MSG_REGISTER_REPLY, &r.base, NULL, NULL, 0);
+    send_frame(c, PS__MSG_REGISTER_REPLY, &r.base, NULL, NULL, NULL, 0);
   }
   free(states);
   free(sptrs);
@@ -615,7 +627,7 @@ static int handle_pull(psd_conn *c, const uint8_t *meta) {
   if (m->n_slice_ids == 0) {
     Ps__PullReply r = PS__PULL_REPLY__INIT;
     r.request_id = m->request_id;
-    send_frame(c, PS__MSG_PULL_REPLY, &r.base, NULL, NULL, 0);
+    send_frame(c, PS__MSG_PULL_REPLY, &r.base, NULL, NULL, NULL, 0);
   }
   return 0;
 }
@@ -628,7 +640,7 @@ static int handle_finish(psd_conn *c, const uint8_t *meta) {
   }
   Ps__Ack a = PS__ACK__INIT;
   a.request_id = m->request_id;
-  send_frame(c, PS__MSG_ACK, &a.base, NULL, NULL, 0);
+  send_frame(c, PS__MSG_ACK, &a.base, NULL, NULL, NULL, 0);
   if (!c->finished) {
     c->finished = 1;
     psd_server_worker_finished(c->srv, c);
@@ -693,7 +705,7 @@ static void frame_done(psd_conn *c) {
   if (c->hdr.type == PS__MSG_INIT) {
     Ps__Ack a = PS__ACK__INIT;
     a.request_id = c->data_req;
-    send_frame(c, PS__MSG_ACK, &a.base, NULL, NULL, 0);
+    send_frame(c, PS__MSG_ACK, &a.base, NULL, NULL, NULL, 0);
   } else {
     for (size_t i = 0; i < c->n_items; i++) {
       Ps__Item *it = &c->reply_items[i];
@@ -706,7 +718,7 @@ static void frame_done(psd_conn *c) {
     r.request_id = c->data_req;
     r.n_items = c->n_items;
     r.items = c->reply_ptrs;
-    send_frame(c, PS__MSG_PUSH_REPLY, &r.base, NULL, NULL, 0);
+    send_frame(c, PS__MSG_PUSH_REPLY, &r.base, NULL, NULL, NULL, 0);
   }
   c->items = NULL;
   c->n_items = 0;
@@ -833,5 +845,5 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
     budget = (size_t)n >= budget ? 0 : budget - (size_t)n;
   }
   psd_server_flush(srv);
-  if (c->state == PSD_CONN_CLOSING || evbuffer_get_length(c->out)) psd_conn_write(c);
+  if (c->state == PSD_CONN_CLOSING || ps__outq_pending(&c->out)) psd_conn_write(c);
 }

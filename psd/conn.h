@@ -24,7 +24,6 @@
 
 struct psd_server;
 struct event;
-struct evbuffer;
 
 typedef enum psd_conn_state {
   PSD_CONN_HEADER,  /* waiting for a frame header */
@@ -49,7 +48,7 @@ typedef struct psd_conn {
   int in_dirty;               /* on that list */
   int fd;                     /* socket */
   struct event *rev, *wev;    /* read / write readiness */
-  struct evbuffer *out;       /* replies not yet written */
+  ps__outq out;               /* replies not yet written (params in place) */
   psd_conn_state state;       /* where the input parser is */
   int handshaken;             /* a HELLO was accepted */
   int worker;                 /* worker index, or -1 */
@@ -73,6 +72,9 @@ typedef struct psd_conn {
   int32_t *status;            /* per item result of the current Push */
   Ps__Item *reply_items;      /* reply building (one per slice, grow-only) */
   Ps__Item **reply_ptrs;
+  const float **reply_data;   /* PullReply data segments */
+  uint64_t *reply_count;      /* ... their lengths */
+  void **reply_refs;          /* ... and the slices they reference */
   size_t reply_cap;
   uint8_t *pack;              /* packed outgoing protobuf */
   size_t pack_cap;
@@ -95,6 +97,8 @@ void psd_conn_flush(psd_conn *c);
 void psd_conn_ready(psd_conn *c, psd_waiter *w);
 /* Expires parked pulls past their deadline (called from the tick). */
 void psd_conn_expire(psd_conn *c, double now);
+/* 1 if replies are waiting to be written. */
+static inline int psd_conn_pending(const psd_conn *c) { return ps__outq_pending(&c->out); }
 /* Writes pending output; closes a CLOSING connection once drained. Returns
  * -1 if c was freed. */
 int psd_conn_write(psd_conn *c);

@@ -4,7 +4,6 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
-#include <event2/buffer.h>
 #include <event2/event.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -46,7 +45,7 @@ static void finish_loop(psd_server *srv, int code) {
   if (srv->listen_ev) event_del(srv->listen_ev);
   int pending = 0;
   for (psd_conn *c = srv->conns; c; c = c->next)
-    if (evbuffer_get_length(c->out)) pending = 1;
+    if (psd_conn_pending(c)) pending = 1;
   if (!pending) event_base_loopbreak(srv->base);
 }
 
@@ -266,14 +265,32 @@ void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
   }
 }
 
+void psd_server_defer(psd_server *srv, psd_slice *sl) {
+  if (sl->on_deferred) return;
+  sl->on_deferred = 1;
+  sl->deferred_next = srv->deferred;
+  srv->deferred = sl;
+}
+
 void psd_server_flush(psd_server *srv) {
-  while (srv->dirty) {
-    psd_conn *c = srv->dirty;
-    srv->dirty = c->dirty_next;
-    c->in_dirty = 0;
-    c->dirty_next = NULL;
-    psd_conn_flush(c);
-    psd_conn_write(c); /* may free c */
+  /* Writing replies can release parameters whose update was waiting, and
+   * applying it can make more pulls answerable: loop until both settle. */
+  while (srv->deferred || srv->dirty) {
+    while (srv->deferred) {
+      psd_slice *sl = srv->deferred;
+      srv->deferred = sl->deferred_next;
+      sl->on_deferred = 0;
+      sl->deferred_next = NULL;
+      if (psd_shard_apply_deferred(&srv->shard, sl)) psd_server_slice_advanced(srv, sl);
+    }
+    while (srv->dirty) {
+      psd_conn *c = srv->dirty;
+      srv->dirty = c->dirty_next;
+      c->in_dirty = 0;
+      c->dirty_next = NULL;
+      psd_conn_flush(c);
+      psd_conn_write(c); /* may free c */
+    }
   }
 }
 
@@ -284,7 +301,8 @@ static void check_stalls(psd_server *srv, double now) {
   /* One line per stalled step, naming the missing workers and variables. */
   for (uint32_t i = 0; i < sh->n; i++) {
     psd_slice *sl = sh->slices[i];
-    if (sl->count == 0 || now - sl->first_grad_at < srv->cfg->stall_s) continue;
+    if (sl->count == 0 || sl->apply_pending || now - sl->first_grad_at < srv->cfg->stall_s)
+      continue;
     if (sl->stall_logged_at && now - sl->stall_logged_at < srv->cfg->stall_s) continue;
     uint64_t step = sl->step;
     char vars[512];
@@ -292,7 +310,7 @@ static void check_stalls(psd_server *srv, double now) {
     vars[0] = '\0';
     for (uint32_t j = i; j < sh->n; j++) {
       psd_slice *o = sh->slices[j];
-      if (o->count == 0 || o->step != step) continue;
+      if (o->count == 0 || o->apply_pending || o->step != step) continue;
       if (o->stall_logged_at && now - o->stall_logged_at < srv->cfg->stall_s) continue;
       o->stall_logged_at = now;
       nvars++;
@@ -329,7 +347,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   if (srv->exiting) {
     int pending = 0;
     for (psd_conn *c = srv->conns; c; c = c->next)
-      if (evbuffer_get_length(c->out)) pending = 1;
+      if (psd_conn_pending(c)) pending = 1;
     if (!pending || now - srv->exiting_since > PSD_DRAIN_MAX_S)
       event_base_loopbreak(srv->base);
     return;
@@ -345,7 +363,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   psd_server_flush(srv);
   for (psd_conn *c = srv->conns, *next; c; c = next) {
     next = c->next;
-    if (evbuffer_get_length(c->out)) psd_conn_write(c);
+    if (psd_conn_pending(c)) psd_conn_write(c);
   }
   if (srv->pinned && !srv->shard.async_mode) check_stalls(srv, now);
   if (srv->lost_since && now - srv->lost_since >= srv->cfg->grace_s) {

@@ -51,6 +51,10 @@ typedef struct psd_slice {
   double first_grad_at;    /* when this step's first gradient came */
   double stall_logged_at;  /* last stall log line for this step */
   psd_waiter *waiters;     /* parked pulls (doubly linked) */
+  uint32_t readers;        /* queued replies sending param in place */
+  int apply_pending;       /* step complete, waiting for readers == 0 */
+  struct psd_slice *deferred_next; /* server's list of slices to apply */
+  int on_deferred;         /* on that list */
   struct psd_slice *hnext; /* hash chain by (name, offset) */
 } psd_slice;
 
@@ -84,11 +88,18 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
 int psd_shard_init_values(psd_shard *s, psd_slice *sl, const float *values);
 
 /* Offers worker's gradient (length floats) computed at step. Returns 1 if
- * the slice advanced, 0 if accumulated, or PS_ESTALE (too late: dropped),
+ * the slice advanced, 0 if accumulated (also when the step is complete but
+ * its update waits for replies still sending the parameters: then
+ * apply_pending is set and psd_shard_apply_deferred finishes it), or PS_ESTALE (too late: dropped),
  * PS_EDUPLICATE (worker already pushed this step), PS_ESTATE (slice not
  * initialized), PS_EINVAL (a step the slice has not reached). */
 int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
                    const float *grad, double now);
+
+/* Applies an update that waited for in-flight replies of sl to be sent
+ * (the update would otherwise change bytes still being written). Returns 1
+ * if sl advanced. */
+int psd_shard_apply_deferred(psd_shard *s, psd_slice *sl);
 
 /* Workers that have not pushed to sl for its current step: fills
  * missing[0..n) and returns n. */

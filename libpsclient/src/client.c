@@ -30,7 +30,6 @@
 /* Socket buffers: large enough that a 4 MiB slice is in flight at once. */
 #define PS__SOCK_BUF (4 << 20)
 /* iovecs per writev call (Linux IOV_MAX is 1024). */
-#define PS__IOV_BATCH 512
 /* Default waits. */
 #define PS__DEFAULT_CONNECT_MS 60000
 #define PS__DEFAULT_REQUEST_MS 600000
@@ -71,22 +70,11 @@ struct ps_req {
   struct ps_req *next;   /* in-flight list or free list */
 };
 
-/* Segment of queued output: bytes in the connection's own buffer (ext ==
- * NULL, at off) or in caller memory (variables' gradients). */
-typedef struct ps__seg {
-  const void *ext;
-  size_t off, len;
-} ps__seg;
-
 typedef struct ps__conn {
   int index;                   /* ps index */
   char addr[300];              /* "host:port" as configured */
   int fd;                      /* socket, -1 when broken */
-  ps__seg *segs;               /* queued output */
-  size_t nseg, capseg, seg0;   /* count, capacity, first unsent */
-  size_t seg0_done;            /* bytes of segs[seg0] already sent */
-  uint8_t *obuf;               /* owned output bytes */
-  size_t olen, ocap;
+  ps__outq out;                /* queued frames (gradients referenced) */
   uint8_t *in;                 /* input buffer */
   size_t in_cap, in_off, in_len;
   int rstate;                  /* 0 header, 1 meta, 2 data */
@@ -153,69 +141,23 @@ static double now_s(void) { return ps__now(); }
 
 static void conn_break(ps_client *c, ps__conn *k, int code, const char *why);
 
-/* Queues a frame on k: header + message, then optional data segments. */
+/* Queues a frame on k: header + message, then optional data segments
+ * (sent from where they are: the caller keeps them stable until sent). */
 static int queue_frame(ps_client *c, ps__conn *k, unsigned type, const ProtobufCMessage *m,
                        const float *const *data, const uint64_t *counts, size_t nseg) {
-  size_t mlen = protobuf_c_message_get_packed_size(m);
-  uint64_t dlen = 0;
-  for (size_t i = 0; i < nseg; i++) dlen += counts[i] * sizeof(float);
-  if (mlen > PS__MAX_META || dlen > PS__MAX_DATA)
-    return seterr(c, PS_ETOOBIG, "a %s message of %zu + %llu bytes exceeds the frame limits",
-                  ps__msg_name(type), mlen, (unsigned long long)dlen);
-  if (grow((void **)&k->obuf, &k->ocap, k->olen + PS__HEADER_SIZE + mlen, 1) ||
-      grow((void **)&k->segs, &k->capseg, k->nseg + 1 + nseg, sizeof *k->segs))
-    return seterr(c, PS_ENOMEM, "out of memory queueing a message");
-  size_t off = k->olen;
-  ps__header_encode(k->obuf + off, type, (uint32_t)mlen, dlen);
-  protobuf_c_message_pack(m, k->obuf + off + PS__HEADER_SIZE);
-  k->olen += PS__HEADER_SIZE + mlen;
-  /* Coalesce with a previous owned segment ending right here. */
-  if (k->nseg > k->seg0 && !k->segs[k->nseg - 1].ext &&
-      k->segs[k->nseg - 1].off + k->segs[k->nseg - 1].len == off)
-    k->segs[k->nseg - 1].len += PS__HEADER_SIZE + mlen;
-  else
-    k->segs[k->nseg++] = (ps__seg){NULL, off, PS__HEADER_SIZE + mlen};
-  for (size_t i = 0; i < nseg; i++)
-    if (counts[i]) k->segs[k->nseg++] = (ps__seg){data[i], 0, counts[i] * sizeof(float)};
+  int rc = ps__outq_frame(&k->out, type, m, data, counts, NULL, nseg);
+  if (rc == PS_ETOOBIG)
+    return seterr(c, rc, "a %s message exceeds the frame limits", ps__msg_name(type));
+  if (rc) return seterr(c, rc, "out of memory queueing a message");
   return 0;
 }
 
 /* Writes as much queued output as the socket takes. 0, or <0 (broken). */
 static int conn_flush(ps_client *c, ps__conn *k) {
-  while (k->fd >= 0 && k->seg0 < k->nseg) {
-    struct iovec iov[PS__IOV_BATCH];
-    int n = 0;
-    for (size_t i = k->seg0; i < k->nseg && n < PS__IOV_BATCH; i++, n++) {
-      const ps__seg *s = &k->segs[i];
-      const char *base = s->ext ? (const char *)s->ext : (const char *)k->obuf + s->off;
-      size_t skip = i == k->seg0 ? k->seg0_done : 0;
-      iov[n].iov_base = (void *)(base + skip);
-      iov[n].iov_len = s->len - skip;
-    }
-    ssize_t w = writev(k->fd, iov, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
-      conn_break(c, k, PS_ECLOSED, strerror(errno));
-      return PS_ECLOSED;
-    }
-    size_t left = (size_t)w;
-    while (left > 0 && k->seg0 < k->nseg) {
-      size_t rem = k->segs[k->seg0].len - k->seg0_done;
-      if (left >= rem) {
-        left -= rem;
-        k->seg0++;
-        k->seg0_done = 0;
-      } else {
-        k->seg0_done += left;
-        left = 0;
-      }
-    }
-  }
-  if (k->seg0 == k->nseg) {
-    k->seg0 = k->nseg = 0;
-    k->seg0_done = 0;
-    k->olen = 0;
+  if (k->fd < 0) return PS_ECLOSED;
+  if (ps__outq_write(&k->out, k->fd) != 0) {
+    conn_break(c, k, PS_ECLOSED, strerror(errno));
+    return PS_ECLOSED;
   }
   return 0;
 }
@@ -552,9 +494,9 @@ static int pump(ps_client *c, ps_req *r, double deadline) {
   while (!r->done) {
     for (int i = 0; i < c->num_ps; i++) {
       ps__conn *k = &c->conns[i];
-      if (k->seg0 < k->nseg) conn_flush(c, k);
+      if (ps__outq_pending(&k->out)) conn_flush(c, k);
       p[i].fd = k->fd;
-      p[i].events = (short)(POLLIN | (k->seg0 < k->nseg ? POLLOUT : 0));
+      p[i].events = (short)(POLLIN | (ps__outq_pending(&k->out) ? POLLOUT : 0));
       p[i].revents = 0;
     }
     if (r->done) break;
@@ -866,8 +808,7 @@ void ps_client_destroy(ps_client *c) {
   for (int i = 0; c->conns && i < c->num_ps; i++) {
     ps__conn *k = &c->conns[i];
     if (k->fd >= 0) close(k->fd);
-    free(k->segs);
-    free(k->obuf);
+    ps__outq_free(&k->out);
     free(k->in);
     free(k->dst);
     free(k->discard);

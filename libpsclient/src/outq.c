@@ -1,0 +1,100 @@
+/* outq.c - output queue shared by psd and libpsclient: frames are packed
+ * into one owned byte buffer, tensor data is referenced where it lives
+ * (never copied), and writev sends it all. Grow-only, so a steady stream of
+ * steps allocates nothing. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "ps_internal.h"
+
+/* iovecs per writev call (Linux IOV_MAX is 1024). */
+#define PS__IOV_BATCH 256
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return 0;
+  size_t nc = *cap ? *cap : 16;
+  while (nc < need) nc *= 2;
+  void *np = realloc(*p, nc * elem);
+  if (!np) return -1;
+  *p = np;
+  *cap = nc;
+  return 0;
+}
+
+int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
+                   const float *const *data, const uint64_t *counts, void *const *refs,
+                   size_t nseg) {
+  size_t mlen = protobuf_c_message_get_packed_size(m);
+  uint64_t dlen = 0;
+  for (size_t i = 0; i < nseg; i++) dlen += counts[i] * sizeof(float);
+  if (mlen > PS__MAX_META || dlen > PS__MAX_DATA) return PS_ETOOBIG;
+  if (grow((void **)&q->buf, &q->bufcap, q->len + PS__HEADER_SIZE + mlen, 1) ||
+      grow((void **)&q->segs, &q->cap, q->n + 1 + nseg, sizeof *q->segs))
+    return PS_ENOMEM;
+  size_t off = q->len;
+  ps__header_encode(q->buf + off, type, (uint32_t)mlen, dlen);
+  protobuf_c_message_pack(m, q->buf + off + PS__HEADER_SIZE);
+  q->len += PS__HEADER_SIZE + mlen;
+  ps__outseg *last = q->n > q->first ? &q->segs[q->n - 1] : NULL;
+  if (last && !last->ext && last->off + last->len == off)
+    last->len += PS__HEADER_SIZE + mlen; /* coalesce with the previous frame */
+  else
+    q->segs[q->n++] = (ps__outseg){NULL, off, PS__HEADER_SIZE + mlen, NULL};
+  for (size_t i = 0; i < nseg; i++) {
+    if (!counts[i]) continue;
+    void *ref = refs ? refs[i] : NULL;
+    q->segs[q->n++] = (ps__outseg){data[i], 0, counts[i] * sizeof(float), ref};
+    if (ref && q->hold) q->hold(q->ctx, ref);
+  }
+  return 0;
+}
+
+/* Drops the first segment (sent or abandoned). */
+static void pop_first(ps__outq *q) {
+  ps__outseg *s = &q->segs[q->first++];
+  q->first_done = 0;
+  if (s->ref && q->release) q->release(q->ctx, s->ref);
+}
+
+int ps__outq_write(ps__outq *q, int fd) {
+  while (q->first < q->n) {
+    struct iovec iov[PS__IOV_BATCH];
+    int n = 0;
+    for (size_t i = q->first; i < q->n && n < PS__IOV_BATCH; i++, n++) {
+      const ps__outseg *s = &q->segs[i];
+      const char *base = s->ext ? (const char *)s->ext : (const char *)q->buf + s->off;
+      size_t skip = i == q->first ? q->first_done : 0;
+      iov[n].iov_base = (void *)(base + skip);
+      iov[n].iov_len = s->len - skip;
+    }
+    ssize_t w = writev(fd, iov, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      return PS_ECLOSED;
+    }
+    size_t left = (size_t)w;
+    while (left > 0 && q->first < q->n) {
+      size_t rem = q->segs[q->first].len - q->first_done;
+      if (left >= rem) {
+        left -= rem;
+        pop_first(q);
+      } else {
+        q->first_done += left;
+        left = 0;
+      }
+    }
+  }
+  q->first = q->n = q->first_done = 0;
+  q->len = 0;
+  return 0;
+}
+
+void ps__outq_free(ps__outq *q) {
+  while (q->first < q->n) pop_first(q);
+  free(q->segs);
+  free(q->buf);
+  memset(q, 0, sizeof *q);
+}
