@@ -32,6 +32,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -75,6 +76,7 @@ typedef struct options {
   int steps_given;
   int tcp_baseline;
   int json;
+  int pin;   /* servers on the last CPUs, clients on the first ones */
   char psd[PATH_MAX];
 } options;
 
@@ -176,6 +178,29 @@ static double now_s(void) {
 static void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
+}
+
+/* Pins the calling process to one CPU (index modulo the CPUs available),
+ * so that latency baselines and the runs they are compared with place
+ * client and server alike: on a 2-core machine a ping-pong between two
+ * cores and one within a core differ several-fold. No-op with --no-pin. */
+static void pin_cpu(int index) {
+  if (!opt.pin) return;
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  if (n < 2) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET((int)(((index % n) + n) % n), &set);
+  sched_setaffinity(0, sizeof set, &set);
+}
+
+/* Undoes pin_cpu for the parent after a measurement. */
+static void unpin_cpu(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  for (long i = 0; i < n && i < CPU_SETSIZE; i++) CPU_SET((int)i, &set);
+  sched_setaffinity(0, sizeof set, &set);
 }
 
 static void progress(const char *fmt, ...) {
@@ -310,6 +335,9 @@ static void usage(FILE *f) {
           "  --tcp-baseline         also measure a raw TCP stream and 4-byte TCP\n"
           "                         round trips, and print ratios against them\n"
           "  --json                 one JSON object per line on stdout\n"
+          "  --no-pin               do not pin servers to the last CPUs and\n"
+          "                         workers to the first ones (pinning makes the\n"
+          "                         latency baseline comparable)\n"
           "  --psd PATH             psd binary [next to this executable]\n"
           "  --help                 print this and exit\n");
 }
@@ -382,6 +410,7 @@ static void parse_args(int argc, char **argv) {
   opt.sizes[2] = 64ULL << 20;
   opt.n_sizes = 3;
   opt.steps = 20;
+  opt.pin = 1;
   for (int a = 1; a < argc; a++) {
     const char *arg = argv[a];
     if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -394,6 +423,10 @@ static void parse_args(int argc, char **argv) {
     }
     if (!strcmp(arg, "--json")) {
       opt.json = 1;
+      continue;
+    }
+    if (!strcmp(arg, "--no-pin")) {
+      opt.pin = 0;
       continue;
     }
     /* Options with a value: "--flag VALUE" or "--flag=VALUE". */
@@ -690,6 +723,7 @@ static int start_psd(proc *p, int run, int index, int nps, int nw, char *addr, s
     return -1;
   }
   if (pid == 0) {
+    pin_cpu(-1 - index);
     int fd = open(p->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -798,6 +832,7 @@ static int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, pp_resul
         dup2(fd, 2);
         close(fd);
       }
+      pin_cpu(w);
       _exit(worker_main(pfd[1], hosts, nps, w, nw, numel, steps));
     }
     wk[w].pid = pid;
@@ -1172,7 +1207,11 @@ static double rtt_measure(char *err, size_t errlen) {
     close(lfd);
     return -1;
   }
-  if (pid == 0) _exit(echo_server(lfd));
+  if (pid == 0) {
+    pin_cpu(-1); /* where psd 0 runs */
+    _exit(echo_server(lfd));
+  }
+  pin_cpu(0); /* where worker 0 runs */
   srv.pid = pid;
   close(lfd);
   double result = -1;
@@ -1199,6 +1238,7 @@ static double rtt_measure(char *err, size_t errlen) {
   }
   result = median(t, RTT_ITERS);
 out:
+  unpin_cpu();
   free(t);
   if (fd >= 0) close(fd);
   if (result < 0) proc_kill(&srv);
