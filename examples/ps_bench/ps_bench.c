@@ -502,7 +502,8 @@ static int find_psd(void) {
       fprintf(stderr, "ps_bench: path too long: %s\n", self);
       return -1;
     }
-    snprintf(opt.psd, sizeof opt.psd, "%s/psd", self);
+    memcpy(opt.psd, self, strlen(self));
+    memcpy(opt.psd + strlen(self), "/psd", 5);
   }
   if (access(opt.psd, X_OK) != 0) {
     fprintf(stderr, "ps_bench: --psd: cannot execute '%s': %s\n", opt.psd, strerror(errno));
@@ -553,7 +554,7 @@ static int worker_main(int fd, const char *const *hosts, int nps, int widx, int 
   cfg.num_workers = nw;
   cfg.connect_timeout_ms = 20000;
   cfg.request_timeout_ms = 300000;
-  char err[512] = "";
+  char err[400] = "";
   phase = "ps_client_create";
   rc = ps_client_create(&cfg, &c, err, sizeof err);
   if (rc) {

@@ -108,6 +108,8 @@ struct ps_client {
   size_t ids_cap;
   Ps__Item *items;            /* scratch for push items */
   Ps__Item **itemp;
+  const float **segdata;      /* scratch: data segments of a push */
+  uint64_t *segcount;         /* ... and their lengths */
   size_t items_cap;
   uint8_t *cred;              /* credential bytes */
   size_t cred_len;
@@ -840,6 +842,8 @@ void ps_client_destroy(ps_client *c) {
   free(c->ids);
   free(c->items);
   free(c->itemp);
+  free(c->segdata);
+  free(c->segcount);
   free(c->cred);
   free(c);
 }
@@ -1092,6 +1096,10 @@ static int scratch_items(ps_client *c, size_t n) {
   if (grow((void **)&c->items, &cap, n, sizeof *c->items)) return -1;
   cap = c->items_cap;
   if (grow((void **)&c->itemp, &cap, n, sizeof *c->itemp)) return -1;
+  cap = c->items_cap;
+  if (grow((void **)&c->segdata, &cap, n, sizeof *c->segdata)) return -1;
+  cap = c->items_cap;
+  if (grow((void **)&c->segcount, &cap, n, sizeof *c->segcount)) return -1;
   c->items_cap = cap;
   cap = c->ids_cap;
   if (grow((void **)&c->ids, &cap, n, sizeof *c->ids)) return -1;
@@ -1132,21 +1140,8 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
   if (scratch_items(c, c->nslices)) return seterr(c, PS_ENOMEM, "out of memory");
   ps_req *r = req_new(c, REQ_PUSH);
   if (!r) return seterr(c, PS_ENOMEM, "out of memory");
-  static __thread const float **dp;
-  static __thread uint64_t *dc;
-  static __thread size_t dcap;
-  if (c->nslices > dcap) {
-    size_t nc = c->nslices;
-    const float **a = realloc(dp, nc * sizeof *a);
-    if (a) dp = a;
-    uint64_t *b = realloc(dc, nc * sizeof *b);
-    if (b) dc = b;
-    if (!a || !b) {
-      req_release(c, r);
-      return seterr(c, PS_ENOMEM, "out of memory");
-    }
-    dcap = nc;
-  }
+  const float **dp = c->segdata;
+  uint64_t *dc = c->segcount;
   for (int p = 0; p < c->num_ps; p++) {
     size_t k = 0;
     FOR_SLICES(c, vars, n, p, s, {
