@@ -3,6 +3,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -155,6 +156,52 @@ START_TEST(test_async_converges) {
 }
 END_TEST
 
+#ifdef PS_MALLOC_COUNT_SO
+/* Allocations psd made over a whole run of `steps` steps (2 workers, 2 ps:
+ * the count of ps 0). */
+static long allocs_for(int steps) {
+  tu_psd_preload = PS_MALLOC_COUNT_SO;
+  tu_psd ps[2];
+  char hosts[2][64];
+  const char *hp[2];
+  start_ps(ps, 2, hosts, hp, NULL);
+  tu_psd_preload = NULL;
+  tu_train t[2];
+  memset(t, 0, sizeof t);
+  for (int i = 0; i < 2; i++) {
+    t[i].hosts = hp;
+    t[i].num_ps = 2;
+    t[i].num_workers = 2;
+    t[i].worker = i;
+    t[i].steps = steps;
+    t[i].batch = 4;
+    t[i].split_threshold = 32;
+    t[i].max_slice_bytes = 20;
+  }
+  run_workers(t, 2);
+  expect_clean_exit(ps, 2);
+  char *log = tu_read_file(ps[0].log_path);
+  ck_assert_ptr_nonnull(log);
+  char *at = strstr(log, "ALLOCS ");
+  ck_assert_msg(at != NULL, "no allocation count in the psd log");
+  long n = atol(at + 7);
+  free(log);
+  return n;
+}
+
+/* psd's hot path allocates nothing per step: a run of 200 steps makes no
+ * more allocation calls than a run of 5 (small slack for buffers that grow
+ * to their high-water mark at different moments). */
+START_TEST(test_no_allocation_per_step) {
+  long few = allocs_for(5);
+  long many = allocs_for(200);
+  ck_assert_msg(few > 0, "counting shim not active");
+  ck_assert_msg(many <= few + 4, "psd allocated %ld times in 200 steps vs %ld in 5", many,
+                few);
+}
+END_TEST
+#endif
+
 Suite *suite_sync(void) {
   Suite *s = suite_create("sync");
   TCase *tc = tcase_create("sync");
@@ -162,6 +209,9 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_equivalence);
   tcase_add_test(tc, test_backup_stale);
   tcase_add_test(tc, test_async_converges);
+#ifdef PS_MALLOC_COUNT_SO
+  tcase_add_test(tc, test_no_allocation_per_step);
+#endif
   suite_add_tcase(s, tc);
   return s;
 }

@@ -54,6 +54,8 @@ char *tu_read_file(const char *path) {
   return buf;
 }
 
+const char *tu_psd_preload;
+
 int tu_psd_start(tu_psd *p, const char *const *args) {
   static int seq;
   const char *bin = getenv("PSD_BIN");
@@ -96,6 +98,7 @@ int tu_psd_start(tu_psd *p, const char *const *args) {
       dup2(fd, 2);
       close(fd);
     }
+    if (tu_psd_preload) setenv("LD_PRELOAD", tu_psd_preload, 1);
     execv(bin, (char *const *)argv);
     perror("execv psd");
     _exit(127);
