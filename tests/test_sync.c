@@ -156,6 +156,72 @@ START_TEST(test_async_converges) {
 }
 END_TEST
 
+/* Every worker may create the same variable; a conflicting shape is an
+ * error that names the variable. */
+START_TEST(test_conflicting_shape) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  start_ps(ps, 1, hosts, hp, NULL);
+  ps_client *c[2];
+  for (int i = 0; i < 2; i++) {
+    ps_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hosts = hp;
+    cfg.num_ps = 1;
+    cfg.worker_index = i;
+    cfg.num_workers = 2;
+    char err[256];
+    ck_assert_msg(ps_client_create(&cfg, &c[i], err, sizeof err) == 0, "%s", err);
+  }
+  int64_t good[2] = {4, 5}, bad[2] = {5, 4};
+  ps_init init = {PS_INIT_UNIFORM, -1, 1, 3};
+  ps_var *v0, *v1 = NULL;
+  ck_assert_int_eq(ps_client_var_create(c[0], "emb", good, 2, &init, NULL, &v0), 0);
+  ck_assert_int_eq(ps_client_var_create(c[1], "emb", bad, 2, &init, NULL, &v1), PS_ESHAPE);
+  ck_assert_ptr_null(v1);
+  ck_assert_msg(strstr(ps_client_errmsg(c[1]), "'emb'") != NULL, "message: %s",
+                ps_client_errmsg(c[1]));
+  /* The same shape attaches and receives the chief's values. */
+  ck_assert_int_eq(ps_client_var_create(c[1], "emb", good, 2, &init, NULL, &v1), 0);
+  ck_assert_mem_eq(ps_var_data(v1), ps_var_data(v0), 20 * sizeof(float));
+  ps_client_destroy(c[0]);
+  ps_client_destroy(c[1]);
+  tu_psd_kill(&ps[0]);
+}
+END_TEST
+
+/* Configuration from the environment psrun sets; a bad variable is named. */
+START_TEST(test_client_from_env) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  start_ps(ps, 1, hosts, hp, NULL);
+  char err[256];
+  ps_client *c = NULL;
+  unsetenv("PS_HOSTS");
+  ck_assert_int_eq(ps_client_create_from_env(&c, err, sizeof err), PS_EINVAL);
+  ck_assert_msg(strstr(err, "PS_HOSTS") != NULL, "%s", err);
+  setenv("PS_HOSTS", hp[0], 1);
+  setenv("PS_WORKER_INDEX", "x1", 1);
+  setenv("PS_NUM_WORKERS", "1", 1);
+  ck_assert_int_eq(ps_client_create_from_env(&c, err, sizeof err), PS_EINVAL);
+  ck_assert_msg(strstr(err, "PS_WORKER_INDEX='x1'") != NULL, "%s", err);
+  setenv("PS_WORKER_INDEX", "0", 1);
+  ck_assert_msg(ps_client_create_from_env(&c, err, sizeof err) == 0, "%s", err);
+  ck_assert_int_eq(ps_client_num_workers(c), 1);
+  ck_assert_int_eq(ps_client_num_ps(c), 1);
+  int64_t shape[1] = {3};
+  ps_init one = {PS_INIT_CONSTANT, 1.5, 0, 0};
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "v", shape, 1, &one, NULL, &v), 0);
+  ck_assert(ps_var_data(v)[2] == 1.5f);
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  expect_clean_exit(ps, 1);
+}
+END_TEST
+
 #ifdef PS_MALLOC_COUNT_SO
 /* Allocations psd made over a whole run of `steps` steps (2 workers, 2 ps:
  * the count of ps 0). */
@@ -209,6 +275,8 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_equivalence);
   tcase_add_test(tc, test_backup_stale);
   tcase_add_test(tc, test_async_converges);
+  tcase_add_test(tc, test_conflicting_shape);
+  tcase_add_test(tc, test_client_from_env);
 #ifdef PS_MALLOC_COUNT_SO
   tcase_add_test(tc, test_no_allocation_per_step);
 #endif

@@ -944,6 +944,18 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
     free(v);
     return seterr(c, PS_ENOMEM, "out of memory");
   }
+  /* Placement must stay identical on every worker: if this creation
+   * fails, the loads are restored as if it never happened. */
+  uint64_t *saved_load = malloc((size_t)c->num_ps * sizeof *saved_load);
+  if (!saved_load) {
+    free(pl);
+    free(v->name);
+    free(v->data);
+    free(v->grad);
+    free(v);
+    return seterr(c, PS_ENOMEM, "out of memory");
+  }
+  memcpy(saved_load, c->placer.load, (size_t)c->num_ps * sizeof *saved_load);
   ps__placer_place(&c->placer, numel, pl, ns);
   v->first_slice = c->nslices;
   v->n_slices = ns;
@@ -1084,7 +1096,25 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
     rc = ps_client_pull_async(c, 0, &vv, 1, &r);
     if (rc == 0) rc = wait_done(c, r);
   }
-  if (rc) return rc;
+  if (rc) {
+    /* Undo: forget the variable, its slices and its placement. */
+    memcpy(c->placer.load, saved_load, (size_t)c->num_ps * sizeof *saved_load);
+    for (size_t i = v->first_slice; i < c->nslices; i++) {
+      ps__slice *s = &c->slices[i];
+      if (s->remote_id != UINT32_MAX && s->remote_id < c->by_remote_cap[s->ps] &&
+          c->by_remote[s->ps][s->remote_id] == s)
+        c->by_remote[s->ps][s->remote_id] = NULL;
+    }
+    c->nslices = v->first_slice;
+    c->nvars--;
+    free(v->name);
+    free(v->data);
+    free(v->grad);
+    free(v);
+    free(saved_load);
+    return rc;
+  }
+  free(saved_load);
   *out = v;
   return 0;
 }
