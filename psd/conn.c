@@ -25,6 +25,11 @@
 #define PSD_READ_BUDGET (32u << 20)
 /* Protobuf arena's first block: a Push of ~1000 items fits. */
 #define PSD_ARENA_INITIAL (64u * 1024u)
+/* Bytes of copied reply data a connection may have queued before psd stops
+ * reading its requests: a peer that never reads cannot grow psd's memory
+ * without bound. Parameters are sent in place, so honest peers stay far
+ * below this. */
+#define PSD_OUT_HIGH_WATER ((size_t)64 << 20)
 /* Seconds a CLOSING connection may take to drain its error reply. */
 #define PSD_CLOSING_MAX_S 2.0
 
@@ -121,9 +126,20 @@ static int ensure_tables(psd_conn *c) {
     if (grow((void **)&c->reply_count, &cap, n, sizeof *c->reply_count)) return -1;
     cap = c->reply_cap;
     if (grow((void **)&c->reply_refs, &cap, n, sizeof *c->reply_refs)) return -1;
+    cap = c->reply_cap;
+    if (grow((void **)&c->seen, &cap, n, sizeof *c->seen)) return -1;
+    memset(c->seen + old, 0, (cap - old) * sizeof *c->seen);
     c->reply_cap = cap;
   }
-  (void)old;
+  return 0;
+}
+
+/* Starts a duplicate check over the slice ids of one frame. */
+static void seen_begin(psd_conn *c) { c->seen_seq++; }
+/* 1 if id was already listed in this frame (marks it otherwise). */
+static int seen_twice(psd_conn *c, uint32_t id) {
+  if (c->seen[id] == c->seen_seq) return 1;
+  c->seen[id] = c->seen_seq;
   return 0;
 }
 
@@ -200,16 +216,15 @@ psd_conn *psd_conn_new(struct psd_server *srv, int fd, const char *peer) {
 }
 
 void psd_conn_close(psd_conn *c, const char *why) {
+  /* Detach from everything now; free the memory later (psd_conn_free from
+   * psd_server_reap), since callers up the stack may still look at c. */
+  if (c->dead) return;
+  c->dead = 1;
   psd_server *srv = c->srv;
   for (uint32_t i = 0; i < c->waits_cap; i++) {
     psd_waiter *w = c->waits[i];
-    if (!w) continue;
-    if (w->parked) psd_slice_unpark(srv->shard.slices[w->slice_id], w);
-    free(w);
+    if (w && w->parked) psd_slice_unpark(srv->shard.slices[w->slice_id], w);
   }
-  free(c->waits);
-  c->waits = NULL;
-  c->waits_cap = 0;
   c->ready_head = c->ready_tail = NULL;
   if (c->in_dirty) {
     for (psd_conn **pp = &srv->dirty; *pp; pp = &(*pp)->dirty_next)
@@ -222,16 +237,28 @@ void psd_conn_close(psd_conn *c, const char *why) {
   if (c->prev) c->prev->next = c->next;
   else if (srv->conns == c) srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
+  c->prev = NULL;
+  c->next = srv->graveyard;
+  srv->graveyard = c;
   psd_debug("%s (%s): closed: %s", c->name, c->peer, why);
   psd_server_conn_closed(srv, c);
+  if (c->rev) event_del(c->rev);
+  if (c->wev) event_del(c->wev);
+  ps__outq_free(&c->out); /* releases the slices its replies referenced */
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+}
+
+void psd_conn_free(psd_conn *c) {
+  for (uint32_t i = 0; i < c->waits_cap; i++) free(c->waits[i]);
+  free(c->waits);
   if (c->rev) event_free(c->rev);
   if (c->wev) event_free(c->wev);
-  ps__outq_free(&c->out);
-  if (c->fd >= 0) close(c->fd);
   arena_destroy(&c->arena);
   free(c->in);
   free(c->stage);
   free(c->status);
+  free(c->seen);
   free(c->reply_items);
   free(c->reply_ptrs);
   free(c->reply_data);
@@ -242,6 +269,7 @@ void psd_conn_close(psd_conn *c, const char *why) {
 }
 
 int psd_conn_write(psd_conn *c) {
+  if (c->dead) return -1;
   if (ps__outq_write(&c->out, c->fd) != 0) {
     psd_conn_close(c, strerror(errno));
     return -1;
@@ -251,6 +279,11 @@ int psd_conn_write(psd_conn *c) {
     return 0;
   }
   event_del(c->wev);
+  if (c->read_paused && c->state != PSD_CONN_CLOSING) {
+    /* Replies drained: take requests again. */
+    c->read_paused = 0;
+    event_add(c->rev, NULL);
+  }
   if (c->state == PSD_CONN_CLOSING) {
     psd_conn_close(c, "closed after error");
     return -1;
@@ -263,8 +296,8 @@ static void on_write(evutil_socket_t fd, short what, void *arg) {
   (void)what;
   psd_conn *c = arg;
   psd_server *srv = c->srv;
-  psd_conn_write(c);     /* may free c */
-  psd_server_flush(srv); /* updates that waited for these bytes */
+  psd_conn_write(c);
+  psd_server_reap(srv);
 }
 
 /* outq hooks: a queued reply references a slice's parameters. */
@@ -274,8 +307,8 @@ static void slice_hold(void *ctx, void *ref) {
 }
 
 static void slice_release(void *ctx, void *ref) {
-  psd_slice *sl = ref;
-  if (--sl->readers == 0 && sl->apply_pending) psd_server_defer(ctx, sl);
+  (void)ctx;
+  ((psd_slice *)ref)->readers--;
 }
 
 /* ---- pulls --------------------------------------------------------------- */
@@ -291,16 +324,21 @@ void psd_conn_ready(psd_conn *c, psd_waiter *w) {
 }
 
 void psd_conn_flush(psd_conn *c) {
+  if (c->dead) return;
   psd_shard *sh = &c->srv->shard;
   psd_waiter *w = c->ready_head;
   c->ready_head = c->ready_tail = NULL;
   while (w) {
     /* One PullReply per run of waiters of the same request (at most one
-     * waiter per slice, so reply_cap entries always suffice). */
+     * waiter per slice, so reply_cap entries always suffice), split so no
+     * frame carries more than PS__MAX_DATA. */
     uint64_t req = w->request_id;
     size_t n = 0;
+    uint64_t bytes = 0;
     while (w && w->request_id == req && n < c->reply_cap) {
       psd_slice *sl = sh->slices[w->slice_id];
+      if (n && bytes + sl->length * sizeof(float) > PS__MAX_DATA) break; /* next frame */
+      bytes += sl->length * sizeof(float);
       Ps__Item *it = &c->reply_items[n];
       ps__item__init(it);
       it->slice_id = sl->id;
@@ -499,6 +537,11 @@ static int begin_data(psd_conn *c, uint64_t req, uint64_t step, Ps__Item **items
                    ps__msg_name(c->hdr.type), n, sh->n);
     return -1;
   }
+  if (ensure_tables(c) != 0) {
+    psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory");
+    return -1;
+  }
+  seen_begin(c);
   for (size_t i = 0; i < n; i++) {
     const Ps__Item *it = items[i];
     if (it->slice_id >= sh->n) {
@@ -507,6 +550,11 @@ static int begin_data(psd_conn *c, uint64_t req, uint64_t step, Ps__Item **items
       return -1;
     }
     psd_slice *sl = sh->slices[it->slice_id];
+    if (seen_twice(c, it->slice_id)) {
+      psd_conn_error(c, req, PS_EPROTO, 1, "%s lists slice %u of '%s' twice",
+                     ps__msg_name(c->hdr.type), it->slice_id, sl->name);
+      return -1;
+    }
     if (it->n_rows || it->row_width) {
       psd_conn_error(c, req, PS_EUNSUPPORTED, 1,
                      "row-sparse update of '%s' is not supported by this server", sl->name);
@@ -588,16 +636,22 @@ static int handle_pull(psd_conn *c, const uint8_t *meta) {
     psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
     return -1;
   }
+  seen_begin(c);
   for (size_t i = 0; i < m->n_slice_ids; i++) {
     uint32_t id = m->slice_ids[i];
     if (id >= sh->n) {
       psd_conn_error(c, m->request_id, PS_ENOTFOUND, 1, "PULL names unknown slice id %u", id);
       return -1;
     }
+    if (seen_twice(c, id)) {
+      psd_conn_error(c, m->request_id, PS_EPROTO, 1, "PULL lists slice %u of '%s' twice", id,
+                     sh->slices[id]->name);
+      return -1;
+    }
     psd_waiter *w = c->waits[id];
-    if (w && (w->parked || w->ready)) {
+    if (w && w->ready) {
       psd_conn_error(c, m->request_id, PS_EBUSY, 0,
-                     "a pull of '%s' is already in flight on this connection",
+                     "a pull of '%s' is already being answered on this connection",
                      sh->slices[id]->name);
       return 0;
     }
@@ -618,6 +672,9 @@ static int handle_pull(psd_conn *c, const uint8_t *meta) {
       w->slice_id = id;
       c->waits[id] = w;
     }
+    /* A parked pull of this slice from an earlier request is superseded:
+     * its client gave up on it (timed out) or asks again. */
+    if (w->parked) psd_slice_unpark(sl, w);
     w->request_id = m->request_id;
     w->min_step = m->min_step;
     w->deadline = now + timeout;
@@ -796,12 +853,19 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
   psd_conn *c = arg;
   psd_server *srv = c->srv;
   size_t budget = PSD_READ_BUDGET;
-  while (c->state != PSD_CONN_CLOSING) {
+  while (!c->dead && c->state != PSD_CONN_CLOSING) {
     int r;
-    while ((r = step(c)) > 0) {
+    while ((r = step(c)) > 0 && !c->dead) {
     }
-    if (r < 0) break;
+    if (r < 0 || c->dead) break;
     if (budget == 0) break;
+    if (c->out.len > PSD_OUT_HIGH_WATER) {
+      /* The peer is not reading its replies: stop reading its requests
+       * until they drain (bounds the memory one peer can make us use). */
+      c->read_paused = 1;
+      event_del(c->rev);
+      break;
+    }
     ssize_t n;
     if (c->state == PSD_CONN_DATA && c->in_len == 0 &&
         c->items[c->item]->count * sizeof(float) - c->item_got >= PSD_DIRECT_READ_MIN) {
@@ -815,9 +879,9 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
           c->item++;
           c->item_got = 0;
           if (c->item == c->n_items) frame_done(c);
+          /* Answer pulls as slices complete, not only at the frame's end. */
+          psd_server_flush(srv);
         }
-        /* Answer pulls as slices complete, not only at the frame's end. */
-        psd_server_flush(srv);
       }
     } else {
       if (c->in_len == 0) c->in_off = 0;
@@ -831,19 +895,20 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
     if (n == 0) {
       if (c->state != PSD_CONN_HEADER || c->in_len)
         psd_warn("%s (%s): connection closed in the middle of a frame", c->name, c->peer);
-      psd_server_flush(srv);
       psd_conn_close(c, "peer closed the connection");
-      return;
+      break;
     }
     if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      if (errno == EINTR) continue;
-      psd_server_flush(srv);
-      psd_conn_close(c, strerror(errno));
-      return;
+      int e = errno;
+      if (e == EAGAIN || e == EWOULDBLOCK) break;
+      if (e == EINTR) continue;
+      psd_conn_close(c, strerror(e));
+      break;
     }
     budget = (size_t)n >= budget ? 0 : budget - (size_t)n;
   }
   psd_server_flush(srv);
-  if (c->state == PSD_CONN_CLOSING || ps__outq_pending(&c->out)) psd_conn_write(c);
+  if (!c->dead && (c->state == PSD_CONN_CLOSING || ps__outq_pending(&c->out)))
+    psd_conn_write(c);
+  psd_server_reap(srv);
 }

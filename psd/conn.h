@@ -53,6 +53,8 @@ typedef struct psd_conn {
   int handshaken;             /* a HELLO was accepted */
   int worker;                 /* worker index, or -1 */
   int finished;               /* the worker sent FINISH */
+  int dead;                   /* closed; memory freed at the next reap */
+  int read_paused;            /* requests not read until replies drain */
   uint64_t seq;               /* connection number, for logs */
   char peer[64];              /* remote address */
   char name[32];              /* "w3" or "conn#7", for logs */
@@ -70,6 +72,8 @@ typedef struct psd_conn {
   float *stage;               /* where item data lands before use */
   uint64_t stage_cap;         /* floats in stage */
   int32_t *status;            /* per item result of the current Push */
+  uint64_t *seen;             /* per slice id: last frame that listed it */
+  uint64_t seen_seq;          /* frames checked for duplicate slice ids */
   Ps__Item *reply_items;      /* reply building (one per slice, grow-only) */
   Ps__Item **reply_ptrs;
   const float **reply_data;   /* PullReply data segments */
@@ -86,8 +90,12 @@ typedef struct psd_conn {
 
 /* Takes ownership of an accepted socket. NULL on failure (fd closed). */
 psd_conn *psd_conn_new(struct psd_server *srv, int fd, const char *peer);
-/* Frees everything; removes waiters and tells the server. */
+/* Closes c: removes its waiters, tells the server, drops its replies. The
+ * memory stays valid (c->dead set) until psd_server_reap frees it, so any
+ * caller up the stack may still test c->dead. Idempotent. */
 void psd_conn_close(psd_conn *c, const char *why);
+/* Frees a closed connection's memory (psd_server_reap only). */
+void psd_conn_free(psd_conn *c);
 /* Queues an Error reply; fatal ones put c in CLOSING. */
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
@@ -100,7 +108,7 @@ void psd_conn_expire(psd_conn *c, double now);
 /* 1 if replies are waiting to be written. */
 static inline int psd_conn_pending(const psd_conn *c) { return ps__outq_pending(&c->out); }
 /* Writes pending output; closes a CLOSING connection once drained. Returns
- * -1 if c was freed. */
+ * -1 if c is (now) closed. */
 int psd_conn_write(psd_conn *c);
 
 #endif

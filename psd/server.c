@@ -73,6 +73,8 @@ static void format_workers(const psd_server *srv, int lost, char *buf, size_t le
   }
 }
 
+static void detach_slice(void *ctx, psd_slice *sl);
+
 static void check_done(psd_server *srv) {
   if (!srv->pinned || srv->exiting) return;
   uint32_t done = 0, lost = count_lost(srv);
@@ -162,6 +164,8 @@ int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err
     }
     srv->num_workers = h->num_workers;
     psd_shard_init(&srv->shard, h->num_workers, want_r, h->async_mode);
+    srv->shard.detach = detach_slice;
+    srv->shard.detach_ctx = srv;
     srv->split_threshold = split;
     srv->max_slice_bytes = maxs;
     srv->pinned = 1;
@@ -265,33 +269,32 @@ void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
   }
 }
 
-void psd_server_defer(psd_server *srv, psd_slice *sl) {
-  if (sl->on_deferred) return;
-  sl->on_deferred = 1;
-  sl->deferred_next = srv->deferred;
-  srv->deferred = sl;
+void psd_server_flush(psd_server *srv) {
+  while (srv->dirty) {
+    psd_conn *c = srv->dirty;
+    srv->dirty = c->dirty_next;
+    c->in_dirty = 0;
+    c->dirty_next = NULL;
+    psd_conn_flush(c);
+    psd_conn_write(c); /* may close c (freed later, by psd_server_reap) */
+  }
 }
 
-void psd_server_flush(psd_server *srv) {
-  /* Writing replies can release parameters whose update was waiting, and
-   * applying it can make more pulls answerable: loop until both settle. */
-  while (srv->deferred || srv->dirty) {
-    while (srv->deferred) {
-      psd_slice *sl = srv->deferred;
-      srv->deferred = sl->deferred_next;
-      sl->on_deferred = 0;
-      sl->deferred_next = NULL;
-      if (psd_shard_apply_deferred(&srv->shard, sl)) psd_server_slice_advanced(srv, sl);
-    }
-    while (srv->dirty) {
-      psd_conn *c = srv->dirty;
-      srv->dirty = c->dirty_next;
-      c->in_dirty = 0;
-      c->dirty_next = NULL;
-      psd_conn_flush(c);
-      psd_conn_write(c); /* may free c */
-    }
+void psd_server_reap(psd_server *srv) {
+  while (srv->graveyard) {
+    psd_conn *c = srv->graveyard;
+    srv->graveyard = c->next;
+    psd_conn_free(c);
   }
+}
+
+/* Shard hook: queued replies still send sl's parameters in place, and an
+ * update is about to change them: give those replies their own copy. */
+static void detach_slice(void *ctx, psd_slice *sl) {
+  psd_server *srv = ctx;
+  for (psd_conn *c = srv->conns; c && sl->readers > 0; c = c->next)
+    if (ps__outq_detach(&c->out, sl) < 0)
+      psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory copying a reply");
 }
 
 /* ---- timers ------------------------------------------------------------- */
@@ -301,8 +304,7 @@ static void check_stalls(psd_server *srv, double now) {
   /* One line per stalled step, naming the missing workers and variables. */
   for (uint32_t i = 0; i < sh->n; i++) {
     psd_slice *sl = sh->slices[i];
-    if (sl->count == 0 || sl->apply_pending || now - sl->first_grad_at < srv->cfg->stall_s)
-      continue;
+    if (sl->count == 0 || now - sl->first_grad_at < srv->cfg->stall_s) continue;
     if (sl->stall_logged_at && now - sl->stall_logged_at < srv->cfg->stall_s) continue;
     uint64_t step = sl->step;
     char vars[512];
@@ -310,7 +312,7 @@ static void check_stalls(psd_server *srv, double now) {
     vars[0] = '\0';
     for (uint32_t j = i; j < sh->n; j++) {
       psd_slice *o = sh->slices[j];
-      if (o->count == 0 || o->apply_pending || o->step != step) continue;
+      if (o->count == 0 || o->step != step) continue;
       if (o->stall_logged_at && now - o->stall_logged_at < srv->cfg->stall_s) continue;
       o->stall_logged_at = now;
       nvars++;
@@ -339,10 +341,7 @@ static void check_stalls(psd_server *srv, double now) {
   }
 }
 
-static void on_tick(evutil_socket_t fd, short what, void *arg) {
-  (void)fd;
-  (void)what;
-  psd_server *srv = arg;
+static void tick(psd_server *srv) {
   double now = ps__now();
   if (srv->exiting) {
     int pending = 0;
@@ -389,6 +388,13 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   }
 }
 
+static void on_tick(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  tick(arg);
+  psd_server_reap(arg);
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)what;
   psd_server *srv = arg;
@@ -418,6 +424,7 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
       snprintf(peer, sizeof peer, "?");
     psd_conn_new(srv, fd, peer);
   }
+  psd_server_reap(srv);
 }
 
 static int write_port_file(const char *path, const char *hostport) {
@@ -512,6 +519,7 @@ void psd_server_free(psd_server *srv) {
     c->worker = -1; /* no lifecycle decisions while tearing down */
     psd_conn_close(c, "server exiting");
   }
+  psd_server_reap(srv);
   if (srv->listen_ev) event_free(srv->listen_ev);
   if (srv->tick_ev) event_free(srv->tick_ev);
   for (int i = 0; i < 2; i++)

@@ -48,7 +48,7 @@ typedef struct psd_server {
   uint64_t max_slice_bytes;
   struct psd_conn *conns;      /* every open connection */
   struct psd_conn *dirty;      /* connections with pull replies to build */
-  psd_slice *deferred;         /* slices whose update waits to be applied */
+  struct psd_conn *graveyard;  /* closed connections awaiting psd_server_reap */
   double started_at;           /* monotonic start time */
   double lost_since;           /* when too many workers were lost (0: not) */
   int exit_code;               /* set when the loop should end */
@@ -78,9 +78,9 @@ void psd_server_conn_closed(psd_server *srv, struct psd_conn *c);
 void psd_server_slice_advanced(psd_server *srv, psd_slice *sl);
 /* Builds and sends replies for every connection with ready pulls. */
 void psd_server_flush(psd_server *srv);
-/* Queues sl's pending update, now that its parameters are not being sent
- * (applied at the next psd_server_flush). */
-void psd_server_defer(psd_server *srv, psd_slice *sl);
+/* Frees closed connections; called at the end of every event callback,
+ * when nothing up the stack still refers to them. */
+void psd_server_reap(psd_server *srv);
 /* Marks c as having ready pulls. */
 void psd_server_mark_dirty(psd_server *srv, struct psd_conn *c);
 

@@ -189,28 +189,16 @@ static void add_into(float *restrict acc, const float *restrict g, uint64_t n) {
   for (uint64_t i = 0; i < n; i++) acc[i] += g[i];
 }
 
-/* Adds grad into the accumulator (copying for the first of a step). */
-static void accumulate(psd_slice *sl, const float *grad, double now) {
-  if (sl->count == 0) {
-    memcpy(sl->acc, grad, sl->length * sizeof(float));
-    sl->first_grad_at = now;
-  } else {
-    add_into(sl->acc, grad, sl->length);
-  }
-  sl->count++;
+/* Makes sure no queued reply still sends sl's parameters in place. */
+static void before_update(psd_shard *s, psd_slice *sl) {
+  if (sl->readers > 0 && s->detach) s->detach(s->detach_ctx, sl);
 }
 
 int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
                    const float *grad, double now) {
   if (!sl->initialized) return PS_ESTATE;
   if (s->async_mode) {
-    if (sl->readers > 0) {
-      /* Parameters are being sent in place: fold this gradient into the
-       * pending update (summed: async applies gradients as they come). */
-      accumulate(sl, grad, now);
-      sl->apply_pending = 1;
-      return 0;
-    }
+    before_update(s, sl);
     psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad, NULL, 1.0f,
                   sl->length);
     sl->step++;
@@ -222,19 +210,10 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
   }
   if (step > sl->step) return PS_EINVAL;
   if (sl->pushed[worker] == step + 1) return PS_EDUPLICATE;
-  if (sl->apply_pending) {
-    /* The step already has its gradients; the update is only waiting. */
-    s->stale_dropped++;
-    return PS_ESTALE;
-  }
   sl->pushed[worker] = step + 1;
   if (sl->count + 1 >= s->replicas) {
-    if (sl->readers > 0) {
-      accumulate(sl, grad, now);
-      sl->apply_pending = 1;
-      return 0;
-    }
     /* Last gradient of the step: average and apply in one fused pass. */
+    before_update(s, sl);
     float scale = 1.0f / (float)(sl->count + 1);
     psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad,
                   sl->count ? sl->acc : NULL, scale, sl->length);
@@ -243,19 +222,14 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
     sl->stall_logged_at = 0;
     return 1;
   }
-  accumulate(sl, grad, now);
+  if (sl->count == 0) {
+    memcpy(sl->acc, grad, sl->length * sizeof(float));
+    sl->first_grad_at = now;
+  } else {
+    add_into(sl->acc, grad, sl->length);
+  }
+  sl->count++;
   return 0;
-}
-
-int psd_shard_apply_deferred(psd_shard *s, psd_slice *sl) {
-  if (!sl->apply_pending || sl->readers > 0) return 0;
-  float scale = s->async_mode ? 1.0f : 1.0f / (float)sl->count;
-  psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, sl->acc, NULL, scale, sl->length);
-  sl->count = 0;
-  sl->step++;
-  sl->apply_pending = 0;
-  sl->stall_logged_at = 0;
-  return 1;
 }
 
 uint32_t psd_slice_missing(const psd_shard *s, const psd_slice *sl,
@@ -267,6 +241,7 @@ uint32_t psd_slice_missing(const psd_shard *s, const psd_slice *sl,
 }
 
 void psd_slice_park(psd_slice *sl, psd_waiter *w) {
+  if (w->parked) return;
   w->prev = NULL;
   w->next = sl->waiters;
   if (sl->waiters) sl->waiters->prev = w;

@@ -52,9 +52,6 @@ typedef struct psd_slice {
   double stall_logged_at;  /* last stall log line for this step */
   psd_waiter *waiters;     /* parked pulls (doubly linked) */
   uint32_t readers;        /* queued replies sending param in place */
-  int apply_pending;       /* step complete, waiting for readers == 0 */
-  struct psd_slice *deferred_next; /* server's list of slices to apply */
-  int on_deferred;         /* on that list */
   struct psd_slice *hnext; /* hash chain by (name, offset) */
 } psd_slice;
 
@@ -69,6 +66,11 @@ typedef struct psd_shard {
   int async_mode;          /* apply every gradient at once */
   uint64_t stale_dropped;  /* gradients that came too late */
   uint64_t bytes_held;     /* parameter bytes in this shard */
+  /* Called before an update of a slice whose parameters queued replies
+   * still reference (readers > 0): the owner copies those bytes out so the
+   * replies stay consistent and the update never waits for a slow reader. */
+  void (*detach)(void *ctx, psd_slice *sl);
+  void *detach_ctx;
 } psd_shard;
 
 void psd_shard_init(psd_shard *s, uint32_t num_workers, uint32_t replicas,
@@ -88,18 +90,11 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
 int psd_shard_init_values(psd_shard *s, psd_slice *sl, const float *values);
 
 /* Offers worker's gradient (length floats) computed at step. Returns 1 if
- * the slice advanced, 0 if accumulated (also when the step is complete but
- * its update waits for replies still sending the parameters: then
- * apply_pending is set and psd_shard_apply_deferred finishes it), or PS_ESTALE (too late: dropped),
+ * the slice advanced, 0 if accumulated, or PS_ESTALE (too late: dropped),
  * PS_EDUPLICATE (worker already pushed this step), PS_ESTATE (slice not
  * initialized), PS_EINVAL (a step the slice has not reached). */
 int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
                    const float *grad, double now);
-
-/* Applies an update that waited for in-flight replies of sl to be sent
- * (the update would otherwise change bytes still being written). Returns 1
- * if sl advanced. */
-int psd_shard_apply_deferred(psd_shard *s, psd_slice *sl);
 
 /* Workers that have not pushed to sl for its current step: fills
  * missing[0..n) and returns n. */

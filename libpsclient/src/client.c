@@ -54,6 +54,7 @@ struct ps_var {
   float *data;                   /* parameters */
   float *grad;                   /* gradient to push */
   size_t first_slice, n_slices;  /* range in c->slices */
+  int mark;                      /* scratch: duplicate detection */
 };
 
 struct ps_req {
@@ -266,7 +267,9 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
              m->message ? m->message : "error");
     ps_req *r = m->request_id ? find_req(c, m->request_id) : NULL;
     int code = m->code < 0 ? m->code : PS_EPROTO;
-    int fatal = m->fatal || !r;
+    /* A non-fatal error for a request we no longer wait for (it failed on
+     * another server, or timed out here first) needs no action. */
+    int fatal = m->fatal;
     if (r) req_fail(c, r, code, msg);
     ps__error__free_unpacked(m, NULL);
     if (fatal) {
@@ -881,7 +884,7 @@ static void fill_opt(Ps__Optimizer *m, const ps_optimizer *o) {
 static void reindex(ps_client *c) {
   for (size_t i = 0; i < c->nslices; i++) {
     ps__slice *s = &c->slices[i];
-    c->by_remote[s->ps][s->remote_id] = s;
+    if (s->remote_id < c->by_remote_cap[s->ps]) c->by_remote[s->ps][s->remote_id] = s;
   }
 }
 
@@ -1047,46 +1050,27 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
       rc = ps_init_fill(init, v->name, v->shape, ndim, v->data, v->numel);
       if (rc) seterr(c, rc, "variable '%s': bad initializer", name);
     }
-    for (int p = 0; any && rc == 0 && p < c->num_ps; p++) {
-      size_t cnt = 0;
-      for (size_t i = 0; i < ns; i++) {
-        ps__slice *s = &c->slices[v->first_slice + i];
-        cnt += s->ps == (uint32_t)p && !s->initialized;
-      }
-      if (!cnt) continue;
-      Ps__Item *items = calloc(cnt, sizeof *items);
-      Ps__Item **ip = calloc(cnt, sizeof *ip);
-      const float **dp = calloc(cnt, sizeof *dp);
-      uint64_t *dc = calloc(cnt, sizeof *dc);
-      ps_req *r = items && ip && dp && dc ? req_new(c, REQ_INIT) : NULL;
-      if (!r) rc = seterr(c, PS_ENOMEM, "out of memory");
-      else {
-        size_t j = 0;
-        for (size_t i = 0; i < ns; i++) {
-          ps__slice *s = &c->slices[v->first_slice + i];
-          if (s->ps != (uint32_t)p || s->initialized) continue;
-          ps__item__init(&items[j]);
-          items[j].slice_id = s->remote_id;
-          items[j].count = s->length;
-          ip[j] = &items[j];
-          dp[j] = v->data + s->offset;
-          dc[j] = s->length;
-          j++;
-        }
-        Ps__Init in = PS__INIT__INIT;
-        in.request_id = r->id;
-        in.n_items = cnt;
-        in.items = ip;
-        r->pending = 1;
-        rc = queue_frame(c, &c->conns[p], PS__MSG_INIT, &in.base, dp, dc, cnt);
-        if (rc == 0) rc = wait_done(c, r);
-        else req_release(c, r);
-      }
-      free(items);
-      free(ip);
-      free(dp);
-      free(dc);
+    /* One Init frame per uninitialized slice (each at most
+     * PS__MAX_SLICE_BYTES), all in flight at once; then wait for the acks. */
+    ps_req *r = any && rc == 0 ? req_new(c, REQ_INIT) : NULL;
+    if (any && rc == 0 && !r) rc = seterr(c, PS_ENOMEM, "out of memory");
+    for (size_t i = 0; r && rc == 0 && i < ns; i++) {
+      ps__slice *s = &c->slices[v->first_slice + i];
+      if (s->initialized) continue;
+      Ps__Item item = PS__ITEM__INIT, *ip = &item;
+      item.slice_id = s->remote_id;
+      item.count = s->length;
+      const float *dp = v->data + s->offset;
+      uint64_t dc = s->length;
+      Ps__Init in = PS__INIT__INIT;
+      in.request_id = r->id;
+      in.n_items = 1;
+      in.items = &ip;
+      rc = queue_frame(c, &c->conns[s->ps], PS__MSG_INIT, &in.base, &dp, &dc, 1);
+      if (rc == 0) r->pending++;
     }
+    if (r && rc == 0) rc = wait_done(c, r);
+    else if (r) req_release(c, r);
   }
   /* Everyone (the chief too, in case a restore initialized some slices)
    * pulls the values at the current step. */
@@ -1152,12 +1136,37 @@ static int scratch_items(ps_client *c, size_t n) {
   } while (0)
 
 static int check_vars(ps_client *c, ps_var *const *vars, size_t n) {
-  for (size_t i = 0; vars && i < n; i++)
+  int rc = 0;
+  for (size_t i = 0; vars && i < n && !rc; i++) {
     if (!vars[i] || vars[i]->c != c)
-      return seterr(c, PS_EINVAL, "variable %zu does not belong to this client", i);
+      rc = seterr(c, PS_EINVAL, "variable %zu does not belong to this client", i);
+    else if (vars[i]->mark)
+      rc = seterr(c, PS_EINVAL, "variable '%s' is listed twice", vars[i]->name);
+    else
+      vars[i]->mark = 1;
+  }
+  for (size_t i = 0; vars && i < n; i++)
+    if (vars[i] && vars[i]->c == c) vars[i]->mark = 0;
+  if (rc) return rc;
   for (int p = 0; p < c->num_ps; p++)
     if (c->conns[p].fd < 0)
       return seterr(c, PS_ECLOSED, "connection to ps %d at %s is lost", p, c->conns[p].addr);
+  return 0;
+}
+
+/* Queues one Push of the first k scratch items to ps p (released on error). */
+static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k) {
+  Ps__Push m = PS__PUSH__INIT;
+  m.request_id = r->id;
+  m.step = step;
+  m.n_items = k;
+  m.items = c->itemp;
+  int rc = queue_frame(c, &c->conns[p], PS__MSG_PUSH, &m.base, c->segdata, c->segcount, k);
+  if (rc) {
+    req_release(c, r);
+    return rc;
+  }
+  r->pending++;
   return 0;
 }
 
@@ -1174,27 +1183,24 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
   uint64_t *dc = c->segcount;
   for (int p = 0; p < c->num_ps; p++) {
     size_t k = 0;
+    uint64_t bytes = 0;
+    /* Slices of this ps, packed into frames of at most PS__MAX_DATA. */
     FOR_SLICES(c, vars, n, p, s, {
+      if (k && bytes + s->length * sizeof(float) > PS__MAX_DATA) {
+        if ((rc = push_frame(c, r, p, step, k)) != 0) return rc;
+        k = 0;
+        bytes = 0;
+      }
       ps__item__init(&c->items[k]);
       c->items[k].slice_id = s->remote_id;
       c->items[k].count = s->length;
       c->itemp[k] = &c->items[k];
       dp[k] = s->var->grad + s->offset;
       dc[k] = s->length;
+      bytes += s->length * sizeof(float);
       k++;
     });
-    if (!k) continue;
-    Ps__Push m = PS__PUSH__INIT;
-    m.request_id = r->id;
-    m.step = step;
-    m.n_items = k;
-    m.items = c->itemp;
-    rc = queue_frame(c, &c->conns[p], PS__MSG_PUSH, &m.base, dp, dc, k);
-    if (rc) {
-      req_release(c, r);
-      return rc;
-    }
-    r->pending++;
+    if (k && (rc = push_frame(c, r, p, step, k)) != 0) return rc;
     conn_flush(c, &c->conns[p]);
   }
   if (r->pending == 0) req_finish(c, r);
@@ -1254,7 +1260,7 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   if (rc) return rc;
   rc = ps_client_push_async(c, *step, NULL, 0, &push);
   if (rc) {
-    ps_req_destroy(pull);
+    req_release(c, pull); /* its answers, if any, are dropped on arrival */
     return rc;
   }
   int prc = ps_req_wait(push, -1, NULL);

@@ -92,6 +92,23 @@ int ps__outq_write(ps__outq *q, int fd) {
   return 0;
 }
 
+int ps__outq_detach(ps__outq *q, void *ref) {
+  int n = 0;
+  for (size_t i = q->first; i < q->n; i++) {
+    ps__outseg *sg = &q->segs[i];
+    if (sg->ref != ref || !sg->ext) continue;
+    if (grow((void **)&q->buf, &q->bufcap, q->len + sg->len, 1)) return PS_ENOMEM;
+    memcpy(q->buf + q->len, sg->ext, sg->len);
+    sg->ext = NULL;
+    sg->off = q->len;
+    q->len += sg->len;
+    sg->ref = NULL;
+    if (q->release) q->release(q->ctx, ref);
+    n++;
+  }
+  return n;
+}
+
 void ps__outq_free(ps__outq *q) {
   while (q->first < q->n) pop_first(q);
   free(q->segs);

@@ -148,6 +148,10 @@ int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
  * (errno tells why). */
 int ps__outq_write(ps__outq *q, int fd);
 static inline int ps__outq_pending(const ps__outq *q) { return q->first < q->n; }
+/* Copies the data of every queued segment holding ref into the queue's own
+ * buffer and releases it: the referenced memory may then change. Returns
+ * the number of segments detached, or PS_ENOMEM. */
+int ps__outq_detach(ps__outq *q, void *ref);
 /* Drops everything (releasing references) and frees the queue. */
 void ps__outq_free(ps__outq *q);
 
