@@ -3,9 +3,13 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <signal.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -118,7 +122,8 @@ START_TEST(test_backup_stale) {
   }
   t[2].slow = 1;
   run_workers(t, NW);
-  ck_assert_int_eq(t[2].stale, STEPS);
+  ck_assert_int_ge(t[2].pushes, 1);
+  ck_assert_int_eq(t[2].stale, t[2].pushes); /* every late gradient dropped */
   ck_assert_int_eq(t[0].stale, 0);
   ck_assert_uint_eq(t[0].final_step, STEPS);
   expect_clean_exit(ps, 1);
@@ -222,6 +227,113 @@ START_TEST(test_client_from_env) {
 }
 END_TEST
 
+/* ---- a reply never observes a half-applied update --------------------- */
+
+#define BIG_N (8u << 20) /* 32 MiB: far more than the socket buffers hold */
+#define BIG_LR 0.001f
+
+/* Parameter value after s SGD steps of gradient 1 from 0, in the server's
+ * float arithmetic. */
+static float big_value(uint64_t s) {
+  float v = 0;
+  for (uint64_t i = 0; i < s; i++) v -= BIG_LR * 1.0f;
+  return v;
+}
+
+static ps_client *big_client(const char **hp, int w, ps_var **v) {
+  ps_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.worker_index = w;
+  cfg.num_workers = 3;
+  cfg.replicas_to_aggregate = 2;
+  ps_client *c;
+  char err[256];
+  if (ps_client_create(&cfg, &c, err, sizeof err)) return NULL;
+  int64_t shape[1] = {BIG_N};
+  ps_optimizer o;
+  ps_optimizer_default(&o, BIG_LR);
+  if (ps_client_var_create(c, "big", shape, 1, NULL, &o, v)) {
+    ps_client_destroy(c);
+    return NULL;
+  }
+  return c;
+}
+
+static volatile int g_reader_stopped;
+
+static void *big_fast_worker(void *arg) {
+  const char **hp = ((const char ***)arg)[0];
+  int w = (int)(intptr_t)((void **)arg)[1];
+  ps_var *v;
+  ps_client *c = big_client(hp, w, &v);
+  if (!c) return (void *)1;
+  for (size_t i = 0; i < BIG_N; i++) ps_var_grad(v)[i] = 1.0f;
+  uint64_t step = 0;
+  intptr_t bad = 0;
+  for (int i = 0; i < 6 && !bad; i++) {
+    while (i == 1 && !g_reader_stopped) {
+      struct timespec ts = {0, 5000000};
+      nanosleep(&ts, NULL);
+    }
+    bad = ps_client_step(c, &step, NULL) != 0;
+  }
+  bad |= ps_client_finish(c) != 0;
+  ps_client_destroy(c);
+  return (void *)bad;
+}
+
+/* A slow reader's pull reply (parameters sent in place) stays a consistent
+ * snapshot while the other workers keep updating the slice: the update
+ * copies the bytes still queued instead of changing them under the reply,
+ * and does not wait for the slow reader either. */
+START_TEST(test_consistent_reply_under_updates) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  start_ps(ps, 1, hosts, hp, NULL);
+  g_reader_stopped = 0;
+  pid_t reader = fork();
+  if (reader == 0) {
+    ps_var *v;
+    ps_client *c = big_client(hp, 2, &v);
+    if (!c) _exit(10);
+    ps_req *r;
+    if (ps_client_pull_async(c, 1, NULL, 0, &r)) _exit(11);
+    raise(SIGSTOP); /* not reading: the reply queues up in psd */
+    uint64_t step = 0;
+    if (ps_req_wait(r, -1, &step)) _exit(12);
+    ps_req_destroy(r);
+    float want = big_value(step);
+    for (size_t i = 0; i < BIG_N; i++)
+      if (ps_var_data(v)[i] != want) _exit(13);
+    if (ps_client_finish(c)) _exit(14);
+    ps_client_destroy(c);
+    _exit(0);
+  }
+  void *args[2][2] = {{hp, (void *)0}, {hp, (void *)1}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, big_fast_worker, args[i]);
+  int st;
+  ck_assert_int_eq(waitpid(reader, &st, WUNTRACED), reader);
+  ck_assert_msg(WIFSTOPPED(st), "reader exited early (status %d)", st);
+  struct timespec ts = {0, 200000000}; /* let psd queue the reply */
+  nanosleep(&ts, NULL);
+  g_reader_stopped = 1;
+  for (int i = 0; i < 2; i++) {
+    void *bad;
+    pthread_join(th[i], &bad);
+    ck_assert_msg(bad == NULL, "fast worker %d failed", i);
+  }
+  kill(reader, SIGCONT);
+  ck_assert_int_eq(waitpid(reader, &st, 0), reader);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                "reader saw an inconsistent reply (exit %d)", WEXITSTATUS(st));
+  expect_clean_exit(ps, 1);
+}
+END_TEST
+
 #ifdef PS_MALLOC_COUNT_SO
 /* Allocations psd made over a whole run of `steps` steps (2 workers, 2 ps:
  * the count of ps 0). */
@@ -277,6 +389,7 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_async_converges);
   tcase_add_test(tc, test_conflicting_shape);
   tcase_add_test(tc, test_client_from_env);
+  tcase_add_test(tc, test_consistent_reply_under_updates);
 #ifdef PS_MALLOC_COUNT_SO
   tcase_add_test(tc, test_no_allocation_per_step);
 #endif

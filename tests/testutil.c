@@ -281,7 +281,7 @@ void *tu_train_worker(void *arg) {
   if (!t->rc) t->rc = ps_client_var_create(c, "b", TU_SHAPE_B, 1, &zero, &ob, &vb);
   uint64_t step = 0;
   if (!t->rc) t->rc = ps_client_pull(c, 0, &step);
-  for (int i = 0; i < t->steps && !t->rc; i++) {
+  for (int i = 0; !t->rc && (t->slow ? step < (uint64_t)t->steps : i < t->steps); i++) {
     uint64_t first = (step * (uint64_t)t->num_workers + (uint64_t)t->worker) * (uint64_t)t->batch;
     tu_grad(ps_var_data(vw), ps_var_data(vb), first, (uint64_t)t->batch, ps_var_grad(vw),
             ps_var_grad(vb));
@@ -295,6 +295,7 @@ void *tu_train_worker(void *arg) {
       ps_req_destroy(r);
       if (t->rc) break;
       ps_req *p;
+      t->pushes++;
       t->rc = ps_client_push_async(c, step, NULL, 0, &p);
       if (!t->rc) t->rc = ps_req_wait(p, -1, NULL);
       ps_req_destroy(p);

@@ -67,11 +67,13 @@ typedef struct tu_train {
   int num_ps, num_workers, worker, replicas, async_mode;
   int steps;                /* ps_client_step calls */
   int batch;                /* samples per worker per step */
-  int slow;                 /* push only after the others finished the step */
+  int slow;                 /* push only after the others finished the step,
+                               until they reach `steps` */
   uint64_t split_threshold, max_slice_bytes; /* 0: defaults */
   /* results */
   float W[TU_D * TU_C], b[TU_C];
   int stale;                /* stale pushes seen */
+  int pushes;               /* pushes made (slow mode) */
   int rc;                   /* first error (0 if none) */
   char err[512];
   uint64_t final_step;
