@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "log.h"
-#include "psclient.h"
+#include "ps_internal.h"
 
 typedef enum { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_MODE, OPT_LEVEL } opt_type;
 
@@ -32,7 +32,7 @@ static const psd_option OPTIONS[] = {
      "write the bound host:port to this file (atomically)"},
     {"ps-index", OPT_INT, F(ps_index), "0", 0, 65535, "index of this ps task"},
     {"num-ps", OPT_INT, F(num_ps), "1", 1, 65536, "number of ps tasks in the job"},
-    {"workers", OPT_INT, F(workers), "0", 0, 1000000,
+    {"workers", OPT_INT, F(workers), "0", 0, PS__MAX_WORKERS,
      "number of workers (0: as the workers say)"},
     {"replicas-to-aggregate", OPT_INT, F(replicas), "0", 0, 1000000,
      "gradients averaged per step (0: all workers; fewer makes backups)"},

@@ -189,6 +189,7 @@ psd_conn *psd_conn_new(struct psd_server *srv, int fd, const char *peer) {
   c->fd = fd;
   c->worker = -1;
   c->seq = ++srv->conn_seq;
+  c->opened_at = ps__now();
   snprintf(c->peer, sizeof c->peer, "%s", peer);
   snprintf(c->name, sizeof c->name, "conn#%llu", (unsigned long long)c->seq);
   c->in_cap = PSD_IN_INITIAL;
@@ -474,7 +475,7 @@ static int handle_register(psd_conn *c, const uint8_t *meta) {
                  name, d);
         rc = PS_ESHAPE;
       }
-    if (rc == 0 && sp->length * sizeof(float) > PS__MAX_SLICE_BYTES) {
+    if (rc == 0 && sp->length > PS__MAX_SLICE_BYTES / sizeof(float)) {
       snprintf(err, sizeof err,
                "variable '%s': slice of %llu elements exceeds the %llu-byte slice limit", name,
                (unsigned long long)sp->length, (unsigned long long)PS__MAX_SLICE_BYTES);

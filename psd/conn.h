@@ -86,6 +86,7 @@ typedef struct psd_conn {
   uint32_t waits_cap;
   psd_waiter *ready_head, *ready_tail; /* pulls answerable now */
   double closing_since;       /* when CLOSING began */
+  double opened_at;           /* when accepted (handshake deadline) */
 } psd_conn;
 
 /* Takes ownership of an accepted socket. NULL on failure (fd closed). */

@@ -24,6 +24,8 @@
 #define PSD_TICK_MS 100
 /* Seconds allowed for the last replies to drain before exiting. */
 #define PSD_DRAIN_MAX_S 5.0
+/* Seconds a new connection has to complete its handshake. */
+#define PSD_HANDSHAKE_TIMEOUT_S 10.0
 /* Workers named in one stall log line before "and N more". */
 #define PSD_STALL_NAMES 16
 
@@ -118,6 +120,11 @@ int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err
              "client expects ps %u of %u, this is ps %d of %d (check the order of PS_HOSTS)",
              h->ps_index, h->num_ps, cfg->ps_index, cfg->num_ps);
     return PS_EMISMATCH;
+  }
+  if (h->num_workers > PS__MAX_WORKERS) {
+    snprintf(err, errlen, "%u workers is more than the limit of %u", h->num_workers,
+             PS__MAX_WORKERS);
+    return PS_ETOOBIG;
   }
   if (h->num_workers == 0 || h->worker_index >= h->num_workers) {
     snprintf(err, errlen, "worker index %u is not below the number of workers %u",
@@ -351,10 +358,22 @@ static void tick(psd_server *srv) {
       event_base_loopbreak(srv->base);
     return;
   }
+  if (srv->accept_paused && !srv->exiting) {
+    srv->accept_paused = 0;
+    event_add(srv->listen_ev, NULL);
+  }
   for (psd_conn *c = srv->conns, *next; c; c = next) {
     next = c->next;
     if (c->state == PSD_CONN_CLOSING && now - c->closing_since > 2.0) {
       psd_conn_close(c, "error reply not drained in time");
+      continue;
+    }
+    if (!c->handshaken && c->state != PSD_CONN_CLOSING &&
+        now - c->opened_at > PSD_HANDSHAKE_TIMEOUT_S) {
+      /* Idle unauthenticated peers must not hold descriptors forever. */
+      psd_conn_error(c, 0, PS_ETIMEDOUT, 1, "no handshake within %.0f s",
+                     PSD_HANDSHAKE_TIMEOUT_S);
+      psd_conn_write(c);
       continue;
     }
     psd_conn_expire(c, now);
@@ -411,9 +430,18 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
     socklen_t sl = sizeof ss;
     int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-        psd_warn("accept failed: %s", strerror(errno));
-      return;
+      int e = errno;
+      if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR) break;
+      /* Out of descriptors (or another error): the listener stays readable,
+       * so pause accepting until the next tick instead of spinning. */
+      double now = ps__now();
+      if (now - srv->accept_warned_at >= 1.0) {
+        psd_warn("accept failed: %s; pausing new connections briefly", strerror(e));
+        srv->accept_warned_at = now;
+      }
+      event_del(srv->listen_ev);
+      srv->accept_paused = 1;
+      break;
     }
     set_sockopts(fd, srv->cfg->sock_buf);
     char host[NI_MAXHOST], serv[NI_MAXSERV], peer[NI_MAXHOST + NI_MAXSERV + 2];

@@ -56,6 +56,8 @@ typedef struct psd_server {
   double exiting_since;        /* when draining began */
   uint64_t logged_step;        /* last step written to the log */
   uint64_t conn_seq;           /* connection counter, for log names */
+  int accept_paused;           /* listener off until the next tick (EMFILE) */
+  double accept_warned_at;     /* last "accept failed" log line */
 } psd_server;
 
 /* Opens the listener (and port file) and sets up the loop. 0 or -1 (logged). */

@@ -1,2 +1,1181 @@
+/* Integration: hostile input against a live psd. Garbage, oversized,
+ * truncated, out-of-order and semantically wrong frames sent over raw TCP
+ * must get a fatal ERROR naming the problem (when psd can answer), be
+ * logged, close that one connection, and leave psd serving everyone else:
+ * a training run under a barrage of such connections ends with parameters
+ * bit-for-bit equal to a clean run's. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps.pb-c.h"
+#include "ps_internal.h"
 #include "testutil.h"
-Suite *suite_hostile(void) { return suite_create("hostile"); }
+
+/* ---- raw sockets ---------------------------------------------------------- */
+
+/* Connects to "host:port" with 3 s send/receive timeouts; fd or -1. */
+static int hs_connect(const char *addr) {
+  char host[64];
+  int port;
+  if (ps__parse_hostport(addr, host, sizeof host, &port) != 0) return -1;
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct timeval tv = {3, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* 0, or -1 if the peer is gone (never raises SIGPIPE). */
+static int send_all(int fd, const void *buf, size_t n) {
+  const uint8_t *p = buf;
+  while (n > 0) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* Reads into buf (keeping the first cap bytes) until the peer closes or
+ * timeout_s passes. Returns 1 on EOF (a reset counts: the server closed with
+ * our bytes unread), 0 on timeout. *n gets the bytes kept. */
+static int read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t *n) {
+  double end = ps__now() + timeout_s;
+  *n = 0;
+  for (;;) {
+    double left = end - ps__now();
+    if (left <= 0) return 0;
+    struct pollfd pf = {fd, POLLIN, 0};
+    int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) return 0;
+    uint8_t tmp[4096];
+    ssize_t r = recv(fd, tmp, sizeof tmp, 0);
+    if (r == 0) return 1;
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return 1; /* ECONNRESET */
+    }
+    size_t keep = (size_t)r < cap - *n ? (size_t)r : cap - *n;
+    memcpy(buf + *n, tmp, keep);
+    *n += keep;
+  }
+}
+
+/* Exactly n bytes before the deadline; 0 or -1 (EOF, error, timeout). */
+static int recv_exact(int fd, void *buf, size_t n, double deadline) {
+  uint8_t *p = buf;
+  while (n > 0) {
+    double left = deadline - ps__now();
+    if (left <= 0) return -1;
+    struct pollfd pf = {fd, POLLIN, 0};
+    int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) return -1;
+    ssize_t r = recv(fd, p, n, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) return -1;
+    p += r;
+    n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* One reply frame: header and protobuf (data is read and dropped). */
+typedef struct rframe {
+  ps__frame_header h;
+  uint8_t meta[65536];
+} rframe;
+
+static int read_frame(int fd, rframe *f, double timeout_s) {
+  double end = ps__now() + timeout_s;
+  uint8_t hb[PS__HEADER_SIZE];
+  char err[256];
+  if (recv_exact(fd, hb, sizeof hb, end) != 0) return -1;
+  if (ps__header_decode(hb, 1, &f->h, err, sizeof err) != 0) return -1;
+  if (f->h.meta_len > sizeof f->meta) return -1;
+  if (recv_exact(fd, f->meta, f->h.meta_len, end) != 0) return -1;
+  for (uint64_t left = f->h.data_len; left > 0;) {
+    uint8_t junk[4096];
+    size_t k = left < sizeof junk ? (size_t)left : sizeof junk;
+    if (recv_exact(fd, junk, k, end) != 0) return -1;
+    left -= k;
+  }
+  return 0;
+}
+
+/* What a server sent back, parsed. */
+typedef struct herr {
+  int found;          /* an ERROR frame was among the frames */
+  int code, fatal;
+  uint64_t request_id;
+  char msg[1024];
+  int frames;         /* whole frames parsed */
+  int bad;            /* bytes that are not whole valid frames */
+} herr;
+
+static void copy_error(const uint8_t *meta, size_t len, herr *e) {
+  Ps__Error *m = ps__error__unpack(NULL, len, meta);
+  if (!m) {
+    e->bad = 1;
+    return;
+  }
+  e->found = 1;
+  e->code = m->code;
+  e->fatal = m->fatal;
+  e->request_id = m->request_id;
+  snprintf(e->msg, sizeof e->msg, "%s", m->message ? m->message : "");
+  ps__error__free_unpacked(m, NULL);
+}
+
+static void parse_reply(const uint8_t *b, size_t n, herr *e) {
+  memset(e, 0, sizeof *e);
+  size_t off = 0;
+  while (off < n) {
+    ps__frame_header h;
+    char err[256];
+    if (n - off < PS__HEADER_SIZE || ps__header_decode(b + off, 1, &h, err, sizeof err) != 0 ||
+        n - off - PS__HEADER_SIZE < (uint64_t)h.meta_len + h.data_len) {
+      e->bad = 1;
+      return;
+    }
+    if (h.type == PS__MSG_ERROR && !e->found)
+      copy_error(b + off + PS__HEADER_SIZE, h.meta_len, e);
+    e->frames++;
+    off += PS__HEADER_SIZE + h.meta_len + (size_t)h.data_len;
+  }
+}
+
+/* ---- frames --------------------------------------------------------------- */
+
+typedef struct hbuf {
+  uint8_t b[16384];
+  size_t n;
+} hbuf;
+
+static int hb_put(hbuf *h, const void *p, size_t n) {
+  if (n > sizeof h->b - h->n) return -1;
+  if (n) memcpy(h->b + h->n, p, n);
+  h->n += n;
+  return 0;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A header with every field chosen by the caller. */
+static void put_raw_header(hbuf *h, uint32_t magic, uint16_t version, uint16_t type,
+                           uint32_t meta, uint32_t flags, uint64_t data) {
+  uint8_t o[PS__HEADER_SIZE];
+  put_le(o, magic, 4);
+  put_le(o + 4, version, 2);
+  put_le(o + 6, type, 2);
+  put_le(o + 8, meta, 4);
+  put_le(o + 12, flags, 4);
+  put_le(o + 16, data, 8);
+  hb_put(h, o, sizeof o);
+}
+
+/* A well-formed frame: header, packed msg (may be NULL), dlen data bytes
+ * (from data, or 0.25f values when data is NULL). */
+static void put_msg(hbuf *h, unsigned type, const ProtobufCMessage *msg, const void *data,
+                    size_t dlen) {
+  size_t ml = msg ? protobuf_c_message_get_packed_size(msg) : 0;
+  uint8_t hdr[PS__HEADER_SIZE];
+  ps__header_encode(hdr, type, (uint32_t)ml, dlen);
+  if (sizeof h->b - h->n < PS__HEADER_SIZE + ml + dlen) {
+    h->n = sizeof h->b + 1; /* poisoned: checked by the callers */
+    return;
+  }
+  hb_put(h, hdr, sizeof hdr);
+  if (msg) protobuf_c_message_pack(msg, h->b + h->n);
+  h->n += ml;
+  for (size_t i = 0; i < dlen; i += 4) {
+    float v = 0.25f;
+    if (data) hb_put(h, (const uint8_t *)data + i, dlen - i < 4 ? dlen - i : 4);
+    else hb_put(h, &v, dlen - i < 4 ? dlen - i : 4);
+  }
+}
+
+typedef struct hello_args {
+  uint32_t version, role, worker, nworkers, num_ps, ps_index;
+  uint64_t max_slice_bytes;
+} hello_args;
+
+static hello_args hello_default(uint32_t worker, uint32_t nworkers) {
+  hello_args a = {PS__PROTOCOL_VERSION, PS__ROLE__ROLE_WORKER, worker, nworkers, 1, 0, 0};
+  return a;
+}
+
+static void put_hello(hbuf *h, hello_args a) {
+  Ps__Hello m = PS__HELLO__INIT;
+  m.protocol_version = a.version;
+  m.role = (Ps__Role)a.role;
+  m.worker_index = a.worker;
+  m.num_workers = a.nworkers;
+  m.num_ps = a.num_ps;
+  m.ps_index = a.ps_index;
+  m.max_slice_bytes = a.max_slice_bytes;
+  m.client_id = (char *)"test_hostile";
+  put_msg(h, PS__MSG_HELLO, &m.base, NULL, 0);
+}
+
+/* REGISTER of one slice [0, length) of name with the given shape. */
+static void put_register_opt(hbuf *h, uint64_t req, const char *name, const uint64_t *shape,
+                             size_t nd, uint32_t dtype, uint64_t length, size_t dlen,
+                             Ps__Optimizer *opt) {
+  Ps__SliceSpec sp = PS__SLICE_SPEC__INIT;
+  sp.optimizer = opt;
+  sp.name = (char *)name;
+  sp.shape = (uint64_t *)shape;
+  sp.n_shape = nd;
+  sp.dtype = dtype;
+  sp.offset = 0;
+  sp.length = length;
+  Ps__SliceSpec *sps[1] = {&sp};
+  Ps__Register m = PS__REGISTER__INIT;
+  m.request_id = req;
+  m.n_slices = 1;
+  m.slices = sps;
+  put_msg(h, PS__MSG_REGISTER, &m.base, NULL, dlen);
+}
+
+static void put_register(hbuf *h, uint64_t req, const char *name, const uint64_t *shape,
+                         size_t nd, uint32_t dtype, uint64_t length, size_t dlen) {
+  put_register_opt(h, req, name, shape, nd, dtype, length, dlen, NULL);
+}
+
+/* PUSH (or INIT) of one item. */
+static void put_push(hbuf *h, unsigned type, uint64_t req, uint64_t step, uint32_t slice,
+                     uint64_t count, int sparse, const float *data, size_t dlen) {
+  Ps__Item it = PS__ITEM__INIT;
+  it.slice_id = slice;
+  it.count = count;
+  uint64_t rows[1] = {0};
+  if (sparse) {
+    it.rows = rows;
+    it.n_rows = 1;
+    it.row_width = count;
+  }
+  Ps__Item *its[1] = {&it};
+  if (type == PS__MSG_INIT) {
+    Ps__Init m = PS__INIT__INIT;
+    m.request_id = req;
+    m.n_items = 1;
+    m.items = its;
+    put_msg(h, type, &m.base, data, dlen);
+  } else {
+    Ps__Push m = PS__PUSH__INIT;
+    m.request_id = req;
+    m.step = step;
+    m.n_items = 1;
+    m.items = its;
+    put_msg(h, type, &m.base, data, dlen);
+  }
+}
+
+static void put_pull(hbuf *h, uint64_t req, uint64_t min_step, const uint32_t *ids, size_t n) {
+  Ps__Pull m = PS__PULL__INIT;
+  m.request_id = req;
+  m.min_step = min_step;
+  m.slice_ids = (uint32_t *)ids;
+  m.n_slice_ids = n;
+  put_msg(h, PS__MSG_PULL, &m.base, NULL, 0);
+}
+
+static void put_finish(hbuf *h, uint64_t req) {
+  Ps__Finish m = PS__FINISH__INIT;
+  m.request_id = req;
+  put_msg(h, PS__MSG_FINISH, &m.base, NULL, 0);
+}
+
+/* ---- the hostile cases ---------------------------------------------------- */
+
+enum { SETUP_NONE, SETUP_HELLO, SETUP_VAR, SETUP_INIT };
+enum { X_FATAL, X_NONFATAL, X_SILENT };
+
+typedef struct hcase {
+  const char *name;
+  int setup;         /* done (and checked) before the hostile bytes */
+  int worker;        /* worker index of that handshake (of 2) */
+  int expect;        /* X_FATAL: fatal ERROR then close; X_NONFATAL: ERROR
+                        with fatal 0, connection stays; X_SILENT: nothing back,
+                        just a close (we closed mid-frame) */
+  int code;          /* expected PS_E* code */
+  const char *word;  /* the error message (and log) must contain it */
+  int alt_code;      /* another acceptable code (0: none) */
+} hcase;
+
+static const hcase CASES[] = {
+    {"garbage", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "magic", 0},
+    {"http_get", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "magic", 0},
+    {"bad_magic", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "magic", 0},
+    {"bad_version", SETUP_NONE, 0, X_FATAL, PS_EVERSION, "version", 0},
+    {"unknown_type", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "unknown message type", 0},
+    {"type_zero", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "unknown message type", 0},
+    {"nonzero_flags", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "flags", 0},
+    {"push_before_hello", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "before the handshake", 0},
+    {"hello_meta_4097", SETUP_NONE, 0, X_FATAL, PS_ETOOBIG, "too large", 0},
+    {"hello_data_1g", SETUP_NONE, 0, X_FATAL, PS_ETOOBIG, "too large", 0},
+    {"hello_reply_from_client", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "unexpected", 0},
+    {"malformed_hello", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "malformed", 0},
+    {"truncated_header", SETUP_NONE, 0, X_SILENT, 0, NULL, 0},
+    {"truncated_meta", SETUP_NONE, 0, X_SILENT, 0, NULL, 0},
+    {"hello_version_2", SETUP_NONE, 0, X_FATAL, PS_EVERSION, "version", 0},
+    {"hello_ps_index_3", SETUP_NONE, 0, X_FATAL, PS_EMISMATCH, "expects ps 3", 0},
+    {"hello_worker_out_of_range", SETUP_NONE, 0, X_FATAL, PS_EINVAL,
+     "not below the number of workers", 0},
+    {"hello_wrong_num_workers", SETUP_NONE, 0, X_FATAL, PS_EMISMATCH, "--workers 2", 0},
+    {"hello_admin_role", SETUP_NONE, 0, X_FATAL, PS_EUNSUPPORTED, "role", 0},
+    {"hello_bad_max_slice", SETUP_NONE, 0, X_FATAL, PS_EINVAL, "max_slice_bytes", 0},
+    {"second_hello", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "second HELLO", 0},
+    {"meta_over_1mib", SETUP_HELLO, 0, X_FATAL, PS_ETOOBIG, "exceeds the limit", 0},
+    {"data_over_1gib", SETUP_HELLO, 0, X_FATAL, PS_ETOOBIG, "exceeds the limit", 0},
+    {"data_not_floats", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "float32", 0},
+    {"register_with_data", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "takes none", 0},
+    {"register_dtype_2", SETUP_HELLO, 0, X_NONFATAL, PS_EINVAL, "dtype 2", 0},
+    {"register_9_dims", SETUP_HELLO, 0, X_NONFATAL, PS_EINVAL, "9 dimensions", 0},
+    {"register_zero_dim", SETUP_HELLO, 0, X_NONFATAL, PS_ESHAPE, "zero", 0},
+    {"register_size_overflow", SETUP_HELLO, 0, X_NONFATAL, PS_ESHAPE, "overflow", 0},
+    {"register_other_shape", SETUP_VAR, 0, X_NONFATAL, PS_ESHAPE, "different shape", 0},
+    /* 2^62 elements: length * 4 wraps to 0, so only the placement check
+     * stops it; either way nothing may be allocated */
+    {"register_huge_slice", SETUP_HELLO, 0, X_NONFATAL, PS_ETOOBIG, "slice", PS_ESHAPE},
+    {"register_bad_optimizer", SETUP_HELLO, 0, X_NONFATAL, PS_EINVAL, "decay_steps", 0},
+    {"register_nameless", SETUP_HELLO, 0, X_NONFATAL, PS_EINVAL, "name", 0},
+    {"push_unknown_slice", SETUP_VAR, 0, X_FATAL, PS_ENOTFOUND, "unknown slice id 12345", 0},
+    {"push_data_len_mismatch", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "add up to 16 bytes", 0},
+    {"push_wrong_count", SETUP_VAR, 0, X_FATAL, PS_ESHAPE, "the slice has 4", 0},
+    {"push_row_sparse", SETUP_VAR, 0, X_FATAL, PS_EUNSUPPORTED, "not supported", 0},
+    {"pull_unknown_slice", SETUP_VAR, 0, X_FATAL, PS_ENOTFOUND, "unknown slice id 12345", 0},
+    {"init_not_chief", SETUP_VAR, 1, X_FATAL, PS_ESTATE, "chief", 0},
+    {"push_after_finish", SETUP_INIT, 0, X_FATAL, PS_ESTATE, "after FINISH", 0},
+    {"malformed_push", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "malformed PUSH", 0},
+    {"error_from_client", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "unexpected ERROR", 0},
+};
+#define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+
+/* The hostile bytes of case i, sent after its setup. slice is the id the
+ * setup's REGISTER got. */
+static void build_case(int i, hbuf *h, uint32_t slice) {
+  const char *n = CASES[i].name;
+  static const uint64_t s4[1] = {4};
+  float four[4] = {0.5f, -0.5f, 0.25f, 1.0f};
+  if (!strcmp(n, "garbage")) {
+    uint64_t x = 0x5eed1234abcdULL; /* fixed seed: the same bytes every run */
+    for (int k = 0; k < 512; k++) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      uint8_t byte = (uint8_t)(x >> 56);
+      hb_put(h, &byte, 1);
+    }
+    if (h->b[0] == 'P') h->b[0] = 'X'; /* never the magic by accident */
+  } else if (!strcmp(n, "http_get")) {
+    const char *req = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: test\r\n\r\n";
+    hb_put(h, req, strlen(req));
+  } else if (!strcmp(n, "bad_magic")) {
+    put_raw_header(h, 0xDEADBEEFu, 1, PS__MSG_HELLO, 0, 0, 0);
+  } else if (!strcmp(n, "bad_version")) {
+    put_raw_header(h, PS__MAGIC, 2, PS__MSG_HELLO, 0, 0, 0);
+  } else if (!strcmp(n, "unknown_type")) {
+    put_raw_header(h, PS__MAGIC, 1, 99, 0, 0, 0);
+  } else if (!strcmp(n, "type_zero")) {
+    put_raw_header(h, PS__MAGIC, 1, 0, 0, 0, 0);
+  } else if (!strcmp(n, "nonzero_flags")) {
+    put_raw_header(h, PS__MAGIC, 1, PS__MSG_HELLO, 0, 1, 0);
+  } else if (!strcmp(n, "push_before_hello")) {
+    put_push(h, PS__MSG_PUSH, 1, 0, 0, 4, 0, four, 16);
+  } else if (!strcmp(n, "hello_meta_4097")) {
+    /* header only: psd must refuse it without waiting for the 4097 bytes */
+    put_raw_header(h, PS__MAGIC, 1, PS__MSG_HELLO, PS__MAX_PREAUTH_META + 1, 0, 0);
+  } else if (!strcmp(n, "hello_data_1g")) {
+    put_raw_header(h, PS__MAGIC, 1, PS__MSG_HELLO, 0, 0, (uint64_t)1 << 30);
+  } else if (!strcmp(n, "hello_reply_from_client")) {
+    Ps__HelloReply m = PS__HELLO_REPLY__INIT;
+    m.protocol_version = 1;
+    put_msg(h, PS__MSG_HELLO_REPLY, &m.base, NULL, 0);
+  } else if (!strcmp(n, "malformed_hello") || !strcmp(n, "malformed_push")) {
+    /* field 1 with the invalid wire type 7, then an endless varint */
+    static const uint8_t junk[16] = {0x0f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
+                                     0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    put_raw_header(h, PS__MAGIC, 1,
+                   !strcmp(n, "malformed_hello") ? PS__MSG_HELLO : PS__MSG_PUSH, sizeof junk,
+                   0, 0);
+    hb_put(h, junk, sizeof junk);
+  } else if (!strcmp(n, "truncated_header")) {
+    put_raw_header(h, PS__MAGIC, 1, PS__MSG_HELLO, 40, 0, 0);
+    h->n = PS__HEADER_SIZE / 2;
+  } else if (!strcmp(n, "truncated_meta")) {
+    put_raw_header(h, PS__MAGIC, 1, PS__MSG_HELLO, 100, 0, 0);
+    static const uint8_t ten[10] = {0x08, 0x01, 0x10, 0x01, 0x18, 0x00, 0x20, 0x02, 0x28, 0x01};
+    hb_put(h, ten, sizeof ten);
+  } else if (!strcmp(n, "hello_version_2")) {
+    hello_args a = hello_default(0, 2);
+    a.version = 2;
+    put_hello(h, a);
+  } else if (!strcmp(n, "hello_ps_index_3")) {
+    hello_args a = hello_default(0, 2);
+    a.ps_index = 3;
+    put_hello(h, a);
+  } else if (!strcmp(n, "hello_worker_out_of_range")) {
+    put_hello(h, hello_default(5, 2));
+  } else if (!strcmp(n, "hello_wrong_num_workers")) {
+    put_hello(h, hello_default(0, 3));
+  } else if (!strcmp(n, "hello_admin_role")) {
+    hello_args a = hello_default(0, 2);
+    a.role = PS__ROLE__ROLE_ADMIN;
+    put_hello(h, a);
+  } else if (!strcmp(n, "hello_bad_max_slice")) {
+    hello_args a = hello_default(0, 2);
+    a.max_slice_bytes = 2;
+    put_hello(h, a);
+  } else if (!strcmp(n, "second_hello")) {
+    put_hello(h, hello_default(1, 2));
+  } else if (!strcmp(n, "meta_over_1mib")) {
+    put_raw_header(h, PS__MAGIC, 1, PS__MSG_REGISTER, PS__MAX_META + 1, 0, 0);
+  } else if (!strcmp(n, "data_over_1gib")) {
+    put_raw_header(h, PS__MAGIC, 1, PS__MSG_PUSH, 0, 0, PS__MAX_DATA + 4);
+  } else if (!strcmp(n, "data_not_floats")) {
+    put_raw_header(h, PS__MAGIC, 1, PS__MSG_PUSH, 0, 0, 6);
+    hb_put(h, "\0\0\0\0\0\0", 6);
+  } else if (!strcmp(n, "register_with_data")) {
+    put_register(h, 77, "y", s4, 1, 1, 4, 8);
+  } else if (!strcmp(n, "register_dtype_2")) {
+    put_register(h, 77, "y", s4, 1, 2, 4, 0);
+  } else if (!strcmp(n, "register_9_dims")) {
+    static const uint64_t s9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    put_register(h, 77, "y", s9, 9, 1, 1, 0);
+  } else if (!strcmp(n, "register_zero_dim")) {
+    static const uint64_t s40[2] = {4, 0};
+    put_register(h, 77, "y", s40, 2, 1, 4, 0);
+  } else if (!strcmp(n, "register_size_overflow")) {
+    static const uint64_t big[2] = {(uint64_t)1 << 32, (uint64_t)1 << 32};
+    put_register(h, 77, "y", big, 2, 1, 4, 0);
+  } else if (!strcmp(n, "register_other_shape")) {
+    static const uint64_t s5[1] = {5};
+    put_register(h, 77, "x", s5, 1, 1, 5, 0);
+  } else if (!strcmp(n, "register_huge_slice")) {
+    static const uint64_t huge[1] = {(uint64_t)1 << 62};
+    put_register(h, 77, "y", huge, 1, 1, (uint64_t)1 << 62, 0);
+  } else if (!strcmp(n, "register_bad_optimizer")) {
+    Ps__Optimizer o = PS__OPTIMIZER__INIT;
+    o.lr = 0.1;
+    o.decay = PS__LR_DECAY__DECAY_STEP;
+    o.decay_rate = 0.5;
+    o.decay_steps = 0; /* would divide by zero */
+    put_register_opt(h, 77, "y", s4, 1, 1, 4, 0, &o);
+  } else if (!strcmp(n, "register_nameless")) {
+    put_register(h, 77, "", s4, 1, 1, 4, 0);
+  } else if (!strcmp(n, "push_unknown_slice")) {
+    put_push(h, PS__MSG_PUSH, 5, 0, 12345, 4, 0, four, 16);
+  } else if (!strcmp(n, "push_data_len_mismatch")) {
+    put_push(h, PS__MSG_PUSH, 5, 0, slice, 4, 0, four, 8);
+  } else if (!strcmp(n, "push_wrong_count")) {
+    put_push(h, PS__MSG_PUSH, 5, 0, slice, 3, 0, four, 12);
+  } else if (!strcmp(n, "push_row_sparse")) {
+    put_push(h, PS__MSG_PUSH, 5, 0, slice, 4, 1, four, 16);
+  } else if (!strcmp(n, "pull_unknown_slice")) {
+    uint32_t ids[1] = {12345};
+    put_pull(h, 5, 0, ids, 1);
+  } else if (!strcmp(n, "init_not_chief")) {
+    put_push(h, PS__MSG_INIT, 5, 0, slice, 4, 0, four, 16);
+  } else if (!strcmp(n, "push_after_finish")) {
+    put_finish(h, 4);
+    put_push(h, PS__MSG_PUSH, 5, 0, slice, 4, 0, four, 16);
+  } else if (!strcmp(n, "error_from_client")) {
+    Ps__Error m = PS__ERROR__INIT;
+    m.message = (char *)"hello from a client";
+    put_msg(h, PS__MSG_ERROR, &m.base, NULL, 0);
+  }
+}
+
+/* ---- psd helpers ---------------------------------------------------------- */
+
+/* workers NULL: as the first worker says. */
+static void start_psd(tu_psd *p, const char *workers) {
+  /* Short timeouts so that a psd left behind by a failed test goes away. */
+  const char *args[] = {"--num-ps", "1", "--ps-index", "0", "--startup-timeout", "30",
+                        "--grace-period", "5", workers ? "--workers" : NULL, workers, NULL};
+  ck_assert_msg(tu_psd_start(p, args) == 0, "psd did not start (log %s)", p->log_path);
+}
+
+/* "" while p runs; otherwise how it ended (and p is reaped). */
+static const char *psd_gone(tu_psd *p) {
+  static char why[128];
+  if (p->pid == 0) return "already reaped";
+  int st;
+  if (waitpid(p->pid, &st, WNOHANG) != p->pid) return "";
+  p->pid = 0;
+  p->status = st;
+  if (WIFSIGNALED(st)) snprintf(why, sizeof why, "killed by signal %d (%s)", WTERMSIG(st),
+                                strsignal(WTERMSIG(st)));
+  else snprintf(why, sizeof why, "exited with status %d", WEXITSTATUS(st));
+  return why;
+}
+
+/* psd is alive and its event loop answers a new connection at once: a
+ * HELLO for the wrong ps gets a fatal ERROR within 2 s. */
+static void expect_serving(tu_psd *p, const char *after) {
+  const char *gone = psd_gone(p);
+  ck_assert_msg(gone[0] == '\0', "psd died after %s: %s (log %s)", after, gone, p->log_path);
+  int fd = hs_connect(p->addr);
+  ck_assert_msg(fd >= 0, "psd no longer accepts connections after %s", after);
+  hbuf h = {{0}, 0};
+  hello_args a = hello_default(0, 2);
+  a.ps_index = 9;
+  put_hello(&h, a);
+  send_all(fd, h.b, h.n);
+  uint8_t rb[4096];
+  size_t n;
+  int eof = read_until_eof(fd, rb, sizeof rb, 2.0, &n);
+  close(fd);
+  herr e;
+  parse_reply(rb, n, &e);
+  gone = psd_gone(p);
+  ck_assert_msg(gone[0] == '\0', "psd died after %s: %s (log %s)", after, gone, p->log_path);
+  int ok = eof && e.found && e.fatal && strstr(e.msg, "expects ps 9");
+  if (!ok) tu_psd_kill(p); /* a hung psd runs no timers: never leave it behind */
+  ck_assert_msg(ok,
+                "psd stopped serving after %s: a probe HELLO got %s%zu bytes%s%s "
+                "(hung event loop?) (log %s)",
+                after, eof ? "" : "no close and ", n, e.found ? ", error: " : "", e.msg,
+                p->log_path);
+}
+
+/* Handshake (and REGISTER x[4], and INIT) as worker w of 2 on fd, checking
+ * every reply. Returns the slice id of x. */
+static uint32_t do_setup(int fd, int setup, int w, const char *name) {
+  static rframe f;
+  hbuf h = {{0}, 0};
+  put_hello(&h, hello_default((uint32_t)w, 2));
+  ck_assert_int_eq(send_all(fd, h.b, h.n), 0);
+  ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY,
+                "%s: the handshake as worker %d failed (reply type %u)", name, w, f.h.type);
+  if (setup < SETUP_VAR) return 0;
+  static const uint64_t s4[1] = {4};
+  h.n = 0;
+  put_register(&h, 2, "x", s4, 1, 1, 4, 0);
+  ck_assert_int_eq(send_all(fd, h.b, h.n), 0);
+  ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_REGISTER_REPLY,
+                "%s: REGISTER x[4] failed (reply type %u)", name, f.h.type);
+  Ps__RegisterReply *r = ps__register_reply__unpack(NULL, f.h.meta_len, f.meta);
+  ck_assert_msg(r && r->n_slices == 1, "%s: bad REGISTER_REPLY", name);
+  uint32_t slice = r->slices[0]->slice_id;
+  ps__register_reply__free_unpacked(r, NULL);
+  if (setup < SETUP_INIT) return slice;
+  float v[4] = {1, 2, 3, 4};
+  h.n = 0;
+  put_push(&h, PS__MSG_INIT, 3, 0, slice, 4, 0, v, sizeof v);
+  ck_assert_int_eq(send_all(fd, h.b, h.n), 0);
+  ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_ACK,
+                "%s: INIT failed (reply type %u)", name, f.h.type);
+  return slice;
+}
+
+/* ---- 1: every case against its own live psd ------------------------------ */
+
+START_TEST(test_case) {
+  const hcase *hc = &CASES[_i];
+  tu_psd p;
+  start_psd(&p, "2");
+  int fd = hs_connect(p.addr);
+  ck_assert_msg(fd >= 0, "%s: cannot connect to psd", hc->name);
+  uint32_t slice = hc->setup != SETUP_NONE ? do_setup(fd, hc->setup, hc->worker, hc->name) : 0;
+  hbuf h = {{0}, 0};
+  build_case(_i, &h, slice);
+  ck_assert_msg(h.n > 0 && h.n <= sizeof h.b, "%s: bad test frame", hc->name);
+
+  double t0 = ps__now();
+  send_all(fd, h.b, h.n); /* psd may close before taking it all */
+  if (hc->expect == X_SILENT) shutdown(fd, SHUT_WR); /* we hang up mid-frame */
+
+  if (hc->expect == X_NONFATAL) {
+    static rframe f;
+    ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_ERROR,
+                  "%s: no ERROR reply within 3 s (type %u)", hc->name, f.h.type);
+    herr e;
+    memset(&e, 0, sizeof e);
+    copy_error(f.meta, f.h.meta_len, &e);
+    ck_assert_msg(e.found, "%s: ERROR reply does not parse", hc->name);
+    ck_assert_msg(!e.fatal, "%s: error should not be fatal: %s", hc->name, e.msg);
+    ck_assert_msg(e.code == hc->code || (hc->alt_code && e.code == hc->alt_code),
+                  "%s: code %s, expected %s (%s)", hc->name, ps_err_name(e.code),
+                  ps_err_name(hc->code), e.msg);
+    ck_assert_msg(strstr(e.msg, hc->word), "%s: error '%s' does not mention '%s'", hc->name,
+                  e.msg, hc->word);
+    ck_assert_uint_eq(e.request_id, 77);
+    /* The connection is still usable. */
+    hbuf h2 = {{0}, 0};
+    put_pull(&h2, 78, 0, NULL, 0);
+    ck_assert_int_eq(send_all(fd, h2.b, h2.n), 0);
+    ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_PULL_REPLY,
+                  "%s: connection unusable after a non-fatal error (type %u)", hc->name,
+                  f.h.type);
+    Ps__PullReply *r = ps__pull_reply__unpack(NULL, f.h.meta_len, f.meta);
+    ck_assert_msg(r && r->request_id == 78, "%s: bad PULL_REPLY", hc->name);
+    ps__pull_reply__free_unpacked(r, NULL);
+    close(fd);
+    expect_serving(&p, hc->name);
+    ck_assert_msg(tu_log_contains(&p, "request 77 failed") && tu_log_contains(&p, hc->word),
+                  "%s: psd did not log the failed request (log %s)", hc->name, p.log_path);
+    tu_psd_kill(&p);
+    return;
+  }
+
+  uint8_t rb[65536];
+  size_t n;
+  int eof = read_until_eof(fd, rb, sizeof rb, 3.0, &n);
+  double dt = ps__now() - t0;
+  close(fd);
+  ck_assert_msg(eof, "%s: psd did not close the connection within 3 s (%zu bytes back)",
+                hc->name, n);
+  ck_assert_msg(dt < 1.0, "%s: psd took %.2f s to close the connection", hc->name, dt);
+  herr e;
+  parse_reply(rb, n, &e);
+  if (hc->expect == X_SILENT) {
+    ck_assert_msg(n == 0, "%s: psd answered a truncated frame with %zu bytes", hc->name, n);
+    expect_serving(&p, hc->name);
+    ck_assert_msg(tu_log_contains(&p, "in the middle of a frame"),
+                  "%s: psd did not log the truncated frame (log %s)", hc->name, p.log_path);
+  } else {
+    ck_assert_msg(!e.bad, "%s: psd sent back %zu bytes that are not whole frames", hc->name,
+                  n);
+    ck_assert_msg(e.found, "%s: no ERROR frame in the %zu bytes psd sent back", hc->name, n);
+    ck_assert_msg(e.fatal, "%s: the error should be fatal: %s", hc->name, e.msg);
+    ck_assert_msg(e.code == hc->code || (hc->alt_code && e.code == hc->alt_code),
+                  "%s: code %s, expected %s (%s)", hc->name, ps_err_name(e.code),
+                  ps_err_name(hc->code), e.msg);
+    ck_assert_msg(strstr(e.msg, hc->word), "%s: error '%s' does not mention '%s'", hc->name,
+                  e.msg, hc->word);
+    expect_serving(&p, hc->name);
+    ck_assert_msg(tu_log_contains(&p, "closing the connection") && tu_log_contains(&p, hc->word),
+                  "%s: psd did not log the rejected connection (log %s)", hc->name,
+                  p.log_path);
+  }
+  tu_psd_kill(&p);
+}
+END_TEST
+
+/* ---- 2: a barrage during a real training run ------------------------------ */
+
+#define HOLD 6 /* connections each barrage thread keeps half-sent */
+
+typedef struct barrage {
+  tu_psd *psd;
+  int id;
+  int *stop;                 /* set (atomically) once training is over */
+  int *training;             /* 1 while the real workers run */
+  /* results */
+  int conns, errors, silent, during, already, tolerated;
+  int failures;
+  char first_failure[512];
+} barrage;
+
+typedef struct held {
+  int fd, ci;
+  hbuf h;
+  size_t sent;
+} held;
+
+static int both_joined(barrage *b, int *cache) {
+  if (!*cache)
+    *cache = tu_log_contains(b->psd, "worker 0 joined") && tu_log_contains(b->psd, "worker 1 joined");
+  return *cache;
+}
+
+static void bfail(barrage *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bfail(barrage *b, const char *fmt, ...) {
+  /* psd exiting at the end of training closes whatever is open: fine. */
+  if (tu_log_contains(b->psd, "finished; exiting")) {
+    __atomic_fetch_add(&b->tolerated, 1, __ATOMIC_SEQ_CST);
+    return;
+  }
+  if (b->failures++ == 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->first_failure, sizeof b->first_failure, fmt, ap);
+    va_end(ap);
+  }
+}
+
+/* Sends the rest of a held connection's bytes and checks psd's answer. */
+static void finish_held(barrage *b, held *x) {
+  const hcase *hc = &CASES[x->ci];
+  int during = __atomic_load_n(b->training, __ATOMIC_SEQ_CST);
+  send_all(x->fd, x->h.b + x->sent, x->h.n - x->sent);
+  int silent = hc->expect == X_SILENT && hc->setup == SETUP_NONE;
+  if (silent) shutdown(x->fd, SHUT_WR);
+  uint8_t rb[8192];
+  size_t n;
+  int eof = read_until_eof(x->fd, rb, sizeof rb, 3.0, &n);
+  close(x->fd);
+  x->fd = -1;
+  herr e;
+  parse_reply(rb, n, &e);
+  if (!eof) {
+    bfail(b, "%s: psd did not close the connection within 3 s", hc->name);
+    return;
+  }
+  if (silent) {
+    if (n != 0) bfail(b, "%s: %zu bytes back for a truncated frame", hc->name, n);
+    else __atomic_fetch_add(&b->silent, 1, __ATOMIC_SEQ_CST);
+  } else if (e.bad || !e.found || !e.fatal) {
+    bfail(b, "%s: expected a fatal ERROR, got %zu bytes (%s)", hc->name, n, e.msg);
+    return;
+  } else if (hc->setup == SETUP_NONE && e.code != hc->code && e.code != hc->alt_code) {
+    bfail(b, "%s: code %s, expected %s (%s)", hc->name, ps_err_name(e.code),
+         ps_err_name(hc->code), e.msg);
+    return;
+  } else {
+    __atomic_fetch_add(&b->errors, 1, __ATOMIC_SEQ_CST);
+    if (strstr(e.msg, "already connected") || strstr(e.msg, "already finished")) b->already++;
+  }
+  b->during += during;
+}
+
+static void *barrage_main(void *arg) {
+  barrage *b = arg;
+  held ring[HOLD];
+  int joined = 0;
+  uint64_t x = 0x9e3779b97f4a7c15ULL * (uint64_t)(b->id + 1);
+  for (int k = 0; k < HOLD; k++) ring[k].fd = -1;
+  for (int i = 0;; i++) {
+    /* Until told to stop, or psd has gone (after the real run ended). */
+    if (__atomic_load_n(b->stop, __ATOMIC_SEQ_CST) || b->tolerated) break;
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    int ci = (int)((x >> 33) % (uint64_t)NCASES);
+    const hcase *hc = &CASES[ci];
+    held *slot = &ring[i % HOLD];
+    if (slot->fd >= 0) finish_held(b, slot);
+    slot->ci = ci;
+    slot->h.n = 0;
+    if (hc->setup != SETUP_NONE) {
+      /* A HELLO psd must refuse: once the real workers are in, as one of
+       * them ("already connected"); before, for a job of 3 workers. It must
+       * neither be accepted nor displace (or pin) the real run. */
+      if (both_joined(b, &joined) && (x >> 20) % 2 == 0)
+        put_hello(&slot->h, hello_default((uint32_t)(x >> 40) % 2, 2));
+      else
+        put_hello(&slot->h, hello_default((uint32_t)(x >> 40) % 3, 3));
+    }
+    build_case(ci, &slot->h, 0);
+    if (slot->h.n == 0 || slot->h.n > sizeof slot->h.b) continue;
+    slot->fd = hs_connect(b->psd->addr);
+    __atomic_fetch_add(&b->conns, 1, __ATOMIC_SEQ_CST);
+    if (slot->fd < 0) {
+      bfail(b, "%s: cannot connect to psd", hc->name);
+      continue;
+    }
+    /* Send part now, the rest when the slot comes round again. */
+    slot->sent = slot->h.n > 1 ? (size_t)((x >> 8) % slot->h.n) : 0;
+    if (send_all(slot->fd, slot->h.b, slot->sent) != 0) slot->sent = slot->h.n;
+  }
+  for (int k = 0; k < HOLD; k++)
+    if (ring[k].fd >= 0) finish_held(b, &ring[k]);
+  return NULL;
+}
+
+enum { NW = 2, STEPS = 100, BATCH = 16, NBARRAGE = 2, PRE_ANSWERED = 150 };
+
+/* Hostile connections psd has answered so far (all barrage threads). */
+static int answered(barrage *b) {
+  int n = 0;
+  for (int i = 0; i < NBARRAGE; i++)
+    n += __atomic_load_n(&b[i].errors, __ATOMIC_SEQ_CST) +
+         __atomic_load_n(&b[i].silent, __ATOMIC_SEQ_CST);
+  return n;
+}
+
+static void train(const char *addr, tu_train t[NW]) {
+  static char hosts[1][64];
+  static const char *hp[1];
+  snprintf(hosts[0], sizeof hosts[0], "%s", addr);
+  hp[0] = hosts[0];
+  pthread_t th[NW];
+  memset(t, 0, sizeof(tu_train) * NW);
+  for (int i = 0; i < NW; i++) {
+    t[i].hosts = hp;
+    t[i].num_ps = 1;
+    t[i].num_workers = NW;
+    t[i].worker = i;
+    t[i].steps = STEPS;
+    t[i].batch = BATCH;
+    pthread_create(&th[i], NULL, tu_train_worker, &t[i]);
+  }
+  for (int i = 0; i < NW; i++) pthread_join(th[i], NULL);
+}
+
+static void expect_trained(tu_train t[NW], tu_psd *p, const char *run) {
+  for (int i = 0; i < NW; i++) {
+    ck_assert_msg(t[i].rc == 0, "%s: worker %d failed: %s (%s)", run, i, ps_strerror(t[i].rc),
+                  t[i].err);
+    ck_assert_msg(t[i].final_step == STEPS, "%s: worker %d ended at step %llu", run, i,
+                  (unsigned long long)t[i].final_step);
+  }
+  ck_assert_msg(tu_psd_wait(p, 10) == 0, "%s: psd did not exit after training", run);
+  ck_assert_msg(WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0,
+                "%s: psd exit status %d (signal %d) (log %s)", run,
+                WIFEXITED(p->status) ? WEXITSTATUS(p->status) : -1,
+                WIFSIGNALED(p->status) ? WTERMSIG(p->status) : 0, p->log_path);
+}
+
+START_TEST(test_training_under_barrage) {
+  /* Clean run. */
+  tu_psd clean;
+  start_psd(&clean, "2");
+  tu_train ct[NW];
+  train(clean.addr, ct);
+  expect_trained(ct, &clean, "clean run");
+  ck_assert_msg(memcmp(ct[0].W, ct[1].W, sizeof ct[0].W) == 0 &&
+                    memcmp(ct[0].b, ct[1].b, sizeof ct[0].b) == 0,
+                "clean run: the two workers ended with different parameters");
+
+  /* Same run on a fresh psd, with hostile connections before, during and
+   * after the real workers' handshakes. */
+  tu_psd p;
+  start_psd(&p, "2");
+  int stop = 0, training = 0;
+  barrage b[NBARRAGE];
+  pthread_t bt[NBARRAGE];
+  memset(b, 0, sizeof b);
+  for (int i = 0; i < NBARRAGE; i++) {
+    b[i].psd = &p;
+    b[i].id = i;
+    b[i].stop = &stop;
+    b[i].training = &training;
+    pthread_create(&bt[i], NULL, barrage_main, &b[i]);
+  }
+  /* Plenty of hostile traffic (HELLOs included) reaches psd before any real
+   * worker has pinned the job; more comes during the run. */
+  for (int k = 0; k < 2500 && answered(b) < PRE_ANSWERED; k++) usleep(2000);
+  __atomic_store_n(&training, 1, __ATOMIC_SEQ_CST);
+  tu_train ht[NW];
+  train(p.addr, ht);
+  __atomic_store_n(&training, 0, __ATOMIC_SEQ_CST);
+  __atomic_store_n(&stop, 1, __ATOMIC_SEQ_CST);
+  for (int i = 0; i < NBARRAGE; i++) pthread_join(bt[i], NULL);
+
+  int conns = 0, errors = 0, silent = 0, during = 0, already = 0, tolerated = 0;
+  for (int i = 0; i < NBARRAGE; i++) {
+    ck_assert_msg(b[i].failures == 0, "barrage: %d failures; first: %s (log %s)",
+                  b[i].failures, b[i].first_failure, p.log_path);
+    conns += b[i].conns;
+    errors += b[i].errors;
+    silent += b[i].silent;
+    during += b[i].during;
+    already += b[i].already;
+    tolerated += b[i].tolerated;
+  }
+  expect_trained(ht, &p, "run under the barrage");
+  ck_assert_msg(memcmp(ht[0].W, ct[0].W, sizeof ct[0].W) == 0 &&
+                    memcmp(ht[0].b, ct[0].b, sizeof ct[0].b) == 0 &&
+                    memcmp(ht[1].W, ct[0].W, sizeof ct[0].W) == 0 &&
+                    memcmp(ht[1].b, ct[0].b, sizeof ct[0].b) == 0,
+                "final parameters differ from the clean run's (W[0] %.9g vs %.9g)", ht[0].W[0],
+                ct[0].W[0]);
+  ck_assert_msg(conns >= 200 && errors + silent >= 200 && during >= 10 && already >= 1,
+                "too little hostile traffic: %d connections, %d fatal errors (%d as a "
+                "connected or finished worker), %d silent closes, %d during the run, %d cut "
+                "by psd's exit",
+                conns, errors, already, silent, during, tolerated);
+  ck_assert_msg(tu_log_contains(&p, "closing the connection"),
+                "psd did not log the rejected connections (log %s)", p.log_path);
+  ck_assert_msg(tu_log_contains(&p, "in the middle of a frame"),
+                "psd did not log the truncated frames (log %s)", p.log_path);
+}
+END_TEST
+
+/* ---- 3: the pre-handshake limit bounds memory ------------------------------ */
+
+static long vm_kib(pid_t pid, const char *field) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  char *s = tu_read_file(path);
+  long v = -1;
+  char *q = s ? strstr(s, field) : NULL;
+  if (q) v = strtol(q + strlen(field) + 1, NULL, 10);
+  free(s);
+  return v;
+}
+
+START_TEST(test_preauth_limit_bounds_memory) {
+  tu_psd p;
+  start_psd(&p, "1");
+  long peak0 = vm_kib(p.pid, "VmPeak:");
+  int fd = hs_connect(p.addr);
+  ck_assert(fd >= 0);
+  hbuf h = {{0}, 0};
+  put_raw_header(&h, PS__MAGIC, 1, PS__MSG_HELLO, 0xFFFFFFFFu, 0, (uint64_t)1 << 60);
+  double t0 = ps__now();
+  ck_assert_int_eq(send_all(fd, h.b, h.n), 0);
+  uint8_t rb[4096];
+  size_t n;
+  int eof = read_until_eof(fd, rb, sizeof rb, 3.0, &n);
+  double dt = ps__now() - t0;
+  close(fd);
+  ck_assert_msg(eof && dt < 1.0, "psd did not close at once (%.2f s, eof %d)", dt, eof);
+  herr e;
+  parse_reply(rb, n, &e);
+  ck_assert_msg(e.found && e.fatal && e.code == PS_ETOOBIG && strstr(e.msg, "too large"),
+                "expected a fatal 'too large' error, got '%s'", e.msg);
+  expect_serving(&p, "a 4 GiB + 2^60-byte HELLO header");
+  long peak1 = vm_kib(p.pid, "VmPeak:");
+  ck_assert_msg(peak0 > 0 && peak1 > 0 && peak1 - peak0 < 64 * 1024,
+                "psd's peak virtual memory grew from %ld to %ld KiB", peak0, peak1);
+
+  /* A real client is served normally afterwards. */
+  char hosts[1][64];
+  const char *hp[1];
+  tu_hosts(&p, 1, hosts, hp);
+  ps_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.worker_index = 0;
+  cfg.num_workers = 1;
+  cfg.connect_timeout_ms = 5000;
+  cfg.request_timeout_ms = 5000;
+  ps_client *c = NULL;
+  char err[512];
+  int rc = ps_client_create(&cfg, &c, err, sizeof err);
+  ck_assert_msg(rc == 0, "client after the hostile header: %s", err);
+  int64_t shape[1] = {16};
+  ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+  ps_var *v = NULL;
+  rc = ps_client_var_create(c, "v", shape, 1, &zero, NULL, &v);
+  ck_assert_msg(rc == 0, "var create: %s", ps_client_errmsg(c));
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  ck_assert_msg(tu_psd_wait(&p, 10) == 0 && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0,
+                "psd did not exit 0 after its one worker finished (log %s)", p.log_path);
+}
+END_TEST
+
+/* ---- 4: valid frames in hostile orders ------------------------------------ */
+
+/* A PULL naming the same slice twice, parked until a step that is not yet
+ * reached, then a PUSH that advances the slice: psd must either refuse the
+ * PULL or answer it, and go on serving. */
+START_TEST(test_pull_duplicate_slice_ids) {
+  tu_psd p;
+  start_psd(&p, "1");
+  int fd = hs_connect(p.addr);
+  ck_assert(fd >= 0);
+  hbuf h = {{0}, 0};
+  put_hello(&h, hello_default(0, 1));
+  send_all(fd, h.b, h.n);
+  static rframe f;
+  ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY);
+  static const uint64_t s4[1] = {4};
+  h.n = 0;
+  put_register(&h, 2, "x", s4, 1, 1, 4, 0);
+  send_all(fd, h.b, h.n);
+  ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_REGISTER_REPLY);
+  float v[4] = {1, 2, 3, 4};
+  h.n = 0;
+  put_push(&h, PS__MSG_INIT, 3, 0, 0, 4, 0, v, sizeof v);
+  send_all(fd, h.b, h.n);
+  ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_ACK);
+
+  uint32_t ids[2] = {0, 0};
+  h.n = 0;
+  put_pull(&h, 10, 2, ids, 2);         /* parked: the slice is at step 0 */
+  put_push(&h, PS__MSG_PUSH, 11, 0, 0, 4, 0, v, sizeof v); /* -> step 1 */
+  send_all(fd, h.b, h.n);
+  /* Refused (a fatal error naming the duplicate) or taken (the PUSH is
+   * answered); either way psd goes on serving. */
+  int got = read_frame(fd, &f, 2.0);
+  herr e;
+  memset(&e, 0, sizeof e);
+  if (got == 0 && f.h.type == PS__MSG_ERROR) copy_error(f.meta, f.h.meta_len, &e);
+  close(fd);
+  expect_serving(&p, "a PULL naming slice 0 twice, then a PUSH");
+  tu_psd_kill(&p);
+  ck_assert_msg(got == 0, "no reply to a PULL naming slice 0 twice and a PUSH");
+  ck_assert_msg(f.h.type == PS__MSG_PUSH_REPLY || (e.found && e.fatal && strstr(e.msg, "twice")),
+                "expected a PUSH_REPLY or a fatal error naming the duplicate, got type %u (%s)",
+                f.h.type, e.msg);
+}
+END_TEST
+
+/* A worker with an answerable PULL whose next bytes are garbage, all in
+ * one segment: the fatal error and the pull reply are queued in the same
+ * read callback. psd must close that connection and stay up. */
+START_TEST(test_pull_then_garbage_same_segment) {
+  tu_psd p;
+  start_psd(&p, "1");
+  int fd = hs_connect(p.addr);
+  ck_assert(fd >= 0);
+  hbuf h = {{0}, 0};
+  put_hello(&h, hello_default(0, 1));
+  send_all(fd, h.b, h.n);
+  static rframe f;
+  ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY);
+  static const uint64_t s4[1] = {4};
+  h.n = 0;
+  put_register(&h, 2, "x", s4, 1, 1, 4, 0);
+  send_all(fd, h.b, h.n);
+  ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_REGISTER_REPLY);
+  float v[4] = {1, 2, 3, 4};
+  h.n = 0;
+  put_push(&h, PS__MSG_INIT, 3, 0, 0, 4, 0, v, sizeof v);
+  send_all(fd, h.b, h.n);
+  ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_ACK);
+
+  uint32_t ids[1] = {0};
+  h.n = 0;
+  put_pull(&h, 10, 0, ids, 1); /* answerable at once */
+  put_raw_header(&h, 0xDEADBEEFu, 1, PS__MSG_PULL, 0, 0, 0);
+  send_all(fd, h.b, h.n);
+  uint8_t rb[8192];
+  size_t n;
+  int eof = read_until_eof(fd, rb, sizeof rb, 3.0, &n);
+  close(fd);
+  herr e;
+  parse_reply(rb, n, &e);
+  expect_serving(&p, "an answerable PULL followed by a bad header in one segment");
+  ck_assert_msg(eof, "psd did not close the connection");
+  ck_assert_msg(e.found && e.fatal && strstr(e.msg, "magic"), "expected a fatal error, got '%s'",
+                e.msg);
+  tu_psd_kill(&p);
+}
+END_TEST
+
+/* In auto mode (no --workers) the first HELLO sets the number of workers.
+ * A 30-byte HELLO claiming 50 million (--workers itself stops at 1000000)
+ * must not make psd reserve gigabytes. */
+START_TEST(test_hello_num_workers_bounded) {
+  tu_psd p;
+  start_psd(&p, NULL);
+  long peak0 = vm_kib(p.pid, "VmPeak:");
+  int fd = hs_connect(p.addr);
+  ck_assert(fd >= 0);
+  hbuf h = {{0}, 0};
+  put_hello(&h, hello_default(0, 50000000));
+  send_all(fd, h.b, h.n);
+  static rframe f;
+  int got = read_frame(fd, &f, 3.0);
+  long peak1 = vm_kib(p.pid, "VmPeak:");
+  close(fd);
+  expect_serving(&p, "a HELLO claiming 50000000 workers");
+  tu_psd_kill(&p);
+  ck_assert_msg(got == 0, "no reply to a HELLO claiming 50000000 workers");
+  ck_assert_msg(peak0 > 0 && peak1 > 0 && peak1 - peak0 < 256 * 1024,
+                "a 30-byte HELLO claiming 50000000 workers grew psd's virtual memory from "
+                "%ld to %ld KiB (reply: %s)",
+                peak0, peak1, f.h.type == PS__MSG_ERROR ? "ERROR" : "accepted");
+}
+END_TEST
+
+static double cpu_s(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  char *s = tu_read_file(path);
+  double v = -1;
+  char *q = s ? strrchr(s, ')') : NULL;
+  unsigned long ut, st;
+  /* state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+  if (q && sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+    v = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+  free(s);
+  return v;
+}
+
+static int count_lines_with(const tu_psd *p, const char *needle) {
+  char *s = tu_read_file(p->log_path);
+  int n = 0;
+  for (char *q = s; q && (q = strstr(q, needle)); q += strlen(needle)) n++;
+  free(s);
+  return n;
+}
+
+/* Connections that never say HELLO, more than psd has descriptors for: psd
+ * must neither spin nor flood its log while it cannot accept, and must
+ * serve again once they are gone. */
+START_TEST(test_descriptor_exhaustion) {
+  enum { LIMIT = 40, IDLE = 60 };
+  struct rlimit old, low;
+  ck_assert(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  ck_assert(old.rlim_cur > IDLE + 64);
+  low = old;
+  low.rlim_cur = LIMIT;
+  ck_assert(setrlimit(RLIMIT_NOFILE, &low) == 0); /* psd inherits it */
+  tu_psd p;
+  int started = tu_psd_start(&p, (const char *const[]){"--workers", "1", "--startup-timeout",
+                                                        "30", NULL});
+  setrlimit(RLIMIT_NOFILE, &old);
+  ck_assert_msg(started == 0, "psd did not start");
+  int fds[IDLE];
+  for (int i = 0; i < IDLE; i++) fds[i] = hs_connect(p.addr);
+  usleep(200000);
+  double c0 = cpu_s(p.pid);
+  usleep(1000000);
+  double c1 = cpu_s(p.pid);
+  int warnings = count_lines_with(&p, "accept failed");
+  for (int i = 0; i < IDLE; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  if (c1 - c0 > 0.5 || warnings > 100) tu_psd_kill(&p);
+  ck_assert_msg(c0 >= 0 && c1 - c0 <= 0.5,
+                "psd used %.2f s of CPU in 1 s while out of descriptors (busy accept loop); "
+                "%d 'accept failed' log lines",
+                c1 - c0, warnings);
+  ck_assert_msg(warnings <= 100, "%d 'accept failed' log lines in about 1 s", warnings);
+  usleep(200000);
+  expect_serving(&p, "running out of descriptors");
+  tu_psd_kill(&p);
+}
+END_TEST
+
+Suite *suite_hostile(void) {
+  Suite *s = suite_create("hostile");
+  TCase *tc = tcase_create("cases");
+  tcase_set_timeout(tc, 30);
+  tcase_add_loop_test(tc, test_case, 0, NCASES);
+  suite_add_tcase(s, tc);
+  TCase *tb = tcase_create("training");
+  tcase_set_timeout(tb, 60);
+  tcase_add_test(tb, test_training_under_barrage);
+  suite_add_tcase(s, tb);
+  TCase *tl = tcase_create("limits");
+  tcase_set_timeout(tl, 30);
+  tcase_add_test(tl, test_preauth_limit_bounds_memory);
+  tcase_add_test(tl, test_hello_num_workers_bounded);
+  tcase_add_test(tl, test_descriptor_exhaustion);
+  suite_add_tcase(s, tl);
+  TCase *to = tcase_create("order");
+  tcase_set_timeout(to, 30);
+  tcase_add_test(to, test_pull_duplicate_slice_ids);
+  tcase_add_test(to, test_pull_then_garbage_same_segment);
+  suite_add_tcase(s, to);
+  return s;
+}

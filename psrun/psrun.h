@@ -1,0 +1,37 @@
+/* psrun.h - shared declarations of the launcher's modules. */
+#ifndef PSRUN_H
+#define PSRUN_H
+
+#include "layout.h"
+
+/* psrun's options (one table in main.c drives parsing and --help). */
+typedef struct psr_opts {
+  int ps;                  /* --ps: number of ps tasks */
+  int local;               /* --local: run without Slurm */
+  int ntasks;              /* --local -n: tasks in all */
+  char role[16];           /* --role: auto, ps or worker */
+  char placement[16];      /* --ps-placement: pack or spread */
+  char psd[4096];          /* --psd: psd binary (default: next to psrun) */
+  char iface[64];          /* --iface: network interface to use */
+  char addr[64];           /* --addr: CIDR the address must be in */
+  char rendezvous[4096];   /* --rendezvous: directory shared by the steps */
+  int rdv_port;            /* --rendezvous-port: task 0's port (0: derived) */
+  int print_plan;          /* --print-plan: print roles, start nothing */
+  double timeout_s;        /* --connect-timeout: peers must appear by then */
+  double grace_s;          /* --grace: SIGTERM -> SIGKILL on teardown */
+  char **cmd;              /* worker command (points into argv) */
+  int ncmd;
+  char *const *psd_args;   /* extra psd options (--psd-arg, repeatable) */
+  int npsd_args;
+} psr_opts;
+
+/* --local mode (local.c). Returns psrun's exit status. */
+int psr_run_local(const psr_opts *o);
+/* Slurm mode (slurm.c). Returns psrun's exit status. */
+int psr_run_slurm(const psr_opts *o);
+
+/* Logs "psrun[rank]: ..." to stderr. */
+void psr_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+extern char psr_ident[64];
+
+#endif
