@@ -120,7 +120,7 @@ pid_is_ours() {
     echo "$pid"
 }
 
-# stop_pids SIGNAL-TIMEOUT PIDFILE...: TERM the processes, wait up to TIMEOUT s, then KILL.
+# stop_pidfiles TIMEOUT PIDFILE...: TERM the processes, wait up to TIMEOUT s, then KILL.
 stop_pidfiles() {
     local timeout=$1
     shift
@@ -150,28 +150,21 @@ stop_pidfiles() {
     rm -f "$@"
 }
 
-# PIDs of slurmstepd (and any other) processes that belong to this cluster: their environment
-# carries PS_SLURM_CLUSTER_DIR=$D (set for every daemon we start and inherited by slurmstepd),
-# or one of their open files lies inside $D.
+# PIDs of slurm*/munged processes (slurmstepd above all) that belong to this cluster: the
+# daemons we start carry PS_SLURM_CLUSTER_DIR=$D in their environment or $D in their command line;
+# slurmstepd (whose environment is cleared) and slurmscriptd hold a log file inside $D open.
 cluster_stray_pids() {
     local p pid comm
     for p in /proc/[0-9]*; do
         pid=${p#/proc/}
-        [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
-        comm=$(cat "$p/comm" 2>/dev/null) || continue
+        read -r comm 2>/dev/null <"$p/comm" || continue
         case $comm in
-        slurmstepd* | slurmd* | slurmctld* | munged*) ;;
+        slurm* | munged) ;;
         *) continue ;;
         esac
-        if tr '\0' '\n' <"$p/environ" 2>/dev/null | grep -qxF "PS_SLURM_CLUSTER_DIR=$D"; then
-            echo "$pid"
-            continue
-        fi
-        if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$D/"; then
-            echo "$pid"
-            continue
-        fi
-        if find "$p/fd" -maxdepth 1 -lname "$D/*" 2>/dev/null | grep -q .; then
+        if tr '\0' '\n' 2>/dev/null <"$p/environ" | grep -qxF "PS_SLURM_CLUSTER_DIR=$D" ||
+            tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -qF -- "$D/" ||
+            find "$p/fd" -maxdepth 1 -lname "$D/*" 2>/dev/null | grep -q .; then
             echo "$pid"
         fi
     done
@@ -312,12 +305,12 @@ netns_teardown() {
     local x
     if [[ -f $D/netns/namespaces ]]; then
         while read -r x; do
-            [[ -n $x ]] && ip netns del "$x" 2>/dev/null || true
+            if [[ -n $x ]]; then ip netns del "$x" 2>/dev/null || true; fi
         done <"$D/netns/namespaces"
     fi
     if [[ -f $D/netns/veths ]]; then
         while read -r x; do
-            [[ -n $x ]] && ip link del "$x" 2>/dev/null || true
+            if [[ -n $x ]]; then ip link del "$x" 2>/dev/null || true; fi
         done <"$D/netns/veths"
     fi
     if [[ -f $D/netns/bridge ]]; then
@@ -336,7 +329,8 @@ prepare_dir() {
     mkdir -p "$D"
     chmod 0755 "$D"
     # Fresh run-time state every start; keep nothing from a previous cluster but the munge key.
-    rm -rf "$D/state" "$D/spool" "$D/run" "$D/pids" "$D/log" "$D/etc" "$D/munge-sock"
+    rm -rf "${D:?}/state" "${D:?}/spool" "${D:?}/run" "${D:?}/pids" "${D:?}/log" "${D:?}/etc" \
+        "${D:?}/munge-sock"
     mkdir -p "$D/etc" "$D/state" "$D/run" "$D/pids" "$D/log" "$D/netns" "$D/munge" "$D/munge-sock"
     for n in "${NODES[@]}"; do mkdir -p "$D/spool/$n"; done
     chmod 0700 "$D/munge"
@@ -376,6 +370,7 @@ start_munged() {
 }
 
 start_slurmctld() {
+    # shellcheck disable=SC2016 # $1 is expanded by the inner sh
     # Own UTS namespace with hostname psdctl: slurmctld refuses to run unless its hostname is the
     # one in SlurmctldHost.  unshare (no --fork) and sh exec, so $! is slurmctld's PID.
     PS_SLURM_CLUSTER_DIR="$D" SLURM_CONF="$CONF" \
@@ -388,6 +383,7 @@ start_slurmd() {
     local mode=$1 i n
     for i in 1 2 3 4; do
         n=n$i
+        # shellcheck disable=SC2016 # $1.. are expanded by the inner sh
         if [[ $mode == netns ]]; then
             PS_SLURM_CLUSTER_DIR="$D" SLURM_CONF="$CONF" \
                 nsenter --net="/var/run/netns/$NS_PREFIX$n" \
@@ -486,24 +482,24 @@ cmd_stop() {
         die "stop needs root (the daemons run as root); run it with sudo"
     fi
     cancel_all_jobs
-    stop_pidfiles 10 "$D"/pids/slurmd.*.pid
-    stop_pidfiles 10 "$D/pids/slurmctld.pid"
+    # slurmd and slurmctld together (each takes ~2 s to exit on TERM), munged last: the others
+    # need it until they are gone.
+    stop_pidfiles 10 "$D"/pids/slurm*.pid
     # leftover slurmstepd (or daemons whose PID file got lost) of this cluster
-    local strays pid
-    strays=$(cluster_stray_pids | grep -v '^munged' || true)
-    for pid in $strays; do
-        if [[ $(cat "/proc/$pid/comm" 2>/dev/null) != munged ]]; then
-            kill -KILL "$pid" 2>/dev/null || true
-        fi
-    done
-    stop_pidfiles 5 "$D/pids/munged.pid"
-    # munged that was never recorded (e.g. start died early)
-    if pid=$(pid_is_ours "$D/munge/munged.pid"); then
-        kill -TERM "$pid" 2>/dev/null || true
-        sleep 0.5
-        kill -KILL "$pid" 2>/dev/null || true
-    fi
+    local pid comm
     for pid in $(cluster_stray_pids); do
+        read -r comm 2>/dev/null <"/proc/$pid/comm" || continue
+        [[ $comm == munged ]] && continue
+        note "killing leftover $comm (pid $pid)"
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+    # munged: the PID we recorded, else the one munged wrote (start died before recording it)
+    if [[ ! -f $D/pids/munged.pid && -f $D/munge/munged.pid ]]; then
+        cp "$D/munge/munged.pid" "$D/pids/munged.pid"
+    fi
+    stop_pidfiles 5 "$D/pids/munged.pid"
+    for pid in $(cluster_stray_pids); do
+        note "killing leftover pid $pid"
         kill -KILL "$pid" 2>/dev/null || true
     done
     netns_teardown
@@ -547,6 +543,10 @@ usage() {
 
 main() {
     local cmd=${1:-}
+    [[ $D == /?* && $D != *[[:space:]]* ]] || die "PS_SLURM_DIR must be an absolute path without spaces: '$D'"
+    if ! [[ $BASE =~ ^[0-9]+$ ]] || ((BASE < 1024 || BASE > 65530)); then
+        die "bad PS_SLURM_PORT_BASE '$BASE'"
+    fi
     [[ $# -gt 0 ]] && shift
     case $cmd in
     install) cmd_install "$@" ;;
