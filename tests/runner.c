@@ -17,6 +17,7 @@ static const suite_entry SUITES[] = {
     {"init", suite_init},           {"optimizer", suite_optimizer},
     {"config", suite_config},       {"sync", suite_sync},
     {"lifecycle", suite_lifecycle}, {"hostile", suite_hostile},
+    {"layout", suite_layout},       {"psrun", suite_psrun},
 };
 
 int main(int argc, char **argv) {

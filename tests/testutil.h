@@ -18,6 +18,8 @@ Suite *suite_config(void);
 Suite *suite_sync(void);
 Suite *suite_lifecycle(void);
 Suite *suite_hostile(void);
+Suite *suite_layout(void);
+Suite *suite_psrun(void);
 
 /* A psd child process. */
 typedef struct tu_psd {
