@@ -336,7 +336,7 @@ void psd_conn_flush(psd_conn *c) {
     uint64_t req = w->request_id;
     size_t n = 0;
     uint64_t bytes = 0;
-    while (w && w->request_id == req && n < c->reply_cap) {
+    while (w && w->request_id == req && n < c->reply_cap && n < PS__MAX_ITEMS_PER_FRAME) {
       psd_slice *sl = sh->slices[w->slice_id];
       if (n && bytes + sl->length * sizeof(float) > PS__MAX_DATA) break; /* next frame */
       bytes += sl->length * sizeof(float);

@@ -157,7 +157,10 @@ int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err
     return PS_EMISMATCH;
   }
   uint64_t split = h->split_threshold ? h->split_threshold : PS__DEFAULT_SPLIT_THRESHOLD;
-  uint64_t maxs = h->max_slice_bytes ? h->max_slice_bytes : PS__DEFAULT_MAX_SLICE_BYTES;
+  /* Normalized as the placer does (whole floats), so equal placements
+   * compare equal. */
+  uint64_t maxs = h->max_slice_bytes ? h->max_slice_bytes & ~(uint64_t)3
+                                     : PS__DEFAULT_MAX_SLICE_BYTES;
   if (maxs > PS__MAX_SLICE_BYTES || maxs < 4) {
     snprintf(err, errlen, "max_slice_bytes %llu is outside [4, %llu]",
              (unsigned long long)maxs, (unsigned long long)PS__MAX_SLICE_BYTES);

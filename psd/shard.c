@@ -68,12 +68,21 @@ static int rehash(psd_shard *s, uint32_t ncap) {
   return 0;
 }
 
+/* Same update rule: compares only the fields the rule uses (the others are
+ * ignored by validation too, so they may differ or even be NaN). */
 static int opt_equal(const ps_optimizer *a, const ps_optimizer *b) {
-  return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum &&
-         !a->nesterov == !b->nesterov && a->beta1 == b->beta1 &&
-         a->beta2 == b->beta2 && a->epsilon == b->epsilon && a->decay == b->decay &&
-         a->decay_rate == b->decay_rate && a->decay_steps == b->decay_steps &&
-         a->weight_decay == b->weight_decay;
+  if (a->kind != b->kind || a->lr != b->lr || a->weight_decay != b->weight_decay ||
+      a->decay != b->decay)
+    return 0;
+  if (a->decay != PS_DECAY_NONE &&
+      (a->decay_rate != b->decay_rate || a->decay_steps != b->decay_steps))
+    return 0;
+  if (a->kind == PS_OPT_MOMENTUM && (a->momentum != b->momentum || !a->nesterov != !b->nesterov))
+    return 0;
+  if (a->kind == PS_OPT_ADAM &&
+      (a->beta1 != b->beta1 || a->beta2 != b->beta2 || a->epsilon != b->epsilon))
+    return 0;
+  return 1;
 }
 
 int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,

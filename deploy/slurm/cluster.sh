@@ -15,7 +15,8 @@
 # PS_SLURM_BRIDGE and PS_SLURM_SUBNET).
 #
 # Environment:
-#   PS_SLURM_DIR           state directory                      (/tmp/ps-slurm-$UID)
+#   PS_SLURM_DIR           state directory                      (/tmp/ps-slurm-$UID; under sudo
+#                                                               the invoking user's UID)
 #   PS_SLURM_PORT_BASE     slurmctld port; slurmd nI uses base+I (17000)
 #   PS_SLURM_CPUS          CPUs advertised per node             (4)
 #   PS_SLURM_READY_TIMEOUT seconds to wait for all nodes idle   (30)
@@ -45,7 +46,9 @@ set -euo pipefail
 readonly PACKAGES=(slurmctld slurmd slurm-client munge libslurm-dev libpmi2-0-dev)
 readonly NODES=(n1 n2 n3 n4)
 
-D=${PS_SLURM_DIR:-/tmp/ps-slurm-${UID}}
+# Under sudo the default directory is the invoking user's, so that `sudo cluster.sh start` and a
+# plain `cluster.sh env` agree.
+D=${PS_SLURM_DIR:-/tmp/ps-slurm-${SUDO_UID:-$UID}}
 BASE=${PS_SLURM_PORT_BASE:-17000}
 CPUS=${PS_SLURM_CPUS:-4}
 READY_TIMEOUT=${PS_SLURM_READY_TIMEOUT:-30}
@@ -170,6 +173,17 @@ cluster_stray_pids() {
     done
 }
 
+# pid_alive PIDFILE: the recorded process exists and is not a zombie.  (Used right after start,
+# when the command line may still be changing: nsenter -> unshare -> sh -> slurmd.)
+pid_alive() {
+    local pid state
+    [[ -f $1 ]] || return 1
+    pid=$(<"$1")
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    state=$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$pid/stat" 2>/dev/null) || return 1
+    [[ -n $state && $state != Z ]]
+}
+
 log_tails() {
     local f
     for f in "$D"/log/*; do
@@ -189,8 +203,10 @@ slurm_env() {
 write_munge_key() {
     local key="$D/munge/munge.key"
     [[ -s $key ]] && return 0
-    umask 077
-    dd if=/dev/urandom of="$key" bs=1024 count=1 status=none
+    (
+        umask 077
+        dd if=/dev/urandom of="$key" bs=1024 count=1 status=none
+    )
     chmod 0400 "$key"
 }
 
@@ -405,9 +421,8 @@ wait_ready() {
     local deadline=$((SECONDS + READY_TIMEOUT)) idle f
     while ((SECONDS < deadline)); do
         for f in "$D"/pids/*.pid; do
-            if ! pid_is_ours "$f" >/dev/null; then
+            if ! pid_alive "$f"; then
                 log_tails
-                cmd_stop >/dev/null 2>&1 || true
                 die "$(basename "$f" .pid) exited during start-up (logs above)"
             fi
         done
@@ -420,7 +435,6 @@ wait_ready() {
     echo "sinfo:" >&2
     slurm_env sinfo -N -o '%N %T %E' >&2 || true
     log_tails
-    cmd_stop >/dev/null 2>&1 || true
     die "nodes not idle after ${READY_TIMEOUT}s (logs above)"
 }
 
@@ -437,23 +451,26 @@ cmd_start() {
     if [[ -n $(missing_packages) ]]; then
         cmd_install
     fi
-    if [[ -d $D/pids ]] && compgen -G "$D/pids/*.pid" >/dev/null; then
+    if [[ -f $D/mode ]] || compgen -G "$D/pids/*.pid" >/dev/null || compgen -G "$D/netns/[bnv]*" >/dev/null; then
         note "stopping the previous cluster in $D"
         cmd_stop
     fi
     local t0=$SECONDS
     prepare_dir
+    # whatever fails from here on: take down what was already started
+    trap 'note "start failed; cleaning up"; cmd_stop >/dev/null 2>&1 || true' EXIT
     echo "$mode" >"$D/mode"
     write_slurm_conf "$mode"
-    start_munged
     if [[ $mode == netns ]]; then
         netns_setup
     fi
+    start_munged
     start_slurmctld
     # give slurmctld a moment to bind before slurmd registers (slurmd retries anyway)
     sleep 0.5
     start_slurmd "$mode"
     wait_ready
+    trap - EXIT
     note "cluster up ($mode, $D, slurmctld port $BASE) in $((SECONDS - t0))s"
 }
 

@@ -1186,7 +1186,8 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
     uint64_t bytes = 0;
     /* Slices of this ps, packed into frames of at most PS__MAX_DATA. */
     FOR_SLICES(c, vars, n, p, s, {
-      if (k && bytes + s->length * sizeof(float) > PS__MAX_DATA) {
+      if (k && (bytes + s->length * sizeof(float) > PS__MAX_DATA ||
+                k == PS__MAX_ITEMS_PER_FRAME)) {
         if ((rc = push_frame(c, r, p, step, k)) != 0) return rc;
         k = 0;
         bytes = 0;
@@ -1208,6 +1209,23 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
   return 0;
 }
 
+/* Queues one Pull of the first k scratch ids to ps p (released on error). */
+static int pull_frame(ps_client *c, ps_req *r, int p, uint64_t min_step, size_t k) {
+  Ps__Pull m = PS__PULL__INIT;
+  m.request_id = r->id;
+  m.min_step = min_step;
+  m.n_slice_ids = k;
+  m.slice_ids = c->ids;
+  m.timeout_ms = (uint32_t)c->request_timeout_ms;
+  int rc = queue_frame(c, &c->conns[p], PS__MSG_PULL, &m.base, NULL, NULL, 0);
+  if (rc) {
+    req_release(c, r);
+    return rc;
+  }
+  r->pending += (int)k;
+  return 0;
+}
+
 int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars, size_t n,
                          ps_req **out) {
   if (!c || !out) return PS_EINVAL;
@@ -1219,20 +1237,14 @@ int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars, s
   if (!r) return seterr(c, PS_ENOMEM, "out of memory");
   for (int p = 0; p < c->num_ps; p++) {
     size_t k = 0;
-    FOR_SLICES(c, vars, n, p, s, { c->ids[k++] = s->remote_id; });
-    if (!k) continue;
-    Ps__Pull m = PS__PULL__INIT;
-    m.request_id = r->id;
-    m.min_step = min_step;
-    m.n_slice_ids = k;
-    m.slice_ids = c->ids;
-    m.timeout_ms = (uint32_t)c->request_timeout_ms;
-    rc = queue_frame(c, &c->conns[p], PS__MSG_PULL, &m.base, NULL, NULL, 0);
-    if (rc) {
-      req_release(c, r);
-      return rc;
-    }
-    r->pending += (int)k;
+    FOR_SLICES(c, vars, n, p, s, {
+      c->ids[k++] = s->remote_id;
+      if (k == PS__MAX_ITEMS_PER_FRAME) {
+        if ((rc = pull_frame(c, r, p, min_step, k)) != 0) return rc;
+        k = 0;
+      }
+    });
+    if (k && (rc = pull_frame(c, r, p, min_step, k)) != 0) return rc;
     conn_flush(c, &c->conns[p]);
   }
   if (r->pending == 0) req_finish(c, r);

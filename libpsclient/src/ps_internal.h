@@ -33,6 +33,9 @@
 /* Before the handshake only a Hello may come, and it is tiny: credentials
  * (a MUNGE token is < 1 KiB) plus a few integers. */
 #define PS__MAX_PREAUTH_META 4096u
+/* Items (slice ids) per frame, so a frame's protobuf part stays far below
+ * PS__MAX_META (an item packs to at most ~40 bytes). */
+#define PS__MAX_ITEMS_PER_FRAME 16384u
 /* Most workers in a job: bounds the per-worker arrays a HELLO makes a
  * server allocate (far above any real cluster, far below an attack). */
 #define PS__MAX_WORKERS 1000000u
