@@ -18,6 +18,7 @@ static const suite_entry SUITES[] = {
     {"config", suite_config},       {"sync", suite_sync},
     {"lifecycle", suite_lifecycle}, {"hostile", suite_hostile},
     {"layout", suite_layout},       {"psrun", suite_psrun},
+    {"cnn", suite_cnn},             {"cifar_data", suite_cifar_data},
 };
 
 int main(int argc, char **argv) {

@@ -20,6 +20,8 @@ Suite *suite_lifecycle(void);
 Suite *suite_hostile(void);
 Suite *suite_layout(void);
 Suite *suite_psrun(void);
+Suite *suite_cnn(void);
+Suite *suite_cifar_data(void);
 
 /* A psd child process. */
 typedef struct tu_psd {

@@ -1,0 +1,3 @@
+#include <check.h>
+Suite *suite_cnn(void);
+Suite *suite_cnn(void) { return suite_create("cnn"); }
