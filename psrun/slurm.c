@@ -594,6 +594,16 @@ static int run_task0(step *s, char *err, size_t errlen) {
               roles[r].index, s->num_ps, s->num_workers);
   psr_log("%d tasks on %d nodes: %d ps (%s), %d workers", N, nhosts, s->num_ps, o->placement,
           s->num_workers);
+  {
+    char where[1024];
+    size_t wl = 0;
+    where[0] = '\0';
+    for (int r = 0; r < N && wl + 64 < sizeof where; r++)
+      if (roles[r].is_ps)
+        wl += (size_t)snprintf(where + wl, sizeof where - wl, "%sps%d=rank %d on %s",
+                               wl ? ", " : "", roles[r].index, r, h.peers[r].node);
+    psr_log("ps tasks: %s", where);
+  }
 
   /* 4. psd addresses, in ps order. */
   char **psaddr = calloc((size_t)s->num_ps, sizeof *psaddr);
@@ -769,6 +779,131 @@ static int run_member(step *s, char *err, size_t errlen) {
   return code;
 }
 
+/* ---- separate ps and worker steps ---------------------------------------------- */
+
+/* Directory where a ps step publishes its addresses for the worker steps
+ * of the same job (and the same requeue): --rendezvous, else the submit
+ * directory (shared by the job's nodes on any real cluster). */
+static int rdv_dir(const psr_opts *o, const psr_env *e, char *out, size_t len, char *err,
+                   size_t errlen) {
+  const char *base = o->rendezvous[0] ? o->rendezvous : getenv("SLURM_SUBMIT_DIR");
+  if (!base || !*base) {
+    snprintf(err, errlen, "--role needs --rendezvous DIR (a directory every node of the job sees)");
+    return -1;
+  }
+  const char *restart = getenv("SLURM_RESTART_COUNT");
+  snprintf(out, len, "%s/.psrun-%lld.%s", base, e->job_id, restart && *restart ? restart : "0");
+  if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+    snprintf(err, errlen, "cannot create rendezvous directory %s: %s", out, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+static int write_atomic(const char *path, const char *text) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) return -1;
+  fprintf(f, "%s\n", text);
+  if (fflush(f) || fsync(fileno(f))) {
+    fclose(f);
+    return -1;
+  }
+  fclose(f);
+  return rename(tmp, path);
+}
+
+static char *slurp_line(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  char buf[512];
+  char *r = fgets(buf, sizeof buf, f) ? strdup(buf) : NULL;
+  fclose(f);
+  if (r) r[strcspn(r, "\r\n")] = '\0';
+  return r;
+}
+
+/* `srun -n P psrun --role=ps`: every task is a ps; addresses go to files. */
+static int run_ps_step(step *s, char *err, size_t errlen) {
+  char dir[4200], path[4300];
+  if (rdv_dir(s->o, &s->env, dir, sizeof dir, err, errlen)) return -1;
+  s->role.is_ps = 1;
+  s->role.index = s->env.procid;
+  s->num_ps = s->env.ntasks;
+  s->num_workers = 0; /* learned from the workers */
+  char *hp = start_psd(s, err, errlen);
+  if (!hp) return -1;
+  snprintf(path, sizeof path, "%s/ps%d", dir, s->role.index);
+  if (write_atomic(path, hp) != 0) {
+    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    free(hp);
+    return -1;
+  }
+  if (s->env.procid == 0) {
+    char n[16];
+    snprintf(n, sizeof n, "%d", s->num_ps);
+    snprintf(path, sizeof path, "%s/num_ps", dir);
+    write_atomic(path, n);
+  }
+  psr_log("ps%d serving at %s (published in %s)", s->role.index, hp, dir);
+  free(hp);
+  int aborted = 0;
+  int code = supervise(s, -1, NULL, NULL, NULL, &aborted);
+  snprintf(path, sizeof path, "%s/ps%d", dir, s->role.index);
+  unlink(path);
+  return code;
+}
+
+/* `srun -n W psrun --role=worker CMD`: every task is a worker of a ps step
+ * started earlier in the job. */
+static int run_worker_step(step *s, char *err, size_t errlen) {
+  char dir[4200], path[4300];
+  if (rdv_dir(s->o, &s->env, dir, sizeof dir, err, errlen)) return -1;
+  double deadline = now_s() + s->o->timeout_s;
+  char *hosts = NULL;
+  for (;;) {
+    snprintf(path, sizeof path, "%s/num_ps", dir);
+    char *n = slurp_line(path);
+    int nps = n ? atoi(n) : 0;
+    free(n);
+    if (nps > 0) {
+      size_t cap = (size_t)nps * 300 + 16, len = 0;
+      hosts = calloc(1, cap);
+      int i;
+      for (i = 0; hosts && i < nps; i++) {
+        snprintf(path, sizeof path, "%s/ps%d", dir, i);
+        char *hp = slurp_line(path);
+        if (!hp) break;
+        len += (size_t)snprintf(hosts + len, cap - len, "%s%s", i ? "," : "", hp);
+        free(hp);
+      }
+      if (hosts && i == nps) {
+        s->num_ps = nps;
+        break;
+      }
+      free(hosts);
+      hosts = NULL;
+    }
+    if (now_s() > deadline) {
+      snprintf(err, errlen, "no ps step published its addresses in %s within %.0f s (start "
+                            "`srun psrun --role=ps` first, with the same --rendezvous)",
+               dir, s->o->timeout_s);
+      return -1;
+    }
+    struct timespec ts = {0, 100000000};
+    nanosleep(&ts, NULL);
+  }
+  s->role.is_ps = 0;
+  s->role.index = s->env.procid;
+  s->num_workers = s->env.ntasks;
+  int rc = start_worker(s, hosts, err, errlen);
+  free(hosts);
+  if (rc) return -1;
+  int aborted = 0;
+  return supervise(s, -1, NULL, NULL, NULL, &aborted);
+}
+
 /* ---- --print-plan -------------------------------------------------------------- */
 
 static int print_plan(step *s, char *err, size_t errlen) {
@@ -815,7 +950,7 @@ int psr_run_slurm(const psr_opts *o) {
   memset(&s, 0, sizeof s);
   s.o = o;
   s.child = -1;
-  char err[2048];
+  char err[8192];
   if (psr_env_read(&s.env, env_get, err, sizeof err) != 0) {
     fprintf(stderr, "psrun: %s\n", err);
     return 2;
@@ -828,12 +963,8 @@ int psr_run_slurm(const psr_opts *o) {
     psr_env_free(&s.env);
     return rc ? 2 : 0;
   }
-  if (strcmp(o->role, "auto") != 0) {
-    fprintf(stderr, "psrun: --role=%s is not supported yet; use --role=auto\n", o->role);
-    psr_env_free(&s.env);
-    return 2;
-  }
-  if (o->ps < 1 || o->ps >= s.env.ntasks) {
+  int split = strcmp(o->role, "auto") != 0;
+  if (!split && (o->ps < 1 || o->ps >= s.env.ntasks)) {
     fprintf(stderr, "psrun: --ps=%d must be at least 1 and less than the number of tasks (%d)\n",
             o->ps, s.env.ntasks);
     psr_env_free(&s.env);
@@ -843,7 +974,7 @@ int psr_run_slurm(const psr_opts *o) {
     fprintf(stderr, "psrun: cannot set up signal handling\n");
     return 1;
   }
-  if (s.env.pmi2) {
+  if (s.env.pmi2 && !split) {
     int spawned = 0, size = 0, rank = 0, appnum = 0;
     if (PMI2_Init(&spawned, &size, &rank, &appnum) != PMI2_SUCCESS) {
       fprintf(stderr, "psrun: PMI_FD is set but PMI2_Init failed\n");
@@ -854,13 +985,15 @@ int psr_run_slurm(const psr_opts *o) {
     psr_log("%s", err);
     return 1;
   }
-  rc = s.env.procid == 0 ? run_task0(&s, err, sizeof err) : run_member(&s, err, sizeof err);
+  if (strcmp(o->role, "ps") == 0) rc = run_ps_step(&s, err, sizeof err);
+  else if (strcmp(o->role, "worker") == 0) rc = run_worker_step(&s, err, sizeof err);
+  else rc = s.env.procid == 0 ? run_task0(&s, err, sizeof err) : run_member(&s, err, sizeof err);
   if (rc < 0) {
     psr_log("%s", err);
     psr_teardown(&s.procs, o->grace_s);
     rc = 1;
   }
-  if (s.env.pmi2) PMI2_Finalize();
+  if (s.env.pmi2 && !split) PMI2_Finalize();
   psr_env_free(&s.env);
   return rc;
 }

@@ -119,8 +119,24 @@ pid_is_ours() {
     pid=$(<"$pidfile")
     [[ $pid =~ ^[0-9]+$ ]] || return 1
     [[ -r /proc/$pid/cmdline ]] || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$D/" || return 1
+    tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline" | grep -qF -- "$D/" || return 1
     echo "$pid"
+}
+
+# proc_alive PID: the process exists and is not a zombie (our init may reap late).
+proc_alive() {
+    local state
+    state=$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null) || return 1
+    [[ -n $state && $state != Z ]]
+}
+
+# pid_alive PIDFILE: the recorded process is alive.  (Used right after start, when the command
+# line may still be changing: nsenter -> unshare -> sh -> slurmd.)
+pid_alive() {
+    local pid
+    [[ -f $1 ]] || return 1
+    pid=$(<"$1")
+    [[ $pid =~ ^[0-9]+$ ]] && proc_alive "$pid"
 }
 
 # stop_pidfiles TIMEOUT PIDFILE...: TERM the processes, wait up to TIMEOUT s, then KILL.
@@ -138,13 +154,13 @@ stop_pidfiles() {
         for ((i = 0; i < timeout * 10; i++)); do
             local alive=0
             for pid in "${pids[@]}"; do
-                if kill -0 "$pid" 2>/dev/null; then alive=1; fi
+                if proc_alive "$pid"; then alive=1; fi
             done
             [[ $alive -eq 0 ]] && break
             sleep 0.1
         done
         for pid in "${pids[@]}"; do
-            if kill -0 "$pid" 2>/dev/null; then
+            if proc_alive "$pid"; then
                 note "process $pid did not exit on TERM; sending KILL"
                 kill -KILL "$pid" 2>/dev/null || true
             fi
@@ -171,17 +187,6 @@ cluster_stray_pids() {
             echo "$pid"
         fi
     done
-}
-
-# pid_alive PIDFILE: the recorded process exists and is not a zombie.  (Used right after start,
-# when the command line may still be changing: nsenter -> unshare -> sh -> slurmd.)
-pid_alive() {
-    local pid state
-    [[ -f $1 ]] || return 1
-    pid=$(<"$1")
-    [[ $pid =~ ^[0-9]+$ ]] || return 1
-    state=$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$pid/stat" 2>/dev/null) || return 1
-    [[ -n $state && $state != Z ]]
 }
 
 log_tails() {

@@ -1,2 +1,13 @@
-# (placeholder: the data part defines cifar_data and cifar_synth here)
-add_library(cifar_data INTERFACE)
+# CIFAR-10 data: the library cifar_data (binary loader, per-worker sampler
+# with random crop/flip augmentation, per-image standardization, evaluation
+# batches) and the tool cifar_synth (writes a synthetic data set in the
+# binary format, for tests and users without the real data).
+add_library(cifar_data STATIC ${CMAKE_CURRENT_SOURCE_DIR}/data.c)
+target_include_directories(cifar_data PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
+target_link_libraries(cifar_data PUBLIC m)
+
+add_executable(cifar_synth ${CMAKE_CURRENT_SOURCE_DIR}/cifar_synth.c)
+install(TARGETS cifar_synth RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The cifar_data tests run build/bin/cifar_synth: whatever links cifar_data
+# (the test runner) gets the tool built first.
+add_dependencies(cifar_data cifar_synth)

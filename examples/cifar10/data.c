@@ -1,0 +1,396 @@
+/* data.c - CIFAR-10 binary loader, sampler, augmentation, standardization.
+ * See data.h for the contract. No global state: everything lives in the
+ * cifar_set / cifar_sampler objects or on the stack. */
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define PLANE (CIFAR_SIDE * CIFAR_SIDE)   /* 1024 */
+#define CROP_PLANE (CIFAR_CROP * CIFAR_CROP) /* 576 */
+#define CROP_RANGE (CIFAR_SIDE - CIFAR_CROP + 1) /* 9 offsets: 0..8 */
+#define CHUNK_RECORDS 1024 /* records per read() while loading: ~3 MB */
+
+/* ------------------------------------------------------------------------ */
+/* Loading */
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || errlen == 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+typedef struct {
+  char path[4096];
+  int fd;
+  size_t records;
+} src_file;
+
+static int make_path(char *buf, size_t len, const char *dir, const char *name) {
+  size_t dl = strlen(dir);
+  int n;
+  if (dl == 0) n = snprintf(buf, len, "%s", name);
+  else if (dir[dl - 1] == '/') n = snprintf(buf, len, "%s%s", dir, name);
+  else n = snprintf(buf, len, "%s/%s", dir, name);
+  return (n < 0 || (size_t)n >= len) ? -1 : 0;
+}
+
+/* fstat checks of an open file: regular, non-empty, whole records. */
+static int check_size(src_file *f, char *err, size_t errlen) {
+  struct stat st;
+  if (fstat(f->fd, &st) != 0) {
+    set_err(err, errlen, "%s: cannot stat: %s", f->path, strerror(errno));
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    set_err(err, errlen, "%s: not a regular file", f->path);
+    return -1;
+  }
+  if (st.st_size == 0) {
+    set_err(err, errlen, "%s: file is empty (0 bytes, expected whole %d-byte records)",
+            f->path, CIFAR_RECORD_BYTES);
+    return -1;
+  }
+  if (st.st_size % CIFAR_RECORD_BYTES != 0) {
+    set_err(err, errlen, "%s: size %lld is not a whole number of %d-byte records",
+            f->path, (long long)st.st_size, CIFAR_RECORD_BYTES);
+    return -1;
+  }
+  f->records = (size_t)(st.st_size / CIFAR_RECORD_BYTES);
+  return 0;
+}
+
+/* Reads all records of f into labels/pixels (room for f->records). */
+static int read_records(const src_file *f, uint8_t *buf, uint8_t *labels,
+                        uint8_t *pixels, char *err, size_t errlen) {
+  size_t done = 0;
+  while (done < f->records) {
+    size_t want = f->records - done;
+    if (want > CHUNK_RECORDS) want = CHUNK_RECORDS;
+    size_t bytes = want * CIFAR_RECORD_BYTES, got = 0;
+    while (got < bytes) {
+      ssize_t r = read(f->fd, buf + got, bytes - got);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        set_err(err, errlen, "%s: read error at record %zu: %s", f->path,
+                done + got / CIFAR_RECORD_BYTES, strerror(errno));
+        return -1;
+      }
+      if (r == 0) {
+        set_err(err, errlen, "%s: file shrank while reading: ended inside record %zu",
+                f->path, done + got / CIFAR_RECORD_BYTES);
+        return -1;
+      }
+      got += (size_t)r;
+    }
+    for (size_t k = 0; k < want; k++) {
+      const uint8_t *rec = buf + k * CIFAR_RECORD_BYTES;
+      if (rec[0] >= CIFAR_CLASSES) {
+        set_err(err, errlen, "%s: record %zu has label %u (expected 0..%d)", f->path,
+                done + k, (unsigned)rec[0], CIFAR_CLASSES - 1);
+        return -1;
+      }
+      labels[done + k] = rec[0];
+      memcpy(pixels + (done + k) * CIFAR_IMAGE_BYTES, rec + 1, CIFAR_IMAGE_BYTES);
+    }
+    done += want;
+  }
+  return 0;
+}
+
+/* files[0..nf) are open and size-checked; reads them, concatenated. */
+static int load_open_files(src_file *files, int nf, cifar_set *out, char *err,
+                           size_t errlen) {
+  size_t n = 0;
+  for (int i = 0; i < nf; i++) n += files[i].records;
+  if (n > SIZE_MAX / CIFAR_IMAGE_BYTES) {
+    set_err(err, errlen, "%s: too many records (%zu)", files[0].path, n);
+    return -1;
+  }
+  uint8_t *labels = malloc(n);
+  uint8_t *pixels = malloc(n * CIFAR_IMAGE_BYTES);
+  uint8_t *buf = malloc((size_t)CHUNK_RECORDS * CIFAR_RECORD_BYTES);
+  if (!labels || !pixels || !buf) {
+    set_err(err, errlen, "%s: out of memory for %zu records", files[0].path, n);
+    free(labels);
+    free(pixels);
+    free(buf);
+    return -1;
+  }
+  size_t at = 0;
+  for (int i = 0; i < nf; i++) {
+    if (read_records(&files[i], buf, labels + at, pixels + at * CIFAR_IMAGE_BYTES, err,
+                     errlen) != 0) {
+      free(labels);
+      free(pixels);
+      free(buf);
+      return -1;
+    }
+    at += files[i].records;
+  }
+  free(buf);
+  out->labels = labels;
+  out->pixels = pixels;
+  out->n = n;
+  return 0;
+}
+
+static void close_files(src_file *files, int nf) {
+  for (int i = 0; i < nf; i++)
+    if (files[i].fd >= 0) close(files[i].fd);
+}
+
+int cifar_load_train(const char *dir, cifar_set *out, char *err, size_t errlen) {
+  src_file files[CIFAR_TRAIN_FILES];
+  int present[CIFAR_TRAIN_FILES];
+  int nf = 0, rc = -1;
+  memset(out, 0, sizeof *out);
+  for (int i = 0; i < CIFAR_TRAIN_FILES; i++) files[i].fd = -1;
+  /* Open every data_batch_k.bin that exists; stop at the first hard error. */
+  for (int i = 0; i < CIFAR_TRAIN_FILES; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "data_batch_%d.bin", i + 1);
+    if (make_path(files[i].path, sizeof files[i].path, dir, name) != 0) {
+      set_err(err, errlen, "%s/%s: path too long", dir, name);
+      goto done;
+    }
+    files[i].fd = open(files[i].path, O_RDONLY | O_CLOEXEC);
+    present[i] = files[i].fd >= 0;
+    if (!present[i] && (errno != ENOENT || i == 0)) {
+      set_err(err, errlen, "%s: cannot open: %s", files[i].path, strerror(errno));
+      goto done;
+    }
+  }
+  /* The files taken are the run 1..nf; a later file after a gap is an error. */
+  while (nf < CIFAR_TRAIN_FILES && present[nf]) nf++;
+  for (int j = nf + 1; j < CIFAR_TRAIN_FILES; j++) {
+    if (present[j]) {
+      set_err(err, errlen,
+              "%s: missing, but data_batch_%d.bin exists (training files must be "
+              "data_batch_1.bin .. data_batch_K.bin without gaps)",
+              files[nf].path, j + 1);
+      goto done;
+    }
+  }
+  for (int i = 0; i < nf; i++)
+    if (check_size(&files[i], err, errlen) != 0) goto done;
+  rc = load_open_files(files, nf, out, err, errlen);
+done:
+  close_files(files, CIFAR_TRAIN_FILES);
+  return rc;
+}
+
+int cifar_load_test(const char *dir, cifar_set *out, char *err, size_t errlen) {
+  src_file f;
+  int rc = -1;
+  memset(out, 0, sizeof *out);
+  f.fd = -1;
+  if (make_path(f.path, sizeof f.path, dir, "test_batch.bin") != 0) {
+    set_err(err, errlen, "%s/test_batch.bin: path too long", dir);
+    return -1;
+  }
+  f.fd = open(f.path, O_RDONLY | O_CLOEXEC);
+  if (f.fd < 0) {
+    set_err(err, errlen, "%s: cannot open: %s", f.path, strerror(errno));
+    return -1;
+  }
+  if (check_size(&f, err, errlen) == 0) rc = load_open_files(&f, 1, out, err, errlen);
+  close(f.fd);
+  return rc;
+}
+
+void cifar_set_free(cifar_set *s) {
+  if (!s) return;
+  free(s->labels);
+  free(s->pixels);
+  memset(s, 0, sizeof *s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Counter-based randomness: every random choice is a hash of its inputs. */
+
+static inline uint64_t mix64(uint64_t z) { /* splitmix64 finalizer */
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+#define TAG_PERM 0x7065726d75746531ULL /* domain separation of the two uses */
+#define TAG_AUG 0x6175676d656e7431ULL
+
+static uint64_t hash4(uint64_t seed, uint64_t tag, uint64_t a, uint64_t b) {
+  uint64_t h = mix64(seed ^ tag);
+  h = mix64(h ^ a);
+  return mix64(h ^ b);
+}
+
+/* Uniform in [0, bound) from 64 random bits (multiply-shift). */
+static inline uint64_t below(uint64_t r, uint64_t bound) {
+  return (uint64_t)(((unsigned __int128)r * bound) >> 64);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Crop, flip and standardize one image. */
+
+/* src: 3 planes of 32x32; dst: 3 planes of 24x24 floats. */
+static void prep_image(const uint8_t *restrict src, int dy, int dx, int flip,
+                       float *restrict dst) {
+  uint8_t tmp[CIFAR_INPUT_FLOATS];
+  for (int c = 0; c < CIFAR_CHANNELS; c++) {
+    const uint8_t *plane = src + c * PLANE + dy * CIFAR_SIDE + dx;
+    uint8_t *o = tmp + c * CROP_PLANE;
+    if (!flip) {
+      for (int y = 0; y < CIFAR_CROP; y++)
+        memcpy(o + y * CIFAR_CROP, plane + y * CIFAR_SIDE, CIFAR_CROP);
+    } else {
+      for (int y = 0; y < CIFAR_CROP; y++) {
+        const uint8_t *row = plane + y * CIFAR_SIDE;
+        uint8_t *orow = o + y * CIFAR_CROP;
+        for (int x = 0; x < CIFAR_CROP; x++) orow[x] = row[CIFAR_CROP - 1 - x];
+      }
+    }
+  }
+  /* Exact integer moments: sum <= 1728*255, sum of squares <= 1728*255^2 < 2^32. */
+  uint32_t sum = 0, sumsq = 0;
+  for (int k = 0; k < CIFAR_INPUT_FLOATS; k++) {
+    uint32_t v = tmp[k];
+    sum += v;
+    sumsq += v * v;
+  }
+  const double N = CIFAR_INPUT_FLOATS;
+  double mean = sum / N;
+  /* N*sumsq - sum^2 is an exact integer in double (< 2^53). */
+  double var = ((double)sumsq * N - (double)sum * (double)sum) / (N * N);
+  if (var < 0) var = 0;
+  double sd = sqrt(var), min_sd = 1.0 / sqrt(N);
+  float m = (float)mean, inv = (float)(1.0 / (sd > min_sd ? sd : min_sd));
+  for (int k = 0; k < CIFAR_INPUT_FLOATS; k++) dst[k] = ((float)tmp[k] - m) * inv;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sampler */
+
+struct cifar_sampler {
+  const cifar_set *set;
+  int worker, num_workers;
+  uint64_t seed;
+  size_t size;          /* records in the shard */
+  uint32_t *perm[2];    /* two cached epoch permutations (shard-local) */
+  uint64_t epoch[2];
+  int valid[2];
+  int victim;           /* slot to refill next */
+};
+
+cifar_sampler *cifar_sampler_create(const cifar_set *s, int worker, int num_workers,
+                                    uint64_t seed) {
+  if (!s || num_workers < 1 || worker < 0 || worker >= num_workers ||
+      s->n <= (size_t)worker) {
+    errno = EINVAL;
+    return NULL;
+  }
+  size_t size = (s->n - (size_t)worker + (size_t)num_workers - 1) / (size_t)num_workers;
+  if (size > UINT32_MAX) {
+    errno = EINVAL;
+    return NULL;
+  }
+  cifar_sampler *sp = calloc(1, sizeof *sp);
+  if (!sp) return NULL;
+  sp->perm[0] = malloc(size * sizeof(uint32_t));
+  sp->perm[1] = malloc(size * sizeof(uint32_t));
+  if (!sp->perm[0] || !sp->perm[1]) {
+    cifar_sampler_destroy(sp);
+    errno = ENOMEM;
+    return NULL;
+  }
+  sp->set = s;
+  sp->worker = worker;
+  sp->num_workers = num_workers;
+  sp->seed = seed;
+  sp->size = size;
+  return sp;
+}
+
+size_t cifar_sampler_size(const cifar_sampler *sp) { return sp->size; }
+
+void cifar_sampler_destroy(cifar_sampler *sp) {
+  if (!sp) return;
+  free(sp->perm[0]);
+  free(sp->perm[1]);
+  free(sp);
+}
+
+/* The permutation of epoch e: Fisher-Yates driven by a splitmix64 stream
+ * seeded with hash(seed, worker, e). Cached in one of two slots. */
+static const uint32_t *epoch_perm(cifar_sampler *sp, uint64_t e) {
+  for (int k = 0; k < 2; k++)
+    if (sp->valid[k] && sp->epoch[k] == e) {
+      sp->victim = 1 - k;
+      return sp->perm[k];
+    }
+  int k = sp->victim;
+  uint32_t *p = sp->perm[k];
+  size_t S = sp->size;
+  for (size_t i = 0; i < S; i++) p[i] = (uint32_t)i;
+  uint64_t state = hash4(sp->seed, TAG_PERM, (uint64_t)sp->worker, e);
+  for (size_t i = S; i > 1; i--) {
+    state += 0x9e3779b97f4a7c15ULL;
+    size_t j = (size_t)below(mix64(state), i);
+    uint32_t t = p[i - 1];
+    p[i - 1] = p[j];
+    p[j] = t;
+  }
+  sp->epoch[k] = e;
+  sp->valid[k] = 1;
+  sp->victim = 1 - k;
+  return p;
+}
+
+double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *images,
+                           uint8_t *labels) {
+  const uint64_t S = sp->size;
+  const uint64_t first = step * (uint64_t)B;
+  const cifar_set *set = sp->set;
+  /* Per-step key; sample i then gets mix64(key ^ i). */
+  const uint64_t key = hash4(sp->seed, TAG_AUG, (uint64_t)sp->worker, step);
+  uint64_t cur_epoch = first / S, pos = first % S;
+  const uint32_t *perm = epoch_perm(sp, cur_epoch);
+  for (int i = 0; i < B; i++) {
+    if (pos == S) { /* the batch crosses into the next epoch */
+      pos = 0;
+      perm = epoch_perm(sp, ++cur_epoch);
+    }
+    size_t rec = (size_t)sp->worker + (size_t)perm[pos] * (size_t)sp->num_workers;
+    pos++;
+    uint64_t h = mix64(key ^ (uint64_t)i);
+    int dy = (int)(((h & 0x1fffff) * CROP_RANGE) >> 21);
+    int dx = (int)((((h >> 21) & 0x1fffff) * CROP_RANGE) >> 21);
+    int flip = (int)(h >> 63);
+    labels[i] = set->labels[rec];
+    prep_image(set->pixels + rec * CIFAR_IMAGE_BYTES, dy, dx, flip,
+               images + (size_t)i * CIFAR_INPUT_FLOATS);
+  }
+  return (double)(first / S) + (double)(first % S) / (double)S;
+}
+
+void cifar_eval_batch(const cifar_set *s, size_t first, int B, float *images,
+                      uint8_t *labels) {
+  const int off = (CIFAR_SIDE - CIFAR_CROP) / 2;
+  for (int i = 0; i < B && first + (size_t)i < s->n; i++) {
+    size_t rec = first + (size_t)i;
+    labels[i] = s->labels[rec];
+    prep_image(s->pixels + rec * CIFAR_IMAGE_BYTES, off, off, 0,
+               images + (size_t)i * CIFAR_INPUT_FLOATS);
+  }
+}

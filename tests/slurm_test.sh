@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Integration tests of psrun with a real, private Slurm cluster on this
+# machine (deploy/slurm/cluster.sh): loopback mode, then network-namespace
+# mode. Needs root (the cluster's daemons); prints SKIP otherwise.
+# Usage: slurm_test.sh BIN_DIR
+set -uo pipefail
+BIN=$(cd "$1" && pwd)
+HERE=$(cd "$(dirname "$0")" && pwd)
+CLUSTER="$HERE/../deploy/slurm/cluster.sh"
+export PS_SLURM_DIR=${PS_SLURM_DIR:-/tmp/ps-slurm-test-$$}
+export PS_SLURM_PORT_BASE=${PS_SLURM_PORT_BASE:-17200}
+export PS_SLURM_NETNS_PREFIX=pst- PS_SLURM_BRIDGE=pstbr0 PS_SLURM_SUBNET=10.77.2
+WORK=$(mktemp -d /tmp/slurm_test.XXXXXX)
+chmod 755 "$WORK"
+pass=0
+fail=0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "SKIP: the Slurm tests start slurmctld/slurmd and need root"
+  exit 77
+fi
+
+cleanup() {
+  bash "$CLUSTER" stop >/dev/null 2>&1 || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+ok() { echo "PASS: $1"; pass=$((pass + 1)); }
+bad() {
+  echo "FAIL: $1"
+  [ -n "${2:-}" ] && [ -f "$2" ] && tail -n 30 "$2" | sed 's/^/    /'
+  fail=$((fail + 1))
+}
+# Nothing of ours may survive a job: psd or workers with this marker.
+no_leftovers() {
+  sleep 1
+  if pgrep -f "tiny_worke[r] --steps $1 " >/dev/null || pgrep -f "$BIN/ps[d] " >/dev/null; then
+    pgrep -af "tiny_worke[r]|$BIN/ps[d] "
+    return 1
+  fi
+  return 0
+}
+
+scenarios() {
+  local mode=$1 out
+  cd "$WORK" || exit 1
+
+  # 1. Eight tasks on four nodes: 2 ps + 6 workers train and exit 0.
+  out=$WORK/$mode.basic.log
+  if timeout 120 srun -N4 -n8 --ntasks-per-node=2 "$BIN/psrun" --ps=2 -- \
+      "$BIN/tiny_worker" --steps 101 >"$out" 2>&1 &&
+     [ "$(grep -c '"steps":101' "$out")" -eq 6 ] &&
+     ! grep -q '"accuracy":0\.[0-8]' "$out"; then
+    ok "$mode: srun -N4 -n8 psrun --ps=2 trains and exits 0"
+  else bad "$mode: srun -N4 -n8 psrun --ps=2" "$out"; fi
+
+  # 2. PMI-2 carries the rendezvous address.
+  out=$WORK/$mode.pmi2.log
+  if timeout 120 srun -N4 -n8 --ntasks-per-node=2 --mpi=pmi2 "$BIN/psrun" --ps=2 -- \
+      "$BIN/tiny_worker" --steps 102 >"$out" 2>&1 &&
+     grep -q "(PMI-2)" "$out" && [ "$(grep -c '"steps":102' "$out")" -eq 6 ]; then
+    ok "$mode: --mpi=pmi2"
+  else bad "$mode: --mpi=pmi2" "$out"; fi
+
+  # 3. A worker that exits 1 ends the step promptly, non-zero, nothing left.
+  out=$WORK/$mode.fail.log
+  local t0=$SECONDS
+  timeout 120 srun -N2 -n4 "$BIN/psrun" --ps=1 -- \
+    "$BIN/tiny_worker" --steps 103 --sleep-ms 20 --fail-at-step 10 >"$out" 2>&1
+  local rc=$? took=$((SECONDS - t0))
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -lt 30 ] &&
+     grep -q "exited with status 1; stopping every task" "$out" && no_leftovers 103; then
+    ok "$mode: a failing worker stops the step (exit $rc in ${took}s), no process left"
+  else bad "$mode: failing worker (rc $rc, ${took}s)" "$out"; fi
+
+  # 4. scancel --signal=TERM shuts a running job down cleanly.
+  out=$WORK/$mode.term.log
+  cat >"$WORK/term.sh" <<EOS
+#!/bin/bash
+srun "$BIN/psrun" --ps=1 -- "$BIN/tiny_worker" --steps 104 --sleep-ms 50
+EOS
+  local job
+  job=$(sbatch --parsable -N2 -n3 -o "$out" "$WORK/term.sh")
+  for _ in $(seq 100); do
+    grep -q "parameter servers:" "$out" 2>/dev/null && break
+    sleep 0.2
+  done
+  sleep 1
+  scancel --signal=TERM "$job"
+  for _ in $(seq 100); do
+    [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
+    sleep 0.2
+  done
+  if [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && grep -q "shutting down" "$out" &&
+     no_leftovers 104; then
+    ok "$mode: scancel --signal=TERM ends the job cleanly"
+  else
+    scancel "$job" 2>/dev/null
+    bad "$mode: scancel --signal=TERM" "$out"
+  fi
+
+  # 5. Two jobs on the same nodes at once do not collide.
+  timeout 120 srun -N2 -n4 "$BIN/psrun" --ps=1 -- "$BIN/tiny_worker" --steps 105 \
+    >"$WORK/$mode.j1.log" 2>&1 &
+  local p1=$!
+  timeout 120 srun -N2 -n4 "$BIN/psrun" --ps=1 -- "$BIN/tiny_worker" --steps 106 \
+    >"$WORK/$mode.j2.log" 2>&1 &
+  local p2=$!
+  wait $p1; local r1=$?
+  wait $p2; local r2=$?
+  if [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ "$(grep -c '"steps":105' "$WORK/$mode.j1.log")" -eq 3 ] &&
+     [ "$(grep -c '"steps":106' "$WORK/$mode.j2.log")" -eq 3 ]; then
+    ok "$mode: two jobs at once"
+  else bad "$mode: two jobs at once ($r1, $r2)" "$WORK/$mode.j2.log"; fi
+
+  # 6. Heterogeneous job: ps tasks on the first component.
+  out=$WORK/$mode.het.log
+  if timeout 120 srun -N1 -n2 : -N2 -n4 "$BIN/psrun" --ps=2 -- \
+      "$BIN/tiny_worker" --steps 107 >"$out" 2>&1 &&
+     [ "$(grep -c '"steps":107' "$out")" -eq 4 ] &&
+     grep -q "ps tasks: ps0=rank 0 on n1, ps1=rank 1 on n1" "$out"; then
+    ok "$mode: heterogeneous job, ps on the first component"
+  else bad "$mode: heterogeneous job" "$out"; fi
+
+  # 7. A ps step of its own, and a worker step started later in the job.
+  out=$WORK/$mode.steps.log
+  mkdir -p "$WORK/rdv"
+  cat >"$WORK/steps.sh" <<EOS
+#!/bin/bash
+srun --exact --mem=0 -n2 -c1 "$BIN/psrun" --role=ps --rendezvous "$WORK/rdv" &
+ps=\$!
+srun --exact --mem=0 -n3 -c1 "$BIN/psrun" --role=worker --rendezvous "$WORK/rdv" \
+  "$BIN/tiny_worker" --steps 108
+w=\$?
+wait \$ps
+echo "steps: worker \$w ps \$?"
+EOS
+  if timeout 120 sbatch --wait -N2 -n6 -o "$out" "$WORK/steps.sh" >/dev/null &&
+     grep -q "steps: worker 0 ps 0" "$out" && [ "$(grep -c '"steps":108' "$out")" -eq 3 ]; then
+    ok "$mode: separate ps step and worker step"
+  else bad "$mode: separate ps and worker steps" "$out"; fi
+}
+
+for mode in loopback netns; do
+  flag=""
+  [ $mode = netns ] && flag="--netns"
+  if ! bash "$CLUSTER" start $flag >"$WORK/cluster.$mode.log" 2>&1; then
+    bad "$mode: cluster start" "$WORK/cluster.$mode.log"
+    continue
+  fi
+  eval "$(bash "$CLUSTER" env)"
+  scenarios $mode
+  bash "$CLUSTER" stop >/dev/null 2>&1
+done
+
+echo "slurm: $pass passed, $fail failed"
+[ $fail -eq 0 ]
