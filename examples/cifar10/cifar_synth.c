@@ -106,7 +106,8 @@ static void draw(uint8_t *rec, int cls, rng *r) {
       /* Triangular noise in [-24, 24]. */
       uint64_t h = rng_next(r);
       for (int c = 0; c < 3; c++) {
-        int noise = (int)((h >> (c * 16)) & 0x1f) + (int)((h >> (c * 16 + 8)) & 0x1f) - 31;
+        int noise =
+            (int)((h >> (c * 16)) & 0x1f) + (int)((h >> (c * 16 + 8)) & 0x1f) - 31;
         noise = noise * 24 / 31;
         rec[1 + c * PLANE + y * SIDE + x] = clamp255((fgpix ? fg[c] : bg[c]) + noise);
       }
@@ -210,13 +211,14 @@ static void usage(FILE *to) {
           "  batches.meta.txt. S (default 1) seeds the generator.\n");
 }
 
-/* Decimal unsigned 64-bit; -1 on anything else. */
+/* Decimal unsigned 64-bit: 0, or -1 if not a number, -2 if too large. */
 static int parse_u64(const char *s, uint64_t *out) {
   if (!s || *s < '0' || *s > '9') return -1;
   errno = 0;
   char *end;
   unsigned long long v = strtoull(s, &end, 10);
-  if (errno != 0 || *end != '\0') return -1;
+  if (*end != '\0') return -1;
+  if (errno == ERANGE) return -2;
   *out = (uint64_t)v;
   return 0;
 }
@@ -261,9 +263,11 @@ int main(int argc, char **argv) {
       continue;
     }
     uint64_t v;
-    if (parse_u64(val, &v) != 0) {
-      fprintf(stderr, "cifar_synth: %s: '%s' is not a non-negative decimal integer\n",
-              opts[which], val);
+    int prc = parse_u64(val, &v);
+    if (prc != 0) {
+      fprintf(stderr, "cifar_synth: %s: '%s' %s\n", opts[which], val,
+              prc == -1 ? "is not a non-negative decimal integer"
+                        : "is too large (more than 2^64-1)");
       return 2;
     }
     if (which == 1) ntrain = v;

@@ -255,10 +255,17 @@ static void prep_image(const uint8_t *restrict src, int dy, int dx, int flip,
       for (int y = 0; y < CIFAR_CROP; y++)
         memcpy(o + y * CIFAR_CROP, plane + y * CIFAR_SIDE, CIFAR_CROP);
     } else {
+      /* A 24-byte row reversed = its three 8-byte words byte-swapped, in
+       * reverse order (independent of the machine's byte order). */
       for (int y = 0; y < CIFAR_CROP; y++) {
         const uint8_t *row = plane + y * CIFAR_SIDE;
         uint8_t *orow = o + y * CIFAR_CROP;
-        for (int x = 0; x < CIFAR_CROP; x++) orow[x] = row[CIFAR_CROP - 1 - x];
+        uint64_t w[3];
+        memcpy(w, row, sizeof w);
+        for (int k = 0; k < 3; k++) w[k] = __builtin_bswap64(w[k]);
+        memcpy(orow, &w[2], 8);
+        memcpy(orow + 8, &w[1], 8);
+        memcpy(orow + 16, &w[0], 8);
       }
     }
   }
@@ -357,6 +364,14 @@ static const uint32_t *epoch_perm(cifar_sampler *sp, uint64_t e) {
   return p;
 }
 
+/* Touches the cache lines of a 32x32x3 image ahead of use: the records of
+ * a training batch are scattered over the set. */
+static inline void prefetch_image(const uint8_t *img) {
+  for (int off = 0; off < CIFAR_IMAGE_BYTES; off += 64) __builtin_prefetch(img + off);
+}
+
+#define BATCH_CHUNK 64 /* samples whose record and crop are drawn at once */
+
 double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *images,
                            uint8_t *labels) {
   const uint64_t S = sp->size;
@@ -366,20 +381,30 @@ double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *image
   const uint64_t key = hash4(sp->seed, TAG_AUG, (uint64_t)sp->worker, step);
   uint64_t cur_epoch = first / S, pos = first % S;
   const uint32_t *perm = epoch_perm(sp, cur_epoch);
-  for (int i = 0; i < B; i++) {
-    if (pos == S) { /* the batch crosses into the next epoch */
-      pos = 0;
-      perm = epoch_perm(sp, ++cur_epoch);
+  size_t rec[BATCH_CHUNK];
+  uint64_t aug[BATCH_CHUNK];
+  for (int base = 0; base < B; base += BATCH_CHUNK) {
+    int m = B - base < BATCH_CHUNK ? B - base : BATCH_CHUNK;
+    for (int j = 0; j < m; j++) {
+      if (pos == S) { /* the batch crosses into the next epoch */
+        pos = 0;
+        perm = epoch_perm(sp, ++cur_epoch);
+      }
+      rec[j] = (size_t)sp->worker + (size_t)perm[pos++] * (size_t)sp->num_workers;
+      aug[j] = mix64(key ^ (uint64_t)(base + j));
     }
-    size_t rec = (size_t)sp->worker + (size_t)perm[pos] * (size_t)sp->num_workers;
-    pos++;
-    uint64_t h = mix64(key ^ (uint64_t)i);
-    int dy = (int)(((h & 0x1fffff) * CROP_RANGE) >> 21);
-    int dx = (int)((((h >> 21) & 0x1fffff) * CROP_RANGE) >> 21);
-    int flip = (int)(h >> 63);
-    labels[i] = set->labels[rec];
-    prep_image(set->pixels + rec * CIFAR_IMAGE_BYTES, dy, dx, flip,
-               images + (size_t)i * CIFAR_INPUT_FLOATS);
+    for (int j = 0; j < 2 && j < m; j++)
+      prefetch_image(set->pixels + rec[j] * CIFAR_IMAGE_BYTES);
+    for (int j = 0; j < m; j++) {
+      if (j + 2 < m) prefetch_image(set->pixels + rec[j + 2] * CIFAR_IMAGE_BYTES);
+      uint64_t h = aug[j];
+      int dy = (int)(((h & 0x1fffff) * CROP_RANGE) >> 21);
+      int dx = (int)((((h >> 21) & 0x1fffff) * CROP_RANGE) >> 21);
+      int flip = (int)(h >> 63);
+      labels[base + j] = set->labels[rec[j]];
+      prep_image(set->pixels + rec[j] * CIFAR_IMAGE_BYTES, dy, dx, flip,
+                 images + (size_t)(base + j) * CIFAR_INPUT_FLOATS);
+    }
   }
   return (double)(first / S) + (double)(first % S) / (double)S;
 }

@@ -62,6 +62,9 @@ struct ps_req {
   int type;              /* REQ_* */
   uint64_t id;           /* request id on the wire (0: not in flight) */
   int pending;           /* sub-replies still expected */
+  int *pend_ps;          /* ... from each ps (num_ps entries): a server
+                            closing after its last answer fails only the
+                            requests still waiting for it */
   int status;            /* first error, or 0 */
   int stale;             /* some push item was stale */
   int done;              /* no more replies expected */
@@ -165,6 +168,21 @@ static int conn_flush(ps_client *c, ps__conn *k) {
   return 0;
 }
 
+static void req_finish(ps_client *c, ps_req *r);
+
+/* r expects n more replies from ps p. */
+static void expect(ps_req *r, int p, int n) {
+  r->pending += n;
+  r->pend_ps[p] += n;
+}
+
+/* n replies for r arrived from ps p; finishes r when none is left. */
+static void answered(ps_client *c, ps_req *r, int p, int n) {
+  r->pending -= n;
+  r->pend_ps[p] -= n;
+  if (r->pending <= 0) req_finish(c, r);
+}
+
 static ps_req *find_req(ps_client *c, uint64_t id) {
   for (ps_req *r = c->inflight; r; r = r->next)
     if (r->id == id) return r;
@@ -195,8 +213,11 @@ static void conn_break(ps_client *c, ps__conn *k, int code, const char *why) {
   k->fd = -1;
   char msg[600];
   snprintf(msg, sizeof msg, "connection to ps %d at %s lost: %s", k->index, k->addr, why);
-  /* Every in-flight request may need this server: fail them all. */
-  while (c->inflight) req_fail(c, c->inflight, code, msg);
+  /* Fail the requests still waiting for this server. */
+  for (ps_req *r = c->inflight, *next; r; r = next) {
+    next = r->next;
+    if (r->pend_ps[k->index] > 0) req_fail(c, r, code, msg);
+  }
   snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
 }
 
@@ -283,7 +304,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
     Ps__Ack *m = ps__ack__unpack(NULL, len, meta);
     if (!m) break;
     ps_req *r = find_req(c, m->request_id);
-    if (r && --r->pending <= 0) req_finish(c, r);
+    if (r) answered(c, r, k->index, 1);
     ps__ack__free_unpacked(m, NULL);
     return 0;
   }
@@ -347,7 +368,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
                    k->index, k->addr, s ? s->var->name : "?", ps_strerror(st));
         }
       }
-      if (--r->pending <= 0) req_finish(c, r);
+      answered(c, r, k->index, 1);
     }
     ps__push_reply__free_unpacked(m, NULL);
     return 0;
@@ -378,7 +399,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
 static void pull_data_done(ps_client *c, ps__conn *k) {
   k->rstate = 0;
   ps_req *r = find_req(c, k->data_req);
-  if (r && (r->pending -= k->data_items) <= 0) req_finish(c, r);
+  if (r) answered(c, r, k->index, k->data_items);
   k->data_req = 0;
   k->data_items = 0;
 }
@@ -531,9 +552,17 @@ static int pump(ps_client *c, ps_req *r, double deadline) {
 static ps_req *req_new(ps_client *c, int type) {
   ps_req *r = c->freelist;
   if (r) c->freelist = r->next;
-  else r = malloc(sizeof *r);
+  else r = calloc(1, sizeof *r);
   if (!r) return NULL;
+  int *pend = r->pend_ps;
+  if (!pend) pend = malloc((size_t)c->num_ps * sizeof *pend);
+  if (!pend) {
+    free(r);
+    return NULL;
+  }
+  memset(pend, 0, (size_t)c->num_ps * sizeof *pend);
   memset(r, 0, sizeof *r);
+  r->pend_ps = pend;
   r->c = c;
   r->type = type;
   r->id = ++c->next_id;
@@ -648,6 +677,7 @@ static int hello_one(ps_client *c, ps__conn *k, double deadline,
   ps_req *r = req_new(c, REQ_HELLO);
   if (!r) return seterr(c, PS_ENOMEM, "out of memory");
   r->step = (uint64_t)k->index; /* HELLO_REPLY carries no id: match by ps */
+  r->pend_ps[k->index] = 1;
   int rc = queue_frame(c, k, PS__MSG_HELLO, &h.base, NULL, NULL, 0);
   if (rc == 0) rc = pump(c, r, deadline);
   if (rc == 0) rc = r->status;
@@ -833,11 +863,13 @@ void ps_client_destroy(ps_client *c) {
   while (c->inflight) {
     ps_req *r = c->inflight;
     c->inflight = r->next;
+    free(r->pend_ps);
     free(r);
   }
   while (c->freelist) {
     ps_req *r = c->freelist;
     c->freelist = r->next;
+    free(r->pend_ps);
     free(r);
   }
   ps__placer_free(&c->placer);
@@ -1016,6 +1048,7 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
     ps_req *r = req_new(c, REQ_REGISTER);
     if (!r) rc = seterr(c, PS_ENOMEM, "out of memory");
     if (r) {
+      r->pend_ps[p] = 1; /* its one reply comes from ps p */
       reg.request_id = r->id;
       reg.n_slices = cnt;
       reg.slices = sp;
@@ -1067,7 +1100,7 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
       in.n_items = 1;
       in.items = &ip;
       rc = queue_frame(c, &c->conns[s->ps], PS__MSG_INIT, &in.base, &dp, &dc, 1);
-      if (rc == 0) r->pending++;
+      if (rc == 0) expect(r, (int)s->ps, 1);
     }
     if (r && rc == 0) rc = wait_done(c, r);
     else if (r) req_release(c, r);
@@ -1166,7 +1199,7 @@ static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k) {
     req_release(c, r);
     return rc;
   }
-  r->pending++;
+  expect(r, p, 1);
   return 0;
 }
 
@@ -1222,7 +1255,7 @@ static int pull_frame(ps_client *c, ps_req *r, int p, uint64_t min_step, size_t 
     req_release(c, r);
     return rc;
   }
-  r->pending += (int)k;
+  expect(r, p, (int)k);
   return 0;
 }
 
@@ -1305,7 +1338,7 @@ int ps_client_finish(ps_client *c) {
     Ps__Finish m = PS__FINISH__INIT;
     m.request_id = r->id;
     rc = queue_frame(c, &c->conns[p], PS__MSG_FINISH, &m.base, NULL, NULL, 0);
-    if (rc == 0) r->pending++;
+    if (rc == 0) expect(r, p, 1);
   }
   if (rc) {
     req_release(c, r);

@@ -1,0 +1,124 @@
+/*
+ * nn.h - the CIFAR-10 tutorial CNN (TensorFlow's classic cifar10 model),
+ * forward and backward in C, behind a backend vtable (nn_backend.h).
+ *
+ * Network (input 3x24x24 float, NCHW, batch B):
+ *   conv1 5x5x3->64 SAME +bias ReLU -> maxpool 3x3/2 SAME (24->12) -> LRN
+ *   -> conv2 5x5x64->64 SAME +bias ReLU -> LRN -> maxpool 3x3/2 SAME (12->6)
+ *   -> local3 2304->384 ReLU -> local4 384->192 ReLU -> softmax_linear 192->10
+ *   -> softmax cross-entropy, mean over the batch,
+ *   + 0.004 * sum(w^2)/2 for local3/weights and local4/weights.
+ * LRN: depth radius 4, bias 1, alpha 0.001/9, beta 0.75 (TF semantics:
+ * out_c = in_c / (1 + alpha * sum_{c'=c-4..c+4} in_c'^2)^0.75).
+ * Built with lrn = 0, both LRN layers are left out (--no-lrn).
+ *
+ * Parameter layouts (row-major float32, the same as TensorFlow's, so the
+ * values are interchangeable with a TF checkpoint):
+ *   conv weights  [kh][kw][cin][cout]   (TF HWIO: conv1 [5,5,3,64])
+ *   FC weights    [in][out]             (y = x W + b)
+ *   local3 input  pool2 output flattened in (h, w, c) order: index
+ *                 (h * 6 + w) * 64 + c, as TF's reshape of an NHWC tensor.
+ * Inside, activations are NHWC; the images given to the model are NCHW.
+ *
+ * The model owns no parameter memory: the caller binds, for each parameter,
+ * a host value buffer and a host gradient buffer (libpsclient ps_var
+ * buffers). All functions of one cnn must be called from one thread at a
+ * time; the backend runs its own worker threads inside each call.
+ */
+#ifndef CIFAR_NN_H
+#define CIFAR_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "psclient.h" /* PS_INIT_* */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Compute backend: allocation, host<->device copies and every layer op
+ * (struct in nn_backend.h). */
+typedef struct cnn_backend cnn_backend;
+
+/* The CPU backend: OpenBLAS SGEMM for convolutions (im2col, NHWC) and FC
+ * layers, hand-written loops for the rest. `threads` (>= 1) worker threads
+ * split each op's work by images; OpenBLAS itself is set to one thread
+ * (openblas_set_num_threads(1), process-wide) and runs inside the workers,
+ * which is faster on these small matrices than OpenBLAS's own threading.
+ * Returns a static object (never freed); NULL if threads < 1. */
+const cnn_backend *cnn_backend_cpu(int threads);
+
+typedef struct cnn cnn;
+
+/* One parameter tensor: name and shape as in the TF tutorial, initializer
+ * as libpsclient's ps_init (init_kind is a ps_init_kind value; init_a =
+ * constant / mean, init_b = stddev), and the L2 weight decay coefficient
+ * the model applies to it (0 or 0.004). */
+typedef struct cnn_param {
+  const char *name;
+  int ndim;
+  int64_t shape[4];
+  int init_kind;
+  double init_a, init_b;
+  double weight_decay;
+} cnn_param;
+
+#define CNN_NUM_PARAMS 10
+#define CNN_IMAGE_SIZE 24     /* input images are 3 x 24 x 24 */
+#define CNN_IMAGE_FLOATS (3 * 24 * 24)
+#define CNN_NUM_CLASSES 10
+
+/* Number of parameter tensors: 10, in this order: conv1/weights,
+ * conv1/biases, conv2/weights, conv2/biases, local3/weights, local3/biases,
+ * local4/weights, local4/biases, softmax_linear/weights,
+ * softmax_linear/biases. */
+int cnn_num_params(void);
+/* Static description of parameter i (NULL if out of range). */
+const cnn_param *cnn_param_info(int i);
+/* Number of floats of parameter i (product of its shape); 0 if out of range. */
+size_t cnn_param_numel(int i);
+
+/* Creates a model on `be` with activations for up to max_batch images
+ * (allocated once, here). lrn: 1 = with the two LRN layers, 0 = without.
+ * Returns 0, or -1 (bad arguments, out of memory). */
+int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out);
+void cnn_destroy(cnn *m); /* NULL ok */
+
+/* Binds parameter i to caller-owned host buffers of cnn_param_numel(i)
+ * floats: `value` (read by every step) and `grad` (written by
+ * cnn_train_step). Every parameter must be bound before a step. */
+void cnn_bind(cnn *m, int i, float *value, float *grad);
+
+/* Forward + backward on B (1..max_batch) images (host float, B*3*24*24,
+ * NCHW) with labels 0..9. Writes into the bound grad buffers the gradient
+ * of the returned loss: mean cross-entropy over the batch plus the L2 terms
+ * (weight decay gradients included). Returns NaN on bad arguments. */
+float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
+                     int B);
+
+/* Forward only: writes the predicted classes (argmax of the logits) to
+ * pred[0..B) (may be NULL) and returns the mean cross-entropy (no L2).
+ * labels may be NULL (then returns 0). */
+float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
+               int *pred);
+
+/* Plain SGD on every bound parameter: value -= lr * grad (grad from the
+ * last cnn_train_step). For running without a parameter server. */
+void cnn_sgd_local(cnn *m, float lr);
+
+/* Floating-point operations (multiply-add = 2) of one training step on B
+ * images counting the convolutions and FC layers only (for GFLOP/s). */
+double cnn_train_flops(const cnn *m, int B);
+
+/* Per-op timing of cnn_train_step / cnn_sgd_local: cnn_profile(m, 1)
+ * resets and starts it (0 stops), cnn_profile_print writes ms per step and
+ * share of each op. Costs a clock read per op (and a sync on devices). */
+void cnn_profile(cnn *m, int on);
+void cnn_profile_print(const cnn *m, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,549 @@
+/*
+ * nn_cpu.c - the CPU backend of the CNN (nn_backend.h).
+ *
+ * Convolutions: NHWC im2col into a per-thread buffer of a few images (so it
+ * stays in L2), then one SGEMM per chunk: y[pix][K] = col[pix][R*R*C] *
+ * w[R*R*C][K] with TF's HWIO weights used as they are; bias and ReLU are
+ * applied to the chunk while it is in cache. The filter gradient is
+ * col^T * dy accumulated over chunks (per-thread accumulators, summed at
+ * the end); the data gradient is the forward convolution of dy with the
+ * spatially flipped, C/K-transposed weights (im2col of dy, K = R*R*K
+ * SGEMM), which beats dy * w^T + col2im.
+ * FC layers: SGEMM, rows (or rows of dw) split across threads.
+ * Element-wise ops: single passes with the nn_ops.h bodies; LRN sums its
+ * window over a zero-padded row of squares (vectorizes over channels).
+ *
+ * Threads: OpenMP when built with it (-fopenmp), `threads` workers; each
+ * runs OpenBLAS single-threaded (openblas_set_num_threads(1)).
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cblas.h>
+
+#include "nn_backend.h"
+#include "nn_ops.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#define CNN_OMP(x) _Pragma(#x)
+static int cnn_tid(void) { return omp_get_thread_num(); }
+#else
+#define CNN_OMP(x)
+static int cnn_tid(void) { return 0; }
+#endif
+
+#define ALIGN 64
+#define CONV_CHUNK_PIX 576  /* output pixels per im2col chunk (forward) */
+#define CONV_BWDF_PIX 1152  /* pixels per chunk of the filter gradient */
+#define LRN_MAX_C 4096      /* channels the LRN row buffers hold */
+#define PAR_MIN 32768       /* elements below which ops run on one thread */
+
+static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* ---------------------------------------------------------------- memory */
+
+static void *cpu_alloc(const cnn_backend *be, size_t bytes) {
+  (void)be;
+  size_t n = round_up(bytes ? bytes : 1);
+  void *p = aligned_alloc(ALIGN, n);
+  if (p) memset(p, 0, n);
+  return p;
+}
+
+static void cpu_free(const cnn_backend *be, void *p) {
+  (void)be;
+  free(p);
+}
+
+static void cpu_copy(const cnn_backend *be, void *dst, const void *src,
+                     size_t bytes) {
+  (void)be;
+  if (dst != src && bytes) memcpy(dst, src, bytes);
+}
+
+/* ---------------------------------------------------------------- layout */
+
+static void cpu_nchw_to_nhwc(const cnn_backend *be, int B, int C, int H,
+                             int W, const float *src, float *dst) {
+  int HW = H * W;
+  CNN_OMP(omp parallel for num_threads(be->threads) schedule(static))
+  for (int b = 0; b < B; b++) {
+    const float *s = src + (size_t)b * C * HW;
+    float *d = dst + (size_t)b * C * HW;
+    for (int p = 0; p < HW; p++)
+      for (int c = 0; c < C; c++) d[(size_t)p * C + c] = s[(size_t)c * HW + p];
+  }
+}
+
+/* ----------------------------------------------------------- convolution */
+
+/* im2col of n NHWC images (H x W x C) for an R x R SAME kernel: one row of
+ * R*R*C floats per output pixel, in (kh, kw, c) order, zeros for padding. */
+static void im2col(const float *x, int n, int H, int W, int C, int R,
+                   float *col) {
+  int p = (R - 1) / 2;
+  size_t rowlen = (size_t)R * R * C, seg = (size_t)R * C;
+  for (int i = 0; i < n; i++)
+    for (int h = 0; h < H; h++)
+      for (int w = 0; w < W; w++) {
+        float *dst = col + (((size_t)i * H + h) * W + w) * rowlen;
+        int kw0 = p - w > 0 ? p - w : 0;
+        int kw1 = W + p - w < R ? W + p - w : R;
+        for (int kh = 0; kh < R; kh++, dst += seg) {
+          int ih = h + kh - p;
+          if (ih < 0 || ih >= H) {
+            memset(dst, 0, seg * sizeof(float));
+            continue;
+          }
+          const float *src =
+              x + (((size_t)i * H + ih) * W + (w + kw0 - p)) * C;
+          if (kw0) memset(dst, 0, (size_t)kw0 * C * sizeof(float));
+          memcpy(dst + (size_t)kw0 * C, src,
+                 (size_t)(kw1 - kw0) * C * sizeof(float));
+          if (kw1 < R)
+            memset(dst + (size_t)kw1 * C, 0,
+                   (size_t)(R - kw1) * C * sizeof(float));
+        }
+      }
+}
+
+static int chunk_images(const cnn_conv_geom *g, int pix) {
+  int n = pix / (g->H * g->W);
+  return n < 1 ? 1 : n;
+}
+
+/* Workspace: per thread a col buffer (large enough for the forward, the
+ * data gradient and the filter gradient chunks) and a filter + bias
+ * accumulator; then the flipped weights. */
+static size_t col_floats(const cnn_conv_geom *g) {
+  int cmax = g->C > g->K ? g->C : g->K;
+  int nf = chunk_images(g, CONV_CHUNK_PIX), nb = chunk_images(g, CONV_BWDF_PIX);
+  int n = nf > nb ? nf : nb;
+  return (size_t)n * g->H * g->W * g->R * g->R * cmax;
+}
+/* symmetric in C and K: the data gradient reuses the layout with C, K
+ * swapped */
+static size_t acc_floats(const cnn_conv_geom *g) {
+  return (size_t)g->R * g->R * g->C * g->K + (g->C > g->K ? g->C : g->K);
+}
+
+static size_t cpu_conv_ws_bytes(const cnn_backend *be,
+                                const cnn_conv_geom *g) {
+  size_t per = round_up(col_floats(g) * sizeof(float)) +
+               round_up(acc_floats(g) * sizeof(float));
+  return per * be->threads +
+         round_up((size_t)g->R * g->R * g->C * g->K * sizeof(float)) + ALIGN;
+}
+
+static float *ws_col(const cnn_backend *be, const cnn_conv_geom *g, void *ws,
+                     int t) {
+  size_t per = round_up(col_floats(g) * sizeof(float)) +
+               round_up(acc_floats(g) * sizeof(float));
+  (void)be;
+  return (float *)((char *)ws + per * t);
+}
+static float *ws_acc(const cnn_backend *be, const cnn_conv_geom *g, void *ws,
+                     int t) {
+  return (float *)((char *)ws_col(be, g, ws, t) +
+                   round_up(col_floats(g) * sizeof(float)));
+}
+static float *ws_flip(const cnn_backend *be, const cnn_conv_geom *g,
+                      void *ws) {
+  return ws_col(be, g, ws, be->threads);
+}
+
+/* y = conv(x, w) [+ bias, ReLU] for geometry g (x has g->C channels, y
+ * g->K). */
+static void conv_fwd_impl(const cnn_backend *be, const cnn_conv_geom *g,
+                          const float *x, const float *w, const float *bias,
+                          int relu, float *y, void *ws) {
+  int n = chunk_images(g, CONV_CHUNK_PIX);
+  int nchunks = (g->B + n - 1) / n;
+  int RRC = g->R * g->R * g->C, K = g->K;
+  size_t img_in = (size_t)g->H * g->W * g->C, img_out = (size_t)g->H * g->W * K;
+  CNN_OMP(omp parallel for num_threads(be->threads) schedule(dynamic, 1))
+  for (int ch = 0; ch < nchunks; ch++) {
+    int b0 = ch * n, nb = g->B - b0 < n ? g->B - b0 : n;
+    float *col = ws_col(be, g, ws, cnn_tid());
+    im2col(x + b0 * img_in, nb, g->H, g->W, g->C, g->R, col);
+    int M = nb * g->H * g->W;
+    float *yc = y + b0 * img_out;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, RRC, 1.0f,
+                col, RRC, w, K, 0.0f, yc, K);
+    if (bias || relu)
+      for (int r = 0; r < M; r++) {
+        float *row = yc + (size_t)r * K;
+        if (bias)
+          for (int k = 0; k < K; k++) row[k] = cnn_bias_act(row[k], bias[k], relu);
+        else
+          for (int k = 0; k < K; k++) row[k] = cnn_relu(row[k]);
+      }
+  }
+}
+
+static void cpu_conv_fwd(const cnn_backend *be, const cnn_conv_geom *g,
+                         const float *x, const float *w, const float *bias,
+                         int relu, float *y, void *ws) {
+  conv_fwd_impl(be, g, x, w, bias, relu, y, ws);
+}
+
+static void cpu_conv_bwd_filter(const cnn_backend *be, const cnn_conv_geom *g,
+                                const float *x, const float *dy, float *dw,
+                                float *db, void *ws) {
+  int n = chunk_images(g, CONV_BWDF_PIX);
+  int nchunks = (g->B + n - 1) / n;
+  int RRC = g->R * g->R * g->C, K = g->K, T = be->threads;
+  size_t img_in = (size_t)g->H * g->W * g->C, img_out = (size_t)g->H * g->W * K;
+  size_t nw = (size_t)RRC * K;
+  int used[64] = {0};
+  if (T > 64) T = 64;
+  CNN_OMP(omp parallel for num_threads(T) schedule(dynamic, 1))
+  for (int ch = 0; ch < nchunks; ch++) {
+    int t = cnn_tid();
+    int b0 = ch * n, nb = g->B - b0 < n ? g->B - b0 : n;
+    float *col = ws_col(be, g, ws, t);
+    float *accw = T == 1 ? dw : ws_acc(be, g, ws, t);
+    float *accb = T == 1 ? db : ws_acc(be, g, ws, t) + nw;
+    im2col(x + b0 * img_in, nb, g->H, g->W, g->C, g->R, col);
+    int M = nb * g->H * g->W;
+    const float *dyc = dy + b0 * img_out;
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, RRC, K, M, 1.0f, col,
+                RRC, dyc, K, used[t] ? 1.0f : 0.0f, accw, K);
+    if (accb) {
+      if (!used[t])
+        for (int k = 0; k < K; k++) accb[k] = 0.0f;
+      for (int r = 0; r < M; r++)
+        for (int k = 0; k < K; k++) accb[k] += dyc[(size_t)r * K + k];
+    }
+    used[t] = 1;
+  }
+  if (T == 1) {
+    if (!used[0]) { /* B == 0 */
+      memset(dw, 0, nw * sizeof(float));
+      if (db) memset(db, 0, K * sizeof(float));
+    }
+    return;
+  }
+  size_t tot = nw + K;
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (size_t i = 0; i < tot; i++) {
+    float s = 0.0f;
+    for (int t = 0; t < T; t++)
+      if (used[t]) s += ws_acc(be, g, ws, t)[i];
+    if (i < nw) dw[i] = s;
+    else if (db) db[i - nw] = s;
+  }
+}
+
+/* dx = conv(dy, wf) with wf[kh][kw][k][c] = w[R-1-kh][R-1-kw][c][k]. */
+static void cpu_conv_bwd_data(const cnn_backend *be, const cnn_conv_geom *g,
+                              const float *dy, const float *w, float *dx,
+                              void *ws) {
+  int R = g->R, C = g->C, K = g->K;
+  float *wf = ws_flip(be, g, ws);
+  for (int kh = 0; kh < R; kh++)
+    for (int kw = 0; kw < R; kw++) {
+      const float *src = w + ((size_t)(R - 1 - kh) * R + (R - 1 - kw)) * C * K;
+      float *dst = wf + ((size_t)kh * R + kw) * K * C;
+      for (int c = 0; c < C; c++)
+        for (int k = 0; k < K; k++) dst[(size_t)k * C + c] = src[(size_t)c * K + k];
+    }
+  cnn_conv_geom gt = *g;
+  gt.C = K;
+  gt.K = C;
+  /* gt's col buffers are no larger than g's: col_floats uses max(C, K) and
+   * the same chunking, and the accumulators are not used. */
+  conv_fwd_impl(be, &gt, dy, wf, NULL, 0, dx, ws);
+}
+
+/* --------------------------------------------------------------- dense */
+
+static void split(int n, int T, int t, int *lo, int *hi) {
+  *lo = (int)((long)n * t / T);
+  *hi = (int)((long)n * (t + 1) / T);
+}
+
+static int dense_threads(const cnn_backend *be, long work) {
+  return work < 200000 ? 1 : be->threads;
+}
+
+static void cpu_dense_fwd(const cnn_backend *be, int M, int K, int N,
+                          const float *x, const float *w, const float *bias,
+                          int relu, float *y) {
+  int T = dense_threads(be, (long)M * K * N);
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    int lo, hi;
+    split(M, T, t, &lo, &hi);
+    if (hi <= lo) continue;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, N, K,
+                1.0f, x + (size_t)lo * K, K, w, N, 0.0f, y + (size_t)lo * N,
+                N);
+    for (int r = lo; r < hi; r++) {
+      float *row = y + (size_t)r * N;
+      if (bias)
+        for (int j = 0; j < N; j++) row[j] = cnn_bias_act(row[j], bias[j], relu);
+      else if (relu)
+        for (int j = 0; j < N; j++) row[j] = cnn_relu(row[j]);
+    }
+  }
+}
+
+static void cpu_dense_bwd(const cnn_backend *be, int M, int K, int N,
+                          const float *x, const float *w, const float *dy,
+                          float *dx, float *dw, float *db) {
+  int T = dense_threads(be, (long)M * K * N);
+  CNN_OMP(omp parallel num_threads(T))
+  {
+    int t = cnn_tid(), lo, hi;
+    /* dw = x^T dy: rows of dw split */
+    split(K, T, t, &lo, &hi);
+    if (hi > lo)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, N, M,
+                  1.0f, x + lo, K, dy, N, 0.0f, dw + (size_t)lo * N, N);
+    /* db: columns split */
+    if (db) {
+      split(N, T, t, &lo, &hi);
+      for (int j = lo; j < hi; j++) db[j] = 0.0f;
+      for (int r = 0; r < M; r++)
+        for (int j = lo; j < hi; j++) db[j] += dy[(size_t)r * N + j];
+    }
+    /* dx = dy w^T: rows split */
+    if (dx) {
+      split(M, T, t, &lo, &hi);
+      if (hi > lo)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, K, N,
+                    1.0f, dy + (size_t)lo * N, N, w, N, 0.0f,
+                    dx + (size_t)lo * K, K);
+    }
+  }
+}
+
+/* ---------------------------------------------------------- element-wise */
+
+static int ew_threads(const cnn_backend *be, size_t n) {
+  return n < PAR_MIN ? 1 : be->threads;
+}
+
+static void cpu_relu_bwd(const cnn_backend *be, size_t n, const float *y,
+                         float *dy) {
+  CNN_OMP(omp parallel for num_threads(ew_threads(be, n)) schedule(static))
+  for (size_t i = 0; i < n; i++) dy[i] = cnn_relu_bwd(y[i], dy[i]);
+}
+
+static void cpu_maxpool_fwd(const cnn_backend *be, const cnn_pool_geom *g,
+                            const float *x, float *y, int32_t *arg) {
+  int C = g->C, H = g->H, W = g->W;
+  int rows = g->B * g->OH;
+  CNN_OMP(omp parallel for num_threads(ew_threads(be, (size_t)rows * g->OW * C)) schedule(static))
+  for (int r = 0; r < rows; r++) {
+    int b = r / g->OH, oh = r % g->OH;
+    int h0 = oh * g->s - g->pad_top;
+    int hl = h0 < 0 ? 0 : h0, hh = h0 + g->k < H ? h0 + g->k : H;
+    for (int ow = 0; ow < g->OW; ow++) {
+      int w0 = ow * g->s - g->pad_left;
+      int wl = w0 < 0 ? 0 : w0, wh = w0 + g->k < W ? w0 + g->k : W;
+      size_t o = (((size_t)b * g->OH + oh) * g->OW + ow) * C;
+      float *m = y + o;
+      int32_t *a = arg + o;
+      int first = 1;
+      for (int ih = hl; ih < hh; ih++)
+        for (int iw = wl; iw < wh; iw++) {
+          int32_t base = (int32_t)((((size_t)b * H + ih) * W + iw) * C);
+          const float *xp = x + base;
+          if (first) {
+            for (int c = 0; c < C; c++) {
+              m[c] = xp[c];
+              a[c] = base + c;
+            }
+            first = 0;
+          } else {
+            for (int c = 0; c < C; c++) {
+              int gt = xp[c] > m[c];
+              m[c] = gt ? xp[c] : m[c];
+              a[c] = gt ? base + c : a[c];
+            }
+          }
+        }
+    }
+  }
+}
+
+static void cpu_maxpool_bwd(const cnn_backend *be, const cnn_pool_geom *g,
+                            const float *dy, const int32_t *arg,
+                            const float *relu_x, float *dx) {
+  int C = g->C, H = g->H, W = g->W;
+  int rows = g->B * H;
+  CNN_OMP(omp parallel for num_threads(ew_threads(be, (size_t)rows * W * C)) schedule(static))
+  for (int r = 0; r < rows; r++) {
+    int b = r / H, ih = r % H;
+    int ohl, ohh;
+    cnn_pool_windows(ih, g->k, g->s, g->pad_top, g->OH, &ohl, &ohh);
+    for (int iw = 0; iw < W; iw++) {
+      int owl, owh;
+      cnn_pool_windows(iw, g->k, g->s, g->pad_left, g->OW, &owl, &owh);
+      int32_t base = (int32_t)((((size_t)b * H + ih) * W + iw) * C);
+      float *d = dx + base;
+      for (int c = 0; c < C; c++) d[c] = 0.0f;
+      for (int oh = ohl; oh < ohh; oh++)
+        for (int ow = owl; ow < owh; ow++) {
+          size_t o = (((size_t)b * g->OH + oh) * g->OW + ow) * C;
+          const int32_t *a = arg + o;
+          const float *dyo = dy + o;
+          for (int c = 0; c < C; c++)
+            d[c] += cnn_maxpool_bwd_term(a[c], base + c, dyo[c]);
+        }
+      if (relu_x) {
+        const float *xr = relu_x + base;
+        for (int c = 0; c < C; c++) d[c] = cnn_relu_bwd(xr[c], d[c]);
+      }
+    }
+  }
+}
+
+/* LRN over rows of C channels. The window sum runs over a zero-padded row
+ * of squares, so it vectorizes over c. */
+static void cpu_lrn_fwd(const cnn_backend *be, size_t rows, int C,
+                        const cnn_lrn_param *p, const float *x, float *y,
+                        float *scale) {
+  int r = p->radius;
+  float bias = p->bias, alpha = p->alpha, beta = p->beta;
+  if (C > LRN_MAX_C || r < 0 || 2 * r > 64) abort(); /* row buffers */
+  CNN_OMP(omp parallel num_threads(ew_threads(be, rows * C)))
+  {
+    float sq[LRN_MAX_C + 64] __attribute__((aligned(64)));
+    float acc[LRN_MAX_C] __attribute__((aligned(64)));
+    for (int i = 0; i < r; i++) sq[i] = sq[r + C + i] = 0.0f;
+    CNN_OMP(omp for schedule(static))
+    for (size_t row = 0; row < rows; row++) {
+      const float *xr = x + row * C;
+      float *yr = y + row * C, *sr = scale + row * C;
+      for (int c = 0; c < C; c++) sq[r + c] = xr[c] * xr[c];
+      for (int c = 0; c < C; c++) acc[c] = sq[c];
+      for (int d = 1; d <= 2 * r; d++)
+        for (int c = 0; c < C; c++) acc[c] += sq[c + d];
+      if (beta == 0.75f) {
+        for (int c = 0; c < C; c++) {
+          float s = cnn_lrn_scale(acc[c], bias, alpha);
+          sr[c] = s;
+          yr[c] = xr[c] * cnn_pow_m075(s);
+        }
+      } else {
+        for (int c = 0; c < C; c++) {
+          float s = cnn_lrn_scale(acc[c], bias, alpha);
+          sr[c] = s;
+          yr[c] = xr[c] * powf(s, -beta);
+        }
+      }
+    }
+  }
+}
+
+static void cpu_lrn_bwd(const cnn_backend *be, size_t rows, int C,
+                        const cnn_lrn_param *p, const float *x,
+                        const float *scale, const float *dy, int relu_mask,
+                        float *dx) {
+  int r = p->radius;
+  float beta = p->beta, tab = 2.0f * p->alpha * p->beta;
+  if (C > LRN_MAX_C || r < 0 || 2 * r > 64) abort(); /* row buffers */
+  CNN_OMP(omp parallel num_threads(ew_threads(be, rows * C)))
+  {
+    float t[LRN_MAX_C + 64] __attribute__((aligned(64)));
+    float pw[LRN_MAX_C] __attribute__((aligned(64)));
+    float acc[LRN_MAX_C] __attribute__((aligned(64)));
+    for (int i = 0; i < r; i++) t[i] = t[r + C + i] = 0.0f;
+    CNN_OMP(omp for schedule(static))
+    for (size_t row = 0; row < rows; row++) {
+      const float *xr = x + row * C, *sr = scale + row * C, *dr = dy + row * C;
+      float *o = dx + row * C;
+      if (beta == 0.75f)
+        for (int c = 0; c < C; c++) pw[c] = cnn_pow_m075(sr[c]);
+      else
+        for (int c = 0; c < C; c++) pw[c] = powf(sr[c], -beta);
+      for (int c = 0; c < C; c++)
+        t[r + c] = cnn_lrn_bwd_t(dr[c], xr[c], pw[c], sr[c]);
+      for (int c = 0; c < C; c++) acc[c] = t[c];
+      for (int d = 1; d <= 2 * r; d++)
+        for (int c = 0; c < C; c++) acc[c] += t[c + d];
+      for (int c = 0; c < C; c++)
+        o[c] = cnn_lrn_bwd_dx(dr[c], xr[c], pw[c], acc[c], tab);
+      if (relu_mask)
+        for (int c = 0; c < C; c++) o[c] = cnn_relu_bwd(xr[c], o[c]);
+    }
+  }
+}
+
+static float cpu_softmax_xent(const cnn_backend *be, int B, int N,
+                              const float *logits, const uint8_t *labels,
+                              float grad_scale, float *dlogits,
+                              int32_t *pred) {
+  (void)be;
+  double sum = 0.0;
+  for (int b = 0; b < B; b++)
+    sum += cnn_softmax_xent_row(logits + (size_t)b * N, N,
+                                labels ? (int)labels[b] : -1, grad_scale,
+                                dlogits ? dlogits + (size_t)b * N : NULL,
+                                pred ? pred + b : NULL);
+  return (float)sum;
+}
+
+static float cpu_l2_decay(const cnn_backend *be, size_t n, float wd,
+                          const float *w, float *dw) {
+  double ss = 0.0;
+  CNN_OMP(omp parallel for num_threads(ew_threads(be, n)) schedule(static) reduction(+:ss))
+  for (size_t i = 0; i < n; i++) {
+    ss += (double)w[i] * w[i];
+    dw[i] = cnn_l2_grad(dw[i], w[i], wd);
+  }
+  return (float)(0.5 * wd * ss);
+}
+
+static void cpu_sgd(const cnn_backend *be, size_t n, float lr, const float *g,
+                    float *w) {
+  CNN_OMP(omp parallel for num_threads(ew_threads(be, n)) schedule(static))
+  for (size_t i = 0; i < n; i++) w[i] = cnn_sgd_elem(w[i], g[i], lr);
+}
+
+/* --------------------------------------------------------------- table */
+
+#define CPU_MAX_THREADS 256
+static cnn_backend cpu_backends[CPU_MAX_THREADS];
+static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
+
+static void cpu_init(void) {
+  for (int t = 1; t < CPU_MAX_THREADS; t++) {
+    cnn_backend *be = &cpu_backends[t];
+    be->name = "cpu";
+    be->threads = t;
+    be->host_mapped = 1;
+    be->alloc = cpu_alloc;
+    be->free = cpu_free;
+    be->to_device = cpu_copy;
+    be->to_host = cpu_copy;
+    be->nchw_to_nhwc = cpu_nchw_to_nhwc;
+    be->conv_ws_bytes = cpu_conv_ws_bytes;
+    be->conv_fwd = cpu_conv_fwd;
+    be->conv_bwd_filter = cpu_conv_bwd_filter;
+    be->conv_bwd_data = cpu_conv_bwd_data;
+    be->dense_fwd = cpu_dense_fwd;
+    be->dense_bwd = cpu_dense_bwd;
+    be->relu_bwd = cpu_relu_bwd;
+    be->maxpool_fwd = cpu_maxpool_fwd;
+    be->maxpool_bwd = cpu_maxpool_bwd;
+    be->lrn_fwd = cpu_lrn_fwd;
+    be->lrn_bwd = cpu_lrn_bwd;
+    be->softmax_xent = cpu_softmax_xent;
+    be->l2_decay = cpu_l2_decay;
+    be->sgd = cpu_sgd;
+  }
+  openblas_set_num_threads(1);
+}
+
+const cnn_backend *cnn_backend_cpu(int threads) {
+  if (threads < 1) return NULL;
+  if (threads > 64) threads = 64; /* per-thread accumulator table */
+  pthread_once(&cpu_once, cpu_init);
+  return &cpu_backends[threads];
+}
