@@ -121,6 +121,9 @@ START_TEST(test_backup_stale) {
     t[i].batch = B;
   }
   t[2].slow = 1;
+  static volatile int gate;
+  gate = 0;
+  for (int i = 0; i < NW; i++) t[i].gate = &gate; /* the slow one joins before training */
   run_workers(t, NW);
   ck_assert_int_ge(t[2].pushes, 1);
   ck_assert_int_eq(t[2].stale, t[2].pushes); /* every late gradient dropped */

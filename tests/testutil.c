@@ -281,6 +281,14 @@ void *tu_train_worker(void *arg) {
   if (!t->rc) t->rc = ps_client_var_create(c, "b", TU_SHAPE_B, 1, &zero, &ob, &vb);
   uint64_t step = 0;
   if (!t->rc) t->rc = ps_client_pull(c, 0, &step);
+  if (t->gate && t->slow) {
+    __atomic_store_n(t->gate, 1, __ATOMIC_RELEASE);
+  } else if (t->gate) {
+    while (!__atomic_load_n(t->gate, __ATOMIC_ACQUIRE)) {
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+  }
   for (int i = 0; !t->rc && (t->slow ? step < (uint64_t)t->steps : i < t->steps); i++) {
     uint64_t first = (step * (uint64_t)t->num_workers + (uint64_t)t->worker) * (uint64_t)t->batch;
     tu_grad(ps_var_data(vw), ps_var_data(vb), first, (uint64_t)t->batch, ps_var_grad(vw),

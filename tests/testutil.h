@@ -74,6 +74,8 @@ typedef struct tu_train {
   int slow;                 /* push only after the others finished the step,
                                until they reach `steps` */
   uint64_t split_threshold, max_slice_bytes; /* 0: defaults */
+  volatile int *gate;       /* if set: slow workers open it once ready,
+                               the others wait for it before training */
   /* results */
   float W[TU_D * TU_C], b[TU_C];
   int stale;                /* stale pushes seen */

@@ -346,25 +346,27 @@ static void cpu_maxpool_fwd(const cnn_backend *be, const cnn_pool_geom *g,
       int w0 = ow * g->s - g->pad_left;
       int wl = w0 < 0 ? 0 : w0, wh = w0 + g->k < W ? w0 + g->k : W;
       size_t o = (((size_t)b * g->OH + oh) * g->OW + ow) * C;
-      float *m = y + o;
-      int32_t *a = arg + o;
-      int first = 1;
+      float *restrict m = y + o;
+      int32_t *restrict a = arg + o;
+      {
+        int32_t base = (int32_t)((((size_t)b * H + hl) * W + wl) * C);
+        const float *restrict xp = x + base;
+        for (int c = 0; c < C; c++) {
+          m[c] = xp[c];
+          a[c] = base + c;
+        }
+      }
       for (int ih = hl; ih < hh; ih++)
         for (int iw = wl; iw < wh; iw++) {
+          if (ih == hl && iw == wl) continue;
           int32_t base = (int32_t)((((size_t)b * H + ih) * W + iw) * C);
-          const float *xp = x + base;
-          if (first) {
-            for (int c = 0; c < C; c++) {
-              m[c] = xp[c];
-              a[c] = base + c;
-            }
-            first = 0;
-          } else {
-            for (int c = 0; c < C; c++) {
-              int gt = xp[c] > m[c];
-              m[c] = gt ? xp[c] : m[c];
-              a[c] = gt ? base + c : a[c];
-            }
+          const float *restrict xp = x + base;
+          for (int c = 0; c < C; c++) {
+            float v = xp[c], mv = m[c];
+            int32_t av = a[c];
+            int gt = v > mv;
+            m[c] = gt ? v : mv;
+            a[c] = gt ? base + c : av;
           }
         }
     }

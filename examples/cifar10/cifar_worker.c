@@ -1,0 +1,337 @@
+/*
+ * cifar_worker - the TensorFlow CIFAR-10 tutorial network, trained
+ * between-graph-replicated through psd: every worker builds the same model,
+ * registers its variables with libpsclient (the chief initializes them),
+ * and each step computes gradients on its own batch, pushes them and pulls
+ * the averaged update. Run it under psrun:
+ *
+ *   psrun --local -n 3 --ps 1 -- cifar_worker --data DIR --epochs 1
+ *   srun --ntasks=N psrun --ps=1 cifar_worker --data DIR --epochs 10
+ *
+ * `cifar_worker --bench` measures the training compute alone (no psd).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "nn.h"
+#include "psclient.h"
+
+#define IMG_FLOATS (3 * 24 * 24)
+
+typedef struct opts {
+  char data[4096];     /* --data: directory of the binary files */
+  double epochs;       /* --epochs (used when --steps is 0) */
+  long steps;          /* --steps: total steps (global) */
+  int batch;           /* --batch: images per worker per step */
+  double lr;           /* --lr: learning rate for the global batch */
+  double decay_rate;   /* --lr-decay RATE:EPOCHS (staircase) */
+  double decay_epochs;
+  int threads;         /* --threads (0: SLURM_CPUS_PER_TASK or cores) */
+  uint64_t seed;       /* --seed */
+  char metrics[4096];  /* --metrics: JSON lines file */
+  long eval_every;     /* --eval-every N steps (0: only at the end) */
+  int lrn;             /* --no-lrn clears it */
+  int bench;           /* --bench */
+  int bench_steps;     /* --bench-steps */
+} opts;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "cifar_worker: ");
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  exit(1);
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: cifar_worker --data DIR [--epochs E | --steps S] [--batch B] [--lr X]\n"
+          "                    [--lr-decay RATE:EPOCHS] [--threads T] [--seed N]\n"
+          "                    [--metrics FILE] [--eval-every N] [--no-lrn]\n"
+          "       cifar_worker --bench [--batch B] [--threads T] [--bench-steps N] [--no-lrn]\n"
+          "Trains the TensorFlow CIFAR-10 tutorial CNN through psd (run it under psrun).\n"
+          "  --data DIR        CIFAR-10 binary files (data_batch_*.bin, test_batch.bin)\n"
+          "  --epochs E        epochs over the training set [1]\n"
+          "  --steps S         steps instead of epochs\n"
+          "  --batch B         images per worker per step; global batch = workers x B [128]\n"
+          "  --lr X            learning rate (for the global batch) [0.1]\n"
+          "  --lr-decay R:E    multiply the learning rate by R every E epochs [none]\n"
+          "  --threads T       compute threads [SLURM_CPUS_PER_TASK, else cores/local workers]\n"
+          "  --seed N          data order and augmentation [1]\n"
+          "  --metrics FILE    write one JSON line per progress report\n"
+          "  --eval-every N    chief evaluates test accuracy every N steps [0: at the end]\n"
+          "  --no-lrn          drop both LRN layers\n"
+          "  --bench           time the training compute alone (no psd), synthetic data\n");
+}
+
+static double num(const char *flag, const char *v, double lo, double hi) {
+  char *end;
+  errno = 0;
+  double x = strtod(v, &end);
+  if (errno || end == v || *end || !isfinite(x) || x < lo || x > hi)
+    die("%s must be a number from %g to %g, got '%s'", flag, lo, hi, v);
+  return x;
+}
+
+static void parse(opts *o, int argc, char **argv) {
+  memset(o, 0, sizeof *o);
+  o->epochs = 1;
+  o->batch = 128;
+  o->lr = 0.1;
+  o->seed = 1;
+  o->lrn = 1;
+  o->bench_steps = 10;
+  for (int a = 1; a < argc; a++) {
+    const char *f = argv[a];
+    if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
+      usage(stdout);
+      exit(0);
+    }
+    if (!strcmp(f, "--no-lrn")) {
+      o->lrn = 0;
+      continue;
+    }
+    if (!strcmp(f, "--bench")) {
+      o->bench = 1;
+      continue;
+    }
+    if (a + 1 >= argc) die("option %s needs a value (see --help)", f);
+    const char *v = argv[++a];
+    if (!strcmp(f, "--data")) snprintf(o->data, sizeof o->data, "%s", v);
+    else if (!strcmp(f, "--epochs")) o->epochs = num(f, v, 1e-6, 1e6);
+    else if (!strcmp(f, "--steps")) o->steps = (long)num(f, v, 1, 1e12);
+    else if (!strcmp(f, "--batch")) o->batch = (int)num(f, v, 1, 4096);
+    else if (!strcmp(f, "--lr")) o->lr = num(f, v, 1e-12, 1e3);
+    else if (!strcmp(f, "--threads")) o->threads = (int)num(f, v, 1, 1024);
+    else if (!strcmp(f, "--seed")) o->seed = (uint64_t)num(f, v, 0, 1e15);
+    else if (!strcmp(f, "--metrics")) snprintf(o->metrics, sizeof o->metrics, "%s", v);
+    else if (!strcmp(f, "--eval-every")) o->eval_every = (long)num(f, v, 0, 1e12);
+    else if (!strcmp(f, "--bench-steps")) o->bench_steps = (int)num(f, v, 1, 1e6);
+    else if (!strcmp(f, "--lr-decay")) {
+      char *colon = strchr(v, ':');
+      if (!colon) die("--lr-decay must be RATE:EPOCHS (e.g. 0.1:350), got '%s'", v);
+      char rate[64];
+      snprintf(rate, sizeof rate, "%.*s", (int)(colon - v), v);
+      o->decay_rate = num("--lr-decay RATE", rate, 1e-9, 1);
+      o->decay_epochs = num("--lr-decay EPOCHS", colon + 1, 1e-6, 1e9);
+    } else die("unknown option '%s' (see --help)", f);
+  }
+}
+
+static int default_threads(void) {
+  const char *v = getenv("SLURM_CPUS_PER_TASK");
+  if (v && atoi(v) > 0) return atoi(v);
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const char *local = getenv("PS_LOCAL_WORKERS"); /* psrun --local: share the cores */
+  int share = local && atoi(local) > 0 ? atoi(local) : 1;
+  long t = cores / share;
+  return t < 1 ? 1 : (int)t;
+}
+
+/* Values of the parameters for --bench (no parameter server). */
+static void bench(const opts *o) {
+  int threads = o->threads ? o->threads : default_threads();
+  cnn *m;
+  if (cnn_create(cnn_backend_cpu(threads), o->batch, o->lrn, &m) != 0)
+    die("cannot create the model (out of memory?)");
+  float *bufs[64];
+  for (int i = 0; i < cnn_num_params(); i++) {
+    const cnn_param *p = cnn_param_info(i);
+    size_t n = 1;
+    for (int d = 0; d < p->ndim; d++) n *= (size_t)p->shape[d];
+    bufs[2 * i] = malloc(n * sizeof(float));
+    bufs[2 * i + 1] = calloc(n, sizeof(float));
+    if (!bufs[2 * i] || !bufs[2 * i + 1]) die("out of memory");
+    ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, o->seed};
+    ps_init_fill(&init, p->name, p->shape, p->ndim, bufs[2 * i], n);
+    cnn_bind(m, i, bufs[2 * i], bufs[2 * i + 1]);
+  }
+  float *img = malloc((size_t)o->batch * IMG_FLOATS * sizeof(float));
+  uint8_t *lab = malloc((size_t)o->batch);
+  if (!img || !lab) die("out of memory");
+  uint64_t x = o->seed * 0x9e3779b97f4a7c15ULL + 1;
+  for (size_t i = 0; i < (size_t)o->batch * IMG_FLOATS; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    img[i] = (float)((x >> 40) * (1.0 / 16777216.0)) * 2 - 1;
+  }
+  for (int i = 0; i < o->batch; i++) lab[i] = (uint8_t)(i % 10);
+  for (int i = 0; i < 3; i++) {
+    cnn_train_step(m, img, lab, o->batch);
+    cnn_sgd_local(m, 0.01f);
+  }
+  double t0 = now_s();
+  for (int i = 0; i < o->bench_steps; i++) {
+    cnn_train_step(m, img, lab, o->batch);
+    cnn_sgd_local(m, 0.01f);
+  }
+  double dt = now_s() - t0;
+  double ips = (double)o->batch * o->bench_steps / dt;
+  printf("{\"images_per_sec\":%.2f,\"threads\":%d,\"batch\":%d,\"lrn\":%s,\"gflops\":%.2f}\n",
+         ips, threads, o->batch, o->lrn ? "true" : "false",
+         cnn_train_flops(m, o->batch) * o->bench_steps / dt / 1e9);
+  cnn_destroy(m);
+}
+
+/* Test accuracy of the current parameters over the whole test set. */
+static double evaluate(cnn *m, const cifar_set *test, int B, float *img, uint8_t *lab,
+                       int *pred) {
+  size_t right = 0;
+  for (size_t first = 0; first < test->n; first += (size_t)B) {
+    int n = test->n - first < (size_t)B ? (int)(test->n - first) : B;
+    cifar_eval_batch(test, first, n, img, lab);
+    cnn_eval(m, img, lab, n, pred);
+    for (int i = 0; i < n; i++) right += pred[i] == lab[i];
+  }
+  return test->n ? (double)right / (double)test->n : 0;
+}
+
+int main(int argc, char **argv) {
+  opts o;
+  parse(&o, argc, argv);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (o.bench) {
+    bench(&o);
+    return 0;
+  }
+  if (!o.data[0]) die("--data DIR is required (see --help; cifar_synth makes a small data set)");
+  char err[1024];
+  cifar_set train = {0}, test = {0};
+  if (cifar_load_train(o.data, &train, err, sizeof err) != 0) die("%s", err);
+
+  ps_client *c;
+  if (ps_client_create_from_env(&c, err, sizeof err) != 0)
+    die("%s (run cifar_worker under psrun)", err);
+  int w = ps_client_worker_index(c), nw = ps_client_num_workers(c);
+  int chief = w == 0;
+  if (chief && cifar_load_test(o.data, &test, err, sizeof err) != 0) die("%s", err);
+  int threads = o.threads ? o.threads : default_threads();
+
+  cifar_sampler *sp = cifar_sampler_create(&train, w, nw, o.seed);
+  if (!sp) die("training set too small for %d workers", nw);
+  /* Steps: every worker sees its shard once per epoch. */
+  double steps_per_epoch = (double)train.n / ((double)nw * o.batch);
+  long total = o.steps ? o.steps : (long)ceil(o.epochs * steps_per_epoch);
+
+  cnn *m;
+  if (cnn_create(cnn_backend_cpu(threads), o.batch, o.lrn, &m) != 0)
+    die("cannot create the model (out of memory?)");
+  ps_optimizer opt;
+  ps_optimizer_default(&opt, o.lr);
+  if (o.decay_rate > 0) {
+    opt.decay = PS_DECAY_STEP;
+    opt.decay_rate = o.decay_rate;
+    opt.decay_steps = (uint64_t)fmax(1, round(o.decay_epochs * steps_per_epoch));
+  }
+  for (int i = 0; i < cnn_num_params(); i++) {
+    const cnn_param *p = cnn_param_info(i);
+    ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, o.seed};
+    ps_var *v;
+    /* Weight decay is part of the model's gradient (the L2 loss term). */
+    if (ps_client_var_create(c, p->name, p->shape, p->ndim, &init, &opt, &v) != 0)
+      die("creating %s: %s", p->name, ps_client_errmsg(c));
+    cnn_bind(m, i, ps_var_data(v), ps_var_grad(v));
+  }
+  uint64_t step = 0;
+  if (ps_client_pull(c, 0, &step) != 0) die("pull: %s", ps_client_errmsg(c));
+  if (step > 0) fprintf(stderr, "cifar_worker %d: resuming at step %llu\n", w, (unsigned long long)step);
+  fprintf(stderr,
+          "cifar_worker %d/%d: %zu training images (shard %zu), batch %d (global %d), %ld steps, "
+          "%d threads, lrn %s\n",
+          w, nw, train.n, cifar_sampler_size(sp), o.batch, o.batch * nw, total, threads,
+          o.lrn ? "on" : "off");
+
+  FILE *metrics = NULL;
+  if (o.metrics[0] && !(metrics = fopen(o.metrics, "w")))
+    die("cannot write --metrics %s: %s", o.metrics, strerror(errno));
+  float *img = malloc((size_t)o.batch * IMG_FLOATS * sizeof(float));
+  uint8_t *lab = malloc((size_t)o.batch);
+  int *pred = malloc((size_t)o.batch * sizeof *pred);
+  if (!img || !lab || !pred) die("out of memory");
+
+  double t0 = now_s(), last_report = t0, epoch = 0, acc = NAN;
+  uint64_t first_step = step, report_step = step;
+  double loss_sum = 0;
+  int loss_n = 0;
+  float loss = 0;
+  while ((long)step < total) {
+    epoch = cifar_sampler_batch(sp, step, o.batch, img, lab);
+    loss = cnn_train_step(m, img, lab, o.batch);
+    loss_sum += loss;
+    loss_n++;
+    int stale = 0;
+    if (ps_client_step(c, &step, &stale) != 0) die("step: %s", ps_client_errmsg(c));
+    double t = now_s();
+    int do_eval = chief && o.eval_every > 0 && step % (uint64_t)o.eval_every == 0 && (long)step < total;
+    if (do_eval) acc = evaluate(m, &test, o.batch, img, lab, pred);
+    if (t - last_report >= 1.0 || do_eval) {
+      double ips = (double)(step - report_step) * o.batch * nw / (t - last_report);
+      double eta = ips > 0 ? (double)(total - (long)step) * o.batch * nw / ips : 0;
+      fprintf(stderr, "w%d step %llu epoch %.2f loss %.4f images/s %.1f eta %.0fs%s\n", w,
+              (unsigned long long)step, epoch, loss_sum / loss_n, ips, eta,
+              do_eval ? "" : "");
+      if (do_eval) fprintf(stderr, "w%d step %llu test accuracy %.4f\n", w, (unsigned long long)step, acc);
+      if (metrics) {
+        fprintf(metrics,
+                "{\"worker\":%d,\"wall_s\":%.3f,\"step\":%llu,\"epoch\":%.4f,\"loss\":%.5f,"
+                "\"images_per_sec\":%.2f",
+                w, t - t0, (unsigned long long)step, epoch, loss_sum / loss_n, ips);
+        if (do_eval) fprintf(metrics, ",\"test_accuracy\":%.5f", acc);
+        fprintf(metrics, "}\n");
+        fflush(metrics);
+      }
+      last_report = t;
+      report_step = step;
+      loss_sum = 0;
+      loss_n = 0;
+    }
+  }
+  double wall = now_s() - t0;
+  if (chief) acc = evaluate(m, &test, o.batch, img, lab, pred);
+  if (ps_client_finish(c) != 0) die("finish: %s", ps_client_errmsg(c));
+  double ips = wall > 0 ? (double)(step - first_step) * o.batch * nw / wall : 0;
+  if (metrics) {
+    fprintf(metrics,
+            "{\"worker\":%d,\"wall_s\":%.3f,\"step\":%llu,\"epoch\":%.4f,\"loss\":%.5f,"
+            "\"images_per_sec\":%.2f%s",
+            w, wall, (unsigned long long)step, (double)step / steps_per_epoch, loss, ips,
+            chief ? "" : "}\n");
+    if (chief) fprintf(metrics, ",\"test_accuracy\":%.5f}\n", acc);
+    fclose(metrics);
+  }
+  if (chief)
+    printf("{\"test_accuracy\":%.4f,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
+           "\"wall_s\":%.2f,\"workers\":%d,\"batch\":%d,\"loss\":%.4f}\n",
+           acc, ips, (unsigned long long)step, (double)step / steps_per_epoch, wall, nw,
+           o.batch, loss);
+  else
+    printf("{\"test_accuracy\":null,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
+           "\"wall_s\":%.2f,\"worker\":%d,\"loss\":%.4f}\n",
+           ips, (unsigned long long)step, (double)step / steps_per_epoch, wall, w, loss);
+  cnn_destroy(m);
+  cifar_sampler_destroy(sp);
+  cifar_set_free(&train);
+  cifar_set_free(&test);
+  ps_client_destroy(c);
+  free(img);
+  free(lab);
+  free(pred);
+  return 0;
+}
