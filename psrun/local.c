@@ -125,14 +125,15 @@ int psr_run_local(const psr_opts *o) {
 
   /* 2. The workers, with the environment libpsclient reads. */
   for (int w = 0; w < W; w++) {
-    char e_hosts[16400], e_idx[64], e_nw[64], e_nps[64], e_local[64], label[32];
+    char e_hosts[16400], e_idx[64], e_nw[64], e_nps[64], e_local[64], e_lw[64], label[32];
     snprintf(e_hosts, sizeof e_hosts, "PS_HOSTS=%s", hosts);
     snprintf(e_idx, sizeof e_idx, "PS_WORKER_INDEX=%d", w);
     snprintf(e_nw, sizeof e_nw, "PS_NUM_WORKERS=%d", W);
     snprintf(e_nps, sizeof e_nps, "PS_NUM_PS=%d", P);
     snprintf(e_local, sizeof e_local, "PS_LOCAL_RANK=%d", P + w);
+    snprintf(e_lw, sizeof e_lw, "PS_LOCAL_WORKERS=%d", W); /* they share this machine's cores */
     snprintf(label, sizeof label, "w%d", w);
-    char *env[] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker", NULL};
+    char *env[] = {e_hosts, e_idx, e_nw, e_nps, e_local, e_lw, "PS_ROLE=worker", NULL};
     if (psr_spawn(&procs, label, 0, o->cmd, env, err, sizeof err) < 0) {
       psr_log("cannot start %s: %s", label, err);
       status = 1;
@@ -166,11 +167,8 @@ int psr_run_local(const psr_opts *o) {
         goto teardown;
       }
       if (!c->is_ps && --workers_left == 0) ps_deadline = now_s() + PSR_PSD_EXIT_S;
-      if (c->is_ps && workers_left > 0) {
-        psr_log("%s exited while workers were still running; stopping all tasks", c->label);
-        status = 1;
-        goto teardown;
-      }
+      /* A ps that exits 0 has seen every worker finish: the workers are
+       * only tidying up, so nothing to do. */
     }
     if (ps_deadline && now_s() > ps_deadline) {
       psr_log("parameter servers did not exit within %.0f s after the workers finished",

@@ -34,9 +34,23 @@ static int cnn_tid(void) { return omp_get_thread_num(); }
 static int cnn_tid(void) { return 0; }
 #endif
 
+/* Hot loops are compiled three times (AVX-512, AVX2+FMA, baseline x86-64)
+ * and picked at load time (GCC ifunc), so the library needs no -march. They
+ * are separate functions, called from inside the OpenMP regions: outlined
+ * OpenMP bodies would not inherit the attribute. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(CNN_NO_CLONES)
+#define CNN_KERNEL                                                         \
+  __attribute__((noinline, target_clones("arch=x86-64-v4", "arch=x86-64-v3", \
+                                         "default"))) static
+#else
+#define CNN_KERNEL __attribute__((noinline)) static
+#endif
+
 #define ALIGN 64
-#define CONV_CHUNK_PIX 576  /* output pixels per im2col chunk (forward) */
-#define CONV_BWDF_PIX 1152  /* pixels per chunk of the filter gradient */
+#define CONV_CHUNK_PIX 288  /* output pixels per im2col chunk: 2 images of
+                               12x12 (col 1.8 MB), 1 of 24x24 */
+#define CONV_BWDF_PIX 288   /* pixels per chunk of the filter gradient */
 #define LRN_MAX_C 4096      /* channels the LRN row buffers hold */
 #define PAR_MIN 32768       /* elements below which ops run on one thread */
 
