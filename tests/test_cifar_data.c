@@ -366,102 +366,106 @@ START_TEST(test_sampler_args) {
   ck_assert_int_eq(errno, EINVAL);
   ck_assert_ptr_null(cifar_sampler_create(&s, -1, 2, 1));
   ck_assert_ptr_null(cifar_sampler_create(&s, 2, 2, 1));
-  ck_assert_ptr_null(cifar_sampler_create(&s, 5, 8, 1)); /* empty shard */
-  cifar_sampler *sp = cifar_sampler_create(&s, 4, 8, 1); /* one record */
+  ck_assert_ptr_null(cifar_sampler_create(&s, 5, 8, 1)); /* empty share */
+  cifar_sampler *sp = cifar_sampler_create(&s, 4, 8, 1); /* one record an epoch */
   ck_assert_ptr_nonnull(sp);
   ck_assert_uint_eq(cifar_sampler_size(sp), 1);
   float img[3 * IN];
   uint8_t lab[3];
   ck_assert(cifar_sampler_batch(sp, 0, 3, img, lab) == 0.0);
   for (int i = 0; i < 3; i++) {
-    ck_assert_int_eq(decode_id(img + i * IN), 4);
-    ck_assert_uint_eq(lab[i], 4);
+    long id = decode_id(img + i * IN);
+    ck_assert(id >= 0 && id < 5);
+    ck_assert_uint_eq(lab[i], s.labels[id]);
   }
-  ck_assert(cifar_sampler_batch(sp, 5, 3, img, lab) == 15.0);
+  /* Step 5 of 8 workers x 3 starts at global position 120: epoch 24. */
+  ck_assert(cifar_sampler_batch(sp, 5, 3, img, lab) == 24.0);
   cifar_sampler_destroy(sp);
   cifar_sampler_destroy(NULL);
   cifar_set_free(&s);
 }
 END_TEST
 
-/* Records of positions [0, count) of worker w's stream, read in batches of
- * B (whatever B, the stream is the same). */
-static void stream(const cifar_set *s, int w, int W, uint64_t seed, int B, size_t count,
-                   long *out) {
+/* Records of worker w's batch at `step` into out[0..B). */
+static void batch_ids(const cifar_set *s, int w, int W, uint64_t seed, int B, uint64_t step,
+                      long *out, float *img_out) {
   cifar_sampler *sp = cifar_sampler_create(s, w, W, seed);
   ck_assert_ptr_nonnull(sp);
-  float *img = malloc(sizeof(float) * IN * (size_t)B);
+  float *img = img_out ? img_out : malloc(sizeof(float) * IN * (size_t)B);
   uint8_t *lab = malloc((size_t)B);
-  size_t S = cifar_sampler_size(sp);
-  for (uint64_t step = 0; step * (uint64_t)B < count; step++) {
-    double ep = cifar_sampler_batch(sp, step, B, img, lab);
-    ck_assert(fabs(ep - (double)(step * (uint64_t)B) / (double)S) < 1e-12);
-    for (int i = 0; i < B && step * (uint64_t)B + (uint64_t)i < count; i++) {
-      long id = decode_id(img + (size_t)i * IN);
-      ck_assert_int_ge(id, 0);
-      ck_assert_int_lt(id, (long)s->n);
-      ck_assert_uint_eq(lab[i], s->labels[id]);
-      out[step * (uint64_t)B + (uint64_t)i] = id;
-    }
+  double ep = cifar_sampler_batch(sp, step, B, img, lab);
+  ck_assert(fabs(ep - (double)(step * (uint64_t)B * (uint64_t)W) / (double)s->n) < 1e-12);
+  for (int i = 0; i < B; i++) {
+    long id = decode_id(img + (size_t)i * IN);
+    ck_assert_int_ge(id, 0);
+    ck_assert_int_lt(id, (long)s->n);
+    ck_assert_uint_eq(lab[i], s->labels[id]);
+    out[i] = id;
   }
-  free(img);
+  if (!img_out) free(img);
   free(lab);
   cifar_sampler_destroy(sp);
 }
 
+/* In every epoch the workers' batches are disjoint and cover the set. */
 START_TEST(test_sampler_partition) {
-  const size_t n = 103;
-  const int W = 4, EPOCHS = 3;
+  const size_t n = 112;
+  const int W = 4, B = 7, EPOCHS = 3; /* 4 global steps an epoch */
   cifar_set s = mem_set(n, fill_id);
-  int seen[103];
+  int seen[112];
   for (int e = 0; e < EPOCHS; e++) {
     memset(seen, 0, sizeof seen);
-    for (int w = 0; w < W; w++) {
-      cifar_sampler *sp = cifar_sampler_create(&s, w, W, 77);
-      size_t S = cifar_sampler_size(sp);
-      cifar_sampler_destroy(sp);
-      ck_assert_uint_eq(S, (n - (size_t)w + (size_t)W - 1) / (size_t)W);
-      long ids[200];
-      stream(&s, w, W, 77, 7, S * EPOCHS, ids);
-      for (size_t k = 0; k < S; k++) {
-        long id = ids[(size_t)e * S + k];
-        ck_assert_int_eq(id % W, w); /* strided shard */
-        ck_assert_msg(seen[id] == 0, "record %ld twice in epoch %d", id, e);
-        seen[id] = 1;
+    for (uint64_t step = (uint64_t)e * 4; step < (uint64_t)e * 4 + 4; step++)
+      for (int w = 0; w < W; w++) {
+        long ids[7];
+        batch_ids(&s, w, W, 77, B, step, ids, NULL);
+        for (int i = 0; i < B; i++) {
+          ck_assert_msg(seen[ids[i]] == 0, "record %ld twice in epoch %d", ids[i], e);
+          seen[ids[i]] = 1;
+        }
       }
-    }
-    for (size_t r = 0; r < n; r++)
-      ck_assert_msg(seen[r], "record %zu not seen in epoch %d", r, e);
+    for (size_t r = 0; r < n; r++) ck_assert_msg(seen[r], "record %zu not seen in epoch %d", r, e);
   }
   cifar_set_free(&s);
 }
 END_TEST
 
+/* Orders: reproducible from the seed, different every epoch; and W workers
+ * of batch B see exactly the images (augmentation included) that 1 worker
+ * of batch W*B sees. */
 START_TEST(test_sampler_shuffle) {
   cifar_set s = mem_set(200, fill_id);
-  const size_t S = 100; /* worker 1 of 2 */
-  long a[400], b[400], c[400], d[400];
-  stream(&s, 1, 2, 5, 16, 4 * S, a);
-  stream(&s, 1, 2, 5, 3, 4 * S, b);  /* same seed, other batch size */
-  stream(&s, 1, 2, 6, 16, 4 * S, c); /* other seed */
-  stream(&s, 0, 2, 5, 16, 4 * S, d); /* other worker */
+  long a[100], b[100], c[100];
+  batch_ids(&s, 0, 1, 5, 100, 0, a, NULL);
+  batch_ids(&s, 0, 1, 5, 100, 0, b, NULL);
+  batch_ids(&s, 0, 1, 6, 100, 0, c, NULL);
   ck_assert(memcmp(a, b, sizeof a) == 0);
   ck_assert(memcmp(a, c, sizeof a) != 0);
-  /* Every epoch is a different order; not the identity either. */
-  for (int e = 0; e < 4; e++) {
-    int ident = 1;
-    for (size_t k = 0; k < S; k++)
-      if (a[e * S + k] != (long)(1 + 2 * k)) ident = 0;
-    ck_assert_msg(!ident, "epoch %d is not shuffled", e);
-    for (int f = 0; f < e; f++)
-      ck_assert_msg(memcmp(a + e * S, a + f * S, S * sizeof(long)) != 0,
-                    "epochs %d and %d have the same order", e, f);
-  }
-  /* The other worker does not just mirror this one's order. */
-  int same = 0;
-  for (size_t k = 0; k < S; k++) same += (d[k] + 1 == a[k]);
-  ck_assert_int_lt(same, 20);
+  long e0[200], e1[200];
+  batch_ids(&s, 0, 1, 5, 200, 0, e0, NULL);
+  batch_ids(&s, 0, 1, 5, 200, 1, e1, NULL);
+  ck_assert_msg(memcmp(e0, e1, sizeof e0) != 0, "epochs 0 and 1 have the same order");
+  int ident = 1;
+  for (int k = 0; k < 200; k++) ident &= e0[k] == k;
+  ck_assert_msg(!ident, "epoch 0 is not shuffled");
   cifar_set_free(&s);
+
+  cifar_set r = mem_set(200, fill_id);
+  float *one = malloc(sizeof(float) * IN * 48), *part = malloc(sizeof(float) * IN * 12);
+  long ids1[48], ids2[12];
+  for (uint64_t step = 0; step < 9; step += 4) { /* step 4 straddles epochs */
+    batch_ids(&r, 0, 1, 9, 48, step, ids1, one);
+    for (int w = 0; w < 4; w++) {
+      batch_ids(&r, w, 4, 9, 12, step, ids2, part);
+      ck_assert(memcmp(ids2, ids1 + w * 12, sizeof ids2) == 0);
+      ck_assert_msg(memcmp(part, one + (size_t)w * 12 * IN, sizeof(float) * IN * 12) == 0,
+                    "worker %d of 4 sees other pixels than 1 worker at step %llu", w,
+                    (unsigned long long)step);
+    }
+  }
+  free(one);
+  free(part);
+  cifar_set_free(&r);
 }
 END_TEST
 

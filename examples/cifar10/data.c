@@ -293,8 +293,8 @@ struct cifar_sampler {
   const cifar_set *set;
   int worker, num_workers;
   uint64_t seed;
-  size_t size;          /* records in the shard */
-  uint32_t *perm[2];    /* two cached epoch permutations (shard-local) */
+  size_t size;          /* records in the set (one epoch) */
+  uint32_t *perm[2];    /* two cached epoch permutations of the set */
   uint64_t epoch[2];
   int valid[2];
   int victim;           /* slot to refill next */
@@ -307,7 +307,7 @@ cifar_sampler *cifar_sampler_create(const cifar_set *s, int worker, int num_work
     errno = EINVAL;
     return NULL;
   }
-  size_t size = (s->n - (size_t)worker + (size_t)num_workers - 1) / (size_t)num_workers;
+  size_t size = s->n;
   if (size > UINT32_MAX) {
     errno = EINVAL;
     return NULL;
@@ -329,7 +329,10 @@ cifar_sampler *cifar_sampler_create(const cifar_set *s, int worker, int num_work
   return sp;
 }
 
-size_t cifar_sampler_size(const cifar_sampler *sp) { return sp->size; }
+size_t cifar_sampler_size(const cifar_sampler *sp) {
+  /* This worker's share of an epoch. */
+  return (sp->size - (size_t)sp->worker + (size_t)sp->num_workers - 1) / (size_t)sp->num_workers;
+}
 
 void cifar_sampler_destroy(cifar_sampler *sp) {
   if (!sp) return;
@@ -338,8 +341,9 @@ void cifar_sampler_destroy(cifar_sampler *sp) {
   free(sp);
 }
 
-/* The permutation of epoch e: Fisher-Yates driven by a splitmix64 stream
- * seeded with hash(seed, worker, e). Cached in one of two slots. */
+/* The permutation of epoch e over the whole set: Fisher-Yates driven by a
+ * splitmix64 stream seeded with hash(seed, e), the same on every worker.
+ * Cached in one of two slots. */
 static const uint32_t *epoch_perm(cifar_sampler *sp, uint64_t e) {
   for (int k = 0; k < 2; k++)
     if (sp->valid[k] && sp->epoch[k] == e) {
@@ -350,7 +354,7 @@ static const uint32_t *epoch_perm(cifar_sampler *sp, uint64_t e) {
   uint32_t *p = sp->perm[k];
   size_t S = sp->size;
   for (size_t i = 0; i < S; i++) p[i] = (uint32_t)i;
-  uint64_t state = hash4(sp->seed, TAG_PERM, (uint64_t)sp->worker, e);
+  uint64_t state = hash4(sp->seed, TAG_PERM, 0, e);
   for (size_t i = S; i > 1; i--) {
     state += 0x9e3779b97f4a7c15ULL;
     size_t j = (size_t)below(mix64(state), i);
@@ -375,10 +379,10 @@ static inline void prefetch_image(const uint8_t *img) {
 double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *images,
                            uint8_t *labels) {
   const uint64_t S = sp->size;
-  const uint64_t first = step * (uint64_t)B;
+  /* Worker w's slice of the global batch of this step. */
+  const uint64_t gfirst = step * (uint64_t)B * (uint64_t)sp->num_workers;
+  const uint64_t first = gfirst + (uint64_t)sp->worker * (uint64_t)B;
   const cifar_set *set = sp->set;
-  /* Per-step key; sample i then gets mix64(key ^ i). */
-  const uint64_t key = hash4(sp->seed, TAG_AUG, (uint64_t)sp->worker, step);
   uint64_t cur_epoch = first / S, pos = first % S;
   const uint32_t *perm = epoch_perm(sp, cur_epoch);
   size_t rec[BATCH_CHUNK];
@@ -390,8 +394,10 @@ double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *image
         pos = 0;
         perm = epoch_perm(sp, ++cur_epoch);
       }
-      rec[j] = (size_t)sp->worker + (size_t)perm[pos++] * (size_t)sp->num_workers;
-      aug[j] = mix64(key ^ (uint64_t)(base + j));
+      /* Augmentation keyed by the sample's place in the epoch, so any split
+       * of a global batch over workers sees the same images. */
+      aug[j] = hash4(sp->seed, TAG_AUG, cur_epoch, pos);
+      rec[j] = (size_t)perm[pos++];
     }
     for (int j = 0; j < 2 && j < m; j++)
       prefetch_image(set->pixels + rec[j] * CIFAR_IMAGE_BYTES);
@@ -406,7 +412,7 @@ double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *image
                  images + (size_t)(base + j) * CIFAR_INPUT_FLOATS);
     }
   }
-  return (double)(first / S) + (double)(first % S) / (double)S;
+  return (double)(gfirst / S) + (double)(gfirst % S) / (double)S;
 }
 
 void cifar_eval_batch(const cifar_set *s, size_t first, int B, float *images,

@@ -55,22 +55,21 @@ int cifar_load_test(const char *dir, cifar_set *out, char *err, size_t errlen);
 void cifar_set_free(cifar_set *s);
 
 /* ---- training sampler ---------------------------------------------------
- * Shards: worker w of W gets the records w, w+W, w+2W, ... of the set
- * (strided shards: every worker gets a mix of all files, and the shard
- * sizes differ by at most one). The shards partition the set.
+ * Every epoch is a permutation perm_e of the whole set, a pure function of
+ * (seed, e) and the same on every worker. Global step s with W workers of
+ * batch B covers the positions s*W*B .. s*W*B + W*B - 1 of the endless
+ * sequence perm_0, perm_1, ... (position p is record perm_{p/n}[p % n]);
+ * worker w takes the B positions starting at s*W*B + w*B. So in every
+ * epoch the workers' shards are disjoint and cover the set, each shard is
+ * drawn afresh every epoch, and W workers of batch B see exactly the
+ * images 1 worker of batch W*B sees (the equivalence the tests check).
  *
- * Order: the sampler walks an endless sequence of sample positions
- * p = 0, 1, 2, ...; position p belongs to epoch e = p / S (S = shard size)
- * and is the shard record perm_e[p % S], where perm_e is a permutation of
- * the shard that is a pure function of (seed, epoch, worker) (and of the
- * shard, i.e. of n and W). Step `step` with batch B takes the positions
- * step*B .. step*B+B-1, so a batch may straddle two epochs.
- *
- * Augmentation of sample i of step `step`: a 24x24 crop at offset
- * (dy, dx) in 0..8 x 0..8 and a horizontal flip with probability 1/2, all
- * drawn from a hash of (seed, worker, step, i). Hence the batch of a step
- * depends only on (set, W, worker, seed, step, B): a resumed run that
- * restarts at step k gets exactly the batches the original run got.
+ * Augmentation of the sample at position q of epoch e: a 24x24 crop at
+ * offset (dy, dx) in 0..8 x 0..8 and a horizontal flip with probability
+ * 1/2, drawn from a hash of (seed, e, q): it depends on the sample, not on
+ * which worker trains on it. A batch depends only on (set, W, worker,
+ * seed, step, B): a resumed run that restarts at step k gets exactly the
+ * batches the original run got.
  *
  * Standardization (as TensorFlow's per_image_standardization, on the pixel
  * values 0..255 of the 24x24x3 crop): (x - mean) / max(stddev,
@@ -83,12 +82,13 @@ typedef struct cifar_sampler cifar_sampler;
  * memory. */
 cifar_sampler *cifar_sampler_create(const cifar_set *s, int worker, int num_workers,
                                     uint64_t seed);
-/* Records in this worker's shard. */
+/* This worker's share of an epoch (records). */
 size_t cifar_sampler_size(const cifar_sampler *sp);
 /* Fills images (B * 3 * 24 * 24 floats, NCHW: per image the 24x24 red plane,
  * then green, then blue) and labels (B bytes) with the batch of global step
- * `step`. Returns the fractional epoch of the batch's first position,
- * step*B / S (0.0 for the first batch, 1.0 when the second epoch starts).
+ * `step`. Returns the fractional epoch of the global batch's first
+ * position, step*W*B / n (0.0 for the first step, 1.0 when the second epoch
+ * starts).
  * B must be >= 1. */
 double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *images,
                            uint8_t *labels);

@@ -53,8 +53,19 @@ static int cnn_tid(void) { return 0; }
 #define CONV_BWDF_PIX 288   /* pixels per chunk of the filter gradient */
 #define LRN_MAX_C 4096      /* channels the LRN row buffers hold */
 #define PAR_MIN 32768       /* elements below which ops run on one thread */
+#define CNN_CPU_MAX_THREADS 64 /* threads beyond this are clamped */
 
 static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
+
+/* Splits n items into T nearly equal ranges: range t is [*lo, *hi). */
+static void split(size_t n, int T, int t, size_t *lo, size_t *hi) {
+  *lo = n * (size_t)t / (size_t)T;
+  *hi = n * (size_t)(t + 1) / (size_t)T;
+}
+
+static int par_threads(const cnn_backend *be, size_t work) {
+  return work < PAR_MIN ? 1 : be->threads;
+}
 
 /* ---------------------------------------------------------------- memory */
 
@@ -77,17 +88,228 @@ static void cpu_copy(const cnn_backend *be, void *dst, const void *src,
   if (dst != src && bytes) memcpy(dst, src, bytes);
 }
 
+/* --------------------------------------------------------------- kernels */
+
+CNN_KERNEL void k_nchw_to_nhwc(size_t b0, size_t b1, int C, int HW,
+                               const float *restrict src,
+                               float *restrict dst) {
+  for (size_t b = b0; b < b1; b++) {
+    const float *s = src + b * C * HW;
+    float *d = dst + b * C * HW;
+    for (int c = 0; c < C; c++)
+      for (int p = 0; p < HW; p++) d[(size_t)p * C + c] = s[(size_t)c * HW + p];
+  }
+}
+
+/* rows of K: row = act(row + bias) (bias may be NULL) */
+CNN_KERNEL void k_bias_act(size_t rows, int K, float *restrict y,
+                           const float *restrict bias, int relu) {
+  if (bias && relu) {
+    for (size_t r = 0; r < rows; r++)
+      for (int k = 0; k < K; k++)
+        y[r * K + k] = cnn_bias_act(y[r * K + k], bias[k], 1);
+  } else if (bias) {
+    for (size_t r = 0; r < rows; r++)
+      for (int k = 0; k < K; k++)
+        y[r * K + k] = cnn_bias_act(y[r * K + k], bias[k], 0);
+  } else if (relu) {
+    for (size_t r = 0; r < rows * K; r++) y[r] = cnn_relu(y[r]);
+  }
+}
+
+/* acc[k] (+)= sum over rows of dy[r][k] */
+CNN_KERNEL void k_colsum(size_t rows, int K, const float *restrict dy,
+                         float *restrict acc, int accumulate) {
+  if (!accumulate)
+    for (int k = 0; k < K; k++) acc[k] = 0.0f;
+  for (size_t r = 0; r < rows; r++)
+    for (int k = 0; k < K; k++) acc[k] += dy[r * K + k];
+}
+
+CNN_KERNEL void k_relu_bwd(size_t lo, size_t hi, const float *restrict y,
+                           float *restrict dy) {
+  for (size_t i = lo; i < hi; i++) dy[i] = cnn_relu_bwd(y[i], dy[i]);
+}
+
+CNN_KERNEL void k_sgd(size_t lo, size_t hi, float lr, const float *restrict g,
+                      float *restrict w) {
+  for (size_t i = lo; i < hi; i++) w[i] = cnn_sgd_elem(w[i], g[i], lr);
+}
+
+CNN_KERNEL double k_l2(size_t lo, size_t hi, float wd, const float *restrict w,
+                       float *restrict dw) {
+  float part[16] = {0};
+  size_t i = lo;
+  for (; i + 16 <= hi; i += 16)
+    for (int j = 0; j < 16; j++) {
+      part[j] += w[i + j] * w[i + j];
+      dw[i + j] = cnn_l2_grad(dw[i + j], w[i + j], wd);
+    }
+  double ss = 0.0;
+  for (; i < hi; i++) {
+    ss += (double)w[i] * w[i];
+    dw[i] = cnn_l2_grad(dw[i], w[i], wd);
+  }
+  for (int j = 0; j < 16; j++) ss += part[j];
+  return ss;
+}
+
+/* out[i] = sum over the used accumulators */
+CNN_KERNEL void k_sum_acc(size_t lo, size_t hi, int n, const float *const *acc,
+                          float *restrict out) {
+  for (size_t i = lo; i < hi; i++) out[i] = 0.0f;
+  for (int t = 0; t < n; t++) {
+    const float *restrict a = acc[t];
+    for (size_t i = lo; i < hi; i++) out[i] += a[i];
+  }
+}
+
+/* max-pool forward of output rows [r0, r1) (row = one (b, oh)) */
+CNN_KERNEL void k_maxpool_fwd(const cnn_pool_geom *g, size_t r0, size_t r1,
+                              const float *restrict x, float *restrict y,
+                              int32_t *restrict arg) {
+  int C = g->C, H = g->H, W = g->W;
+  for (size_t r = r0; r < r1; r++) {
+    int b = (int)(r / g->OH), oh = (int)(r % g->OH);
+    int h0 = oh * g->s - g->pad_top;
+    int hl = h0 < 0 ? 0 : h0, hh = h0 + g->k < H ? h0 + g->k : H;
+    for (int ow = 0; ow < g->OW; ow++) {
+      int w0 = ow * g->s - g->pad_left;
+      int wl = w0 < 0 ? 0 : w0, wh = w0 + g->k < W ? w0 + g->k : W;
+      size_t o = (((size_t)b * g->OH + oh) * g->OW + ow) * C;
+      float *restrict m = y + o;
+      int32_t *restrict a = arg + o;
+      int32_t base0 = (int32_t)((((size_t)b * H + hl) * W + wl) * C);
+      for (int c = 0; c < C; c++) {
+        m[c] = x[base0 + c];
+        a[c] = base0 + c;
+      }
+      for (int ih = hl; ih < hh; ih++)
+        for (int iw = ih == hl ? wl + 1 : wl; iw < wh; iw++) {
+          int32_t base = (int32_t)((((size_t)b * H + ih) * W + iw) * C);
+          const float *restrict xp = x + base;
+          for (int c = 0; c < C; c++) {
+            float v = xp[c], mv = m[c];
+            int32_t sel = -(int32_t)(v > mv); /* all ones where v wins */
+            m[c] = v > mv ? v : mv;
+            a[c] = (a[c] & ~sel) | ((base + c) & sel);
+          }
+        }
+    }
+  }
+}
+
+/* max-pool backward (gather form) of input rows [r0, r1) (row = (b, ih)) */
+CNN_KERNEL void k_maxpool_bwd(const cnn_pool_geom *g, size_t r0, size_t r1,
+                              const float *restrict dy,
+                              const int32_t *restrict arg,
+                              const float *restrict relu_x,
+                              float *restrict dx) {
+  int C = g->C, H = g->H, W = g->W;
+  for (size_t r = r0; r < r1; r++) {
+    int b = (int)(r / H), ih = (int)(r % H);
+    int ohl, ohh;
+    cnn_pool_windows(ih, g->k, g->s, g->pad_top, g->OH, &ohl, &ohh);
+    for (int iw = 0; iw < W; iw++) {
+      int owl, owh;
+      cnn_pool_windows(iw, g->k, g->s, g->pad_left, g->OW, &owl, &owh);
+      int32_t base = (int32_t)((((size_t)b * H + ih) * W + iw) * C);
+      float *restrict d = dx + base;
+      for (int c = 0; c < C; c++) d[c] = 0.0f;
+      for (int oh = ohl; oh < ohh; oh++)
+        for (int ow = owl; ow < owh; ow++) {
+          size_t o = (((size_t)b * g->OH + oh) * g->OW + ow) * C;
+          const int32_t *restrict a = arg + o;
+          const float *restrict dyo = dy + o;
+          for (int c = 0; c < C; c++)
+            d[c] += cnn_maxpool_bwd_term(a[c], base + c, dyo[c]);
+        }
+      if (relu_x) {
+        const float *restrict xr = relu_x + base;
+        for (int c = 0; c < C; c++) d[c] = cnn_relu_bwd(xr[c], d[c]);
+      }
+    }
+  }
+}
+
+/* LRN forward of rows [r0, r1): the window sum runs over a zero-padded row
+ * of squares, so it vectorizes over channels. */
+CNN_KERNEL void k_lrn_fwd(size_t r0, size_t r1, int C,
+                          const cnn_lrn_param *p, const float *restrict x,
+                          float *restrict y, float *restrict scale) {
+  float sq[LRN_MAX_C + 64] __attribute__((aligned(64)));
+  float acc[LRN_MAX_C] __attribute__((aligned(64)));
+  int r = p->radius;
+  float bias = p->bias, alpha = p->alpha, beta = p->beta;
+  for (int i = 0; i < r; i++) sq[i] = sq[r + C + i] = 0.0f;
+  for (size_t row = r0; row < r1; row++) {
+    const float *restrict xr = x + row * C;
+    float *restrict yr = y + row * C;
+    float *restrict sr = scale + row * C;
+    for (int c = 0; c < C; c++) sq[r + c] = xr[c] * xr[c];
+    for (int c = 0; c < C; c++) acc[c] = sq[c];
+    for (int d = 1; d <= 2 * r; d++)
+      for (int c = 0; c < C; c++) acc[c] += sq[c + d];
+    if (beta == 0.75f) {
+      for (int c = 0; c < C; c++) {
+        float s = cnn_lrn_scale(acc[c], bias, alpha);
+        sr[c] = s;
+        yr[c] = xr[c] * cnn_pow_m075(s);
+      }
+    } else {
+      for (int c = 0; c < C; c++) {
+        float s = cnn_lrn_scale(acc[c], bias, alpha);
+        sr[c] = s;
+        yr[c] = xr[c] * powf(s, -beta);
+      }
+    }
+  }
+}
+
+CNN_KERNEL void k_lrn_bwd(size_t r0, size_t r1, int C,
+                          const cnn_lrn_param *p, const float *restrict x,
+                          const float *restrict scale,
+                          const float *restrict dy, int relu_mask,
+                          float *restrict dx) {
+  float t[LRN_MAX_C + 64] __attribute__((aligned(64)));
+  float pw[LRN_MAX_C] __attribute__((aligned(64)));
+  float acc[LRN_MAX_C] __attribute__((aligned(64)));
+  int r = p->radius;
+  float beta = p->beta, tab = 2.0f * p->alpha * p->beta;
+  for (int i = 0; i < r; i++) t[i] = t[r + C + i] = 0.0f;
+  for (size_t row = r0; row < r1; row++) {
+    const float *restrict xr = x + row * C;
+    const float *restrict sr = scale + row * C;
+    const float *restrict dr = dy + row * C;
+    float *restrict o = dx + row * C;
+    if (beta == 0.75f)
+      for (int c = 0; c < C; c++) pw[c] = cnn_pow_m075(sr[c]);
+    else
+      for (int c = 0; c < C; c++) pw[c] = powf(sr[c], -beta);
+    for (int c = 0; c < C; c++)
+      t[r + c] = cnn_lrn_bwd_t(dr[c], xr[c], pw[c], sr[c]);
+    for (int c = 0; c < C; c++) acc[c] = t[c];
+    for (int d = 1; d <= 2 * r; d++)
+      for (int c = 0; c < C; c++) acc[c] += t[c + d];
+    if (relu_mask)
+      for (int c = 0; c < C; c++)
+        o[c] = cnn_relu_bwd(xr[c], cnn_lrn_bwd_dx(dr[c], xr[c], pw[c], acc[c], tab));
+    else
+      for (int c = 0; c < C; c++)
+        o[c] = cnn_lrn_bwd_dx(dr[c], xr[c], pw[c], acc[c], tab);
+  }
+}
+
 /* ---------------------------------------------------------------- layout */
 
 static void cpu_nchw_to_nhwc(const cnn_backend *be, int B, int C, int H,
                              int W, const float *src, float *dst) {
-  int HW = H * W;
-  CNN_OMP(omp parallel for num_threads(be->threads) schedule(static))
-  for (int b = 0; b < B; b++) {
-    const float *s = src + (size_t)b * C * HW;
-    float *d = dst + (size_t)b * C * HW;
-    for (int p = 0; p < HW; p++)
-      for (int c = 0; c < C; c++) d[(size_t)p * C + c] = s[(size_t)c * HW + p];
+  int T = par_threads(be, (size_t)B * C * H * W);
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split((size_t)B, T, t, &lo, &hi);
+    k_nchw_to_nhwc(lo, hi, C, H * W, src, dst);
   }
 }
 
@@ -130,42 +352,34 @@ static int chunk_images(const cnn_conv_geom *g, int pix) {
 
 /* Workspace: per thread a col buffer (large enough for the forward, the
  * data gradient and the filter gradient chunks) and a filter + bias
- * accumulator; then the flipped weights. */
+ * accumulator; then the flipped weights. Everything is symmetric in C and
+ * K: the data gradient reuses it with C and K swapped. */
 static size_t col_floats(const cnn_conv_geom *g) {
   int cmax = g->C > g->K ? g->C : g->K;
   int nf = chunk_images(g, CONV_CHUNK_PIX), nb = chunk_images(g, CONV_BWDF_PIX);
   int n = nf > nb ? nf : nb;
   return (size_t)n * g->H * g->W * g->R * g->R * cmax;
 }
-/* symmetric in C and K: the data gradient reuses the layout with C, K
- * swapped */
 static size_t acc_floats(const cnn_conv_geom *g) {
   return (size_t)g->R * g->R * g->C * g->K + (g->C > g->K ? g->C : g->K);
+}
+static size_t ws_per_thread(const cnn_conv_geom *g) {
+  return round_up(col_floats(g) * sizeof(float)) +
+         round_up(acc_floats(g) * sizeof(float));
 }
 
 static size_t cpu_conv_ws_bytes(const cnn_backend *be,
                                 const cnn_conv_geom *g) {
-  size_t per = round_up(col_floats(g) * sizeof(float)) +
-               round_up(acc_floats(g) * sizeof(float));
-  return per * be->threads +
-         round_up((size_t)g->R * g->R * g->C * g->K * sizeof(float)) + ALIGN;
+  return ws_per_thread(g) * be->threads +
+         round_up((size_t)g->R * g->R * g->C * g->K * sizeof(float));
 }
 
-static float *ws_col(const cnn_backend *be, const cnn_conv_geom *g, void *ws,
-                     int t) {
-  size_t per = round_up(col_floats(g) * sizeof(float)) +
-               round_up(acc_floats(g) * sizeof(float));
-  (void)be;
-  return (float *)((char *)ws + per * t);
+static float *ws_col(const cnn_conv_geom *g, void *ws, int t) {
+  return (float *)((char *)ws + ws_per_thread(g) * t);
 }
-static float *ws_acc(const cnn_backend *be, const cnn_conv_geom *g, void *ws,
-                     int t) {
-  return (float *)((char *)ws_col(be, g, ws, t) +
+static float *ws_acc(const cnn_conv_geom *g, void *ws, int t) {
+  return (float *)((char *)ws_col(g, ws, t) +
                    round_up(col_floats(g) * sizeof(float)));
-}
-static float *ws_flip(const cnn_backend *be, const cnn_conv_geom *g,
-                      void *ws) {
-  return ws_col(be, g, ws, be->threads);
 }
 
 /* y = conv(x, w) [+ bias, ReLU] for geometry g (x has g->C channels, y
@@ -180,20 +394,13 @@ static void conv_fwd_impl(const cnn_backend *be, const cnn_conv_geom *g,
   CNN_OMP(omp parallel for num_threads(be->threads) schedule(dynamic, 1))
   for (int ch = 0; ch < nchunks; ch++) {
     int b0 = ch * n, nb = g->B - b0 < n ? g->B - b0 : n;
-    float *col = ws_col(be, g, ws, cnn_tid());
+    float *col = ws_col(g, ws, cnn_tid());
     im2col(x + b0 * img_in, nb, g->H, g->W, g->C, g->R, col);
     int M = nb * g->H * g->W;
     float *yc = y + b0 * img_out;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, RRC, 1.0f,
                 col, RRC, w, K, 0.0f, yc, K);
-    if (bias || relu)
-      for (int r = 0; r < M; r++) {
-        float *row = yc + (size_t)r * K;
-        if (bias)
-          for (int k = 0; k < K; k++) row[k] = cnn_bias_act(row[k], bias[k], relu);
-        else
-          for (int k = 0; k < K; k++) row[k] = cnn_relu(row[k]);
-      }
+    k_bias_act((size_t)M, K, yc, bias, relu);
   }
 }
 
@@ -211,26 +418,20 @@ static void cpu_conv_bwd_filter(const cnn_backend *be, const cnn_conv_geom *g,
   int RRC = g->R * g->R * g->C, K = g->K, T = be->threads;
   size_t img_in = (size_t)g->H * g->W * g->C, img_out = (size_t)g->H * g->W * K;
   size_t nw = (size_t)RRC * K;
-  int used[64] = {0};
-  if (T > 64) T = 64;
+  int used[CNN_CPU_MAX_THREADS] = {0};
   CNN_OMP(omp parallel for num_threads(T) schedule(dynamic, 1))
   for (int ch = 0; ch < nchunks; ch++) {
     int t = cnn_tid();
     int b0 = ch * n, nb = g->B - b0 < n ? g->B - b0 : n;
-    float *col = ws_col(be, g, ws, t);
-    float *accw = T == 1 ? dw : ws_acc(be, g, ws, t);
-    float *accb = T == 1 ? db : ws_acc(be, g, ws, t) + nw;
+    float *col = ws_col(g, ws, t);
+    float *accw = T == 1 ? dw : ws_acc(g, ws, t);
+    float *accb = T == 1 ? db : ws_acc(g, ws, t) + nw;
     im2col(x + b0 * img_in, nb, g->H, g->W, g->C, g->R, col);
     int M = nb * g->H * g->W;
     const float *dyc = dy + b0 * img_out;
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, RRC, K, M, 1.0f, col,
                 RRC, dyc, K, used[t] ? 1.0f : 0.0f, accw, K);
-    if (accb) {
-      if (!used[t])
-        for (int k = 0; k < K; k++) accb[k] = 0.0f;
-      for (int r = 0; r < M; r++)
-        for (int k = 0; k < K; k++) accb[k] += dyc[(size_t)r * K + k];
-    }
+    if (accb) k_colsum((size_t)M, K, dyc, accb, used[t]);
     used[t] = 1;
   }
   if (T == 1) {
@@ -240,14 +441,22 @@ static void cpu_conv_bwd_filter(const cnn_backend *be, const cnn_conv_geom *g,
     }
     return;
   }
-  size_t tot = nw + K;
+  const float *accs[CNN_CPU_MAX_THREADS];
+  int na = 0;
+  for (int t = 0; t < T; t++)
+    if (used[t]) accs[na++] = ws_acc(g, ws, t);
+  size_t tot = db ? nw + K : nw;
+  /* dw and db are contiguous in the accumulators, not in the outputs */
   CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (size_t i = 0; i < tot; i++) {
-    float s = 0.0f;
-    for (int t = 0; t < T; t++)
-      if (used[t]) s += ws_acc(be, g, ws, t)[i];
-    if (i < nw) dw[i] = s;
-    else if (db) db[i - nw] = s;
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split(nw, T, t, &lo, &hi);
+    k_sum_acc(lo, hi, na, accs, dw);
+  }
+  if (tot > nw) {
+    const float *baccs[CNN_CPU_MAX_THREADS];
+    for (int i = 0; i < na; i++) baccs[i] = accs[i] + nw;
+    k_sum_acc(0, (size_t)K, na, baccs, db);
   }
 }
 
@@ -256,7 +465,7 @@ static void cpu_conv_bwd_data(const cnn_backend *be, const cnn_conv_geom *g,
                               const float *dy, const float *w, float *dx,
                               void *ws) {
   int R = g->R, C = g->C, K = g->K;
-  float *wf = ws_flip(be, g, ws);
+  float *wf = ws_col(g, ws, be->threads); /* after the per-thread parts */
   for (int kh = 0; kh < R; kh++)
     for (int kw = 0; kw < R; kw++) {
       const float *src = w + ((size_t)(R - 1 - kh) * R + (R - 1 - kw)) * C * K;
@@ -267,17 +476,11 @@ static void cpu_conv_bwd_data(const cnn_backend *be, const cnn_conv_geom *g,
   cnn_conv_geom gt = *g;
   gt.C = K;
   gt.K = C;
-  /* gt's col buffers are no larger than g's: col_floats uses max(C, K) and
-   * the same chunking, and the accumulators are not used. */
+  /* ws_per_thread(&gt) == ws_per_thread(g): the per-thread parts line up */
   conv_fwd_impl(be, &gt, dy, wf, NULL, 0, dx, ws);
 }
 
 /* --------------------------------------------------------------- dense */
-
-static void split(int n, int T, int t, int *lo, int *hi) {
-  *lo = (int)((long)n * t / T);
-  *hi = (int)((long)n * (t + 1) / T);
-}
 
 static int dense_threads(const cnn_backend *be, long work) {
   return work < 200000 ? 1 : be->threads;
@@ -289,19 +492,12 @@ static void cpu_dense_fwd(const cnn_backend *be, int M, int K, int N,
   int T = dense_threads(be, (long)M * K * N);
   CNN_OMP(omp parallel for num_threads(T) schedule(static))
   for (int t = 0; t < T; t++) {
-    int lo, hi;
-    split(M, T, t, &lo, &hi);
+    size_t lo, hi;
+    split((size_t)M, T, t, &lo, &hi);
     if (hi <= lo) continue;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, hi - lo, N, K,
-                1.0f, x + (size_t)lo * K, K, w, N, 0.0f, y + (size_t)lo * N,
-                N);
-    for (int r = lo; r < hi; r++) {
-      float *row = y + (size_t)r * N;
-      if (bias)
-        for (int j = 0; j < N; j++) row[j] = cnn_bias_act(row[j], bias[j], relu);
-      else if (relu)
-        for (int j = 0; j < N; j++) row[j] = cnn_relu(row[j]);
-    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(hi - lo), N,
+                K, 1.0f, x + lo * K, K, w, N, 0.0f, y + lo * N, N);
+    k_bias_act(hi - lo, N, y + lo * N, bias, relu);
   }
 }
 
@@ -311,149 +507,77 @@ static void cpu_dense_bwd(const cnn_backend *be, int M, int K, int N,
   int T = dense_threads(be, (long)M * K * N);
   CNN_OMP(omp parallel num_threads(T))
   {
-    int t = cnn_tid(), lo, hi;
+    int t = cnn_tid();
+    size_t lo, hi;
     /* dw = x^T dy: rows of dw split */
-    split(K, T, t, &lo, &hi);
+    split((size_t)K, T, t, &lo, &hi);
     if (hi > lo)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, hi - lo, N, M,
-                  1.0f, x + lo, K, dy, N, 0.0f, dw + (size_t)lo * N, N);
-    /* db: columns split */
-    if (db) {
-      split(N, T, t, &lo, &hi);
-      for (int j = lo; j < hi; j++) db[j] = 0.0f;
-      for (int r = 0; r < M; r++)
-        for (int j = lo; j < hi; j++) db[j] += dy[(size_t)r * N + j];
-    }
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(hi - lo), N,
+                  M, 1.0f, x + lo, K, dy, N, 0.0f, dw + lo * N, N);
     /* dx = dy w^T: rows split */
     if (dx) {
-      split(M, T, t, &lo, &hi);
+      split((size_t)M, T, t, &lo, &hi);
       if (hi > lo)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, hi - lo, K, N,
-                    1.0f, dy + (size_t)lo * N, N, w, N, 0.0f,
-                    dx + (size_t)lo * K, K);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo),
+                    K, N, 1.0f, dy + lo * N, N, w, N, 0.0f, dx + lo * K, K);
     }
   }
+  if (db) k_colsum((size_t)M, N, dy, db, 0);
 }
 
 /* ---------------------------------------------------------- element-wise */
 
-static int ew_threads(const cnn_backend *be, size_t n) {
-  return n < PAR_MIN ? 1 : be->threads;
-}
-
 static void cpu_relu_bwd(const cnn_backend *be, size_t n, const float *y,
                          float *dy) {
-  CNN_OMP(omp parallel for num_threads(ew_threads(be, n)) schedule(static))
-  for (size_t i = 0; i < n; i++) dy[i] = cnn_relu_bwd(y[i], dy[i]);
+  int T = par_threads(be, n);
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split(n, T, t, &lo, &hi);
+    k_relu_bwd(lo, hi, y, dy);
+  }
 }
 
 static void cpu_maxpool_fwd(const cnn_backend *be, const cnn_pool_geom *g,
                             const float *x, float *y, int32_t *arg) {
-  int C = g->C, H = g->H, W = g->W;
-  int rows = g->B * g->OH;
-  CNN_OMP(omp parallel for num_threads(ew_threads(be, (size_t)rows * g->OW * C)) schedule(static))
-  for (int r = 0; r < rows; r++) {
-    int b = r / g->OH, oh = r % g->OH;
-    int h0 = oh * g->s - g->pad_top;
-    int hl = h0 < 0 ? 0 : h0, hh = h0 + g->k < H ? h0 + g->k : H;
-    for (int ow = 0; ow < g->OW; ow++) {
-      int w0 = ow * g->s - g->pad_left;
-      int wl = w0 < 0 ? 0 : w0, wh = w0 + g->k < W ? w0 + g->k : W;
-      size_t o = (((size_t)b * g->OH + oh) * g->OW + ow) * C;
-      float *restrict m = y + o;
-      int32_t *restrict a = arg + o;
-      {
-        int32_t base = (int32_t)((((size_t)b * H + hl) * W + wl) * C);
-        const float *restrict xp = x + base;
-        for (int c = 0; c < C; c++) {
-          m[c] = xp[c];
-          a[c] = base + c;
-        }
-      }
-      for (int ih = hl; ih < hh; ih++)
-        for (int iw = wl; iw < wh; iw++) {
-          if (ih == hl && iw == wl) continue;
-          int32_t base = (int32_t)((((size_t)b * H + ih) * W + iw) * C);
-          const float *restrict xp = x + base;
-          for (int c = 0; c < C; c++) {
-            float v = xp[c], mv = m[c];
-            int32_t av = a[c];
-            int gt = v > mv;
-            m[c] = gt ? v : mv;
-            a[c] = gt ? base + c : av;
-          }
-        }
-    }
+  size_t rows = (size_t)g->B * g->OH;
+  int T = par_threads(be, rows * g->OW * g->C);
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split(rows, T, t, &lo, &hi);
+    k_maxpool_fwd(g, lo, hi, x, y, arg);
   }
 }
 
 static void cpu_maxpool_bwd(const cnn_backend *be, const cnn_pool_geom *g,
                             const float *dy, const int32_t *arg,
                             const float *relu_x, float *dx) {
-  int C = g->C, H = g->H, W = g->W;
-  int rows = g->B * H;
-  CNN_OMP(omp parallel for num_threads(ew_threads(be, (size_t)rows * W * C)) schedule(static))
-  for (int r = 0; r < rows; r++) {
-    int b = r / H, ih = r % H;
-    int ohl, ohh;
-    cnn_pool_windows(ih, g->k, g->s, g->pad_top, g->OH, &ohl, &ohh);
-    for (int iw = 0; iw < W; iw++) {
-      int owl, owh;
-      cnn_pool_windows(iw, g->k, g->s, g->pad_left, g->OW, &owl, &owh);
-      int32_t base = (int32_t)((((size_t)b * H + ih) * W + iw) * C);
-      float *d = dx + base;
-      for (int c = 0; c < C; c++) d[c] = 0.0f;
-      for (int oh = ohl; oh < ohh; oh++)
-        for (int ow = owl; ow < owh; ow++) {
-          size_t o = (((size_t)b * g->OH + oh) * g->OW + ow) * C;
-          const int32_t *a = arg + o;
-          const float *dyo = dy + o;
-          for (int c = 0; c < C; c++)
-            d[c] += cnn_maxpool_bwd_term(a[c], base + c, dyo[c]);
-        }
-      if (relu_x) {
-        const float *xr = relu_x + base;
-        for (int c = 0; c < C; c++) d[c] = cnn_relu_bwd(xr[c], d[c]);
-      }
-    }
+  size_t rows = (size_t)g->B * g->H;
+  int T = par_threads(be, rows * g->W * g->C);
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split(rows, T, t, &lo, &hi);
+    k_maxpool_bwd(g, lo, hi, dy, arg, relu_x, dx);
   }
 }
 
-/* LRN over rows of C channels. The window sum runs over a zero-padded row
- * of squares, so it vectorizes over c. */
+static void lrn_check(int C, const cnn_lrn_param *p) {
+  if (C < 1 || C > LRN_MAX_C || p->radius < 0 || 2 * p->radius > 64)
+    abort(); /* beyond the row buffers: a programming error */
+}
+
 static void cpu_lrn_fwd(const cnn_backend *be, size_t rows, int C,
                         const cnn_lrn_param *p, const float *x, float *y,
                         float *scale) {
-  int r = p->radius;
-  float bias = p->bias, alpha = p->alpha, beta = p->beta;
-  if (C > LRN_MAX_C || r < 0 || 2 * r > 64) abort(); /* row buffers */
-  CNN_OMP(omp parallel num_threads(ew_threads(be, rows * C)))
-  {
-    float sq[LRN_MAX_C + 64] __attribute__((aligned(64)));
-    float acc[LRN_MAX_C] __attribute__((aligned(64)));
-    for (int i = 0; i < r; i++) sq[i] = sq[r + C + i] = 0.0f;
-    CNN_OMP(omp for schedule(static))
-    for (size_t row = 0; row < rows; row++) {
-      const float *xr = x + row * C;
-      float *yr = y + row * C, *sr = scale + row * C;
-      for (int c = 0; c < C; c++) sq[r + c] = xr[c] * xr[c];
-      for (int c = 0; c < C; c++) acc[c] = sq[c];
-      for (int d = 1; d <= 2 * r; d++)
-        for (int c = 0; c < C; c++) acc[c] += sq[c + d];
-      if (beta == 0.75f) {
-        for (int c = 0; c < C; c++) {
-          float s = cnn_lrn_scale(acc[c], bias, alpha);
-          sr[c] = s;
-          yr[c] = xr[c] * cnn_pow_m075(s);
-        }
-      } else {
-        for (int c = 0; c < C; c++) {
-          float s = cnn_lrn_scale(acc[c], bias, alpha);
-          sr[c] = s;
-          yr[c] = xr[c] * powf(s, -beta);
-        }
-      }
-    }
+  lrn_check(C, p);
+  int T = par_threads(be, rows * C);
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split(rows, T, t, &lo, &hi);
+    k_lrn_fwd(lo, hi, C, p, x, y, scale);
   }
 }
 
@@ -461,33 +585,13 @@ static void cpu_lrn_bwd(const cnn_backend *be, size_t rows, int C,
                         const cnn_lrn_param *p, const float *x,
                         const float *scale, const float *dy, int relu_mask,
                         float *dx) {
-  int r = p->radius;
-  float beta = p->beta, tab = 2.0f * p->alpha * p->beta;
-  if (C > LRN_MAX_C || r < 0 || 2 * r > 64) abort(); /* row buffers */
-  CNN_OMP(omp parallel num_threads(ew_threads(be, rows * C)))
-  {
-    float t[LRN_MAX_C + 64] __attribute__((aligned(64)));
-    float pw[LRN_MAX_C] __attribute__((aligned(64)));
-    float acc[LRN_MAX_C] __attribute__((aligned(64)));
-    for (int i = 0; i < r; i++) t[i] = t[r + C + i] = 0.0f;
-    CNN_OMP(omp for schedule(static))
-    for (size_t row = 0; row < rows; row++) {
-      const float *xr = x + row * C, *sr = scale + row * C, *dr = dy + row * C;
-      float *o = dx + row * C;
-      if (beta == 0.75f)
-        for (int c = 0; c < C; c++) pw[c] = cnn_pow_m075(sr[c]);
-      else
-        for (int c = 0; c < C; c++) pw[c] = powf(sr[c], -beta);
-      for (int c = 0; c < C; c++)
-        t[r + c] = cnn_lrn_bwd_t(dr[c], xr[c], pw[c], sr[c]);
-      for (int c = 0; c < C; c++) acc[c] = t[c];
-      for (int d = 1; d <= 2 * r; d++)
-        for (int c = 0; c < C; c++) acc[c] += t[c + d];
-      for (int c = 0; c < C; c++)
-        o[c] = cnn_lrn_bwd_dx(dr[c], xr[c], pw[c], acc[c], tab);
-      if (relu_mask)
-        for (int c = 0; c < C; c++) o[c] = cnn_relu_bwd(xr[c], o[c]);
-    }
+  lrn_check(C, p);
+  int T = par_threads(be, rows * C);
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split(rows, T, t, &lo, &hi);
+    k_lrn_bwd(lo, hi, C, p, x, scale, dy, relu_mask, dx);
   }
 }
 
@@ -507,29 +611,37 @@ static float cpu_softmax_xent(const cnn_backend *be, int B, int N,
 
 static float cpu_l2_decay(const cnn_backend *be, size_t n, float wd,
                           const float *w, float *dw) {
-  double ss = 0.0;
-  CNN_OMP(omp parallel for num_threads(ew_threads(be, n)) schedule(static) reduction(+:ss))
-  for (size_t i = 0; i < n; i++) {
-    ss += (double)w[i] * w[i];
-    dw[i] = cnn_l2_grad(dw[i], w[i], wd);
+  int T = par_threads(be, n);
+  double part[CNN_CPU_MAX_THREADS] = {0};
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split(n, T, t, &lo, &hi);
+    part[t] = k_l2(lo, hi, wd, w, dw);
   }
+  double ss = 0.0;
+  for (int t = 0; t < T; t++) ss += part[t];
   return (float)(0.5 * wd * ss);
 }
 
 static void cpu_sgd(const cnn_backend *be, size_t n, float lr, const float *g,
                     float *w) {
-  CNN_OMP(omp parallel for num_threads(ew_threads(be, n)) schedule(static))
-  for (size_t i = 0; i < n; i++) w[i] = cnn_sgd_elem(w[i], g[i], lr);
+  int T = par_threads(be, n);
+  CNN_OMP(omp parallel for num_threads(T) schedule(static))
+  for (int t = 0; t < T; t++) {
+    size_t lo, hi;
+    split(n, T, t, &lo, &hi);
+    k_sgd(lo, hi, lr, g, w);
+  }
 }
 
 /* --------------------------------------------------------------- table */
 
-#define CPU_MAX_THREADS 256
-static cnn_backend cpu_backends[CPU_MAX_THREADS];
+static cnn_backend cpu_backends[CNN_CPU_MAX_THREADS + 1];
 static pthread_once_t cpu_once = PTHREAD_ONCE_INIT;
 
 static void cpu_init(void) {
-  for (int t = 1; t < CPU_MAX_THREADS; t++) {
+  for (int t = 1; t <= CNN_CPU_MAX_THREADS; t++) {
     cnn_backend *be = &cpu_backends[t];
     be->name = "cpu";
     be->threads = t;
@@ -538,6 +650,7 @@ static void cpu_init(void) {
     be->free = cpu_free;
     be->to_device = cpu_copy;
     be->to_host = cpu_copy;
+    be->sync = NULL;
     be->nchw_to_nhwc = cpu_nchw_to_nhwc;
     be->conv_ws_bytes = cpu_conv_ws_bytes;
     be->conv_fwd = cpu_conv_fwd;
@@ -559,7 +672,7 @@ static void cpu_init(void) {
 
 const cnn_backend *cnn_backend_cpu(int threads) {
   if (threads < 1) return NULL;
-  if (threads > 64) threads = 64; /* per-thread accumulator table */
+  if (threads > CNN_CPU_MAX_THREADS) threads = CNN_CPU_MAX_THREADS;
   pthread_once(&cpu_once, cpu_init);
   return &cpu_backends[threads];
 }
