@@ -22,6 +22,7 @@ Suite *suite_layout(void);
 Suite *suite_psrun(void);
 Suite *suite_cnn(void);
 Suite *suite_cifar_data(void);
+Suite *suite_cifar(void);
 
 /* A psd child process. */
 typedef struct tu_psd {

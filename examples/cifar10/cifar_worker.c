@@ -42,6 +42,7 @@ typedef struct opts {
   int lrn;             /* --no-lrn clears it */
   int bench;           /* --bench */
   int bench_steps;     /* --bench-steps */
+  char dump[4096];     /* --dump-params: chief writes the final parameters */
 } opts;
 
 static double now_s(void) {
@@ -79,6 +80,7 @@ static void usage(FILE *f) {
           "  --metrics FILE    write one JSON line per progress report\n"
           "  --eval-every N    chief evaluates test accuracy every N steps [0: at the end]\n"
           "  --no-lrn          drop both LRN layers\n"
+          "  --dump-params F   chief writes the final parameters (float32, in order) to F\n"
           "  --bench           time the training compute alone (no psd), synthetic data\n");
 }
 
@@ -125,6 +127,7 @@ static void parse(opts *o, int argc, char **argv) {
     else if (!strcmp(f, "--metrics")) snprintf(o->metrics, sizeof o->metrics, "%s", v);
     else if (!strcmp(f, "--eval-every")) o->eval_every = (long)num(f, v, 0, 1e12);
     else if (!strcmp(f, "--bench-steps")) o->bench_steps = (int)num(f, v, 1, 1e6);
+    else if (!strcmp(f, "--dump-params")) snprintf(o->dump, sizeof o->dump, "%s", v);
     else if (!strcmp(f, "--lr-decay")) {
       char *colon = strchr(v, ':');
       if (!colon) die("--lr-decay must be RATE:EPOCHS (e.g. 0.1:350), got '%s'", v);
@@ -240,6 +243,7 @@ int main(int argc, char **argv) {
     opt.decay_rate = o.decay_rate;
     opt.decay_steps = (uint64_t)fmax(1, round(o.decay_epochs * steps_per_epoch));
   }
+  ps_var *vars[64];
   for (int i = 0; i < cnn_num_params(); i++) {
     const cnn_param *p = cnn_param_info(i);
     ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, o.seed};
@@ -248,6 +252,7 @@ int main(int argc, char **argv) {
     if (ps_client_var_create(c, p->name, p->shape, p->ndim, &init, &opt, &v) != 0)
       die("creating %s: %s", p->name, ps_client_errmsg(c));
     cnn_bind(m, i, ps_var_data(v), ps_var_grad(v));
+    vars[i] = v;
   }
   uint64_t step = 0;
   if (ps_client_pull(c, 0, &step) != 0) die("pull: %s", ps_client_errmsg(c));
@@ -305,6 +310,13 @@ int main(int argc, char **argv) {
   }
   double wall = now_s() - t0;
   if (chief) acc = evaluate(m, &test, o.batch, img, lab, pred);
+  if (chief && o.dump[0]) {
+    FILE *f = fopen(o.dump, "wb");
+    if (!f) die("cannot write --dump-params %s: %s", o.dump, strerror(errno));
+    for (int i = 0; i < cnn_num_params(); i++)
+      fwrite(ps_var_data(vars[i]), sizeof(float), ps_var_numel(vars[i]), f);
+    if (fclose(f) != 0) die("writing --dump-params %s failed", o.dump);
+  }
   if (ps_client_finish(c) != 0) die("finish: %s", ps_client_errmsg(c));
   double ips = wall > 0 ? (double)(step - first_step) * o.batch * nw / wall : 0;
   if (metrics) {
