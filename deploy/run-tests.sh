@@ -7,6 +7,6 @@ bash deploy/build.sh
 
 # The same suite again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (psd processes started by the tests are sanitized too).
-cmake -S . -B build-asan -DPS_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+cmake -S . -B build-asan -DPS_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-asan -j"$(nproc)"
 (cd build-asan && ctest --output-on-failure -j"$(nproc)" --timeout 600)
