@@ -176,6 +176,11 @@ static int reap(psr_procs *p, int *which) {
       c->status = st;
       c->exited = 1;
       c->pid = 0;
+      for (int k = 0; k < 2; k++) {
+        free(c->pend[k]);
+        c->pend[k] = NULL;
+        c->pend_len[k] = 0;
+      }
       *which = i;
       return 1;
     }

@@ -673,6 +673,16 @@ static int run_task0(step *s, char *err, size_t errlen) {
     if (h.peers[r].exited && h.peers[r].code > worst) worst = h.peers[r].code;
   if (h.failed && !worst) worst = h.failed;
   psr_hosts_free(hosts, nhosts);
+  for (int r = 0; r < N; r++) {
+    if (h.peers[r].c.fd >= 0) close(h.peers[r].c.fd);
+    free(h.peers[r].c.buf);
+  }
+  for (int i = 0; i < s->num_ps; i++) free(psaddr[i]);
+  free(psaddr);
+  free(hostlist);
+  free(node_of);
+  free(roles);
+  free(h.peers);
   return worst;
 }
 
