@@ -140,6 +140,38 @@ EOS
      grep -q "steps: worker 0 ps 0" "$out" && [ "$(grep -c '"steps":108' "$out")" -eq 3 ]; then
     ok "$mode: separate ps step and worker step"
   else bad "$mode: separate ps and worker steps" "$out"; fi
+
+  # 8. A rendezvous port already in use is a clear error, not a hang or a
+  # connection to a stranger.
+  out=$WORK/$mode.busy.log
+  local port=$((PS_SLURM_PORT_BASE + 90))
+  local inns=()
+  # In netns mode task 0's node n1 has a network of its own: block it there.
+  [ "$mode" = netns ] && inns=(nsenter "--net=/var/run/netns/${PS_SLURM_NETNS_PREFIX}n1")
+  "${inns[@]}" python3 -c "import socket,time
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('0.0.0.0', $port)); s.listen(8); time.sleep(30)" &
+  local blocker=$!
+  sleep 0.5
+  timeout 60 srun -N2 -n3 "$BIN/psrun" --ps=1 --rendezvous-port $port --connect-timeout 10 -- \
+    "$BIN/tiny_worker" --steps 109 >"$out" 2>&1
+  rc=$?
+  kill $blocker 2>/dev/null
+  wait $blocker 2>/dev/null
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "in use" "$out" && no_leftovers 109; then
+    ok "$mode: a rendezvous port in use is reported (exit $rc)"
+  else bad "$mode: rendezvous port in use (rc $rc)" "$out"; fi
+
+  # 9. --addr picks the network (netns: the namespaces' subnet).
+  if [ "$mode" = netns ]; then
+    out=$WORK/$mode.addr.log
+    if timeout 120 srun -N2 -n3 "$BIN/psrun" --ps=1 --addr "$PS_SLURM_SUBNET.0/24" -- \
+        "$BIN/tiny_worker" --steps 110 >"$out" 2>&1 &&
+       grep -q "rendezvous on $PS_SLURM_SUBNET\." "$out" &&
+       grep -q "parameter servers: $PS_SLURM_SUBNET\." "$out"; then
+      ok "$mode: --addr chooses the network"
+    else bad "$mode: --addr" "$out"; fi
+  fi
 }
 
 for mode in loopback netns; do
