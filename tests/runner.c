@@ -19,7 +19,7 @@ static const suite_entry SUITES[] = {
     {"lifecycle", suite_lifecycle}, {"hostile", suite_hostile},
     {"layout", suite_layout},       {"psrun", suite_psrun},
     {"cnn", suite_cnn},             {"cifar_data", suite_cifar_data},
-    {"cifar", suite_cifar},
+    {"cifar", suite_cifar},         {"churn", suite_churn},
 };
 
 int main(int argc, char **argv) {

@@ -23,6 +23,7 @@ Suite *suite_psrun(void);
 Suite *suite_cnn(void);
 Suite *suite_cifar_data(void);
 Suite *suite_cifar(void);
+Suite *suite_churn(void);
 
 /* A psd child process. */
 typedef struct tu_psd {

@@ -1,0 +1,78 @@
+#!/bin/bash
+# Training throughput of the C CNN (cnn_bench) against the same network in
+# PyTorch (torch_cifar.py), batch 128 by default, at 1 and 2 threads.
+# The runs are interleaved (C, torch, C, torch, ...) for ROUNDS rounds and
+# pinned with taskset (1 thread: CPU 0; 2 threads: CPUs 0,1); the medians
+# and their ratio are printed, with the 1024^3 SGEMM rate of one thread.
+#
+#   examples/cifar10/bench/compare.sh            # after cmake --build build
+#   ROUNDS=5 STEPS=30 THREADS="1 2" BATCH=128 NO_LRN=1 compare.sh
+#
+# Environment: CNN_BENCH (default <repo>/build/bin/cnn_bench), PYTHON
+# (default /usr/bin/python3, which has Debian's python3-torch), ROUNDS (3),
+# STEPS (timed steps per run, 20), WARMUP (3), THREADS ("1 2"), BATCH (128),
+# NO_LRN (set: both LRN layers left out, in both programs).
+# Needs: apt-get install -y --no-install-recommends python3-torch libopenblas-dev
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+bench=${CNN_BENCH:-$root/build/bin/cnn_bench}
+py=${PYTHON:-/usr/bin/python3}
+rounds=${ROUNDS:-3}
+steps=${STEPS:-20}
+warmup=${WARMUP:-3}
+threads_list=${THREADS:-1 2}
+batch=${BATCH:-128}
+lrnflag=()
+[ -n "${NO_LRN:-}" ] && lrnflag=(--no-lrn)
+
+[ -x "$bench" ] || { echo "compare.sh: no $bench (cmake --build build)" >&2; exit 1; }
+"$py" -c 'import torch' 2>/dev/null || {
+  echo "compare.sh: $py cannot import torch (apt-get install python3-torch)" >&2; exit 1; }
+
+pin() { # pin THREADS CMD...: first THREADS CPUs, when taskset exists
+  local t=$1; shift
+  if command -v taskset >/dev/null && [ "$(nproc)" -ge "$t" ]; then
+    taskset -c "0-$((t - 1))" "$@"
+  else
+    "$@"
+  fi
+}
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+sg=$(pin 1 "$bench" --sgemm)
+echo "sgemm: $sg"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq 1 "$rounds"); do
+  for t in $threads_list; do
+    c=$(OMP_WAIT_POLICY=passive pin "$t" "$bench" --threads "$t" --batch "$batch" \
+          --steps "$steps" --warmup "$warmup" "${lrnflag[@]}")
+    echo "round $r C     $c"
+    echo "C $c" >>"$log"
+    p=$(OMP_NUM_THREADS="$t" pin "$t" "$py" "$here/torch_cifar.py" --threads "$t" \
+          --batch "$batch" --steps "$steps" --warmup "$warmup" "${lrnflag[@]}")
+    echo "round $r torch $p"
+    echo "T $p" >>"$log"
+  done
+done
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$py" - "$log" "$sg" <<'PY'
+import json, statistics, sys
+runs = {"C": {}, "T": {}}
+for line in open(sys.argv[1]):
+    kind, js = line.split(" ", 1)
+    d = json.loads(js)
+    runs[kind].setdefault(d["threads"], []).append(d)
+sg = json.loads(sys.argv[2])["sgemm_gflops"]
+print()
+print("threads  C img/s (median)  torch img/s (median)  C/torch  C GFLOP/s  % of 1-thread SGEMM x threads")
+for t in sorted(runs["C"]):
+    c = statistics.median(d["images_per_sec"] for d in runs["C"][t])
+    p = statistics.median(d["images_per_sec"] for d in runs["T"].get(t, [{"images_per_sec": float("nan")}]))
+    g = statistics.median(d["gflops"] for d in runs["C"][t])
+    print(f"{t:7d}  {c:17.1f}  {p:20.1f}  {c / p:7.2f}  {g:9.1f}  {100 * g / (sg * t):5.1f}%  "
+          f"(C runs {[round(d['images_per_sec']) for d in runs['C'][t]]}, "
+          f"torch runs {[round(d['images_per_sec']) for d in runs['T'].get(t, [])]})")
+print(f"SGEMM 1024^3, 1 thread: {sg:.1f} GFLOP/s")
+PY
