@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "ps_internal.h"
@@ -54,6 +56,8 @@ static const psd_option OPTIONS[] = {
      "identity in log lines (default ps<index>)"},
     {"socket-buffer", OPT_INT, F(sock_buf), "4194304", 0, 1 << 30,
      "SO_SNDBUF/SO_RCVBUF bytes per connection"},
+    {"secret-file", OPT_STRING, F(secret_file), "", 0, 0,
+     "file (mode 0600) with the secret workers must present (else $PSD_SECRET)"},
 };
 #define NOPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -182,5 +186,41 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
     return -1;
   }
   if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);
+  return 0;
+}
+
+int psd_config_load_secret(psd_config *cfg, char *err, size_t errlen) {
+  const char *env = getenv("PSD_SECRET");
+  if (cfg->secret_file[0]) {
+    struct stat st;
+    FILE *f = fopen(cfg->secret_file, "r");
+    if (!f || fstat(fileno(f), &st) != 0) {
+      snprintf(err, errlen, "cannot read --secret-file %s", cfg->secret_file);
+      if (f) fclose(f);
+      return -1;
+    }
+    if (!S_ISREG(st.st_mode) || (st.st_mode & 077) || st.st_uid != getuid()) {
+      snprintf(err, errlen,
+               "--secret-file %s must be a regular file owned by you with mode 0600 (it has "
+               "mode %03o)",
+               cfg->secret_file, (unsigned)(st.st_mode & 0777));
+      fclose(f);
+      return -1;
+    }
+    size_t n = fread(cfg->secret, 1, sizeof cfg->secret - 1, f);
+    fclose(f);
+    while (n && (cfg->secret[n - 1] == '\n' || cfg->secret[n - 1] == '\r')) n--;
+    cfg->secret[n] = '\0';
+    cfg->secret_len = n;
+  } else if (env && *env) {
+    snprintf(cfg->secret, sizeof cfg->secret, "%s", env);
+    cfg->secret_len = strlen(cfg->secret);
+  }
+  unsetenv("PSD_SECRET"); /* not inherited, not in /proc/PID/environ of children */
+  if ((cfg->secret_file[0] || (env && *env)) && cfg->secret_len < 16) {
+    snprintf(err, errlen, "the shared secret must be at least 16 bytes (it has %zu)",
+             cfg->secret_len);
+    return -1;
+  }
   return 0;
 }

@@ -25,6 +25,9 @@ typedef struct psd_config {
   int log_level;           /* PSD_LOG_* */
   char name[64];           /* identity in log lines; default "ps<index>" */
   int sock_buf;            /* SO_SNDBUF/SO_RCVBUF bytes for connections */
+  char secret_file[1024];  /* file (mode 0600) holding the shared secret */
+  char secret[256];        /* the secret: from secret_file or $PSD_SECRET */
+  size_t secret_len;       /* 0: no authentication (logged as a warning) */
 } psd_config;
 
 /* Fills cfg from argv (defaults first). Returns 0, 1 when --help or
@@ -33,5 +36,11 @@ typedef struct psd_config {
 int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
                      size_t errlen);
 void psd_config_usage(FILE *f);
+
+/* Loads the shared secret: --secret-file (must be a regular file of ours
+ * with mode 0600: anyone who can read it can join the job) or the
+ * environment variable PSD_SECRET, which is then removed from the
+ * environment. Returns 0 or -1 with a sentence in err. */
+int psd_config_load_secret(psd_config *cfg, char *err, size_t errlen);
 
 #endif

@@ -14,6 +14,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "psd: %s\n", err);
     return PSD_EXIT_USAGE;
   }
+  if (psd_config_load_secret(&cfg, err, sizeof err) != 0) {
+    fprintf(stderr, "psd: %s\n", err);
+    return PSD_EXIT_USAGE;
+  }
   psd_log_init(cfg.name, cfg.log_level);
   psd_server srv;
   if (psd_server_init(&srv, &cfg) != 0) {

@@ -111,6 +111,17 @@ int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err
              PS__PROTOCOL_VERSION);
     return PS_EVERSION;
   }
+  if (cfg->secret_len) {
+    /* Constant time: the comparison leaks nothing about the secret. */
+    unsigned char diff = h->credential.len != cfg->secret_len;
+    for (size_t i = 0; i < cfg->secret_len; i++)
+      diff |= (unsigned char)(cfg->secret[i] ^ (i < h->credential.len ? h->credential.data[i] : 0));
+    if (diff) {
+      snprintf(err, errlen, "authentication failed: %s credential",
+               h->credential.len ? "wrong" : "no");
+      return PS_EAUTH;
+    }
+  }
   if (h->role != PS__ROLE__ROLE_WORKER) {
     snprintf(err, errlen, "role %d is not supported (only workers)", (int)h->role);
     return PS_EUNSUPPORTED;
@@ -536,6 +547,9 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   psd_info("psd %d.%d.%d listening on %s (ps %d of %d, pid %d)", PS_VERSION_MAJOR,
            PS_VERSION_MINOR, PS_VERSION_PATCH, hostport, cfg->ps_index, cfg->num_ps,
            (int)getpid());
+  if (!cfg->secret_len)
+    psd_warn("no shared secret (--secret-file or PSD_SECRET): anyone who can reach %s can "
+             "join this job", hostport);
   return 0;
 }
 

@@ -60,6 +60,16 @@ int psr_run_local(const psr_opts *o) {
   snprintf(nps_s, sizeof nps_s, "%d", P);
   snprintf(nw_s, sizeof nw_s, "%d", W);
   int status = 0;
+  /* A fresh secret per run, handed to the tasks in their environment only:
+   * psd refuses any connection that does not present it. */
+  char secret[65], e_psd_secret[80], e_secret[80];
+  if (psr_new_secret(secret) != 0) {
+    psr_log("cannot draw a random secret: %s", strerror(errno));
+    return 1;
+  }
+  snprintf(e_psd_secret, sizeof e_psd_secret, "PSD_SECRET=%s", secret);
+  snprintf(e_secret, sizeof e_secret, "PS_SECRET=%s", secret);
+  char *psd_env[] = {e_psd_secret, NULL};
   char hosts[16384] = "";
   size_t hlen = 0;
 
@@ -86,7 +96,7 @@ int psr_run_local(const psr_opts *o) {
     argv[a++] = nw_s;
     for (int k = 0; k < o->npsd_args && a < 62; k++) argv[a++] = (char *)o->psd_args[k];
     argv[a] = NULL;
-    if (psr_spawn(&procs, label, 1, argv, NULL, err, sizeof err) < 0) {
+    if (psr_spawn(&procs, label, 1, argv, psd_env, err, sizeof err) < 0) {
       psr_log("cannot start %s: %s", label, err);
       status = 1;
       goto teardown;
@@ -133,7 +143,7 @@ int psr_run_local(const psr_opts *o) {
     snprintf(e_local, sizeof e_local, "PS_LOCAL_RANK=%d", P + w);
     snprintf(e_lw, sizeof e_lw, "PS_LOCAL_WORKERS=%d", W); /* they share this machine's cores */
     snprintf(label, sizeof label, "w%d", w);
-    char *env[] = {e_hosts, e_idx, e_nw, e_nps, e_local, e_lw, "PS_ROLE=worker", NULL};
+    char *env[] = {e_hosts, e_idx, e_nw, e_nps, e_local, e_lw, e_secret, "PS_ROLE=worker", NULL};
     if (psr_spawn(&procs, label, 0, o->cmd, env, err, sizeof err) < 0) {
       psr_log("cannot start %s: %s", label, err);
       status = 1;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include "psclient.h"
@@ -28,6 +29,13 @@ void psr_log(const char *fmt, ...) {
   line[n++] = '\n';
   ssize_t w = write(2, line, (size_t)n);
   (void)w;
+}
+
+int psr_new_secret(char out[65]) {
+  unsigned char b[32];
+  if (getrandom(b, sizeof b, 0) != (ssize_t)sizeof b) return -1;
+  for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", b[i]);
+  return 0;
 }
 
 typedef enum { O_INT, O_DOUBLE, O_STR, O_FLAG, O_CHOICE, O_LIST } otype;

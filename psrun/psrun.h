@@ -30,6 +30,9 @@ int psr_run_local(const psr_opts *o);
 /* Slurm mode (slurm.c). Returns psrun's exit status. */
 int psr_run_slurm(const psr_opts *o);
 
+/* Fills out (65 bytes) with a fresh random secret, 64 hex digits. 0 or -1. */
+int psr_new_secret(char out[65]);
+
 /* Logs "psrun[rank]: ..." to stderr. */
 void psr_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 extern char psr_ident[64];

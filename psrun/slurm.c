@@ -16,7 +16,7 @@
  * Wire format of the control channel: one line per message, words
  * separated by spaces:
  *   HELLO PSRUN1 <job> <step> <uid> <ntasks> <rank> <node> <localid>   (task -> 0)
- *   ROLE ps|worker <index> <num_ps> <num_workers>                      (0 -> task)
+ *   ROLE ps|worker <index> <num_ps> <num_workers> <secret>             (0 -> task)
  *   REJECT <reason...>                                                 (0 -> task)
  *   PSADDR <host:port>                                                 (ps task -> 0)
  *   HOSTS <h1:p1,h2:p2,...>                                            (0 -> worker)
@@ -295,6 +295,7 @@ typedef struct step {
   int num_ps, num_workers;
   char psd_dir[64];      /* for psd's port file */
   int child;             /* index of our child in procs, -1 */
+  char secret[65];       /* shared secret of this step's psd and workers */
 } step;
 
 /* Starts psd for this ps task and returns its "host:port" (malloc'd). */
@@ -332,7 +333,10 @@ static char *start_psd(step *s, char *err, size_t errlen) {
   }
   for (int k = 0; k < o->npsd_args && a < 78; k++) argv[a++] = (char *)o->psd_args[k];
   argv[a] = NULL;
-  s->child = psr_spawn(&s->procs, label, 1, argv, NULL, err, errlen);
+  char e_secret[80];
+  snprintf(e_secret, sizeof e_secret, "PSD_SECRET=%s", s->secret);
+  char *env[] = {e_secret, NULL};
+  s->child = psr_spawn(&s->procs, label, 1, argv, s->secret[0] ? env : NULL, err, errlen);
   if (s->child < 0) return NULL;
   double deadline = now_s() + PSR_PSD_START_S;
   for (;;) {
@@ -370,7 +374,10 @@ static int start_worker(step *s, const char *hosts, char *err, size_t errlen) {
   snprintf(e_nps, sizeof e_nps, "PS_NUM_PS=%d", s->num_ps);
   snprintf(e_local, sizeof e_local, "PS_LOCAL_RANK=%d", s->env.localid);
   snprintf(label, sizeof label, "w%d", s->role.index);
-  char *env[] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker", NULL};
+  char e_secret[80];
+  snprintf(e_secret, sizeof e_secret, "PS_SECRET=%s", s->secret);
+  char *env[] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker",
+                 s->secret[0] ? e_secret : NULL, NULL};
   s->child = psr_spawn(&s->procs, label, 0, s->o->cmd, env, err, errlen);
   return s->child < 0 ? -1 : 0;
 }
@@ -589,9 +596,13 @@ static int run_task0(step *s, char *err, size_t errlen) {
   s->num_ps = o->ps;
   s->num_workers = N - o->ps;
   s->role = roles[0];
+  if (psr_new_secret(s->secret) != 0) {
+    snprintf(err, errlen, "cannot draw a random secret");
+    return -1;
+  }
   for (int r = 1; r < N; r++)
-    send_line(h.peers[r].c.fd, "ROLE %s %d %d %d", roles[r].is_ps ? "ps" : "worker",
-              roles[r].index, s->num_ps, s->num_workers);
+    send_line(h.peers[r].c.fd, "ROLE %s %d %d %d %s", roles[r].is_ps ? "ps" : "worker",
+              roles[r].index, s->num_ps, s->num_workers, s->secret);
   psr_log("%d tasks on %d nodes: %d ps (%s), %d workers", N, nhosts, s->num_ps, o->placement,
           s->num_workers);
   {
@@ -743,7 +754,8 @@ static int run_member(step *s, char *err, size_t errlen) {
   char *line = wait_line(&ctl, deadline, &eof);
   char kind[16];
   if (!line || strncmp(line, "ROLE ", 5) != 0 ||
-      sscanf(line + 5, "%15s %d %d %d", kind, &s->role.index, &s->num_ps, &s->num_workers) != 4) {
+      sscanf(line + 5, "%15s %d %d %d %64s", kind, &s->role.index, &s->num_ps, &s->num_workers,
+             s->secret) != 5) {
     snprintf(err, errlen, "task 0 at %s:%d %s%s", rdv_addr, rdv_port,
              line ? "refused: " : "did not assign a role in time",
              line ? (strncmp(line, "REJECT ", 7) == 0 ? line + 7 : line) : "");
@@ -842,6 +854,39 @@ static int run_ps_step(step *s, char *err, size_t errlen) {
   s->role.index = s->env.procid;
   s->num_ps = s->env.ntasks;
   s->num_workers = 0; /* learned from the workers */
+  /* One secret for the ps step and its worker steps: the first ps task
+   * writes it (mode 0600, in our 0700 directory), the others read it. */
+  snprintf(path, sizeof path, "%s/secret", dir);
+  if (s->env.procid == 0) {
+    char sec[65];
+    if (psr_new_secret(sec) != 0) {
+      snprintf(err, errlen, "cannot draw a random secret");
+      return -1;
+    }
+    char tmp[4400];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || write(fd, sec, 64) != 64 || fsync(fd) != 0 || close(fd) != 0 ||
+        rename(tmp, path) != 0) {
+      snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+      return -1;
+    }
+  }
+  for (double end = now_s() + s->o->timeout_s;;) {
+    char *sec = slurp_line(path);
+    if (sec && strlen(sec) == 64) {
+      snprintf(s->secret, sizeof s->secret, "%s", sec);
+      free(sec);
+      break;
+    }
+    free(sec);
+    if (now_s() > end) {
+      snprintf(err, errlen, "ps task 0 did not write %s", path);
+      return -1;
+    }
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+  }
   char *hp = start_psd(s, err, errlen);
   if (!hp) return -1;
   snprintf(path, sizeof path, "%s/ps%d", dir, s->role.index);
@@ -888,10 +933,15 @@ static int run_worker_step(step *s, char *err, size_t errlen) {
         len += (size_t)snprintf(hosts + len, cap - len, "%s%s", i ? "," : "", hp);
         free(hp);
       }
-      if (hosts && i == nps) {
+      snprintf(path, sizeof path, "%s/secret", dir);
+      char *sec = slurp_line(path);
+      if (hosts && i == nps && sec && strlen(sec) == 64) {
+        snprintf(s->secret, sizeof s->secret, "%s", sec);
+        free(sec);
         s->num_ps = nps;
         break;
       }
+      free(sec);
       free(hosts);
       hosts = NULL;
     }

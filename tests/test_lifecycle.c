@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -236,6 +237,65 @@ START_TEST(test_connect_failure_names_host) {
 }
 END_TEST
 
+/* With a shared secret, psd accepts only workers that present it; the
+ * error names the problem, and a right one trains normally. */
+START_TEST(test_shared_secret) {
+  tu_psd_secret = "0123456789abcdef0123456789abcdef";
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  start1(&ps, hosts, hp, NULL);
+  tu_psd_secret = NULL;
+  const char *creds[] = {NULL, "0123456789abcdef0123456789abcdeX", "0123456789abcdef",
+                         "0123456789abcdef0123456789abcdef"};
+  for (int k = 0; k < 4; k++) {
+    ps_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hosts = hp;
+    cfg.num_ps = 1;
+    cfg.num_workers = 1;
+    cfg.connect_timeout_ms = 2000;
+    if (creds[k]) {
+      cfg.credential = creds[k];
+      cfg.credential_len = strlen(creds[k]);
+    }
+    ps_client *c = NULL;
+    char err[256];
+    int rc = ps_client_create(&cfg, &c, err, sizeof err);
+    if (k < 3) {
+      ck_assert_msg(rc == PS_EAUTH, "credential %d: %d (%s)", k, rc, err);
+      ck_assert_msg(strstr(err, "authentication failed") != NULL, "%s", err);
+      continue;
+    }
+    ck_assert_msg(rc == 0, "right secret refused: %s", err);
+    ps_client_destroy(c);
+  }
+  ck_assert(tu_log_contains(&ps, "authentication failed: no credential"));
+  ck_assert(tu_log_contains(&ps, "authentication failed: wrong credential"));
+  ck_assert(!tu_log_contains(&ps, "no shared secret"));
+  tu_psd_kill(&ps);
+}
+END_TEST
+
+/* A secret file anyone else can read is refused, naming the file. */
+START_TEST(test_secret_file_mode) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/secret", tu_tmpdir());
+  FILE *f = fopen(path, "w");
+  fputs("0123456789abcdef0123456789abcdef\n", f);
+  fclose(f);
+  chmod(path, 0644);
+  tu_psd ps;
+  const char *args[] = {"--secret-file", path, NULL};
+  ck_assert_int_ne(tu_psd_start(&ps, args), 0); /* exits before listening */
+  ck_assert(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 64);
+  ck_assert(tu_log_contains(&ps, "mode 0600"));
+  chmod(path, 0600);
+  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  tu_psd_kill(&ps);
+}
+END_TEST
+
 Suite *suite_lifecycle(void) {
   Suite *s = suite_create("lifecycle");
   TCase *tc = tcase_create("lifecycle");
@@ -247,6 +307,8 @@ Suite *suite_lifecycle(void) {
   tcase_add_test(tc, test_startup_timeout);
   tcase_add_test(tc, test_sigterm);
   tcase_add_test(tc, test_connect_failure_names_host);
+  tcase_add_test(tc, test_shared_secret);
+  tcase_add_test(tc, test_secret_file_mode);
   suite_add_tcase(s, tc);
   return s;
 }

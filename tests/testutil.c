@@ -55,6 +55,7 @@ char *tu_read_file(const char *path) {
 }
 
 const char *tu_psd_preload;
+const char *tu_psd_secret;
 
 int tu_psd_start(tu_psd *p, const char *const *args) {
   static int seq;
@@ -99,6 +100,7 @@ int tu_psd_start(tu_psd *p, const char *const *args) {
       close(fd);
     }
     if (tu_psd_preload) setenv("LD_PRELOAD", tu_psd_preload, 1);
+    if (tu_psd_secret) setenv("PSD_SECRET", tu_psd_secret, 1);
     execv(bin, (char *const *)argv);
     perror("execv psd");
     _exit(127);

@@ -36,6 +36,8 @@ typedef struct tu_psd {
 
 /* If set, psd processes started afterwards get it as LD_PRELOAD. */
 extern const char *tu_psd_preload;
+/* If set, psd processes started afterwards get it as PSD_SECRET. */
+extern const char *tu_psd_secret;
 /* Starts $PSD_BIN --host 127.0.0.1 --port 0 --port-file F plus args
  * (NULL-terminated) and waits (10 s) for the port file. 0 or -1. */
 int tu_psd_start(tu_psd *p, const char *const *args);

@@ -48,9 +48,13 @@ static int cnn_tid(void) { return 0; }
 #endif
 
 #define ALIGN 64
+#ifndef CONV_CHUNK_PIX
 #define CONV_CHUNK_PIX 288  /* output pixels per im2col chunk: 2 images of
                                12x12 (col 1.8 MB), 1 of 24x24 */
+#endif
+#ifndef CONV_BWDF_PIX
 #define CONV_BWDF_PIX 288   /* pixels per chunk of the filter gradient */
+#endif
 #define LRN_MAX_C 4096      /* channels the LRN row buffers hold */
 #define PAR_MIN 32768       /* elements below which ops run on one thread */
 #define CNN_CPU_MAX_THREADS 64 /* threads beyond this are clamped */

@@ -161,6 +161,7 @@ int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
  *   PS_HOSTS=h1:p1,h2:p2   PS_WORKER_INDEX   PS_NUM_WORKERS
  *   PS_REPLICAS_TO_AGGREGATE (optional)  PS_ASYNC=1 (optional)
  *   PS_CONNECT_TIMEOUT_MS (optional)     PS_REQUEST_TIMEOUT_MS (optional)
+ *   PS_SECRET (optional: the shared secret the servers require)
  * A missing or malformed variable is PS_EINVAL with a message naming it. */
 int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
 

@@ -737,6 +737,11 @@ int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
     if (errmsg) snprintf(errmsg, errlen, "%s", e);
     return rc;
   }
+  const char *secret = getenv("PS_SECRET"); /* psrun's per-run secret */
+  if (secret && *secret) {
+    cfg.credential = secret;
+    cfg.credential_len = strlen(secret);
+  }
   char *copy = strdup(hosts);
   const char *list[4096];
   int n = 0;

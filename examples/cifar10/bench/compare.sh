@@ -46,7 +46,7 @@ echo "sgemm: $sg"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$rounds"); do
   for t in $threads_list; do
-    c=$(OMP_WAIT_POLICY=passive pin "$t" "$bench" --threads "$t" --batch "$batch" \
+    c=$(OMP_NUM_THREADS="$t" pin "$t" "$bench" --threads "$t" --batch "$batch" \
           --steps "$steps" --warmup "$warmup" "${lrnflag[@]}")
     echo "round $r C     $c"
     echo "C $c" >>"$log"
