@@ -15,6 +15,7 @@ endfunction()
 ps_require_pkg(LIBEVENT libevent libevent-dev)
 ps_require_pkg(PROTOBUFC libprotobuf-c libprotobuf-c-dev)
 ps_require_pkg(OPENBLAS openblas libopenblas-dev)
+ps_require_pkg(MUNGE munge libmunge-dev)
 
 find_program(PROTOC_C NAMES protoc-c)
 if(NOT PROTOC_C)

@@ -13,7 +13,7 @@
 #include "log.h"
 #include "ps_internal.h"
 
-typedef enum { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_MODE, OPT_LEVEL } opt_type;
+typedef enum { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_MODE, OPT_LEVEL, OPT_FLAG } opt_type;
 
 typedef struct psd_option {
   const char *name;   /* long option, without "--" */
@@ -58,6 +58,13 @@ static const psd_option OPTIONS[] = {
      "SO_SNDBUF/SO_RCVBUF bytes per connection"},
     {"secret-file", OPT_STRING, F(secret_file), "", 0, 0,
      "file (mode 0600) with the secret workers must present (else $PSD_SECRET)"},
+    {"munge", OPT_FLAG, F(munge), "0", 0, 0,
+     "require a MUNGE credential of the same uid naming --job-id (and --step-id)"},
+    {"munge-socket", OPT_STRING, F(munge_socket), "", 0, 0,
+     "munged socket (default: MUNGE's; Slurm's AuthInfo socket= under psrun)"},
+    {"job-id", OPT_DOUBLE, F(job_id), "-1", -1, 9.2e18, "Slurm job id credentials must name"},
+    {"step-id", OPT_DOUBLE, F(step_id), "-1", -1, 9.2e18,
+     "Slurm step id credentials must name (-1: any step of the job)"},
 };
 #define NOPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -105,6 +112,9 @@ static int set_option(psd_config *cfg, const psd_option *o, const char *val,
       return -1;
     }
     return 0;
+  case OPT_FLAG:
+    *(int *)field = strcmp(val, "0") != 0;
+    return 0;
   case OPT_LEVEL: {
     int l = psd_log_level_parse(val);
     if (l < 0) {
@@ -127,7 +137,7 @@ void psd_config_usage(FILE *f) {
   for (size_t i = 0; i < NOPTIONS; i++) {
     const psd_option *o = &OPTIONS[i];
     char left[64];
-    snprintf(left, sizeof left, "--%s VALUE", o->name);
+    snprintf(left, sizeof left, o->type == OPT_FLAG ? "--%s" : "--%s VALUE", o->name);
     fprintf(f, "  %-30s %s", left, o->help);
     if (o->def[0]) fprintf(f, " [%s]", o->def);
     fputc('\n', f);
@@ -167,7 +177,13 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
       return -1;
     }
     const char *val;
-    if (eq) val = eq + 1;
+    if (o->type == OPT_FLAG) {
+      if (eq) {
+        snprintf(err, errlen, "option --%s takes no value", o->name);
+        return -1;
+      }
+      val = "1";
+    } else if (eq) val = eq + 1;
     else if (a + 1 < argc) val = argv[++a];
     else {
       snprintf(err, errlen, "option --%s needs a value", o->name);
@@ -183,6 +199,10 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
   if (cfg->workers > 0 && cfg->replicas > cfg->workers) {
     snprintf(err, errlen, "--replicas-to-aggregate %d exceeds --workers %d",
              cfg->replicas, cfg->workers);
+    return -1;
+  }
+  if (cfg->munge && cfg->job_id < 0) {
+    snprintf(err, errlen, "--munge needs --job-id (the Slurm job the credentials must name)");
     return -1;
   }
   if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);

@@ -28,6 +28,10 @@ typedef struct psd_config {
   char secret_file[1024];  /* file (mode 0600) holding the shared secret */
   char secret[256];        /* the secret: from secret_file or $PSD_SECRET */
   size_t secret_len;       /* 0: no authentication (logged as a warning) */
+  int munge;               /* require a MUNGE credential from every peer */
+  char munge_socket[1024]; /* munged's socket ("" : MUNGE's default) */
+  double job_id;           /* --job-id the credentials must name */
+  double step_id;          /* --step-id they must name (-1: any step) */
 } psd_config;
 
 /* Fills cfg from argv (defaults first). Returns 0, 1 when --help or

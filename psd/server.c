@@ -16,6 +16,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <munge.h>
+
 #include "conn.h"
 #include "log.h"
 
@@ -103,6 +105,54 @@ static void check_done(psd_server *srv) {
   }
 }
 
+/* The Hello's MUNGE credential: decoded by munged (which refuses expired and
+ * replayed ones), from our uid, naming our job (and step, if set). */
+static int check_munge(psd_server *srv, const Ps__Hello *h, char *err, size_t errlen) {
+  const psd_config *cfg = srv->cfg;
+  if (!h->munge || h->credential.len == 0 || h->credential.len > PS__MAX_PREAUTH_META) {
+    snprintf(err, errlen, "authentication failed: this server requires a MUNGE credential");
+    return PS_EAUTH;
+  }
+  char cred[PS__MAX_PREAUTH_META + 1];
+  memcpy(cred, h->credential.data, h->credential.len);
+  cred[h->credential.len] = '\0';
+  munge_ctx_t ctx = munge_ctx_create();
+  if (!ctx) {
+    snprintf(err, errlen, "out of memory");
+    return PS_ENOMEM;
+  }
+  if (cfg->munge_socket[0]) munge_ctx_set(ctx, MUNGE_OPT_SOCKET, cfg->munge_socket);
+  void *payload = NULL;
+  int plen = 0;
+  uid_t uid;
+  gid_t gid;
+  munge_err_t me = munge_decode(cred, ctx, &payload, &plen, &uid, &gid);
+  munge_ctx_destroy(ctx);
+  int rc = 0;
+  char want[128];
+  if (cfg->step_id >= 0)
+    snprintf(want, sizeof want, "psd1 job=%.0f step=%.0f", cfg->job_id, cfg->step_id);
+  else
+    snprintf(want, sizeof want, "psd1 job=%.0f step=", cfg->job_id);
+  if (me != EMUNGE_SUCCESS) {
+    snprintf(err, errlen, "authentication failed: MUNGE credential refused (%s)",
+             munge_strerror(me));
+    rc = PS_EAUTH;
+  } else if (uid != getuid()) {
+    snprintf(err, errlen, "authentication failed: credential of uid %u, this job runs as uid %u",
+             (unsigned)uid, (unsigned)getuid());
+    rc = PS_EAUTH;
+  } else if (!payload || plen <= 0 || (size_t)plen < strlen(want) ||
+             memcmp(payload, want, strlen(want)) != 0 ||
+             (cfg->step_id >= 0 && (size_t)plen != strlen(want))) {
+    snprintf(err, errlen, "authentication failed: credential for '%.*s', this is '%s'",
+             plen > 0 && plen < 100 ? plen : 0, payload ? (char *)payload : "", want);
+    rc = PS_EAUTH;
+  }
+  free(payload);
+  return rc;
+}
+
 int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err,
                      size_t errlen) {
   const psd_config *cfg = srv->cfg;
@@ -111,14 +161,19 @@ int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err
              PS__PROTOCOL_VERSION);
     return PS_EVERSION;
   }
+  if (cfg->munge) {
+    int rc = check_munge(srv, h, err, errlen);
+    if (rc) return rc;
+  }
+  ProtobufCBinaryData secret = h->munge ? h->secret : h->credential;
   if (cfg->secret_len) {
     /* Constant time: the comparison leaks nothing about the secret. */
-    unsigned char diff = h->credential.len != cfg->secret_len;
+    unsigned char diff = secret.len != cfg->secret_len;
     for (size_t i = 0; i < cfg->secret_len; i++)
-      diff |= (unsigned char)(cfg->secret[i] ^ (i < h->credential.len ? h->credential.data[i] : 0));
+      diff |= (unsigned char)(cfg->secret[i] ^ (i < secret.len ? secret.data[i] : 0));
     if (diff) {
       snprintf(err, errlen, "authentication failed: %s credential",
-               h->credential.len ? "wrong" : "no");
+               secret.len ? "wrong" : "no");
       return PS_EAUTH;
     }
   }
@@ -547,7 +602,10 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   psd_info("psd %d.%d.%d listening on %s (ps %d of %d, pid %d)", PS_VERSION_MAJOR,
            PS_VERSION_MINOR, PS_VERSION_PATCH, hostport, cfg->ps_index, cfg->num_ps,
            (int)getpid());
-  if (!cfg->secret_len)
+  if (cfg->munge)
+    psd_info("peers must present a MUNGE credential for job %.0f%s", cfg->job_id,
+             cfg->step_id >= 0 ? "" : " (any step)");
+  if (!cfg->secret_len && !cfg->munge)
     psd_warn("no shared secret (--secret-file or PSD_SECRET): anyone who can reach %s can "
              "join this job", hostport);
   return 0;

@@ -296,7 +296,25 @@ typedef struct step {
   char psd_dir[64];      /* for psd's port file */
   int child;             /* index of our child in procs, -1 */
   char secret[65];       /* shared secret of this step's psd and workers */
+  int munge;             /* the cluster authenticates with MUNGE: so do we */
+  char munge_socket[1024]; /* munged socket from Slurm's AuthInfo, or "" */
 } step;
+
+/* Does the cluster use MUNGE, and on which socket (AuthInfo=socket=...)? */
+static void find_munge(step *s) {
+  slurm_conf_t *conf = NULL;
+  if (slurm_load_ctl_conf((time_t)0, &conf) != 0 || !conf) return;
+  if (conf->authtype && strstr(conf->authtype, "munge")) {
+    s->munge = 1;
+    const char *sock = conf->authinfo ? strstr(conf->authinfo, "socket=") : NULL;
+    if (sock) {
+      sock += 7;
+      size_t n = strcspn(sock, ",");
+      snprintf(s->munge_socket, sizeof s->munge_socket, "%.*s", (int)n, sock);
+    }
+  }
+  slurm_free_ctl_conf(conf);
+}
 
 /* Starts psd for this ps task and returns its "host:port" (malloc'd). */
 static char *start_psd(step *s, char *err, size_t errlen) {
@@ -330,6 +348,21 @@ static char *start_psd(step *s, char *err, size_t errlen) {
   if (s->num_workers > 0) {
     argv[a++] = "--workers";
     argv[a++] = nw;
+  }
+  char jid[32], sid[32];
+  snprintf(jid, sizeof jid, "%lld", s->env.job_id);
+  /* A ps step of its own serves worker steps with other step ids. */
+  snprintf(sid, sizeof sid, "%lld", strcmp(o->role, "ps") == 0 ? -1LL : s->env.step_id);
+  if (s->munge) {
+    argv[a++] = "--munge";
+    argv[a++] = "--job-id";
+    argv[a++] = jid;
+    argv[a++] = "--step-id";
+    argv[a++] = sid;
+    if (s->munge_socket[0]) {
+      argv[a++] = "--munge-socket";
+      argv[a++] = s->munge_socket;
+    }
   }
   for (int k = 0; k < o->npsd_args && a < 78; k++) argv[a++] = (char *)o->psd_args[k];
   argv[a] = NULL;
@@ -374,10 +407,21 @@ static int start_worker(step *s, const char *hosts, char *err, size_t errlen) {
   snprintf(e_nps, sizeof e_nps, "PS_NUM_PS=%d", s->num_ps);
   snprintf(e_local, sizeof e_local, "PS_LOCAL_RANK=%d", s->env.localid);
   snprintf(label, sizeof label, "w%d", s->role.index);
-  char e_secret[80];
+  char e_secret[80], e_job[64], e_step[64], e_sock[1100];
   snprintf(e_secret, sizeof e_secret, "PS_SECRET=%s", s->secret);
-  char *env[] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker",
-                 s->secret[0] ? e_secret : NULL, NULL};
+  snprintf(e_job, sizeof e_job, "PS_JOB_ID=%lld", s->env.job_id);
+  snprintf(e_step, sizeof e_step, "PS_STEP_ID=%lld", s->env.step_id);
+  snprintf(e_sock, sizeof e_sock, "PS_MUNGE_SOCKET=%s", s->munge_socket);
+  char *env[16] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker"};
+  int ne = 6;
+  if (s->secret[0]) env[ne++] = e_secret;
+  if (s->munge) {
+    env[ne++] = "PS_MUNGE=1";
+    env[ne++] = e_job;
+    env[ne++] = e_step;
+    if (s->munge_socket[0]) env[ne++] = e_sock;
+  }
+  env[ne] = NULL;
   s->child = psr_spawn(&s->procs, label, 0, s->o->cmd, env, err, errlen);
   return s->child < 0 ? -1 : 0;
 }
@@ -1041,6 +1085,7 @@ int psr_run_slurm(const psr_opts *o) {
       return 1;
     }
   }
+  find_munge(&s);
   if (own_address(o, &s.env, s.addr, sizeof s.addr, err, sizeof err) != 0) {
     psr_log("%s", err);
     return 1;

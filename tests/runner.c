@@ -20,6 +20,7 @@ static const suite_entry SUITES[] = {
     {"layout", suite_layout},       {"psrun", suite_psrun},
     {"cnn", suite_cnn},             {"cifar_data", suite_cifar_data},
     {"cifar", suite_cifar},         {"churn", suite_churn},
+    {"auth", suite_auth},
 };
 
 int main(int argc, char **argv) {

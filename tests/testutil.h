@@ -24,6 +24,7 @@ Suite *suite_cnn(void);
 Suite *suite_cifar_data(void);
 Suite *suite_cifar(void);
 Suite *suite_churn(void);
+Suite *suite_auth(void);
 
 /* A psd child process. */
 typedef struct tu_psd {

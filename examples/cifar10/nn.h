@@ -43,11 +43,13 @@ extern "C" {
 typedef struct cnn_backend cnn_backend;
 
 /* The CPU backend: OpenBLAS SGEMM for convolutions (im2col, NHWC) and FC
- * layers, hand-written loops for the rest. `threads` (>= 1) worker threads
- * split each op's work by images; OpenBLAS itself is set to one thread
- * (openblas_set_num_threads(1), process-wide) and runs inside the workers,
- * which is faster on these small matrices than OpenBLAS's own threading.
- * Returns a static object (never freed); NULL if threads < 1. */
+ * layers, hand-written loops for the rest. Each op is split into chunks
+ * (groups of images, rows) run by the calling thread and threads-1 worker
+ * threads of the backend's own (started on first use, kept for the
+ * process); OpenBLAS itself is set to one thread (openblas_set_num_threads(1),
+ * process-wide) and runs inside the chunks, which on these small matrices
+ * is faster than OpenBLAS's threading. threads is clamped to 64. Returns a
+ * static object (never freed); NULL if threads < 1. */
 const cnn_backend *cnn_backend_cpu(int threads);
 
 typedef struct cnn cnn;

@@ -13,10 +13,13 @@
  * Element-wise ops: single passes with the nn_ops.h bodies; LRN sums its
  * window over a zero-padded row of squares (vectorizes over channels).
  *
- * Threads: OpenMP when built with it (-fopenmp), `threads` workers; each
- * runs OpenBLAS single-threaded (openblas_set_num_threads(1)).
+ * Threads: each op is cut into chunks that the caller and threads-1
+ * workers of an nn_pool take one at a time (nn_pool.h: a descheduled worker
+ * never holds up an op); every chunk runs OpenBLAS single-threaded
+ * (openblas_set_num_threads(1)).
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,20 +27,11 @@
 
 #include "nn_backend.h"
 #include "nn_ops.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#define CNN_OMP(x) _Pragma(#x)
-static int cnn_tid(void) { return omp_get_thread_num(); }
-#else
-#define CNN_OMP(x)
-static int cnn_tid(void) { return 0; }
-#endif
+#include "nn_pool.h"
 
 /* Hot loops are compiled three times (AVX-512, AVX2+FMA, baseline x86-64)
  * and picked at load time (GCC ifunc), so the library needs no -march. They
- * are separate functions, called from inside the OpenMP regions: outlined
- * OpenMP bodies would not inherit the attribute. */
+ * are noinline functions called from the chunk callbacks. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
     !defined(__SANITIZE_ADDRESS__) && !defined(CNN_NO_CLONES)
 #define CNN_KERNEL                                                         \
@@ -56,7 +50,7 @@ static int cnn_tid(void) { return 0; }
 #define CONV_BWDF_PIX 288   /* pixels per chunk of the filter gradient */
 #endif
 #define LRN_MAX_C 4096      /* channels the LRN row buffers hold */
-#define PAR_MIN 32768       /* elements below which ops run on one thread */
+#define PAR_MIN 32768       /* elements per chunk of element-wise ops, at least */
 #define CNN_CPU_MAX_THREADS 64 /* threads beyond this are clamped */
 
 static size_t round_up(size_t n) { return (n + ALIGN - 1) / ALIGN * ALIGN; }
@@ -67,8 +61,65 @@ static void split(size_t n, int T, int t, size_t *lo, size_t *hi) {
   *hi = n * (size_t)(t + 1) / (size_t)T;
 }
 
-static int par_threads(const cnn_backend *be, size_t work) {
-  return work < PAR_MIN ? 1 : be->threads;
+/* ---------------------------------------------------------------- threads */
+
+static nn_pool *_Atomic pools[CNN_CPU_MAX_THREADS + 1];
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The backend's pool, started on first use (NULL for one thread or if it
+ * cannot start: then everything runs in the caller). */
+static nn_pool *pool_of(const cnn_backend *be) {
+  int t = be->threads;
+  if (t <= 1) return NULL;
+  nn_pool *p = atomic_load_explicit(&pools[t], memory_order_acquire);
+  if (p) return p;
+  pthread_mutex_lock(&pools_mu);
+  p = atomic_load_explicit(&pools[t], memory_order_relaxed);
+  if (!p) {
+    p = nn_pool_create(t);
+    atomic_store_explicit(&pools[t], p, memory_order_release);
+  }
+  pthread_mutex_unlock(&pools_mu);
+  return p;
+}
+
+/* Runs fn(arg, chunk, tid) for chunk in [0, nchunks) on the backend's
+ * threads. */
+static void par_chunks(const cnn_backend *be, int nchunks, nn_pool_fn fn,
+                       void *arg) {
+  nn_pool_run(pool_of(be), nchunks, fn, arg);
+}
+
+/* Element-wise ops: n items in chunks of >= PAR_MIN work units (work = items
+ * * per_item), at most 4 per thread; fn(ctx, lo, hi). */
+typedef void (*range_fn)(void *ctx, size_t lo, size_t hi);
+typedef struct {
+  range_fn fn;
+  void *ctx;
+  size_t n;
+  int nchunks;
+} range_job;
+
+static void range_chunk(void *arg, int c, int tid) {
+  (void)tid;
+  range_job *j = arg;
+  size_t lo, hi;
+  split(j->n, j->nchunks, c, &lo, &hi);
+  if (hi > lo) j->fn(j->ctx, lo, hi);
+}
+
+static void par_range(const cnn_backend *be, size_t n, size_t per_item,
+                      range_fn fn, void *ctx) {
+  size_t work = n * per_item, want = work / PAR_MIN;
+  int nchunks = be->threads > 1 ? 4 * be->threads : 1;
+  if ((size_t)nchunks > want) nchunks = want ? (int)want : 1;
+  if ((size_t)nchunks > n) nchunks = n ? (int)n : 1;
+  if (nchunks == 1) {
+    if (n) fn(ctx, 0, n);
+    return;
+  }
+  range_job j = {fn, ctx, n, nchunks};
+  par_chunks(be, nchunks, range_chunk, &j);
 }
 
 /* ---------------------------------------------------------------- memory */
@@ -306,15 +357,21 @@ CNN_KERNEL void k_lrn_bwd(size_t r0, size_t r1, int C,
 
 /* ---------------------------------------------------------------- layout */
 
+typedef struct {
+  int C, HW;
+  const float *src;
+  float *dst;
+} nhwc_ctx;
+
+static void nhwc_range(void *vc, size_t lo, size_t hi) {
+  nhwc_ctx *c = vc;
+  k_nchw_to_nhwc(lo, hi, c->C, c->HW, c->src, c->dst);
+}
+
 static void cpu_nchw_to_nhwc(const cnn_backend *be, int B, int C, int H,
                              int W, const float *src, float *dst) {
-  int T = par_threads(be, (size_t)B * C * H * W);
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split((size_t)B, T, t, &lo, &hi);
-    k_nchw_to_nhwc(lo, hi, C, H * W, src, dst);
-  }
+  nhwc_ctx c = {C, H * W, src, dst};
+  par_range(be, (size_t)B, (size_t)C * H * W, nhwc_range, &c);
 }
 
 /* ----------------------------------------------------------- convolution */
@@ -386,26 +443,38 @@ static float *ws_acc(const cnn_conv_geom *g, void *ws, int t) {
                    round_up(col_floats(g) * sizeof(float)));
 }
 
+typedef struct {
+  const cnn_conv_geom *g;
+  const float *x, *w, *bias, *dy;
+  float *y, *dw, *db;
+  void *ws;
+  int relu, n, T;
+  int used[CNN_CPU_MAX_THREADS];
+} conv_job;
+
+/* chunk c: images [c*n, c*n + n) of the forward */
+static void conv_fwd_chunk(void *arg, int ch, int tid) {
+  conv_job *j = arg;
+  const cnn_conv_geom *g = j->g;
+  int b0 = ch * j->n, nb = g->B - b0 < j->n ? g->B - b0 : j->n;
+  int RRC = g->R * g->R * g->C, K = g->K, M = nb * g->H * g->W;
+  float *col = ws_col(g, j->ws, tid);
+  float *yc = j->y + (size_t)b0 * g->H * g->W * K;
+  im2col(j->x + (size_t)b0 * g->H * g->W * g->C, nb, g->H, g->W, g->C, g->R,
+         col);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, RRC, 1.0f,
+              col, RRC, j->w, K, 0.0f, yc, K);
+  k_bias_act((size_t)M, K, yc, j->bias, j->relu);
+}
+
 /* y = conv(x, w) [+ bias, ReLU] for geometry g (x has g->C channels, y
  * g->K). */
 static void conv_fwd_impl(const cnn_backend *be, const cnn_conv_geom *g,
                           const float *x, const float *w, const float *bias,
                           int relu, float *y, void *ws) {
-  int n = chunk_images(g, CONV_CHUNK_PIX);
-  int nchunks = (g->B + n - 1) / n;
-  int RRC = g->R * g->R * g->C, K = g->K;
-  size_t img_in = (size_t)g->H * g->W * g->C, img_out = (size_t)g->H * g->W * K;
-  CNN_OMP(omp parallel for num_threads(be->threads) schedule(dynamic, 1))
-  for (int ch = 0; ch < nchunks; ch++) {
-    int b0 = ch * n, nb = g->B - b0 < n ? g->B - b0 : n;
-    float *col = ws_col(g, ws, cnn_tid());
-    im2col(x + b0 * img_in, nb, g->H, g->W, g->C, g->R, col);
-    int M = nb * g->H * g->W;
-    float *yc = y + b0 * img_out;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, K, RRC, 1.0f,
-                col, RRC, w, K, 0.0f, yc, K);
-    k_bias_act((size_t)M, K, yc, bias, relu);
-  }
+  conv_job j = {g, x, w, bias, NULL, y, NULL, NULL, ws, relu,
+                chunk_images(g, CONV_CHUNK_PIX), be->threads, {0}};
+  par_chunks(be, (g->B + j.n - 1) / j.n, conv_fwd_chunk, &j);
 }
 
 static void cpu_conv_fwd(const cnn_backend *be, const cnn_conv_geom *g,
@@ -414,53 +483,60 @@ static void cpu_conv_fwd(const cnn_backend *be, const cnn_conv_geom *g,
   conv_fwd_impl(be, g, x, w, bias, relu, y, ws);
 }
 
+/* chunk c: accumulates col^T dy (and the dy column sums) of its images
+ * into dw/db (one thread) or into the thread's accumulator */
+static void conv_bwdf_chunk(void *arg, int ch, int tid) {
+  conv_job *j = arg;
+  const cnn_conv_geom *g = j->g;
+  int b0 = ch * j->n, nb = g->B - b0 < j->n ? g->B - b0 : j->n;
+  int RRC = g->R * g->R * g->C, K = g->K, M = nb * g->H * g->W;
+  size_t nw = (size_t)RRC * K;
+  float *col = ws_col(g, j->ws, tid);
+  float *accw = j->T == 1 ? j->dw : ws_acc(g, j->ws, tid);
+  float *accb = j->T == 1 ? j->db : ws_acc(g, j->ws, tid) + nw;
+  const float *dyc = j->dy + (size_t)b0 * g->H * g->W * K;
+  im2col(j->x + (size_t)b0 * g->H * g->W * g->C, nb, g->H, g->W, g->C, g->R,
+         col);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, RRC, K, M, 1.0f, col,
+              RRC, dyc, K, j->used[tid] ? 1.0f : 0.0f, accw, K);
+  if (accb) k_colsum((size_t)M, K, dyc, accb, j->used[tid]);
+  j->used[tid] = 1;
+}
+
+typedef struct {
+  const float *acc[CNN_CPU_MAX_THREADS];
+  int na;
+  float *out;
+} sum_ctx;
+
+static void sum_range(void *vc, size_t lo, size_t hi) {
+  sum_ctx *c = vc;
+  k_sum_acc(lo, hi, c->na, c->acc, c->out);
+}
+
 static void cpu_conv_bwd_filter(const cnn_backend *be, const cnn_conv_geom *g,
                                 const float *x, const float *dy, float *dw,
                                 float *db, void *ws) {
-  int n = chunk_images(g, CONV_BWDF_PIX);
-  int nchunks = (g->B + n - 1) / n;
-  int RRC = g->R * g->R * g->C, K = g->K, T = be->threads;
-  size_t img_in = (size_t)g->H * g->W * g->C, img_out = (size_t)g->H * g->W * K;
-  size_t nw = (size_t)RRC * K;
-  int used[CNN_CPU_MAX_THREADS] = {0};
-  CNN_OMP(omp parallel for num_threads(T) schedule(dynamic, 1))
-  for (int ch = 0; ch < nchunks; ch++) {
-    int t = cnn_tid();
-    int b0 = ch * n, nb = g->B - b0 < n ? g->B - b0 : n;
-    float *col = ws_col(g, ws, t);
-    float *accw = T == 1 ? dw : ws_acc(g, ws, t);
-    float *accb = T == 1 ? db : ws_acc(g, ws, t) + nw;
-    im2col(x + b0 * img_in, nb, g->H, g->W, g->C, g->R, col);
-    int M = nb * g->H * g->W;
-    const float *dyc = dy + b0 * img_out;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, RRC, K, M, 1.0f, col,
-                RRC, dyc, K, used[t] ? 1.0f : 0.0f, accw, K);
-    if (accb) k_colsum((size_t)M, K, dyc, accb, used[t]);
-    used[t] = 1;
-  }
-  if (T == 1) {
-    if (!used[0]) { /* B == 0 */
+  conv_job j = {g, x, NULL, NULL, dy, NULL, dw, db, ws, 0,
+                chunk_images(g, CONV_BWDF_PIX), be->threads, {0}};
+  int K = g->K;
+  size_t nw = (size_t)g->R * g->R * g->C * K;
+  par_chunks(be, (g->B + j.n - 1) / j.n, conv_bwdf_chunk, &j);
+  if (j.T == 1) {
+    if (!j.used[0]) { /* B == 0 */
       memset(dw, 0, nw * sizeof(float));
       if (db) memset(db, 0, K * sizeof(float));
     }
     return;
   }
-  const float *accs[CNN_CPU_MAX_THREADS];
-  int na = 0;
-  for (int t = 0; t < T; t++)
-    if (used[t]) accs[na++] = ws_acc(g, ws, t);
-  size_t tot = db ? nw + K : nw;
-  /* dw and db are contiguous in the accumulators, not in the outputs */
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split(nw, T, t, &lo, &hi);
-    k_sum_acc(lo, hi, na, accs, dw);
-  }
-  if (tot > nw) {
-    const float *baccs[CNN_CPU_MAX_THREADS];
-    for (int i = 0; i < na; i++) baccs[i] = accs[i] + nw;
-    k_sum_acc(0, (size_t)K, na, baccs, db);
+  sum_ctx c = {{0}, 0, dw};
+  for (int t = 0; t < j.T; t++)
+    if (j.used[t]) c.acc[c.na++] = ws_acc(g, ws, t);
+  par_range(be, nw, (size_t)(c.na ? c.na : 1), sum_range, &c);
+  if (db) {
+    for (int i = 0; i < c.na; i++) c.acc[i] += nw;
+    c.out = db;
+    sum_range(&c, 0, (size_t)K);
   }
 }
 
@@ -486,6 +562,46 @@ static void cpu_conv_bwd_data(const cnn_backend *be, const cnn_conv_geom *g,
 
 /* --------------------------------------------------------------- dense */
 
+typedef struct {
+  int M, K, N, relu, T;
+  const float *x, *w, *bias, *dy;
+  float *y, *dx, *dw;
+} dense_job;
+
+/* chunk c: rows part c of y */
+static void dense_fwd_chunk(void *arg, int c, int tid) {
+  (void)tid;
+  dense_job *j = arg;
+  size_t lo, hi;
+  split((size_t)j->M, j->T, c, &lo, &hi);
+  if (hi <= lo) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(hi - lo), j->N,
+              j->K, 1.0f, j->x + lo * j->K, j->K, j->w, j->N, 0.0f,
+              j->y + lo * j->N, j->N);
+  k_bias_act(hi - lo, j->N, j->y + lo * j->N, j->bias, j->relu);
+}
+
+/* chunk c < T: rows part c of dw = x^T dy; c >= T: rows part c - T of
+ * dx = dy w^T */
+static void dense_bwd_chunk(void *arg, int c, int tid) {
+  (void)tid;
+  dense_job *j = arg;
+  size_t lo, hi;
+  if (c < j->T) {
+    split((size_t)j->K, j->T, c, &lo, &hi);
+    if (hi > lo)
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(hi - lo),
+                  j->N, j->M, 1.0f, j->x + lo, j->K, j->dy, j->N, 0.0f,
+                  j->dw + lo * j->N, j->N);
+  } else {
+    split((size_t)j->M, j->T, c - j->T, &lo, &hi);
+    if (hi > lo)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo),
+                  j->K, j->N, 1.0f, j->dy + lo * j->N, j->N, j->w, j->N, 0.0f,
+                  j->dx + lo * j->K, j->K);
+  }
+}
+
 static int dense_threads(const cnn_backend *be, long work) {
   return work < 200000 ? 1 : be->threads;
 }
@@ -493,78 +609,69 @@ static int dense_threads(const cnn_backend *be, long work) {
 static void cpu_dense_fwd(const cnn_backend *be, int M, int K, int N,
                           const float *x, const float *w, const float *bias,
                           int relu, float *y) {
-  int T = dense_threads(be, (long)M * K * N);
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split((size_t)M, T, t, &lo, &hi);
-    if (hi <= lo) continue;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(hi - lo), N,
-                K, 1.0f, x + lo * K, K, w, N, 0.0f, y + lo * N, N);
-    k_bias_act(hi - lo, N, y + lo * N, bias, relu);
-  }
+  dense_job j = {M, K, N, relu, dense_threads(be, (long)M * K * N),
+                 x, w, bias, NULL, y, NULL, NULL};
+  par_chunks(be, j.T, dense_fwd_chunk, &j);
 }
 
 static void cpu_dense_bwd(const cnn_backend *be, int M, int K, int N,
                           const float *x, const float *w, const float *dy,
                           float *dx, float *dw, float *db) {
-  int T = dense_threads(be, (long)M * K * N);
-  CNN_OMP(omp parallel num_threads(T))
-  {
-    int t = cnn_tid();
-    size_t lo, hi;
-    /* dw = x^T dy: rows of dw split */
-    split((size_t)K, T, t, &lo, &hi);
-    if (hi > lo)
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)(hi - lo), N,
-                  M, 1.0f, x + lo, K, dy, N, 0.0f, dw + lo * N, N);
-    /* dx = dy w^T: rows split */
-    if (dx) {
-      split((size_t)M, T, t, &lo, &hi);
-      if (hi > lo)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(hi - lo),
-                    K, N, 1.0f, dy + lo * N, N, w, N, 0.0f, dx + lo * K, K);
-    }
-  }
+  dense_job j = {M, K, N, 0, dense_threads(be, (long)M * K * N),
+                 x, w, NULL, dy, NULL, dx, dw};
+  par_chunks(be, dx ? 2 * j.T : j.T, dense_bwd_chunk, &j);
   if (db) k_colsum((size_t)M, N, dy, db, 0);
 }
 
 /* ---------------------------------------------------------- element-wise */
 
+typedef struct {
+  const cnn_pool_geom *g;
+  const cnn_lrn_param *p;
+  int C, relu;
+  float f;
+  const float *a, *b, *c;
+  const int32_t *ai;
+  float *o, *o2;
+  int32_t *oi;
+  double part[4 * CNN_CPU_MAX_THREADS];
+  int nchunks;
+} ew_ctx;
+
+static void relu_bwd_range(void *vc, size_t lo, size_t hi) {
+  ew_ctx *c = vc;
+  k_relu_bwd(lo, hi, c->a, c->o);
+}
+
 static void cpu_relu_bwd(const cnn_backend *be, size_t n, const float *y,
                          float *dy) {
-  int T = par_threads(be, n);
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split(n, T, t, &lo, &hi);
-    k_relu_bwd(lo, hi, y, dy);
-  }
+  ew_ctx c = {.a = y, .o = dy};
+  par_range(be, n, 1, relu_bwd_range, &c);
+}
+
+static void pool_fwd_range(void *vc, size_t lo, size_t hi) {
+  ew_ctx *c = vc;
+  k_maxpool_fwd(c->g, lo, hi, c->a, c->o, c->oi);
 }
 
 static void cpu_maxpool_fwd(const cnn_backend *be, const cnn_pool_geom *g,
                             const float *x, float *y, int32_t *arg) {
-  size_t rows = (size_t)g->B * g->OH;
-  int T = par_threads(be, rows * g->OW * g->C);
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split(rows, T, t, &lo, &hi);
-    k_maxpool_fwd(g, lo, hi, x, y, arg);
-  }
+  ew_ctx c = {.g = g, .a = x, .o = y, .oi = arg};
+  par_range(be, (size_t)g->B * g->OH, (size_t)g->OW * g->C * g->k * g->k,
+            pool_fwd_range, &c);
+}
+
+static void pool_bwd_range(void *vc, size_t lo, size_t hi) {
+  ew_ctx *c = vc;
+  k_maxpool_bwd(c->g, lo, hi, c->a, c->ai, c->b, c->o);
 }
 
 static void cpu_maxpool_bwd(const cnn_backend *be, const cnn_pool_geom *g,
                             const float *dy, const int32_t *arg,
                             const float *relu_x, float *dx) {
-  size_t rows = (size_t)g->B * g->H;
-  int T = par_threads(be, rows * g->W * g->C);
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split(rows, T, t, &lo, &hi);
-    k_maxpool_bwd(g, lo, hi, dy, arg, relu_x, dx);
-  }
+  ew_ctx c = {.g = g, .a = dy, .ai = arg, .b = relu_x, .o = dx};
+  par_range(be, (size_t)g->B * g->H, (size_t)g->W * g->C * 4, pool_bwd_range,
+            &c);
 }
 
 static void lrn_check(int C, const cnn_lrn_param *p) {
@@ -572,17 +679,22 @@ static void lrn_check(int C, const cnn_lrn_param *p) {
     abort(); /* beyond the row buffers: a programming error */
 }
 
+static void lrn_fwd_range(void *vc, size_t lo, size_t hi) {
+  ew_ctx *c = vc;
+  k_lrn_fwd(lo, hi, c->C, c->p, c->a, c->o, c->o2);
+}
+
 static void cpu_lrn_fwd(const cnn_backend *be, size_t rows, int C,
                         const cnn_lrn_param *p, const float *x, float *y,
                         float *scale) {
   lrn_check(C, p);
-  int T = par_threads(be, rows * C);
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split(rows, T, t, &lo, &hi);
-    k_lrn_fwd(lo, hi, C, p, x, y, scale);
-  }
+  ew_ctx c = {.p = p, .C = C, .a = x, .o = y, .o2 = scale};
+  par_range(be, rows, (size_t)C * 4, lrn_fwd_range, &c);
+}
+
+static void lrn_bwd_range(void *vc, size_t lo, size_t hi) {
+  ew_ctx *c = vc;
+  k_lrn_bwd(lo, hi, c->C, c->p, c->a, c->b, c->c, c->relu, c->o);
 }
 
 static void cpu_lrn_bwd(const cnn_backend *be, size_t rows, int C,
@@ -590,13 +702,9 @@ static void cpu_lrn_bwd(const cnn_backend *be, size_t rows, int C,
                         const float *scale, const float *dy, int relu_mask,
                         float *dx) {
   lrn_check(C, p);
-  int T = par_threads(be, rows * C);
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split(rows, T, t, &lo, &hi);
-    k_lrn_bwd(lo, hi, C, p, x, scale, dy, relu_mask, dx);
-  }
+  ew_ctx c = {.p = p, .C = C, .relu = relu_mask, .a = x, .b = scale, .c = dy,
+              .o = dx};
+  par_range(be, rows, (size_t)C * 4, lrn_bwd_range, &c);
 }
 
 static float cpu_softmax_xent(const cnn_backend *be, int B, int N,
@@ -613,30 +721,36 @@ static float cpu_softmax_xent(const cnn_backend *be, int B, int N,
   return (float)sum;
 }
 
+/* l2: n items cut into nchunks fixed pieces, a partial sum each */
+static void l2_chunk(void *arg, int ch, int tid) {
+  (void)tid;
+  ew_ctx *c = arg;
+  size_t lo, hi;
+  split((size_t)c->C, c->nchunks, ch, &lo, &hi);
+  c->part[ch] = k_l2(lo, hi, c->f, c->a, c->o);
+}
+
 static float cpu_l2_decay(const cnn_backend *be, size_t n, float wd,
                           const float *w, float *dw) {
-  int T = par_threads(be, n);
-  double part[CNN_CPU_MAX_THREADS] = {0};
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split(n, T, t, &lo, &hi);
-    part[t] = k_l2(lo, hi, wd, w, dw);
-  }
+  ew_ctx c = {.f = wd, .a = w, .o = dw};
+  if (n > (size_t)1 << 30) abort(); /* C holds n */
+  c.C = (int)n;
+  c.nchunks = be->threads > 1 && n >= 2 * PAR_MIN ? 2 * be->threads : 1;
+  par_chunks(be, c.nchunks, l2_chunk, &c);
   double ss = 0.0;
-  for (int t = 0; t < T; t++) ss += part[t];
+  for (int i = 0; i < c.nchunks; i++) ss += c.part[i];
   return (float)(0.5 * wd * ss);
+}
+
+static void sgd_range(void *vc, size_t lo, size_t hi) {
+  ew_ctx *c = vc;
+  k_sgd(lo, hi, c->f, c->a, c->o);
 }
 
 static void cpu_sgd(const cnn_backend *be, size_t n, float lr, const float *g,
                     float *w) {
-  int T = par_threads(be, n);
-  CNN_OMP(omp parallel for num_threads(T) schedule(static))
-  for (int t = 0; t < T; t++) {
-    size_t lo, hi;
-    split(n, T, t, &lo, &hi);
-    k_sgd(lo, hi, lr, g, w);
-  }
+  ew_ctx c = {.f = lr, .a = g, .o = w};
+  par_range(be, n, 1, sgd_range, &c);
 }
 
 /* --------------------------------------------------------------- table */

@@ -145,8 +145,13 @@ typedef struct ps_config {
                                  all ps tasks; 0: 1 MiB */
   uint64_t max_slice_bytes;   /* largest slice; larger parts are chunked so
                                  servers pipeline them; 0: 4 MiB */
-  const void *credential;     /* authentication credential (may be NULL) */
+  const void *credential;     /* shared secret the servers require (may be NULL) */
   size_t credential_len;      /* bytes in credential */
+  int munge;                  /* nonzero: present a fresh MUNGE credential to
+                                 every server, bound to job_id/step_id */
+  const char *munge_socket;   /* munged socket (NULL: MUNGE's default) */
+  long long job_id;           /* Slurm job the credential names */
+  long long step_id;          /* Slurm step the credential names */
 } ps_config;
 
 /* Connects to every ps task (retrying with backoff up to
@@ -162,6 +167,7 @@ int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
  *   PS_REPLICAS_TO_AGGREGATE (optional)  PS_ASYNC=1 (optional)
  *   PS_CONNECT_TIMEOUT_MS (optional)     PS_REQUEST_TIMEOUT_MS (optional)
  *   PS_SECRET (optional: the shared secret the servers require)
+ *   PS_MUNGE=1 with PS_JOB_ID, PS_STEP_ID, PS_MUNGE_SOCKET (optional: MUNGE)
  * A missing or malformed variable is PS_EINVAL with a message naming it. */
 int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
 

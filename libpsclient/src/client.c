@@ -19,6 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <munge.h>
+
 #include "ps.pb-c.h"
 #include "ps_internal.h"
 #include "psclient.h"
@@ -117,6 +119,9 @@ struct ps_client {
   size_t items_cap;
   uint8_t *cred;              /* credential bytes */
   size_t cred_len;
+  int munge;                  /* MUNGE credentials, one per connection */
+  char *munge_socket;         /* munged socket, or NULL */
+  long long job_id, step_id;  /* what the MUNGE payload names */
   char errmsg[1024];          /* last error */
 };
 
@@ -670,6 +675,29 @@ static int hello_one(ps_client *c, ps__conn *k, double deadline,
   h.async_mode = c->async_mode;
   h.credential.data = c->cred;
   h.credential.len = c->cred_len;
+  char *mcred = NULL;
+  if (c->munge) {
+    /* A fresh credential per connection: munged refuses replays, and the
+     * payload binds it to this job and step. */
+    munge_ctx_t ctx = munge_ctx_create();
+    if (!ctx) return seterr(c, PS_ENOMEM, "out of memory");
+    if (c->munge_socket) munge_ctx_set(ctx, MUNGE_OPT_SOCKET, c->munge_socket);
+    char payload[128];
+    snprintf(payload, sizeof payload, "psd1 job=%lld step=%lld", c->job_id, c->step_id);
+    munge_err_t me = munge_encode(&mcred, ctx, payload, (int)strlen(payload));
+    munge_ctx_destroy(ctx);
+    if (me != EMUNGE_SUCCESS) {
+      free(mcred);
+      return seterr(c, PS_EAUTH, "cannot get a MUNGE credential%s%s: %s",
+                    c->munge_socket ? " from " : "", c->munge_socket ? c->munge_socket : "",
+                    munge_strerror(me));
+    }
+    h.credential.data = (uint8_t *)mcred;
+    h.credential.len = strlen(mcred);
+    h.munge = 1;
+    h.secret.data = c->cred;
+    h.secret.len = c->cred_len;
+  }
   h.client_id = cid;
   h.split_threshold = c->placer.split_threshold;
   h.max_slice_bytes = c->placer.max_slice_bytes;
@@ -679,6 +707,7 @@ static int hello_one(ps_client *c, ps__conn *k, double deadline,
   r->step = (uint64_t)k->index; /* HELLO_REPLY carries no id: match by ps */
   r->pend_ps[k->index] = 1;
   int rc = queue_frame(c, k, PS__MSG_HELLO, &h.base, NULL, NULL, 0);
+  free(mcred); /* packed into the frame */
   if (rc == 0) rc = pump(c, r, deadline);
   if (rc == 0) rc = r->status;
   if (rc == PS_ETIMEDOUT)
@@ -741,6 +770,23 @@ int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
   if (secret && *secret) {
     cfg.credential = secret;
     cfg.credential_len = strlen(secret);
+  }
+  int munge = 0;
+  rc = getenv_int("PS_MUNGE", 0, 0, 0, 1, &munge, e, sizeof e);
+  if (!rc && munge) {
+    const char *j = getenv("PS_JOB_ID"), *st = getenv("PS_STEP_ID");
+    char *end;
+    cfg.munge = 1;
+    cfg.munge_socket = getenv("PS_MUNGE_SOCKET");
+    if (!j || !*j || (cfg.job_id = strtoll(j, &end, 10), *end)) {
+      snprintf(e, sizeof e, "PS_MUNGE=1 needs PS_JOB_ID (got '%s')", j ? j : "");
+      rc = PS_EINVAL;
+    }
+    cfg.step_id = st && *st ? strtoll(st, &end, 10) : -1;
+  }
+  if (rc) {
+    if (errmsg) snprintf(errmsg, errlen, "%s", e);
+    return rc;
   }
   char *copy = strdup(hosts);
   const char *list[4096];
@@ -808,6 +854,10 @@ int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg, size_t
     memcpy(c->cred, cfg->credential, cfg->credential_len);
     c->cred_len = cfg->credential_len;
   }
+  c->munge = cfg->munge != 0;
+  c->job_id = cfg->job_id;
+  c->step_id = cfg->step_id;
+  if (cfg->munge_socket && !(c->munge_socket = strdup(cfg->munge_socket))) goto fail;
   rc = ps__placer_init(&c->placer, (uint32_t)c->num_ps, cfg->split_threshold,
                        cfg->max_slice_bytes);
   if (rc) {
@@ -885,6 +935,7 @@ void ps_client_destroy(ps_client *c) {
   free(c->segdata);
   free(c->segcount);
   free(c->cred);
+  free(c->munge_socket);
   free(c);
 }
 

@@ -1,0 +1,129 @@
+/*
+ * fuzz_frame - the frame header codec and the protobuf part of a frame:
+ * ps__header_decode (libpsclient/src/common.c) on the first 24 bytes, both
+ * before and after the handshake, then every message type's protobuf-c
+ * unpack function (proto/ps.proto, generated ps.pb-c.c) on the bytes that
+ * follow, as psd and the client do once a whole frame has arrived.
+ *
+ * Checked beyond "no crash": an accepted header obeys the documented
+ * limits and re-encodes to the same 24 bytes; a rejected one gets one of
+ * the documented codes and a message; whatever the handshake accepts is
+ * also accepted after it; a message that unpacks packs back to bytes that
+ * unpack and pack to the same bytes again.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fuzz_server.h" /* LLVMFuzzerTestOneInput prototype */
+#include "ps.pb-c.h"
+#include "ps_internal.h"
+
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (!(cond)) {                                         \
+      fprintf(stderr, "fuzz_frame: check failed: %s: ", #cond); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fprintf(stderr, "\n");                               \
+      abort();                                             \
+    }                                                      \
+  } while (0)
+
+/* pack(m) unpacks again, and packing that gives the same bytes. */
+static void roundtrip(const ProtobufCMessage *m) {
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  size_t n = protobuf_c_message_get_packed_size(m);
+  uint8_t *a = malloc(n ? n : 1);
+  CHECK(a, "out of memory");
+  CHECK(protobuf_c_message_pack(m, a) == n, "%s: packed size", d->name);
+  ProtobufCMessage *m2 = protobuf_c_message_unpack(d, NULL, n, a);
+  CHECK(m2, "%s: its own packing (%zu bytes) does not unpack", d->name, n);
+  size_t n2 = protobuf_c_message_get_packed_size(m2);
+  CHECK(n2 == n, "%s: repacked size %zu != %zu", d->name, n2, n);
+  uint8_t *b = malloc(n2 ? n2 : 1);
+  CHECK(b, "out of memory");
+  CHECK(protobuf_c_message_pack(m2, b) == n2, "%s: packed size", d->name);
+  CHECK(memcmp(a, b, n) == 0, "%s: pack/unpack/pack is not stable", d->name);
+  free(a);
+  free(b);
+  protobuf_c_message_free_unpacked(m2, NULL);
+}
+
+#define TRY(fn_unpack, fn_free)                           \
+  do {                                                    \
+    void *m = fn_unpack(NULL, len, meta);                 \
+    if (m) {                                              \
+      roundtrip((const ProtobufCMessage *)m);             \
+      fn_free(m, NULL);                                   \
+      ok++;                                               \
+    }                                                     \
+  } while (0)
+
+/* Every message type's unpack, as psd or the client would call it on a
+ * frame of that type. Returns how many accepted the bytes. */
+static int unpack_all(const uint8_t *meta, size_t len) {
+  int ok = 0;
+  TRY(ps__hello__unpack, ps__hello__free_unpacked);
+  TRY(ps__hello_reply__unpack, ps__hello_reply__free_unpacked);
+  TRY(ps__error__unpack, ps__error__free_unpacked);
+  TRY(ps__ack__unpack, ps__ack__free_unpacked);
+  TRY(ps__register__unpack, ps__register__free_unpacked);
+  TRY(ps__register_reply__unpack, ps__register_reply__free_unpacked);
+  TRY(ps__init__unpack, ps__init__free_unpacked);
+  TRY(ps__push__unpack, ps__push__free_unpacked);
+  TRY(ps__push_reply__unpack, ps__push_reply__free_unpacked);
+  TRY(ps__pull__unpack, ps__pull__free_unpacked);
+  TRY(ps__pull_reply__unpack, ps__pull_reply__free_unpacked);
+  TRY(ps__finish__unpack, ps__finish__free_unpacked);
+  return ok;
+}
+
+static int decode(const uint8_t *in, int handshaken, ps__frame_header *h) {
+  char err[256];
+  err[0] = '\0';
+  memset(h, 0xa5, sizeof *h);
+  int rc = ps__header_decode(in, handshaken, h, err, sizeof err);
+  if (rc != 0) {
+    CHECK(rc == PS_EPROTO || rc == PS_EVERSION || rc == PS_ETOOBIG, "code %d", rc);
+    CHECK(err[0] != '\0', "rejected (%d) without a message", rc);
+    return rc;
+  }
+  CHECK(h->type >= 1 && h->type < PS__MSG_MAX_, "type %u", h->type);
+  CHECK(strcmp(ps__msg_name(h->type), "UNKNOWN") != 0, "type %u has no name", h->type);
+  CHECK(h->meta_len <= PS__MAX_META, "meta %u", h->meta_len);
+  CHECK(h->data_len <= PS__MAX_DATA && h->data_len % 4 == 0, "data %llu",
+        (unsigned long long)h->data_len);
+  if (!handshaken) {
+    CHECK(h->type == PS__MSG_HELLO || h->type == PS__MSG_HELLO_REPLY ||
+              h->type == PS__MSG_ERROR,
+          "type %u before the handshake", h->type);
+    CHECK(h->meta_len <= PS__MAX_PREAUTH_META && h->data_len == 0,
+          "pre-handshake frame of %u + %llu bytes", h->meta_len,
+          (unsigned long long)h->data_len);
+  }
+  uint8_t re[PS__HEADER_SIZE];
+  ps__header_encode(re, h->type, h->meta_len, h->data_len);
+  CHECK(memcmp(re, in, PS__HEADER_SIZE) == 0, "accepted header does not re-encode to itself");
+  return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  if (size < PS__HEADER_SIZE) return 0; /* psd waits for more bytes */
+  ps__frame_header h0, h1;
+  int rc0 = decode(data, 0, &h0);
+  int rc1 = decode(data, 1, &h1);
+  if (rc0 == 0)
+    CHECK(rc1 == 0 && h0.type == h1.type && h0.meta_len == h1.meta_len &&
+              h0.data_len == h1.data_len,
+          "the handshake accepts a header (%d) that is refused after it (%d)", rc0, rc1);
+  if (rc1 != 0) return 0;
+  size_t rest = size - PS__HEADER_SIZE;
+  if (rest < h1.meta_len) return 0; /* psd waits for the whole protobuf part */
+  /* An exact-size copy, so reads past the protobuf part are caught. */
+  uint8_t *meta = malloc(h1.meta_len ? h1.meta_len : 1);
+  if (!meta) return 0;
+  memcpy(meta, data + PS__HEADER_SIZE, h1.meta_len);
+  unpack_all(meta, h1.meta_len);
+  free(meta);
+  return 0;
+}

@@ -1,0 +1,339 @@
+/* fuzz_server.c - see fuzz_server.h. */
+#include "fuzz_server.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "conn.h"
+#include "log.h"
+#include "ps.pb-c.h"
+#include "ps_internal.h"
+#include "server.h"
+
+/* Seconds psd may go without reading or closing before the harness calls
+ * it a hang (libFuzzer's -timeout would catch it later anyway). */
+#define FUZZ_STALL_S 5.0
+/* Slices / parameter bytes a server may hold before it is replaced, so
+ * memory and per-connection table sizes stay bounded over a long run. */
+#define FUZZ_MAX_SLICES 4096u
+#define FUZZ_MAX_HELD ((uint64_t)32 << 20)
+
+static psd_config g_cfg;
+static psd_server g_srv;
+static int g_up;           /* g_srv is initialized */
+static int g_fresh;        /* FUZZ_FRESH=1: a new server for every input */
+static uint64_t g_servers; /* servers made so far (stats) */
+
+/* ---- the server ---------------------------------------------------------- */
+
+static void server_start(void) {
+  if (!g_cfg.num_ps) {
+    const char *lvl = getenv("FUZZ_LOG_LEVEL"); /* error (default) .. debug */
+    char *argv[] = {"psd-fuzz", "--host", "127.0.0.1", "--port", "0",
+                    "--workers", "2", "--log-level", (char *)(lvl && *lvl ? lvl : "error"),
+                    "--stall-timeout", "1000", "--grace-period", "1000000",
+                    "--startup-timeout", "0", "--name", "fuzz", NULL};
+    int argc = (int)(sizeof argv / sizeof argv[0]) - 1;
+    char err[512];
+    if (psd_config_parse(&g_cfg, argc, argv, err, sizeof err) != 0) {
+      fprintf(stderr, "fuzz: psd_config_parse: %s\n", err);
+      abort();
+    }
+    psd_log_init(g_cfg.name, g_cfg.log_level);
+    const char *f = getenv("FUZZ_FRESH");
+    g_fresh = f && *f && strcmp(f, "0") != 0;
+  }
+  if (psd_server_init(&g_srv, &g_cfg) != 0) {
+    fprintf(stderr, "fuzz: psd_server_init failed\n");
+    abort();
+  }
+  g_up = 1;
+  g_servers++;
+}
+
+static void server_stop(void) {
+  if (!g_up) return;
+  psd_server_free(&g_srv);
+  g_up = 0;
+}
+
+/* 1 if the state this input left would make later inputs meaningless: the
+ * server is exiting (every worker done), a worker finished (it can never
+ * say Hello again), the job was pinned to values other than the seed
+ * corpus's, or it holds too much. */
+static int server_spent(void) {
+  const psd_server *s = &g_srv;
+  if (g_fresh || s->exiting) return 1;
+  if (s->shard.n > FUZZ_MAX_SLICES || s->shard.bytes_held > FUZZ_MAX_HELD) return 1;
+  if (!s->pinned) return 0;
+  if (s->num_workers != FUZZ_WORKERS || s->shard.replicas != FUZZ_WORKERS ||
+      s->shard.async_mode || s->split_threshold != PS__DEFAULT_SPLIT_THRESHOLD ||
+      s->max_slice_bytes != PS__DEFAULT_MAX_SLICE_BYTES)
+    return 1;
+  for (uint32_t w = 0; w < s->num_workers; w++)
+    if (s->workers[w].finished) return 1;
+  return 0;
+}
+
+static void at_exit(void) {
+  if (getenv("FUZZ_STATS"))
+    fprintf(stderr, "fuzz: %llu psd servers made\n", (unsigned long long)g_servers);
+  server_stop();
+}
+
+/* ---- input shaping --------------------------------------------------------- */
+
+static uint64_t splitmix(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static uint64_t fnv1a(const uint8_t *d, size_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < n; i++) h = (h ^ d[i]) * 1099511628211ULL;
+  return h;
+}
+
+static uint64_t sat_add(uint64_t a, uint64_t b) { return a + b < a ? UINT64_MAX : a + b; }
+static uint64_t sat_mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
+/* How many leading bytes to send: frames are scanned as psd would read
+ * them, and the input is cut before the Register that would take the
+ * allocations past FUZZ_REGISTER_BUDGET. */
+static size_t budget_prefix(const uint8_t *d, size_t n) {
+  size_t off = 0;
+  uint64_t spent = 0;
+  while (n - off >= PS__HEADER_SIZE) {
+    ps__frame_header h;
+    char err[256];
+    if (ps__header_decode(d + off, 1, &h, err, sizeof err) != 0) break;
+    size_t start = off;
+    off += PS__HEADER_SIZE;
+    if (n - off < h.meta_len) break;
+    if (h.type == PS__MSG_REGISTER) {
+      Ps__Register *r = ps__register__unpack(NULL, h.meta_len, d + off);
+      if (r) {
+        for (size_t i = 0; i < r->n_slices; i++) {
+          const Ps__SliceSpec *sp = r->slices[i];
+          if (sp->length > PS__MAX_SLICE_BYTES / sizeof(float)) continue; /* refused */
+          uint64_t per = 2; /* parameters and accumulator */
+          if (sp->optimizer && sp->optimizer->kind == PS__OPT_KIND__OPT_MOMENTUM) per = 3;
+          if (sp->optimizer && sp->optimizer->kind == PS__OPT_KIND__OPT_ADAM) per = 4;
+          spent = sat_add(spent, sat_mul(sat_mul(sp->length, sizeof(float)), per));
+        }
+        ps__register__free_unpacked(r, NULL);
+        if (spent > FUZZ_REGISTER_BUDGET) return start;
+      }
+    }
+    off += h.meta_len;
+    if (n - off < h.data_len) break;
+    off += (size_t)h.data_len;
+  }
+  return n;
+}
+
+/* ---- what psd sends back must be well-formed ----------------------------- */
+
+typedef struct reply_parser {
+  uint8_t *buf;
+  size_t len, cap;
+  uint64_t skip;  /* data bytes of the current frame still to come */
+  uint64_t frames;
+} reply_parser;
+
+static void bad_reply(const char *what, const uint8_t *hdr) {
+  fprintf(stderr, "fuzz: psd sent a malformed frame: %s; header:", what);
+  for (int i = 0; i < (int)PS__HEADER_SIZE; i++) fprintf(stderr, " %02x", hdr[i]);
+  fprintf(stderr, "\n");
+  abort();
+}
+
+/* Checks one complete header + protobuf; returns the data bytes that follow. */
+static uint64_t check_reply(const ps__frame_header *h, const uint8_t *hdr, const uint8_t *meta) {
+  ProtobufCMessage *m = NULL;
+  uint64_t want_data = 0;
+  switch (h->type) {
+  case PS__MSG_HELLO_REPLY:
+    m = (ProtobufCMessage *)ps__hello_reply__unpack(NULL, h->meta_len, meta);
+    break;
+  case PS__MSG_ERROR: {
+    Ps__Error *e = ps__error__unpack(NULL, h->meta_len, meta);
+    if (e && e->code >= 0) bad_reply("Error with a non-negative code", hdr);
+    m = (ProtobufCMessage *)e;
+    break;
+  }
+  case PS__MSG_ACK:
+    m = (ProtobufCMessage *)ps__ack__unpack(NULL, h->meta_len, meta);
+    break;
+  case PS__MSG_REGISTER_REPLY:
+    m = (ProtobufCMessage *)ps__register_reply__unpack(NULL, h->meta_len, meta);
+    break;
+  case PS__MSG_PUSH_REPLY:
+    m = (ProtobufCMessage *)ps__push_reply__unpack(NULL, h->meta_len, meta);
+    break;
+  case PS__MSG_PULL_REPLY: {
+    Ps__PullReply *r = ps__pull_reply__unpack(NULL, h->meta_len, meta);
+    if (r)
+      for (size_t i = 0; i < r->n_items; i++)
+        want_data = sat_add(want_data, sat_mul(r->items[i]->count, sizeof(float)));
+    m = (ProtobufCMessage *)r;
+    break;
+  }
+  default:
+    bad_reply("a message type the server never sends", hdr);
+  }
+  if (!m) bad_reply("its protobuf does not unpack", hdr);
+  protobuf_c_message_free_unpacked(m, NULL);
+  if (h->data_len != want_data) bad_reply("data length does not match its items", hdr);
+  return h->data_len;
+}
+
+static void reply_bytes(reply_parser *p, const uint8_t *d, size_t n) {
+  while (n > 0) {
+    if (p->skip) {
+      size_t k = p->skip < n ? (size_t)p->skip : n;
+      p->skip -= k;
+      d += k;
+      n -= k;
+      continue;
+    }
+    size_t take = n;
+    if (p->len + take > p->cap) {
+      size_t nc = p->cap ? p->cap : 4096;
+      while (nc < p->len + take) nc *= 2;
+      uint8_t *nb = realloc(p->buf, nc);
+      if (!nb) abort();
+      p->buf = nb;
+      p->cap = nc;
+    }
+    memcpy(p->buf + p->len, d, take);
+    p->len += take;
+    n = 0;
+    /* Consume every complete frame now buffered. */
+    size_t off = 0;
+    while (p->len - off >= PS__HEADER_SIZE) {
+      ps__frame_header h;
+      char err[256];
+      if (ps__header_decode(p->buf + off, 1, &h, err, sizeof err) != 0)
+        bad_reply(err, p->buf + off);
+      if (p->len - off - PS__HEADER_SIZE < h.meta_len) break;
+      uint64_t data = check_reply(&h, p->buf + off, p->buf + off + PS__HEADER_SIZE);
+      p->frames++;
+      off += PS__HEADER_SIZE + h.meta_len;
+      uint64_t here = p->len - off < data ? p->len - off : data;
+      off += (size_t)here;
+      p->skip = data - here;
+      if (p->skip) break;
+    }
+    memmove(p->buf, p->buf + off, p->len - off);
+    p->len -= off;
+  }
+}
+
+/* ---- one connection -------------------------------------------------------- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void fuzz_server_feed(const uint8_t *data, size_t size, uint64_t shape) {
+  if (!g_up) {
+    server_start();
+    static int registered;
+    if (!registered++) atexit(at_exit);
+  }
+  size = budget_prefix(data, size);
+  uint64_t rng = shape ? shape : fnv1a(data, size);
+  uint64_t style = splitmix(&rng);
+  int write_style = (int)(style & 3);        /* 0: all at once, 1: tiny, 2: small, 3: mixed */
+  int lazy_reader = (style >> 2 & 3) == 0;   /* let replies pile up in psd */
+  int small_sndbuf = (style >> 4 & 3) == 0;  /* psd's writes come out in pieces */
+
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {
+    perror("fuzz: socketpair");
+    abort();
+  }
+  if (small_sndbuf) {
+    int b = 4096;
+    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+  }
+  if (!psd_conn_new(&g_srv, sv[0], "fuzz:0")) {
+    fprintf(stderr, "fuzz: psd_conn_new failed\n");
+    abort();
+  }
+
+  reply_parser rp = {0};
+  size_t off = 0;
+  int shut = 0, eof = 0;
+  double last = now_s();
+  static uint8_t rbuf[1 << 16];
+  while (!eof) {
+    int progress = 0;
+    if (off < size) {
+      size_t left = size - off, n = left;
+      uint64_t r = splitmix(&rng);
+      int st = write_style == 3 ? (int)(r >> 60) % 3 : write_style;
+      if (st == 1) n = 1 + (size_t)(r % 8);
+      else if (st == 2) n = 1 + (size_t)(r % 512);
+      if (n > left) n = left;
+      ssize_t w = write(sv[1], data + off, n);
+      if (w > 0) {
+        off += (size_t)w;
+        progress = 1;
+      } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        off = size; /* psd closed the connection: stop writing */
+      }
+    } else if (!shut) {
+      shutdown(sv[1], SHUT_WR);
+      shut = 1;
+      progress = 1;
+    }
+    event_base_loop(g_srv.base, EVLOOP_NONBLOCK);
+    if (!lazy_reader || !progress || (splitmix(&rng) & 7) == 0) {
+      for (;;) {
+        ssize_t n = read(sv[1], rbuf, sizeof rbuf);
+        if (n > 0) {
+          reply_bytes(&rp, rbuf, (size_t)n);
+          progress = 1;
+          continue;
+        }
+        if (n == 0) eof = 1;
+        else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) eof = 1;
+        break;
+      }
+    }
+    double t = now_s();
+    if (progress) {
+      last = t;
+    } else {
+      if (t - last > FUZZ_STALL_S) {
+        fprintf(stderr,
+                "fuzz: psd neither read nor closed the connection for %.0f s "
+                "(%zu of %zu bytes sent, write side %s)\n",
+                FUZZ_STALL_S, off, size, shut ? "shut" : "open");
+        abort();
+      }
+      /* Nothing moved: wait for psd's next event (its 100 ms tick at most). */
+      event_base_loop(g_srv.base, EVLOOP_ONCE);
+    }
+  }
+  close(sv[1]);
+  free(rp.buf);
+  /* psd closed its end, so the connection is gone (reaped by now). */
+  if (server_spent()) server_stop();
+}
