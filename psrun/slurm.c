@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "launch.h"
 #include "proc.h"
 #include "psrun.h"
 
@@ -56,8 +57,6 @@
  * ephemeral range's start, below its end: collisions are detected). */
 #define PSR_PORT_BASE 20000
 #define PSR_PORT_SPAN 30000
-/* Seconds psd has to bind and report its port. */
-#define PSR_PSD_START_S 30.0
 
 static double now_s(void) {
   struct timespec ts;
@@ -293,7 +292,6 @@ typedef struct step {
   char addr[64];         /* this task's address */
   psr_role role;         /* this task's role */
   int num_ps, num_workers;
-  char psd_dir[64];      /* for psd's port file */
   int child;             /* index of our child in procs, -1 */
   char secret[65];       /* shared secret of this step's psd and workers */
   int munge;             /* the cluster authenticates with MUNGE: so do we */
@@ -316,113 +314,36 @@ static void find_munge(step *s) {
   slurm_free_ctl_conf(conf);
 }
 
+/* This task as launch.c sees it. */
+static psr_task task_of(step *s) {
+  psr_task t;
+  memset(&t, 0, sizeof t);
+  t.o = s->o;
+  t.host = s->addr;
+  t.index = s->role.index;
+  t.num_ps = s->num_ps;
+  t.num_workers = s->num_workers;
+  t.local_rank = s->env.localid;
+  t.secret = s->secret;
+  t.munge = s->munge;
+  t.munge_socket = s->munge_socket;
+  t.job_id = s->env.job_id;
+  /* psd of a ps step of its own serves worker steps with other step ids. */
+  t.step_id = s->role.is_ps && strcmp(s->o->role, "ps") == 0 ? -1 : s->env.step_id;
+  return t;
+}
+
 /* Starts psd for this ps task and returns its "host:port" (malloc'd). */
 static char *start_psd(step *s, char *err, size_t errlen) {
-  const psr_opts *o = s->o;
-  char idx[16], nps[16], nw[16], portf[128], label[32];
-  snprintf(s->psd_dir, sizeof s->psd_dir, "/tmp/psrun.XXXXXX");
-  if (!mkdtemp(s->psd_dir)) {
-    snprintf(err, errlen, "mkdtemp: %s", strerror(errno));
-    return NULL;
-  }
-  snprintf(portf, sizeof portf, "%s/port", s->psd_dir);
-  snprintf(idx, sizeof idx, "%d", s->role.index);
-  snprintf(nps, sizeof nps, "%d", s->num_ps);
-  snprintf(nw, sizeof nw, "%d", s->num_workers);
-  snprintf(label, sizeof label, "ps%d", s->role.index);
-  char *argv[80];
-  int a = 0;
-  argv[a++] = (char *)o->psd;
-  argv[a++] = "--host";
-  argv[a++] = s->addr;
-  argv[a++] = "--port";
-  argv[a++] = "0";
-  argv[a++] = "--port-file";
-  argv[a++] = portf;
-  argv[a++] = "--ps-index";
-  argv[a++] = idx;
-  argv[a++] = "--num-ps";
-  argv[a++] = nps;
-  argv[a++] = "--name";
-  argv[a++] = label;
-  if (s->num_workers > 0) {
-    argv[a++] = "--workers";
-    argv[a++] = nw;
-  }
-  char jid[32], sid[32];
-  snprintf(jid, sizeof jid, "%lld", s->env.job_id);
-  /* A ps step of its own serves worker steps with other step ids. */
-  snprintf(sid, sizeof sid, "%lld", strcmp(o->role, "ps") == 0 ? -1LL : s->env.step_id);
-  if (s->munge) {
-    argv[a++] = "--munge";
-    argv[a++] = "--job-id";
-    argv[a++] = jid;
-    argv[a++] = "--step-id";
-    argv[a++] = sid;
-    if (s->munge_socket[0]) {
-      argv[a++] = "--munge-socket";
-      argv[a++] = s->munge_socket;
-    }
-  }
-  for (int k = 0; k < o->npsd_args && a < 78; k++) argv[a++] = (char *)o->psd_args[k];
-  argv[a] = NULL;
-  char e_secret[80];
-  snprintf(e_secret, sizeof e_secret, "PSD_SECRET=%s", s->secret);
-  char *env[] = {e_secret, NULL};
-  s->child = psr_spawn(&s->procs, label, 1, argv, s->secret[0] ? env : NULL, err, errlen);
-  if (s->child < 0) return NULL;
-  double deadline = now_s() + PSR_PSD_START_S;
-  for (;;) {
-    FILE *f = fopen(portf, "r");
-    if (f) {
-      char line[128] = "";
-      char *ok = fgets(line, sizeof line, f);
-      fclose(f);
-      if (ok && strchr(line, ':')) {
-        line[strcspn(line, "\r\n")] = '\0';
-        unlink(portf);
-        rmdir(s->psd_dir);
-        return strdup(line);
-      }
-    }
-    int which;
-    if (psr_wait(&s->procs, 20, -1, &which) == PSR_EV_EXIT) {
-      char d[64];
-      psr_describe(s->procs.kids[which].status, d, sizeof d);
-      snprintf(err, errlen, "psd %s before it was ready", d);
-      return NULL;
-    }
-    if (now_s() > deadline) {
-      snprintf(err, errlen, "psd did not report its port within %.0f s", PSR_PSD_START_S);
-      return NULL;
-    }
-  }
+  psr_task t = task_of(s);
+  char *hp = psr_start_psd(&s->procs, &t, err, errlen);
+  s->child = hp ? s->procs.n - 1 : -1;
+  return hp;
 }
 
 static int start_worker(step *s, const char *hosts, char *err, size_t errlen) {
-  char e_hosts[PSR_LINE_MAX_BYTES / 4], e_idx[64], e_nw[64], e_nps[64], e_local[64], label[32];
-  snprintf(e_hosts, sizeof e_hosts, "PS_HOSTS=%s", hosts);
-  snprintf(e_idx, sizeof e_idx, "PS_WORKER_INDEX=%d", s->role.index);
-  snprintf(e_nw, sizeof e_nw, "PS_NUM_WORKERS=%d", s->num_workers);
-  snprintf(e_nps, sizeof e_nps, "PS_NUM_PS=%d", s->num_ps);
-  snprintf(e_local, sizeof e_local, "PS_LOCAL_RANK=%d", s->env.localid);
-  snprintf(label, sizeof label, "w%d", s->role.index);
-  char e_secret[80], e_job[64], e_step[64], e_sock[1100];
-  snprintf(e_secret, sizeof e_secret, "PS_SECRET=%s", s->secret);
-  snprintf(e_job, sizeof e_job, "PS_JOB_ID=%lld", s->env.job_id);
-  snprintf(e_step, sizeof e_step, "PS_STEP_ID=%lld", s->env.step_id);
-  snprintf(e_sock, sizeof e_sock, "PS_MUNGE_SOCKET=%s", s->munge_socket);
-  char *env[16] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker"};
-  int ne = 6;
-  if (s->secret[0]) env[ne++] = e_secret;
-  if (s->munge) {
-    env[ne++] = "PS_MUNGE=1";
-    env[ne++] = e_job;
-    env[ne++] = e_step;
-    if (s->munge_socket[0]) env[ne++] = e_sock;
-  }
-  env[ne] = NULL;
-  s->child = psr_spawn(&s->procs, label, 0, s->o->cmd, env, err, errlen);
+  psr_task t = task_of(s);
+  s->child = psr_start_worker(&s->procs, &t, hosts, err, errlen);
   return s->child < 0 ? -1 : 0;
 }
 
@@ -866,11 +787,17 @@ static int rdv_dir(const psr_opts *o, const psr_env *e, char *out, size_t len, c
   return 0;
 }
 
+/* Writes text to path through a temporary file and a rename; mode 0600
+ * (the info file holds the secret). */
 static int write_atomic(const char *path, const char *text) {
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f) return -1;
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  if (!f) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
   fprintf(f, "%s\n", text);
   if (fflush(f) || fsync(fileno(f))) {
     fclose(f);
@@ -890,6 +817,27 @@ static char *slurp_line(const char *path) {
   return r;
 }
 
+/* Files in the rendezvous directory (all written atomically):
+ *   info   "<ps step id> <num_ps> <secret>"   by ps task 0, mode 0600
+ *   ps<i>  "<ps step id> <host:port>"         by ps task i
+ * The step id tag makes leftovers of an earlier ps step (a requeue, a
+ * previous run in the same directory) harmless: they are never read as
+ * current. */
+
+/* Parses info: 0 if it names step `want` (any step when want < 0). */
+static int read_info(const char *dir, long long want, long long *stp, int *nps, char *secret) {
+  char path[4300];
+  snprintf(path, sizeof path, "%s/info", dir);
+  char *line = slurp_line(path);
+  if (!line) return -1;
+  char sec[80];
+  int ok = sscanf(line, "%lld %d %70s", stp, nps, sec) == 3 && *nps > 0 && strlen(sec) == 64 &&
+           (want < 0 || *stp == want);
+  free(line);
+  if (ok) memcpy(secret, sec, 65);
+  return ok ? 0 : -1;
+}
+
 /* `srun -n P psrun --role=ps`: every task is a ps; addresses go to files. */
 static int run_ps_step(step *s, char *err, size_t errlen) {
   char dir[4200], path[4300];
@@ -898,34 +846,30 @@ static int run_ps_step(step *s, char *err, size_t errlen) {
   s->role.index = s->env.procid;
   s->num_ps = s->env.ntasks;
   s->num_workers = 0; /* learned from the workers */
-  /* One secret for the ps step and its worker steps: the first ps task
-   * writes it (mode 0600, in our 0700 directory), the others read it. */
-  snprintf(path, sizeof path, "%s/secret", dir);
   if (s->env.procid == 0) {
-    char sec[65];
+    /* Forget any earlier ps step's addresses, then publish ours. */
+    for (int i = 0; i < 65536; i++) {
+      snprintf(path, sizeof path, "%s/ps%d", dir, i);
+      if (unlink(path) != 0 && errno == ENOENT && i > s->num_ps) break;
+    }
+    char sec[65], text[128];
     if (psr_new_secret(sec) != 0) {
       snprintf(err, errlen, "cannot draw a random secret");
       return -1;
     }
-    char tmp[4400];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    if (fd < 0 || write(fd, sec, 64) != 64 || fsync(fd) != 0 || close(fd) != 0 ||
-        rename(tmp, path) != 0) {
+    snprintf(text, sizeof text, "%lld %d %s", s->env.step_id, s->num_ps, sec);
+    snprintf(path, sizeof path, "%s/info", dir);
+    if (write_atomic(path, text) != 0) {
       snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
       return -1;
     }
   }
-  for (double end = now_s() + s->o->timeout_s;;) {
-    char *sec = slurp_line(path);
-    if (sec && strlen(sec) == 64) {
-      snprintf(s->secret, sizeof s->secret, "%s", sec);
-      free(sec);
-      break;
-    }
-    free(sec);
+  long long st;
+  int nps;
+  for (double end = now_s() + s->o->timeout_s;
+       read_info(dir, s->env.step_id, &st, &nps, s->secret) != 0;) {
     if (now_s() > end) {
-      snprintf(err, errlen, "ps task 0 did not write %s", path);
+      snprintf(err, errlen, "ps task 0 did not publish %s/info", dir);
       return -1;
     }
     struct timespec ts = {0, 50000000};
@@ -933,23 +877,18 @@ static int run_ps_step(step *s, char *err, size_t errlen) {
   }
   char *hp = start_psd(s, err, errlen);
   if (!hp) return -1;
+  char text[400];
+  snprintf(text, sizeof text, "%lld %s", s->env.step_id, hp);
   snprintf(path, sizeof path, "%s/ps%d", dir, s->role.index);
-  if (write_atomic(path, hp) != 0) {
+  if (write_atomic(path, text) != 0) {
     snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
     free(hp);
     return -1;
-  }
-  if (s->env.procid == 0) {
-    char n[16];
-    snprintf(n, sizeof n, "%d", s->num_ps);
-    snprintf(path, sizeof path, "%s/num_ps", dir);
-    write_atomic(path, n);
   }
   psr_log("ps%d serving at %s (published in %s)", s->role.index, hp, dir);
   free(hp);
   int aborted = 0;
   int code = supervise(s, -1, NULL, NULL, NULL, &aborted);
-  snprintf(path, sizeof path, "%s/ps%d", dir, s->role.index);
   unlink(path);
   return code;
 }
@@ -962,30 +901,26 @@ static int run_worker_step(step *s, char *err, size_t errlen) {
   double deadline = now_s() + s->o->timeout_s;
   char *hosts = NULL;
   for (;;) {
-    snprintf(path, sizeof path, "%s/num_ps", dir);
-    char *n = slurp_line(path);
-    int nps = n ? atoi(n) : 0;
-    free(n);
-    if (nps > 0) {
+    long long ps_step;
+    int nps;
+    if (read_info(dir, -1, &ps_step, &nps, s->secret) == 0) {
       size_t cap = (size_t)nps * 300 + 16, len = 0;
       hosts = calloc(1, cap);
       int i;
       for (i = 0; hosts && i < nps; i++) {
         snprintf(path, sizeof path, "%s/ps%d", dir, i);
-        char *hp = slurp_line(path);
-        if (!hp) break;
+        char *line = slurp_line(path);
+        long long tag;
+        char hp[300];
+        int ok = line && sscanf(line, "%lld %299s", &tag, hp) == 2 && tag == ps_step;
+        free(line);
+        if (!ok) break;
         len += (size_t)snprintf(hosts + len, cap - len, "%s%s", i ? "," : "", hp);
-        free(hp);
       }
-      snprintf(path, sizeof path, "%s/secret", dir);
-      char *sec = slurp_line(path);
-      if (hosts && i == nps && sec && strlen(sec) == 64) {
-        snprintf(s->secret, sizeof s->secret, "%s", sec);
-        free(sec);
+      if (hosts && i == nps) {
         s->num_ps = nps;
         break;
       }
-      free(sec);
       free(hosts);
       hosts = NULL;
     }

@@ -125,12 +125,12 @@ EOS
 
   # 7. A ps step of its own, and a worker step started later in the job.
   out=$WORK/$mode.steps.log
-  mkdir -p "$WORK/rdv"
+  mkdir -p "$WORK/rdv.$mode"
   cat >"$WORK/steps.sh" <<EOS
 #!/bin/bash
-srun --exact --mem=0 -n2 -c1 "$BIN/psrun" --role=ps --rendezvous "$WORK/rdv" &
+srun --exact --mem=0 -n2 -c1 "$BIN/psrun" --role=ps --rendezvous "$WORK/rdv.$mode" &
 ps=\$!
-srun --exact --mem=0 -n3 -c1 "$BIN/psrun" --role=worker --rendezvous "$WORK/rdv" \
+srun --exact --mem=0 -n3 -c1 "$BIN/psrun" --role=worker --rendezvous "$WORK/rdv.$mode" \
   "$BIN/tiny_worker" --steps 108
 w=\$?
 wait \$ps
@@ -153,7 +153,7 @@ s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(('0.0.0.0', $port)); s.listen(8); time.sleep(30)" &
   local blocker=$!
   sleep 0.5
-  timeout 60 srun -N2 -n3 "$BIN/psrun" --ps=1 --rendezvous-port $port --connect-timeout 10 -- \
+  timeout 60 srun -N2 -n3 -w n1,n2 "$BIN/psrun" --ps=1 --rendezvous-port $port --connect-timeout 10 -- \
     "$BIN/tiny_worker" --steps 109 >"$out" 2>&1
   rc=$?
   kill $blocker 2>/dev/null
