@@ -91,17 +91,6 @@ static void on_write(evutil_socket_t fd, short what, void *arg);
 static void slice_hold(void *ctx, void *ref);
 static void slice_release(void *ctx, void *ref);
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap ? *cap : 16;
-  while (nc < need) nc *= 2;
-  void *np = realloc(*p, nc * elem);
-  if (!np) return -1;
-  *p = np;
-  *cap = nc;
-  return 0;
-}
-
 /* Ensures per-slice tables cover every slice the shard has. */
 static int ensure_tables(psd_conn *c) {
   uint32_t n = c->srv->shard.n;
@@ -115,19 +104,19 @@ static int ensure_tables(psd_conn *c) {
   size_t old = c->reply_cap;
   if (n > c->reply_cap) {
     size_t cap = c->reply_cap;
-    if (grow((void **)&c->reply_items, &cap, n, sizeof *c->reply_items)) return -1;
+    if (ps__grow((void **)&c->reply_items, &cap, n, sizeof *c->reply_items)) return -1;
     cap = c->reply_cap;
-    if (grow((void **)&c->reply_ptrs, &cap, n, sizeof *c->reply_ptrs)) return -1;
+    if (ps__grow((void **)&c->reply_ptrs, &cap, n, sizeof *c->reply_ptrs)) return -1;
     cap = c->reply_cap;
-    if (grow((void **)&c->status, &cap, n, sizeof *c->status)) return -1;
+    if (ps__grow((void **)&c->status, &cap, n, sizeof *c->status)) return -1;
     cap = c->reply_cap;
-    if (grow((void **)&c->reply_data, &cap, n, sizeof *c->reply_data)) return -1;
+    if (ps__grow((void **)&c->reply_data, &cap, n, sizeof *c->reply_data)) return -1;
     cap = c->reply_cap;
-    if (grow((void **)&c->reply_count, &cap, n, sizeof *c->reply_count)) return -1;
+    if (ps__grow((void **)&c->reply_count, &cap, n, sizeof *c->reply_count)) return -1;
     cap = c->reply_cap;
-    if (grow((void **)&c->reply_refs, &cap, n, sizeof *c->reply_refs)) return -1;
+    if (ps__grow((void **)&c->reply_refs, &cap, n, sizeof *c->reply_refs)) return -1;
     cap = c->reply_cap;
-    if (grow((void **)&c->seen, &cap, n, sizeof *c->seen)) return -1;
+    if (ps__grow((void **)&c->seen, &cap, n, sizeof *c->seen)) return -1;
     memset(c->seen + old, 0, (cap - old) * sizeof *c->seen);
     c->reply_cap = cap;
   }
@@ -810,7 +799,7 @@ static int step(psd_conn *c) {
           c->in_off = 0;
         }
         if (c->hdr.meta_len > c->in_cap &&
-            grow((void **)&c->in, &c->in_cap, c->hdr.meta_len, 1) != 0) {
+            ps__grow((void **)&c->in, &c->in_cap, c->hdr.meta_len, 1) != 0) {
           psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory for a %u-byte message",
                          c->hdr.meta_len);
           return -1;

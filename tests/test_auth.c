@@ -31,7 +31,7 @@ static pid_t g_munged;
 static int start_munged(void) {
   if (g_sock[0]) return 0;
   if (system("command -v munged >/dev/null 2>&1") != 0) return -1;
-  char dir[512], cmd[4096];
+  char dir[512], cmd[8192];
   snprintf(dir, sizeof dir, "%s/munge", tu_tmpdir());
   mkdir(dir, 0700);
   snprintf(cmd, sizeof cmd,

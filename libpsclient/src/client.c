@@ -135,17 +135,6 @@ static int seterr(ps_client *c, int code, const char *fmt, ...) {
   return code;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap ? *cap : 16;
-  while (nc < need) nc *= 2;
-  void *np = realloc(*p, nc * elem);
-  if (!np) return -1;
-  *p = np;
-  *cap = nc;
-  return 0;
-}
-
 static double now_s(void) { return ps__now(); }
 
 /* ---- connections ---------------------------------------------------------- */
@@ -230,7 +219,7 @@ static void conn_break(ps_client *c, ps__conn *k, int code, const char *why) {
 static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_req *r) {
   k->ndst = 0;
   uint64_t total = 0;
-  if (grow((void **)&k->dst, &k->capdst, m->n_items + 1, sizeof *k->dst)) return PS_ENOMEM;
+  if (ps__grow((void **)&k->dst, &k->capdst, m->n_items + 1, sizeof *k->dst)) return PS_ENOMEM;
   for (size_t i = 0; i < m->n_items; i++) {
     const Ps__Item *it = m->items[i];
     uint32_t id = it->slice_id;
@@ -264,7 +253,7 @@ static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_
     }
     for (uint64_t left = total; left > 0;) {
       size_t n = left > k->discard_cap ? k->discard_cap : (size_t)left;
-      if (grow((void **)&k->dst, &k->capdst, k->ndst + 1, sizeof *k->dst)) return PS_ENOMEM;
+      if (ps__grow((void **)&k->dst, &k->capdst, k->ndst + 1, sizeof *k->dst)) return PS_ENOMEM;
       k->dst[k->ndst].iov_base = k->discard;
       k->dst[k->ndst].iov_len = n;
       k->ndst++;
@@ -431,7 +420,7 @@ static int conn_read(ps_client *c, ps__conn *k) {
           if (k->in_off + k->hdr.meta_len > k->in_cap) {
             memmove(k->in, k->in + k->in_off, k->in_len);
             k->in_off = 0;
-            if (grow((void **)&k->in, &k->in_cap, k->hdr.meta_len, 1)) {
+            if (ps__grow((void **)&k->in, &k->in_cap, k->hdr.meta_len, 1)) {
               conn_break(c, k, PS_ENOMEM, "out of memory");
               return PS_ENOMEM;
             }
@@ -1018,8 +1007,8 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
   v->grad = calloc(v->numel, sizeof(float));
   size_t ns = ps__placer_count(&c->placer, numel);
   if (!v->name || !v->data || !v->grad || ns == 0 ||
-      grow((void **)&c->slices, &c->capslices, c->nslices + ns, sizeof *c->slices) ||
-      grow((void **)&c->vars, &c->capvars, c->nvars + 1, sizeof *c->vars)) {
+      ps__grow((void **)&c->slices, &c->capslices, c->nslices + ns, sizeof *c->slices) ||
+      ps__grow((void **)&c->vars, &c->capvars, c->nvars + 1, sizeof *c->vars)) {
     free(v->name);
     free(v->data);
     free(v->grad);
@@ -1196,16 +1185,16 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
 
 static int scratch_items(ps_client *c, size_t n) {
   size_t cap = c->items_cap;
-  if (grow((void **)&c->items, &cap, n, sizeof *c->items)) return -1;
+  if (ps__grow((void **)&c->items, &cap, n, sizeof *c->items)) return -1;
   cap = c->items_cap;
-  if (grow((void **)&c->itemp, &cap, n, sizeof *c->itemp)) return -1;
+  if (ps__grow((void **)&c->itemp, &cap, n, sizeof *c->itemp)) return -1;
   cap = c->items_cap;
-  if (grow((void **)&c->segdata, &cap, n, sizeof *c->segdata)) return -1;
+  if (ps__grow((void **)&c->segdata, &cap, n, sizeof *c->segdata)) return -1;
   cap = c->items_cap;
-  if (grow((void **)&c->segcount, &cap, n, sizeof *c->segcount)) return -1;
+  if (ps__grow((void **)&c->segcount, &cap, n, sizeof *c->segcount)) return -1;
   c->items_cap = cap;
   cap = c->ids_cap;
-  if (grow((void **)&c->ids, &cap, n, sizeof *c->ids)) return -1;
+  if (ps__grow((void **)&c->ids, &cap, n, sizeof *c->ids)) return -1;
   c->ids_cap = cap;
   return 0;
 }

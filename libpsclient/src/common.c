@@ -170,3 +170,14 @@ int ps__parse_hostport(const char *s, char *host, size_t hostcap, int *port) {
   *port = (int)p;
   return 0;
 }
+
+int ps__grow(void **p, size_t *cap, size_t need, size_t elem) {
+  if (need <= *cap) return 0;
+  size_t nc = *cap ? *cap : 16;
+  while (nc < need) nc *= 2;
+  void *np = realloc(*p, nc * elem);
+  if (!np) return -1;
+  *p = np;
+  *cap = nc;
+  return 0;
+}

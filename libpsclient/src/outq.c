@@ -12,17 +12,6 @@
 /* iovecs per writev call (Linux IOV_MAX is 1024). */
 #define PS__IOV_BATCH 256
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap ? *cap : 16;
-  while (nc < need) nc *= 2;
-  void *np = realloc(*p, nc * elem);
-  if (!np) return -1;
-  *p = np;
-  *cap = nc;
-  return 0;
-}
-
 int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
                    const float *const *data, const uint64_t *counts, void *const *refs,
                    size_t nseg) {
@@ -30,8 +19,8 @@ int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
   uint64_t dlen = 0;
   for (size_t i = 0; i < nseg; i++) dlen += counts[i] * sizeof(float);
   if (mlen > PS__MAX_META || dlen > PS__MAX_DATA) return PS_ETOOBIG;
-  if (grow((void **)&q->buf, &q->bufcap, q->len + PS__HEADER_SIZE + mlen, 1) ||
-      grow((void **)&q->segs, &q->cap, q->n + 1 + nseg, sizeof *q->segs))
+  if (ps__grow((void **)&q->buf, &q->bufcap, q->len + PS__HEADER_SIZE + mlen, 1) ||
+      ps__grow((void **)&q->segs, &q->cap, q->n + 1 + nseg, sizeof *q->segs))
     return PS_ENOMEM;
   size_t off = q->len;
   ps__header_encode(q->buf + off, type, (uint32_t)mlen, dlen);
@@ -97,7 +86,7 @@ int ps__outq_detach(ps__outq *q, void *ref) {
   for (size_t i = q->first; i < q->n; i++) {
     ps__outseg *sg = &q->segs[i];
     if (sg->ref != ref || !sg->ext) continue;
-    if (grow((void **)&q->buf, &q->bufcap, q->len + sg->len, 1)) return PS_ENOMEM;
+    if (ps__grow((void **)&q->buf, &q->bufcap, q->len + sg->len, 1)) return PS_ENOMEM;
     memcpy(q->buf + q->len, sg->ext, sg->len);
     sg->ext = NULL;
     sg->off = q->len;

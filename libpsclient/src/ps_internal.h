@@ -171,6 +171,10 @@ static inline int ps__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
   return __builtin_add_overflow(a, b, out) ? -1 : 0;
 }
 
+/* Grows *p (an array of *cap elements of elem bytes) to hold at least
+ * need elements, doubling. 0, or -1 (out of memory; *p unchanged). */
+int ps__grow(void **p, size_t *cap, size_t need, size_t elem);
+
 /* Monotonic clock in seconds. */
 double ps__now(void);
 
