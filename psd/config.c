@@ -56,6 +56,8 @@ static const psd_option OPTIONS[] = {
      "identity in log lines (default ps<index>)"},
     {"socket-buffer", OPT_INT, F(sock_buf), "4194304", 0, 1 << 30,
      "SO_SNDBUF/SO_RCVBUF bytes per connection"},
+    {"max-memory", OPT_DOUBLE, F(max_memory), "0", 0, 1e18,
+     "bytes the variables may take (parameters, gradients, optimizer state); 0: 90% of RAM"},
     {"secret-file", OPT_STRING, F(secret_file), "", 0, 0,
      "file (mode 0600) with the secret workers must present (else $PSD_SECRET)"},
     {"munge", OPT_FLAG, F(munge), "0", 0, 0,
@@ -204,6 +206,12 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
   if (cfg->munge && cfg->job_id < 0) {
     snprintf(err, errlen, "--munge needs --job-id (the Slurm job the credentials must name)");
     return -1;
+  }
+  if (cfg->max_memory == 0) {
+    /* A registration past this fails cleanly instead of the OOM killer
+     * taking the whole job (and one peer cannot exhaust the node). */
+    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
+    cfg->max_memory = pages > 0 && psize > 0 ? 0.9 * (double)pages * (double)psize : 1e18;
   }
   if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);
   return 0;

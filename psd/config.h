@@ -25,6 +25,7 @@ typedef struct psd_config {
   int log_level;           /* PSD_LOG_* */
   char name[64];           /* identity in log lines; default "ps<index>" */
   int sock_buf;            /* SO_SNDBUF/SO_RCVBUF bytes for connections */
+  double max_memory;       /* bytes variables may take (0: 90% of RAM) */
   char secret_file[1024];  /* file (mode 0600) holding the shared secret */
   char secret[256];        /* the secret: from secret_file or $PSD_SECRET */
   size_t secret_len;       /* 0: no authentication (logged as a warning) */

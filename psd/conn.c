@@ -481,6 +481,16 @@ static int handle_register(psd_conn *c, const uint8_t *meta) {
       rc = psd_opt_validate(&opt, e2, sizeof e2);
       if (rc) snprintf(err, sizeof err, "variable '%s': %s", name, e2);
     }
+    if (rc == 0) {
+      uint64_t need = sp->length * sizeof(float) * (2 + psd_opt_state_per_elem(&opt));
+      if ((double)(srv->shard.bytes_alloc + need) > srv->cfg->max_memory) {
+        snprintf(err, sizeof err,
+                 "variable '%s': %llu more bytes would take this server past --max-memory "
+                 "(%.0f bytes)",
+                 name, (unsigned long long)need, srv->cfg->max_memory);
+        rc = PS_ETOOBIG;
+      }
+    }
     if (rc == 0 && srv->shard.n >= PS__MAX_SLICES) {
       snprintf(err, sizeof err, "this server already holds %u slices (the limit)",
                PS__MAX_SLICES);

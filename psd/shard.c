@@ -175,6 +175,7 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
     s->htab[b] = sl;
   }
   s->bytes_held += length * sizeof(float);
+  s->bytes_alloc += length * sizeof(float) * (2 + per);
   *out = sl;
   return 0;
 nomem:

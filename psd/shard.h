@@ -66,6 +66,7 @@ typedef struct psd_shard {
   int async_mode;          /* apply every gradient at once */
   uint64_t stale_dropped;  /* gradients that came too late */
   uint64_t bytes_held;     /* parameter bytes in this shard */
+  uint64_t bytes_alloc;    /* all tensor bytes: params, sums, optimizer state */
   /* Called before an update of a slice whose parameters queued replies
    * still reference (readers > 0): the owner copies those bytes out so the
    * replies stay consistent and the update never waits for a slow reader. */

@@ -199,6 +199,33 @@ START_TEST(test_conflicting_shape) {
 }
 END_TEST
 
+/* --max-memory bounds what registrations may allocate: a variable past it
+ * is refused with a sentence, the server stays up, smaller ones still fit. */
+START_TEST(test_max_memory) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--max-memory", "2000000", NULL};
+  start_ps(ps, 1, hosts, hp, extra);
+  ps_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  ps_client *c;
+  char err[256];
+  ck_assert_int_eq(ps_client_create(&cfg, &c, err, sizeof err), 0);
+  int64_t big[1] = {1 << 20}, small[1] = {1000};
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "big", big, 1, NULL, NULL, &v), PS_ETOOBIG);
+  ck_assert_msg(strstr(ps_client_errmsg(c), "--max-memory") != NULL, "%s", ps_client_errmsg(c));
+  ck_assert_int_eq(ps_client_var_create(c, "small", small, 1, NULL, NULL, &v), 0);
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  expect_clean_exit(ps, 1);
+}
+END_TEST
+
 /* Configuration from the environment psrun sets; a bad variable is named. */
 START_TEST(test_client_from_env) {
   tu_psd ps[1];
@@ -392,6 +419,7 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_async_converges);
   tcase_add_test(tc, test_conflicting_shape);
   tcase_add_test(tc, test_client_from_env);
+  tcase_add_test(tc, test_max_memory);
   tcase_add_test(tc, test_consistent_reply_under_updates);
 #ifdef PS_MALLOC_COUNT_SO
   tcase_add_test(tc, test_no_allocation_per_step);

@@ -1,7 +1,8 @@
 /*
  * fuzz_handshake - the Hello checks and pinning (psd_server_hello) and what
- * an accepted handshake unlocks, against the same in-process psd as
- * fuzz_conn (2 workers; see fuzz_server.h).
+ * an accepted handshake unlocks, against an in-process psd like fuzz_conn's
+ * (2 workers; see fuzz_server.h), but one that requires a shared secret and
+ * is made afresh for every input.
  *
  * The input is not sent as is. Its first bytes choose the fields of a
  * Hello, mostly valid values with a way to any other, which the harness
@@ -13,13 +14,24 @@
  *   byte 0         mode (bit 0: framed tail)
  *   Hello fields   one selector byte each, sometimes followed by a raw
  *                  value (see hello_from); exhausted input reads as zeros,
- *                  which select the seed corpus's Hello (worker 0 of 2)
- *   tail, framed   repeated: type (1 + b % 12), meta_len (u16 LE, clipped),
- *                  meta bytes, data selector: < 0xe0: the data a Push or
- *                  Init frame needs (4 * the sum of its item counts, none
- *                  for other types), else (b & 0x1f) * 4 bytes
+ *                  which select the seed corpus's Hello (worker 0 of 2,
+ *                  with the right shared secret: this psd requires one)
+ *   tail, framed   repeated: a byte b < 0xf0 starts a frame: type
+ *                  (1 + b % 12), meta_len (u16 LE, clipped), meta bytes,
+ *                  data selector: < 0xe0: the data a Push or Init frame
+ *                  needs (4 * the sum of its item counts, none for other
+ *                  types), else (b & 0x1f) * 4 bytes. A byte b >= 0xf0
+ *                  switches to the other of two connections; the frames
+ *                  of the two are sent in the order they come here. The
+ *                  second connection starts with the first one's Hello as
+ *                  another worker (bits 2-3 of b: the other worker, the
+ *                  same one, worker 0, worker 1), or with nothing (bit 1).
  *
- * Data bytes are made up by the harness (small finite floats).
+ * Data bytes are made up by the harness (small finite floats). Every input
+ * gets a fresh psd, so the first Hello always pins the job; the second
+ * connection meets that pin, and the two workers can complete sync steps,
+ * wake each other's parked pulls and update slices the other's replies
+ * still reference.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +39,9 @@
 #include "fuzz_server.h"
 #include "ps.pb-c.h"
 #include "ps_internal.h"
+
+/* The shared secret this target's psd requires (fuzz_conn runs without). */
+#define FUZZ_SECRET "psd-fuzz-shared-secret-0123"
 
 /* Data bytes the framed tail may add in all (keeps each input fast). */
 #define TAIL_DATA_MAX ((uint64_t)4 << 20)
@@ -100,11 +115,22 @@ static void hello_from(reader *r, Ps__Hello *h, uint8_t *cred, char *client_id) 
   h->replicas_to_aggregate = s < 0xc0 ? 0 : s == 0xff ? u32(r) : s & 3;
   s = u8(r);
   h->async_mode = s >= 0xf0;
-  s = u8(r); /* credential: short, or up to past the pre-handshake limit */
-  size_t clen = s < 0xf0 ? s % 48 : s == 0xff ? 4000 + u16(r) % 200 : u16(r) % 4096;
+  s = u8(r); /* credential: the server's secret, in credential or (with the
+                munge flag) in secret; or bytes from the input: short, long,
+                or past the pre-handshake limit */
+  size_t clen = s < 0xb0 ? s % 16 : s < 0xf0 ? s % 48 : s == 0xff ? 4000 + u16(r) % 200 : u16(r) % 4096;
+  if (s < 0xa0) clen = 0;
   for (size_t i = 0; i < clen; i++) cred[i] = u8(r);
   h->credential.data = cred;
   h->credential.len = clen;
+  if (s < 0xa0) {
+    h->credential.data = (uint8_t *)FUZZ_SECRET;
+    h->credential.len = strlen(FUZZ_SECRET);
+  } else if (s < 0xb0) {
+    h->munge = 1;
+    h->secret.data = (uint8_t *)FUZZ_SECRET;
+    h->secret.len = strlen(FUZZ_SECRET);
+  }
   s = u8(r);
   size_t idlen = s % 24;
   for (size_t i = 0; i < idlen; i++) {
@@ -136,6 +162,19 @@ static uint64_t needed_data(unsigned type, const uint8_t *meta, size_t mlen) {
   return total > TAIL_DATA_MAX / 4 ? 0 : total * 4;
 }
 
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+  fuzz_server_configure(FUZZ_SECRET, 1);
+  return 0;
+}
+
+static uint8_t *packed_hello(const Ps__Hello *h, size_t *len) {
+  *len = ps__hello__get_packed_size(h);
+  uint8_t *p = malloc(*len ? *len : 1);
+  if (!p) abort();
+  ps__hello__pack(h, p);
+  return p;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   reader r = {data, size, 0};
   int framed = u8(&r) & 1;
@@ -144,20 +183,45 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   static char client_id[32];
   hello_from(&r, &h, cred, client_id);
 
-  obuf out = {0};
-  size_t hl = ps__hello__get_packed_size(&h);
-  uint8_t *hm = malloc(hl ? hl : 1);
-  if (!hm) abort();
-  ps__hello__pack(&h, hm);
-  ob_frame(&out, PS__MSG_HELLO, hm, hl, 0);
+  obuf out[2] = {{0}};
+  fuzz_segment segs[256];
+  size_t nsegs = 0;
+  unsigned cur = 0, nconns = 1;
+  size_t hl;
+  uint8_t *hm = packed_hello(&h, &hl);
+  ob_frame(&out[0], PS__MSG_HELLO, hm, hl, 0);
   free(hm);
 
   if (!framed) {
-    if (left(&r)) memcpy(ob_grow(&out, left(&r)), r.p + r.off, left(&r));
+    if (left(&r)) memcpy(ob_grow(&out[0], left(&r)), r.p + r.off, left(&r));
   } else {
     uint64_t data_total = 0;
+    size_t seg_start = 0; /* out[cur].len when the current segment began */
     while (left(&r) > 0) {
-      unsigned type = 1 + u8(&r) % 12;
+      uint8_t b = u8(&r);
+      if (b >= 0xf0) {
+        /* Switch connections: what came so far is one segment. */
+        if (nsegs + 2 > sizeof segs / sizeof segs[0]) break;
+        segs[nsegs++] = (fuzz_segment){cur, out[cur].len - seg_start};
+        cur ^= 1;
+        seg_start = out[cur].len;
+        if (cur == 1 && nconns == 1) {
+          nconns = 2;
+          if (!(b & 2)) {
+            /* The second connection's Hello: the first one's, as another
+             * worker (or the same one, or worker 0 or 1). */
+            uint32_t w0 = h.worker_index;
+            unsigned v = b >> 2 & 3;
+            h.worker_index = v == 0 ? w0 ^ 1 : v == 1 ? w0 : v - 2;
+            hm = packed_hello(&h, &hl);
+            ob_frame(&out[1], PS__MSG_HELLO, hm, hl, 0);
+            free(hm);
+            h.worker_index = w0;
+          }
+        }
+        continue;
+      }
+      unsigned type = 1 + b % 12;
       size_t mlen = u16(&r);
       if (mlen > left(&r)) mlen = left(&r);
       const uint8_t *meta = r.p + r.off;
@@ -166,10 +230,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       uint64_t dlen = ds < 0xe0 ? needed_data(type, meta, mlen) : (uint64_t)(ds & 0x1f) * 4;
       if (data_total + dlen > TAIL_DATA_MAX) break;
       data_total += dlen;
-      ob_frame(&out, type, meta, mlen, dlen);
+      ob_frame(&out[cur], type, meta, mlen, dlen);
     }
+    segs[nsegs++] = (fuzz_segment){cur, out[cur].len - seg_start};
   }
-  fuzz_server_feed(out.p, out.len, 0);
-  free(out.p);
+  const uint8_t *streams[2] = {out[0].p, out[1].p};
+  size_t sizes[2] = {out[0].len, out[1].len};
+  fuzz_server_run(streams, sizes, nconns, segs, nsegs, 0);
+  free(out[0].p);
+  free(out[1].p);
   return 0;
 }

@@ -24,17 +24,37 @@
  * memory and per-connection table sizes stay bounded over a long run. */
 #define FUZZ_MAX_SLICES 4096u
 #define FUZZ_MAX_HELD ((uint64_t)32 << 20)
+/* Inputs one server sees at most. State carried over is what lets two
+ * inputs (worker 0's, then worker 1's) complete a sync step together, but
+ * it also shifts slice ids: an input that registers other variables first
+ * changes what the seeds' ids mean. A fresh server now and then bounds
+ * that drift, and how far back a crash's history can reach. */
+#define FUZZ_INPUTS_PER_SERVER 64u
 
 static psd_config g_cfg;
 static psd_server g_srv;
+static int g_configured;   /* g_cfg is filled in */
 static int g_up;           /* g_srv is initialized */
 static int g_fresh;        /* FUZZ_FRESH=1: a new server for every input */
 static uint64_t g_servers; /* servers made so far (stats) */
+static uint32_t g_inputs;  /* inputs the current server has seen */
+static uint64_t g_waits;   /* times the harness had to wait for psd (stats) */
+static const char *g_secret; /* fuzz_server_configure */
+static int g_fresh_always;    /* fuzz_server_configure */
+/* Small writes per input before the rest goes in one piece, so inputs with
+ * large tensors stay fast. */
+#define FUZZ_MAX_SMALL_WRITES 512
+
+void fuzz_server_configure(const char *secret, int fresh) {
+  g_secret = secret;
+  g_fresh_always = fresh;
+}
 
 /* ---- the server ---------------------------------------------------------- */
 
 static void server_start(void) {
-  if (!g_cfg.num_ps) {
+  if (!g_configured) {
+    g_configured = 1;
     const char *lvl = getenv("FUZZ_LOG_LEVEL"); /* error (default) .. debug */
     char *argv[] = {"psd-fuzz", "--host", "127.0.0.1", "--port", "0",
                     "--workers", "2", "--log-level", (char *)(lvl && *lvl ? lvl : "error"),
@@ -46,9 +66,16 @@ static void server_start(void) {
       fprintf(stderr, "fuzz: psd_config_parse: %s\n", err);
       abort();
     }
+    /* The secret comes from the environment, as for psd (main.c). */
+    if (g_secret) setenv("PSD_SECRET", g_secret, 1);
+    else unsetenv("PSD_SECRET");
+    if (psd_config_load_secret(&g_cfg, err, sizeof err) != 0) {
+      fprintf(stderr, "fuzz: psd_config_load_secret: %s\n", err);
+      abort();
+    }
     psd_log_init(g_cfg.name, g_cfg.log_level);
     const char *f = getenv("FUZZ_FRESH");
-    g_fresh = f && *f && strcmp(f, "0") != 0;
+    g_fresh = g_fresh_always || (f && *f && strcmp(f, "0") != 0);
   }
   if (psd_server_init(&g_srv, &g_cfg) != 0) {
     fprintf(stderr, "fuzz: psd_server_init failed\n");
@@ -56,6 +83,7 @@ static void server_start(void) {
   }
   g_up = 1;
   g_servers++;
+  g_inputs = 0;
 }
 
 static void server_stop(void) {
@@ -67,10 +95,10 @@ static void server_stop(void) {
 /* 1 if the state this input left would make later inputs meaningless: the
  * server is exiting (every worker done), a worker finished (it can never
  * say Hello again), the job was pinned to values other than the seed
- * corpus's, or it holds too much. */
+ * corpus's, or it holds too much; and after FUZZ_INPUTS_PER_SERVER. */
 static int server_spent(void) {
   const psd_server *s = &g_srv;
-  if (g_fresh || s->exiting) return 1;
+  if (g_fresh || s->exiting || g_inputs >= FUZZ_INPUTS_PER_SERVER) return 1;
   if (s->shard.n > FUZZ_MAX_SLICES || s->shard.bytes_held > FUZZ_MAX_HELD) return 1;
   if (!s->pinned) return 0;
   if (s->num_workers != FUZZ_WORKERS || s->shard.replicas != FUZZ_WORKERS ||
@@ -84,7 +112,8 @@ static int server_spent(void) {
 
 static void at_exit(void) {
   if (getenv("FUZZ_STATS"))
-    fprintf(stderr, "fuzz: %llu psd servers made\n", (unsigned long long)g_servers);
+    fprintf(stderr, "fuzz: %llu psd servers made, %llu waits for psd\n",
+            (unsigned long long)g_servers, (unsigned long long)g_waits);
   server_stop();
 }
 
@@ -112,9 +141,9 @@ static uint64_t sat_mul(uint64_t a, uint64_t b) {
 /* How many leading bytes to send: frames are scanned as psd would read
  * them, and the input is cut before the Register that would take the
  * allocations past FUZZ_REGISTER_BUDGET. */
-static size_t budget_prefix(const uint8_t *d, size_t n) {
+static size_t budget_prefix(const uint8_t *d, size_t n, uint64_t *spent_all) {
   size_t off = 0;
-  uint64_t spent = 0;
+  uint64_t spent = *spent_all;
   while (n - off >= PS__HEADER_SIZE) {
     ps__frame_header h;
     char err[256];
@@ -135,6 +164,7 @@ static size_t budget_prefix(const uint8_t *d, size_t n) {
         }
         ps__register__free_unpacked(r, NULL);
         if (spent > FUZZ_REGISTER_BUDGET) return start;
+        *spent_all = spent;
       }
     }
     off += h.meta_len;
@@ -242,7 +272,36 @@ static void reply_bytes(reply_parser *p, const uint8_t *d, size_t n) {
   }
 }
 
-/* ---- one connection -------------------------------------------------------- */
+/* ---- the pin an input's Hello expects ------------------------------------- */
+
+/* 1 if stream d starts with a Hello that the carried-over pin would refuse
+ * (check 11 of docs/protocol.md §5) while a fresh server would pin it: such
+ * an input gets a fresh server, so inputs that pin async mode, replicas 1
+ * or other placement inputs run the same way every time. */
+static int hello_conflicts_with_pin(const uint8_t *d, size_t n) {
+  const psd_server *s = &g_srv;
+  if (!g_up || !s->pinned || n < PS__HEADER_SIZE) return 0;
+  ps__frame_header h;
+  char err[256];
+  if (ps__header_decode(d, 0, &h, err, sizeof err) != 0 || h.type != PS__MSG_HELLO ||
+      n - PS__HEADER_SIZE < h.meta_len)
+    return 0;
+  Ps__Hello *m = ps__hello__unpack(NULL, h.meta_len, d + PS__HEADER_SIZE);
+  if (!m) return 0;
+  uint32_t r = m->replicas_to_aggregate ? m->replicas_to_aggregate
+               : g_cfg.replicas       ? (uint32_t)g_cfg.replicas
+                                      : m->num_workers;
+  uint64_t split = m->split_threshold ? m->split_threshold : PS__DEFAULT_SPLIT_THRESHOLD;
+  uint64_t maxs = m->max_slice_bytes ? m->max_slice_bytes & ~(uint64_t)3
+                                     : PS__DEFAULT_MAX_SLICE_BYTES;
+  int differs = m->num_workers != s->num_workers || r != s->shard.replicas ||
+                !m->async_mode != !s->shard.async_mode || split != s->split_threshold ||
+                maxs != s->max_slice_bytes;
+  ps__hello__free_unpacked(m, NULL);
+  return differs;
+}
+
+/* ---- connections ------------------------------------------------------------ */
 
 static double now_s(void) {
   struct timespec ts;
@@ -250,90 +309,169 @@ static double now_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-void fuzz_server_feed(const uint8_t *data, size_t size, uint64_t shape) {
+typedef struct fconn {
+  int fd;            /* the client's end; psd owns the other */
+  const uint8_t *data;
+  size_t size, off;  /* stream, its length after the budget, bytes written */
+  int dead;          /* psd stopped taking bytes (EPIPE/ECONNRESET) */
+  int shut, eof;     /* write side shut; psd closed its end */
+  reply_parser rp;
+} fconn;
+
+static fconn g_conns[FUZZ_MAX_CONNS];
+static unsigned g_nconns;
+static uint64_t g_rng;
+static int g_write_style, g_lazy;
+static double g_last;
+static size_t g_writes;
+
+/* Reads what psd sent on every connection; 1 if anything came. */
+static int drain(int force) {
+  static uint8_t rbuf[1 << 16];
+  int got = 0;
+  for (unsigned i = 0; i < g_nconns; i++) {
+    fconn *k = &g_conns[i];
+    if (k->eof) continue;
+    if (!force && g_lazy && (splitmix(&g_rng) & 7) != 0) continue;
+    for (;;) {
+      ssize_t n = read(k->fd, rbuf, sizeof rbuf);
+      if (n > 0) {
+        reply_bytes(&k->rp, rbuf, (size_t)n);
+        got = 1;
+        continue;
+      }
+      if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+        k->eof = 1;
+        got = 1;
+      }
+      break;
+    }
+  }
+  return got;
+}
+
+/* One turn: psd's loop, the replies; waits for psd if nothing moved, and
+ * calls it a hang after FUZZ_STALL_S without progress. */
+static void turn(int progress, const char *doing) {
+  event_base_loop(g_srv.base, EVLOOP_NONBLOCK);
+  if (drain(!progress)) progress = 1;
+  double t = now_s();
+  if (progress) {
+    g_last = t;
+    return;
+  }
+  if (t - g_last > FUZZ_STALL_S) {
+    fprintf(stderr, "fuzz: psd neither read, wrote nor closed for %.0f s while %s\n",
+            FUZZ_STALL_S, doing);
+    for (unsigned i = 0; i < g_nconns; i++)
+      fprintf(stderr, "fuzz:   connection %u: %zu of %zu bytes sent%s%s%s\n", i,
+              g_conns[i].off, g_conns[i].size, g_conns[i].dead ? ", refused" : "",
+              g_conns[i].shut ? ", write side shut" : "", g_conns[i].eof ? ", closed" : "");
+    abort();
+  }
+  /* Nothing moved: wait for psd's next event (its 100 ms tick at most). */
+  g_waits++;
+  event_base_loop(g_srv.base, EVLOOP_ONCE);
+}
+
+/* Writes the next len bytes of connection c's stream, in pieces. */
+static void send_bytes(fconn *k, size_t len) {
+  size_t end = k->off + len > k->size ? k->size : k->off + len;
+  while (k->off < end && !k->dead && !k->eof) {
+    size_t left = end - k->off, n = left;
+    uint64_t r = splitmix(&g_rng);
+    int st = g_write_style == 3 ? (int)(r >> 60) % 3 : g_write_style;
+    if (++g_writes > FUZZ_MAX_SMALL_WRITES) st = 0;
+    if (st == 1) n = 1 + (size_t)(r % 8);
+    else if (st == 2) n = 1 + (size_t)(r % 512);
+    if (n > left) n = left;
+    ssize_t w = write(k->fd, k->data + k->off, n);
+    int progress = 0;
+    if (w > 0) {
+      k->off += (size_t)w;
+      progress = 1;
+    } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+      k->dead = 1; /* psd closed the connection: the rest is not sent */
+      progress = 1;
+    }
+    turn(progress, "sending");
+  }
+}
+
+void fuzz_server_run(const uint8_t *const *streams, const size_t *sizes, unsigned nconns,
+                     const fuzz_segment *segs, size_t nsegs, uint64_t shape) {
+  if (nconns == 0 || nconns > FUZZ_MAX_CONNS) abort();
+  if (g_up && !g_fresh && hello_conflicts_with_pin(streams[0], sizes[0])) server_stop();
   if (!g_up) {
     server_start();
     static int registered;
     if (!registered++) atexit(at_exit);
   }
-  size = budget_prefix(data, size);
-  uint64_t rng = shape ? shape : fnv1a(data, size);
-  uint64_t style = splitmix(&rng);
-  int write_style = (int)(style & 3);        /* 0: all at once, 1: tiny, 2: small, 3: mixed */
-  int lazy_reader = (style >> 2 & 3) == 0;   /* let replies pile up in psd */
-  int small_sndbuf = (style >> 4 & 3) == 0;  /* psd's writes come out in pieces */
+  g_inputs++;
 
-  int sv[2];
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {
-    perror("fuzz: socketpair");
-    abort();
+  uint64_t spent = 0, h = 1469598103934665603ULL;
+  g_nconns = nconns;
+  for (unsigned i = 0; i < nconns; i++) {
+    fconn *k = &g_conns[i];
+    memset(k, 0, sizeof *k);
+    k->data = streams[i];
+    k->size = budget_prefix(streams[i], sizes[i], &spent);
+    h ^= fnv1a(k->data, k->size) + i;
   }
-  if (small_sndbuf) {
-    int b = 4096;
-    setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
-  }
-  if (!psd_conn_new(&g_srv, sv[0], "fuzz:0")) {
-    fprintf(stderr, "fuzz: psd_conn_new failed\n");
-    abort();
+  g_rng = shape ? shape : h;
+  uint64_t style = splitmix(&g_rng);
+  g_write_style = (int)(style & 3);       /* 0: all at once, 1: tiny, 2: small, 3: mixed */
+  g_lazy = (style >> 2 & 3) == 0;         /* let replies pile up in psd */
+  int small_sndbuf = (style >> 4 & 3) == 0; /* psd's writes come out in pieces */
+  g_writes = 0;
+  g_last = now_s();
+
+  for (unsigned i = 0; i < nconns; i++) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) != 0) {
+      perror("fuzz: socketpair");
+      abort();
+    }
+    if (small_sndbuf) {
+      int b = 4096;
+      setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &b, sizeof b);
+    }
+    char peer[32];
+    snprintf(peer, sizeof peer, "fuzz:%u", i);
+    if (!psd_conn_new(&g_srv, sv[0], peer)) {
+      fprintf(stderr, "fuzz: psd_conn_new failed\n");
+      abort();
+    }
+    g_conns[i].fd = sv[1];
   }
 
-  reply_parser rp = {0};
-  size_t off = 0;
-  int shut = 0, eof = 0;
-  double last = now_s();
-  static uint8_t rbuf[1 << 16];
-  while (!eof) {
-    int progress = 0;
-    if (off < size) {
-      size_t left = size - off, n = left;
-      uint64_t r = splitmix(&rng);
-      int st = write_style == 3 ? (int)(r >> 60) % 3 : write_style;
-      if (st == 1) n = 1 + (size_t)(r % 8);
-      else if (st == 2) n = 1 + (size_t)(r % 512);
-      if (n > left) n = left;
-      ssize_t w = write(sv[1], data + off, n);
-      if (w > 0) {
-        off += (size_t)w;
+  /* The segments in order, then whatever they left of each stream. */
+  for (size_t s = 0; s < nsegs; s++)
+    if (segs[s].conn < nconns) send_bytes(&g_conns[segs[s].conn], segs[s].len);
+  for (unsigned i = 0; i < nconns; i++) send_bytes(&g_conns[i], SIZE_MAX);
+  /* End of input: shut every write side, run until psd closed them all. */
+  for (;;) {
+    int progress = 0, open = 0;
+    for (unsigned i = 0; i < nconns; i++) {
+      fconn *k = &g_conns[i];
+      if (!k->shut) {
+        shutdown(k->fd, SHUT_WR);
+        k->shut = 1;
         progress = 1;
-      } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-        off = size; /* psd closed the connection: stop writing */
       }
-    } else if (!shut) {
-      shutdown(sv[1], SHUT_WR);
-      shut = 1;
-      progress = 1;
+      open += !k->eof;
     }
-    event_base_loop(g_srv.base, EVLOOP_NONBLOCK);
-    if (!lazy_reader || !progress || (splitmix(&rng) & 7) == 0) {
-      for (;;) {
-        ssize_t n = read(sv[1], rbuf, sizeof rbuf);
-        if (n > 0) {
-          reply_bytes(&rp, rbuf, (size_t)n);
-          progress = 1;
-          continue;
-        }
-        if (n == 0) eof = 1;
-        else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) eof = 1;
-        break;
-      }
-    }
-    double t = now_s();
-    if (progress) {
-      last = t;
-    } else {
-      if (t - last > FUZZ_STALL_S) {
-        fprintf(stderr,
-                "fuzz: psd neither read nor closed the connection for %.0f s "
-                "(%zu of %zu bytes sent, write side %s)\n",
-                FUZZ_STALL_S, off, size, shut ? "shut" : "open");
-        abort();
-      }
-      /* Nothing moved: wait for psd's next event (its 100 ms tick at most). */
-      event_base_loop(g_srv.base, EVLOOP_ONCE);
-    }
+    if (!open) break;
+    turn(progress, "waiting for psd to close");
   }
-  close(sv[1]);
-  free(rp.buf);
-  /* psd closed its end, so the connection is gone (reaped by now). */
+  for (unsigned i = 0; i < nconns; i++) {
+    close(g_conns[i].fd);
+    free(g_conns[i].rp.buf);
+  }
+  /* psd closed its ends, so its connections are gone (reaped by now). */
   if (server_spent()) server_stop();
+}
+
+void fuzz_server_feed(const uint8_t *data, size_t size, uint64_t shape) {
+  fuzz_server_run(&data, &size, 1, NULL, 0, shape);
 }
