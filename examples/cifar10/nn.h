@@ -47,8 +47,10 @@ typedef struct cnn_backend cnn_backend;
  * (groups of images, rows) run by the calling thread and threads-1 worker
  * threads of the backend's own (started on first use, kept for the
  * process); OpenBLAS itself is set to one thread (openblas_set_num_threads(1),
- * process-wide) and runs inside the chunks, which on these small matrices
- * is faster than OpenBLAS's threading. threads is clamped to 64. Returns a
+ * process-wide) and runs inside the chunks: on these small matrices
+ * OpenBLAS's own threading measured slower. threads is clamped to 64. The
+ * backend may be shared by several models; calls from different threads
+ * are serialized op by op. Returns a
  * static object (never freed); NULL if threads < 1. */
 const cnn_backend *cnn_backend_cpu(int threads);
 
@@ -71,6 +73,7 @@ typedef struct cnn_param {
 #define CNN_IMAGE_SIZE 24     /* input images are 3 x 24 x 24 */
 #define CNN_IMAGE_FLOATS (3 * 24 * 24)
 #define CNN_NUM_CLASSES 10
+#define CNN_MAX_BATCH 16384   /* largest max_batch cnn_create accepts */
 
 /* Number of parameter tensors: 10, in this order: conv1/weights,
  * conv1/biases, conv2/weights, conv2/biases, local3/weights, local3/biases,
@@ -83,8 +86,9 @@ const cnn_param *cnn_param_info(int i);
 size_t cnn_param_numel(int i);
 
 /* Creates a model on `be` with activations for up to max_batch images
- * (allocated once, here). lrn: 1 = with the two LRN layers, 0 = without.
- * Returns 0, or -1 (bad arguments, out of memory). */
+ * (1..CNN_MAX_BATCH; allocated once, here: ~0.74 MB per image with LRN,
+ * plus the backend's conv workspace). lrn: 1 = with the two LRN layers,
+ * 0 = without. Returns 0 and *out, or -1 (bad arguments, out of memory). */
 int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out);
 void cnn_destroy(cnn *m); /* NULL ok */
 
@@ -96,13 +100,16 @@ void cnn_bind(cnn *m, int i, float *value, float *grad);
 /* Forward + backward on B (1..max_batch) images (host float, B*3*24*24,
  * NCHW) with labels 0..9. Writes into the bound grad buffers the gradient
  * of the returned loss: mean cross-entropy over the batch plus the L2 terms
- * (weight decay gradients included). Returns NaN on bad arguments. */
+ * (weight decay gradients included). Returns NaN on bad arguments (B out
+ * of range, a label > 9, NULL pointers, a parameter not bound), touching
+ * nothing. */
 float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
                      int B);
 
 /* Forward only: writes the predicted classes (argmax of the logits) to
  * pred[0..B) (may be NULL) and returns the mean cross-entropy (no L2).
- * labels may be NULL (then returns 0). */
+ * labels may be NULL (then returns 0). NaN on bad arguments. Does not
+ * touch the gradients. */
 float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
                int *pred);
 

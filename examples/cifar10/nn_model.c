@@ -148,7 +148,7 @@ void cnn_destroy(cnn *m) {
 int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out) {
   if (!out) return -1;
   *out = NULL;
-  if (!be || max_batch < 1 || max_batch > (1 << 20) / 64) return -1;
+  if (!be || max_batch < 1 || max_batch > CNN_MAX_BATCH) return -1;
   cnn *m = calloc(1, sizeof *m);
   if (!m) return -1;
   m->be = be;
@@ -228,10 +228,14 @@ void cnn_bind(cnn *m, int i, float *value, float *grad) {
   }
 }
 
-static int ready(const cnn *m, const float *images, int B) {
+static int ready(const cnn *m, const float *images, const uint8_t *labels,
+                 int B) {
   if (!m || !images || B < 1 || B > m->max_batch) return 0;
   for (int i = 0; i < CNN_NUM_PARAMS; i++)
     if (!m->val[i] || !m->grad[i]) return 0;
+  if (labels)
+    for (int b = 0; b < B; b++)
+      if (labels[b] >= CNN_NUM_CLASSES) return 0;
   return 1;
 }
 
@@ -289,7 +293,7 @@ static void forward(cnn *m, const float *dimg, int B, double *t0) {
 
 float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
                      int B) {
-  if (!ready(m, images, B) || !labels) return NAN;
+  if (!labels || !ready(m, images, labels, B)) return NAN;
   const cnn_backend *be = m->be;
   double t0 = m->prof ? now_s() : 0.0;
   const float *dimg;
@@ -355,7 +359,7 @@ float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
 
 float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
                int *pred) {
-  if (!ready(m, images, B)) return NAN;
+  if (!ready(m, images, labels, B)) return NAN;
   const cnn_backend *be = m->be;
   double t0 = 0.0;
   const float *dimg;

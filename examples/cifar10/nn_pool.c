@@ -12,7 +12,6 @@
 #include "nn_pool.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -24,17 +23,18 @@
 #define cpu_relax() ((void)0)
 #endif
 
-#define WORKER_SPIN 20000 /* polls (~0.1 ms) before a worker sleeps */
-#define CALLER_SPIN 2000  /* polls before the caller starts yielding */
+#define WORKER_SPIN 20000 /* polls (~0.4 ms) before an idle worker sleeps */
+#define CALLER_SPIN 2000  /* polls (~40 us) before the caller sleeps */
 
 struct nn_pool {
   int threads;
   pthread_t *tid;
   int started;
   pthread_mutex_t run_mu; /* one job at a time */
-  pthread_mutex_t mu;     /* sleeping workers */
-  pthread_cond_t cv;
-  int sleepers, stop;
+  pthread_mutex_t mu;     /* sleeping workers, sleeping caller */
+  pthread_cond_t cv;      /* workers: a new job */
+  pthread_cond_t done_cv; /* caller: the job's last chunk is done */
+  int sleepers, stop, caller_waits;
   _Atomic uint64_t next;
   _Atomic(nn_pool_fn) fn;
   _Atomic(void *) arg;
@@ -70,7 +70,14 @@ static void work(nn_pool *p, uint32_t g, int id) {
   int c;
   while ((c = grab(p, g)) >= 0) {
     fn(arg, c, id);
-    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+    uint64_t v = atomic_load_explicit(&p->next, memory_order_relaxed);
+    int n = (int)((v >> 16) & 0xffff); /* g is still current: c not done */
+    if (atomic_fetch_add_explicit(&p->done, 1, memory_order_acq_rel) + 1 == n &&
+        id != 0) { /* the last chunk: wake the caller if it sleeps */
+      pthread_mutex_lock(&p->mu);
+      if (p->caller_waits) pthread_cond_signal(&p->done_cv);
+      pthread_mutex_unlock(&p->mu);
+    }
   }
 }
 
@@ -114,6 +121,7 @@ nn_pool *nn_pool_create(int threads) {
   pthread_mutex_init(&p->run_mu, NULL);
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->cv, NULL);
+  pthread_cond_init(&p->done_cv, NULL);
   atomic_init(&p->next, 0);
   atomic_init(&p->fn, NULL);
   atomic_init(&p->arg, NULL);
@@ -158,11 +166,21 @@ void nn_pool_run(nn_pool *p, int nchunks, nn_pool_fn fn, void *arg) {
   if (p->sleepers) pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
   work(p, g, 0);
-  int spin = 0;
-  while (atomic_load_explicit(&p->done, memory_order_acquire) < nchunks) {
-    if (++spin < CALLER_SPIN) cpu_relax();
-    else sched_yield(); /* a worker holds a chunk but may have no CPU */
+  /* Workers still run chunks: poll a little, then sleep. Sleeping (not
+   * yielding) matters on a busy machine: a worker that waits for a CPU is
+   * then moved by the kernel onto the one this thread leaves idle. */
+  for (int spin = 0; spin < CALLER_SPIN; spin++) {
+    if (atomic_load_explicit(&p->done, memory_order_acquire) >= nchunks)
+      goto out;
+    cpu_relax();
   }
+  pthread_mutex_lock(&p->mu);
+  p->caller_waits = 1;
+  while (atomic_load_explicit(&p->done, memory_order_acquire) < nchunks)
+    pthread_cond_wait(&p->done_cv, &p->mu);
+  p->caller_waits = 0;
+  pthread_mutex_unlock(&p->mu);
+out:
   pthread_mutex_unlock(&p->run_mu);
 }
 
@@ -176,6 +194,7 @@ void nn_pool_destroy(nn_pool *p) {
   for (int i = 0; i < p->started; i++) pthread_join(p->tid[i], NULL);
   free(p->tid);
   pthread_cond_destroy(&p->cv);
+  pthread_cond_destroy(&p->done_cv);
   pthread_mutex_destroy(&p->mu);
   pthread_mutex_destroy(&p->run_mu);
   free(p);

@@ -4,9 +4,11 @@
  * (tid 1..threads-1), returning when all are done.
  *
  * Chunks are handed out one at a time; the job is finished when its chunks
- * are, not when every worker has checked in, so a worker that the OS has
- * descheduled (a busy, shared machine) never holds up an op: the caller
- * simply runs more chunks itself. Idle workers spin briefly, then sleep.
+ * are, not when every worker has checked in (unlike an OpenMP barrier), so
+ * a worker that the OS has not scheduled (a busy, shared machine) does not
+ * hold up an op: the caller runs more chunks itself. Only a chunk already
+ * taken is waited for; the caller then sleeps, which lets the kernel move
+ * a preempted worker onto its CPU. Idle workers spin ~0.4 ms, then sleep.
  * Calls from several threads are serialized (one job at a time).
  */
 #ifndef CIFAR_NN_POOL_H

@@ -65,14 +65,16 @@ for line in open(sys.argv[1]):
     d = json.loads(js)
     runs[kind].setdefault(d["threads"], []).append(d)
 sg = json.loads(sys.argv[2])["sgemm_gflops"]
+med = statistics.median
 print()
-print("threads  C img/s (median)  torch img/s (median)  C/torch  C GFLOP/s  % of 1-thread SGEMM x threads")
+print("threads  C img/s  torch img/s  C/torch (of medians)  C/torch (median of rounds)  C GFLOP/s  of SGEMM peak")
 for t in sorted(runs["C"]):
-    c = statistics.median(d["images_per_sec"] for d in runs["C"][t])
-    p = statistics.median(d["images_per_sec"] for d in runs["T"].get(t, [{"images_per_sec": float("nan")}]))
-    g = statistics.median(d["gflops"] for d in runs["C"][t])
-    print(f"{t:7d}  {c:17.1f}  {p:20.1f}  {c / p:7.2f}  {g:9.1f}  {100 * g / (sg * t):5.1f}%  "
-          f"(C runs {[round(d['images_per_sec']) for d in runs['C'][t]]}, "
-          f"torch runs {[round(d['images_per_sec']) for d in runs['T'].get(t, [])]})")
-print(f"SGEMM 1024^3, 1 thread: {sg:.1f} GFLOP/s")
+    cs = [d["images_per_sec"] for d in runs["C"][t]]
+    ts = [d["images_per_sec"] for d in runs["T"].get(t, [])] or [float("nan")]
+    g = med(d["gflops"] for d in runs["C"][t])
+    pr = [c / p for c, p in zip(cs, ts)]
+    print(f"{t:7d}  {med(cs):7.1f}  {med(ts):11.1f}  {med(cs) / med(ts):20.2f}  {med(pr):26.2f}  "
+          f"{g:9.1f}  {100 * g / (sg * t):5.1f}%")
+    print(f"         C runs {[round(x) for x in cs]}  torch runs {[round(x) for x in ts]}")
+print(f"SGEMM 1024^3 on 1 thread: {sg:.1f} GFLOP/s (peak above = that x threads)")
 PY
