@@ -77,7 +77,7 @@ static void usage(FILE *f) {
           "  --lr-decay R:E    multiply the learning rate by R every E epochs [none]\n"
           "  --threads T       compute threads [SLURM_CPUS_PER_TASK, else cores/local workers]\n"
           "  --seed N          data order and augmentation [1]\n"
-          "  --metrics FILE    write one JSON line per progress report\n"
+          "  --metrics FILE    one JSON line per progress report (worker i>0: FILE.w<i>)\n"
           "  --eval-every N    chief evaluates test accuracy every N steps [0: at the end]\n"
           "  --no-lrn          drop both LRN layers\n"
           "  --dump-params F   chief writes the final parameters (float32, in order) to F\n"
@@ -264,8 +264,14 @@ int main(int argc, char **argv) {
           o.lrn ? "on" : "off");
 
   FILE *metrics = NULL;
-  if (o.metrics[0] && !(metrics = fopen(o.metrics, "w")))
-    die("cannot write --metrics %s: %s", o.metrics, strerror(errno));
+  if (o.metrics[0]) {
+    /* Workers of one job share the option: the chief writes FILE, worker
+     * i FILE.w<i>, so no two processes write one file. */
+    char path[4200];
+    if (w == 0) snprintf(path, sizeof path, "%s", o.metrics);
+    else snprintf(path, sizeof path, "%s.w%d", o.metrics, w);
+    if (!(metrics = fopen(path, "w"))) die("cannot write --metrics %s: %s", path, strerror(errno));
+  }
   float *img = malloc((size_t)o.batch * IMG_FLOATS * sizeof(float));
   uint8_t *lab = malloc((size_t)o.batch);
   int *pred = malloc((size_t)o.batch * sizeof *pred);
