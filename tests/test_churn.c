@@ -172,44 +172,6 @@ static void close_abort(int fd) {
   close(fd);
 }
 
-/* 0, or -1 if the peer is gone or the send timed out (never SIGPIPE). */
-static int send_all(int fd, const void *buf, size_t n) {
-  const uint8_t *p = buf;
-  while (n > 0) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-/* Reads (keeping the first cap bytes) until the peer closes or timeout_s
- * passes. 1 on EOF (a reset counts), 0 on timeout; *n gets the bytes kept. */
-static int read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t *n) {
-  double end = ps__now() + timeout_s;
-  *n = 0;
-  for (;;) {
-    double left = end - ps__now();
-    if (left <= 0) return 0;
-    struct pollfd pf = {fd, POLLIN, 0};
-    int pr = poll(&pf, 1, (int)(left * 1000) + 1);
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) return 0;
-    uint8_t tmp[4096];
-    ssize_t r = recv(fd, tmp, sizeof tmp, 0);
-    if (r == 0) return 1;
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return 1; /* ECONNRESET */
-    }
-    size_t keep = (size_t)r < cap - *n ? (size_t)r : cap - *n;
-    memcpy(buf + *n, tmp, keep);
-    *n += keep;
-  }
-}
-
 /* The first ERROR among whole frames in b[0..n): 1 if found (fields set),
  * 0 if none, -1 if the bytes are not whole valid frames. *accepted is set
  * if a HELLO_REPLY is among them. */
@@ -338,7 +300,7 @@ static uint64_t rnd(uint64_t *x) {
 static void expect_refusal(churn *c, int fd, kind k, int code, const char *word) {
   uint8_t rb[8192];
   size_t n;
-  int eof = read_until_eof(fd, rb, sizeof rb, IO_TIMEOUT_S, &n);
+  int eof = tu_read_until_eof(fd, rb, sizeof rb, IO_TIMEOUT_S, &n);
   if (!eof) {
     int ecode = 0, fatal = 0, accepted = 0;
     char msg[1024];
@@ -388,37 +350,37 @@ static void churn_one(churn *c, kind k, uint64_t *x) {
     return;
   case K_HELLO_NW:
     n = hello_frame(b, sizeof b, (uint32_t)(rnd(x) % 3), 3, 0);
-    if (send_all(fd, b, n) == 0) expect_refusal(c, fd, k, PS_EMISMATCH, "--workers 2");
+    if (tu_send_all(fd, b, n) == 0) expect_refusal(c, fd, k, PS_EMISMATCH, "--workers 2");
     else cfail(c, "%s: send failed: %s", KIND_NAMES[k], strerror(errno));
     break;
   case K_HELLO_RANGE:
     n = hello_frame(b, sizeof b, 2 + (uint32_t)(rnd(x) % 3), 2, 0);
-    if (send_all(fd, b, n) == 0)
+    if (tu_send_all(fd, b, n) == 0)
       expect_refusal(c, fd, k, PS_EINVAL, "not below the number of workers");
     else cfail(c, "%s: send failed: %s", KIND_NAMES[k], strerror(errno));
     break;
   case K_HELLO_PS:
     n = hello_frame(b, sizeof b, (uint32_t)(rnd(x) % 2), 2, 1);
-    if (send_all(fd, b, n) == 0) expect_refusal(c, fd, k, PS_EMISMATCH, "expects ps 1");
+    if (tu_send_all(fd, b, n) == 0) expect_refusal(c, fd, k, PS_EMISMATCH, "expects ps 1");
     else cfail(c, "%s: send failed: %s", KIND_NAMES[k], strerror(errno));
     break;
   case K_CLAIM:
     /* Only once both real workers hold their connections (churn_main
      * checks), so that psd must refuse it; it must never take over. */
     n = hello_frame(b, sizeof b, (uint32_t)(rnd(x) % 2), 2, 0);
-    if (send_all(fd, b, n) == 0) expect_refusal(c, fd, k, PS_EBUSY, "already connected");
+    if (tu_send_all(fd, b, n) == 0) expect_refusal(c, fd, k, PS_EBUSY, "already connected");
     else cfail(c, "%s: send failed: %s", KIND_NAMES[k], strerror(errno));
     break;
   case K_NOREAD:
     n = hello_frame(b, sizeof b, 0, 3, 0);
-    send_all(fd, b, n);
+    tu_send_all(fd, b, n);
     if (rnd(x) % 2) close_abort(fd);
     else close(fd);
     return;
   case K_HALF: {
     n = hello_frame(b, sizeof b, 0, 3, 0);
     size_t cut = 1 + (size_t)(rnd(x) % (n - 1)); /* 1..n-1 bytes: never whole */
-    if (send_all(fd, b, cut) != 0) {
+    if (tu_send_all(fd, b, cut) != 0) {
       cfail(c, "%s: send failed: %s", KIND_NAMES[k], strerror(errno));
       break;
     }
@@ -430,7 +392,7 @@ static void churn_one(churn *c, kind k, uint64_t *x) {
     shutdown(fd, SHUT_WR);
     uint8_t rb[1024];
     size_t got;
-    int eof = read_until_eof(fd, rb, sizeof rb, IO_TIMEOUT_S, &got);
+    int eof = tu_read_until_eof(fd, rb, sizeof rb, IO_TIMEOUT_S, &got);
     if (!eof || got != 0)
       cfail(c, "%s: %zu of %zu bytes sent, then FIN: psd %s (%zu bytes back)",
             KIND_NAMES[k], cut, n, eof ? "closed" : "did not close within 3 s", got);
@@ -460,7 +422,7 @@ static void churn_one(churn *c, kind k, uint64_t *x) {
       n = PS__HEADER_SIZE + 16;
       word = "before the handshake";
     }
-    if (send_all(fd, b, n) == 0) expect_refusal(c, fd, k, PS_EPROTO, word);
+    if (tu_send_all(fd, b, n) == 0) expect_refusal(c, fd, k, PS_EPROTO, word);
     else cfail(c, "%s: send failed: %s", KIND_NAMES[k], strerror(errno));
     break;
   }

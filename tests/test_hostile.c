@@ -53,45 +53,6 @@ static int hs_connect(const char *addr) {
   return fd;
 }
 
-/* 0, or -1 if the peer is gone (never raises SIGPIPE). */
-static int send_all(int fd, const void *buf, size_t n) {
-  const uint8_t *p = buf;
-  while (n > 0) {
-    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    p += w;
-    n -= (size_t)w;
-  }
-  return 0;
-}
-
-/* Reads into buf (keeping the first cap bytes) until the peer closes or
- * timeout_s passes. Returns 1 on EOF (a reset counts: the server closed with
- * our bytes unread), 0 on timeout. *n gets the bytes kept. */
-static int read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t *n) {
-  double end = ps__now() + timeout_s;
-  *n = 0;
-  for (;;) {
-    double left = end - ps__now();
-    if (left <= 0) return 0;
-    struct pollfd pf = {fd, POLLIN, 0};
-    int pr = poll(&pf, 1, (int)(left * 1000) + 1);
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) return 0;
-    uint8_t tmp[4096];
-    ssize_t r = recv(fd, tmp, sizeof tmp, 0);
-    if (r == 0) return 1;
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return 1; /* ECONNRESET */
-    }
-    size_t keep = (size_t)r < cap - *n ? (size_t)r : cap - *n;
-    memcpy(buf + *n, tmp, keep);
-    *n += keep;
-  }
-}
-
 /* Exactly n bytes before the deadline; 0 or -1 (EOF, error, timeout). */
 static int recv_exact(int fd, void *buf, size_t n, double deadline) {
   uint8_t *p = buf;
@@ -554,10 +515,10 @@ static void expect_serving(tu_psd *p, const char *after) {
   hello_args a = hello_default(0, 2);
   a.ps_index = 9;
   put_hello(&h, a);
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   uint8_t rb[4096];
   size_t n;
-  int eof = read_until_eof(fd, rb, sizeof rb, 2.0, &n);
+  int eof = tu_read_until_eof(fd, rb, sizeof rb, 2.0, &n);
   close(fd);
   herr e;
   parse_reply(rb, n, &e);
@@ -578,14 +539,14 @@ static uint32_t do_setup(int fd, int setup, int w, const char *name) {
   static rframe f;
   hbuf h = {{0}, 0};
   put_hello(&h, hello_default((uint32_t)w, 2));
-  ck_assert_int_eq(send_all(fd, h.b, h.n), 0);
+  ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
   ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY,
                 "%s: the handshake as worker %d failed (reply type %u)", name, w, f.h.type);
   if (setup < SETUP_VAR) return 0;
   static const uint64_t s4[1] = {4};
   h.n = 0;
   put_register(&h, 2, "x", s4, 1, 1, 4, 0);
-  ck_assert_int_eq(send_all(fd, h.b, h.n), 0);
+  ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
   ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_REGISTER_REPLY,
                 "%s: REGISTER x[4] failed (reply type %u)", name, f.h.type);
   Ps__RegisterReply *r = ps__register_reply__unpack(NULL, f.h.meta_len, f.meta);
@@ -596,7 +557,7 @@ static uint32_t do_setup(int fd, int setup, int w, const char *name) {
   float v[4] = {1, 2, 3, 4};
   h.n = 0;
   put_push(&h, PS__MSG_INIT, 3, 0, slice, 4, 0, v, sizeof v);
-  ck_assert_int_eq(send_all(fd, h.b, h.n), 0);
+  ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
   ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_ACK,
                 "%s: INIT failed (reply type %u)", name, f.h.type);
   return slice;
@@ -616,7 +577,7 @@ START_TEST(test_case) {
   ck_assert_msg(h.n > 0 && h.n <= sizeof h.b, "%s: bad test frame", hc->name);
 
   double t0 = ps__now();
-  send_all(fd, h.b, h.n); /* psd may close before taking it all */
+  tu_send_all(fd, h.b, h.n); /* psd may close before taking it all */
   if (hc->expect == X_SILENT) shutdown(fd, SHUT_WR); /* we hang up mid-frame */
 
   if (hc->expect == X_NONFATAL) {
@@ -637,7 +598,7 @@ START_TEST(test_case) {
     /* The connection is still usable. */
     hbuf h2 = {{0}, 0};
     put_pull(&h2, 78, 0, NULL, 0);
-    ck_assert_int_eq(send_all(fd, h2.b, h2.n), 0);
+    ck_assert_int_eq(tu_send_all(fd, h2.b, h2.n), 0);
     ck_assert_msg(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_PULL_REPLY,
                   "%s: connection unusable after a non-fatal error (type %u)", hc->name,
                   f.h.type);
@@ -654,7 +615,7 @@ START_TEST(test_case) {
 
   uint8_t rb[65536];
   size_t n;
-  int eof = read_until_eof(fd, rb, sizeof rb, 3.0, &n);
+  int eof = tu_read_until_eof(fd, rb, sizeof rb, 3.0, &n);
   double dt = ps__now() - t0;
   close(fd);
   ck_assert_msg(eof, "%s: psd did not close the connection within 3 s (%zu bytes back)",
@@ -732,12 +693,12 @@ static void bfail(barrage *b, const char *fmt, ...) {
 static void finish_held(barrage *b, held *x) {
   const hcase *hc = &CASES[x->ci];
   int during = __atomic_load_n(b->training, __ATOMIC_SEQ_CST);
-  send_all(x->fd, x->h.b + x->sent, x->h.n - x->sent);
+  tu_send_all(x->fd, x->h.b + x->sent, x->h.n - x->sent);
   int silent = hc->expect == X_SILENT && hc->setup == SETUP_NONE;
   if (silent) shutdown(x->fd, SHUT_WR);
   uint8_t rb[8192];
   size_t n;
-  int eof = read_until_eof(x->fd, rb, sizeof rb, 3.0, &n);
+  int eof = tu_read_until_eof(x->fd, rb, sizeof rb, 3.0, &n);
   close(x->fd);
   x->fd = -1;
   herr e;
@@ -798,7 +759,7 @@ static void *barrage_main(void *arg) {
     }
     /* Send part now, the rest when the slot comes round again. */
     slot->sent = slot->h.n > 1 ? (size_t)((x >> 8) % slot->h.n) : 0;
-    if (send_all(slot->fd, slot->h.b, slot->sent) != 0) slot->sent = slot->h.n;
+    if (tu_send_all(slot->fd, slot->h.b, slot->sent) != 0) slot->sent = slot->h.n;
   }
   for (int k = 0; k < HOLD; k++)
     if (ring[k].fd >= 0) finish_held(b, &ring[k]);
@@ -937,10 +898,10 @@ START_TEST(test_preauth_limit_bounds_memory) {
   hbuf h = {{0}, 0};
   put_raw_header(&h, PS__MAGIC, 1, PS__MSG_HELLO, 0xFFFFFFFFu, 0, (uint64_t)1 << 60);
   double t0 = ps__now();
-  ck_assert_int_eq(send_all(fd, h.b, h.n), 0);
+  ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
   uint8_t rb[4096];
   size_t n;
-  int eof = read_until_eof(fd, rb, sizeof rb, 3.0, &n);
+  int eof = tu_read_until_eof(fd, rb, sizeof rb, 3.0, &n);
   double dt = ps__now() - t0;
   close(fd);
   ck_assert_msg(eof && dt < 1.0, "psd did not close at once (%.2f s, eof %d)", dt, eof);
@@ -993,25 +954,25 @@ START_TEST(test_pull_duplicate_slice_ids) {
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
   put_hello(&h, hello_default(0, 1));
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   static rframe f;
   ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY);
   static const uint64_t s4[1] = {4};
   h.n = 0;
   put_register(&h, 2, "x", s4, 1, 1, 4, 0);
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_REGISTER_REPLY);
   float v[4] = {1, 2, 3, 4};
   h.n = 0;
   put_push(&h, PS__MSG_INIT, 3, 0, 0, 4, 0, v, sizeof v);
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_ACK);
 
   uint32_t ids[2] = {0, 0};
   h.n = 0;
   put_pull(&h, 10, 2, ids, 2);         /* parked: the slice is at step 0 */
   put_push(&h, PS__MSG_PUSH, 11, 0, 0, 4, 0, v, sizeof v); /* -> step 1 */
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   /* Refused (a fatal error naming the duplicate) or taken (the PUSH is
    * answered); either way psd goes on serving. */
   int got = read_frame(fd, &f, 2.0);
@@ -1038,28 +999,28 @@ START_TEST(test_pull_then_garbage_same_segment) {
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
   put_hello(&h, hello_default(0, 1));
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   static rframe f;
   ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY);
   static const uint64_t s4[1] = {4};
   h.n = 0;
   put_register(&h, 2, "x", s4, 1, 1, 4, 0);
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_REGISTER_REPLY);
   float v[4] = {1, 2, 3, 4};
   h.n = 0;
   put_push(&h, PS__MSG_INIT, 3, 0, 0, 4, 0, v, sizeof v);
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_ACK);
 
   uint32_t ids[1] = {0};
   h.n = 0;
   put_pull(&h, 10, 0, ids, 1); /* answerable at once */
   put_raw_header(&h, 0xDEADBEEFu, 1, PS__MSG_PULL, 0, 0, 0);
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   uint8_t rb[8192];
   size_t n;
-  int eof = read_until_eof(fd, rb, sizeof rb, 3.0, &n);
+  int eof = tu_read_until_eof(fd, rb, sizeof rb, 3.0, &n);
   close(fd);
   herr e;
   parse_reply(rb, n, &e);
@@ -1082,7 +1043,7 @@ START_TEST(test_hello_num_workers_bounded) {
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
   put_hello(&h, hello_default(0, 50000000));
-  send_all(fd, h.b, h.n);
+  tu_send_all(fd, h.b, h.n);
   static rframe f;
   int got = read_frame(fd, &f, 3.0);
   long peak1 = vm_kib(p.pid, "VmPeak:");

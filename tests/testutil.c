@@ -1,12 +1,16 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
+#include "ps_internal.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -155,6 +159,41 @@ int tu_log_contains(const tu_psd *p, const char *needle) {
   int found = s && strstr(s, needle) != NULL;
   free(s);
   return found;
+}
+
+int tu_send_all(int fd, const void *buf, size_t n) {
+  const uint8_t *p = buf;
+  while (n > 0) {
+    ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+int tu_read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t *n) {
+  double end = ps__now() + timeout_s;
+  *n = 0;
+  for (;;) {
+    double left = end - ps__now();
+    if (left <= 0) return 0;
+    struct pollfd pf = {fd, POLLIN, 0};
+    int pr = poll(&pf, 1, (int)(left * 1000) + 1);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) return 0;
+    uint8_t tmp[4096];
+    ssize_t r = recv(fd, tmp, sizeof tmp, 0);
+    if (r == 0) return 1;
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return 1; /* ECONNRESET */
+    }
+    size_t keep = (size_t)r < cap - *n ? (size_t)r : cap - *n;
+    memcpy(buf + *n, tmp, keep);
+    *n += keep;
+  }
 }
 
 void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs) {

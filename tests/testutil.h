@@ -52,6 +52,13 @@ int tu_log_contains(const tu_psd *p, const char *needle);
 char *tu_read_file(const char *path);
 /* A fresh private directory for this test process. */
 const char *tu_tmpdir(void);
+/* Raw sockets for hostile-peer tests. 0, or -1 if the peer is gone or the
+ * send failed (never raises SIGPIPE). */
+int tu_send_all(int fd, const void *buf, size_t n);
+/* Reads (keeping the first cap bytes) until the peer closes or timeout_s
+ * passes. 1 on EOF (a reset counts: the server closed with our bytes
+ * unread), 0 on timeout; *n gets the bytes kept. */
+int tu_read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t *n);
 /* Fills hosts[i] (each of 64 bytes) with the addresses of ps[0..n). */
 void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs);
 
