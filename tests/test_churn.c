@@ -137,34 +137,6 @@ static const char *format_samples(const samples *ss) {
 
 /* ---- raw sockets ---------------------------------------------------------- */
 
-/* Connects to "host:port" with send/receive (and connect) timeouts; fd or
- * -1 with errno set. */
-static int cs_connect(const char *addr) {
-  char host[64];
-  int port;
-  if (ps__parse_hostport(addr, host, sizeof host, &port) != 0) return -1;
-  struct sockaddr_in sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct timeval tv = {(time_t)IO_TIMEOUT_S, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect() too */
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  for (;;) {
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) return fd;
-    if (errno != EINTR) break;
-  }
-  int e = errno;
-  close(fd);
-  errno = e;
-  return -1;
-}
-
 /* Closes with a RST instead of a FIN. */
 static void close_abort(int fd) {
   struct linger lg = {1, 0};
@@ -331,7 +303,7 @@ static void expect_refusal(churn *c, int fd, kind k, int code, const char *word)
 }
 
 static void churn_one(churn *c, kind k, uint64_t *x) {
-  int fd = cs_connect(c->sh->addr);
+  int fd = tu_connect(c->sh->addr);
   if (fd < 0) {
     cfail(c, "%s: cannot connect to psd: %s", KIND_NAMES[k], strerror(errno));
     return;

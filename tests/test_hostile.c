@@ -29,30 +29,6 @@
 
 /* ---- raw sockets ---------------------------------------------------------- */
 
-/* Connects to "host:port" with 3 s send/receive timeouts; fd or -1. */
-static int hs_connect(const char *addr) {
-  char host[64];
-  int port;
-  if (ps__parse_hostport(addr, host, sizeof host, &port) != 0) return -1;
-  struct sockaddr_in sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct timeval tv = {3, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 /* Exactly n bytes before the deadline; 0 or -1 (EOF, error, timeout). */
 static int recv_exact(int fd, void *buf, size_t n, double deadline) {
   uint8_t *p = buf;
@@ -509,7 +485,7 @@ static const char *psd_gone(tu_psd *p) {
 static void expect_serving(tu_psd *p, const char *after) {
   const char *gone = psd_gone(p);
   ck_assert_msg(gone[0] == '\0', "psd died after %s: %s (log %s)", after, gone, p->log_path);
-  int fd = hs_connect(p->addr);
+  int fd = tu_connect(p->addr);
   ck_assert_msg(fd >= 0, "psd no longer accepts connections after %s", after);
   hbuf h = {{0}, 0};
   hello_args a = hello_default(0, 2);
@@ -569,7 +545,7 @@ START_TEST(test_case) {
   const hcase *hc = &CASES[_i];
   tu_psd p;
   start_psd(&p, "2");
-  int fd = hs_connect(p.addr);
+  int fd = tu_connect(p.addr);
   ck_assert_msg(fd >= 0, "%s: cannot connect to psd", hc->name);
   uint32_t slice = hc->setup != SETUP_NONE ? do_setup(fd, hc->setup, hc->worker, hc->name) : 0;
   hbuf h = {{0}, 0};
@@ -751,7 +727,7 @@ static void *barrage_main(void *arg) {
     }
     build_case(ci, &slot->h, 0);
     if (slot->h.n == 0 || slot->h.n > sizeof slot->h.b) continue;
-    slot->fd = hs_connect(b->psd->addr);
+    slot->fd = tu_connect(b->psd->addr);
     __atomic_fetch_add(&b->conns, 1, __ATOMIC_SEQ_CST);
     if (slot->fd < 0) {
       bfail(b, "%s: cannot connect to psd", hc->name);
@@ -893,7 +869,7 @@ START_TEST(test_preauth_limit_bounds_memory) {
   tu_psd p;
   start_psd(&p, "1");
   long peak0 = vm_kib(p.pid, "VmPeak:");
-  int fd = hs_connect(p.addr);
+  int fd = tu_connect(p.addr);
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
   put_raw_header(&h, PS__MAGIC, 1, PS__MSG_HELLO, 0xFFFFFFFFu, 0, (uint64_t)1 << 60);
@@ -950,7 +926,7 @@ END_TEST
 START_TEST(test_pull_duplicate_slice_ids) {
   tu_psd p;
   start_psd(&p, "1");
-  int fd = hs_connect(p.addr);
+  int fd = tu_connect(p.addr);
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
   put_hello(&h, hello_default(0, 1));
@@ -995,7 +971,7 @@ END_TEST
 START_TEST(test_pull_then_garbage_same_segment) {
   tu_psd p;
   start_psd(&p, "1");
-  int fd = hs_connect(p.addr);
+  int fd = tu_connect(p.addr);
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
   put_hello(&h, hello_default(0, 1));
@@ -1039,7 +1015,7 @@ START_TEST(test_hello_num_workers_bounded) {
   tu_psd p;
   start_psd(&p, NULL);
   long peak0 = vm_kib(p.pid, "VmPeak:");
-  int fd = hs_connect(p.addr);
+  int fd = tu_connect(p.addr);
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
   put_hello(&h, hello_default(0, 50000000));
@@ -1097,7 +1073,7 @@ START_TEST(test_descriptor_exhaustion) {
   setrlimit(RLIMIT_NOFILE, &old);
   ck_assert_msg(started == 0, "psd did not start");
   int fds[IDLE];
-  for (int i = 0; i < IDLE; i++) fds[i] = hs_connect(p.addr);
+  for (int i = 0; i < IDLE; i++) fds[i] = tu_connect(p.addr);
   usleep(200000);
   double c0 = cpu_s(p.pid);
   usleep(1000000);

@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -159,6 +162,32 @@ int tu_log_contains(const tu_psd *p, const char *needle) {
   int found = s && strstr(s, needle) != NULL;
   free(s);
   return found;
+}
+
+int tu_connect(const char *addr) {
+  char host[64];
+  int port;
+  if (ps__parse_hostport(addr, host, sizeof host, &port) != 0) return -1;
+  struct sockaddr_in sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct timeval tv = {3, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* bounds connect() too */
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  for (;;) {
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) return fd;
+    if (errno != EINTR) break;
+  }
+  int e = errno;
+  close(fd);
+  errno = e;
+  return -1;
 }
 
 int tu_send_all(int fd, const void *buf, size_t n) {

@@ -52,7 +52,11 @@ int tu_log_contains(const tu_psd *p, const char *needle);
 char *tu_read_file(const char *path);
 /* A fresh private directory for this test process. */
 const char *tu_tmpdir(void);
-/* Raw sockets for hostile-peer tests. 0, or -1 if the peer is gone or the
+/* Raw sockets for hostile-peer tests. tu_connect: TCP to "host:port" with
+ * 3 s send/receive (and connect) timeouts and TCP_NODELAY; fd, or -1 with
+ * errno set. */
+int tu_connect(const char *addr);
+/* tu_send_all: 0, or -1 if the peer is gone or the
  * send failed (never raises SIGPIPE). */
 int tu_send_all(int fd, const void *buf, size_t n);
 /* Reads (keeping the first cap bytes) until the peer closes or timeout_s
