@@ -13,7 +13,7 @@
 #include "log.h"
 #include "ps_internal.h"
 
-typedef enum { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_MODE, OPT_LEVEL, OPT_FLAG } opt_type;
+typedef enum { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_MODE, OPT_LEVEL, OPT_FLAG, OPT_RESTORE } opt_type;
 
 typedef struct psd_option {
   const char *name;   /* long option, without "--" */
@@ -67,6 +67,19 @@ static const psd_option OPTIONS[] = {
     {"job-id", OPT_DOUBLE, F(job_id), "-1", -1, 9.2e18, "Slurm job id credentials must name"},
     {"step-id", OPT_DOUBLE, F(step_id), "-1", -1, 9.2e18,
      "Slurm step id credentials must name (-1: any step of the job)"},
+    {"checkpoint-dir", OPT_STRING, F(ckpt_dir), "", 0, 0,
+     "write checkpoints here and restore the newest complete one at start"},
+    {"checkpoint-every", OPT_INT, F(ckpt_every), "0", 0, INT_MAX,
+     "checkpoint every N steps (0: not by steps)"},
+    {"checkpoint-secs", OPT_DOUBLE, F(ckpt_secs), "0", 0, 1e9,
+     "checkpoint every S seconds, at a step all ps agree on (0: not by time)"},
+    {"checkpoint-keep", OPT_INT, F(ckpt_keep), "3", 1, 1000000,
+     "complete checkpoints to keep"},
+    {"restore", OPT_RESTORE, F(restore), "latest", 0, 0,
+     "latest (newest complete checkpoint; an error if it is damaged), fallback "
+     "(newest usable one) or none"},
+    {"stop-timeout", OPT_DOUBLE, F(stop_timeout_s), "60", 0.1, 1e9,
+     "after SIGTERM/SIGUSR1, seconds to wait for the stop checkpoint"},
 };
 #define NOPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
@@ -116,6 +129,15 @@ static int set_option(psd_config *cfg, const psd_option *o, const char *val,
     return 0;
   case OPT_FLAG:
     *(int *)field = strcmp(val, "0") != 0;
+    return 0;
+  case OPT_RESTORE:
+    if (strcmp(val, "latest") == 0) *(int *)field = PSD_RESTORE_LATEST;
+    else if (strcmp(val, "fallback") == 0) *(int *)field = PSD_RESTORE_FALLBACK;
+    else if (strcmp(val, "none") == 0) *(int *)field = PSD_RESTORE_NONE;
+    else {
+      snprintf(err, errlen, "--%s must be latest, fallback or none, got '%s'", o->name, val);
+      return -1;
+    }
     return 0;
   case OPT_LEVEL: {
     int l = psd_log_level_parse(val);
@@ -206,6 +228,24 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
   if (cfg->munge && cfg->job_id < 0) {
     snprintf(err, errlen, "--munge needs --job-id (the Slurm job the credentials must name)");
     return -1;
+  }
+  if ((cfg->ckpt_every || cfg->ckpt_secs > 0) && !cfg->ckpt_dir[0]) {
+    snprintf(err, errlen, "--checkpoint-every and --checkpoint-secs need --checkpoint-dir");
+    return -1;
+  }
+  if (cfg->ckpt_dir[0]) {
+    struct stat st;
+    if (stat(cfg->ckpt_dir, &st) != 0 && mkdir(cfg->ckpt_dir, 0700) != 0 && errno != EEXIST) {
+      snprintf(err, errlen, "--checkpoint-dir %s cannot be created: %s", cfg->ckpt_dir,
+               strerror(errno));
+      return -1;
+    }
+    if (stat(cfg->ckpt_dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
+        access(cfg->ckpt_dir, W_OK | X_OK) != 0) {
+      snprintf(err, errlen, "--checkpoint-dir %s is not a directory this user can write",
+               cfg->ckpt_dir);
+      return -1;
+    }
   }
   if (cfg->max_memory == 0) {
     /* A registration past this fails cleanly instead of the OOM killer

@@ -7,6 +7,8 @@
 #include <stdio.h>
 
 enum { PSD_MODE_AUTO = 0, PSD_MODE_SYNC = 1, PSD_MODE_ASYNC = 2 };
+/* --restore: what a psd finding checkpoints at start does with them. */
+enum { PSD_RESTORE_LATEST = 0, PSD_RESTORE_FALLBACK = 1, PSD_RESTORE_NONE = 2 };
 
 typedef struct psd_config {
   char host[256];          /* address to listen on */
@@ -33,6 +35,13 @@ typedef struct psd_config {
   char munge_socket[1024]; /* munged's socket ("" : MUNGE's default) */
   double job_id;           /* --job-id the credentials must name */
   double step_id;          /* --step-id they must name (-1: any step) */
+  char ckpt_dir[901];      /* checkpoints go here ("" : none) */
+  int ckpt_every;          /* checkpoint every N steps (0: not by steps) */
+  double ckpt_secs;        /* ... and/or every S seconds (0: not by time) */
+  int ckpt_keep;           /* complete checkpoints kept */
+  int restore;             /* PSD_RESTORE_* */
+  double stop_timeout_s;   /* after a stop request: wait this long for the
+                              stop checkpoint, then exit anyway */
 } psd_config;
 
 /* Fills cfg from argv (defaults first). Returns 0, 1 when --help or

@@ -348,6 +348,7 @@ void psd_conn_flush(psd_conn *c) {
     r.request_id = req;
     r.n_items = n;
     r.items = c->reply_ptrs;
+    psd_persist_flags(c->srv, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
     if (send_frame(c, PS__MSG_PULL_REPLY, &r.base, c->reply_data, c->reply_count,
                    c->reply_refs, n) != 0) {
       psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory building a pull reply");
@@ -403,6 +404,7 @@ static int handle_hello(psd_conn *c, const uint8_t *meta) {
   r.replicas_to_aggregate = srv->shard.replicas;
   r.async_mode = srv->shard.async_mode;
   r.server_id = srv->cfg->name;
+  r.checkpoints = srv->cfg->ckpt_dir[0] != '\0';
   send_frame(c, PS__MSG_HELLO_REPLY, &r.base, NULL, NULL, NULL, 0);
   return 0;
 }
@@ -500,6 +502,7 @@ static int handle_register(psd_conn *c, const uint8_t *meta) {
     if (rc == 0)
       rc = psd_shard_register(&srv->shard, name, (uint32_t)sp->n_shape, sp->shape,
                               sp->offset, sp->length, &opt, &sl, err, sizeof err);
+    if (rc == 0) rc = psd_persist_restore_slice(srv, sl, err, sizeof err);
     if (rc == 0) {
       ps__slice_state__init(&states[i]);
       states[i].slice_id = sl->id;
@@ -612,6 +615,11 @@ static int handle_push(psd_conn *c, const uint8_t *meta) {
     psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
     return -1;
   }
+  if (m->want_stop && c->srv->cfg->ckpt_dir[0] && c->srv->pinned) {
+    char who[32];
+    snprintf(who, sizeof who, "worker %d", c->worker);
+    psd_persist_stop_wanted(c->srv, who);
+  }
   return begin_data(c, m->request_id, m->step, m->items, m->n_items);
 }
 
@@ -678,12 +686,15 @@ static int handle_pull(psd_conn *c, const uint8_t *meta) {
     w->request_id = m->request_id;
     w->min_step = m->min_step;
     w->deadline = now + timeout;
-    if (sl->initialized && sl->step >= m->min_step) psd_conn_ready(c, w);
+    /* Once the job stops, every pull is answered at once (flagged). */
+    if (sl->initialized && (sl->step >= m->min_step || c->srv->persist.stopped))
+      psd_conn_ready(c, w);
     else psd_slice_park(sl, w);
   }
   if (m->n_slice_ids == 0) {
     Ps__PullReply r = PS__PULL_REPLY__INIT;
     r.request_id = m->request_id;
+    psd_persist_flags(c->srv, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
     send_frame(c, PS__MSG_PULL_REPLY, &r.base, NULL, NULL, NULL, 0);
   }
   return 0;
@@ -702,6 +713,24 @@ static int handle_finish(psd_conn *c, const uint8_t *meta) {
     c->finished = 1;
     psd_server_worker_finished(c->srv, c);
   }
+  return 0;
+}
+
+static int handle_checkpoint(psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Checkpoint, ps__checkpoint__unpack);
+  if (c->worker != 0) {
+    psd_conn_error(c, m->request_id, PS_ESTATE, 0,
+                   "CHECKPOINT from %s: only the chief (worker 0) arranges checkpoints",
+                   c->worker < 0 ? "a connection that is not a worker" : c->name);
+    return 0;
+  }
+  char msg[1200];
+  Ps__CheckpointReply r = PS__CHECKPOINT_REPLY__INIT;
+  r.request_id = m->request_id;
+  psd_persist_request(c->srv, m->step, m->stop, m->commit, &r.ok, &r.max_step, msg,
+                      sizeof msg);
+  r.message = msg;
+  send_frame(c, PS__MSG_CHECKPOINT_REPLY, &r.base, NULL, NULL, NULL, 0);
   return 0;
 }
 
@@ -730,6 +759,8 @@ static int dispatch(psd_conn *c, const uint8_t *meta) {
     return handle_pull(c, meta);
   case PS__MSG_FINISH:
     return handle_finish(c, meta);
+  case PS__MSG_CHECKPOINT:
+    return handle_checkpoint(c, meta);
   default:
     psd_conn_error(c, 0, PS_EPROTO, 1, "unexpected %s frame from a client", ps__msg_name(t));
     return -1;
@@ -775,6 +806,7 @@ static void frame_done(psd_conn *c) {
     r.request_id = c->data_req;
     r.n_items = c->n_items;
     r.items = c->reply_ptrs;
+    psd_persist_flags(c->srv, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
     send_frame(c, PS__MSG_PUSH_REPLY, &r.base, NULL, NULL, NULL, 0);
   }
   c->items = NULL;

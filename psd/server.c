@@ -40,7 +40,7 @@ static void set_sockopts(int fd, int bufsize) {
   }
 }
 
-static void finish_loop(psd_server *srv, int code) {
+void psd_server_finish(psd_server *srv, int code) {
   if (srv->exiting) return;
   srv->exit_code = code;
   srv->exiting = 1;
@@ -97,11 +97,19 @@ static void check_done(psd_server *srv) {
   }
   srv->lost_since = 0;
   if (done == srv->num_workers) {
+    if (srv->persist.stopped) {
+      psd_info("all workers done after the stop checkpoint (step %llu); exiting with status %d "
+               "so the job can be resumed",
+               (unsigned long long)srv->persist.stop_step, PSD_EXIT_STOPPED);
+      psd_server_finish(srv, PSD_EXIT_STOPPED);
+      return;
+    }
+    psd_persist_final(srv);
     if (lost)
       psd_warn("all workers done (%u lost, tolerated as backups); exiting", lost);
     else
       psd_info("all %u workers finished; exiting", srv->num_workers);
-    finish_loop(srv, PSD_EXIT_OK);
+    psd_server_finish(srv, PSD_EXIT_OK);
   }
 }
 
@@ -326,6 +334,7 @@ void psd_server_mark_dirty(psd_server *srv, psd_conn *c) {
 }
 
 void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
+  psd_persist_slice_advanced(srv, sl);
   for (psd_waiter *w = sl->waiters; w;) {
     psd_waiter *next = w->next;
     if (sl->step >= w->min_step) {
@@ -453,13 +462,15 @@ static void tick(psd_server *srv) {
     if (psd_conn_pending(c)) psd_conn_write(c);
   }
   if (srv->pinned && !srv->shard.async_mode) check_stalls(srv, now);
+  psd_persist_tick(srv, now);
+  if (srv->exiting) return;
   if (srv->lost_since && now - srv->lost_since >= srv->cfg->grace_s) {
     char names[256];
     format_workers(srv, 1, names, sizeof names);
     psd_error("worker(s) %s did not come back within the %.0f s grace period; exiting "
               "at step %llu",
               names, srv->cfg->grace_s, (unsigned long long)current_step(srv));
-    finish_loop(srv, PSD_EXIT_WORKER_LOST);
+    psd_server_finish(srv, PSD_EXIT_WORKER_LOST);
     return;
   }
   double t = srv->cfg->startup_timeout_s;
@@ -471,7 +482,7 @@ static void tick(psd_server *srv) {
       if (srv->pinned) format_workers(srv, 0, names, sizeof names);
       psd_error("worker(s) %s never connected within the %.0f s startup timeout; exiting",
                 names, t);
-      finish_loop(srv, PSD_EXIT_NO_WORKERS);
+      psd_server_finish(srv, PSD_EXIT_NO_WORKERS);
     }
   }
 }
@@ -486,8 +497,28 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)what;
   psd_server *srv = arg;
-  psd_info("received %s; shutting down", strsignal((int)sig));
-  finish_loop(srv, PSD_EXIT_OK);
+  int graceful = sig == SIGTERM || sig == SIGUSR1;
+  if (graceful && srv->cfg->ckpt_dir[0] && !srv->persist.stop_wanted && srv->pinned &&
+      srv->shard.n > 0 && !srv->exiting) {
+    /* Preemption or walltime: checkpoint at a step every ps agrees on,
+     * let the workers finish, exit with PSD_EXIT_STOPPED. */
+    char who[64];
+    snprintf(who, sizeof who, "SIG%s", sigabbrev_np((int)sig));
+    psd_persist_stop_wanted(srv, who);
+    return;
+  }
+  if (sig == SIGUSR1 && !srv->cfg->ckpt_dir[0]) {
+    psd_warn("received SIGUSR1 but there is no --checkpoint-dir to save to; going on");
+    return;
+  }
+  if (srv->persist.stop_wanted || (graceful && srv->cfg->ckpt_dir[0])) {
+    psd_info("received %s %s; exiting now", strsignal((int)sig),
+             srv->persist.stop_wanted ? "again" : "before training began");
+    psd_server_finish(srv, PSD_EXIT_STOPPED);
+  } else {
+    psd_info("received %s; shutting down", strsignal((int)sig));
+    psd_server_finish(srv, PSD_EXIT_OK);
+  }
   event_base_loopbreak(srv->base);
 }
 
@@ -549,6 +580,9 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   srv->lfd = -1;
   srv->started_at = ps__now();
   signal(SIGPIPE, SIG_IGN);
+  /* Restore before listening: launchers wait for the port file, so no
+   * worker connects to a server that is still reading its checkpoint. */
+  if (psd_persist_init(srv) != 0) return -1;
   struct addrinfo hints = {0}, *res = NULL;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -588,10 +622,12 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   srv->tick_ev = event_new(srv->base, -1, EV_PERSIST, on_tick, srv);
   srv->sig_ev[0] = evsignal_new(srv->base, SIGTERM, on_signal, srv);
   srv->sig_ev[1] = evsignal_new(srv->base, SIGINT, on_signal, srv);
+  srv->sig_ev[2] = evsignal_new(srv->base, SIGUSR1, on_signal, srv);
   struct timeval tick = {0, PSD_TICK_MS * 1000};
   if (!srv->listen_ev || !srv->tick_ev || !srv->sig_ev[0] || !srv->sig_ev[1] ||
-      event_add(srv->listen_ev, NULL) || event_add(srv->tick_ev, &tick) ||
-      event_add(srv->sig_ev[0], NULL) || event_add(srv->sig_ev[1], NULL)) {
+      !srv->sig_ev[2] || event_add(srv->listen_ev, NULL) || event_add(srv->tick_ev, &tick) ||
+      event_add(srv->sig_ev[0], NULL) || event_add(srv->sig_ev[1], NULL) ||
+      event_add(srv->sig_ev[2], NULL)) {
     psd_error("cannot set up the event loop");
     return -1;
   }
@@ -625,8 +661,9 @@ void psd_server_free(psd_server *srv) {
   psd_server_reap(srv);
   if (srv->listen_ev) event_free(srv->listen_ev);
   if (srv->tick_ev) event_free(srv->tick_ev);
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     if (srv->sig_ev[i]) event_free(srv->sig_ev[i]);
+  psd_persist_free(srv);
   if (srv->base) event_base_free(srv->base);
   if (srv->lfd >= 0) close(srv->lfd);
   psd_shard_free(&srv->shard);

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "persist.h"
 #include "ps.pb-c.h"
 #include "shard.h"
 
@@ -23,6 +24,9 @@ enum {
   PSD_EXIT_STARTUP = 65,     /* could not listen, write the port file, ... */
   PSD_EXIT_WORKER_LOST = 66, /* a needed worker left and did not come back */
   PSD_EXIT_NO_WORKERS = 67,  /* not every worker joined before the timeout */
+  PSD_EXIT_STOPPED = 75,     /* stopped on request (SIGTERM/SIGUSR1) after
+                                checkpointing: run it again to resume
+                                (EX_TEMPFAIL: "try again later") */
 };
 
 typedef struct psd_worker {
@@ -39,7 +43,7 @@ typedef struct psd_server {
   int lfd;                     /* listening socket */
   struct event *listen_ev;     /* accept readiness */
   struct event *tick_ev;       /* periodic timer for deadlines and stalls */
-  struct event *sig_ev[2];     /* SIGTERM, SIGINT */
+  struct event *sig_ev[3];     /* SIGTERM, SIGINT, SIGUSR1 */
   psd_shard shard;             /* variables held here */
   int pinned;                  /* workers/replicas/mode/placement agreed */
   uint32_t num_workers;        /* once pinned */
@@ -58,6 +62,7 @@ typedef struct psd_server {
   uint64_t conn_seq;           /* connection counter, for log names */
   int accept_paused;           /* listener off until the next tick (EMFILE) */
   double accept_warned_at;     /* last "accept failed" log line */
+  psd_persist persist;         /* checkpoints, restore, stop on request */
 } psd_server;
 
 /* Opens the listener (and port file) and sets up the loop. 0 or -1 (logged). */
@@ -83,6 +88,8 @@ void psd_server_flush(psd_server *srv);
 /* Frees closed connections; called at the end of every event callback,
  * when nothing up the stack still refers to them. */
 void psd_server_reap(psd_server *srv);
+/* Ends the loop with this exit status once queued replies drain. */
+void psd_server_finish(psd_server *srv, int code);
 /* Marks c as having ready pulls. */
 void psd_server_mark_dirty(psd_server *srv, struct psd_conn *c);
 

@@ -52,6 +52,7 @@ typedef struct psd_slice {
   double stall_logged_at;  /* last stall log line for this step */
   psd_waiter *waiters;     /* parked pulls (doubly linked) */
   uint32_t readers;        /* queued replies sending param in place */
+  uint64_t ck_gen;         /* checkpoint attempt that holds it (persist.c) */
   struct psd_slice *hnext; /* hash chain by (name, offset) */
 } psd_slice;
 

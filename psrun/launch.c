@@ -25,7 +25,7 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
     snprintf(err, errlen, "cannot create a temporary directory: %s", strerror(errno));
     return NULL;
   }
-  char portf[64], idx[16], nps[16], nw[16], label[32], jid[32], sid[32];
+  char portf[64], idx[16], nps[16], nw[16], label[32], jid[32], sid[32], ce[16], cs[32];
   snprintf(portf, sizeof portf, "%s/port", dir);
   snprintf(idx, sizeof idx, "%d", t->index);
   snprintf(nps, sizeof nps, "%d", t->num_ps);
@@ -52,6 +52,16 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
       argv[a++] = "--munge-socket";
       argv[a++] = (char *)t->munge_socket;
     }
+  }
+  if (o->ckpt_dir[0]) {
+    argv[a++] = "--checkpoint-dir";
+    argv[a++] = (char *)o->ckpt_dir;
+    snprintf(ce, sizeof ce, "%d", o->ckpt_every);
+    snprintf(cs, sizeof cs, "%g", o->ckpt_secs);
+    argv[a++] = "--checkpoint-every";
+    argv[a++] = ce;
+    argv[a++] = "--checkpoint-secs";
+    argv[a++] = cs;
   }
   for (int k = 0; k < o->npsd_args && a < 94; k++) argv[a++] = (char *)o->psd_args[k];
   argv[a] = NULL;

@@ -16,6 +16,9 @@
 
 /* Seconds the ps tasks have to exit after the last worker finished. */
 #define PSR_PSD_EXIT_S 30.0
+/* After a stop request: psd waits up to its --stop-timeout (60 s) for the
+ * stop checkpoint, so allow that and the exits before giving up. */
+#define PSR_STOP_S 90.0
 
 static double now_s(void) {
   struct timespec ts;
@@ -77,12 +80,19 @@ int psr_run_local(const psr_opts *o) {
 
   /* 3. Supervise: a failing task stops the job; signals are forwarded. */
   int workers_left = W;
-  double ps_deadline = 0;
+  double ps_deadline = 0, stop_deadline = 0;
+  int stopped = 0; /* a task exited PSR_EXIT_STOPPED: the job stops on purpose */
   while (psr_alive(&procs)) {
     int which;
-    int timeout = ps_deadline ? 200 : -1;
+    int timeout = ps_deadline || stop_deadline ? 200 : -1;
     psr_event ev = psr_wait(&procs, timeout, -1, &which);
     if (ev == PSR_EV_SIGNAL) {
+      if (which == SIGTERM && o->ckpt_dir[0] && !stop_deadline) {
+        /* Forwarded: the tasks checkpoint, then exit PSR_EXIT_STOPPED. */
+        psr_log("received SIGTERM; the job checkpoints and stops (SIGTERM again to stop now)");
+        stop_deadline = now_s() + PSR_STOP_S;
+        continue;
+      }
       if (which == SIGTERM || which == SIGINT || which == SIGHUP) {
         psr_log("received SIG%s; stopping all tasks", sigabbrev_np(which));
         if (!status) status = 128 + which;
@@ -93,6 +103,13 @@ int psr_run_local(const psr_opts *o) {
     if (ev == PSR_EV_EXIT) {
       psr_child *c = &procs.kids[which];
       int code = psr_exit_code(c->status);
+      if (code == PSR_EXIT_STOPPED) {
+        /* Stopped after a checkpoint: the others are stopping too. */
+        if (!stopped) psr_log("%s stopped after a checkpoint; waiting for the others", c->label);
+        stopped = 1;
+        if (!stop_deadline) stop_deadline = now_s() + PSR_STOP_S;
+        code = 0;
+      }
       if (code != 0) {
         char d[64];
         psr_describe(c->status, d, sizeof d);
@@ -104,12 +121,22 @@ int psr_run_local(const psr_opts *o) {
       /* A ps that exits 0 has seen every worker finish: the workers are
        * only tidying up, so nothing to do. */
     }
+    if (stop_deadline && now_s() > stop_deadline) {
+      psr_log("tasks did not stop within %.0f s of the stop request", PSR_STOP_S);
+      status = PSR_EXIT_STOPPED;
+      goto teardown;
+    }
     if (ps_deadline && now_s() > ps_deadline) {
       psr_log("parameter servers did not exit within %.0f s after the workers finished",
               PSR_PSD_EXIT_S);
       status = 1;
       goto teardown;
     }
+  }
+  if (!status && stopped) {
+    psr_log("job stopped after a checkpoint (exit %d); run it again to resume",
+            PSR_EXIT_STOPPED);
+    status = PSR_EXIT_STOPPED;
   }
   return status;
 

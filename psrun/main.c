@@ -76,6 +76,13 @@ static const psr_option OPTS[] = {
      "seconds for every task to check in"},
     {"grace", 0, O_DOUBLE, F(grace_s), "5", 0, 3600, NULL,
      "seconds between SIGTERM and SIGKILL when stopping tasks"},
+    {"checkpoint-dir", 0, O_STR, F(ckpt_dir), "", 0, 0, NULL,
+     "psd checkpoints here and resumes from it; SIGTERM/SIGUSR1 then stop after a checkpoint "
+     "(exit 75)"},
+    {"checkpoint-every", 0, O_INT, F(ckpt_every), "0", 0, 2147483647, NULL,
+     "checkpoint every N steps"},
+    {"checkpoint-secs", 0, O_DOUBLE, F(ckpt_secs), "0", 0, 1e9, NULL,
+     "checkpoint every S seconds"},
 };
 #define NOPTS (sizeof OPTS / sizeof OPTS[0])
 

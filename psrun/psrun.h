@@ -4,6 +4,11 @@
 
 #include "layout.h"
 
+/* Exit status of a task (psd or worker) that stopped on request after a
+ * checkpoint (SIGTERM/SIGUSR1 with --checkpoint-dir): not a failure, the
+ * others follow on their own, and psrun exits with it so a requeue can tell. */
+#define PSR_EXIT_STOPPED 75
+
 /* psrun's options (one table in main.c drives parsing and --help). */
 typedef struct psr_opts {
   int ps;                  /* --ps: number of ps tasks */
@@ -19,6 +24,9 @@ typedef struct psr_opts {
   int print_plan;          /* --print-plan: print roles, start nothing */
   double timeout_s;        /* --connect-timeout: peers must appear by then */
   double grace_s;          /* --grace: SIGTERM -> SIGKILL on teardown */
+  char ckpt_dir[4096];     /* --checkpoint-dir: psd checkpoints here */
+  int ckpt_every;          /* --checkpoint-every N steps */
+  double ckpt_secs;        /* --checkpoint-secs S */
   char **cmd;              /* worker command (points into argv) */
   int ncmd;
   char *const *psd_args;   /* extra psd options (--psd-arg, repeatable) */

@@ -418,7 +418,7 @@ static int hub_poll(step *s, void *ctx) {
       if (strncmp(line, "EXIT ", 5) == 0) {
         p->exited = 1;
         p->code = atoi(line + 5);
-        if (p->code != 0 && !h->failed) {
+        if (p->code != 0 && p->code != PSR_EXIT_STOPPED && !h->failed) {
           char why[512];
           snprintf(why, sizeof why, "task %d on %s exited with status %d", r, p->node, p->code);
           psr_log("%s; stopping every task", why);
@@ -627,7 +627,7 @@ static int run_task0(step *s, char *err, size_t errlen) {
   /* 5. Supervise ourselves and everyone. */
   int aborted = 0;
   int code = supervise(s, -1, NULL, hub_poll, &h, &aborted);
-  if (code != 0 && !h.failed && !aborted) {
+  if (code != 0 && code != PSR_EXIT_STOPPED && !h.failed && !aborted) {
     char why[128];
     snprintf(why, sizeof why, "task 0 (%s%d) exited with status %d", s->role.is_ps ? "ps" : "w",
              s->role.index, code);

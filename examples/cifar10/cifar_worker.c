@@ -13,6 +13,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -206,6 +207,18 @@ static double evaluate(cnn *m, const cifar_set *test, int B, float *img, uint8_t
   return test->n ? (double)right / (double)test->n : 0;
 }
 
+/* Exit status of a worker stopped on request after a checkpoint (preempted,
+ * walltime): EX_TEMPFAIL, as psd uses, so scripts can requeue. */
+#define EXIT_STOPPED 75
+
+/* SIGTERM/SIGUSR1 from Slurm (preemption, --signal, walltime): ask the job
+ * to checkpoint and stop instead of dying mid-step. */
+static ps_client *g_client;
+static void on_stop_signal(int sig) {
+  (void)sig;
+  ps_client_request_stop(g_client);
+}
+
 int main(int argc, char **argv) {
   opts o;
   parse(&o, argc, argv);
@@ -222,6 +235,13 @@ int main(int argc, char **argv) {
   ps_client *c;
   if (ps_client_create_from_env(&c, err, sizeof err) != 0)
     die("%s (run cifar_worker under psrun)", err);
+  g_client = c;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
   int w = ps_client_worker_index(c), nw = ps_client_num_workers(c);
   int chief = w == 0;
   if (chief && cifar_load_test(o.data, &test, err, sizeof err) != 0) die("%s", err);
@@ -288,7 +308,15 @@ int main(int argc, char **argv) {
     loss_sum += loss;
     loss_n++;
     int stale = 0;
-    if (ps_client_step(c, &step, &stale) != 0) die("step: %s", ps_client_errmsg(c));
+    int rc = ps_client_step(c, &step, &stale);
+    if (rc == PS_ESTOPPED) {
+      fprintf(stderr, "cifar_worker %d: %s\n", w, ps_client_errmsg(c));
+      if (metrics) fclose(metrics);
+      if (ps_client_finish(c) != 0) die("finish: %s", ps_client_errmsg(c));
+      ps_client_destroy(c);
+      return EXIT_STOPPED;
+    }
+    if (rc != 0) die("step: %s", ps_client_errmsg(c));
     double t = now_s();
     int do_eval = chief && o.eval_every > 0 && step % (uint64_t)o.eval_every == 0 && (long)step < total;
     if (do_eval) acc = evaluate(m, &test, o.batch, img, lab, pred);

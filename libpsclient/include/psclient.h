@@ -48,7 +48,8 @@ extern "C" {
   X(EBUSY, -17, "resource busy")                                               \
   X(EIO, -18, "input/output error")                                            \
   X(ESHUTDOWN, -19, "server is shutting down")                                 \
-  X(EINTERNAL, -20, "internal error")
+  X(EINTERNAL, -20, "internal error")                                          \
+  X(ESTOPPED, -21, "job stopped on request (checkpoint written)")
 
 typedef enum ps_errno {
   PS_OK = 0,
@@ -230,7 +231,10 @@ void ps_req_destroy(ps_req *r);
 /* One synchronous training step for every variable: pushes the gradients
  * computed at *step, pulls the parameters of the next step, and sets *step
  * to it. A stale push is not an error here: the client skips ahead to the
- * servers' step (*stale_out, if not NULL, is set to 1 when it happened). */
+ * servers' step (*stale_out, if not NULL, is set to 1 when it happened).
+ * The chief (worker 0) also arranges the checkpoints the servers ask for
+ * here. Returns 0, PS_ESTOPPED when the job stops on request (see
+ * ps_client_request_stop; *step is then unchanged), or another PS_E*. */
 int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
 
 /* Pulls every variable at step >= min_step (blocking); *step_out gets the
@@ -239,6 +243,17 @@ int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out);
 
 /* Tells every server this worker is done; they exit when all are. */
 int ps_client_finish(ps_client *c);
+
+/* Asks the job to stop after a checkpoint (preemption, walltime). Only sets
+ * a flag, so it is safe to call from a signal handler (SIGTERM, SIGUSR1).
+ * When the servers keep checkpoints (psd --checkpoint-dir), the chief and
+ * the servers agree on a step, every server writes its checkpoint there,
+ * and ps_client_step then returns PS_ESTOPPED in every worker; otherwise
+ * ps_client_step returns PS_ESTOPPED at once. A worker seeing PS_ESTOPPED
+ * calls ps_client_finish and exits (the examples use status 75); running
+ * the job again resumes from the checkpoint. Servers that get the signal
+ * themselves start the same protocol. NULL is a no-op. */
+void ps_client_request_stop(ps_client *c);
 
 #ifdef __cplusplus
 }

@@ -35,8 +35,20 @@
 /* Default waits. */
 #define PS__DEFAULT_CONNECT_MS 60000
 #define PS__DEFAULT_REQUEST_MS 600000
+/* A ps on a node that died sends no FIN: TCP keepalive probes after 5 s of
+ * silence, every 2 s, 3 times, and unacknowledged data gives up after 15 s,
+ * so a worker notices a dead server within seconds, not at its request
+ * timeout (a healthy but slow step keeps the connection acknowledged). */
+#define PS__KEEPIDLE_S 5
+#define PS__KEEPINTVL_S 2
+#define PS__KEEPCNT 3
+#define PS__USER_TIMEOUT_MS 15000
+/* Rounds the chief tries to agree on a checkpoint step with the servers
+ * before giving up (each round moves to the most advanced server's step;
+ * in sync training the first round almost always succeeds). */
+#define PS__CKPT_ROUNDS 8
 
-enum { REQ_PUSH = 1, REQ_PULL, REQ_REGISTER, REQ_INIT, REQ_FINISH, REQ_HELLO };
+enum { REQ_PUSH = 1, REQ_PULL, REQ_REGISTER, REQ_INIT, REQ_FINISH, REQ_HELLO, REQ_CHECKPOINT };
 
 typedef struct ps__slice {
   uint32_t ps;          /* which server */
@@ -71,6 +83,8 @@ struct ps_req {
   int stale;             /* some push item was stale */
   int done;              /* no more replies expected */
   uint64_t step;         /* pull: smallest step received */
+  int refused;           /* checkpoint: some server said no */
+  uint64_t max_step;     /* checkpoint: most advanced server's step */
   ps__slice *reg;        /* register: slices to fill, in request order */
   size_t reg_n;
   struct ps_req *next;   /* in-flight list or free list */
@@ -122,6 +136,12 @@ struct ps_client {
   int munge;                  /* MUNGE credentials, one per connection */
   char *munge_socket;         /* munged socket, or NULL */
   long long job_id, step_id;  /* what the MUNGE payload names */
+  int checkpoints;            /* some server writes checkpoints */
+  int want_ckpt;              /* a server asked the chief for a checkpoint */
+  int want_stop;              /* ... and to stop after it */
+  int stopped;                /* a server said the job stops */
+  uint64_t stop_step;         /* ... after its checkpoint at this step */
+  volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
   char errmsg[1024];          /* last error */
 };
 
@@ -265,6 +285,17 @@ static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_
   return 0;
 }
 
+/* The checkpoint and stop state every Push/PullReply carries. */
+static void note_flags(ps_client *c, int want_ckpt, int want_stop, int stopped,
+                       uint64_t stop_step) {
+  if (want_ckpt) c->want_ckpt = 1;
+  if (want_stop) c->want_stop = 1;
+  if (stopped && !c->stopped) {
+    c->stopped = 1;
+    c->stop_step = stop_step;
+  }
+}
+
 /* A complete protobuf part arrived on k. Returns 0 or <0 (conn broken). */
 static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   unsigned t = k->hdr.type;
@@ -308,6 +339,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
     ps_req *r = NULL;
     for (ps_req *q = c->inflight; q; q = q->next)
       if (q->type == REQ_HELLO && q->step == (uint64_t)k->index) r = q;
+    if (m->checkpoints) c->checkpoints = 1;
     if (r) req_finish(c, r);
     ps__hello_reply__free_unpacked(m, NULL);
     return 0;
@@ -349,6 +381,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   case PS__MSG_PUSH_REPLY: {
     Ps__PushReply *m = ps__push_reply__unpack(NULL, len, meta);
     if (!m) break;
+    note_flags(c, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
     ps_req *r = find_req(c, m->request_id);
     if (r) {
       for (size_t i = 0; i < m->n_items; i++) {
@@ -370,6 +403,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   case PS__MSG_PULL_REPLY: {
     Ps__PullReply *m = ps__pull_reply__unpack(NULL, len, meta);
     if (!m) break;
+    note_flags(c, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
     ps_req *r = find_req(c, m->request_id);
     int rc = plan_pull_data(c, k, m, r);
     k->data_req = m->request_id;
@@ -378,6 +412,22 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
     if (rc) return rc;
     /* The request's slices count as received once the data is in. */
     k->rstate = 2;
+    return 0;
+  }
+  case PS__MSG_CHECKPOINT_REPLY: {
+    Ps__CheckpointReply *m = ps__checkpoint_reply__unpack(NULL, len, meta);
+    if (!m) break;
+    ps_req *r = find_req(c, m->request_id);
+    if (r) {
+      if (m->max_step > r->max_step) r->max_step = m->max_step;
+      if (!m->ok && !r->refused) {
+        r->refused = 1;
+        snprintf(c->errmsg, sizeof c->errmsg, "ps %d at %s refused the checkpoint: %s",
+                 k->index, k->addr, m->message ? m->message : "?");
+      }
+      answered(c, r, k->index, 1);
+    }
+    ps__checkpoint_reply__free_unpacked(m, NULL);
     return 0;
   }
   default:
@@ -624,6 +674,13 @@ static int connect_one(ps_client *c, ps__conn *k, double deadline) {
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+        int idle = PS__KEEPIDLE_S, intvl = PS__KEEPINTVL_S, cnt = PS__KEEPCNT;
+        unsigned uto = PS__USER_TIMEOUT_MS;
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
         if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
           fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
           k->fd = fd;
@@ -1239,6 +1296,7 @@ static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k) {
   m.step = step;
   m.n_items = k;
   m.items = c->itemp;
+  m.want_stop = c->stop_requested != 0;
   int rc = queue_frame(c, &c->conns[p], PS__MSG_PUSH, &m.base, c->segdata, c->segcount, k);
   if (rc) {
     req_release(c, r);
@@ -1339,6 +1397,93 @@ int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out) {
   return rc;
 }
 
+static int stopped_err(ps_client *c) {
+  return seterr(c, PS_ESTOPPED,
+                "the job stops on request: the parameter servers checkpointed step %llu; "
+                "run it again to resume there",
+                (unsigned long long)c->stop_step);
+}
+
+/* Sends Checkpoint{step, stop, commit} to every server and waits. 0 (see
+ * r->refused and r->max_step in *out, released by the caller) or <0. */
+static int checkpoint_round(ps_client *c, uint64_t step, int stop, int commit, ps_req **out) {
+  ps_req *r = req_new(c, REQ_CHECKPOINT);
+  if (!r) return seterr(c, PS_ENOMEM, "out of memory");
+  int rc = 0;
+  for (int p = 0; p < c->num_ps && rc == 0; p++) {
+    Ps__Checkpoint m = PS__CHECKPOINT__INIT;
+    m.request_id = r->id;
+    m.step = step;
+    m.stop = stop;
+    m.commit = commit;
+    rc = queue_frame(c, &c->conns[p], PS__MSG_CHECKPOINT, &m.base, NULL, NULL, 0);
+    if (rc == 0) {
+      expect(r, p, 1);
+      conn_flush(c, &c->conns[p]);
+    }
+  }
+  if (rc == 0) rc = ps_req_wait(r, -1, NULL);
+  if (rc) {
+    req_release(c, r);
+    return rc;
+  }
+  *out = r;
+  return 0;
+}
+
+/* The chief: every server checkpoints at one step. Prepare at `step` (the
+ * step whose parameters we just received, so in sync training no server
+ * can be past it); a server already past it refuses and says how far it
+ * is, and the next round tries that step. */
+static int agree_checkpoint(ps_client *c, uint64_t step, int stop) {
+  for (int round = 0; round < PS__CKPT_ROUNDS; round++) {
+    ps_req *r;
+    int rc = checkpoint_round(c, step, stop, 0, &r);
+    if (rc) return rc;
+    int refused = r->refused;
+    uint64_t max = r->max_step;
+    req_release(c, r);
+    if (!refused) {
+      if ((rc = checkpoint_round(c, step, stop, 1, &r)) != 0) return rc;
+      refused = r->refused;
+      req_release(c, r);
+      if (refused) return PS_ESTATE; /* errmsg names the server */
+      if (stop) {
+        c->stopped = 1;
+        c->stop_step = step;
+      }
+      return 0;
+    }
+    if (max <= step) return PS_ESTATE; /* refused for another reason: errmsg */
+    step = max;
+  }
+  return seterr(c, PS_ESTATE, "the servers did not agree on a checkpoint step in %d rounds",
+                PS__CKPT_ROUNDS);
+}
+
+/* Between steps: arranges checkpoints and stops the servers asked for. */
+static int after_step(ps_client *c, uint64_t step) {
+  int stop = c->want_stop || c->stop_requested;
+  if (!stop && !c->want_ckpt) return 0;
+  if (!c->checkpoints) {
+    if (c->stop_requested)
+      return seterr(c, PS_ESTOPPED,
+                    "stop requested; the parameter servers keep no checkpoints "
+                    "(no --checkpoint-dir), so nothing was saved");
+    return 0;
+  }
+  if (c->worker_index != 0) return 0; /* the chief arranges it; replies tell us */
+  c->want_ckpt = 0;
+  c->want_stop = 0;
+  int rc = agree_checkpoint(c, step, stop);
+  if (rc) return rc;
+  return c->stopped ? stopped_err(c) : 0;
+}
+
+void ps_client_request_stop(ps_client *c) {
+  if (c) c->stop_requested = 1;
+}
+
 int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   if (!c || !step) return PS_EINVAL;
   if (stale_out) *stale_out = 0;
@@ -1366,8 +1511,9 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   }
   if (lrc) return lrc;
   if (prc == PS_ESTALE && stale_out) *stale_out = 1;
+  if (c->stopped) return stopped_err(c);
   *step = c->async_mode ? *step + 1 : got;
-  return 0;
+  return after_step(c, *step);
 }
 
 int ps_client_finish(ps_client *c) {

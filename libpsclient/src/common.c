@@ -134,7 +134,7 @@ const char *ps__msg_name(unsigned type) {
   static const char *const names[] = {
       "NONE",  "HELLO",      "HELLO_REPLY", "ERROR",     "ACK",
       "REGISTER", "REGISTER_REPLY", "INIT", "PUSH", "PUSH_REPLY",
-      "PULL",  "PULL_REPLY", "FINISH"};
+      "PULL",  "PULL_REPLY", "FINISH", "CHECKPOINT", "CHECKPOINT_REPLY"};
   if (type == 0 || type >= PS__MSG_MAX_) return "UNKNOWN";
   return names[type];
 }

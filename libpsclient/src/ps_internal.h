@@ -55,7 +55,9 @@ typedef enum ps__msg_type {
   PS__MSG_PULL = 10,
   PS__MSG_PULL_REPLY = 11,
   PS__MSG_FINISH = 12,
-  PS__MSG_MAX_ = 13 /* one past the last valid type */
+  PS__MSG_CHECKPOINT = 13,
+  PS__MSG_CHECKPOINT_REPLY = 14,
+  PS__MSG_MAX_ = 15 /* one past the last valid type */
 } ps__msg_type;
 
 typedef struct ps__frame_header {

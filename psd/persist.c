@@ -1,0 +1,324 @@
+/* persist.c - checkpoint scheduling, the stop protocol and restoring. */
+#include "persist.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "conn.h"
+#include "log.h"
+#include "optimizer.h"
+#include "server.h"
+
+static int enabled(const psd_server *srv) { return srv->cfg->ckpt_dir[0] != '\0'; }
+
+static uint64_t max_step(const psd_server *srv) {
+  uint64_t m = 0;
+  for (uint32_t i = 0; i < srv->shard.n; i++)
+    if (srv->shard.slices[i]->step > m) m = srv->shard.slices[i]->step;
+  return m;
+}
+
+/* ---- writing -------------------------------------------------------------- */
+
+static void abort_ckpt(psd_server *srv, const char *why) {
+  psd_persist *p = &srv->persist;
+  if (!psd_ckpt_active(&p->ck)) return;
+  psd_warn("checkpoint at step %" PRIu64 " abandoned: %s", p->ck.step, why);
+  psd_ckpt_abort(&p->ck);
+}
+
+static void capture(psd_server *srv, psd_slice *sl) {
+  psd_persist *p = &srv->persist;
+  if (!psd_ckpt_active(&p->ck) || sl->ck_gen == p->gen || sl->id >= p->ck.nslices) return;
+  psd_ckpt_rec r;
+  memset(&r, 0, sizeof r);
+  r.name = sl->name;
+  r.ndim = sl->ndim;
+  memcpy(r.shape, sl->shape, sizeof r.shape);
+  r.offset = sl->offset;
+  r.length = sl->length;
+  r.opt_kind = (uint32_t)sl->opt.kind;
+  r.state_per = (uint32_t)psd_opt_state_per_elem(&sl->opt);
+  r.step = sl->step;
+  r.param = sl->param;
+  r.state = sl->state;
+  char err[1200];
+  if (psd_ckpt_add(&p->ck, &r, err, sizeof err) != 0) {
+    psd_error("%s", err);
+    abort_ckpt(srv, "write failed");
+    return;
+  }
+  sl->ck_gen = p->gen;
+}
+
+static void do_stop(psd_server *srv, uint64_t step) {
+  psd_persist *p = &srv->persist;
+  if (p->stopped) return;
+  p->stopped = 1;
+  p->stop_step = step;
+  psd_info("stopping on request: checkpoint at step %" PRIu64 " is written; waiting for the "
+           "workers to finish",
+           step);
+  /* Parked pulls would wait for steps that will never come. */
+  for (uint32_t i = 0; i < srv->shard.n; i++) {
+    psd_slice *sl = srv->shard.slices[i];
+    while (sl->waiters) {
+      psd_waiter *w = sl->waiters;
+      psd_slice_unpark(sl, w);
+      psd_conn_ready(w->conn, w);
+    }
+  }
+}
+
+/* Makes the file visible once every slice is in (and the chief agreed). */
+static void maybe_finish(psd_server *srv) {
+  psd_persist *p = &srv->persist;
+  if (!psd_ckpt_active(&p->ck) || p->ck.written != p->ck.nslices) return;
+  if (p->negotiated && !p->committed) return;
+  double t0 = ps__now();
+  uint64_t step = p->ck.step, bytes = p->ck.bytes + 16;
+  char err[1200], path[sizeof p->ck.path];
+  snprintf(path, sizeof path, "%s", p->ck.path);
+  if (psd_ckpt_commit(&p->ck, err, sizeof err) != 0) {
+    psd_error("%s", err);
+    return;
+  }
+  double now = ps__now();
+  psd_info("checkpoint at step %" PRIu64 " written to %s (%.1f MB, %.0f ms to flush)", step,
+           path, bytes / 1e6, (now - t0) * 1e3);
+  p->last_step = step;
+  p->have_last = 1;
+  p->last_at = now;
+  p->want_ckpt = 0;
+  psd_ckpt_prune(srv->cfg->ckpt_dir, (uint32_t)srv->cfg->ps_index,
+                 (uint32_t)srv->cfg->num_ps, srv->cfg->ckpt_keep);
+  if (p->stop_after && p->stop_step == step) do_stop(srv, step);
+}
+
+/* Starts a checkpoint at step and captures every slice already there.
+ * 0, or -1 with err (a slice is already past step). */
+static int begin(psd_server *srv, uint64_t step, int negotiated, char *err, size_t errlen) {
+  psd_persist *p = &srv->persist;
+  psd_shard *sh = &srv->shard;
+  if (!sh->async_mode)
+    for (uint32_t i = 0; i < sh->n; i++)
+      if (sh->slices[i]->step > step) {
+        snprintf(err, errlen, "slice '%s' is already at step %" PRIu64, sh->slices[i]->name,
+                 sh->slices[i]->step);
+        return -1;
+      }
+  psd_ckpt_meta m = {(uint32_t)srv->cfg->ps_index, (uint32_t)srv->cfg->num_ps,
+                     srv->num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n};
+  if (psd_ckpt_begin(&p->ck, srv->cfg->ckpt_dir, &m, err, errlen) != 0) return -1;
+  p->gen++;
+  p->negotiated = negotiated;
+  p->committed = 0;
+  for (uint32_t i = 0; i < sh->n; i++)
+    if (sh->async_mode || sh->slices[i]->step == step) capture(srv, sh->slices[i]);
+  return 0;
+}
+
+void psd_persist_slice_advanced(psd_server *srv, psd_slice *sl) {
+  psd_persist *p = &srv->persist;
+  if (!enabled(srv) || !sl->initialized) return;
+  if (psd_ckpt_active(&p->ck) && sl->step == p->ck.step) {
+    capture(srv, sl);
+    maybe_finish(srv);
+    return;
+  }
+  int every = srv->cfg->ckpt_every;
+  if (!every || sl->step == 0 || sl->step % (uint64_t)every != 0) return;
+  if (srv->shard.async_mode && sl->id != 0) return; /* slice 0 paces async ones */
+  if (p->have_last && p->last_step >= sl->step) return;
+  if (psd_ckpt_active(&p->ck)) {
+    if (p->ck.step > sl->step) return;
+    if (p->negotiated) return; /* the chief's checkpoint goes first */
+    abort_ckpt(srv, "a newer one is due and some slices never reached its step");
+  }
+  char err[1200];
+  if (begin(srv, sl->step, 0, err, sizeof err) != 0) {
+    psd_warn("cannot checkpoint step %" PRIu64 ": %s", sl->step, err);
+    return;
+  }
+  maybe_finish(srv);
+}
+
+void psd_persist_request(psd_server *srv, uint64_t step, int stop, int commit,
+                         protobuf_c_boolean *ok, uint64_t *max_out, char *msg,
+                         size_t msglen) {
+  psd_persist *p = &srv->persist;
+  *ok = 0;
+  *max_out = max_step(srv);
+  msg[0] = '\0';
+  if (!enabled(srv)) {
+    snprintf(msg, msglen, "this server has no --checkpoint-dir");
+    return;
+  }
+  if (!commit) {
+    if (psd_ckpt_active(&p->ck) && p->ck.step != step)
+      abort_ckpt(srv, "the chief chose another step");
+    if (!psd_ckpt_active(&p->ck) && !(p->have_last && p->last_step == step)) {
+      if (begin(srv, step, 1, msg, msglen) != 0) return;
+    }
+    p->stop_after = stop;
+    p->stop_step = step;
+    *ok = 1;
+    return;
+  }
+  if (psd_ckpt_active(&p->ck) && p->ck.step == step) {
+    p->committed = 1;
+    maybe_finish(srv);
+    *ok = 1;
+  } else if (p->have_last && p->last_step == step) {
+    if (p->stop_after && p->stop_step == step) do_stop(srv, step);
+    *ok = 1;
+  } else {
+    snprintf(msg, msglen, "no checkpoint at step %" PRIu64 " is prepared here", step);
+  }
+}
+
+void psd_persist_stop_wanted(psd_server *srv, const char *who) {
+  psd_persist *p = &srv->persist;
+  if (p->stop_wanted) return;
+  p->stop_wanted = 1;
+  p->stop_wanted_at = ps__now();
+  psd_info("%s asks to stop: checkpointing at the next step all ps agree on, then exiting "
+           "(within %.0f s)",
+           who, srv->cfg->stop_timeout_s);
+}
+
+void psd_persist_tick(psd_server *srv, double now) {
+  psd_persist *p = &srv->persist;
+  if (!enabled(srv)) return;
+  if (srv->cfg->ckpt_secs > 0 && !p->want_ckpt && srv->pinned &&
+      now - p->last_at >= srv->cfg->ckpt_secs) {
+    p->want_ckpt = 1;
+    psd_debug("%.0f s since the last checkpoint: asking the chief for one",
+              now - p->last_at);
+  }
+  if (p->stop_wanted && !p->stopped && now - p->stop_wanted_at >= srv->cfg->stop_timeout_s) {
+    if (p->have_last)
+      psd_error("no stop checkpoint within %.0f s (is the chief, worker 0, running?); exiting; "
+                "the newest checkpoint written here is step %" PRIu64,
+                srv->cfg->stop_timeout_s, p->last_step);
+    else
+      psd_error("no stop checkpoint within %.0f s (is the chief, worker 0, running?); exiting "
+                "with no checkpoint written",
+                srv->cfg->stop_timeout_s);
+    abort_ckpt(srv, "stop timeout");
+    psd_server_finish(srv, PSD_EXIT_STOPPED);
+  }
+}
+
+void psd_persist_final(psd_server *srv) {
+  psd_persist *p = &srv->persist;
+  psd_shard *sh = &srv->shard;
+  if (!enabled(srv) || sh->n == 0 || p->stopped) return;
+  uint64_t s = sh->slices[0]->step;
+  for (uint32_t i = 0; i < sh->n; i++)
+    if (!sh->slices[i]->initialized || (!sh->async_mode && sh->slices[i]->step != s)) return;
+  if (p->have_last && p->last_step == s) return;
+  abort_ckpt(srv, "training ended first");
+  char err[1200];
+  if (begin(srv, s, 0, err, sizeof err) != 0) {
+    psd_warn("cannot write the final checkpoint: %s", err);
+    return;
+  }
+  maybe_finish(srv);
+}
+
+void psd_persist_flags(const psd_server *srv, protobuf_c_boolean *want_ckpt,
+                       protobuf_c_boolean *want_stop, uint64_t *stop_step,
+                       protobuf_c_boolean *stopped) {
+  const psd_persist *p = &srv->persist;
+  *want_ckpt = p->want_ckpt && !p->stopped;
+  *want_stop = p->stop_wanted && !p->stopped;
+  *stopped = p->stopped;
+  *stop_step = p->stopped ? p->stop_step : 0;
+}
+
+/* ---- restoring ------------------------------------------------------------ */
+
+int psd_persist_init(psd_server *srv) {
+  psd_persist *p = &srv->persist;
+  const psd_config *cfg = srv->cfg;
+  memset(p, 0, sizeof *p);
+  psd_ckpt_writer_init(&p->ck);
+  p->last_at = ps__now();
+  if (!enabled(srv)) return 0;
+  /* Keep the existing complete checkpoints; remove half-written files. */
+  psd_ckpt_prune(cfg->ckpt_dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps, 1 << 30);
+  if (cfg->restore == PSD_RESTORE_NONE) {
+    psd_info("checkpoints go to %s (not restoring: --restore=none)", cfg->ckpt_dir);
+    return 0;
+  }
+  char err[1600];
+  int rc = psd_ckpt_find(cfg->ckpt_dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps,
+                         cfg->restore == PSD_RESTORE_FALLBACK, (uint64_t)cfg->max_memory,
+                         &p->restore, err, sizeof err);
+  if (rc < 0) {
+    psd_error("%s", err);
+    return -1;
+  }
+  if (rc == 0) {
+    psd_info("checkpoints go to %s (none to restore)", cfg->ckpt_dir);
+    return 0;
+  }
+  p->restoring = 1;
+  p->last_step = p->restore.meta.step;
+  p->have_last = 1;
+  psd_info("restoring step %" PRIu64 " from %s (%u slices, written by a job of %u workers)",
+           p->restore.meta.step, p->restore.path, p->restore.meta.nslices,
+           p->restore.meta.num_workers);
+  return 0;
+}
+
+void psd_persist_free(psd_server *srv) {
+  psd_ckpt_abort(&srv->persist.ck);
+  psd_ckpt_image_free(&srv->persist.restore);
+}
+
+int psd_persist_restore_slice(psd_server *srv, psd_slice *sl, char *err, size_t errlen) {
+  psd_persist *p = &srv->persist;
+  if (!p->restoring || sl->initialized) return 0;
+  psd_ckpt_image *img = &p->restore;
+  psd_ckpt_rec *r = NULL;
+  /* Workers register in the same order every run: try the same index first. */
+  if (sl->id < img->meta.nslices && img->recs[sl->id].offset == sl->offset &&
+      strcmp(img->recs[sl->id].name, sl->name) == 0)
+    r = &img->recs[sl->id];
+  for (uint32_t i = 0; !r && i < img->meta.nslices; i++)
+    if (img->recs[i].offset == sl->offset && strcmp(img->recs[i].name, sl->name) == 0)
+      r = &img->recs[i];
+  if (!r) {
+    snprintf(err, errlen,
+             "variable '%s' (slice at %" PRIu64 ", %" PRIu64 " elements) is not in checkpoint "
+             "%s: it was written for a different model or ps layout",
+             sl->name, sl->offset, sl->length, img->path);
+    return PS_EMISMATCH;
+  }
+  int same = r->ndim == sl->ndim && r->length == sl->length;
+  for (uint32_t d = 0; same && d < sl->ndim; d++) same = r->shape[d] == sl->shape[d];
+  if (!same) {
+    snprintf(err, errlen,
+             "variable '%s' (slice at %" PRIu64 ") has %" PRIu64 " elements in checkpoint %s "
+             "but %" PRIu64 " (or another shape) now",
+             sl->name, sl->offset, r->length, img->path, sl->length);
+    return PS_ESHAPE;
+  }
+  if (r->opt_kind != (uint32_t)sl->opt.kind ||
+      r->state_per != psd_opt_state_per_elem(&sl->opt)) {
+    snprintf(err, errlen,
+             "variable '%s' was trained with optimizer kind %u in checkpoint %s, now kind %d",
+             sl->name, r->opt_kind, img->path, (int)sl->opt.kind);
+    return PS_EMISMATCH;
+  }
+  memcpy(sl->param, r->param, sl->length * sizeof(float));
+  if (r->state_per)
+    memcpy(sl->state, r->state, sl->length * r->state_per * sizeof(float));
+  sl->step = r->step;
+  sl->initialized = 1;
+  r->claimed = 1;
+  return 0;
+}

@@ -1,0 +1,82 @@
+/*
+ * persist.h - when psd checkpoints, how every ps lands on the same step,
+ * restoring at start, and stopping on request (SIGTERM/SIGUSR1).
+ *
+ * A checkpoint at step T captures each slice the moment it holds step T
+ * (at once if it already does, else right after the update that brings it
+ * there), writing it straight into the checkpoint file, so no copy of the
+ * model is kept and a slice never waits. T is agreed either locally
+ * (--checkpoint-every N: every multiple of N, the same on every ps) or by the
+ * chief worker in two phases (prepare/commit, see proto/ps.proto
+ * Checkpoint), which is how timed checkpoints and stops pick a step no ps
+ * has passed.
+ */
+#ifndef PSD_PERSIST_H
+#define PSD_PERSIST_H
+
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#include "checkpoint.h"
+
+struct psd_server;
+struct psd_slice;
+struct psd_conn;
+
+typedef struct psd_persist {
+  psd_ckpt_writer ck;       /* checkpoint being written */
+  uint64_t gen;             /* attempt counter: a slice with ck_gen == gen
+                               is in the file */
+  int negotiated;           /* the chief asked for it (needs a commit) */
+  int committed;            /* ... and every ps accepted */
+  int stop_after;           /* the job stops once it is written */
+  uint64_t last_step;       /* step of the newest checkpoint written */
+  int have_last;            /* last_step is valid */
+  double last_at;           /* when it was written (or psd started) */
+  int want_ckpt;            /* --checkpoint-secs elapsed: ask the chief */
+  int stop_wanted;          /* a signal or a worker asked to stop */
+  double stop_wanted_at;    /* when */
+  int stopped;              /* the stop checkpoint is written: answer every
+                               pull at once and let the workers finish */
+  uint64_t stop_step;       /* its step */
+  psd_ckpt_image restore;   /* the checkpoint restored at start */
+  int restoring;            /* restore holds one */
+  int unclaimed_logged;     /* warned about checkpoint slices no worker has */
+} psd_persist;
+
+/* At start: cleans leftover temporary files and loads the checkpoint to
+ * restore, if any. 0, or -1 (logged: a damaged or mismatched checkpoint). */
+int psd_persist_init(struct psd_server *srv);
+void psd_persist_free(struct psd_server *srv);
+
+/* A slice was just created by a registration: fills it from the restored
+ * checkpoint. 0, or a PS_E* code with err (the variable is not in the
+ * checkpoint, or differs from it). */
+int psd_persist_restore_slice(struct psd_server *srv, struct psd_slice *sl, char *err,
+                              size_t errlen);
+
+/* A slice reached a new step: captures it if a checkpoint wants that step,
+ * and starts a --checkpoint-every one. */
+void psd_persist_slice_advanced(struct psd_server *srv, struct psd_slice *sl);
+
+/* The chief's Checkpoint request; fills the reply fields. */
+void psd_persist_request(struct psd_server *srv, uint64_t step, int stop, int commit,
+                         protobuf_c_boolean *ok, uint64_t *max_step, char *msg,
+                         size_t msglen);
+
+/* A signal (SIGTERM/SIGUSR1) or a worker (who: "worker 3") asks to stop. */
+void psd_persist_stop_wanted(struct psd_server *srv, const char *who);
+
+/* Timers: --checkpoint-secs and the stop timeout. */
+void psd_persist_tick(struct psd_server *srv, double now);
+
+/* Every worker is done: writes a final checkpoint if the last one is older. */
+void psd_persist_final(struct psd_server *srv);
+
+/* The state every PushReply/PullReply carries. */
+void psd_persist_flags(const struct psd_server *srv, protobuf_c_boolean *want_ckpt,
+                       protobuf_c_boolean *want_stop, uint64_t *stop_step,
+                       protobuf_c_boolean *stopped);
+
+#endif
