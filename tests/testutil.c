@@ -326,6 +326,10 @@ void tu_model_init(float *W, float *b) {
   memset(b, 0, sizeof(float) * TU_C);
 }
 
+int tu_params_equal(const tu_train *a, const tu_train *b) {
+  return memcmp(a->W, b->W, sizeof a->W) == 0 && memcmp(a->b, b->b, sizeof a->b) == 0;
+}
+
 void *tu_train_worker(void *arg) {
   tu_train *t = arg;
   ps_config cfg;
@@ -359,7 +363,13 @@ void *tu_train_worker(void *arg) {
       nanosleep(&ts, NULL);
     }
   }
-  for (int i = 0; !t->rc && (t->slow ? step < (uint64_t)t->steps : i < t->steps); i++) {
+  for (int i = 0; !t->rc && (t->until ? step < t->until
+                              : t->slow ? step < (uint64_t)t->steps
+                                        : i < t->steps); i++) {
+    if (t->delay_us) {
+      struct timespec ts = {t->delay_us / 1000000, (long)(t->delay_us % 1000000) * 1000};
+      nanosleep(&ts, NULL);
+    }
     uint64_t first = (step * (uint64_t)t->num_workers + (uint64_t)t->worker) * (uint64_t)t->batch;
     tu_grad(ps_var_data(vw), ps_var_data(vb), first, (uint64_t)t->batch, ps_var_grad(vw),
             ps_var_grad(vb));
@@ -387,6 +397,10 @@ void *tu_train_worker(void *arg) {
     int stale = 0;
     t->rc = ps_client_step(c, &step, &stale);
     t->stale += stale;
+  }
+  if (t->rc == PS_ESTOPPED) {
+    t->stopped = 1;
+    t->rc = 0;
   }
   if (t->rc) snprintf(t->err, sizeof t->err, "%s", ps_client_errmsg(c));
   if (!t->rc) {

@@ -25,6 +25,9 @@ Suite *suite_cifar_data(void);
 Suite *suite_cifar(void);
 Suite *suite_churn(void);
 Suite *suite_auth(void);
+Suite *suite_checkpoint(void);
+Suite *suite_persist(void);
+Suite *suite_soak(void);
 
 /* A psd child process. */
 typedef struct tu_psd {
@@ -92,6 +95,11 @@ typedef struct tu_train {
   uint64_t split_threshold, max_slice_bytes; /* 0: defaults */
   volatile int *gate;       /* if set: slow workers open it once ready,
                                the others wait for it before training */
+  uint64_t until;           /* if set: train until the step reaches it
+                               (instead of `steps` calls; resumes count) */
+  int delay_us;             /* sleep this long per step (compute time) */
+  int stopped;              /* result: the job stopped on request
+                               (PS_ESTOPPED; finish was still called) */
   /* results */
   float W[TU_D * TU_C], b[TU_C];
   int stale;                /* stale pushes seen */
@@ -101,6 +109,8 @@ typedef struct tu_train {
   uint64_t final_step;
 } tu_train;
 void *tu_train_worker(void *arg);
+/* Exact float32 comparison of two workers' final parameters. */
+int tu_params_equal(const tu_train *a, const tu_train *b);
 /* The optimizers the test model uses (server side), and a local reference
  * applying the same rules: W plain SGD lr 0.5, b momentum 0.9 lr 0.1. */
 void tu_model_opts(ps_optimizer *ow, ps_optimizer *ob);

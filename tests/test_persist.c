@@ -1,0 +1,332 @@
+/* Integration (psd/persist.c): checkpoints with real psd processes —
+ * a resumed run reproduces the uninterrupted one bit for bit, a signal to
+ * one ps stops every ps at one step, timed checkpoints stay consistent,
+ * a killed ps is noticed fast, and damaged or mismatched checkpoints are
+ * refused with the file named. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define MAXPS 2
+#define MAXW 2
+
+typedef struct job {
+  int nps, nw;
+  tu_psd ps[MAXPS];
+  char hosts[MAXPS][64];
+  const char *hp[MAXPS];
+  tu_train t[MAXW];
+  pthread_t th[MAXW];
+} job;
+
+static const char *ckdir(const char *name) {
+  static char buf[4][600];
+  static int k;
+  char *d = buf[k++ % 4];
+  snprintf(d, 600, "%s/ck-%s-%d", tu_tmpdir(), name, rand());
+  return d;
+}
+
+/* Starts nps psd with --checkpoint-dir dir plus extra args (NULL-ended). */
+static void job_start_ps(job *j, int nps, const char *dir, const char *const *extra) {
+  j->nps = nps;
+  for (int i = 0; i < nps; i++) {
+    char idx[8], np[8];
+    snprintf(idx, sizeof idx, "%d", i);
+    snprintf(np, sizeof np, "%d", nps);
+    const char *args[32] = {"--ps-index", idx, "--num-ps", np, "--checkpoint-dir", dir,
+                            "--grace-period", "5"};
+    int a = 8;
+    for (int k = 0; extra && extra[k] && a < 30; k++) args[a++] = extra[k];
+    args[a] = NULL;
+    ck_assert_msg(tu_psd_start(&j->ps[i], args) == 0, "psd %d did not start", i);
+  }
+  tu_hosts(j->ps, nps, j->hosts, j->hp);
+}
+
+static void job_start_workers(job *j, int nw, uint64_t until, int delay_us) {
+  j->nw = nw;
+  for (int i = 0; i < nw; i++) {
+    tu_train *t = &j->t[i];
+    memset(t, 0, sizeof *t);
+    t->hosts = j->hp;
+    t->num_ps = j->nps;
+    t->num_workers = nw;
+    t->worker = i;
+    t->batch = 8;
+    t->until = until;
+    t->delay_us = delay_us;
+    /* Small slices: every variable spreads over both servers. */
+    t->split_threshold = 16;
+    t->max_slice_bytes = 16;
+    pthread_create(&j->th[i], NULL, tu_train_worker, t);
+  }
+}
+
+static void job_join(job *j) {
+  for (int i = 0; i < j->nw; i++) pthread_join(j->th[i], NULL);
+}
+
+/* Workers joined; checks they all succeeded and every psd exited `code`. */
+static void job_expect(job *j, int code) {
+  for (int i = 0; i < j->nw; i++)
+    ck_assert_msg(j->t[i].rc == 0, "worker %d: %s", i, j->t[i].err);
+  for (int i = 0; i < j->nps; i++) {
+    ck_assert_msg(tu_psd_wait(&j->ps[i], 10) == 0, "psd %d did not exit", i);
+    ck_assert_msg(WIFEXITED(j->ps[i].status) && WEXITSTATUS(j->ps[i].status) == code,
+                  "psd %d: status 0x%x, want exit %d", i, j->ps[i].status, code);
+  }
+}
+
+/* Runs a whole job until `until` and returns worker 0's final state. */
+static tu_train run_job(const char *dir, uint64_t until, const char *const *extra) {
+  job j;
+  job_start_ps(&j, 2, dir, extra);
+  job_start_workers(&j, 2, until, 0);
+  job_join(&j);
+  job_expect(&j, 0);
+  ck_assert_msg(tu_params_equal(&j.t[0], &j.t[1]), "workers disagree");
+  return j.t[0];
+}
+
+/* The step N in the first "needle N" of a psd log (or -1). */
+static long log_number(const tu_psd *p, const char *needle) {
+  char *s = tu_read_file(p->log_path);
+  long v = -1;
+  char *at = s ? strstr(s, needle) : NULL;
+  if (at) v = strtol(at + strlen(needle), NULL, 10);
+  free(s);
+  return v;
+}
+
+START_TEST(resume_reproduces_uninterrupted) {
+  tu_train full = run_job(ckdir("full"), 12, NULL);
+  ck_assert_uint_eq(full.final_step, 12);
+  const char *d = ckdir("resume");
+  const char *every[] = {"--checkpoint-every", "4", NULL};
+  tu_train first = run_job(d, 6, every);
+  ck_assert_uint_eq(first.final_step, 6);
+  ck_assert_msg(!tu_params_equal(&first, &full), "6 steps must differ from 12");
+  /* A new job on the same directory: every ps restores step 6 (the final
+   * checkpoint written when the workers finished), the workers resume. */
+  job j;
+  job_start_ps(&j, 2, d, every);
+  job_start_workers(&j, 2, 12, 0);
+  job_join(&j);
+  job_expect(&j, 0);
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(log_number(&j.ps[i], "restoring step ") == 6, "ps %d did not restore 6", i);
+  ck_assert_msg(tu_params_equal(&j.t[0], &full),
+                "resumed parameters differ from the uninterrupted run's (W[0] %.9g vs %.9g)",
+                j.t[0].W[0], full.W[0]);
+}
+END_TEST
+
+START_TEST(signal_to_one_ps_stops_all_at_one_step) {
+  const char *d = ckdir("sig");
+  job j;
+  job_start_ps(&j, 2, d, NULL);
+  job_start_workers(&j, 2, 1000000, 20000);
+  struct timespec ts = {0, 400 * 1000000};
+  nanosleep(&ts, NULL);
+  kill(j.ps[0].pid, SIGUSR1);
+  job_join(&j);
+  for (int i = 0; i < 2; i++) ck_assert_msg(j.t[i].stopped, "worker %d was not stopped", i);
+  job_expect(&j, 75);
+  long s0 = log_number(&j.ps[0], "checkpoint at step ");
+  long s1 = log_number(&j.ps[1], "checkpoint at step ");
+  ck_assert_msg(s0 > 0 && s0 == s1, "ps0 checkpointed step %ld, ps1 step %ld", s0, s1);
+  ck_assert(tu_log_contains(&j.ps[1], "stopping on request"));
+  /* Resuming continues from exactly there. */
+  job r;
+  job_start_ps(&r, 2, d, NULL);
+  job_start_workers(&r, 2, (uint64_t)s0 + 3, 0);
+  job_join(&r);
+  job_expect(&r, 0);
+  ck_assert_int_eq(log_number(&r.ps[1], "restoring step "), s0);
+  ck_assert_uint_eq(r.t[0].final_step, (uint64_t)s0 + 3);
+}
+END_TEST
+
+/* Every step directory holds both servers' files: never a mixed step. */
+static int complete_steps(const char *dir, int nps) {
+  int n = 0;
+  for (long s = 0; s < 2000; s++) {
+    char sd[700], f[800];
+    snprintf(sd, sizeof sd, "%s/step-%012ld", dir, s);
+    struct stat st;
+    if (stat(sd, &st) != 0) continue;
+    int have = 0;
+    for (int i = 0; i < nps; i++) {
+      snprintf(f, sizeof f, "%s/ps-%d-of-%d.ckpt", sd, i, nps);
+      have += stat(f, &st) == 0;
+    }
+    ck_assert_msg(have == nps, "step %ld has %d of %d files", s, have, nps);
+    n++;
+  }
+  return n;
+}
+
+START_TEST(timed_checkpoints_agree) {
+  const char *d = ckdir("timed");
+  const char *extra[] = {"--checkpoint-secs", "0.3", "--checkpoint-keep", "1000", NULL};
+  job j;
+  job_start_ps(&j, 2, d, extra);
+  job_start_workers(&j, 2, 100, 15000); /* ~1.5 s */
+  job_join(&j);
+  job_expect(&j, 0);
+  int n = complete_steps(d, 2);
+  ck_assert_msg(n >= 3, "only %d checkpoints in ~1.5 s at one per 0.3 s", n);
+}
+END_TEST
+
+START_TEST(killed_ps_is_noticed_fast) {
+  job j;
+  job_start_ps(&j, 2, ckdir("kill"), NULL);
+  job_start_workers(&j, 2, 1000000, 10000);
+  struct timespec ts = {0, 300 * 1000000};
+  nanosleep(&ts, NULL);
+  double t0 = (double)time(NULL);
+  char addr[64];
+  snprintf(addr, sizeof addr, "ps 1 at %.50s", j.ps[1].addr);
+  tu_psd_kill(&j.ps[1]);
+  job_join(&j);
+  ck_assert_msg((double)time(NULL) - t0 <= 5, "workers took more than 5 s to notice");
+  for (int i = 0; i < 2; i++) {
+    ck_assert_msg(j.t[i].rc != 0, "worker %d went on without ps 1", i);
+    ck_assert_msg(strstr(j.t[i].err, addr), "worker %d: '%s' does not name %s", i, j.t[i].err,
+                  addr);
+  }
+  /* ps 0 loses its workers and exits after the grace period, non-zero. */
+  ck_assert_msg(tu_psd_wait(&j.ps[0], 15) == 0, "ps 0 still running");
+  ck_assert(WIFEXITED(j.ps[0].status) && WEXITSTATUS(j.ps[0].status) == 66);
+}
+END_TEST
+
+START_TEST(damaged_checkpoint_is_refused) {
+  const char *d = ckdir("dmg");
+  const char *every[] = {"--checkpoint-every", "2", NULL};
+  run_job(d, 5, every); /* checkpoints 2, 4, and the final 5 */
+  char f[800];
+  snprintf(f, sizeof f, "%s/step-%012d/ps-1-of-2.ckpt", d, 5);
+  FILE *fp = fopen(f, "r+b");
+  ck_assert_ptr_nonnull(fp);
+  fseek(fp, 90, SEEK_SET);
+  fputc('!', fp);
+  fclose(fp);
+  tu_psd bad;
+  const char *args[] = {"--ps-index", "1", "--num-ps", "2", "--checkpoint-dir", d, NULL};
+  ck_assert_int_eq(tu_psd_start(&bad, args), -1);
+  ck_assert(WIFEXITED(bad.status) && WEXITSTATUS(bad.status) == 65);
+  ck_assert_msg(tu_log_contains(&bad, f) && tu_log_contains(&bad, "checksum"),
+                "the log does not name %s and the problem", f);
+  const char *fb[] = {"--ps-index", "1", "--num-ps", "2", "--checkpoint-dir", d,
+                      "--restore", "fallback", NULL};
+  ck_assert_int_eq(tu_psd_start(&bad, fb), 0);
+  tu_psd_kill(&bad);
+  ck_assert_int_eq(log_number(&bad, "restoring step "), 4);
+}
+END_TEST
+
+START_TEST(other_model_is_refused) {
+  const char *d = ckdir("model");
+  run_job(d, 3, NULL);
+  job j;
+  job_start_ps(&j, 2, d, NULL);
+  ps_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.hosts = j.hp;
+  cfg.num_ps = 2;
+  cfg.num_workers = 1;
+  cfg.split_threshold = 16;
+  cfg.max_slice_bytes = 16;
+  ps_client *c;
+  char err[512];
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  ps_var *v;
+  int64_t shape[2] = {TU_D + 1, TU_C};
+  ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+  int rc = ps_client_var_create(c, "W", shape, 2, &zero, NULL, &v);
+  ck_assert_int_ne(rc, 0);
+  ck_assert_msg(strstr(ps_client_errmsg(c), "checkpoint") && strstr(ps_client_errmsg(c), d),
+                "%s", ps_client_errmsg(c));
+  ps_client_destroy(c);
+  for (int i = 0; i < 2; i++) tu_psd_kill(&j.ps[i]);
+}
+END_TEST
+
+/* A chief that created its variables and then hangs (SIGSTOP). */
+static pid_t hung_chief(job *j) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    ps_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.hosts = j->hp;
+    cfg.num_ps = j->nps;
+    cfg.num_workers = 1;
+    ps_client *c;
+    char err[256];
+    ps_var *v;
+    int64_t shape[1] = {4};
+    ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+    if (ps_client_create(&cfg, &c, err, sizeof err) ||
+        ps_client_var_create(c, "x", shape, 1, &zero, NULL, &v))
+      _exit(3);
+    raise(SIGSTOP);
+    _exit(0);
+  }
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+  ck_assert_msg(WIFSTOPPED(st), "chief exited early (status %d)", st);
+  return pid;
+}
+
+START_TEST(stop_is_bounded_without_a_chief) {
+  job j;
+  const char *extra[] = {"--stop-timeout", "1", NULL};
+  job_start_ps(&j, 1, ckdir("hung"), extra);
+  pid_t chief = hung_chief(&j);
+  kill(j.ps[0].pid, SIGTERM);
+  ck_assert_msg(tu_psd_wait(&j.ps[0], 5) == 0, "psd waits forever for a hung chief");
+  ck_assert(WIFEXITED(j.ps[0].status) && WEXITSTATUS(j.ps[0].status) == 75);
+  ck_assert(tu_log_contains(&j.ps[0], "no stop checkpoint within 1 s"));
+  /* A second signal does not wait at all. */
+  job k;
+  job_start_ps(&k, 1, ckdir("twice"), NULL);
+  kill(chief, SIGKILL);
+  waitpid(chief, NULL, 0);
+  chief = hung_chief(&k);
+  kill(k.ps[0].pid, SIGTERM);
+  struct timespec ts = {0, 100 * 1000000};
+  nanosleep(&ts, NULL);
+  kill(k.ps[0].pid, SIGTERM);
+  ck_assert_msg(tu_psd_wait(&k.ps[0], 2) == 0, "second SIGTERM did not exit at once");
+  ck_assert(WIFEXITED(k.ps[0].status) && WEXITSTATUS(k.ps[0].status) == 75);
+  ck_assert(tu_log_contains(&k.ps[0], "again"));
+  kill(chief, SIGKILL);
+  waitpid(chief, NULL, 0);
+}
+END_TEST
+
+Suite *suite_persist(void) {
+  Suite *s = suite_create("persist");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, resume_reproduces_uninterrupted);
+  tcase_add_test(tc, signal_to_one_ps_stops_all_at_one_step);
+  tcase_add_test(tc, timed_checkpoints_agree);
+  tcase_add_test(tc, killed_ps_is_noticed_fast);
+  tcase_add_test(tc, damaged_checkpoint_is_refused);
+  tcase_add_test(tc, other_model_is_refused);
+  tcase_add_test(tc, stop_is_bounded_without_a_chief);
+  suite_add_tcase(s, tc);
+  return s;
+}

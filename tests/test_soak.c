@@ -1,0 +1,124 @@
+/* Soak: a sync run with backup workers in which random workers are killed
+ * with SIGKILL at random moments and restarted (they rejoin at the current
+ * step). It must finish, every wait is bounded, and no process is left. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+#define SOAK_WORKERS 4
+#define SOAK_REPLICAS 2    /* two backups: losing two at once is tolerated */
+#define SOAK_STEPS 1500    /* global steps to reach (~4 s) */
+#define SOAK_KILLS 20      /* SIGKILLs before the workers may finish */
+#define SOAK_LIMIT_S 90.0  /* the whole run, generously (sanitizers are slow) */
+/* Exit status of a restarted worker whose killed predecessor had already
+ * told the servers it finished (killed between Finish and exit): psd
+ * rightly refuses it, and there is nothing left for it to do. */
+#define EXIT_ALREADY_FINISHED 4
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static pid_t start_worker(const char **hp, int i) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    tu_train t;
+    memset(&t, 0, sizeof t);
+    t.hosts = hp;
+    t.num_ps = 2;
+    t.num_workers = SOAK_WORKERS;
+    t.worker = i;
+    t.replicas = SOAK_REPLICAS;
+    t.batch = 4;
+    t.until = SOAK_STEPS;
+    t.delay_us = 2000 + 1000 * i; /* uneven speeds: stale gradients happen */
+    t.split_threshold = 16;
+    t.max_slice_bytes = 16;
+    tu_train_worker(&t);
+    if (t.rc && strstr(t.err, "already finished")) _exit(EXIT_ALREADY_FINISHED);
+    if (t.rc) fprintf(stderr, "soak worker %d: %s\n", i, t.err);
+    _exit(t.rc ? 1 : 0);
+  }
+  ck_assert_int_gt(pid, 0);
+  return pid;
+}
+
+START_TEST(random_kills_with_backups) {
+  unsigned seed = (unsigned)time(NULL);
+  fprintf(stderr, "soak: seed %u\n", seed);
+  srand(seed);
+  tu_psd ps[2];
+  for (int i = 0; i < 2; i++) {
+    char idx[4];
+    snprintf(idx, sizeof idx, "%d", i);
+    const char *args[] = {"--ps-index", idx, "--num-ps", "2", "--grace-period", "20",
+                          "--replicas-to-aggregate", "2", NULL};
+    ck_assert(tu_psd_start(&ps[i], args) == 0);
+  }
+  char hosts[2][64];
+  const char *hp[2];
+  tu_hosts(ps, 2, hosts, hp);
+  pid_t pid[SOAK_WORKERS];
+  int killed_once[SOAK_WORKERS] = {0};
+  for (int i = 0; i < SOAK_WORKERS; i++) pid[i] = start_worker(hp, i);
+  int kills = 0, done = 0;
+  double t0 = now_s(), next_kill = t0 + 0.1;
+  while (done < SOAK_WORKERS) {
+    ck_assert_msg(now_s() - t0 < SOAK_LIMIT_S, "soak did not finish in %.0f s (%d kills)",
+                  SOAK_LIMIT_S, kills);
+    /* Reap whoever exited. */
+    for (int i = 0; i < SOAK_WORKERS; i++) {
+      if (!pid[i]) continue;
+      int st;
+      if (waitpid(pid[i], &st, WNOHANG) != pid[i]) continue;
+      pid[i] = 0;
+      int code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+      ck_assert_msg(code == 0 || (code == EXIT_ALREADY_FINISHED && killed_once[i]),
+                    "worker %d failed (status 0x%x) after %d kills", i, st, kills);
+      done++;
+    }
+    if (kills < SOAK_KILLS && now_s() >= next_kill) {
+      int i = rand() % SOAK_WORKERS;
+      if (pid[i]) {
+        kill(pid[i], SIGKILL);
+        ck_assert_int_eq(waitpid(pid[i], NULL, 0), pid[i]);
+        killed_once[i] = 1;
+        kills++;
+        pid[i] = start_worker(hp, i);
+      }
+      next_kill = now_s() + 0.03 + (rand() % 200) / 1000.0;
+    }
+    struct timespec ts = {0, 5 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+  ck_assert_msg(kills == SOAK_KILLS, "the run ended after only %d kills", kills);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_msg(tu_psd_wait(&ps[i], 10) == 0, "psd %d did not exit", i);
+    ck_assert_msg(WIFEXITED(ps[i].status) && WEXITSTATUS(ps[i].status) == 0,
+                  "psd %d status 0x%x", i, ps[i].status);
+    ck_assert(tu_log_contains(&ps[i], "rejoined"));
+  }
+  /* Nothing left behind: every child of this test is reaped. */
+  ck_assert_int_eq(waitpid(-1, NULL, WNOHANG), -1);
+  ck_assert_int_eq(errno, ECHILD);
+  fprintf(stderr, "soak: %d kills, %.1f s\n", kills, now_s() - t0);
+}
+END_TEST
+
+Suite *suite_soak(void) {
+  Suite *s = suite_create("soak");
+  TCase *tc = tcase_create("core");
+  tcase_set_timeout(tc, 150);
+  tcase_add_test(tc, random_kills_with_backups);
+  suite_add_tcase(s, tc);
+  return s;
+}
