@@ -84,6 +84,12 @@ static void check_done(psd_server *srv) {
   uint32_t done = 0, lost = count_lost(srv);
   for (uint32_t w = 0; w < srv->num_workers; w++)
     done += srv->workers[w].finished || srv->workers[w].lost;
+  if (srv->persist.stop_wanted && !srv->persist.stopped && !srv->workers[0].conn) {
+    /* Only the chief arranges the stop checkpoint: nothing to wait for. */
+    psd_warn("the chief (worker 0) left before the stop checkpoint; exiting now");
+    psd_server_finish(srv, PSD_EXIT_STOPPED);
+    return;
+  }
   if (lost > tolerated(srv)) {
     if (srv->lost_since == 0) {
       char names[256];
@@ -499,9 +505,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   psd_server *srv = arg;
   int graceful = sig == SIGTERM || sig == SIGUSR1;
   if (graceful && srv->cfg->ckpt_dir[0] && !srv->persist.stop_wanted && srv->pinned &&
-      srv->shard.n > 0 && !srv->exiting) {
+      srv->shard.n > 0 && srv->workers[0].conn && !srv->exiting) {
     /* Preemption or walltime: checkpoint at a step every ps agrees on,
-     * let the workers finish, exit with PSD_EXIT_STOPPED. */
+     * let the workers finish, exit with PSD_EXIT_STOPPED. Only the chief
+     * can arrange that: without it (a launcher tearing a failed job down)
+     * there is nothing to wait for. */
     char who[64];
     snprintf(who, sizeof who, "SIG%s", sigabbrev_np((int)sig));
     psd_persist_stop_wanted(srv, who);
@@ -513,7 +521,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   }
   if (srv->persist.stop_wanted || (graceful && srv->cfg->ckpt_dir[0])) {
     psd_info("received %s %s; exiting now", strsignal((int)sig),
-             srv->persist.stop_wanted ? "again" : "before training began");
+             srv->persist.stop_wanted ? "again" : "with no chief to arrange a checkpoint");
     psd_server_finish(srv, PSD_EXIT_STOPPED);
   } else {
     psd_info("received %s; shutting down", strsignal((int)sig));

@@ -3,7 +3,10 @@
  * workers of batch b reach the parameters of 1 worker of batch 2b. */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <time.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,24 +31,36 @@ static const char *bin(const char *name) {
   return path[k];
 }
 
-/* Runs argv to completion (bounded), output into *out (malloc'd). */
-static int run(char *const *argv, char **out, int timeout_s) {
+/* Starts argv with its output going to path (a hang is killed by the
+ * alarm: it fails the test, it never blocks CI). */
+static pid_t spawn(char *const *argv, char *path, size_t pathlen, int timeout_s) {
   static int seq;
-  char path[512];
-  snprintf(path, sizeof path, "%s/cifar.%d.%d.out", tu_tmpdir(), (int)getpid(), ++seq);
+  snprintf(path, pathlen, "%s/cifar.%d.%d.out", tu_tmpdir(), (int)getpid(), ++seq);
   pid_t pid = fork();
   if (pid == 0) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(fd, 1);
     dup2(fd, 2);
-    alarm((unsigned)timeout_s); /* a hang fails the test, it never blocks CI */
+    alarm((unsigned)timeout_s);
     execv(argv[0], argv);
     _exit(127);
   }
+  return pid;
+}
+
+/* Waits for a spawned command; its output into *out (malloc'd). */
+static int reap(pid_t pid, const char *path, char **out) {
   int st;
   waitpid(pid, &st, 0);
   *out = tu_read_file(path);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* Runs argv to completion (bounded), output into *out (malloc'd). */
+static int run(char *const *argv, char **out, int timeout_s) {
+  char path[512];
+  pid_t pid = spawn(argv, path, sizeof path, timeout_s);
+  return reap(pid, path, out);
 }
 
 static const char *synth_dir(void) {
@@ -137,12 +152,155 @@ START_TEST(test_two_workers_equal_one_with_double_batch) {
 }
 END_TEST
 
+/* ---- preemption and a killed ps: resume reproduces the full run ------ */
+
+/* Pids of processes (other than us) whose command line contains needle
+ * and also needle2 (if not NULL); fills pids (up to cap), returns how many. */
+static int procs_with2(const char *needle, const char *needle2, pid_t *pids, int cap) {
+  int n = 0;
+  char cmd[8192];
+  DIR *d = opendir("/proc");
+  struct dirent *e;
+  while (d && (e = readdir(d)) != NULL && n < cap) {
+    pid_t p = (pid_t)atoi(e->d_name);
+    if (p <= 1 || p == getpid()) continue;
+    char f[300];
+    snprintf(f, sizeof f, "/proc/%d/cmdline", (int)p);
+    int fd = open(f, O_RDONLY);
+    if (fd < 0) continue;
+    ssize_t len = read(fd, cmd, sizeof cmd - 1);
+    close(fd);
+    if (len <= 0) continue;
+    for (ssize_t i = 0; i < len; i++)
+      if (!cmd[i]) cmd[i] = ' ';
+    cmd[len] = '\0';
+    if (strstr(cmd, needle) && (!needle2 || strstr(cmd, needle2))) pids[n++] = p;
+  }
+  if (d) closedir(d);
+  return n;
+}
+
+static int procs_with(const char *needle, pid_t *pids, int cap) {
+  return procs_with2(needle, NULL, pids, cap);
+}
+
+/* 2 ps, 2 workers, 100 steps, deterministic (1 thread, 2 workers: the
+ * average of two gradients does not depend on their order). */
+static void job_argv(char **argv, const char *ckdir, const char *dump) {
+  char *a[] = {(char *)bin("psrun"), "--local", "-n", "4", "--ps", "2", "--checkpoint-dir",
+               (char *)ckdir, "--checkpoint-every", "5", "--",
+               (char *)bin("cifar_worker"), "--data", (char *)synth_dir(), "--steps", "100",
+               "--batch", "16", "--lr", "0.05", "--threads", "1", "--dump-params",
+               (char *)dump, NULL};
+  memcpy(argv, a, sizeof a);
+}
+
+static void wait_for(const char *path, double timeout_s) {
+  for (double t = 0; t < timeout_s; t += 0.01) {
+    if (access(path, F_OK) == 0) return;
+    usleep(10000);
+  }
+  ck_abort_msg("%s did not appear within %.0f s", path, timeout_s);
+}
+
+static void params_equal(const char *p1, const char *p2) {
+  size_t n1, n2;
+  float *a = read_floats(p1, &n1), *b = read_floats(p2, &n2);
+  ck_assert_uint_eq(n1, n2);
+  size_t diff = 0;
+  for (size_t i = 0; i < n1; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  ck_assert_msg(diff == 0, "%zu of %zu parameters differ from the uninterrupted run", diff, n1);
+  free(a);
+  free(b);
+}
+
+/* Runs the job to the end in a fresh directory: the reference. */
+static const char *reference_params(void) {
+  static char dump[600];
+  if (!dump[0]) {
+    char dir[600], *argv[32], *out;
+    snprintf(dir, sizeof dir, "%s/ck-ref", tu_tmpdir());
+    snprintf(dump, sizeof dump, "%s/params.ref", tu_tmpdir());
+    job_argv(argv, dir, dump);
+    int rc = run(argv, &out, 240);
+    ck_assert_msg(rc == 0, "reference run exited %d:\n%s", rc, out);
+    free(out);
+  }
+  return dump;
+}
+
+/* Resumes the interrupted job in dir: it must say where it resumed and end
+ * with the reference parameters, bit for bit. */
+static void resume_and_compare(const char *dir, const char *dump) {
+  char *argv[32], *out;
+  job_argv(argv, dir, dump);
+  int rc = run(argv, &out, 240);
+  ck_assert_msg(rc == 0, "resumed run exited %d:\n%s", rc, out);
+  const char *at = strstr(out, "resuming at step ");
+  ck_assert_msg(at && atoi(at + 17) > 0, "the run did not resume:\n%s", out);
+  free(out);
+  params_equal(reference_params(), dump);
+}
+
+START_TEST(test_preempted_job_resumes_exactly) {
+  const char *ref = reference_params();
+  char dir[600], dump[600], first[700], path[512], *argv[32], *out;
+  snprintf(dir, sizeof dir, "%s/ck-preempt", tu_tmpdir());
+  snprintf(dump, sizeof dump, "%s/params.preempt", tu_tmpdir());
+  snprintf(first, sizeof first, "%s/step-000000000005", dir);
+  job_argv(argv, dir, dump);
+  pid_t pid = spawn(argv, path, sizeof path, 240);
+  wait_for(first, 60);
+  kill(pid, SIGTERM); /* what srun and scancel send */
+  int rc = reap(pid, path, &out);
+  ck_assert_msg(rc == 75, "a stopped job exits 75, got %d:\n%s", rc, out);
+  ck_assert_msg(strstr(out, "stopping on request") && strstr(out, "run it again to resume"),
+                "%s", out);
+  free(out);
+  pid_t left[4];
+  ck_assert_int_eq(procs_with(dir, left, 4), 0);
+  resume_and_compare(dir, dump);
+  (void)ref;
+}
+END_TEST
+
+START_TEST(test_killed_ps_fails_fast_and_relaunch_resumes) {
+  reference_params();
+  char dir[600], dump[600], first[700], path[512], *argv[32], *out;
+  snprintf(dir, sizeof dir, "%s/ck-kill9", tu_tmpdir());
+  snprintf(dump, sizeof dump, "%s/params.kill9", tu_tmpdir());
+  snprintf(first, sizeof first, "%s/step-000000000010", dir);
+  job_argv(argv, dir, dump);
+  pid_t pid = spawn(argv, path, sizeof path, 240);
+  wait_for(first, 60);
+  pid_t ps1[2];
+  ck_assert_msg(procs_with2("--name ps1 ", dir, ps1, 2) == 1, "cannot find ps1");
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  kill(ps1[0], SIGKILL);
+  int rc = reap(pid, path, &out);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double secs = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+  ck_assert_msg(rc != 0 && rc != 75, "psrun exited %d after a ps was killed:\n%s", rc, out);
+  ck_assert_msg(secs < 5, "the job took %.1f s to end after ps1 died", secs);
+  ck_assert_msg(strstr(out, "ps1 was killed by SIGKILL") && strstr(out, "ps 1 at 127.0.0.1:"),
+                "no message names the dead ps and its address:\n%s", out);
+  free(out);
+  pid_t left[4];
+  ck_assert_int_eq(procs_with(dir, left, 4), 0);
+  ck_assert_int_eq(procs_with(dump, left, 4), 0);
+  resume_and_compare(dir, dump);
+}
+END_TEST
+
 Suite *suite_cifar(void) {
   Suite *s = suite_create("cifar");
   TCase *tc = tcase_create("cifar");
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_learns_far_above_chance);
   tcase_add_test(tc, test_two_workers_equal_one_with_double_batch);
+  tcase_add_test(tc, test_preempted_job_resumes_exactly);
+  tcase_add_test(tc, test_killed_ps_fails_fast_and_relaunch_resumes);
   suite_add_tcase(s, tc);
   return s;
 }
