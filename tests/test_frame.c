@@ -421,7 +421,7 @@ START_TEST(test_error_table) {
 END_TEST
 
 START_TEST(test_error_unknown) {
-  const int unknown[] = {1, 2, 100, -21, -100, -1000, INT_MIN, INT_MAX};
+  const int unknown[] = {1, 2, 100, -22, -100, -1000, INT_MIN, INT_MAX};
   for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
     ck_assert_str_eq(ps_strerror(unknown[i]), "unknown error");
     ck_assert_str_eq(ps_err_name(unknown[i]), "PS_UNKNOWN");
