@@ -515,13 +515,20 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     psd_persist_stop_wanted(srv, who);
     return;
   }
+  if (graceful && srv->persist.stop_wanted) {
+    /* Launchers repeat SIGTERM (srun when the first task exits 75); the
+     * stop checkpoint may still be on its way here, and the stop timeout
+     * (or the launcher's SIGKILL) bounds the wait anyway. */
+    psd_info("received %s again; already stopping (SIGINT stops at once)", strsignal((int)sig));
+    return;
+  }
   if (sig == SIGUSR1 && !srv->cfg->ckpt_dir[0]) {
     psd_warn("received SIGUSR1 but there is no --checkpoint-dir to save to; going on");
     return;
   }
   if (srv->persist.stop_wanted || (graceful && srv->cfg->ckpt_dir[0])) {
     psd_info("received %s %s; exiting now", strsignal((int)sig),
-             srv->persist.stop_wanted ? "again" : "with no chief to arrange a checkpoint");
+             srv->persist.stop_wanted ? "while stopping" : "with no chief to arrange a checkpoint");
     psd_server_finish(srv, PSD_EXIT_STOPPED);
   } else {
     psd_info("received %s; shutting down", strsignal((int)sig));

@@ -22,7 +22,7 @@ fi
 
 cleanup() {
   bash "$CLUSTER" stop >/dev/null 2>&1 || true
-  rm -rf "$WORK"
+  [ -n "${PS_SLURM_KEEP:-}" ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
 
@@ -40,6 +40,56 @@ no_leftovers() {
     return 1
   fi
   return 0
+}
+
+preemption() {
+  local out=$WORK/preempt.log synth=$WORK/synth
+  local args="--steps 120 --batch 16 --threads 1 --lr 0.05"
+  "$BIN/cifar_synth" --out "$synth" --train 2560 --test 200 >/dev/null || {
+    bad "preemption: cifar_synth"; return; }
+  # The reference: the same job, never interrupted.
+  if ! timeout 300 srun -N2 -n3 "$BIN/psrun" --ps=1 --checkpoint-dir "$WORK/ck.ref" -- \
+      "$BIN/cifar_worker" --data "$synth" $args --dump-params "$WORK/ref.bin" \
+      >"$WORK/preempt.ref.log" 2>&1; then
+    bad "preemption: reference run" "$WORK/preempt.ref.log"; return
+  fi
+  local job
+  job=$(PSD_HOME=$BIN CKPT=$WORK/ck DATA=$synth CKPT_SECS=0 \
+    WORKER_ARGS="$args --dump-params $WORK/resumed.bin" \
+    sbatch --parsable -N2 -n3 --cpus-per-task=1 -o "$out" \
+    "$HERE/../deploy/slurm/train-cpu.sbatch")
+  for _ in $(seq 300); do
+    grep -q 'w0 step' "$out" 2>/dev/null && break
+    sleep 0.2
+  done
+  scancel --batch --signal=USR1 "$job"
+  # The job stops, requeues itself and runs again to the end. (Slurm holds
+  # a requeued job back for a while; the test lets it start at once.)
+  for _ in $(seq 300); do
+    grep -q "requeueing" "$out" 2>/dev/null && break
+    sleep 0.2
+  done
+  for _ in $(seq 50); do
+    squeue -h -j "$job" -t PD 2>/dev/null | grep -q . && break
+    sleep 0.2
+  done
+  scontrol update JobId="$job" StartTime=now >/dev/null 2>&1
+  for _ in $(seq 900); do
+    grep -q '"test_accuracy":[0-9]' "$out" 2>/dev/null &&
+      [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
+    sleep 0.2
+  done
+  local stop_step
+  stop_step=$(sed -n 's/.*checkpointed step \([0-9]*\);.*/\1/p' "$out" | head -1)
+  if grep -q "stopped after a checkpoint" "$out" && grep -q "requeueing" "$out" &&
+     grep -q "resuming at step $stop_step\$" "$out" && [ -n "$stop_step" ] &&
+     cmp -s "$WORK/ref.bin" "$WORK/resumed.bin" && no_leftovers 0 &&
+     ! pgrep -f "cifar_worke[r] --data $synth" >/dev/null; then
+    ok "loopback: SIGUSR1 to the batch shell: checkpoint at step $stop_step, exit 75, requeue, resumed run equals the uninterrupted one"
+  else
+    scancel "$job" 2>/dev/null
+    bad "loopback: preemption and requeue (stopped at '${stop_step}')" "$out"
+  fi
 }
 
 scenarios() {
@@ -162,6 +212,15 @@ s.bind(('0.0.0.0', $port)); s.listen(8); time.sleep(30)" &
     ok "$mode: a rendezvous port in use is reported (exit $rc)"
   else bad "$mode: rendezvous port in use (rc $rc)" "$out"; fi
 
+  # 10. Preemption (loopback only: it is slow). The real template
+  # deploy/slurm/train-cpu.sbatch trains the CIFAR-10 example; SIGUSR1 to its
+  # batch shell (what --signal=B:USR1@T sends) makes every ps checkpoint one
+  # step, every task exit 75 and the script requeue the job, which resumes
+  # there and ends with the parameters of an uninterrupted run, bit for bit.
+  if [ "$mode" = loopback ]; then
+    preemption
+  fi
+
   # 9. --addr picks the network (netns: the namespaces' subnet).
   if [ "$mode" = netns ]; then
     out=$WORK/$mode.addr.log
@@ -174,7 +233,10 @@ s.bind(('0.0.0.0', $port)); s.listen(8); time.sleep(30)" &
   fi
 }
 
-for mode in loopback netns; do
+# PS_SLURM_ONLY=preemption runs just that scenario (loopback), for debugging.
+modes="loopback netns"
+[ -n "${PS_SLURM_ONLY:-}" ] && modes=loopback
+for mode in $modes; do
   flag=""
   [ $mode = netns ] && flag="--netns"
   if ! bash "$CLUSTER" start $flag >"$WORK/cluster.$mode.log" 2>&1; then
@@ -182,7 +244,7 @@ for mode in loopback netns; do
     continue
   fi
   eval "$(bash "$CLUSTER" env)"
-  scenarios $mode
+  if [ -n "${PS_SLURM_ONLY:-}" ]; then cd "$WORK" && "$PS_SLURM_ONLY"; else scenarios $mode; fi
   bash "$CLUSTER" stop >/dev/null 2>&1
 done
 
