@@ -33,6 +33,8 @@ typedef struct psd_config {
   char munge_socket[1024]; /* munged's socket ("" : MUNGE's default) */
   double job_id;           /* --job-id the credentials must name */
   double step_id;          /* --step-id they must name (-1: any step) */
+  char telemetry[1024];    /* per-step records as JSON lines ("" : none) */
+  char summary[1024];      /* end-of-run table: a file, "-" stdout, "" none */
 } psd_config;
 
 /* Fills cfg from argv (defaults first). Returns 0, 1 when --help or

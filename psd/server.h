@@ -11,6 +11,7 @@
 #include "config.h"
 #include "ps.pb-c.h"
 #include "shard.h"
+#include "telemetry.h"
 
 struct event_base;
 struct event;
@@ -41,6 +42,7 @@ typedef struct psd_server {
   struct event *tick_ev;       /* periodic timer for deadlines and stalls */
   struct event *sig_ev[2];     /* SIGTERM, SIGINT */
   psd_shard shard;             /* variables held here */
+  psd_telem telem;             /* per-step telemetry (telemetry.c) */
   int pinned;                  /* workers/replicas/mode/placement agreed */
   uint32_t num_workers;        /* once pinned */
   psd_worker *workers;         /* num_workers entries once pinned */

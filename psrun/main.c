@@ -76,6 +76,8 @@ static const psr_option OPTS[] = {
      "seconds for every task to check in"},
     {"grace", 0, O_DOUBLE, F(grace_s), "5", 0, 3600, NULL,
      "seconds between SIGTERM and SIGKILL when stopping tasks"},
+    {"telemetry", 0, O_STR, F(telemetry), "", 0, 0, NULL,
+     "per-step telemetry as JSON lines: worker i to FILE.w<i>, ps i to FILE.ps<i>"},
 };
 #define NOPTS (sizeof OPTS / sizeof OPTS[0])
 

@@ -19,6 +19,7 @@ typedef struct psr_opts {
   int print_plan;          /* --print-plan: print roles, start nothing */
   double timeout_s;        /* --connect-timeout: peers must appear by then */
   double grace_s;          /* --grace: SIGTERM -> SIGKILL on teardown */
+  char telemetry[4000];    /* --telemetry: per-step records, FILE.w<i> / FILE.ps<i> */
   char **cmd;              /* worker command (points into argv) */
   int ncmd;
   char *const *psd_args;   /* extra psd options (--psd-arg, repeatable) */

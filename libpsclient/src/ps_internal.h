@@ -55,7 +55,10 @@ typedef enum ps__msg_type {
   PS__MSG_PULL = 10,
   PS__MSG_PULL_REPLY = 11,
   PS__MSG_FINISH = 12,
-  PS__MSG_MAX_ = 13 /* one past the last valid type */
+  /* 13, 14: reserved (checkpoints) */
+  PS__MSG_STATS = 15,        /* admin: counters please */
+  PS__MSG_STATS_REPLY = 16,  /* the counters */
+  PS__MSG_MAX_ = 17 /* one past the last valid type */
 } ps__msg_type;
 
 typedef struct ps__frame_header {
@@ -174,6 +177,10 @@ static inline int ps__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
 /* Grows *p (an array of *cap elements of elem bytes) to hold at least
  * need elements, doubling. 0, or -1 (out of memory; *p unchanged). */
 int ps__grow(void **p, size_t *cap, size_t need, size_t elem);
+
+/* p-th percentile (0..100) of v[0..n), sorting v in place; 0 if n == 0
+ * (telemetry.c; psd's summary uses it too). */
+double ps__percentile(double *v, size_t n, double p);
 
 /* Monotonic clock in seconds. */
 double ps__now(void);
