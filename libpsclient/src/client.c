@@ -19,8 +19,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <munge.h>
-
 #include "ps.pb-c.h"
 #include "ps_internal.h"
 #include "psclient.h"
@@ -667,31 +665,11 @@ static int hello_one(ps_client *c, ps__conn *k, double deadline,
   h.ps_index = (uint32_t)k->index;
   h.replicas_to_aggregate = (uint32_t)c->replicas;
   h.async_mode = c->async_mode;
-  h.credential.data = c->cred;
-  h.credential.len = c->cred_len;
   char *mcred = NULL;
-  if (c->munge) {
-    /* A fresh credential per connection: munged refuses replays, and the
-     * payload binds it to this job and step. */
-    munge_ctx_t ctx = munge_ctx_create();
-    if (!ctx) return seterr(c, PS_ENOMEM, "out of memory");
-    if (c->munge_socket) munge_ctx_set(ctx, MUNGE_OPT_SOCKET, c->munge_socket);
-    char payload[128];
-    snprintf(payload, sizeof payload, "psd1 job=%lld step=%lld", c->job_id, c->step_id);
-    munge_err_t me = munge_encode(&mcred, ctx, payload, (int)strlen(payload));
-    munge_ctx_destroy(ctx);
-    if (me != EMUNGE_SUCCESS) {
-      free(mcred);
-      return seterr(c, PS_EAUTH, "cannot get a MUNGE credential%s%s: %s",
-                    c->munge_socket ? " from " : "", c->munge_socket ? c->munge_socket : "",
-                    munge_strerror(me));
-    }
-    h.credential.data = (uint8_t *)mcred;
-    h.credential.len = strlen(mcred);
-    h.munge = 1;
-    h.secret.data = c->cred;
-    h.secret.len = c->cred_len;
-  }
+  ps__auth au = {c->cred, c->cred_len, c->munge, c->munge_socket, c->job_id, c->step_id};
+  char aerr[512];
+  int arc = ps__hello_auth(&h, &au, &mcred, aerr, sizeof aerr);
+  if (arc) return seterr(c, arc, "%s", aerr);
   h.client_id = cid;
   h.split_threshold = c->placer.split_threshold;
   h.max_slice_bytes = c->placer.max_slice_bytes;

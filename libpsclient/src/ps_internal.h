@@ -164,6 +164,31 @@ int ps__outq_detach(ps__outq *q, void *ref);
 /* Drops everything (releasing references) and frees the queue. */
 void ps__outq_free(ps__outq *q);
 
+/* ---- authentication (auth.c) ------------------------------------------ */
+
+/* How a peer proves it belongs to the job. */
+typedef struct ps__auth {
+  const void *secret;       /* shared secret (may be NULL) */
+  size_t secret_len;        /* its bytes */
+  int munge;                /* also present a fresh MUNGE credential */
+  const char *munge_socket; /* munged socket, NULL: MUNGE's default */
+  long long job_id;         /* what the MUNGE payload names */
+  long long step_id;
+} ps__auth;
+
+struct Ps__Hello;
+/* Fills the credential fields of h. *mcred gets a MUNGE credential the
+ * caller frees once h is packed. 0, PS_ENOMEM or PS_EAUTH with err. */
+int ps__hello_auth(struct Ps__Hello *h, const ps__auth *a, char **mcred, char *err,
+                   size_t errlen);
+
+struct Ps__StatsReply;
+/* Admin exchange (admin.c): connects to the psd at addr as ROLE_ADMIN,
+ * authenticated with auth, and asks for its counters. *out is freed with
+ * ps__stats_reply__free_unpacked. 0 or a PS_E* code with err. */
+int ps__admin_stats(const char *addr, const ps__auth *auth, int timeout_ms,
+                    struct Ps__StatsReply **out, char *err, size_t errlen);
+
 /* ---- small helpers ---------------------------------------------------- */
 
 /* a*b into *out unless it overflows (returns -1 then). */
