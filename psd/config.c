@@ -68,7 +68,8 @@ static const psd_option OPTIONS[] = {
     {"step-id", OPT_DOUBLE, F(step_id), "-1", -1, 9.2e18,
      "Slurm step id credentials must name (-1: any step of the job)"},
     {"telemetry", OPT_STRING, F(telemetry), "", 0, 0,
-     "write per-step telemetry (gradient arrivals, aggregation time) to this file as JSON lines"},
+     "write per-step telemetry (gradient arrivals, aggregation time) to this file as JSON "
+     "lines ('off': record nothing)"},
     {"summary", OPT_STRING, F(summary), "", 0, 0,
      "at exit, write the run's telemetry summary table to this file ('-': stdout)"},
 };

@@ -24,7 +24,8 @@ int psd_telem_init(psd_telem *t, int ps_index, int num_ps, const char *path, cha
   t->num_ps = (uint32_t)num_ps;
   t->mono0 = ps__now();
   t->unix0 = unix_now();
-  if (path && *path && !(t->file = fopen(path, "w"))) {
+  t->off = path && strcmp(path, "off") == 0;
+  if (path && *path && !t->off && !(t->file = fopen(path, "w"))) {
     snprintf(err, errlen, "cannot write --telemetry %s: %s", path, strerror(errno));
     return -1;
   }
@@ -37,6 +38,7 @@ static void slot_reset(psd_telem *t, psd_telem_slot *s) {
 }
 
 int psd_telem_pin(psd_telem *t, uint32_t num_workers) {
+  if (t->off) return 0; /* num_workers stays 0: every hook returns at once */
   uint32_t n = PSD_TELEM_CELLS / (num_workers ? num_workers : 1);
   if (n > PSD_TELEM_SLOTS) n = PSD_TELEM_SLOTS;
   if (n < 2) n = 2;

@@ -53,6 +53,7 @@ typedef struct psd_telem_worker {
 } psd_telem_worker;
 
 typedef struct psd_telem {
+  int off;                   /* --telemetry off: record nothing (to measure the cost) */
   int ps_index;              /* for the records */
   FILE *file;                /* --telemetry: JSON lines, or NULL */
   uint32_t num_workers;      /* 0 until pinned: nothing recorded before */
@@ -67,7 +68,7 @@ typedef struct psd_telem {
   double mono0, unix0;       /* both clocks at init, to date records */
 } psd_telem;
 
-/* path: --telemetry file or "" (none). 0, or -1 with err. */
+/* path: --telemetry file, "" (none) or "off" (disabled). 0, or -1 with err. */
 int psd_telem_init(psd_telem *t, int ps_index, int num_ps, const char *path, char *err,
                    size_t errlen);
 /* The job's worker count is known: size the arrays. 0 or PS_ENOMEM. */
