@@ -173,6 +173,8 @@ int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
  *   PS_SECRET (optional: the shared secret the servers require)
  *   PS_MUNGE=1 with PS_JOB_ID, PS_STEP_ID, PS_MUNGE_SOCKET (optional: MUNGE)
  *   PS_TELEMETRY (optional: ps_config.telemetry, "off" or a file)
+ *   PS_MAX_SLICE_BYTES, PS_SPLIT_THRESHOLD (optional: placement; the same
+ *   on every worker of a job)
  * A missing or malformed variable is PS_EINVAL with a message naming it. */
 int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
 

@@ -734,6 +734,13 @@ int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
   if (!rc)
     rc = getenv_int("PS_REQUEST_TIMEOUT_MS", 0, 0, 0, 1 << 30, &cfg.request_timeout_ms, e,
                     sizeof e);
+  /* Placement inputs: every worker of a job must give the same values. */
+  int slice = 0, split = 0;
+  if (!rc)
+    rc = getenv_int("PS_MAX_SLICE_BYTES", 0, 0, 0, (int)PS__MAX_SLICE_BYTES, &slice, e, sizeof e);
+  if (!rc) rc = getenv_int("PS_SPLIT_THRESHOLD", 0, 0, 0, 1 << 30, &split, e, sizeof e);
+  cfg.max_slice_bytes = (uint64_t)slice;
+  cfg.split_threshold = (uint64_t)split;
   if (rc) {
     if (errmsg) snprintf(errmsg, errlen, "%s", e);
     return rc;
