@@ -9,7 +9,7 @@
 #
 #   sudo deploy/scale/ps_scale.sh [--bin DIR] [--rate MBIT] [--model cifar|resnet50]
 #        [--scale K] [--compute-ms MS] [--workers "1 2 4 8"] [--ps "1 2 4"]
-#        [--steps N] [--slice-bytes B] [--json FILE]
+#        [--steps N] [--slice-bytes B] [--queue-ms MS] [--json FILE]
 #   deploy/scale/ps_scale.sh --smoke [--bin DIR]   # 1 ps + 1 worker, seconds; 77 if
 #                                                  # network namespaces are not allowed
 #
@@ -22,7 +22,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../../build/bin" rate=1000 model=cifar scale=1 compute_ms=100
-workers_list="1 2 4 8" ps_list="1 2 4" steps=20 json="" smoke=0 slice=262144
+workers_list="1 2 4 8" ps_list="1 2 4" steps=20 json="" smoke=0 slice=262144 queue_ms=100
 die() { echo "ps_scale: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -36,12 +36,13 @@ while [ $# -gt 0 ]; do
     --steps) steps=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
     --slice-bytes) slice=$2; shift 2 ;;
+    --queue-ms) queue_ms=$2; shift 2 ;;
     --smoke) smoke=1; shift ;;
     -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
-for v in rate scale compute_ms steps slice; do
+for v in rate scale compute_ms steps slice queue_ms; do
   [[ "${!v}" =~ ^[0-9]+$ ]] && [ "${!v}" -ge 0 ] || die "--${v//_/-} must be a whole number, got '${!v}'"
 done
 [ "$rate" -ge 1 ] || die "--rate must be at least 1 Mbit/s"
@@ -97,8 +98,8 @@ add_host() {
   # Clusters tuned for training keep the congestion window across the compute
   # phase; without this every step restarts TCP slow start after the idle.
   ip netns exec "$h" sysctl -qw net.ipv4.tcp_slow_start_after_idle=0 2>/dev/null || true
-  ip netns exec "$h" tc qdisc add dev "$a" root tbf rate "${rate}mbit" burst "$burst" latency 100ms || return 1
-  tc qdisc add dev "$b" root tbf rate "${rate}mbit" burst "$burst" latency 100ms || return 1
+  ip netns exec "$h" tc qdisc add dev "$a" root tbf rate "${rate}mbit" burst "$burst" latency "$queue_ms"ms || return 1
+  tc qdisc add dev "$b" root tbf rate "${rate}mbit" burst "$burst" latency "$queue_ms"ms || return 1
 }
 if ! ip link add "${tag}br" type bridge 2>/dev/null; then
   [ "$smoke" = 1 ] && skip "cannot create a bridge here (no CAP_NET_ADMIN?)"
