@@ -3,7 +3,8 @@
 # Runs apt-get as root, or through sudo.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libevent-dev libprotobuf-c-dev
-      protobuf-c-compiler libopenblas-dev check libslurm-dev libpmi2-0-dev libmunge-dev munge)
+      protobuf-c-compiler libopenblas-dev check libslurm-dev libpmi2-0-dev libmunge-dev munge
+      gnuplot-nox iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

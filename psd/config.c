@@ -80,6 +80,11 @@ static const psd_option OPTIONS[] = {
      "(newest usable one) or none"},
     {"stop-timeout", OPT_DOUBLE, F(stop_timeout_s), "60", 0.1, 1e9,
      "after SIGTERM/SIGUSR1, seconds to wait for the stop checkpoint"},
+    {"telemetry", OPT_STRING, F(telemetry), "", 0, 0,
+     "write per-step telemetry (gradient arrivals, aggregation time) to this file as JSON "
+     "lines ('off': record nothing)"},
+    {"summary", OPT_STRING, F(summary), "", 0, 0,
+     "at exit, write the run's telemetry summary table to this file ('-': stdout)"},
 };
 #define NOPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 

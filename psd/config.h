@@ -42,6 +42,8 @@ typedef struct psd_config {
   int restore;             /* PSD_RESTORE_* */
   double stop_timeout_s;   /* after a stop request: wait this long for the
                               stop checkpoint, then exit anyway */
+  char telemetry[1024];    /* per-step records as JSON lines ("" : none) */
+  char summary[1024];      /* end-of-run table: a file, "-" stdout, "" none */
 } psd_config;
 
 /* Fills cfg from argv (defaults first). Returns 0, 1 when --help or

@@ -354,6 +354,7 @@ void psd_conn_flush(psd_conn *c) {
       psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory building a pull reply");
       return;
     }
+    psd_telem_sent(&c->srv->telem, c->worker, bytes);
   }
 }
 
@@ -709,6 +710,7 @@ static int handle_finish(psd_conn *c, const uint8_t *meta) {
   Ps__Ack a = PS__ACK__INIT;
   a.request_id = m->request_id;
   send_frame(c, PS__MSG_ACK, &a.base, NULL, NULL, NULL, 0);
+  psd_telem_finish(&c->srv->telem, c->worker, m->summary);
   if (!c->finished) {
     c->finished = 1;
     psd_server_worker_finished(c->srv, c);
@@ -734,6 +736,21 @@ static int handle_checkpoint(psd_conn *c, const uint8_t *meta) {
   return 0;
 }
 
+/* Counters for psctl (any authenticated peer may ask). */
+static int handle_stats(psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Stats, ps__stats__unpack);
+  Ps__StatsReply r;
+  if (psd_telem_stats(&c->srv->telem, c->srv, &r) != 0) {
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory");
+    return 0;
+  }
+  r.request_id = m->request_id;
+  if (send_frame(c, PS__MSG_STATS_REPLY, &r.base, NULL, NULL, NULL, 0) != 0)
+    psd_conn_error(c, m->request_id, PS_ETOOBIG, 0, "the stats do not fit in one frame");
+  psd_telem_stats_free(&r);
+  return 0;
+}
+
 /* A whole protobuf part is in; act on it. Returns 0 or -1 (CLOSING). */
 static int dispatch(psd_conn *c, const uint8_t *meta) {
   unsigned t = c->hdr.type;
@@ -744,6 +761,11 @@ static int dispatch(psd_conn *c, const uint8_t *meta) {
   }
   if (t == PS__MSG_HELLO && c->handshaken) {
     psd_conn_error(c, 0, PS_EPROTO, 1, "second HELLO on one connection");
+    return -1;
+  }
+  if (c->admin && t != PS__MSG_STATS) {
+    psd_conn_error(c, 0, PS_ESTATE, 1, "an admin connection may only send STATS, not %s",
+                   ps__msg_name(t));
     return -1;
   }
   switch (t) {
@@ -761,6 +783,8 @@ static int dispatch(psd_conn *c, const uint8_t *meta) {
     return handle_finish(c, meta);
   case PS__MSG_CHECKPOINT:
     return handle_checkpoint(c, meta);
+  case PS__MSG_STATS:
+    return handle_stats(c, meta);
   default:
     psd_conn_error(c, 0, PS_EPROTO, 1, "unexpected %s frame from a client", ps__msg_name(t));
     return -1;
@@ -778,8 +802,10 @@ static void item_done(psd_conn *c) {
     if (!was) psd_server_slice_advanced(srv, sl);
     return;
   }
-  int rc = psd_shard_push(&srv->shard, sl, (uint32_t)c->worker, c->data_step, c->stage,
-                          ps__now());
+  double t0 = ps__now();
+  int rc = psd_shard_push(&srv->shard, sl, (uint32_t)c->worker, c->data_step, c->stage, t0);
+  c->data_at = t0;
+  c->agg_s += ps__now() - t0; /* accumulation and, for the last gradient, the optimizer */
   if (rc == 1) psd_server_slice_advanced(srv, sl);
   if (rc == PS_EINVAL)
     psd_warn("%s: gradient of '%s' for step %llu, but the slice is only at step %llu",
@@ -795,13 +821,18 @@ static void frame_done(psd_conn *c) {
     a.request_id = c->data_req;
     send_frame(c, PS__MSG_ACK, &a.base, NULL, NULL, NULL, 0);
   } else {
+    uint32_t stale = 0;
     for (size_t i = 0; i < c->n_items; i++) {
       Ps__Item *it = &c->reply_items[i];
       ps__item__init(it);
       it->slice_id = c->items[i]->slice_id;
       it->status = c->status[i];
       c->reply_ptrs[i] = it;
+      stale += it->status == PS_ESTALE;
     }
+    psd_telem_push(&c->srv->telem, c->worker, c->data_step,
+                   c->n_items ? c->data_at : ps__now(), c->hdr.data_len, c->agg_s, stale);
+    c->agg_s = 0;
     Ps__PushReply r = PS__PUSH_REPLY__INIT;
     r.request_id = c->data_req;
     r.n_items = c->n_items;

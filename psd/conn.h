@@ -52,6 +52,7 @@ typedef struct psd_conn {
   psd_conn_state state;       /* where the input parser is */
   int handshaken;             /* a HELLO was accepted */
   int worker;                 /* worker index, or -1 */
+  int admin;                  /* an admin tool (psctl): Stats only */
   int finished;               /* the worker sent FINISH */
   int dead;                   /* closed; memory freed at the next reap */
   int read_paused;            /* requests not read until replies drain */
@@ -69,6 +70,8 @@ typedef struct psd_conn {
   uint64_t item_got;          /* DATA: bytes of it received */
   uint64_t data_step;         /* DATA: the Push's step */
   uint64_t data_req;          /* DATA: the request id */
+  double data_at;             /* DATA: when the last item's bytes were in */
+  double agg_s;               /* DATA: seconds spent aggregating its items */
   float *stage;               /* where item data lands before use */
   uint64_t stage_cap;         /* floats in stage */
   int32_t *status;            /* per item result of the current Push */

@@ -191,8 +191,13 @@ int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err
       return PS_EAUTH;
     }
   }
+  if (h->role == PS__ROLE__ROLE_ADMIN) {
+    c->admin = 1; /* psctl: authenticated, may ask for Stats and nothing else */
+    return 0;
+  }
   if (h->role != PS__ROLE__ROLE_WORKER) {
-    snprintf(err, errlen, "role %d is not supported (only workers)", (int)h->role);
+    snprintf(err, errlen, "role %d is not supported (only workers and admin tools)",
+             (int)h->role);
     return PS_EUNSUPPORTED;
   }
   if (h->num_ps != (uint32_t)cfg->num_ps || h->ps_index != (uint32_t)cfg->ps_index) {
@@ -248,7 +253,9 @@ int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err
   }
   if (!srv->pinned) {
     srv->workers = calloc(h->num_workers, sizeof *srv->workers);
-    if (!srv->workers) {
+    if (!srv->workers || psd_telem_pin(&srv->telem, h->num_workers) != 0) {
+      free(srv->workers);
+      srv->workers = NULL;
       snprintf(err, errlen, "out of memory");
       return PS_ENOMEM;
     }
@@ -646,6 +653,12 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
     psd_error("cannot set up the event loop");
     return -1;
   }
+  char terr[1200];
+  if (psd_telem_init(&srv->telem, cfg->ps_index, cfg->num_ps, cfg->telemetry, terr,
+                     sizeof terr) != 0) {
+    psd_error("%s", terr);
+    return -1;
+  }
   if (cfg->port_file[0] && write_port_file(cfg->port_file, hostport) != 0) {
     psd_error("cannot write --port-file %s: %s", cfg->port_file, strerror(errno));
     return -1;
@@ -664,6 +677,13 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
 
 int psd_server_run(psd_server *srv) {
   event_base_dispatch(srv->base);
+  const char *sum = srv->cfg->summary;
+  if (sum[0]) {
+    FILE *f = strcmp(sum, "-") == 0 ? stdout : fopen(sum, "w");
+    if (f) psd_telem_print_summary(&srv->telem, srv, f);
+    else psd_warn("cannot write --summary %s: %s", sum, strerror(errno));
+    if (f && f != stdout) fclose(f);
+  }
   return srv->exit_code;
 }
 
@@ -682,6 +702,7 @@ void psd_server_free(psd_server *srv) {
   if (srv->base) event_base_free(srv->base);
   if (srv->lfd >= 0) close(srv->lfd);
   psd_shard_free(&srv->shard);
+  psd_telem_free(&srv->telem);
   free(srv->workers);
   memset(srv, 0, sizeof *srv);
   srv->lfd = -1;

@@ -12,6 +12,7 @@
 #include "persist.h"
 #include "ps.pb-c.h"
 #include "shard.h"
+#include "telemetry.h"
 
 struct event_base;
 struct event;
@@ -45,6 +46,7 @@ typedef struct psd_server {
   struct event *tick_ev;       /* periodic timer for deadlines and stalls */
   struct event *sig_ev[3];     /* SIGTERM, SIGINT, SIGUSR1 */
   psd_shard shard;             /* variables held here */
+  psd_telem telem;             /* per-step telemetry (telemetry.c) */
   int pinned;                  /* workers/replicas/mode/placement agreed */
   uint32_t num_workers;        /* once pinned */
   psd_worker *workers;         /* num_workers entries once pinned */

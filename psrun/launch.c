@@ -33,6 +33,8 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
   snprintf(label, sizeof label, "ps%d", t->index);
   snprintf(jid, sizeof jid, "%lld", t->job_id);
   snprintf(sid, sizeof sid, "%lld", t->step_id);
+  char tele[4100];
+  snprintf(tele, sizeof tele, "%s.ps%d", o->telemetry, t->index);
   char *argv[96];
   int a = 0;
   char *fixed[] = {(char *)o->psd, "--host", (char *)t->host, "--port", "0", "--port-file",
@@ -63,7 +65,15 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
     argv[a++] = "--checkpoint-secs";
     argv[a++] = cs;
   }
-  for (int k = 0; k < o->npsd_args && a < 94; k++) argv[a++] = (char *)o->psd_args[k];
+  if (o->telemetry[0]) {
+    argv[a++] = "--telemetry";
+    argv[a++] = tele;
+  }
+  if (t->index == 0 && t->summary) { /* one table per job: ps0 has every worker */
+    argv[a++] = "--summary";
+    argv[a++] = (char *)t->summary;
+  }
+  for (int k = 0; k < o->npsd_args && a < 90; k++) argv[a++] = (char *)o->psd_args[k];
   argv[a] = NULL;
   /* The secret travels in the environment (psd removes it from its own),
    * never on a command line other users can read. */
@@ -123,11 +133,14 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   snprintf(e_step, sizeof e_step, "PS_STEP_ID=%lld", t->step_id);
   snprintf(e_sock, sizeof e_sock, "PS_MUNGE_SOCKET=%s", t->munge_socket ? t->munge_socket : "");
   snprintf(label, sizeof label, "w%d", t->index);
+  char e_tele[4200];
+  snprintf(e_tele, sizeof e_tele, "PS_TELEMETRY=%s.w%d", t->o->telemetry, t->index);
   char *env[16] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker"};
   int ne = 6;
   /* Workers sharing this machine's cores size their thread pools by it. */
   if (t->local_workers > 0) env[ne++] = e_lw;
   if (t->secret && t->secret[0]) env[ne++] = e_secret;
+  if (t->o->telemetry[0]) env[ne++] = e_tele;
   if (t->munge) {
     env[ne++] = "PS_MUNGE=1";
     env[ne++] = e_job;

@@ -23,6 +23,7 @@ typedef struct psr_task {
   const char *munge_socket; /* munged socket ("" : default) */
   long long job_id;         /* what MUNGE credentials name */
   long long step_id;        /* ... (-1 for psd: any step of the job) */
+  const char *summary;      /* ps0's end-of-run table: file, "-" stdout, NULL none */
 } psr_task;
 
 /* Starts psd for task t, waits (bounded) for its port file and returns its

@@ -26,6 +26,21 @@ static double now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* Prints (to stdout) and removes ps0's telemetry table, if it wrote one. */
+static void print_summary(const char *path) {
+  if (!path) return;
+  FILE *f = fopen(path, "r");
+  if (f) {
+    char buf[4096];
+    size_t n;
+    fflush(stdout);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stdout);
+    fflush(stdout);
+    fclose(f);
+  }
+  unlink(path);
+}
+
 int psr_run_local(const psr_opts *o) {
   int N = o->ntasks, P = o->ps, W = N - P;
   psr_procs procs;
@@ -53,6 +68,13 @@ int psr_run_local(const psr_opts *o) {
   t.num_workers = W;
   t.local_workers = W; /* they share this machine's cores */
   t.secret = secret;
+  /* ps0 writes the telemetry table here; printed once the job is over. */
+  char summary[] = "/tmp/psrun-summary.XXXXXX";
+  int sfd = mkstemp(summary);
+  if (sfd >= 0) {
+    close(sfd);
+    t.summary = summary;
+  }
 
   /* 1. The ps tasks, each on a free port of its choosing. */
   for (int i = 0; i < P; i++) {
@@ -138,9 +160,11 @@ int psr_run_local(const psr_opts *o) {
             PSR_EXIT_STOPPED);
     status = PSR_EXIT_STOPPED;
   }
+  print_summary(t.summary);
   return status;
 
 teardown:
   psr_teardown(&procs, o->grace_s);
+  print_summary(t.summary);
   return status ? status : 1;
 }

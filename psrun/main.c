@@ -83,6 +83,8 @@ static const psr_option OPTS[] = {
      "checkpoint every N steps"},
     {"checkpoint-secs", 0, O_DOUBLE, F(ckpt_secs), "0", 0, 1e9, NULL,
      "checkpoint every S seconds"},
+    {"telemetry", 0, O_STR, F(telemetry), "", 0, 0, NULL,
+     "per-step telemetry as JSON lines: worker i to FILE.w<i>, ps i to FILE.ps<i>"},
 };
 #define NOPTS (sizeof OPTS / sizeof OPTS[0])
 

@@ -27,6 +27,7 @@ typedef struct psr_opts {
   char ckpt_dir[4096];     /* --checkpoint-dir: psd checkpoints here */
   int ckpt_every;          /* --checkpoint-every N steps */
   double ckpt_secs;        /* --checkpoint-secs S */
+  char telemetry[4000];    /* --telemetry: per-step records, FILE.w<i> / FILE.ps<i> */
   char **cmd;              /* worker command (points into argv) */
   int ncmd;
   char *const *psd_args;   /* extra psd options (--psd-arg, repeatable) */

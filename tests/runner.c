@@ -22,6 +22,7 @@ static const suite_entry SUITES[] = {
     {"cifar", suite_cifar},         {"churn", suite_churn},
     {"auth", suite_auth},           {"checkpoint", suite_checkpoint},
     {"persist", suite_persist},     {"soak", suite_soak},
+    {"telemetry", suite_telemetry},
 };
 
 int main(int argc, char **argv) {

@@ -294,7 +294,8 @@ static const hcase CASES[] = {
     {"hello_worker_out_of_range", SETUP_NONE, 0, X_FATAL, PS_EINVAL,
      "not below the number of workers", 0},
     {"hello_wrong_num_workers", SETUP_NONE, 0, X_FATAL, PS_EMISMATCH, "--workers 2", 0},
-    {"hello_admin_role", SETUP_NONE, 0, X_FATAL, PS_EUNSUPPORTED, "role", 0},
+    {"hello_unknown_role", SETUP_NONE, 0, X_FATAL, PS_EUNSUPPORTED, "role", 0},
+    {"admin_sends_register", SETUP_NONE, 0, X_FATAL, PS_ESTATE, "may only send STATS", 0},
     {"hello_bad_max_slice", SETUP_NONE, 0, X_FATAL, PS_EINVAL, "max_slice_bytes", 0},
     {"second_hello", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "second HELLO", 0},
     {"meta_over_1mib", SETUP_HELLO, 0, X_FATAL, PS_ETOOBIG, "exceeds the limit", 0},
@@ -388,10 +389,15 @@ static void build_case(int i, hbuf *h, uint32_t slice) {
     put_hello(h, hello_default(5, 2));
   } else if (!strcmp(n, "hello_wrong_num_workers")) {
     put_hello(h, hello_default(0, 3));
-  } else if (!strcmp(n, "hello_admin_role")) {
+  } else if (!strcmp(n, "hello_unknown_role")) {
     hello_args a = hello_default(0, 2);
-    a.role = PS__ROLE__ROLE_ADMIN;
+    a.role = (Ps__Role)3;
     put_hello(h, a);
+  } else if (!strcmp(n, "admin_sends_register")) {
+    hello_args a = hello_default(0, 2);
+    a.role = PS__ROLE__ROLE_ADMIN; /* accepted (psctl), but Stats only */
+    put_hello(h, a);
+    put_register(h, 77, "y", s4, 1, 1, 4, 0);
   } else if (!strcmp(n, "hello_bad_max_slice")) {
     hello_args a = hello_default(0, 2);
     a.max_slice_bytes = 2;

@@ -28,6 +28,7 @@ Suite *suite_auth(void);
 Suite *suite_checkpoint(void);
 Suite *suite_persist(void);
 Suite *suite_soak(void);
+Suite *suite_telemetry(void);
 
 /* A psd child process. */
 typedef struct tu_psd {

@@ -62,6 +62,8 @@
 #define RTT_WARMUP 1000
 #define RTT_ITERS 20000
 #define GRAD_VALUE 1e-6f
+/* --telemetry-cost: off/on pairs; alternating cancels drift of the machine. */
+#define TELEM_ROUNDS 5
 #define LEARNING_RATE 0.01
 
 /* ---------------------------------------------------------------------- */
@@ -77,10 +79,13 @@ typedef struct options {
   int tcp_baseline;
   int json;
   int pin;   /* servers on the last CPUs, clients on the first ones */
+  int telemetry_cost; /* --telemetry-cost: 4-byte steps, telemetry off vs on */
   char psd[PATH_MAX];
 } options;
 
 static options opt;
+/* The run being measured has telemetry switched off (psd and client). */
+static int g_telem_off;
 
 /* ---------------------------------------------------------------------- */
 /* Children: every process we start is registered so that an error path or a
@@ -335,11 +340,14 @@ static void usage(FILE *f) {
           "  --tcp-baseline         also measure a raw TCP stream and 4-byte TCP\n"
           "                         round trips, and print ratios against them\n"
           "  --json                 one JSON object per line on stdout\n"
+          "  --telemetry-cost       time 4-byte steps (1 ps, 1 worker) with the\n"
+          "                         per-step telemetry off and on, alternating\n"
+          "                         %d times, and print the ratio of the medians\n"
           "  --no-pin               do not pin servers to the last CPUs and\n"
           "                         workers to the first ones (pinning makes the\n"
           "                         latency baseline comparable)\n"
           "  --psd PATH             psd binary [next to this executable]\n"
-          "  --help                 print this and exit\n");
+          "  --help                 print this and exit\n", TELEM_ROUNDS);
 }
 
 static void bad_value(const char *flag, const char *val, const char *what) {
@@ -423,6 +431,10 @@ static void parse_args(int argc, char **argv) {
     }
     if (!strcmp(arg, "--json")) {
       opt.json = 1;
+      continue;
+    }
+    if (!strcmp(arg, "--telemetry-cost")) {
+      opt.telemetry_cost = 1;
       continue;
     }
     if (!strcmp(arg, "--no-pin")) {
@@ -554,6 +566,7 @@ static int worker_main(int fd, const char *const *hosts, int nps, int widx, int 
   cfg.num_workers = nw;
   cfg.connect_timeout_ms = 20000;
   cfg.request_timeout_ms = 300000;
+  cfg.telemetry = g_telem_off ? "off" : NULL; /* NULL: on, in memory */
   char err[400] = "";
   phase = "ps_client_create";
   rc = ps_client_create(&cfg, &c, err, sizeof err);
@@ -717,7 +730,8 @@ static int start_psd(proc *p, int run, int index, int nps, int nw, char *addr, s
   snprintf(nw_s, sizeof nw_s, "%d", nw);
   const char *argv[] = {opt.psd, "--host", "127.0.0.1", "--port", "0", "--port-file", portf,
                         "--ps-index", idx, "--num-ps", nps_s, "--workers", nw_s,
-                        "--log-level", "warn", NULL};
+                        "--log-level", "warn", g_telem_off ? "--telemetry" : NULL, "off",
+                        NULL};
   pid_t pid = fork_child();
   if (pid < 0) {
     snprintf(err, errlen, "fork: %s", strerror(errno));
@@ -929,7 +943,7 @@ static int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, pp_resul
           }
         } else if (reps[w].rc != 0) {
           if (!failed) {
-            snprintf(err, sizeof err, "worker %d: %s", w, reps[w].msg);
+            snprintf(err, sizeof err, "worker %d: %.500s", w, reps[w].msg);
             failed = 1;
           }
         }
@@ -1369,6 +1383,35 @@ int main(int argc, char **argv) {
         progress("tcp_rtt failed: %s", err);
         failures++;
       }
+    }
+  }
+
+  if (opt.telemetry_cost && !g_interrupted) {
+    /* Same configuration, telemetry off then on, several times over. */
+    double on[TELEM_ROUNDS], offv[TELEM_ROUNDS];
+    int ok = 1;
+    for (int r = 0; r < TELEM_ROUNDS && ok && !g_interrupted; r++)
+      for (int off = 1; off >= 0 && ok; off--) {
+        pp_result pr;
+        g_telem_off = off;
+        if (run_pushpull(1, 1, 4, opt.steps, &pr) != 0) ok = 0;
+        (off ? offv : on)[r] = pr.step_ms;
+      }
+    g_telem_off = 0;
+    if (ok) {
+      double m_on = median(on, TELEM_ROUNDS), m_off = median(offv, TELEM_ROUNDS);
+      if (opt.json)
+        printf("{\"name\":\"telemetry_cost\",\"bytes\":4,\"ps\":1,\"workers\":1,"
+               "\"rounds\":%d,\"step_ms_off\":%s,\"step_ms_on\":%s,\"ratio\":%s}\n",
+               TELEM_ROUNDS, jnum(m_off, a, sizeof a), jnum(m_on, b, sizeof b),
+               jnum(m_on / m_off, label, sizeof label));
+      else
+        printf("%-15s %10s  step with telemetry / without = %.4f (%.4f vs %.4f ms, median of "
+               "%d runs each)\n",
+               "telemetry_cost", "4 B", m_on / m_off, m_on, m_off, TELEM_ROUNDS);
+      fflush(stdout);
+    } else {
+      failures++;
     }
   }
 

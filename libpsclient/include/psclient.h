@@ -153,6 +153,10 @@ typedef struct ps_config {
   const char *munge_socket;   /* munged socket (NULL: MUNGE's default) */
   long long job_id;           /* Slurm job the credential names */
   long long step_id;          /* Slurm step the credential names */
+  const char *telemetry;      /* per-step telemetry: NULL or "" keeps it in
+                                 memory only (for the end-of-run summary),
+                                 "off" disables it, anything else is a file
+                                 the records go to as JSON lines */
 } ps_config;
 
 /* Connects to every ps task (retrying with backoff up to
@@ -169,6 +173,9 @@ int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
  *   PS_CONNECT_TIMEOUT_MS (optional)     PS_REQUEST_TIMEOUT_MS (optional)
  *   PS_SECRET (optional: the shared secret the servers require)
  *   PS_MUNGE=1 with PS_JOB_ID, PS_STEP_ID, PS_MUNGE_SOCKET (optional: MUNGE)
+ *   PS_TELEMETRY (optional: ps_config.telemetry, "off" or a file)
+ *   PS_MAX_SLICE_BYTES, PS_SPLIT_THRESHOLD (optional: placement; the same
+ *   on every worker of a job)
  * A missing or malformed variable is PS_EINVAL with a message naming it. */
 int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
 

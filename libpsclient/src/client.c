@@ -19,11 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <munge.h>
-
 #include "ps.pb-c.h"
 #include "ps_internal.h"
 #include "psclient.h"
+#include "ps_telemetry.h"
 
 /* Input buffer for reply headers and protobuf; big tensors bypass it. */
 #define PS__IN_INITIAL (64u * 1024u)
@@ -85,6 +84,7 @@ struct ps_req {
   uint64_t step;         /* pull: smallest step received */
   int refused;           /* checkpoint: some server said no */
   uint64_t max_step;     /* checkpoint: most advanced server's step */
+  double first_reply_at; /* pull: when its first PullReply came (telemetry) */
   ps__slice *reg;        /* register: slices to fill, in request order */
   size_t reg_n;
   struct ps_req *next;   /* in-flight list or free list */
@@ -142,6 +142,7 @@ struct ps_client {
   int stopped;                /* a server said the job stops */
   uint64_t stop_step;         /* ... after its checkpoint at this step */
   volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
+  ps__telem telem;            /* per-step records (telemetry.c) */
   char errmsg[1024];          /* last error */
 };
 
@@ -405,6 +406,8 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
     if (!m) break;
     note_flags(c, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
     ps_req *r = find_req(c, m->request_id);
+    if (r && !r->first_reply_at) r->first_reply_at = now_s();
+    ps__telem_bytes(&c->telem, k->index, 1, k->hdr.data_len);
     int rc = plan_pull_data(c, k, m, r);
     k->data_req = m->request_id;
     k->data_items = (int)m->n_items;
@@ -719,31 +722,11 @@ static int hello_one(ps_client *c, ps__conn *k, double deadline,
   h.ps_index = (uint32_t)k->index;
   h.replicas_to_aggregate = (uint32_t)c->replicas;
   h.async_mode = c->async_mode;
-  h.credential.data = c->cred;
-  h.credential.len = c->cred_len;
   char *mcred = NULL;
-  if (c->munge) {
-    /* A fresh credential per connection: munged refuses replays, and the
-     * payload binds it to this job and step. */
-    munge_ctx_t ctx = munge_ctx_create();
-    if (!ctx) return seterr(c, PS_ENOMEM, "out of memory");
-    if (c->munge_socket) munge_ctx_set(ctx, MUNGE_OPT_SOCKET, c->munge_socket);
-    char payload[128];
-    snprintf(payload, sizeof payload, "psd1 job=%lld step=%lld", c->job_id, c->step_id);
-    munge_err_t me = munge_encode(&mcred, ctx, payload, (int)strlen(payload));
-    munge_ctx_destroy(ctx);
-    if (me != EMUNGE_SUCCESS) {
-      free(mcred);
-      return seterr(c, PS_EAUTH, "cannot get a MUNGE credential%s%s: %s",
-                    c->munge_socket ? " from " : "", c->munge_socket ? c->munge_socket : "",
-                    munge_strerror(me));
-    }
-    h.credential.data = (uint8_t *)mcred;
-    h.credential.len = strlen(mcred);
-    h.munge = 1;
-    h.secret.data = c->cred;
-    h.secret.len = c->cred_len;
-  }
+  ps__auth au = {c->cred, c->cred_len, c->munge, c->munge_socket, c->job_id, c->step_id};
+  char aerr[512];
+  int arc = ps__hello_auth(&h, &au, &mcred, aerr, sizeof aerr);
+  if (arc) return seterr(c, arc, "%s", aerr);
   h.client_id = cid;
   h.split_threshold = c->placer.split_threshold;
   h.max_slice_bytes = c->placer.max_slice_bytes;
@@ -808,10 +791,18 @@ int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
   if (!rc)
     rc = getenv_int("PS_REQUEST_TIMEOUT_MS", 0, 0, 0, 1 << 30, &cfg.request_timeout_ms, e,
                     sizeof e);
+  /* Placement inputs: every worker of a job must give the same values. */
+  int slice = 0, split = 0;
+  if (!rc)
+    rc = getenv_int("PS_MAX_SLICE_BYTES", 0, 0, 0, (int)PS__MAX_SLICE_BYTES, &slice, e, sizeof e);
+  if (!rc) rc = getenv_int("PS_SPLIT_THRESHOLD", 0, 0, 0, 1 << 30, &split, e, sizeof e);
+  cfg.max_slice_bytes = (uint64_t)slice;
+  cfg.split_threshold = (uint64_t)split;
   if (rc) {
     if (errmsg) snprintf(errmsg, errlen, "%s", e);
     return rc;
   }
+  cfg.telemetry = getenv("PS_TELEMETRY"); /* psrun --telemetry */
   const char *secret = getenv("PS_SECRET"); /* psrun's per-run secret */
   if (secret && *secret) {
     cfg.credential = secret;
@@ -910,6 +901,9 @@ int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg, size_t
     seterr(c, rc, "bad placement thresholds");
     goto fail;
   }
+  rc = ps__telem_init(&c->telem, cfg->telemetry, c->worker_index, c->num_ps, c->errmsg,
+                      sizeof c->errmsg);
+  if (rc) goto fail;
   for (int i = 0; i < c->num_ps; i++) {
     ps__conn *k = &c->conns[i];
     k->index = i;
@@ -931,6 +925,7 @@ int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg, size_t
     rc = hello_one(c, &c->conns[i], deadline + 10.0, cfg);
     if (rc) goto fail;
   }
+  ps__telem_idle(&c->telem, now_s());
   *out = c;
   return 0;
 fail:
@@ -982,6 +977,7 @@ void ps_client_destroy(ps_client *c) {
   free(c->segcount);
   free(c->cred);
   free(c->munge_socket);
+  ps__telem_free(&c->telem);
   free(c);
 }
 
@@ -1290,7 +1286,8 @@ static int check_vars(ps_client *c, ps_var *const *vars, size_t n) {
 }
 
 /* Queues one Push of the first k scratch items to ps p (released on error). */
-static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k) {
+static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k,
+                      uint64_t bytes) {
   Ps__Push m = PS__PUSH__INIT;
   m.request_id = r->id;
   m.step = step;
@@ -1303,6 +1300,7 @@ static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k) {
     return rc;
   }
   expect(r, p, 1);
+  ps__telem_bytes(&c->telem, p, 0, bytes);
   return 0;
 }
 
@@ -1324,7 +1322,7 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
     FOR_SLICES(c, vars, n, p, s, {
       if (k && (bytes + s->length * sizeof(float) > PS__MAX_DATA ||
                 k == PS__MAX_ITEMS_PER_FRAME)) {
-        if ((rc = push_frame(c, r, p, step, k)) != 0) return rc;
+        if ((rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
         k = 0;
         bytes = 0;
       }
@@ -1337,7 +1335,7 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
       bytes += s->length * sizeof(float);
       k++;
     });
-    if (k && (rc = push_frame(c, r, p, step, k)) != 0) return rc;
+    if (k && (rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
     conn_flush(c, &c->conns[p]);
   }
   if (r->pending == 0) req_finish(c, r);
@@ -1394,6 +1392,7 @@ int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out) {
   if (rc) return rc;
   rc = ps_req_wait(r, -1, step_out);
   req_release(c, r);
+  ps__telem_idle(&c->telem, now_s());
   return rc;
 }
 
@@ -1490,6 +1489,8 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   /* The pull goes first, so the servers answer each slice the moment its
    * update is applied, while the rest of the push is still arriving. */
   ps_req *pull = NULL, *push = NULL;
+  uint64_t from = *step;
+  ps__telem_step_begin(&c->telem, now_s());
   uint64_t want = c->async_mode ? 0 : *step + 1;
   int rc = ps_client_pull_async(c, want, NULL, 0, &pull);
   if (rc) return rc;
@@ -1499,10 +1500,13 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
     return rc;
   }
   int prc = ps_req_wait(push, -1, NULL);
+  double push_done = now_s();
   char pmsg[sizeof c->errmsg];
   if (prc && prc != PS_ESTALE) snprintf(pmsg, sizeof pmsg, "%s", c->errmsg);
   uint64_t got = 0;
   int lrc = ps_req_wait(pull, -1, &got);
+  ps__telem_step_end(&c->telem, from, push_done, pull->first_reply_at, prc == PS_ESTALE,
+                     now_s());
   req_release(c, push);
   req_release(c, pull);
   if (prc && prc != PS_ESTALE) {
@@ -1518,6 +1522,8 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
 
 int ps_client_finish(ps_client *c) {
   if (!c) return PS_EINVAL;
+  Ps__WorkerSummary summary;
+  int have_summary = c->telem.on && ps__telem_summary(&c->telem, &summary) == 0;
   ps_req *r = req_new(c, REQ_FINISH);
   if (!r) return seterr(c, PS_ENOMEM, "out of memory");
   int rc = 0;
@@ -1528,6 +1534,7 @@ int ps_client_finish(ps_client *c) {
     }
     Ps__Finish m = PS__FINISH__INIT;
     m.request_id = r->id;
+    m.summary = have_summary ? &summary : NULL; /* for ps0's end-of-run table */
     rc = queue_frame(c, &c->conns[p], PS__MSG_FINISH, &m.base, NULL, NULL, 0);
     if (rc == 0) expect(r, p, 1);
   }

@@ -131,11 +131,16 @@ int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
 }
 
 const char *ps__msg_name(unsigned type) {
-  static const char *const names[] = {
-      "NONE",  "HELLO",      "HELLO_REPLY", "ERROR",     "ACK",
-      "REGISTER", "REGISTER_REPLY", "INIT", "PUSH", "PUSH_REPLY",
-      "PULL",  "PULL_REPLY", "FINISH", "CHECKPOINT", "CHECKPOINT_REPLY"};
-  if (type == 0 || type >= PS__MSG_MAX_) return "UNKNOWN";
+  static const char *const names[PS__MSG_MAX_] = {
+      [PS__MSG_HELLO] = "HELLO",         [PS__MSG_HELLO_REPLY] = "HELLO_REPLY",
+      [PS__MSG_ERROR] = "ERROR",         [PS__MSG_ACK] = "ACK",
+      [PS__MSG_REGISTER] = "REGISTER",   [PS__MSG_REGISTER_REPLY] = "REGISTER_REPLY",
+      [PS__MSG_INIT] = "INIT",           [PS__MSG_PUSH] = "PUSH",
+      [PS__MSG_PUSH_REPLY] = "PUSH_REPLY", [PS__MSG_PULL] = "PULL",
+      [PS__MSG_PULL_REPLY] = "PULL_REPLY", [PS__MSG_FINISH] = "FINISH",
+      [PS__MSG_CHECKPOINT] = "CHECKPOINT", [PS__MSG_CHECKPOINT_REPLY] = "CHECKPOINT_REPLY",
+      [PS__MSG_STATS] = "STATS",         [PS__MSG_STATS_REPLY] = "STATS_REPLY"};
+  if (type >= PS__MSG_MAX_ || !names[type]) return "UNKNOWN";
   return names[type];
 }
 

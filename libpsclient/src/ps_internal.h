@@ -55,9 +55,11 @@ typedef enum ps__msg_type {
   PS__MSG_PULL = 10,
   PS__MSG_PULL_REPLY = 11,
   PS__MSG_FINISH = 12,
-  PS__MSG_CHECKPOINT = 13,
-  PS__MSG_CHECKPOINT_REPLY = 14,
-  PS__MSG_MAX_ = 15 /* one past the last valid type */
+  PS__MSG_CHECKPOINT = 13,       /* chief: checkpoint at a step (prepare/commit) */
+  PS__MSG_CHECKPOINT_REPLY = 14, /* accepted or not, and how far the server is */
+  PS__MSG_STATS = 15,        /* admin: counters please */
+  PS__MSG_STATS_REPLY = 16,  /* the counters */
+  PS__MSG_MAX_ = 17 /* one past the last valid type */
 } ps__msg_type;
 
 typedef struct ps__frame_header {
@@ -163,6 +165,31 @@ int ps__outq_detach(ps__outq *q, void *ref);
 /* Drops everything (releasing references) and frees the queue. */
 void ps__outq_free(ps__outq *q);
 
+/* ---- authentication (auth.c) ------------------------------------------ */
+
+/* How a peer proves it belongs to the job. */
+typedef struct ps__auth {
+  const void *secret;       /* shared secret (may be NULL) */
+  size_t secret_len;        /* its bytes */
+  int munge;                /* also present a fresh MUNGE credential */
+  const char *munge_socket; /* munged socket, NULL: MUNGE's default */
+  long long job_id;         /* what the MUNGE payload names */
+  long long step_id;
+} ps__auth;
+
+struct Ps__Hello;
+/* Fills the credential fields of h. *mcred gets a MUNGE credential the
+ * caller frees once h is packed. 0, PS_ENOMEM or PS_EAUTH with err. */
+int ps__hello_auth(struct Ps__Hello *h, const ps__auth *a, char **mcred, char *err,
+                   size_t errlen);
+
+struct Ps__StatsReply;
+/* Admin exchange (admin.c): connects to the psd at addr as ROLE_ADMIN,
+ * authenticated with auth, and asks for its counters. *out is freed with
+ * ps__stats_reply__free_unpacked. 0 or a PS_E* code with err. */
+int ps__admin_stats(const char *addr, const ps__auth *auth, int timeout_ms,
+                    struct Ps__StatsReply **out, char *err, size_t errlen);
+
 /* ---- small helpers ---------------------------------------------------- */
 
 /* a*b into *out unless it overflows (returns -1 then). */
@@ -176,6 +203,10 @@ static inline int ps__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
 /* Grows *p (an array of *cap elements of elem bytes) to hold at least
  * need elements, doubling. 0, or -1 (out of memory; *p unchanged). */
 int ps__grow(void **p, size_t *cap, size_t need, size_t elem);
+
+/* p-th percentile (0..100) of v[0..n), sorting v in place; 0 if n == 0
+ * (telemetry.c; psd's summary uses it too). */
+double ps__percentile(double *v, size_t n, double p);
 
 /* Monotonic clock in seconds. */
 double ps__now(void);

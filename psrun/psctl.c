@@ -1,0 +1,282 @@
+/* psctl.c - `psctl stats HOST:PORT [--json]`: asks a running psd for its
+ * counters and current step over the normal protocol, authenticated like
+ * any peer (ROLE_ADMIN Hello with the job's shared secret, and a MUNGE
+ * credential under Slurm), and prints them as text or one JSON object. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ps.pb-c.h"
+#include "ps_internal.h"
+
+/* Longest secret read from --secret-file (psd's own limit is 255 bytes). */
+#define PSCTL_MAX_SECRET 255
+
+typedef struct psctl_opts {
+  int json;               /* --json: one JSON object */
+  char secret_file[1024]; /* --secret-file: the job's shared secret */
+  int munge;              /* --munge: present a MUNGE credential */
+  char munge_socket[1024];/* --munge-socket */
+  long long job_id;       /* --job-id the credential names */
+  long long step_id;      /* --step-id */
+  double timeout_s;       /* --timeout: for the whole exchange */
+} psctl_opts;
+
+typedef enum { P_FLAG, P_STR, P_LL, P_DOUBLE } ptype;
+typedef struct psctl_option {
+  const char *name; /* without "--" */
+  ptype type;       /* value kind */
+  size_t off, size; /* field */
+  const char *def;  /* default */
+  double min, max;  /* numbers: inclusive range */
+  const char *help; /* one line for --help */
+} psctl_option;
+
+#define F(f) offsetof(psctl_opts, f), sizeof(((psctl_opts *)0)->f)
+static const psctl_option OPTS[] = {
+    {"json", P_FLAG, F(json), "0", 0, 0, "print one JSON object instead of text"},
+    {"secret-file", P_STR, F(secret_file), "", 0, 0,
+     "file with the job's shared secret (else $PSD_SECRET, else $PS_SECRET)"},
+    {"munge", P_FLAG, F(munge), "0", 0, 0, "also present a MUNGE credential (psd --munge)"},
+    {"munge-socket", P_STR, F(munge_socket), "", 0, 0, "munged socket (default: MUNGE's)"},
+    {"job-id", P_LL, F(job_id), "-1", -1, 9.2e18,
+     "Slurm job the MUNGE credential names (default $SLURM_JOB_ID)"},
+    {"step-id", P_LL, F(step_id), "-1", -1, 9.2e18,
+     "Slurm step it names (default $SLURM_STEP_ID)"},
+    {"timeout", P_DOUBLE, F(timeout_s), "10", 0.1, 3600, "seconds for the whole exchange"},
+};
+#define NOPTS (sizeof OPTS / sizeof OPTS[0])
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: psctl stats HOST:PORT [OPTIONS]\n"
+             "Asks a running psd for its counters, current step and per-worker\n"
+             "telemetry, authenticated like a worker.\n\n");
+  for (size_t i = 0; i < NOPTS; i++) {
+    char left[64];
+    snprintf(left, sizeof left, OPTS[i].type == P_FLAG ? "--%s" : "--%s VALUE", OPTS[i].name);
+    fprintf(f, "  %-24s %s", left, OPTS[i].help);
+    if (OPTS[i].type != P_FLAG && OPTS[i].def[0]) fprintf(f, " [%s]", OPTS[i].def);
+    fputc('\n', f);
+  }
+  fprintf(f, "  %-24s %s\n", "--help", "print this and exit");
+}
+
+static int set_opt(psctl_opts *o, const psctl_option *d, const char *v, char *err,
+                   size_t errlen) {
+  char *field = (char *)o + d->off, *end;
+  errno = 0;
+  switch (d->type) {
+  case P_FLAG:
+    *(int *)field = strcmp(v, "0") != 0;
+    return 0;
+  case P_STR:
+    if (strlen(v) >= d->size) {
+      snprintf(err, errlen, "--%s is too long", d->name);
+      return -1;
+    }
+    memcpy(field, v, strlen(v) + 1);
+    return 0;
+  case P_LL: {
+    long long x = strtoll(v, &end, 10);
+    if (errno || end == v || *end || x < d->min || (double)x > d->max) {
+      snprintf(err, errlen, "--%s must be an integer from %.0f, got '%s'", d->name, d->min, v);
+      return -1;
+    }
+    *(long long *)field = x;
+    return 0;
+  }
+  case P_DOUBLE: {
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || !isfinite(x) || x < d->min || x > d->max) {
+      snprintf(err, errlen, "--%s must be a number from %g to %g, got '%s'", d->name, d->min,
+               d->max, v);
+      return -1;
+    }
+    *(double *)field = x;
+    return 0;
+  }
+  }
+  return -1;
+}
+
+/* Reads the secret: --secret-file, else $PSD_SECRET, else $PS_SECRET. */
+static int load_secret(const psctl_opts *o, char *buf, size_t cap, size_t *len, char *err,
+                       size_t errlen) {
+  *len = 0;
+  if (o->secret_file[0]) {
+    int fd = open(o->secret_file, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      snprintf(err, errlen, "cannot read --secret-file %s: %s", o->secret_file, strerror(errno));
+      return -1;
+    }
+    ssize_t n = read(fd, buf, cap);
+    close(fd);
+    if (n <= 0 || (size_t)n >= cap) {
+      snprintf(err, errlen, "--secret-file %s must hold 1 to %zu bytes", o->secret_file,
+               cap - 1);
+      return -1;
+    }
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--; /* as psd reads it */
+    *len = (size_t)n;
+    return 0;
+  }
+  const char *s = getenv("PSD_SECRET");
+  if (!s || !*s) s = getenv("PS_SECRET");
+  if (s && *s) {
+    *len = strlen(s) < cap ? strlen(s) : cap - 1;
+    memcpy(buf, s, *len);
+  }
+  return 0;
+}
+
+static void json_str(const char *s) {
+  putchar('"');
+  for (; s && *s; s++) {
+    if (*s == '"' || *s == '\\') printf("\\%c", *s);
+    else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
+    else putchar(*s);
+  }
+  putchar('"');
+}
+
+static void print_json(const char *addr, const Ps__StatsReply *r) {
+  printf("{\"addr\":");
+  json_str(addr);
+  printf(",\"server_id\":");
+  json_str(r->server_id);
+  printf(",\"ps_index\":%u,\"num_ps\":%u,\"num_workers\":%u,\"replicas_to_aggregate\":%u,"
+         "\"async\":%s,\"uptime_s\":%.3f,\"step\":%llu,\"max_step\":%llu,\"slices\":%u,"
+         "\"bytes_held\":%llu,\"stale_dropped\":%llu,\"steps_recorded\":%llu,"
+         "\"agg_ms_p50\":%.4f,\"workers\":[",
+         r->ps_index, r->num_ps, r->num_workers, r->replicas_to_aggregate,
+         r->async_mode ? "true" : "false", r->uptime_s, (unsigned long long)r->step,
+         (unsigned long long)r->max_step, r->slices, (unsigned long long)r->bytes_held,
+         (unsigned long long)r->stale_dropped, (unsigned long long)r->steps_recorded,
+         r->agg_ms_p50);
+  for (size_t i = 0; i < r->n_workers; i++) {
+    const Ps__WorkerStats *w = r->workers[i];
+    printf("%s{\"worker\":%u,\"state\":", i ? "," : "", w->worker);
+    json_str(w->state);
+    printf(",\"pushes\":%llu,\"last_count\":%llu,\"waited_for_ms\":%.4f,\"bytes_in\":%llu,"
+           "\"bytes_out\":%llu,\"arrive_mean_ms\":%.4f}",
+           (unsigned long long)w->pushes, (unsigned long long)w->last_count, w->waited_for_ms,
+           (unsigned long long)w->bytes_in, (unsigned long long)w->bytes_out,
+           w->arrive_mean_ms);
+  }
+  printf("]}\n");
+}
+
+static void print_text(const char *addr, const Ps__StatsReply *r) {
+  printf("%s at %s: ps %u of %u, up %.1f s\n", r->server_id && r->server_id[0] ? r->server_id : "psd",
+         addr, r->ps_index, r->num_ps, r->uptime_s);
+  printf("step %llu (slices between %llu and %llu), %u slices, %.2f MiB of parameters\n",
+         (unsigned long long)r->step, (unsigned long long)r->step,
+         (unsigned long long)r->max_step, r->slices, r->bytes_held / 1048576.0);
+  if (!r->num_workers) {
+    printf("no worker has joined yet\n");
+    return;
+  }
+  printf("%u workers, %s", r->num_workers, r->async_mode ? "async" : "sync");
+  if (!r->async_mode) printf(" averaging %u per step", r->replicas_to_aggregate);
+  printf("; %llu stale gradients dropped; %llu steps recorded, aggregation p50 %.3f ms\n",
+         (unsigned long long)r->stale_dropped, (unsigned long long)r->steps_recorded,
+         r->agg_ms_p50);
+  printf("%-7s %-10s %9s %8s %13s %10s %12s %12s\n", "worker", "state", "pushes", "last",
+         "waited-for ms", "lag ms", "bytes in", "bytes out");
+  for (size_t i = 0; i < r->n_workers; i++) {
+    const Ps__WorkerStats *w = r->workers[i];
+    printf("w%-6u %-10s %9llu %8llu %13.3f %10.3f %12llu %12llu\n", w->worker,
+           w->state ? w->state : "?", (unsigned long long)w->pushes,
+           (unsigned long long)w->last_count, w->waited_for_ms, w->arrive_mean_ms,
+           (unsigned long long)w->bytes_in, (unsigned long long)w->bytes_out);
+  }
+}
+
+int main(int argc, char **argv) {
+  psctl_opts o;
+  char err[1200];
+  memset(&o, 0, sizeof o);
+  for (size_t i = 0; i < NOPTS; i++) set_opt(&o, &OPTS[i], OPTS[i].def, err, sizeof err);
+  const char *pos[2] = {NULL, NULL};
+  int npos = 0;
+  for (int a = 1; a < argc; a++) {
+    const char *arg = argv[a];
+    if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+      usage(stdout);
+      return 0;
+    }
+    if (strncmp(arg, "--", 2) != 0) {
+      if (npos == 2) {
+        fprintf(stderr, "psctl: unexpected argument '%s' (see --help)\n", arg);
+        return 2;
+      }
+      pos[npos++] = arg;
+      continue;
+    }
+    const char *name = arg + 2, *eq = strchr(name, '=');
+    size_t nl = eq ? (size_t)(eq - name) : strlen(name);
+    const psctl_option *d = NULL;
+    for (size_t i = 0; i < NOPTS; i++)
+      if (strlen(OPTS[i].name) == nl && !strncmp(OPTS[i].name, name, nl)) d = &OPTS[i];
+    if (!d) {
+      fprintf(stderr, "psctl: unknown option '%s' (see --help)\n", arg);
+      return 2;
+    }
+    const char *val = eq ? eq + 1 : NULL;
+    if (d->type == P_FLAG) {
+      if (val) {
+        fprintf(stderr, "psctl: option --%s takes no value\n", d->name);
+        return 2;
+      }
+      val = "1";
+    } else if (!val) {
+      if (a + 1 >= argc) {
+        fprintf(stderr, "psctl: option --%s needs a value\n", d->name);
+        return 2;
+      }
+      val = argv[++a];
+    }
+    if (set_opt(&o, d, val, err, sizeof err)) {
+      fprintf(stderr, "psctl: %s\n", err);
+      return 2;
+    }
+  }
+  if (npos != 2 || strcmp(pos[0], "stats") != 0) {
+    fprintf(stderr, "psctl: expected 'psctl stats HOST:PORT' (see --help)\n");
+    return 2;
+  }
+  char secret[PSCTL_MAX_SECRET + 2];
+  size_t slen;
+  if (load_secret(&o, secret, sizeof secret, &slen, err, sizeof err)) {
+    fprintf(stderr, "psctl: %s\n", err);
+    return 2;
+  }
+  if (o.munge) {
+    const char *j = getenv("SLURM_JOB_ID"), *s = getenv("SLURM_STEP_ID");
+    if (o.job_id < 0 && j) o.job_id = atoll(j);
+    if (o.step_id < 0 && s) o.step_id = atoll(s);
+    if (o.job_id < 0) {
+      fprintf(stderr, "psctl: --munge needs --job-id (or $SLURM_JOB_ID)\n");
+      return 2;
+    }
+  }
+  ps__auth au = {slen ? secret : NULL, slen, o.munge,
+                 o.munge_socket[0] ? o.munge_socket : NULL, o.job_id, o.step_id};
+  Ps__StatsReply *r = NULL;
+  int rc = ps__admin_stats(pos[1], &au, (int)(o.timeout_s * 1000), &r, err, sizeof err);
+  if (rc) {
+    fprintf(stderr, "psctl: %s (%s)\n", err, ps_err_name(rc));
+    return 1;
+  }
+  if (o.json) print_json(pos[1], r);
+  else print_text(pos[1], r);
+  ps__stats_reply__free_unpacked(r, NULL);
+  return 0;
+}

@@ -1,0 +1,214 @@
+/* Integration: per-step telemetry (libpsclient/src/telemetry.c and
+ * psd/telemetry.c) with real psd processes, the end-of-run summary, and
+ * psctl's Stats exchange (libpsclient/src/admin.c, psrun/psctl.c). */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps.pb-c.h"
+#include "ps_internal.h"
+#include "testutil.h"
+
+#define SECRET "telemetry-test-secret-0123456789"
+
+/* A worker that sleeps sleep_ms before every step (its "compute"). */
+typedef struct slow_worker {
+  const char *host;      /* the one ps */
+  int worker, nw, steps; /* who, of how many, how long */
+  int sleep_ms;          /* compute time per step */
+  const char *telemetry; /* ps_config.telemetry */
+  int rc;                /* first error */
+  char err[300];
+} slow_worker;
+
+static void *slow_main(void *arg) {
+  slow_worker *s = arg;
+  const char *hosts[1] = {s->host};
+  ps_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.hosts = hosts;
+  cfg.num_ps = 1;
+  cfg.worker_index = s->worker;
+  cfg.num_workers = s->nw;
+  cfg.credential = SECRET;
+  cfg.credential_len = strlen(SECRET);
+  cfg.telemetry = s->telemetry;
+  ps_client *c = NULL;
+  s->rc = ps_client_create(&cfg, &c, s->err, sizeof s->err);
+  if (s->rc) return NULL;
+  int64_t shape[1] = {16};
+  ps_var *v;
+  s->rc = ps_client_var_create(c, "v", shape, 1, NULL, NULL, &v);
+  uint64_t step = 0;
+  if (!s->rc) s->rc = ps_client_pull(c, 0, &step);
+  for (int i = 0; i < s->steps && !s->rc; i++) {
+    struct timespec ts = {0, s->sleep_ms * 1000000L};
+    nanosleep(&ts, NULL);
+    s->rc = ps_client_step(c, &step, NULL);
+  }
+  if (!s->rc) s->rc = ps_client_finish(c);
+  if (s->rc) snprintf(s->err, sizeof s->err, "%s", ps_client_errmsg(c));
+  ps_client_destroy(c);
+  return NULL;
+}
+
+/* Median of the numbers after `key` on every line of a JSON-lines file
+ * that contains `filter`; *lines gets how many matched. */
+static double median_field(const char *path, const char *filter, const char *key, int *lines) {
+  char *text = tu_read_file(path);
+  ck_assert_msg(text != NULL, "cannot read %s", path);
+  double v[4096];
+  int n = 0;
+  *lines = 0;
+  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+    if (!strstr(line, filter)) continue;
+    (*lines)++;
+    char *p = strstr(line, key);
+    ck_assert_msg(p != NULL, "line without %s: %s", key, line);
+    if (n < 4096) v[n++] = strtod(p + strlen(key), NULL);
+  }
+  free(text);
+  return ps__percentile(v, (size_t)n, 50);
+}
+
+/* Two workers, one 6 ms slower per step: psd's summary names it the
+ * straggler, the other's records show it waiting for the aggregate, and
+ * both files hold one record per step. */
+START_TEST(test_straggler_summary) {
+  enum { STEPS = 40 };
+  char sum[600], pst[600], wt[2][600];
+  snprintf(sum, sizeof sum, "%s/summary.txt", tu_tmpdir());
+  snprintf(pst, sizeof pst, "%s/tel.ps0", tu_tmpdir());
+  tu_psd_secret = SECRET;
+  tu_psd ps;
+  const char *args[] = {"--workers", "2", "--summary", sum, "--telemetry", pst, NULL};
+  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  tu_psd_secret = NULL;
+  slow_worker w[2];
+  pthread_t th[2];
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < 2; i++) {
+    snprintf(wt[i], sizeof wt[i], "%s/tel.w%d", tu_tmpdir(), i);
+    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 8 : 2, wt[i], 0, ""};
+    pthread_create(&th[i], NULL, slow_main, &w[i]);
+  }
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
+  }
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+  ck_assert(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 0);
+
+  char *s = tu_read_file(sum);
+  ck_assert_msg(s != NULL, "no summary at %s", sum);
+  ck_assert_msg(strstr(s, "straggler: w1 arrived last"), "summary without w1 as straggler:\n%s",
+                s);
+  ck_assert_msg(strstr(s, "w1*"), "straggler not marked:\n%s", s);
+  ck_assert_msg(strstr(s, "stale gradients dropped: 0"), "%s", s);
+  ck_assert_msg(strstr(s, "gradients in"), "no bytes per shard:\n%s", s);
+  free(s);
+
+  int n0, n1, np;
+  double wait0 = median_field(wt[0], "\"rank\":0", "\"wait_ms\":", &n0);
+  double comp1 = median_field(wt[1], "\"rank\":1", "\"compute_ms\":", &n1);
+  double wait1 = median_field(wt[1], "\"rank\":1", "\"wait_ms\":", &n1);
+  ck_assert_int_eq(n0, STEPS);
+  ck_assert_int_eq(n1, STEPS);
+  /* w0 computes 2 ms, w1 8 ms: w0 waits about 6 ms for the aggregate. */
+  ck_assert_msg(wait0 > 3.0 && wait0 < 60.0, "w0 median wait %.3f ms", wait0);
+  ck_assert_msg(wait1 < wait0, "the straggler waited %.3f ms, the other %.3f ms", wait1, wait0);
+  ck_assert_msg(comp1 >= 7.5, "w1 median compute %.3f ms (sleeps 8)", comp1);
+  double lag = median_field(pst, "\"type\":\"ps\"", "\"waited_for_last_ms\":", &np);
+  ck_assert_int_eq(np, STEPS);
+  ck_assert_msg(lag > 3.0, "psd saw the others wait %.3f ms for the last", lag);
+  int last1;
+  median_field(pst, "\"last\":1,", "\"step\":", &last1);
+  ck_assert_msg(last1 >= STEPS * 3 / 4, "w1 last in only %d of %d steps", last1, STEPS);
+}
+END_TEST
+
+/* psctl's exchange: the right secret gets the counters, a wrong one is
+ * refused by name, and the binary prints text and JSON. */
+START_TEST(test_stats) {
+  tu_psd_secret = SECRET;
+  tu_psd ps;
+  const char *args[] = {"--workers", "3", NULL};
+  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  tu_psd_secret = NULL;
+  ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, 0};
+  Ps__StatsReply *r = NULL;
+  char err[600];
+  int rc = ps__admin_stats(ps.addr, &au, 5000, &r, err, sizeof err);
+  ck_assert_msg(rc == 0, "stats: %s (%s)", ps_strerror(rc), err);
+  ck_assert_uint_eq(r->num_workers, 0);
+  ck_assert_uint_eq(r->num_ps, 1);
+  ck_assert_str_eq(r->server_id, "ps0");
+  ps__stats_reply__free_unpacked(r, NULL);
+
+  ps__auth bad = {"wrong-secret-wrong-secret", 25, 0, NULL, 0, 0};
+  rc = ps__admin_stats(ps.addr, &bad, 5000, &r, err, sizeof err);
+  ck_assert_int_eq(rc, PS_EAUTH);
+  ck_assert_msg(strstr(err, "authentication failed"), "%s", err);
+  ck_assert_ptr_null(r);
+
+  /* The binary, next to psd. */
+  const char *psd = getenv("PSD_BIN");
+  ck_assert_ptr_nonnull(psd);
+  char cmd[2048], out[600];
+  snprintf(out, sizeof out, "%s/psctl.out", tu_tmpdir());
+  snprintf(cmd, sizeof cmd,
+           "d=$(dirname '%s'); PSD_SECRET=%s \"$d/psctl\" stats %s --json > %s && "
+           "PSD_SECRET=%s \"$d/psctl\" stats %s >> %s",
+           psd, SECRET, ps.addr, out, SECRET, ps.addr, out);
+  ck_assert_int_eq(system(cmd), 0);
+  char *text = tu_read_file(out);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_msg(strstr(text, "{\"addr\":") && strstr(text, "\"num_workers\":0"), "%s", text);
+  ck_assert_msg(strstr(text, "no worker has joined yet"), "%s", text);
+  free(text);
+  snprintf(cmd, sizeof cmd, "d=$(dirname '%s'); \"$d/psctl\" stats nonsense 2>/dev/null", psd);
+  int st = system(cmd);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "psctl accepted a bad address");
+
+  /* An admin connection may ask for Stats only: anything else closes it. */
+  int fd = tu_connect(ps.addr);
+  ck_assert_int_ge(fd, 0);
+  Ps__Hello h = PS__HELLO__INIT;
+  h.protocol_version = PS__PROTOCOL_VERSION;
+  h.role = PS__ROLE__ROLE_ADMIN;
+  h.credential.data = (uint8_t *)SECRET;
+  h.credential.len = strlen(SECRET);
+  uint8_t buf[512];
+  size_t hl = ps__hello__get_packed_size(&h);
+  ps__header_encode(buf, PS__MSG_HELLO, (uint32_t)hl, 0);
+  ps__hello__pack(&h, buf + PS__HEADER_SIZE);
+  Ps__Finish fin = PS__FINISH__INIT;
+  fin.request_id = 1;
+  size_t fl = ps__finish__get_packed_size(&fin);
+  ps__header_encode(buf + PS__HEADER_SIZE + hl, PS__MSG_FINISH, (uint32_t)fl, 0);
+  ps__finish__pack(&fin, buf + 2 * PS__HEADER_SIZE + hl);
+  ck_assert_int_eq(tu_send_all(fd, buf, 2 * PS__HEADER_SIZE + hl + fl), 0);
+  uint8_t in[4096];
+  size_t n = 0;
+  ck_assert_int_eq(tu_read_until_eof(fd, in, sizeof in, 5.0, &n), 1);
+  close(fd);
+  ck_assert_msg(memmem(in, n, "may only send STATS", 19), "no refusal in %zu bytes", n);
+  ck_assert(tu_log_contains(&ps, "may only send STATS"));
+  tu_psd_kill(&ps);
+}
+END_TEST
+
+Suite *suite_telemetry(void) {
+  Suite *s = suite_create("telemetry");
+  TCase *tc = tcase_create("telemetry");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_straggler_summary);
+  tcase_add_test(tc, test_stats);
+  suite_add_tcase(s, tc);
+  return s;
+}
