@@ -69,12 +69,9 @@ preemption() {
     grep -q "requeueing" "$out" 2>/dev/null && break
     sleep 0.2
   done
-  for _ in $(seq 50); do
-    squeue -h -j "$job" -t PD 2>/dev/null | grep -q . && break
-    sleep 0.2
-  done
-  scontrol update JobId="$job" StartTime=now >/dev/null 2>&1
   for _ in $(seq 900); do
+    squeue -h -j "$job" -t PD -o %r 2>/dev/null | grep -q BeginTime &&
+      scontrol update JobId="$job" StartTime=now >/dev/null 2>&1
     grep -q '"test_accuracy":[0-9]' "$out" 2>/dev/null &&
       [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
     sleep 0.2
