@@ -20,7 +20,7 @@ static const suite_entry SUITES[] = {
     {"layout", suite_layout},       {"psrun", suite_psrun},
     {"cnn", suite_cnn},             {"cifar_data", suite_cifar_data},
     {"cifar", suite_cifar},         {"churn", suite_churn},
-    {"auth", suite_auth},
+    {"auth", suite_auth},           {"cuda_ops", suite_cuda_ops},
 };
 
 int main(int argc, char **argv) {

@@ -25,6 +25,7 @@ Suite *suite_cifar_data(void);
 Suite *suite_cifar(void);
 Suite *suite_churn(void);
 Suite *suite_auth(void);
+Suite *suite_cuda_ops(void);
 
 /* A psd child process. */
 typedef struct tu_psd {
