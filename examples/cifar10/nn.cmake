@@ -29,7 +29,11 @@ if(PS_CUDA_ENABLED)
   target_compile_options(cifar_nn_gpu PRIVATE -Xcompiler=-Wall,-Wextra
                          -Xcompiler=-Wno-unused-parameter)
   set_target_properties(cifar_nn_gpu PROPERTIES CUDA_RUNTIME_LIBRARY Static)
-  target_link_libraries(cifar_nn_gpu PUBLIC cifar_nn CUDA::cudart_static CUDA::cublas)
+  # cuBLAS is opened at run time (dlopen; see nn_cuda.cu): only its headers
+  # here, and the toolkit's library directory as the fallback to search.
+  target_compile_definitions(cifar_nn_gpu PRIVATE
+    CNN_CUBLAS_DIR="${CUDAToolkit_LIBRARY_DIR}")
+  target_link_libraries(cifar_nn_gpu PUBLIC cifar_nn CUDA::cudart_static ${CMAKE_DL_LIBS})
 else()
   add_library(cifar_nn_gpu STATIC ${CMAKE_CURRENT_SOURCE_DIR}/nn_cuda_none.c)
   target_link_libraries(cifar_nn_gpu PUBLIC cifar_nn)
