@@ -21,6 +21,7 @@ static const suite_entry SUITES[] = {
     {"cnn", suite_cnn},             {"cifar_data", suite_cifar_data},
     {"cifar", suite_cifar},         {"churn", suite_churn},
     {"auth", suite_auth},           {"cuda_ops", suite_cuda_ops},
+    {"prefetch", suite_prefetch},
 };
 
 int main(int argc, char **argv) {

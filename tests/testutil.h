@@ -26,6 +26,7 @@ Suite *suite_cifar(void);
 Suite *suite_churn(void);
 Suite *suite_auth(void);
 Suite *suite_cuda_ops(void);
+Suite *suite_prefetch(void);
 
 /* A psd child process. */
 typedef struct tu_psd {

@@ -69,6 +69,8 @@ int cnn_cuda_device_count(void);
 /* Writes a device's name and memory ("NVIDIA H100 80GB HBM3, 79.1 GiB")
  * to buf; -1 if there is no such device. */
 int cnn_cuda_device_name(int device, char *buf, size_t len);
+/* The backend's name: "cpu" or "cuda". */
+const char *cnn_backend_name(const cnn_backend *be);
 /* 1 if this program was built with the CUDA backend. */
 int cnn_cuda_built(void);
 

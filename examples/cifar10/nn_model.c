@@ -161,6 +161,8 @@ static void geoms(int B, cnn_conv_geom *g1, cnn_conv_geom *g2,
   cnn_pool_geom_init(q2, B, 12, 12, 64, 3, 2);
 }
 
+const char *cnn_backend_name(const cnn_backend *be) { return be ? be->name : "none"; }
+
 void *cnn_host_alloc(const cnn_backend *be, size_t bytes) {
   if (!be) return NULL;
   if (be->host_alloc) return be->host_alloc(be, bytes);
