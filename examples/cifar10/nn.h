@@ -169,6 +169,8 @@ double cnn_train_flops(const cnn *m, int B);
  * share of each op. Costs a clock read per op (and a sync on devices). */
 void cnn_profile(cnn *m, int on);
 void cnn_profile_print(const cnn *m, FILE *f);
+/* The profile's total: ms per step (0 before a profiled step). */
+double cnn_profile_ms(const cnn *m);
 
 #ifdef __cplusplus
 }

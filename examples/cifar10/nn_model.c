@@ -676,12 +676,19 @@ void cnn_profile(cnn *m, int on) {
   m->psteps = 0;
 }
 
+double cnn_profile_ms(const cnn *m) {
+  if (!m || m->psteps == 0) return 0.0;
+  double tot = 0.0;
+  for (int i = 0; i < P_N; i++) tot += m->pt[i];
+  return 1e3 * tot / (double)m->psteps;
+}
+
 void cnn_profile_print(const cnn *m, FILE *f) {
   if (!m || !f || m->psteps == 0) return;
   double tot = 0.0;
   for (int i = 0; i < P_N; i++) tot += m->pt[i];
   fprintf(f, "per-step time by op (%ld steps, %.2f ms/step):\n", m->psteps,
-          1e3 * tot / (double)m->psteps);
+          cnn_profile_ms(m));
   for (int i = 0; i < P_N; i++)
     if (m->pt[i] > 0.0)
       fprintf(f, "  %-26s %8.3f ms  %5.1f%%\n", PNAMES[i],
