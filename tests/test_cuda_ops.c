@@ -23,6 +23,7 @@
 
 #include "nn.h"
 #include "nn_backend.h"
+#include "testrand.h"
 #include "nn_cuda_ops.h"
 
 Suite *suite_cuda_ops(void);
@@ -33,26 +34,6 @@ Suite *suite_cuda_ops(void);
     if (!(cond)) ck_abort_msg(__VA_ARGS__); \
   } while (0)
 
-static uint64_t rs;
-static void seed(uint64_t s) { rs = s * 0x9e3779b97f4a7c15ull + 1; }
-static double ur(void) {
-  rs ^= rs << 13;
-  rs ^= rs >> 7;
-  rs ^= rs << 17;
-  return ((double)(rs >> 11) + 0.5) / 9007199254740992.0;
-}
-static float *randn(size_t n, float sd) {
-  float *a = malloc((n ? n : 1) * sizeof(float));
-  ck_assert_ptr_nonnull(a);
-  for (size_t i = 0; i < n; i++)
-    a[i] = sd * (float)(sqrt(-2.0 * log(ur())) * cos(6.283185307179586 * ur()));
-  return a;
-}
-static float *zeros(size_t n) {
-  float *a = calloc(n ? n : 1, sizeof(float));
-  ck_assert_ptr_nonnull(a);
-  return a;
-}
 static float *copy(const float *a, size_t n) {
   float *b = malloc((n ? n : 1) * sizeof(float));
   ck_assert_ptr_nonnull(b);
@@ -70,12 +51,6 @@ static void near(const char *what, const float *a, const float *b, size_t n,
           "%s[%zu]: %.9g, CPU backend %.9g", what, i, (double)a[i],
           (double)b[i]);
   }
-}
-
-static double maxabs(const float *a, size_t n) {
-  double m = 0.0;
-  for (size_t i = 0; i < n; i++) m = fmax(m, fabs(a[i]));
-  return m;
 }
 
 /* ------------------------------------ the kernels, index by index (CPU) */

@@ -237,6 +237,7 @@ static void bench(const opts *o) {
   cnn_destroy(m);
   cnn_host_free(be, img);
   cnn_host_free(be, lab);
+  for (int i = 0; i < 2 * cnn_num_params(); i++) free(bufs[i]);
 }
 
 /* Test accuracy of the current parameters over the whole test set. */
