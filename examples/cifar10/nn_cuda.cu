@@ -50,9 +50,10 @@
 #define BLOCKS_PER_SM 16       /* grid-stride grids: enough to fill an SM */
 #define MAX_ELEMS (1 << 30)    /* int indices (nn_cuda_ops.h) with room for
                                   the grid stride */
-#define CONV_CHUNK_IMAGES 256  /* images per im2col + GEMM: bounds the
-                                  workspace (conv2: 59 MB of col per 64
-                                  images) whatever the batch */
+#define CONV_CHUNK_IMAGES 128  /* images per im2col + GEMM: bounds the
+                                  workspace whatever the batch (conv2's col
+                                  is 118 MB per 128 images) while keeping
+                                  GEMMs of 18432+ rows, enough to fill a GPU */
 #define RED_REGION (1 << 20)   /* floats per scratch region of reductions:
                                   partials of 73728 rows x 64 columns fit */
 #define BLAS_WS_BYTES (32u << 20) /* cuBLAS workspace, fixed so that graph
