@@ -129,7 +129,8 @@ void cnn_bind(cnn *m, int i, float *value, float *grad);
  * of the returned loss: mean cross-entropy over the batch plus the L2 terms
  * (weight decay gradients included). Returns NaN on bad arguments (B out
  * of range, a label > 9, NULL pointers, a parameter not bound), touching
- * nothing. */
+ * nothing, and after a device error (cnn_error says which). On a device
+ * backend the call returns when the gradients are in the bound buffers. */
 float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
                      int B);
 

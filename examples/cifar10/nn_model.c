@@ -604,7 +604,7 @@ float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
   void *g = step_graph_for(m, himg, hlab, B);
   if (!g || be->graph_launch(be, g) != 0) train_ops(m, himg, hlab, B, &t0);
   if (be->sync) be->sync(be);
-  tick(m, P_COPY, &t0);
+  if (!be->host_mapped) tick(m, P_COPY, &t0); /* the downloads' tail */
   if (be->error && be->error(be)) return NAN;
   m->psteps++;
   double loss = (double)m->hloss[LOSS_XENT] / B;
