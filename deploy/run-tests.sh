@@ -6,7 +6,9 @@ bash deploy/build.sh
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600)
 
 # The same suite again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (psd processes started by the tests are sanitized too).
+# (psd processes started by the tests are sanitized too). The CUDA backend
+# is left out of this build and the fuzz build (cmake/Cuda.cmake says why);
+# its kernel bodies still run on the CPU there (ps_tests cuda_ops).
 cmake -S . -B build-asan -DPS_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-asan -j"$(nproc)"
 (cd build-asan && ctest --output-on-failure -j"$(nproc)" --timeout 600)

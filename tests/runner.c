@@ -22,7 +22,8 @@ static const suite_entry SUITES[] = {
     {"cifar", suite_cifar},         {"churn", suite_churn},
     {"auth", suite_auth},           {"checkpoint", suite_checkpoint},
     {"persist", suite_persist},     {"soak", suite_soak},
-    {"telemetry", suite_telemetry},
+    {"telemetry", suite_telemetry}, {"cuda_ops", suite_cuda_ops},
+    {"prefetch", suite_prefetch},
 };
 
 int main(int argc, char **argv) {

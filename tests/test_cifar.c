@@ -293,6 +293,37 @@ START_TEST(test_killed_ps_fails_fast_and_relaunch_resumes) {
 }
 END_TEST
 
+/* --device gpu either trains on a GPU or, where there is none (or the
+ * build has no CUDA), stops at once with a sentence saying so: never a
+ * crash, never a silent fall back to the CPU. --device auto always runs. */
+START_TEST(test_device_gpu_or_clear_error) {
+  char *gpu[] = {(char *)bin("cifar_worker"), "--bench", "--bench-steps", "1", "--batch", "4",
+                 "--threads", "1", "--device", "gpu", NULL};
+  char *out;
+  int rc = run(gpu, &out, 120);
+  if (rc == 0) {
+    ck_assert_msg(strstr(out, "device gpu") && strstr(out, "\"device\":\"cuda\""),
+                  "--device gpu ran, but not on a GPU:\n%s", out);
+  } else {
+    ck_assert_msg(rc == 1, "--device gpu without a GPU: exit %d (want 1):\n%s", rc, out);
+    ck_assert_msg(strstr(out, "cifar_worker: --device gpu: ") != NULL,
+                  "no error sentence:\n%s", out);
+  }
+  free(out);
+  char *autod[] = {(char *)bin("cifar_worker"), "--bench", "--bench-steps", "1", "--batch", "4",
+                   "--threads", "1", "--device", "auto", NULL};
+  rc = run(autod, &out, 120);
+  ck_assert_msg(rc == 0 && strstr(out, "images_per_sec"), "--device auto: exit %d:\n%s", rc,
+                out);
+  free(out);
+  char *bad[] = {(char *)bin("cifar_worker"), "--bench", "--device", "tpu", NULL};
+  rc = run(bad, &out, 60);
+  ck_assert_msg(rc == 1 && strstr(out, "--device must be cpu, gpu or auto, got 'tpu'"),
+                "bad --device: exit %d:\n%s", rc, out);
+  free(out);
+}
+END_TEST
+
 Suite *suite_cifar(void) {
   Suite *s = suite_create("cifar");
   TCase *tc = tcase_create("cifar");
@@ -301,6 +332,7 @@ Suite *suite_cifar(void) {
   tcase_add_test(tc, test_two_workers_equal_one_with_double_batch);
   tcase_add_test(tc, test_preempted_job_resumes_exactly);
   tcase_add_test(tc, test_killed_ps_fails_fast_and_relaunch_resumes);
+  tcase_add_test(tc, test_device_gpu_or_clear_error);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -29,6 +29,8 @@ Suite *suite_checkpoint(void);
 Suite *suite_persist(void);
 Suite *suite_soak(void);
 Suite *suite_telemetry(void);
+Suite *suite_cuda_ops(void);
+Suite *suite_prefetch(void);
 
 /* A psd child process. */
 typedef struct tu_psd {

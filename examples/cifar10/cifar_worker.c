@@ -24,6 +24,7 @@
 
 #include "data.h"
 #include "nn.h"
+#include "prefetch.h"
 #include "psclient.h"
 
 #define IMG_FLOATS (3 * 24 * 24)
@@ -44,6 +45,7 @@ typedef struct opts {
   int bench;           /* --bench */
   int bench_steps;     /* --bench-steps */
   char dump[4096];     /* --dump-params: chief writes the final parameters */
+  char device[8];      /* --device: cpu, gpu or auto */
 } opts;
 
 static double now_s(void) {
@@ -68,6 +70,7 @@ static void usage(FILE *f) {
           "usage: cifar_worker --data DIR [--epochs E | --steps S] [--batch B] [--lr X]\n"
           "                    [--lr-decay RATE:EPOCHS] [--threads T] [--seed N]\n"
           "                    [--metrics FILE] [--eval-every N] [--no-lrn]\n"
+          "                    [--device cpu|gpu|auto]\n"
           "       cifar_worker --bench [--batch B] [--threads T] [--bench-steps N] [--no-lrn]\n"
           "Trains the TensorFlow CIFAR-10 tutorial CNN through psd (run it under psrun).\n"
           "  --data DIR        CIFAR-10 binary files (data_batch_*.bin, test_batch.bin)\n"
@@ -82,6 +85,8 @@ static void usage(FILE *f) {
           "  --eval-every N    chief evaluates test accuracy every N steps [0: at the end]\n"
           "  --no-lrn          drop both LRN layers\n"
           "  --dump-params F   chief writes the final parameters (float32, in order) to F\n"
+          "  --device D        cpu, gpu (CUDA; the GPU Slurm gives the task, else local\n"
+          "                    rank modulo the visible GPUs) or auto (gpu if one is visible) [cpu]\n"
           "  --bench           time the training compute alone (no psd), synthetic data\n");
 }
 
@@ -102,6 +107,7 @@ static void parse(opts *o, int argc, char **argv) {
   o->seed = 1;
   o->lrn = 1;
   o->bench_steps = 10;
+  snprintf(o->device, sizeof o->device, "cpu");
   for (int a = 1; a < argc; a++) {
     const char *f = argv[a];
     if (!strcmp(f, "--help") || !strcmp(f, "-h")) {
@@ -129,6 +135,11 @@ static void parse(opts *o, int argc, char **argv) {
     else if (!strcmp(f, "--eval-every")) o->eval_every = (long)num(f, v, 0, 1e12);
     else if (!strcmp(f, "--bench-steps")) o->bench_steps = (int)num(f, v, 1, 1e6);
     else if (!strcmp(f, "--dump-params")) snprintf(o->dump, sizeof o->dump, "%s", v);
+    else if (!strcmp(f, "--device")) {
+      if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto"))
+        die("--device must be cpu, gpu or auto, got '%s'", v);
+      snprintf(o->device, sizeof o->device, "%s", v);
+    }
     else if (!strcmp(f, "--lr-decay")) {
       char *colon = strchr(v, ':');
       if (!colon) die("--lr-decay must be RATE:EPOCHS (e.g. 0.1:350), got '%s'", v);
@@ -150,11 +161,42 @@ static int default_threads(void) {
   return t < 1 ? 1 : (int)t;
 }
 
+/* The compute backend --device asks for; says which on stderr (w: the
+ * worker index, -1 for --bench). gpu: Slurm's CUDA_VISIBLE_DEVICES leaves
+ * one visible GPU per task; else local rank modulo the visible ones. */
+static const cnn_backend *pick_backend(const opts *o, int w, int threads) {
+  int want_gpu = !strcmp(o->device, "gpu"), maybe = !strcmp(o->device, "auto");
+  char err[512] = "no CUDA device visible", label[32] = "cifar_worker";
+  if (w >= 0) snprintf(label, sizeof label, "cifar_worker %d", w);
+  if (want_gpu || maybe) {
+    int count = cnn_cuda_device_count();
+    const char *why = "";
+    int dev = cnn_cuda_pick_device(count, &why);
+    const cnn_backend *be = NULL;
+    if (!cnn_cuda_built()) cnn_backend_cuda(0, err, sizeof err);
+    else if (dev >= 0) be = cnn_backend_cuda(dev, err, sizeof err);
+    else cnn_backend_cuda(0, err, sizeof err); /* the driver's reason */
+    if (be) {
+      char name[256];
+      const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+      cnn_cuda_device_name(dev, name, sizeof name);
+      fprintf(stderr, "%s: device gpu %d of %d (%s; %s; CUDA_VISIBLE_DEVICES=%s)\n", label, dev,
+              count, name, why, vis ? vis : "unset");
+      return be;
+    }
+    if (want_gpu) die("--device gpu: %s", err);
+    fprintf(stderr, "%s: --device auto: no GPU (%s), using the CPU\n", label, err);
+  }
+  fprintf(stderr, "%s: device cpu (%d threads)\n", label, threads);
+  return cnn_backend_cpu(threads);
+}
+
 /* Values of the parameters for --bench (no parameter server). */
 static void bench(const opts *o) {
   int threads = o->threads ? o->threads : default_threads();
+  const cnn_backend *be = pick_backend(o, -1, threads);
   cnn *m;
-  if (cnn_create(cnn_backend_cpu(threads), o->batch, o->lrn, &m) != 0)
+  if (cnn_create(be, o->batch, o->lrn, &m) != 0)
     die("cannot create the model (out of memory?)");
   float *bufs[64];
   for (int i = 0; i < cnn_num_params(); i++) {
@@ -168,8 +210,8 @@ static void bench(const opts *o) {
     ps_init_fill(&init, p->name, p->shape, p->ndim, bufs[2 * i], n);
     cnn_bind(m, i, bufs[2 * i], bufs[2 * i + 1]);
   }
-  float *img = malloc((size_t)o->batch * IMG_FLOATS * sizeof(float));
-  uint8_t *lab = malloc((size_t)o->batch);
+  float *img = cnn_host_alloc(be, (size_t)o->batch * IMG_FLOATS * sizeof(float));
+  uint8_t *lab = cnn_host_alloc(be, (size_t)o->batch);
   if (!img || !lab) die("out of memory");
   uint64_t x = o->seed * 0x9e3779b97f4a7c15ULL + 1;
   for (size_t i = 0; i < (size_t)o->batch * IMG_FLOATS; i++) {
@@ -188,10 +230,15 @@ static void bench(const opts *o) {
   }
   double dt = now_s() - t0;
   double ips = (double)o->batch * o->bench_steps / dt;
-  printf("{\"images_per_sec\":%.2f,\"threads\":%d,\"batch\":%d,\"lrn\":%s,\"gflops\":%.2f}\n",
+  if (cnn_error(m)) die("training step failed: %s", cnn_error(m));
+  printf("{\"images_per_sec\":%.2f,\"threads\":%d,\"batch\":%d,\"lrn\":%s,\"gflops\":%.2f,"
+         "\"device\":\"%s\"}\n",
          ips, threads, o->batch, o->lrn ? "true" : "false",
-         cnn_train_flops(m, o->batch) * o->bench_steps / dt / 1e9);
+         cnn_train_flops(m, o->batch) * o->bench_steps / dt / 1e9, cnn_backend_name(be));
   cnn_destroy(m);
+  cnn_host_free(be, img);
+  cnn_host_free(be, lab);
+  for (int i = 0; i < 2 * cnn_num_params(); i++) free(bufs[i]);
 }
 
 /* Test accuracy of the current parameters over the whole test set. */
@@ -253,8 +300,9 @@ int main(int argc, char **argv) {
   double steps_per_epoch = (double)train.n / ((double)nw * o.batch);
   long total = o.steps ? o.steps : (long)ceil(o.epochs * steps_per_epoch);
 
+  const cnn_backend *be = pick_backend(&o, w, threads);
   cnn *m;
-  if (cnn_create(cnn_backend_cpu(threads), o.batch, o.lrn, &m) != 0)
+  if (cnn_create(be, o.batch, o.lrn, &m) != 0)
     die("cannot create the model (out of memory?)");
   ps_optimizer opt;
   ps_optimizer_default(&opt, o.lr);
@@ -296,6 +344,19 @@ int main(int argc, char **argv) {
   uint8_t *lab = malloc((size_t)o.batch);
   int *pred = malloc((size_t)o.batch * sizeof *pred);
   if (!img || !lab || !pred) die("out of memory");
+  /* The next batch is made in the background while a step trains, into
+   * page-locked buffers on a GPU (copied by DMA straight from there). */
+  float *pimg[2];
+  uint8_t *plab[2];
+  for (int i = 0; i < 2; i++) {
+    pimg[i] = cnn_host_alloc(be, (size_t)o.batch * IMG_FLOATS * sizeof(float));
+    plab[i] = cnn_host_alloc(be, (size_t)o.batch);
+    if (!pimg[i] || !plab[i]) die("out of memory");
+  }
+  cifar_prefetch *pf = cifar_prefetch_create(sp, o.batch, pimg, plab);
+  if (!pf) die("cannot start the prefetch thread: %s", strerror(errno));
+  const float *bimg;
+  const uint8_t *blab;
 
   double t0 = now_s(), last_report = t0, epoch = 0, acc = NAN;
   uint64_t first_step = step, report_step = step;
@@ -303,8 +364,9 @@ int main(int argc, char **argv) {
   int loss_n = 0;
   float loss = 0;
   while ((long)step < total) {
-    epoch = cifar_sampler_batch(sp, step, o.batch, img, lab);
-    loss = cnn_train_step(m, img, lab, o.batch);
+    epoch = cifar_prefetch_get(pf, step, &bimg, &blab);
+    loss = cnn_train_step(m, bimg, blab, o.batch);
+    if (isnan(loss) && cnn_error(m)) die("training step failed: %s", cnn_error(m));
     loss_sum += loss;
     loss_n++;
     int stale = 0;
@@ -371,7 +433,12 @@ int main(int argc, char **argv) {
     printf("{\"test_accuracy\":null,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
            "\"wall_s\":%.2f,\"worker\":%d,\"loss\":%.4f}\n",
            ips, (unsigned long long)step, (double)step / steps_per_epoch, wall, w, loss);
+  cifar_prefetch_destroy(pf);
   cnn_destroy(m);
+  for (int i = 0; i < 2; i++) {
+    cnn_host_free(be, pimg[i]);
+    cnn_host_free(be, plab[i]);
+  }
   cifar_sampler_destroy(sp);
   cifar_set_free(&train);
   cifar_set_free(&test);

@@ -1,10 +1,12 @@
 # CIFAR-10 data: the library cifar_data (binary loader, per-worker sampler
 # with random crop/flip augmentation, per-image standardization, evaluation
-# batches) and the tool cifar_synth (writes a synthetic data set in the
-# binary format, for tests and users without the real data).
-add_library(cifar_data STATIC ${CMAKE_CURRENT_SOURCE_DIR}/data.c)
+# batches, the background prefetcher of prefetch.h) and the tool
+# cifar_synth (writes a synthetic data set in the binary format, for tests
+# and users without the real data).
+add_library(cifar_data STATIC ${CMAKE_CURRENT_SOURCE_DIR}/data.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/prefetch.c)
 target_include_directories(cifar_data PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
-target_link_libraries(cifar_data PUBLIC m)
+target_link_libraries(cifar_data PUBLIC Threads::Threads m)
 
 add_executable(cifar_synth ${CMAKE_CURRENT_SOURCE_DIR}/cifar_synth.c)
 install(TARGETS cifar_synth RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

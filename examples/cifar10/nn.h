@@ -54,6 +54,33 @@ typedef struct cnn_backend cnn_backend;
  * static object (never freed); NULL if threads < 1. */
 const cnn_backend *cnn_backend_cpu(int threads);
 
+/* The CUDA backend (nn_cuda.cu): every layer op as CUDA kernels, the
+ * GEMMs (convolutions as im2col + GEMM, FC layers) through cuBLAS in
+ * float32, all on one stream of GPU `device` (an index among the visible
+ * devices), plus a copy stream for the parameter and gradient transfers.
+ * Created on first use and kept for the process. Returns NULL with a
+ * sentence in err (when err and errlen > 0) if there is no such device, no
+ * usable driver, or the program was built without CUDA. Its ops must be
+ * called from one thread at a time. */
+const cnn_backend *cnn_backend_cuda(int device, char *err, size_t errlen);
+/* CUDA devices visible to this process (CUDA_VISIBLE_DEVICES applies); 0
+ * without a driver, without a device or built without CUDA. */
+int cnn_cuda_device_count(void);
+/* Writes a device's name and memory ("NVIDIA H100 80GB HBM3, 79.1 GiB")
+ * to buf; -1 if there is no such device. */
+int cnn_cuda_device_name(int device, char *buf, size_t len);
+/* The backend's name: "cpu" or "cuda". */
+const char *cnn_backend_name(const cnn_backend *be);
+/* 1 if this program was built with the CUDA backend. */
+int cnn_cuda_built(void);
+
+/* The GPU a worker uses among `count` visible ones: the only one if there
+ * is one (Slurm's --gpus-per-task gives each task its own through
+ * CUDA_VISIBLE_DEVICES), else the local rank (PS_LOCAL_RANK from psrun,
+ * else SLURM_LOCALID, else 0) modulo count. *why (may be NULL) gets a
+ * static phrase saying which rule chose. -1 if count < 1. */
+int cnn_cuda_pick_device(int count, const char **why);
+
 typedef struct cnn cnn;
 
 /* One parameter tensor: name and shape as in the TF tutorial, initializer
@@ -102,7 +129,8 @@ void cnn_bind(cnn *m, int i, float *value, float *grad);
  * of the returned loss: mean cross-entropy over the batch plus the L2 terms
  * (weight decay gradients included). Returns NaN on bad arguments (B out
  * of range, a label > 9, NULL pointers, a parameter not bound), touching
- * nothing. */
+ * nothing, and after a device error (cnn_error says which). On a device
+ * backend the call returns when the gradients are in the bound buffers. */
 float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
                      int B);
 
@@ -117,6 +145,22 @@ float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
  * last cnn_train_step). For running without a parameter server. */
 void cnn_sgd_local(cnn *m, float lr);
 
+/* Host memory for the inputs of cnn_train_step / cnn_eval: page-locked on
+ * a device backend (the images are then copied by DMA straight from it,
+ * overlapping other work), plain on the CPU; zero-filled; NULL on failure.
+ * Free with cnn_host_free (NULL ok). */
+void *cnn_host_alloc(const cnn_backend *be, size_t bytes);
+void cnn_host_free(const cnn_backend *be, void *p);
+
+/* Device backends record a training step as a graph on first use (per
+ * batch size and input buffers) and replay it (default on); off: every op
+ * is launched each step. For measuring what the graphs save. */
+void cnn_use_graphs(cnn *m, int on);
+
+/* The backend's error (a sentence) after a step or evaluation returned
+ * NaN for it, or NULL. */
+const char *cnn_error(const cnn *m);
+
 /* Floating-point operations (multiply-add = 2) of one training step on B
  * images counting the convolutions and FC layers only (for GFLOP/s). */
 double cnn_train_flops(const cnn *m, int B);
@@ -126,6 +170,8 @@ double cnn_train_flops(const cnn *m, int B);
  * share of each op. Costs a clock read per op (and a sync on devices). */
 void cnn_profile(cnn *m, int on);
 void cnn_profile_print(const cnn *m, FILE *f);
+/* The profile's total: ms per step (0 before a profiled step). */
+double cnn_profile_ms(const cnn *m);
 
 #ifdef __cplusplus
 }

@@ -8,11 +8,15 @@
  *  - "Device" pointers come from be->alloc (for the CPU backend, plain host
  *    memory; host_mapped = 1 says device pointers ARE host pointers, so the
  *    model binds host buffers directly and skips copies).
- *  - Ops run in call order (a CUDA backend: one stream). to_host and the
- *    ops that return a host value wait for everything queued before them;
- *    sync (NULL when ops are synchronous, as on the CPU) waits too.
+ *  - Ops run in call order (a CUDA backend: one stream). to_host waits for
+ *    everything queued before it; sync (NULL when ops are synchronous, as
+ *    on the CPU) waits too. No op returns a value to the host: the loss
+ *    terms land in device floats, so a whole step can be queued (and
+ *    recorded as a CUDA graph) without waiting in the middle.
  *  - Activations are NHWC float32. Row-major matrices. Nothing is
  *    accumulated unless said so: outputs are overwritten.
+ *  - The optional members (host memory, side-stream copies, graphs) are
+ *    NULL on the CPU backend; the model then does without them.
  */
 #ifndef CIFAR_NN_BACKEND_H
 #define CIFAR_NN_BACKEND_H
@@ -124,20 +128,58 @@ struct cnn_backend {
                   const cnn_lrn_param *p, const float *x, const float *scale,
                   const float *dy, int relu_mask, float *dx);
   /* Softmax cross-entropy of logits [B][N] against labels (device uint8).
-   * Returns the SUM over the batch of -log p(label) (on the host). If dlogits
-   * is not NULL: dlogits = (softmax - onehot) * grad_scale. If pred is not
-   * NULL: pred[b] = argmax (device int32). labels may be NULL when dlogits
-   * is NULL: the loss is then 0. */
-  float (*softmax_xent)(const cnn_backend *be, int B, int N,
-                        const float *logits, const uint8_t *labels,
-                        float grad_scale, float *dlogits, int32_t *pred);
-  /* L2 weight decay: dw += wd * w; returns wd * sum(w^2) / 2 (host). */
-  float (*l2_decay)(const cnn_backend *be, size_t n, float wd, const float *w,
-                    float *dw);
+   * Writes to *loss (a device float; NULL: not computed) the SUM over the
+   * batch of -log p(label). If dlogits is not NULL: dlogits = (softmax -
+   * onehot) * grad_scale. If pred is not NULL: pred[b] = argmax (device
+   * int32). labels may be NULL when dlogits is NULL: the loss is then 0. */
+  void (*softmax_xent)(const cnn_backend *be, int B, int N,
+                       const float *logits, const uint8_t *labels,
+                       float grad_scale, float *dlogits, int32_t *pred,
+                       float *loss);
+  /* L2 weight decay: dw += wd * w; *loss = wd * sum(w^2) / 2 (a device
+   * float; NULL: not computed). */
+  void (*l2_decay)(const cnn_backend *be, size_t n, float wd, const float *w,
+                   float *dw, float *loss);
   /* w -= lr * g */
   void (*sgd)(const cnn_backend *be, size_t n, float lr, const float *g,
               float *w);
+
+  /* ---- optional: host memory, overlapped copies, graphs ---- */
+  /* Page-locked host memory (copies from it overlap the ops and may be
+   * recorded in graphs), zero-filled; NULL on failure. */
+  void *(*host_alloc)(const cnn_backend *be, size_t bytes);
+  void (*host_free)(const cnn_backend *be, void *p); /* NULL ok */
+  /* Page-locks caller-owned host memory in place (whole pages); 0 or -1.
+   * Ranges must not overlap a range already registered. */
+  int (*host_register)(const cnn_backend *be, void *p, size_t bytes);
+  void (*host_unregister)(const cnn_backend *be, void *p);
+  /* 1 if p is page-locked host memory (host_alloc'd or registered). */
+  int (*host_pinned)(const cnn_backend *be, const void *p);
+  /* Copies on a second stream, overlapping the ops. upload_async starts a
+   * host->device copy and tags it `slot` (0..CNN_BE_SLOTS-1); upload_wait
+   * makes the ops queued after it wait for that copy. download_async
+   * copies device->host what the ops queued so far have written, while the
+   * ops queued after it run. sync waits for all of them. */
+  void (*upload_async)(const cnn_backend *be, int slot, void *dst,
+                       const void *src, size_t bytes);
+  void (*upload_wait)(const cnn_backend *be, int slot);
+  void (*download_async)(const cnn_backend *be, void *dst, const void *src,
+                         size_t bytes);
+  /* Graphs: between graph_begin (0, or -1: not now) and graph_end the ops
+   * and copies are recorded, not run; graph_end returns a replayable graph
+   * (NULL if recording failed: nothing ran, queue the ops again).
+   * graph_launch queues one replay; graph_free releases (NULL ok). */
+  int (*graph_begin)(const cnn_backend *be);
+  void *(*graph_end)(const cnn_backend *be);
+  int (*graph_launch)(const cnn_backend *be, void *graph);
+  void (*graph_free)(const cnn_backend *be, void *graph);
+  /* The first error an op or copy ran into since the backend started (a
+   * sentence), or NULL. Ops after an error do nothing. */
+  const char *(*error)(const cnn_backend *be);
 };
+
+/* Copy tags of upload_async: one per parameter, the images, the labels. */
+#define CNN_BE_SLOTS 16
 
 #ifdef __cplusplus
 }

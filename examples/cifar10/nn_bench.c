@@ -1,14 +1,24 @@
 /*
- * cnn_bench: training throughput of the CIFAR-10 CNN (nn.h) on the CPU
- * backend with synthetic data and local SGD (no parameter server).
+ * cnn_bench: training throughput of the CIFAR-10 CNN (nn.h) with
+ * synthetic data and local SGD (no parameter server), on the CPU backend
+ * or (--device gpu) the CUDA one.
  *
- *   cnn_bench [--threads T] [--batch B] [--steps N] [--warmup W] [--no-lrn]
- *             [--profile] [--sgemm]
+ *   cnn_bench [--device cpu|gpu] [--gpu N] [--threads T] [--batch B]
+ *             [--steps N] [--warmup W] [--no-lrn] [--no-graphs] [--profile]
+ *             [--sgemm]
  *
  * Prints one JSON line: {"images_per_sec":..,"threads":T,"batch":B,
  * "lrn":1,"gflops":..,"ms_per_step":..,"loss":..}. --profile adds a per-op
  * breakdown on stderr. --sgemm instead measures a 1024^3 SGEMM on one
  * OpenBLAS thread: {"sgemm_gflops":..}.
+ *
+ * On the GPU the line also says where a step's time goes: "ms_eager" (the
+ * same steps with every op launched, no graph: minus ms_per_step, the
+ * launch cost graphs save), "ms_copies" (the step's transfers alone,
+ * unoverlapped: parameters and images up, gradients down, through
+ * page-locked memory) and "ms_ops_synced" (the per-op profile: each op
+ * followed by a wait, i.e. its GPU time plus one launch and one wait).
+ * The step itself overlaps the copies with compute (nn_model.c).
  */
 #include <math.h>
 #include <stdio.h>
@@ -19,7 +29,12 @@
 #include <cblas.h>
 
 #include "nn.h"
+#include "nn_backend.h"
 #include "psclient.h"
+
+#define USAGE                                                              \
+  "usage: cnn_bench [--device cpu|gpu] [--gpu N] [--threads T] [--batch B] " \
+  "[--steps N] [--warmup W] [--no-lrn] [--no-graphs] [--profile] [--sgemm]\n"
 
 static double now_s(void) {
   struct timespec t;
@@ -70,8 +85,53 @@ static int bench_sgemm(void) {
   return 0;
 }
 
+/* ms per step of `steps` steps (train + local SGD). */
+static double time_steps(cnn *m, const float *img, const uint8_t *lab, int batch,
+                         int steps) {
+  double t0 = now_s();
+  for (int s = 0; s < steps; s++) {
+    cnn_train_step(m, img, lab, batch);
+    cnn_sgd_local(m, 0.01f);
+  }
+  return 1e3 * (now_s() - t0) / steps;
+}
+
+/* Appends to the JSON line where a GPU step's time goes (see the top). */
+static void gpu_breakdown(cnn *m, const cnn_backend *be, const float *img,
+                          const uint8_t *lab, int batch, int steps) {
+  cnn_use_graphs(m, 0);
+  time_steps(m, img, lab, batch, 2);
+  double eager = time_steps(m, img, lab, batch, steps);
+  cnn_use_graphs(m, 1);
+  /* transfers of one step, alone: parameters + images up, gradients down */
+  size_t pbytes = 0;
+  for (int i = 0; i < cnn_num_params(); i++) pbytes += cnn_param_numel(i) * sizeof(float);
+  size_t ibytes = (size_t)batch * CNN_IMAGE_FLOATS * sizeof(float) + (size_t)batch;
+  void *h = cnn_host_alloc(be, pbytes + ibytes), *d = be->alloc(be, pbytes + ibytes);
+  double copies = -1;
+  if (h && d) {
+    be->to_device(be, d, h, pbytes + ibytes);
+    double t0 = now_s();
+    for (int r = 0; r < 10; r++) {
+      be->to_device(be, d, h, pbytes + ibytes);
+      be->to_host(be, h, d, pbytes);
+    }
+    copies = 1e3 * (now_s() - t0) / 10;
+  }
+  cnn_host_free(be, h);
+  be->free(be, d);
+  cnn_profile(m, 1);
+  time_steps(m, img, lab, batch, steps);
+  double synced = cnn_profile_ms(m);
+  cnn_profile_print(m, stderr);
+  cnn_profile(m, 0);
+  printf(",\"ms_eager\":%.3f,\"ms_copies\":%.3f,\"ms_ops_synced\":%.3f", eager, copies,
+         synced);
+}
+
 int main(int argc, char **argv) {
   int threads = 1, batch = 128, steps = 20, warmup = 3, lrn = 1, prof = 0;
+  int gpu = 0, gpu_index = 0, graphs = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -80,11 +140,19 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
     else if (!strcmp(a, "--no-lrn")) lrn = 0;
     else if (!strcmp(a, "--profile")) prof = 1;
+    else if (!strcmp(a, "--no-graphs")) graphs = 0;
+    else if (!strcmp(a, "--gpu") && i + 1 < argc) gpu_index = atoi(argv[++i]);
+    else if (!strcmp(a, "--device") && i + 1 < argc) {
+      const char *d = argv[++i];
+      if (strcmp(d, "cpu") && strcmp(d, "gpu")) {
+        fprintf(stderr, "cnn_bench: --device must be cpu or gpu, got '%s'\n", d);
+        return 2;
+      }
+      gpu = !strcmp(d, "gpu");
+    }
     else if (!strcmp(a, "--sgemm")) return bench_sgemm();
     else {
-      fprintf(stderr,
-              "usage: cnn_bench [--threads T] [--batch B] [--steps N] "
-              "[--warmup W] [--no-lrn] [--profile] [--sgemm]\n");
+      fprintf(stderr, USAGE);
       return 2;
     }
   }
@@ -93,6 +161,15 @@ int main(int argc, char **argv) {
     return 2;
   }
   const cnn_backend *be = cnn_backend_cpu(threads);
+  char err[512], name[256] = "";
+  if (gpu) {
+    if (!(be = cnn_backend_cuda(gpu_index, err, sizeof err))) {
+      fprintf(stderr, "cnn_bench: --device gpu: %s\n", err);
+      return 1;
+    }
+    cnn_cuda_device_name(gpu_index, name, sizeof name);
+    threads = 1;
+  }
   cnn *m = NULL;
   if (!be || cnn_create(be, batch, lrn, &m) != 0) {
     fprintf(stderr, "cnn_bench: cnn_create failed\n");
@@ -112,8 +189,9 @@ int main(int argc, char **argv) {
     }
     cnn_bind(m, i, val[i], grad[i]);
   }
-  float *img = malloc(sizeof(float) * (size_t)batch * CNN_IMAGE_FLOATS);
-  uint8_t *lab = malloc((size_t)batch);
+  cnn_use_graphs(m, graphs);
+  float *img = cnn_host_alloc(be, sizeof(float) * (size_t)batch * CNN_IMAGE_FLOATS);
+  uint8_t *lab = cnn_host_alloc(be, (size_t)batch);
   if (!img || !lab) return 1;
   for (size_t i = 0; i < (size_t)batch * CNN_IMAGE_FLOATS; i++) img[i] = nrand();
   for (int b = 0; b < batch; b++) lab[b] = (uint8_t)(urand() * 10.0);
@@ -131,18 +209,27 @@ int main(int argc, char **argv) {
   }
   double dt = now_s() - t0;
   if (prof) cnn_profile_print(m, stderr);
+  if (cnn_error(m)) {
+    fprintf(stderr, "cnn_bench: %s\n", cnn_error(m));
+    return 1;
+  }
   double ips = (double)batch * steps / dt;
   printf("{\"images_per_sec\":%.1f,\"threads\":%d,\"batch\":%d,\"lrn\":%d,"
-         "\"gflops\":%.1f,\"ms_per_step\":%.2f,\"loss\":%.4f,\"impl\":\"c-%s\"}\n",
+         "\"gflops\":%.1f,\"ms_per_step\":%.3f,\"loss\":%.4f,\"impl\":\"c-%s\"",
          ips, threads, batch, lrn,
          cnn_train_flops(m, batch) * steps / dt * 1e-9, 1e3 * dt / steps,
-         loss, "cpu");
+         loss, cnn_backend_name(be));
+  if (gpu) {
+    gpu_breakdown(m, be, img, lab, batch, steps);
+    printf(",\"graphs\":%d,\"device_name\":\"%s\"", graphs, name);
+  }
+  printf("}\n");
   cnn_destroy(m);
   for (int i = 0; i < cnn_num_params(); i++) {
     free(val[i]);
     free(grad[i]);
   }
-  free(img);
-  free(lab);
+  cnn_host_free(be, img);
+  cnn_host_free(be, lab);
   return isfinite(loss) ? 0 : 1;
 }

@@ -722,10 +722,10 @@ static void cpu_lrn_bwd(const cnn_backend *be, size_t rows, int C,
   par_range(be, rows, (size_t)C * 4, lrn_bwd_range, &c);
 }
 
-static float cpu_softmax_xent(const cnn_backend *be, int B, int N,
-                              const float *logits, const uint8_t *labels,
-                              float grad_scale, float *dlogits,
-                              int32_t *pred) {
+static void cpu_softmax_xent(const cnn_backend *be, int B, int N,
+                             const float *logits, const uint8_t *labels,
+                             float grad_scale, float *dlogits, int32_t *pred,
+                             float *loss) {
   (void)be;
   double sum = 0.0;
   for (int b = 0; b < B; b++)
@@ -733,7 +733,7 @@ static float cpu_softmax_xent(const cnn_backend *be, int B, int N,
                                 labels ? (int)labels[b] : -1, grad_scale,
                                 dlogits ? dlogits + (size_t)b * N : NULL,
                                 pred ? pred + b : NULL);
-  return (float)sum;
+  if (loss) *loss = (float)sum;
 }
 
 /* l2: n items cut into nchunks fixed pieces, a partial sum each */
@@ -745,8 +745,8 @@ static void l2_chunk(void *arg, int ch, int tid) {
   c->part[ch] = k_l2(lo, hi, c->f, c->a, c->o);
 }
 
-static float cpu_l2_decay(const cnn_backend *be, size_t n, float wd,
-                          const float *w, float *dw) {
+static void cpu_l2_decay(const cnn_backend *be, size_t n, float wd,
+                         const float *w, float *dw, float *loss) {
   ew_ctx c = {.f = wd, .a = w, .o = dw};
   if (n > (size_t)1 << 30) abort(); /* C holds n */
   c.C = (int)n;
@@ -754,7 +754,7 @@ static float cpu_l2_decay(const cnn_backend *be, size_t n, float wd,
   par_chunks(be, c.nchunks, l2_chunk, &c);
   double ss = 0.0;
   for (int i = 0; i < c.nchunks; i++) ss += c.part[i];
-  return (float)(0.5 * wd * ss);
+  if (loss) *loss = (float)(0.5 * wd * ss);
 }
 
 static void sgd_range(void *vc, size_t lo, size_t hi) {

@@ -2,6 +2,15 @@
  * nn_model.c - the CIFAR-10 tutorial CNN (nn.h) on a backend (nn_backend.h):
  * parameter table, activation buffers, forward, backward, local SGD.
  * Every computation goes through the vtable.
+ *
+ * On a device backend (host_mapped 0) a step is queued without a wait in
+ * the middle: parameters go up on the backend's copy stream, each layer
+ * waits only for its own parameters, each gradient goes down as soon as it
+ * is complete (while the layers below still compute), the loss terms stay
+ * in device floats until the end. The caller's parameter and gradient
+ * buffers are page-locked in place (host_register) so those copies really
+ * overlap, and the whole step is recorded once per (batch, input buffers)
+ * as a graph and replayed (graph_*), which turns ~60 launches into one.
  */
 #include <math.h>
 #include <stdio.h>
@@ -76,26 +85,57 @@ static const char *const PNAMES[P_N] = {
     "conv2 bwd data", "lrn1 bwd", "pool1 bwd (+relu)",
     "conv1 bwd filter+bias", "sgd", "param/grad copies"};
 
+/* Loss terms, each in its own device float: the summed cross-entropy, then
+ * one L2 term per parameter (used for those with weight decay). */
+#define LOSS_XENT 0
+#define LOSS_SLOTS (1 + CNN_NUM_PARAMS)
+/* Upload tags beyond the parameters' (0..CNN_NUM_PARAMS-1). */
+#define SLOT_IMG CNN_NUM_PARAMS
+#define SLOT_LAB (CNN_NUM_PARAMS + 1)
+/* Recorded step graphs kept: one per (batch size, image buffer, label
+ * buffer); a worker double-buffering its input uses two. */
+#define MAX_GRAPHS 4
+/* Page-locked ranges: at most one per bound buffer. */
+#define MAX_PINNED (2 * CNN_NUM_PARAMS)
+
+typedef struct step_graph {
+  int B;                 /* batch size it was recorded for */
+  const void *img, *lab; /* host input buffers its copies read */
+  void *g;               /* the backend's graph; NULL: slot free */
+} step_graph;
+
 struct cnn {
-  const cnn_backend *be;
-  int max_batch, lrn;
+  const cnn_backend *be;  /* ops, memory */
+  int max_batch, lrn;     /* largest batch; LRN layers on */
   float *hval[CNN_NUM_PARAMS], *hgrad[CNN_NUM_PARAMS]; /* caller's */
   float *val[CNN_NUM_PARAMS], *grad[CNN_NUM_PARAMS];   /* device */
-  int owns_dev[CNN_NUM_PARAMS];
+  int owns_dev[CNN_NUM_PARAMS]; /* val/grad allocated here (not host_mapped) */
   float *img;     /* device NCHW staging (not host_mapped) */
   uint8_t *lab;   /* device labels (not host_mapped) */
   int32_t *pred;  /* device predictions */
   int32_t *hpred; /* host staging for predictions */
+  float *dloss;   /* LOSS_SLOTS device floats */
+  float *hloss;   /* their host copy (== dloss when host_mapped) */
+  float *himg;    /* page-locked host staging of the images (not host_mapped) */
+  uint8_t *hlab;  /* ... and of the labels */
   /* activations (NHWC) */
   float *x0, *c1, *p1, *n1, *s1, *c2, *n2, *s2, *p2, *f3, *f4, *lg;
   int32_t *a1, *a2;
   /* gradients */
-  float *dc1, *dp1, *dn1, *dc2, *dn2, *dp2, *df3, *df4, *dlg;
-  void *ws;
-  cnn_lrn_param lp;
-  int prof;
-  double pt[P_N];
-  long psteps;
+  float *dc1, *dp1, *dc2, *dn2, *dp2, *df3, *df4, *dlg, *dn1;
+  void *ws;       /* convolution workspace */
+  cnn_lrn_param lp; /* the LRN layers' parameters */
+  int prof;       /* profiling on (no graphs then: every op is timed) */
+  double pt[P_N]; /* profile: seconds per slot */
+  long psteps;    /* profile: steps timed */
+  int pin_dirty;  /* bindings changed since the buffers were page-locked */
+  int pinned;     /* every bound buffer is page-locked */
+  void *pins[MAX_PINNED]; /* registered ranges (their starts) */
+  int npins;      /* entries of pins */
+  int graphs_on;  /* cnn_use_graphs (default 1) */
+  int graphs_broken; /* recording failed once: stay eager */
+  step_graph graphs[MAX_GRAPHS]; /* recorded steps */
+  int graph_next; /* slot the next recording replaces */
 };
 
 static double now_s(void) {
@@ -121,9 +161,39 @@ static void geoms(int B, cnn_conv_geom *g1, cnn_conv_geom *g2,
   cnn_pool_geom_init(q2, B, 12, 12, 64, 3, 2);
 }
 
+const char *cnn_backend_name(const cnn_backend *be) { return be ? be->name : "none"; }
+
+void *cnn_host_alloc(const cnn_backend *be, size_t bytes) {
+  if (!be) return NULL;
+  if (be->host_alloc) return be->host_alloc(be, bytes);
+  return calloc(1, bytes ? bytes : 1);
+}
+
+void cnn_host_free(const cnn_backend *be, void *p) {
+  if (!be || !p) return;
+  if (be->host_free) be->host_free(be, p);
+  else free(p);
+}
+
+static void graphs_drop(cnn *m) {
+  for (int i = 0; i < MAX_GRAPHS; i++) {
+    if (m->graphs[i].g) m->be->graph_free(m->be, m->graphs[i].g);
+    m->graphs[i] = (step_graph){0, NULL, NULL, NULL};
+  }
+}
+
+static void unpin(cnn *m) {
+  for (int i = 0; i < m->npins; i++) m->be->host_unregister(m->be, m->pins[i]);
+  m->npins = 0;
+  m->pinned = 0;
+}
+
 void cnn_destroy(cnn *m) {
   if (!m) return;
   const cnn_backend *be = m->be;
+  if (be->sync) be->sync(be); /* no copy may still use a buffer */
+  graphs_drop(m);
+  unpin(m);
   for (int i = 0; i < CNN_NUM_PARAMS; i++)
     if (m->owns_dev[i]) {
       be->free(be, m->val[i]);
@@ -132,7 +202,7 @@ void cnn_destroy(cnn *m) {
   void *bufs[] = {m->img, m->lab, m->pred, m->x0, m->c1, m->p1, m->s1,
                   m->c2, m->s2, m->p2, m->f3, m->f4, m->lg, m->a1, m->a2,
                   m->dc1, m->dp1, m->dc2, m->dp2, m->df3, m->df4, m->dlg,
-                  m->ws};
+                  m->ws, m->dloss};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     be->free(be, bufs[i]);
   if (m->lrn) {
@@ -140,6 +210,11 @@ void cnn_destroy(cnn *m) {
     be->free(be, m->n2);
     be->free(be, m->dn1);
     be->free(be, m->dn2);
+  }
+  if (!be->host_mapped) {
+    cnn_host_free(be, m->hloss);
+    cnn_host_free(be, m->himg);
+    cnn_host_free(be, m->hlab);
   }
   free(m->hpred);
   free(m);
@@ -155,15 +230,23 @@ int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out) {
   m->max_batch = max_batch;
   m->lrn = lrn ? 1 : 0;
   m->lp = (cnn_lrn_param){4, 1.0f, 0.001f / 9.0f, 0.75f};
+  m->graphs_on = 1;
   size_t B = (size_t)max_batch, F = sizeof(float);
   size_t a24 = B * 24 * 24 * 64, a12 = B * 12 * 12 * 64, a6 = B * 6 * 6 * 64;
   int ok = 1;
 #define ALLOC(field, bytes) \
   ok = ok && (m->field = be->alloc(be, (bytes))) != NULL
+#define HALLOC(field, bytes) \
+  ok = ok && (m->field = cnn_host_alloc(be, (bytes))) != NULL
   if (!be->host_mapped) {
     ALLOC(img, B * CNN_IMAGE_FLOATS * F);
     ALLOC(lab, B);
+    HALLOC(himg, B * CNN_IMAGE_FLOATS * F);
+    HALLOC(hlab, B);
+    HALLOC(hloss, LOSS_SLOTS * F);
   }
+  ALLOC(dloss, LOSS_SLOTS * F);
+  if (be->host_mapped) m->hloss = m->dloss;
   ALLOC(pred, B * sizeof(int32_t));
   ALLOC(x0, B * CNN_IMAGE_FLOATS * F);
   ALLOC(c1, a24 * F);
@@ -201,6 +284,7 @@ int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out) {
   size_t w1 = be->conv_ws_bytes(be, &g1), w2 = be->conv_ws_bytes(be, &g2);
   ALLOC(ws, w1 > w2 ? w1 : w2);
 #undef ALLOC
+#undef HALLOC
   m->hpred = malloc(B * sizeof(int32_t));
   if (!ok || !m->hpred) {
     cnn_destroy(m);
@@ -213,6 +297,11 @@ int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out) {
 void cnn_bind(cnn *m, int i, float *value, float *grad) {
   if (!m || i < 0 || i >= CNN_NUM_PARAMS) return;
   const cnn_backend *be = m->be;
+  if (m->hval[i] != value || m->hgrad[i] != grad) {
+    if (be->sync) be->sync(be); /* copies may still read the old buffers */
+    m->pin_dirty = 1;
+    graphs_drop(m); /* they copy from and to the old buffers */
+  }
   m->hval[i] = value;
   m->hgrad[i] = grad;
   if (be->host_mapped) {
@@ -228,6 +317,65 @@ void cnn_bind(cnn *m, int i, float *value, float *grad) {
   }
 }
 
+void cnn_use_graphs(cnn *m, int on) {
+  if (!m) return;
+  m->graphs_on = on ? 1 : 0;
+}
+
+/* Pages [start, end) of one bound buffer. */
+typedef struct {
+  uintptr_t start, end;
+} page_range;
+
+static int range_cmp(const void *a, const void *b) {
+  uintptr_t x = ((const page_range *)a)->start, y = ((const page_range *)b)->start;
+  return x < y ? -1 : x > y;
+}
+
+/* Page-locks the caller's parameter and gradient buffers in place, so the
+ * copies to and from them overlap the ops. Separate small buffers often
+ * share a page and the driver refuses to lock a page twice, so the
+ * buffers' page ranges are merged first. Failure is not an error: copies
+ * then go through the driver's own staging, and no graphs are recorded. */
+static void pin_params(cnn *m) {
+  const cnn_backend *be = m->be;
+  if (!m->pin_dirty) return;
+  m->pin_dirty = 0;
+  unpin(m);
+  if (!be->host_register) return;
+  const uintptr_t page = 4096; /* registering rounds to pages anyway */
+  page_range r[MAX_PINNED];
+  int n = 0;
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) {
+    uintptr_t bytes = cnn_param_numel(i) * sizeof(float);
+    float *bufs[2] = {m->hval[i], m->hgrad[i]};
+    for (int k = 0; k < 2; k++) {
+      uintptr_t a = (uintptr_t)bufs[k];
+      r[n].start = a / page * page;
+      r[n].end = (a + bytes + page - 1) / page * page;
+      n++;
+    }
+  }
+  qsort(r, (size_t)n, sizeof r[0], range_cmp);
+  int k = 0;
+  for (int i = 1; i < n; i++) {
+    if (r[i].start <= r[k].end) {
+      if (r[i].end > r[k].end) r[k].end = r[i].end;
+    } else {
+      r[++k] = r[i];
+    }
+  }
+  n = k + 1;
+  for (int i = 0; i < n; i++) {
+    if (be->host_register(be, (void *)r[i].start, r[i].end - r[i].start) != 0) {
+      unpin(m);
+      return;
+    }
+    m->pins[m->npins++] = (void *)r[i].start;
+  }
+  m->pinned = 1;
+}
+
 static int ready(const cnn *m, const float *images, const uint8_t *labels,
                  int B) {
   if (!m || !images || B < 1 || B > m->max_batch) return 0;
@@ -236,27 +384,62 @@ static int ready(const cnn *m, const float *images, const uint8_t *labels,
   if (labels)
     for (int b = 0; b < B; b++)
       if (labels[b] >= CNN_NUM_CLASSES) return 0;
+  if (m->be->error && m->be->error(m->be)) return 0;
   return 1;
 }
 
-static void upload(cnn *m, const float *images, const uint8_t *labels, int B,
+/* The host input buffers the step's copies read: the caller's if they are
+ * page-locked, else the model's page-locked staging, filled here. */
+static void stage_inputs(cnn *m, const float *images, const uint8_t *labels,
+                         int B, const float **himg, const uint8_t **hlab) {
+  const cnn_backend *be = m->be;
+  *himg = images;
+  *hlab = labels;
+  if (be->host_mapped) return;
+  if (!be->host_pinned || !be->host_pinned(be, images)) {
+    memcpy(m->himg, images, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
+    *himg = m->himg;
+  }
+  if (labels && (!be->host_pinned || !be->host_pinned(be, labels))) {
+    memcpy(m->hlab, labels, (size_t)B);
+    *hlab = m->hlab;
+  }
+}
+
+static void up(cnn *m, int slot, void *dst, const void *src, size_t bytes) {
+  const cnn_backend *be = m->be;
+  if (be->upload_async) be->upload_async(be, slot, dst, src, bytes);
+  else be->to_device(be, dst, src, bytes);
+}
+
+static void down(cnn *m, void *dst, const void *src, size_t bytes) {
+  const cnn_backend *be = m->be;
+  if (be->download_async) be->download_async(be, dst, src, bytes);
+  else be->to_host(be, dst, src, bytes);
+}
+
+/* The ops queued after this wait for the upload tagged slot. */
+static void need(cnn *m, int slot) {
+  const cnn_backend *be = m->be;
+  if (!be->host_mapped && be->upload_wait) be->upload_wait(be, slot);
+}
+
+/* Queues the parameter and input uploads; the device inputs to read. */
+static void upload(cnn *m, const float *himg, const uint8_t *hlab, int B,
                    const float **dimg, const uint8_t **dlab) {
   const cnn_backend *be = m->be;
   if (be->host_mapped) {
-    *dimg = images;
-    *dlab = labels;
+    *dimg = himg;
+    *dlab = hlab;
     return;
   }
+  up(m, SLOT_IMG, m->img, himg, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
+  if (hlab) up(m, SLOT_LAB, m->lab, hlab, (size_t)B);
+  /* in the order the forward uses them */
   for (int i = 0; i < CNN_NUM_PARAMS; i++)
-    be->to_device(be, m->val[i], m->hval[i],
-                  cnn_param_numel(i) * sizeof(float));
-  be->to_device(be, m->img, images, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
+    up(m, i, m->val[i], m->hval[i], cnn_param_numel(i) * sizeof(float));
   *dimg = m->img;
-  *dlab = NULL;
-  if (labels) {
-    be->to_device(be, m->lab, labels, (size_t)B);
-    *dlab = m->lab;
-  }
+  *dlab = hlab ? m->lab : NULL;
 }
 
 /* Forward through the logits (m->lg). */
@@ -265,8 +448,11 @@ static void forward(cnn *m, const float *dimg, int B, double *t0) {
   cnn_conv_geom g1, g2;
   cnn_pool_geom q1, q2;
   geoms(B, &g1, &g2, &q1, &q2);
+  need(m, SLOT_IMG);
   be->nchw_to_nhwc(be, B, 3, 24, 24, dimg, m->x0);
   tick(m, P_INPUT, t0);
+  need(m, W1);
+  need(m, B1);
   be->conv_fwd(be, &g1, m->x0, m->val[W1], m->val[B1], 1, m->c1, m->ws);
   tick(m, P_CONV1, t0);
   be->maxpool_fwd(be, &q1, m->c1, m->p1, m->a1);
@@ -275,6 +461,8 @@ static void forward(cnn *m, const float *dimg, int B, double *t0) {
     be->lrn_fwd(be, (size_t)B * 144, 64, &m->lp, m->p1, m->n1, m->s1);
     tick(m, P_LRN1, t0);
   }
+  need(m, W2);
+  need(m, B2);
   be->conv_fwd(be, &g2, m->n1, m->val[W2], m->val[B2], 1, m->c2, m->ws);
   tick(m, P_CONV2, t0);
   if (m->lrn) {
@@ -283,6 +471,7 @@ static void forward(cnn *m, const float *dimg, int B, double *t0) {
   }
   be->maxpool_fwd(be, &q2, m->n2, m->p2, m->a2);
   tick(m, P_POOL2, t0);
+  for (int i = W3; i <= B5; i++) need(m, i);
   be->dense_fwd(be, B, 2304, 384, m->p2, m->val[W3], m->val[B3], 1, m->f3);
   tick(m, P_LOCAL3, t0);
   be->dense_fwd(be, B, 384, 192, m->f3, m->val[W4], m->val[B4], 1, m->f4);
@@ -291,70 +480,137 @@ static void forward(cnn *m, const float *dimg, int B, double *t0) {
   tick(m, P_LOGITS, t0);
 }
 
-float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
-                     int B) {
-  if (!labels || !ready(m, images, labels, B)) return NAN;
+/* Gradient i is complete but for its weight decay: adds that (its loss
+ * term to its slot) and sends the gradient down to the caller's buffer
+ * while the layers below still compute. */
+static void grad_done(cnn *m, int i, double *t0) {
   const cnn_backend *be = m->be;
-  double t0 = m->prof ? now_s() : 0.0;
+  if (PARAMS[i].weight_decay > 0.0) {
+    be->l2_decay(be, cnn_param_numel(i), (float)PARAMS[i].weight_decay,
+                 m->val[i], m->grad[i], m->dloss + 1 + i);
+    tick(m, P_DECAY, t0);
+  }
+  if (!be->host_mapped) {
+    down(m, m->hgrad[i], m->grad[i], cnn_param_numel(i) * sizeof(float));
+    tick(m, P_COPY, t0);
+  }
+}
+
+/* Queues a whole training step: uploads, forward, backward, the gradient
+ * and loss downloads. Waits for nothing (but when profiling). */
+static void train_ops(cnn *m, const float *himg, const uint8_t *hlab, int B,
+                      double *t0) {
+  const cnn_backend *be = m->be;
   const float *dimg;
   const uint8_t *dlab;
-  upload(m, images, labels, B, &dimg, &dlab);
-  tick(m, P_COPY, &t0);
-  forward(m, dimg, B, &t0);
-  float loss = be->softmax_xent(be, B, 10, m->lg, dlab, 1.0f / (float)B,
-                                m->dlg, NULL) / (float)B;
-  tick(m, P_XENT, &t0);
+  upload(m, himg, hlab, B, &dimg, &dlab);
+  tick(m, P_COPY, t0);
+  forward(m, dimg, B, t0);
+  need(m, SLOT_LAB);
+  be->softmax_xent(be, B, 10, m->lg, dlab, 1.0f / (float)B, m->dlg, NULL,
+                   m->dloss + LOSS_XENT);
+  tick(m, P_XENT, t0);
 
   cnn_conv_geom g1, g2;
   cnn_pool_geom q1, q2;
   geoms(B, &g1, &g2, &q1, &q2);
   be->dense_bwd(be, B, 192, 10, m->f4, m->val[W5], m->dlg, m->df4,
                 m->grad[W5], m->grad[B5]);
-  tick(m, P_LOGITS_B, &t0);
+  tick(m, P_LOGITS_B, t0);
+  grad_done(m, W5, t0);
+  grad_done(m, B5, t0);
   be->relu_bwd(be, (size_t)B * 192, m->f4, m->df4);
   be->dense_bwd(be, B, 384, 192, m->f3, m->val[W4], m->df4, m->df3,
                 m->grad[W4], m->grad[B4]);
-  tick(m, P_LOCAL4_B, &t0);
+  tick(m, P_LOCAL4_B, t0);
+  grad_done(m, W4, t0);
+  grad_done(m, B4, t0);
   be->relu_bwd(be, (size_t)B * 384, m->f3, m->df3);
   be->dense_bwd(be, B, 2304, 384, m->p2, m->val[W3], m->df3, m->dp2,
                 m->grad[W3], m->grad[B3]);
-  tick(m, P_LOCAL3_B, &t0);
-  for (int i = 0; i < CNN_NUM_PARAMS; i++)
-    if (PARAMS[i].weight_decay > 0.0)
-      loss += be->l2_decay(be, cnn_param_numel(i),
-                           (float)PARAMS[i].weight_decay, m->val[i],
-                           m->grad[i]);
-  tick(m, P_DECAY, &t0);
+  tick(m, P_LOCAL3_B, t0);
+  grad_done(m, W3, t0);
+  grad_done(m, B3, t0);
   /* pool2 backward; without LRN its input is the ReLU output of conv2 */
   be->maxpool_bwd(be, &q2, m->dp2, m->a2, m->lrn ? NULL : m->c2, m->dn2);
-  tick(m, P_POOL2_B, &t0);
+  tick(m, P_POOL2_B, t0);
   if (m->lrn) {
     be->lrn_bwd(be, (size_t)B * 144, 64, &m->lp, m->c2, m->s2, m->dn2, 1,
                 m->dc2);
-    tick(m, P_LRN2_B, &t0);
+    tick(m, P_LRN2_B, t0);
   }
   be->conv_bwd_filter(be, &g2, m->n1, m->dc2, m->grad[W2], m->grad[B2],
                       m->ws);
-  tick(m, P_CONV2_BF, &t0);
+  tick(m, P_CONV2_BF, t0);
+  grad_done(m, W2, t0);
+  grad_done(m, B2, t0);
   be->conv_bwd_data(be, &g2, m->dc2, m->val[W2], m->dn1, m->ws);
-  tick(m, P_CONV2_BD, &t0);
+  tick(m, P_CONV2_BD, t0);
   if (m->lrn) {
     be->lrn_bwd(be, (size_t)B * 144, 64, &m->lp, m->p1, m->s1, m->dn1, 0,
                 m->dp1);
-    tick(m, P_LRN1_B, &t0);
+    tick(m, P_LRN1_B, t0);
   }
   be->maxpool_bwd(be, &q1, m->dp1, m->a1, m->c1, m->dc1);
-  tick(m, P_POOL1_B, &t0);
+  tick(m, P_POOL1_B, t0);
   be->conv_bwd_filter(be, &g1, m->x0, m->dc1, m->grad[W1], m->grad[B1],
                       m->ws);
-  tick(m, P_CONV1_BF, &t0);
-  if (!be->host_mapped)
-    for (int i = 0; i < CNN_NUM_PARAMS; i++)
-      be->to_host(be, m->hgrad[i], m->grad[i],
-                  cnn_param_numel(i) * sizeof(float));
-  tick(m, P_COPY, &t0);
+  tick(m, P_CONV1_BF, t0);
+  grad_done(m, W1, t0);
+  grad_done(m, B1, t0);
+  if (!be->host_mapped) down(m, m->hloss, m->dloss, LOSS_SLOTS * sizeof(float));
+}
+
+/* The recorded step for this batch and these input buffers, recording it
+ * if there is none; NULL: run the ops eagerly. */
+static void *step_graph_for(cnn *m, const float *himg, const uint8_t *hlab,
+                            int B) {
+  const cnn_backend *be = m->be;
+  if (!be->graph_begin || !be->host_pinned || !m->graphs_on ||
+      m->graphs_broken || m->prof || !m->pinned || !be->host_pinned(be, himg) ||
+      !be->host_pinned(be, hlab))
+    return NULL;
+  for (int i = 0; i < MAX_GRAPHS; i++)
+    if (m->graphs[i].g && m->graphs[i].B == B && m->graphs[i].img == himg &&
+        m->graphs[i].lab == hlab)
+      return m->graphs[i].g;
+  if (be->graph_begin(be) != 0) {
+    m->graphs_broken = 1;
+    return NULL;
+  }
+  double t0 = 0.0;
+  train_ops(m, himg, hlab, B, &t0);
+  void *g = be->graph_end(be);
+  if (!g) {
+    m->graphs_broken = 1;
+    return NULL;
+  }
+  step_graph *s = &m->graphs[m->graph_next];
+  m->graph_next = (m->graph_next + 1) % MAX_GRAPHS;
+  if (s->g) be->graph_free(be, s->g);
+  *s = (step_graph){B, himg, hlab, g};
+  return g;
+}
+
+float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
+                     int B) {
+  if (!labels || !ready(m, images, labels, B)) return NAN;
+  const cnn_backend *be = m->be;
+  double t0 = m->prof ? now_s() : 0.0;
+  const float *himg;
+  const uint8_t *hlab;
+  if (!be->host_mapped) pin_params(m);
+  stage_inputs(m, images, labels, B, &himg, &hlab);
+  void *g = step_graph_for(m, himg, hlab, B);
+  if (!g || be->graph_launch(be, g) != 0) train_ops(m, himg, hlab, B, &t0);
+  if (be->sync) be->sync(be);
+  if (!be->host_mapped) tick(m, P_COPY, &t0); /* the downloads' tail */
+  if (be->error && be->error(be)) return NAN;
   m->psteps++;
-  return loss;
+  double loss = (double)m->hloss[LOSS_XENT] / B;
+  for (int i = 0; i < CNN_NUM_PARAMS; i++)
+    if (PARAMS[i].weight_decay > 0.0) loss += m->hloss[1 + i];
+  return (float)loss;
 }
 
 float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
@@ -362,20 +618,26 @@ float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
   if (!ready(m, images, labels, B)) return NAN;
   const cnn_backend *be = m->be;
   double t0 = 0.0;
-  const float *dimg;
-  const uint8_t *dlab;
+  const float *himg, *dimg;
+  const uint8_t *hlab, *dlab;
   int prof = m->prof;
   m->prof = 0; /* the profile is of training steps */
-  upload(m, images, labels, B, &dimg, &dlab);
+  if (!be->host_mapped) pin_params(m);
+  stage_inputs(m, images, labels, B, &himg, &hlab);
+  upload(m, himg, hlab, B, &dimg, &dlab);
   forward(m, dimg, B, &t0);
-  float sum = be->softmax_xent(be, B, 10, m->lg, dlab, 0.0f, NULL,
-                               pred ? m->pred : NULL);
+  if (hlab) need(m, SLOT_LAB);
+  be->softmax_xent(be, B, 10, m->lg, dlab, 0.0f, NULL, pred ? m->pred : NULL,
+                   m->dloss + LOSS_XENT);
   m->prof = prof;
-  if (pred) {
-    be->to_host(be, m->hpred, m->pred, (size_t)B * sizeof(int32_t));
+  if (!be->host_mapped)
+    be->to_host(be, m->hloss, m->dloss, LOSS_SLOTS * sizeof(float));
+  if (pred) be->to_host(be, m->hpred, m->pred, (size_t)B * sizeof(int32_t));
+  if (be->sync) be->sync(be);
+  if (be->error && be->error(be)) return NAN;
+  if (pred)
     for (int b = 0; b < B; b++) pred[b] = m->hpred[b];
-  }
-  return labels ? sum / (float)B : 0.0f;
+  return labels ? m->hloss[LOSS_XENT] / (float)B : 0.0f;
 }
 
 void cnn_sgd_local(cnn *m, float lr) {
@@ -386,10 +648,15 @@ void cnn_sgd_local(cnn *m, float lr) {
     if (!m->val[i] || !m->grad[i]) continue;
     size_t n = cnn_param_numel(i);
     be->sgd(be, n, lr, m->grad[i], m->val[i]);
-    if (!be->host_mapped)
-      be->to_host(be, m->hval[i], m->val[i], n * sizeof(float));
+    if (!be->host_mapped) down(m, m->hval[i], m->val[i], n * sizeof(float));
   }
+  if (be->sync) be->sync(be);
   tick(m, P_SGD, &t0);
+}
+
+const char *cnn_error(const cnn *m) {
+  if (!m || !m->be->error) return NULL;
+  return m->be->error(m->be);
 }
 
 double cnn_train_flops(const cnn *m, int B) {
@@ -409,12 +676,19 @@ void cnn_profile(cnn *m, int on) {
   m->psteps = 0;
 }
 
+double cnn_profile_ms(const cnn *m) {
+  if (!m || m->psteps == 0) return 0.0;
+  double tot = 0.0;
+  for (int i = 0; i < P_N; i++) tot += m->pt[i];
+  return 1e3 * tot / (double)m->psteps;
+}
+
 void cnn_profile_print(const cnn *m, FILE *f) {
   if (!m || !f || m->psteps == 0) return;
   double tot = 0.0;
   for (int i = 0; i < P_N; i++) tot += m->pt[i];
   fprintf(f, "per-step time by op (%ld steps, %.2f ms/step):\n", m->psteps,
-          1e3 * tot / (double)m->psteps);
+          cnn_profile_ms(m));
   for (int i = 0; i < P_N; i++)
     if (m->pt[i] > 0.0)
       fprintf(f, "  %-26s %8.3f ms  %5.1f%%\n", PNAMES[i],
