@@ -332,7 +332,14 @@ int psd_ckpt_read(const char *path, uint64_t max_bytes, psd_ckpt_image *img, cha
     got += (size_t)n;
   }
   close(fd);
+  return psd_ckpt_parse(img, err, errlen);
+}
+
+int psd_ckpt_parse(psd_ckpt_image *img, char *err, size_t errlen) {
   const uint8_t *b = img->buf;
+  img->recs = NULL;
+  if (img->len < HDR_SIZE + END_SIZE)
+    return bad(img, err, errlen, "only %zu bytes (truncated)", img->len);
   if (memcmp(b, HDR_MAGIC, 8) != 0) return bad(img, err, errlen, "not a psd checkpoint");
   if (get32(b + 8) != PSD_CKPT_VERSION)
     return bad(img, err, errlen, "format version %u, this psd reads version %d", get32(b + 8),

@@ -95,6 +95,10 @@ void psd_ckpt_writer_init(psd_ckpt_writer *w);
  * problem in err. */
 int psd_ckpt_read(const char *path, uint64_t max_bytes, psd_ckpt_image *img, char *err,
                   size_t errlen);
+/* Checks and indexes img->buf (img->len bytes, malloc'd; img->path names
+ * it in messages): what psd_ckpt_read does once the file is in memory.
+ * 0, or -1 with err (img is then freed, buf included). */
+int psd_ckpt_parse(psd_ckpt_image *img, char *err, size_t errlen);
 void psd_ckpt_image_free(psd_ckpt_image *img);
 
 /* Finds the checkpoint this ps restores from: the newest step for which all
