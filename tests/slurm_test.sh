@@ -87,6 +87,29 @@ preemption() {
     scancel "$job" 2>/dev/null
     bad "loopback: preemption and requeue (stopped at '${stop_step}')" "$out"
   fi
+
+  # scancel --signal=USR1 (every task of the job) on an srun job, then the
+  # same srun again.
+  out=$WORK/preempt2.log
+  timeout 300 srun -J psd-preempt2 -N2 -n3 "$BIN/psrun" --ps=1 --checkpoint-dir "$WORK/ck2" -- \
+    "$BIN/cifar_worker" --data "$synth" $args --dump-params "$WORK/resumed2.bin" >"$out" 2>&1 &
+  local srun_pid=$!
+  for _ in $(seq 300); do
+    grep -q 'w0 step' "$out" 2>/dev/null && break
+    sleep 0.2
+  done
+  scancel --signal=USR1 "$(squeue -h -n psd-preempt2 -o %i | head -1)"
+  wait $srun_pid
+  local rc1=$?
+  timeout 300 srun -J psd-preempt2 -N2 -n3 "$BIN/psrun" --ps=1 --checkpoint-dir "$WORK/ck2" -- \
+    "$BIN/cifar_worker" --data "$synth" $args --dump-params "$WORK/resumed2.bin" >>"$out" 2>&1
+  local rc2=$?
+  stop_step=$(sed -n 's/.*checkpointed step \([0-9]*\);.*/\1/p' "$out" | head -1)
+  if [ $rc1 -eq 75 ] && [ $rc2 -eq 0 ] && [ -n "$stop_step" ] &&
+     grep -q "resuming at step $stop_step\$" "$out" &&
+     cmp -s "$WORK/ref.bin" "$WORK/resumed2.bin" && no_leftovers 0; then
+    ok "loopback: scancel --signal=USR1: exit 75 at step $stop_step, srun again resumes, parameters equal"
+  else bad "loopback: scancel --signal=USR1 (exit $rc1 then $rc2)" "$out"; fi
 }
 
 scenarios() {
@@ -98,8 +121,10 @@ scenarios() {
   if timeout 120 srun -N4 -n8 --ntasks-per-node=2 "$BIN/psrun" --ps=2 -- \
       "$BIN/tiny_worker" --steps 101 >"$out" 2>&1 &&
      [ "$(grep -c '"steps":101' "$out")" -eq 6 ] &&
-     ! grep -q '"accuracy":0\.[0-8]' "$out"; then
-    ok "$mode: srun -N4 -n8 psrun --ps=2 trains and exits 0"
+     ! grep -q '"accuracy":0\.[0-8]' "$out" &&
+     grep -q "psd telemetry summary: ps0 of 2, 6 workers, 101 steps" "$out" &&
+     [ "$(grep -c '^w[0-5]\*\? ' "$out")" -eq 6 ]; then
+    ok "$mode: srun -N4 -n8 psrun --ps=2 trains and exits 0; ps0 prints the telemetry summary"
   else bad "$mode: srun -N4 -n8 psrun --ps=2" "$out"; fi
 
   # 2. PMI-2 carries the rendezvous address.
