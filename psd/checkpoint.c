@@ -492,23 +492,47 @@ static uint32_t other_count(const char *stepdir, uint32_t num_ps) {
   return found;
 }
 
+/* All num_ps files of DIR/step-N exist. */
+static int step_complete(const char *dir, uint64_t step, uint32_t num_ps) {
+  char f[PSD_CKPT_PATH_MAX + 96];
+  for (uint32_t i = 0; i < num_ps; i++) {
+    snprintf(f, sizeof f, "%s/step-%012" PRIu64 "/ps-%u-of-%u.ckpt", dir, step, i, num_ps);
+    if (!file_exists(f)) return 0;
+  }
+  return 1;
+}
+
+/* --restore=fallback: the other ps's files of a step read back too, so
+ * every ps, deciding alone, falls back to the same step. */
+static int others_usable(const char *dir, uint64_t step, uint32_t ps_index, uint32_t num_ps,
+                         uint64_t max_bytes, char *err, size_t errlen) {
+  for (uint32_t i = 0; i < num_ps; i++) {
+    if (i == ps_index) continue;
+    char f[PSD_CKPT_PATH_MAX + 96];
+    snprintf(f, sizeof f, "%s/step-%012" PRIu64 "/ps-%u-of-%u.ckpt", dir, step, i, num_ps);
+    psd_ckpt_image o;
+    if (psd_ckpt_read(f, max_bytes, &o, err, errlen) != 0) return 0;
+    psd_ckpt_image_free(&o);
+  }
+  return 1;
+}
+
 int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallback,
                   uint64_t max_bytes, psd_ckpt_image *img, char *err, size_t errlen) {
   memset(img, 0, sizeof *img);
+  if (errlen) err[0] = '\0';
   size_t n;
   uint64_t *steps = list_steps(dir, &n);
   int rc = 0;
   uint32_t foreign = 0;
+  uint64_t own = UINT64_MAX; /* a step with only some files, ours among them */
   char first_err[1200] = "";
   for (size_t k = 0; k < n; k++) {
     char sd[PSD_CKPT_PATH_MAX + 32], f[PSD_CKPT_PATH_MAX + 96];
     snprintf(sd, sizeof sd, "%s/step-%012" PRIu64, dir, steps[k]);
-    int complete = 1;
-    for (uint32_t i = 0; i < num_ps && complete; i++) {
-      snprintf(f, sizeof f, "%s/ps-%u-of-%u.ckpt", sd, i, num_ps);
-      complete = file_exists(f);
-    }
-    if (!complete) {
+    if (!step_complete(dir, steps[k], num_ps)) {
+      snprintf(f, sizeof f, "%s/ps-%u-of-%u.ckpt", sd, ps_index, num_ps);
+      if (file_exists(f)) own = steps[k];
       if (!foreign) foreign = other_count(sd, num_ps);
       continue; /* an interrupted checkpoint, or another job shape */
     }
@@ -523,6 +547,9 @@ int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallb
         snprintf(e, sizeof e, "checkpoint %s holds step %" PRIu64 " but lies in step-%012" PRIu64,
                  f, img->meta.step, steps[k]);
         psd_ckpt_image_free(img);
+      } else if (fallback && !others_usable(dir, steps[k], ps_index, num_ps, max_bytes, e,
+                                            sizeof e)) {
+        psd_ckpt_image_free(img); /* every ps must fall back to the same step */
       } else {
         rc = 1;
         break;
@@ -544,6 +571,17 @@ int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallb
              "checkpoint, or --restore=none to start afresh)", first_err);
     return -1;
   }
+  if (rc == 0 && own != UINT64_MAX && !foreign) {
+    /* Not an error (a job can die before its first checkpoint is
+     * complete), but also what a directory each node sees separately
+     * looks like: say so. */
+    snprintf(err, errlen,
+             "checkpoint directory %s has this ps's file of step %" PRIu64 " but no step with "
+             "the files of all %u ps (a checkpoint interrupted before any completed, or a "
+             "directory the ps tasks do not share)",
+             dir, own, num_ps);
+    return 0;
+  }
   if (rc == 0 && foreign) {
     snprintf(err, errlen,
              "checkpoint directory %s holds checkpoints of %u ps tasks but none of this job's "
@@ -557,23 +595,22 @@ int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallb
 int psd_ckpt_prune(const char *dir, uint32_t ps_index, uint32_t num_ps, int keep) {
   size_t n;
   uint64_t *steps = list_steps(dir, &n);
-  int kept = 0, removed = 0;
+  /* Only steps older than the keep-th newest *complete* one go: a ps must
+   * never delete its part of the newest complete checkpoint because it has
+   * written newer files that the other ps never finished. */
+  int complete = 0, removed = 0;
+  size_t cut = n;
+  for (size_t k = 0; k < n && cut == n; k++)
+    if (step_complete(dir, steps[k], num_ps) && ++complete == keep) cut = k + 1;
   for (size_t k = 0; k < n; k++) {
     char sd[PSD_CKPT_PATH_MAX + 32], f[PSD_CKPT_PATH_MAX + 96], t[PSD_CKPT_PATH_MAX + 100];
     snprintf(sd, sizeof sd, "%s/step-%012" PRIu64, dir, steps[k]);
     snprintf(f, sizeof f, "%s/ps-%u-of-%u.ckpt", sd, ps_index, num_ps);
     snprintf(t, sizeof t, "%s.tmp", f);
     if (file_exists(t) && unlink(t) == 0) removed++;
-    if (!file_exists(f)) {
-      rmdir(sd); /* fails while other files are there: fine */
-      continue;
-    }
-    if (kept < keep) {
-      kept++;
-      continue;
-    }
-    if (unlink(f) == 0) removed++;
-    rmdir(sd);
+    if (k < cut) continue;
+    if (file_exists(f) && unlink(f) == 0) removed++;
+    rmdir(sd); /* fails while other ps's files are there: fine */
   }
   free(steps);
   if (removed) fsync_dir(dir);

@@ -104,15 +104,18 @@ void psd_ckpt_image_free(psd_ckpt_image *img);
 /* Finds the checkpoint this ps restores from: the newest step for which all
  * num_ps files exist. Its own file must read back and match (ps index and
  * count); if it does not, that is an error unless `fallback`, which tries
- * older complete steps. Returns 1 with *img, 0 when there is none, or -1
- * with a sentence in err (a damaged or mismatched checkpoint, or a
+ * older complete steps whose files all read back (so every ps lands on the
+ * same step). Returns 1 with *img, 0 when there is none (err then holds a
+ * warning if this ps has files but no step is complete: "" otherwise), or
+ * -1 with a sentence in err (a damaged or mismatched checkpoint, or a
  * directory that holds only checkpoints of a different ps count). */
 int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallback,
                   uint64_t max_bytes, psd_ckpt_image *img, char *err, size_t errlen);
 
-/* Removes this ps's files (and then empty step directories) of all but the
- * newest `keep` steps that hold one, plus its leftover temporary files.
- * Returns how many files it removed. */
+/* Removes this ps's files (and then empty step directories) of the steps
+ * older than the keep-th newest complete checkpoint, plus its leftover
+ * temporary files; its part of the newest complete checkpoints always
+ * stays. Returns how many files it removed. */
 int psd_ckpt_prune(const char *dir, uint32_t ps_index, uint32_t num_ps, int keep);
 
 #endif

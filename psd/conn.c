@@ -732,6 +732,8 @@ static int handle_checkpoint(psd_conn *c, const uint8_t *meta) {
   psd_persist_request(c->srv, m->step, m->stop, m->commit, &r.ok, &r.max_step, msg,
                       sizeof msg);
   r.message = msg;
+  r.stopped = c->srv->persist.stopped;
+  r.stop_step = c->srv->persist.stopped ? c->srv->persist.stop_step : 0;
   send_frame(c, PS__MSG_CHECKPOINT_REPLY, &r.base, NULL, NULL, NULL, 0);
   return 0;
 }

@@ -71,18 +71,19 @@ static void do_stop(psd_server *srv, uint64_t step) {
   }
 }
 
-/* Makes the file visible once every slice is in (and the chief agreed). */
-static void maybe_finish(psd_server *srv) {
+/* Makes the file visible once every slice is in (and the chief agreed).
+ * 0 (done, or not yet due), or -1 with err: the file could not be written. */
+static int maybe_finish(psd_server *srv, char *err, size_t errlen) {
   psd_persist *p = &srv->persist;
-  if (!psd_ckpt_active(&p->ck) || p->ck.written != p->ck.nslices) return;
-  if (p->negotiated && !p->committed) return;
+  if (!psd_ckpt_active(&p->ck) || p->ck.written != p->ck.nslices) return 0;
+  if (p->negotiated && !p->committed) return 0;
   double t0 = ps__now();
   uint64_t step = p->ck.step, bytes = p->ck.bytes + 16;
-  char err[1200], path[sizeof p->ck.path];
+  char path[sizeof p->ck.path];
   snprintf(path, sizeof path, "%s", p->ck.path);
-  if (psd_ckpt_commit(&p->ck, err, sizeof err) != 0) {
+  if (psd_ckpt_commit(&p->ck, err, errlen) != 0) {
     psd_error("%s", err);
-    return;
+    return -1;
   }
   double now = ps__now();
   psd_info("checkpoint at step %" PRIu64 " written to %s (%.1f MB, %.0f ms to flush)", step,
@@ -94,6 +95,13 @@ static void maybe_finish(psd_server *srv) {
   psd_ckpt_prune(srv->cfg->ckpt_dir, (uint32_t)srv->cfg->ps_index,
                  (uint32_t)srv->cfg->num_ps, srv->cfg->ckpt_keep);
   if (p->stop_after && p->stop_step == step) do_stop(srv, step);
+  return 0;
+}
+
+/* maybe_finish where nobody waits for the answer (it logs failures). */
+static void finish_quietly(psd_server *srv) {
+  char err[1200];
+  maybe_finish(srv, err, sizeof err);
 }
 
 /* Starts a checkpoint at step and captures every slice already there.
@@ -124,16 +132,17 @@ void psd_persist_slice_advanced(psd_server *srv, psd_slice *sl) {
   if (!enabled(srv) || !sl->initialized) return;
   if (psd_ckpt_active(&p->ck) && sl->step == p->ck.step) {
     capture(srv, sl);
-    maybe_finish(srv);
+    finish_quietly(srv);
     return;
   }
+  if (p->stopped) return; /* the job is over: no more checkpoints */
   int every = srv->cfg->ckpt_every;
   if (!every || sl->step == 0 || sl->step % (uint64_t)every != 0) return;
   if (srv->shard.async_mode && sl->id != 0) return; /* slice 0 paces async ones */
   if (p->have_last && p->last_step >= sl->step) return;
   if (psd_ckpt_active(&p->ck)) {
     if (p->ck.step > sl->step) return;
-    if (p->negotiated) return; /* the chief's checkpoint goes first */
+    if (p->negotiated && p->committed) return; /* the chief's goes first */
     abort_ckpt(srv, "a newer one is due and some slices never reached its step");
   }
   char err[1200];
@@ -141,7 +150,7 @@ void psd_persist_slice_advanced(psd_server *srv, psd_slice *sl) {
     psd_warn("cannot checkpoint step %" PRIu64 ": %s", sl->step, err);
     return;
   }
-  maybe_finish(srv);
+  finish_quietly(srv);
 }
 
 void psd_persist_request(psd_server *srv, uint64_t step, int stop, int commit,
@@ -155,10 +164,19 @@ void psd_persist_request(psd_server *srv, uint64_t step, int stop, int commit,
     snprintf(msg, msglen, "this server has no --checkpoint-dir");
     return;
   }
+  if (p->stopped) {
+    snprintf(msg, msglen, "the job already stopped after step %" PRIu64, p->stop_step);
+    return;
+  }
   if (!commit) {
     if (psd_ckpt_active(&p->ck) && p->ck.step != step)
       abort_ckpt(srv, "the chief chose another step");
-    if (!psd_ckpt_active(&p->ck) && !(p->have_last && p->last_step == step)) {
+    if (psd_ckpt_active(&p->ck)) {
+      /* A --checkpoint-every one at this step: it now waits for the
+       * commit like the others, so no ps stops on a step another refused. */
+      p->negotiated = 1;
+      p->committed = 0;
+    } else if (!(p->have_last && p->last_step == step)) {
       if (begin(srv, step, 1, msg, msglen) != 0) return;
     }
     p->stop_after = stop;
@@ -168,14 +186,21 @@ void psd_persist_request(psd_server *srv, uint64_t step, int stop, int commit,
   }
   if (psd_ckpt_active(&p->ck) && p->ck.step == step) {
     p->committed = 1;
-    maybe_finish(srv);
-    *ok = 1;
+    /* Slices still short of the step (backup workers) are written when
+     * they get there; the workers learn it from the `stopped` flag. */
+    *ok = maybe_finish(srv, msg, msglen) == 0;
   } else if (p->have_last && p->last_step == step) {
     if (p->stop_after && p->stop_step == step) do_stop(srv, step);
     *ok = 1;
   } else {
     snprintf(msg, msglen, "no checkpoint at step %" PRIu64 " is prepared here", step);
   }
+}
+
+void psd_persist_chief_left(psd_server *srv) {
+  psd_persist *p = &srv->persist;
+  if (psd_ckpt_active(&p->ck) && p->negotiated && !p->committed)
+    abort_ckpt(srv, "the chief left before committing it");
 }
 
 void psd_persist_stop_wanted(psd_server *srv, const char *who) {
@@ -225,15 +250,18 @@ void psd_persist_final(psd_server *srv) {
     psd_warn("cannot write the final checkpoint: %s", err);
     return;
   }
-  maybe_finish(srv);
+  finish_quietly(srv);
 }
 
 void psd_persist_flags(const psd_server *srv, protobuf_c_boolean *want_ckpt,
                        protobuf_c_boolean *want_stop, uint64_t *stop_step,
                        protobuf_c_boolean *stopped) {
   const psd_persist *p = &srv->persist;
-  *want_ckpt = p->want_ckpt && !p->stopped;
-  *want_stop = p->stop_wanted && !p->stopped;
+  /* Once the chief committed a checkpoint, asking again would only make it
+   * start another one over the pending one. */
+  int pending = psd_ckpt_active(&p->ck) && p->negotiated && p->committed;
+  *want_ckpt = p->want_ckpt && !p->stopped && !pending;
+  *want_stop = p->stop_wanted && !p->stopped && !(pending && p->stop_after);
   *stopped = p->stopped;
   *stop_step = p->stopped ? p->stop_step : 0;
 }
@@ -262,6 +290,7 @@ int psd_persist_init(psd_server *srv) {
     return -1;
   }
   if (rc == 0) {
+    if (err[0]) psd_warn("%s", err);
     psd_info("checkpoints go to %s (none to restore)", cfg->ckpt_dir);
     return 0;
   }

@@ -65,6 +65,10 @@ void psd_persist_request(struct psd_server *srv, uint64_t step, int stop, int co
                          protobuf_c_boolean *ok, uint64_t *max_step, char *msg,
                          size_t msglen);
 
+/* The chief's connection closed: drops a checkpoint it prepared but never
+ * committed, so later ones are not blocked by it. */
+void psd_persist_chief_left(struct psd_server *srv);
+
 /* A signal (SIGTERM/SIGUSR1) or a worker (who: "worker 3") asks to stop. */
 void psd_persist_stop_wanted(struct psd_server *srv, const char *who);
 

@@ -84,6 +84,17 @@ static void check_done(psd_server *srv) {
   uint32_t done = 0, lost = count_lost(srv);
   for (uint32_t w = 0; w < srv->num_workers; w++)
     done += srv->workers[w].finished || srv->workers[w].lost;
+  if (srv->persist.stopped) {
+    /* After the stop checkpoint, a worker that vanished (the launcher
+     * killed it) is as good as finished: no grace period to wait out. */
+    if (done == srv->num_workers) {
+      psd_info("all workers done after the stop checkpoint (step %llu); exiting with status "
+               "%d so the job can be resumed",
+               (unsigned long long)srv->persist.stop_step, PSD_EXIT_STOPPED);
+      psd_server_finish(srv, PSD_EXIT_STOPPED);
+    }
+    return;
+  }
   if (srv->persist.stop_wanted && !srv->persist.stopped && !srv->workers[0].conn) {
     /* Only the chief arranges the stop checkpoint: nothing to wait for. */
     psd_warn("the chief (worker 0) left before the stop checkpoint; exiting now");
@@ -103,13 +114,6 @@ static void check_done(psd_server *srv) {
   }
   srv->lost_since = 0;
   if (done == srv->num_workers) {
-    if (srv->persist.stopped) {
-      psd_info("all workers done after the stop checkpoint (step %llu); exiting with status %d "
-               "so the job can be resumed",
-               (unsigned long long)srv->persist.stop_step, PSD_EXIT_STOPPED);
-      psd_server_finish(srv, PSD_EXIT_STOPPED);
-      return;
-    }
     psd_persist_final(srv);
     if (lost)
       psd_warn("all workers done (%u lost, tolerated as backups); exiting", lost);
@@ -331,6 +335,7 @@ void psd_server_conn_closed(psd_server *srv, psd_conn *c) {
   psd_worker *wk = &srv->workers[c->worker];
   if (wk->conn != c) return;
   wk->conn = NULL;
+  if (c->worker == 0) psd_persist_chief_left(srv);
   if (!c->finished) {
     wk->lost = 1;
     psd_warn("worker %d (%s) left at step %llu without finishing (connection lost)",
@@ -522,7 +527,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     psd_persist_stop_wanted(srv, who);
     return;
   }
-  if (graceful && srv->persist.stop_wanted) {
+  if (graceful && (srv->persist.stop_wanted || srv->persist.stopped)) {
     /* Launchers repeat SIGTERM (srun when the first task exits 75); the
      * stop checkpoint may still be on its way here, and the stop timeout
      * (or the launcher's SIGKILL) bounds the wait anyway. */

@@ -127,7 +127,7 @@ int psr_run_local(const psr_opts *o) {
       int code = psr_exit_code(c->status);
       if (code == PSR_EXIT_STOPPED) {
         /* Stopped after a checkpoint: the others are stopping too. */
-        if (!stopped) psr_log("%s stopped after a checkpoint; waiting for the others", c->label);
+        if (!stopped) psr_log("%s stopped on request; waiting for the others", c->label);
         stopped = 1;
         if (!stop_deadline) stop_deadline = now_s() + PSR_STOP_S;
         code = 0;
@@ -156,7 +156,8 @@ int psr_run_local(const psr_opts *o) {
     }
   }
   if (!status && stopped) {
-    psr_log("job stopped after a checkpoint (exit %d); run it again to resume",
+    psr_log("job stopped on request (exit %d); run it again to resume from the newest "
+            "complete checkpoint",
             PSR_EXIT_STOPPED);
     status = PSR_EXIT_STOPPED;
   }

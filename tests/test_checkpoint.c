@@ -221,6 +221,75 @@ START_TEST(prune_keeps_newest) {
 }
 END_TEST
 
+START_TEST(prune_never_breaks_the_newest_complete) {
+  /* ps0 wrote steps 10 and 20, ps1 died before writing 20: with keep 1, ps0
+   * must keep its part of step 10, the newest complete checkpoint. */
+  const char *d = fresh_dir("prune2");
+  write_one(d, 0, 2, 10, 1);
+  write_one(d, 1, 2, 10, 1);
+  write_one(d, 0, 2, 20, 1);
+  ck_assert_int_eq(psd_ckpt_prune(d, 0, 2, 1), 0);
+  psd_ckpt_image img;
+  char err[1600];
+  ck_assert_msg(psd_ckpt_find(d, 0, 2, 0, MAXB, &img, err, sizeof err) == 1, "%s", err);
+  ck_assert_uint_eq(img.meta.step, 10);
+  psd_ckpt_image_free(&img);
+  /* Once step 20 is complete too, step 10 goes. */
+  write_one(d, 1, 2, 20, 1);
+  ck_assert_int_eq(psd_ckpt_prune(d, 0, 2, 1), 1);
+  ck_assert_int_eq(psd_ckpt_prune(d, 1, 2, 1), 1);
+  ck_assert_int_eq(count_files(d, ".ckpt"), 2);
+  /* Only this ps's files and nothing complete: found nothing, but a
+   * warning says why (an unshared directory looks like this). */
+  const char *e = fresh_dir("alone");
+  write_one(e, 0, 2, 5, 1);
+  ck_assert_int_eq(psd_ckpt_find(e, 0, 2, 0, MAXB, &img, err, sizeof err), 0);
+  ck_assert_msg(strstr(err, "do not share"), "%s", err);
+}
+END_TEST
+
+/* Rewrites the trailer's CRC so damage inside the records gets past the
+ * checksum and reaches the record parser's own bounds checks. */
+static void refresh_crc(char *buf, size_t n) {
+  uint32_t c = psd_crc32c(0, buf, n - 4);
+  for (int i = 0; i < 4; i++) buf[n - 4 + i] = (char)(c >> (8 * i));
+}
+
+START_TEST(record_bounds_past_the_checksum) {
+  const char *d = fresh_dir("bounds");
+  write_one(d, 0, 1, 3, 1);
+  char f[1200], g[1300], err[1600];
+  path_of(f, sizeof f, d, 3, 0, 1);
+  snprintf(g, sizeof g, "%s.x", f);
+  char *orig = tu_read_file(f);
+  struct stat st;
+  ck_assert_int_eq(stat(f, &st), 0);
+  size_t n = (size_t)st.st_size;
+  /* Offsets in the first record: name length at 68, rank at 79, the
+   * element count at 107; the header's slice count at 48. */
+  struct { size_t at; uint32_t v; const char *why; } cases[] = {
+      {68, 0xFFFFFFF0u, "name length"}, {79, 9, "dimensions"}, {107, 0x7FFFFFFFu, "elements"},
+      {48, 3, "slices"}, {48, 1, "stray bytes"}};
+  psd_ckpt_image img;
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    char *b = malloc(n);
+    memcpy(b, orig, n);
+    for (int i = 0; i < 4; i++) b[cases[k].at + i] = (char)(cases[k].v >> (8 * i));
+    if (cases[k].at == 48)
+      for (int i = 0; i < 4; i++) b[n - 8 + i] = (char)(cases[k].v >> (8 * i));
+    refresh_crc(b, n);
+    FILE *o = fopen(g, "wb");
+    fwrite(b, 1, n, o);
+    fclose(o);
+    free(b);
+    ck_assert_msg(psd_ckpt_read(g, MAXB, &img, err, sizeof err) == -1, "%s accepted",
+                  cases[k].why);
+    ck_assert_msg(strstr(err, g) && !strstr(err, "checksum"), "%s: %s", cases[k].why, err);
+  }
+  free(orig);
+}
+END_TEST
+
 START_TEST(writer_counts_records) {
   const char *d = fresh_dir("cnt");
   psd_ckpt_meta m = {0, 1, 1, 1, 0, 3, 1};
@@ -253,6 +322,8 @@ Suite *suite_checkpoint(void) {
   tcase_add_test(tc, wrong_ps_count_is_named);
   tcase_add_test(tc, prune_keeps_newest);
   tcase_add_test(tc, writer_counts_records);
+  tcase_add_test(tc, prune_never_breaks_the_newest_complete);
+  tcase_add_test(tc, record_bounds_past_the_checksum);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -63,6 +63,13 @@ static int run(char *const *argv, char **out, int timeout_s) {
   return reap(pid, path, out);
 }
 
+/* The last part of a long output, for assertion messages (Check refuses
+ * messages of more than a few KiB). */
+static const char *tail_of(const char *out) {
+  size_t n = out ? strlen(out) : 0;
+  return n > 3000 ? out + n - 3000 : out ? out : "";
+}
+
 static const char *synth_dir(void) {
   static char dir[512];
   if (!dir[0]) {
@@ -71,7 +78,7 @@ static const char *synth_dir(void) {
                     "500", "--seed", "3", NULL};
     char *out;
     int rc = run(argv, &out, 60);
-    ck_assert_msg(rc == 0, "cifar_synth failed: %s", out);
+    ck_assert_msg(rc == 0, "cifar_synth failed: %s", tail_of(out));
     free(out);
   }
   return dir;
@@ -83,9 +90,9 @@ START_TEST(test_learns_far_above_chance) {
                   "--batch", "32", "--lr", "0.05", "--threads", "1", "--no-lrn", NULL};
   char *out;
   int rc = run(argv, &out, 240);
-  ck_assert_msg(rc == 0, "psrun exited %d:\n%s", rc, out);
+  ck_assert_msg(rc == 0, "psrun exited %d:\n%s", rc, tail_of(out));
   const char *acc = strstr(out, "[w0] {\"test_accuracy\":");
-  ck_assert_msg(acc != NULL, "no summary from the chief:\n%s", out);
+  ck_assert_msg(acc != NULL, "no summary from the chief:\n%s", tail_of(out));
   double a = atof(acc + strlen("[w0] {\"test_accuracy\":"));
   /* 10 classes: chance is 0.10. */
   ck_assert_msg(a > 0.5, "test accuracy %.3f after 40 steps", a);
@@ -127,10 +134,10 @@ START_TEST(test_two_workers_equal_one_with_double_batch) {
                  "--batch", "16", "--lr", "0.05", "--threads", "1", "--dump-params", d2, NULL};
   char *out;
   int rc = run(one, &out, 240);
-  ck_assert_msg(rc == 0, "1 worker: %s", out);
+  ck_assert_msg(rc == 0, "1 worker: %s", tail_of(out));
   free(out);
   rc = run(two, &out, 240);
-  ck_assert_msg(rc == 0, "2 workers: %s", out);
+  ck_assert_msg(rc == 0, "2 workers: %s", tail_of(out));
   free(out);
   size_t n1, n2;
   float *a = read_floats(d1, &n1), *b = read_floats(d2, &n2);
@@ -223,7 +230,7 @@ static const char *reference_params(void) {
     snprintf(dump, sizeof dump, "%s/params.ref", tu_tmpdir());
     job_argv(argv, dir, dump);
     int rc = run(argv, &out, 240);
-    ck_assert_msg(rc == 0, "reference run exited %d:\n%s", rc, out);
+    ck_assert_msg(rc == 0, "reference run exited %d:\n%s", rc, tail_of(out));
     free(out);
   }
   return dump;
@@ -235,9 +242,9 @@ static void resume_and_compare(const char *dir, const char *dump) {
   char *argv[32], *out;
   job_argv(argv, dir, dump);
   int rc = run(argv, &out, 240);
-  ck_assert_msg(rc == 0, "resumed run exited %d:\n%s", rc, out);
+  ck_assert_msg(rc == 0, "resumed run exited %d:\n%s", rc, tail_of(out));
   const char *at = strstr(out, "resuming at step ");
-  ck_assert_msg(at && atoi(at + 17) > 0, "the run did not resume:\n%s", out);
+  ck_assert_msg(at && atoi(at + 17) > 0, "the run did not resume:\n%s", tail_of(out));
   free(out);
   params_equal(reference_params(), dump);
 }
@@ -253,9 +260,9 @@ START_TEST(test_preempted_job_resumes_exactly) {
   wait_for(first, 60);
   kill(pid, SIGTERM); /* what srun and scancel send */
   int rc = reap(pid, path, &out);
-  ck_assert_msg(rc == 75, "a stopped job exits 75, got %d:\n%s", rc, out);
+  ck_assert_msg(rc == 75, "a stopped job exits 75, got %d:\n%s", rc, tail_of(out));
   ck_assert_msg(strstr(out, "stopping on request") && strstr(out, "run it again to resume"),
-                "%s", out);
+                "%s", tail_of(out));
   free(out);
   pid_t left[4];
   ck_assert_int_eq(procs_with(dir, left, 4), 0);
@@ -281,10 +288,10 @@ START_TEST(test_killed_ps_fails_fast_and_relaunch_resumes) {
   int rc = reap(pid, path, &out);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double secs = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
-  ck_assert_msg(rc != 0 && rc != 75, "psrun exited %d after a ps was killed:\n%s", rc, out);
+  ck_assert_msg(rc != 0 && rc != 75, "psrun exited %d after a ps was killed:\n%s", rc, tail_of(out));
   ck_assert_msg(secs < 5, "the job took %.1f s to end after ps1 died", secs);
   ck_assert_msg(strstr(out, "ps1 was killed by SIGKILL") && strstr(out, "ps 1 at 127.0.0.1:"),
-                "no message names the dead ps and its address:\n%s", out);
+                "no message names the dead ps and its address:\n%s", tail_of(out));
   free(out);
   pid_t left[4];
   ck_assert_int_eq(procs_with(dir, left, 4), 0);
@@ -303,11 +310,11 @@ START_TEST(test_device_gpu_or_clear_error) {
   int rc = run(gpu, &out, 120);
   if (rc == 0) {
     ck_assert_msg(strstr(out, "device gpu") && strstr(out, "\"device\":\"cuda\""),
-                  "--device gpu ran, but not on a GPU:\n%s", out);
+                  "--device gpu ran, but not on a GPU:\n%s", tail_of(out));
   } else {
-    ck_assert_msg(rc == 1, "--device gpu without a GPU: exit %d (want 1):\n%s", rc, out);
+    ck_assert_msg(rc == 1, "--device gpu without a GPU: exit %d (want 1):\n%s", rc, tail_of(out));
     ck_assert_msg(strstr(out, "cifar_worker: --device gpu: ") != NULL,
-                  "no error sentence:\n%s", out);
+                  "no error sentence:\n%s", tail_of(out));
   }
   free(out);
   char *autod[] = {(char *)bin("cifar_worker"), "--bench", "--bench-steps", "1", "--batch", "4",
@@ -319,7 +326,7 @@ START_TEST(test_device_gpu_or_clear_error) {
   char *bad[] = {(char *)bin("cifar_worker"), "--bench", "--device", "tpu", NULL};
   rc = run(bad, &out, 60);
   ck_assert_msg(rc == 1 && strstr(out, "--device must be cpu, gpu or auto, got 'tpu'"),
-                "bad --device: exit %d:\n%s", rc, out);
+                "bad --device: exit %d:\n%s", rc, tail_of(out));
   free(out);
 }
 END_TEST

@@ -16,7 +16,7 @@
 #include "testutil.h"
 
 #define MAXPS 2
-#define MAXW 2
+#define MAXW 3
 
 typedef struct job {
   int nps, nw;
@@ -52,6 +52,9 @@ static void job_start_ps(job *j, int nps, const char *dir, const char *const *ex
   tu_hosts(j->ps, nps, j->hosts, j->hp);
 }
 
+/* replicas_to_aggregate for the next job_start_workers (0: all). */
+static int g_replicas;
+
 static void job_start_workers(job *j, int nw, uint64_t until, int delay_us) {
   j->nw = nw;
   for (int i = 0; i < nw; i++) {
@@ -63,7 +66,8 @@ static void job_start_workers(job *j, int nw, uint64_t until, int delay_us) {
     t->worker = i;
     t->batch = 8;
     t->until = until;
-    t->delay_us = delay_us;
+    t->delay_us = delay_us + 4000 * i * (g_replicas > 0); /* backups lag */
+    t->replicas = g_replicas;
     /* Small slices: every variable spreads over both servers. */
     t->split_threshold = 16;
     t->max_slice_bytes = 16;
@@ -153,6 +157,37 @@ START_TEST(signal_to_one_ps_stops_all_at_one_step) {
   job_expect(&r, 0);
   ck_assert_int_eq(log_number(&r.ps[1], "restoring step "), s0);
   ck_assert_uint_eq(r.t[0].final_step, (uint64_t)s0 + 3);
+  /* ... exactly: a checkpoint captured mid-run, slice by slice, resumes to
+   * the parameters of a run that was never stopped. */
+  tu_train full = run_job(ckdir("sigref"), (uint64_t)s0 + 3, NULL);
+  ck_assert_msg(tu_params_equal(&r.t[0], &full), "resumed parameters differ");
+}
+END_TEST
+
+/* With a backup worker the servers can be a step apart and the slowest
+ * worker's gradients are not needed: the stop must still land every ps on
+ * one complete step, and every worker must get PS_ESTOPPED. */
+START_TEST(stop_with_backup_workers) {
+  const char *d = ckdir("backup");
+  job j;
+  job_start_ps(&j, 2, d, NULL);
+  g_replicas = 2;
+  job_start_workers(&j, 3, 1000000, 10000);
+  g_replicas = 0;
+  struct timespec ts = {0, 500 * 1000000};
+  nanosleep(&ts, NULL);
+  kill(j.ps[1].pid, SIGTERM);
+  job_join(&j);
+  for (int i = 0; i < 3; i++) ck_assert_msg(j.t[i].stopped, "worker %d was not stopped", i);
+  job_expect(&j, 75);
+  long s0 = log_number(&j.ps[0], "stopping on request: checkpoint at step ");
+  long s1 = log_number(&j.ps[1], "stopping on request: checkpoint at step ");
+  ck_assert_msg(s0 > 0 && s0 == s1, "ps0 stopped at step %ld, ps1 at %ld", s0, s1);
+  char f[800];
+  for (int i = 0; i < 2; i++) {
+    snprintf(f, sizeof f, "%s/step-%012ld/ps-%d-of-2.ckpt", d, s0, i);
+    ck_assert_msg(access(f, F_OK) == 0, "%s is missing", f);
+  }
 }
 END_TEST
 
@@ -326,6 +361,7 @@ Suite *suite_persist(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, resume_reproduces_uninterrupted);
   tcase_add_test(tc, signal_to_one_ps_stops_all_at_one_step);
+  tcase_add_test(tc, stop_with_backup_workers);
   tcase_add_test(tc, timed_checkpoints_agree);
   tcase_add_test(tc, killed_ps_is_noticed_fast);
   tcase_add_test(tc, damaged_checkpoint_is_refused);

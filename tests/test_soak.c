@@ -57,11 +57,15 @@ START_TEST(random_kills_with_backups) {
   fprintf(stderr, "soak: seed %u\n", seed);
   srand(seed);
   tu_psd ps[2];
+  /* Checkpoints keep being written while workers die and come back. */
+  char ckdir[600];
+  snprintf(ckdir, sizeof ckdir, "%s/soak-ck", tu_tmpdir());
   for (int i = 0; i < 2; i++) {
     char idx[4];
     snprintf(idx, sizeof idx, "%d", i);
     const char *args[] = {"--ps-index", idx, "--num-ps", "2", "--grace-period", "20",
-                          "--replicas-to-aggregate", "2", NULL};
+                          "--replicas-to-aggregate", "2", "--checkpoint-dir", ckdir,
+                          "--checkpoint-every", "100", "--checkpoint-keep", "100", NULL};
     ck_assert(tu_psd_start(&ps[i], args) == 0);
   }
   char hosts[2][64];
@@ -107,6 +111,19 @@ START_TEST(random_kills_with_backups) {
                   "psd %d status 0x%x", i, ps[i].status);
     ck_assert(tu_log_contains(&ps[i], "rejoined"));
   }
+  /* Every checkpoint is complete: both files of each step. */
+  int complete = 0;
+  for (int st = 100; st <= SOAK_STEPS + 100; st += 100) {
+    char f[800];
+    int have = 0;
+    for (int i = 0; i < 2; i++) {
+      snprintf(f, sizeof f, "%s/step-%012d/ps-%d-of-2.ckpt", ckdir, st, i);
+      have += access(f, F_OK) == 0;
+    }
+    ck_assert_msg(have != 1, "step %d has one of 2 checkpoint files", st);
+    complete += have == 2;
+  }
+  ck_assert_msg(complete >= 10, "only %d complete checkpoints", complete);
   /* Nothing left behind: every child of this test is reaped. */
   ck_assert_int_eq(waitpid(-1, NULL, WNOHANG), -1);
   ck_assert_int_eq(errno, ECHILD);

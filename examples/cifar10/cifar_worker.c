@@ -259,11 +259,13 @@ static double evaluate(cnn *m, const cifar_set *test, int B, float *img, uint8_t
 #define EXIT_STOPPED 75
 
 /* SIGTERM/SIGUSR1 from Slurm (preemption, --signal, walltime): ask the job
- * to checkpoint and stop instead of dying mid-step. */
-static ps_client *g_client;
+ * to checkpoint and stop instead of dying mid-step. The handler only sets
+ * a flag (the client may not exist yet, or be gone); the training loop
+ * passes it on with ps_client_request_stop. */
+static volatile sig_atomic_t g_stop;
 static void on_stop_signal(int sig) {
   (void)sig;
-  ps_client_request_stop(g_client);
+  g_stop = 1;
 }
 
 int main(int argc, char **argv) {
@@ -274,6 +276,12 @@ int main(int argc, char **argv) {
     bench(&o);
     return 0;
   }
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGUSR1, &sa, NULL);
   if (!o.data[0]) die("--data DIR is required (see --help; cifar_synth makes a small data set)");
   char err[1024];
   cifar_set train = {0}, test = {0};
@@ -282,13 +290,6 @@ int main(int argc, char **argv) {
   ps_client *c;
   if (ps_client_create_from_env(&c, err, sizeof err) != 0)
     die("%s (run cifar_worker under psrun)", err);
-  g_client = c;
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGUSR1, &sa, NULL);
   int w = ps_client_worker_index(c), nw = ps_client_num_workers(c);
   int chief = w == 0;
   if (chief && cifar_load_test(o.data, &test, err, sizeof err) != 0) die("%s", err);
@@ -370,6 +371,7 @@ int main(int argc, char **argv) {
     loss_sum += loss;
     loss_n++;
     int stale = 0;
+    if (g_stop) ps_client_request_stop(c);
     int rc = ps_client_step(c, &step, &stale);
     if (rc == PS_ESTOPPED) {
       fprintf(stderr, "cifar_worker %d: %s\n", w, ps_client_errmsg(c));

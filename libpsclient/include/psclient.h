@@ -241,7 +241,7 @@ void ps_req_destroy(ps_req *r);
  * servers' step (*stale_out, if not NULL, is set to 1 when it happened).
  * The chief (worker 0) also arranges the checkpoints the servers ask for
  * here. Returns 0, PS_ESTOPPED when the job stops on request (see
- * ps_client_request_stop; *step is then unchanged), or another PS_E*. */
+ * ps_client_request_stop; *step then holds no meaning), or another PS_E*. */
 int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
 
 /* Pulls every variable at step >= min_step (blocking); *step_out gets the
@@ -255,8 +255,9 @@ int ps_client_finish(ps_client *c);
  * a flag, so it is safe to call from a signal handler (SIGTERM, SIGUSR1).
  * When the servers keep checkpoints (psd --checkpoint-dir), the chief and
  * the servers agree on a step, every server writes its checkpoint there,
- * and ps_client_step then returns PS_ESTOPPED in every worker; otherwise
- * ps_client_step returns PS_ESTOPPED at once. A worker seeing PS_ESTOPPED
+ * and ps_client_step then returns PS_ESTOPPED in every worker once every
+ * server has written its file; otherwise ps_client_step returns
+ * PS_ESHUTDOWN at once (nothing could be saved). A worker seeing PS_ESTOPPED
  * calls ps_client_finish and exits (the examples use status 75); running
  * the job again resumes from the checkpoint. Servers that get the signal
  * themselves start the same protocol. NULL is a no-op. */

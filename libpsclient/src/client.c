@@ -104,6 +104,7 @@ typedef struct ps__conn {
   uint64_t dst_got;            /* bytes of dst[dst_i] received */
   uint64_t data_req;           /* PullReply being received: request id */
   int data_items;              /* ... and the slices it completes */
+  int stopped;                 /* this server wrote the stop checkpoint */
   uint8_t *discard;            /* sink for data nobody wants */
   size_t discard_cap;
 } ps__conn;
@@ -139,8 +140,8 @@ struct ps_client {
   int checkpoints;            /* some server writes checkpoints */
   int want_ckpt;              /* a server asked the chief for a checkpoint */
   int want_stop;              /* ... and to stop after it */
-  int stopped;                /* a server said the job stops */
-  uint64_t stop_step;         /* ... after its checkpoint at this step */
+  uint64_t stop_step;         /* step of the stop checkpoint (servers say) */
+  int stop_agreed;            /* chief: every server committed to a stop */
   volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
   ps__telem telem;            /* per-step records (telemetry.c) */
   char errmsg[1024];          /* last error */
@@ -286,15 +287,24 @@ static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_
   return 0;
 }
 
-/* The checkpoint and stop state every Push/PullReply carries. */
-static void note_flags(ps_client *c, int want_ckpt, int want_stop, int stopped,
+/* The checkpoint and stop state every Push/PullReply carries, from k. */
+static void note_flags(ps_client *c, ps__conn *k, int want_ckpt, int want_stop, int stopped,
                        uint64_t stop_step) {
   if (want_ckpt) c->want_ckpt = 1;
   if (want_stop) c->want_stop = 1;
-  if (stopped && !c->stopped) {
-    c->stopped = 1;
+  if (stopped && !k->stopped) {
+    k->stopped = 1;
     c->stop_step = stop_step;
   }
+}
+
+/* Every server has written its stop checkpoint: only then may the worker
+ * leave (with backup workers a server can still need its gradients to
+ * reach the step). */
+static int all_stopped(const ps_client *c) {
+  for (int i = 0; i < c->num_ps; i++)
+    if (!c->conns[i].stopped) return 0;
+  return c->num_ps > 0;
 }
 
 /* A complete protobuf part arrived on k. Returns 0 or <0 (conn broken). */
@@ -382,7 +392,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   case PS__MSG_PUSH_REPLY: {
     Ps__PushReply *m = ps__push_reply__unpack(NULL, len, meta);
     if (!m) break;
-    note_flags(c, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
+    note_flags(c, k, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
     ps_req *r = find_req(c, m->request_id);
     if (r) {
       for (size_t i = 0; i < m->n_items; i++) {
@@ -404,7 +414,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   case PS__MSG_PULL_REPLY: {
     Ps__PullReply *m = ps__pull_reply__unpack(NULL, len, meta);
     if (!m) break;
-    note_flags(c, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
+    note_flags(c, k, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
     ps_req *r = find_req(c, m->request_id);
     if (r && !r->first_reply_at) r->first_reply_at = now_s();
     ps__telem_bytes(&c->telem, k->index, 1, k->hdr.data_len);
@@ -420,6 +430,7 @@ static int handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   case PS__MSG_CHECKPOINT_REPLY: {
     Ps__CheckpointReply *m = ps__checkpoint_reply__unpack(NULL, len, meta);
     if (!m) break;
+    note_flags(c, k, 0, 0, m->stopped, m->stop_step);
     ps_req *r = find_req(c, m->request_id);
     if (r) {
       if (m->max_step > r->max_step) r->max_step = m->max_step;
@@ -1447,36 +1458,35 @@ static int agree_checkpoint(ps_client *c, uint64_t step, int stop) {
       refused = r->refused;
       req_release(c, r);
       if (refused) return PS_ESTATE; /* errmsg names the server */
-      if (stop) {
-        c->stopped = 1;
-        c->stop_step = step;
-      }
       return 0;
     }
     if (max <= step) return PS_ESTATE; /* refused for another reason: errmsg */
-    step = max;
+    step = max + 1; /* margin: backup workers may move it on meanwhile */
   }
   return seterr(c, PS_ESTATE, "the servers did not agree on a checkpoint step in %d rounds",
                 PS__CKPT_ROUNDS);
 }
 
-/* Between steps: arranges checkpoints and stops the servers asked for. */
+/* Between steps: arranges checkpoints and stops the servers asked for.
+ * A failed timed checkpoint does not end training (the servers log it);
+ * a failed stop does. */
 static int after_step(ps_client *c, uint64_t step) {
-  int stop = c->want_stop || c->stop_requested;
+  int stop = (c->want_stop || c->stop_requested) && !c->stop_agreed;
   if (!stop && !c->want_ckpt) return 0;
   if (!c->checkpoints) {
     if (c->stop_requested)
-      return seterr(c, PS_ESTOPPED,
-                    "stop requested; the parameter servers keep no checkpoints "
-                    "(no --checkpoint-dir), so nothing was saved");
+      return seterr(c, PS_ESHUTDOWN,
+                    "stop requested, and the parameter servers keep no checkpoints "
+                    "(no --checkpoint-dir): nothing was saved");
     return 0;
   }
   if (c->worker_index != 0) return 0; /* the chief arranges it; replies tell us */
   c->want_ckpt = 0;
   c->want_stop = 0;
   int rc = agree_checkpoint(c, step, stop);
-  if (rc) return rc;
-  return c->stopped ? stopped_err(c) : 0;
+  if (rc) return stop ? rc : 0;
+  if (stop) c->stop_agreed = 1; /* keep stepping until every server stopped */
+  return all_stopped(c) ? stopped_err(c) : 0;
 }
 
 void ps_client_request_stop(ps_client *c) {
@@ -1515,7 +1525,7 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   }
   if (lrc) return lrc;
   if (prc == PS_ESTALE && stale_out) *stale_out = 1;
-  if (c->stopped) return stopped_err(c);
+  if (all_stopped(c)) return stopped_err(c);
   *step = c->async_mode ? *step + 1 : got;
   return after_step(c, *step);
 }
