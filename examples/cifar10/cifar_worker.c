@@ -363,6 +363,7 @@ int main(int argc, char **argv) {
   uint64_t first_step = step, report_step = step;
   double loss_sum = 0;
   int loss_n = 0;
+  int stopped = 0; /* PS_ESTOPPED: the job stops after a checkpoint */
   float loss = 0;
   while ((long)step < total) {
     epoch = cifar_prefetch_get(pf, step, &bimg, &blab);
@@ -375,10 +376,8 @@ int main(int argc, char **argv) {
     int rc = ps_client_step(c, &step, &stale);
     if (rc == PS_ESTOPPED) {
       fprintf(stderr, "cifar_worker %d: %s\n", w, ps_client_errmsg(c));
-      if (metrics) fclose(metrics);
-      if (ps_client_finish(c) != 0) die("finish: %s", ps_client_errmsg(c));
-      ps_client_destroy(c);
-      return EXIT_STOPPED;
+      stopped = 1;
+      break;
     }
     if (rc != 0) die("step: %s", ps_client_errmsg(c));
     double t = now_s();
@@ -407,8 +406,8 @@ int main(int argc, char **argv) {
     }
   }
   double wall = now_s() - t0;
-  if (chief) acc = evaluate(m, &test, o.batch, img, lab, pred);
-  if (chief && o.dump[0]) {
+  if (chief && !stopped) acc = evaluate(m, &test, o.batch, img, lab, pred);
+  if (chief && o.dump[0] && !stopped) {
     FILE *f = fopen(o.dump, "wb");
     if (!f) die("cannot write --dump-params %s: %s", o.dump, strerror(errno));
     for (int i = 0; i < cnn_num_params(); i++)
@@ -417,7 +416,9 @@ int main(int argc, char **argv) {
   }
   if (ps_client_finish(c) != 0) die("finish: %s", ps_client_errmsg(c));
   double ips = wall > 0 ? (double)(step - first_step) * o.batch * nw / wall : 0;
-  if (metrics) {
+  if (stopped) {
+    if (metrics) fclose(metrics);
+  } else if (metrics) {
     fprintf(metrics,
             "{\"worker\":%d,\"wall_s\":%.3f,\"step\":%llu,\"epoch\":%.4f,\"loss\":%.5f,"
             "\"images_per_sec\":%.2f%s",
@@ -426,7 +427,9 @@ int main(int argc, char **argv) {
     if (chief) fprintf(metrics, ",\"test_accuracy\":%.5f}\n", acc);
     fclose(metrics);
   }
-  if (chief)
+  if (stopped)
+    ; /* the run goes on when the job is run again */
+  else if (chief)
     printf("{\"test_accuracy\":%.4f,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
            "\"wall_s\":%.2f,\"workers\":%d,\"batch\":%d,\"loss\":%.4f}\n",
            acc, ips, (unsigned long long)step, (double)step / steps_per_epoch, wall, nw,
@@ -448,5 +451,5 @@ int main(int argc, char **argv) {
   free(img);
   free(lab);
   free(pred);
-  return 0;
+  return stopped ? EXIT_STOPPED : 0;
 }
