@@ -349,5 +349,11 @@ int psd_persist_restore_slice(psd_server *srv, psd_slice *sl, char *err, size_t 
   sl->step = r->step;
   sl->initialized = 1;
   r->claimed = 1;
+  if (++p->claimed == img->meta.nslices) {
+    /* Every slice has its values: the file's copy is not needed any more. */
+    psd_info("all %u slices of %s restored", p->claimed, img->path);
+    psd_ckpt_image_free(img);
+    p->restoring = 0;
+  }
   return 0;
 }

@@ -42,7 +42,7 @@ typedef struct psd_persist {
   uint64_t stop_step;       /* its step */
   psd_ckpt_image restore;   /* the checkpoint restored at start */
   int restoring;            /* restore holds one */
-  int unclaimed_logged;     /* warned about checkpoint slices no worker has */
+  uint32_t claimed;         /* restore's records given to slices so far */
 } psd_persist;
 
 /* At start: cleans leftover temporary files and loads the checkpoint to
