@@ -70,7 +70,7 @@ preemption() {
     sleep 0.2
   done
   for _ in $(seq 900); do
-    squeue -h -j "$job" -t PD -o %r 2>/dev/null | grep -q BeginTime &&
+    squeue -h -j "$job" -t PD 2>/dev/null | grep -q . &&
       scontrol update JobId="$job" StartTime=now >/dev/null 2>&1
     grep -q '"test_accuracy":[0-9]' "$out" 2>/dev/null &&
       [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
@@ -84,6 +84,7 @@ preemption() {
      ! pgrep -f "cifar_worke[r] --data $synth" >/dev/null; then
     ok "loopback: SIGUSR1 to the batch shell: checkpoint at step $stop_step, exit 75, requeue, resumed run equals the uninterrupted one"
   else
+    scontrol show job "$job" 2>&1 | grep -E "JobState|Time=|Restarts" | sed 's/^/    /'
     scancel "$job" 2>/dev/null
     bad "loopback: preemption and requeue (stopped at '${stop_step}')" "$out"
   fi
