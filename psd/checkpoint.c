@@ -154,7 +154,7 @@ int psd_ckpt_begin(psd_ckpt_writer *w, const char *dir, const psd_ckpt_meta *m, 
                    size_t errlen) {
   psd_ckpt_writer_init(w);
   if (strlen(dir) > PSD_CKPT_PATH_MAX) {
-    snprintf(err, errlen, "checkpoint directory path is longer than %d bytes",
+    snprintf(err, errlen, "checkpoint directory %.60s... is longer than %d bytes", dir,
              PSD_CKPT_PATH_MAX);
     return -1;
   }
@@ -429,7 +429,9 @@ void psd_ckpt_image_free(psd_ckpt_image *img) {
 /* ---- finding and pruning ------------------------------------------------- */
 
 static int parse_step_dir(const char *name, uint64_t *step) {
-  if (strncmp(name, "step-", 5) != 0 || strlen(name) != 17) return 0;
+  /* step-%012: 12 digits, more for steps past 10^12 (at most 20). */
+  size_t len = strlen(name);
+  if (strncmp(name, "step-", 5) != 0 || len < 17 || len > 25) return 0;
   uint64_t v = 0;
   for (const char *p = name + 5; *p; p++) {
     if (*p < '0' || *p > '9') return 0;

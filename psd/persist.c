@@ -24,7 +24,7 @@ static uint64_t max_step(const psd_server *srv) {
 static void abort_ckpt(psd_server *srv, const char *why) {
   psd_persist *p = &srv->persist;
   if (!psd_ckpt_active(&p->ck)) return;
-  psd_warn("checkpoint at step %" PRIu64 " abandoned: %s", p->ck.step, why);
+  psd_warn("checkpoint at step %" PRIu64 " (%s) abandoned: %s", p->ck.step, p->ck.tmp, why);
   psd_ckpt_abort(&p->ck);
 }
 

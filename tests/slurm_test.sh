@@ -69,11 +69,23 @@ preemption() {
     grep -q "requeueing" "$out" 2>/dev/null && break
     sleep 0.2
   done
-  for _ in $(seq 900); do
+  local resubmitted=0
+  for i in $(seq 900); do
     squeue -h -j "$job" -t PD 2>/dev/null | grep -q . &&
       scontrol update JobId="$job" StartTime=now >/dev/null 2>&1
     grep -q '"test_accuracy":[0-9]' "$out" 2>/dev/null &&
       [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
+    # This private slurmctld sometimes drops a job requeued from its own
+    # batch script; then do what the requeue does: submit it again.
+    if [ $resubmitted -eq 0 ] && [ "$i" -gt 50 ] && [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] &&
+       ! grep -q '"test_accuracy":[0-9]' "$out"; then
+      echo "    (the requeued job $job vanished; submitting it again)"
+      resubmitted=1
+      job=$(PSD_HOME=$BIN CKPT=$WORK/ck DATA=$synth CKPT_SECS=0 \
+        WORKER_ARGS="$args --dump-params $WORK/resumed.bin" \
+        sbatch --parsable -N2 -n3 --cpus-per-task=1 -o "$out" --open-mode=append \
+        "$HERE/../deploy/slurm/train-cpu.sbatch")
+    fi
     sleep 0.2
   done
   local stop_step

@@ -249,15 +249,23 @@ static void resume_and_compare(const char *dir, const char *dump) {
   params_equal(reference_params(), dump);
 }
 
-START_TEST(test_preempted_job_resumes_exactly) {
-  const char *ref = reference_params();
-  char dir[600], dump[600], first[700], path[512], *argv[32], *out;
-  snprintf(dir, sizeof dir, "%s/ck-preempt", tu_tmpdir());
-  snprintf(dump, sizeof dump, "%s/params.preempt", tu_tmpdir());
-  snprintf(first, sizeof first, "%s/step-000000000005", dir);
+/* Starts the job in a fresh dir (and dump file) named after `name`, and
+ * returns once its checkpoint of `step` exists: training is under way. */
+static pid_t start_job(const char *name, int step, char *dir, char *dump, char *path) {
+  reference_params();
+  char first[700], *argv[32];
+  snprintf(dir, 600, "%s/ck-%s", tu_tmpdir(), name);
+  snprintf(dump, 600, "%s/params.%s", tu_tmpdir(), name);
+  snprintf(first, sizeof first, "%s/step-%012d", dir, step);
   job_argv(argv, dir, dump);
-  pid_t pid = spawn(argv, path, sizeof path, 240);
+  pid_t pid = spawn(argv, path, 512, 240);
   wait_for(first, 60);
+  return pid;
+}
+
+START_TEST(test_preempted_job_resumes_exactly) {
+  char dir[600], dump[600], path[512], *out;
+  pid_t pid = start_job("preempt", 5, dir, dump, path);
   kill(pid, SIGTERM); /* what srun and scancel send */
   int rc = reap(pid, path, &out);
   ck_assert_msg(rc == 75, "a stopped job exits 75, got %d:\n%s", rc, tail_of(out));
@@ -267,19 +275,12 @@ START_TEST(test_preempted_job_resumes_exactly) {
   pid_t left[4];
   ck_assert_int_eq(procs_with(dir, left, 4), 0);
   resume_and_compare(dir, dump);
-  (void)ref;
 }
 END_TEST
 
 START_TEST(test_killed_ps_fails_fast_and_relaunch_resumes) {
-  reference_params();
-  char dir[600], dump[600], first[700], path[512], *argv[32], *out;
-  snprintf(dir, sizeof dir, "%s/ck-kill9", tu_tmpdir());
-  snprintf(dump, sizeof dump, "%s/params.kill9", tu_tmpdir());
-  snprintf(first, sizeof first, "%s/step-000000000010", dir);
-  job_argv(argv, dir, dump);
-  pid_t pid = spawn(argv, path, sizeof path, 240);
-  wait_for(first, 60);
+  char dir[600], dump[600], path[512], *out;
+  pid_t pid = start_job("kill9", 10, dir, dump, path);
   pid_t ps1[2];
   ck_assert_msg(procs_with2("--name ps1 ", dir, ps1, 2) == 1, "cannot find ps1");
   struct timespec t0, t1;

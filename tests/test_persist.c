@@ -134,21 +134,35 @@ START_TEST(resume_reproduces_uninterrupted) {
 }
 END_TEST
 
-START_TEST(signal_to_one_ps_stops_all_at_one_step) {
-  const char *d = ckdir("sig");
+/* Trains nw workers (replicas: 0 all) over 2 ps in dir, sends sig to ps
+ * `target` mid-run, and checks that every worker got PS_ESTOPPED, every psd
+ * exited 75, and both wrote their file of one step, which it returns. */
+static long stop_job(const char *dir, int nw, int replicas, int target, int sig) {
   job j;
-  job_start_ps(&j, 2, d, NULL);
-  job_start_workers(&j, 2, 1000000, 20000);
+  job_start_ps(&j, 2, dir, NULL);
+  g_replicas = replicas;
+  job_start_workers(&j, nw, 1000000, 10000);
+  g_replicas = 0;
   struct timespec ts = {0, 400 * 1000000};
   nanosleep(&ts, NULL);
-  kill(j.ps[0].pid, SIGUSR1);
+  kill(j.ps[target].pid, sig);
   job_join(&j);
-  for (int i = 0; i < 2; i++) ck_assert_msg(j.t[i].stopped, "worker %d was not stopped", i);
+  for (int i = 0; i < nw; i++) ck_assert_msg(j.t[i].stopped, "worker %d was not stopped", i);
   job_expect(&j, 75);
-  long s0 = log_number(&j.ps[0], "checkpoint at step ");
-  long s1 = log_number(&j.ps[1], "checkpoint at step ");
-  ck_assert_msg(s0 > 0 && s0 == s1, "ps0 checkpointed step %ld, ps1 step %ld", s0, s1);
-  ck_assert(tu_log_contains(&j.ps[1], "stopping on request"));
+  long s0 = log_number(&j.ps[0], "stopping on request: checkpoint at step ");
+  long s1 = log_number(&j.ps[1], "stopping on request: checkpoint at step ");
+  ck_assert_msg(s0 > 0 && s0 == s1, "ps0 stopped at step %ld, ps1 at %ld", s0, s1);
+  char f[800];
+  for (int i = 0; i < 2; i++) {
+    snprintf(f, sizeof f, "%s/step-%012ld/ps-%d-of-2.ckpt", dir, s0, i);
+    ck_assert_msg(access(f, F_OK) == 0, "%s is missing", f);
+  }
+  return s0;
+}
+
+START_TEST(signal_to_one_ps_stops_all_at_one_step) {
+  const char *d = ckdir("sig");
+  long s0 = stop_job(d, 2, 0, 0, SIGUSR1);
   /* Resuming continues from exactly there. */
   job r;
   job_start_ps(&r, 2, d, NULL);
@@ -168,26 +182,7 @@ END_TEST
  * worker's gradients are not needed: the stop must still land every ps on
  * one complete step, and every worker must get PS_ESTOPPED. */
 START_TEST(stop_with_backup_workers) {
-  const char *d = ckdir("backup");
-  job j;
-  job_start_ps(&j, 2, d, NULL);
-  g_replicas = 2;
-  job_start_workers(&j, 3, 1000000, 10000);
-  g_replicas = 0;
-  struct timespec ts = {0, 500 * 1000000};
-  nanosleep(&ts, NULL);
-  kill(j.ps[1].pid, SIGTERM);
-  job_join(&j);
-  for (int i = 0; i < 3; i++) ck_assert_msg(j.t[i].stopped, "worker %d was not stopped", i);
-  job_expect(&j, 75);
-  long s0 = log_number(&j.ps[0], "stopping on request: checkpoint at step ");
-  long s1 = log_number(&j.ps[1], "stopping on request: checkpoint at step ");
-  ck_assert_msg(s0 > 0 && s0 == s1, "ps0 stopped at step %ld, ps1 at %ld", s0, s1);
-  char f[800];
-  for (int i = 0; i < 2; i++) {
-    snprintf(f, sizeof f, "%s/step-%012ld/ps-%d-of-2.ckpt", d, s0, i);
-    ck_assert_msg(access(f, F_OK) == 0, "%s is missing", f);
-  }
+  stop_job(ckdir("backup"), 3, 2, 1, SIGTERM);
 }
 END_TEST
 
