@@ -221,6 +221,12 @@ static uint64_t check_reply(const ps__frame_header *h, const uint8_t *hdr, const
     m = (ProtobufCMessage *)r;
     break;
   }
+  case PS__MSG_CHECKPOINT_REPLY:
+    m = (ProtobufCMessage *)ps__checkpoint_reply__unpack(NULL, h->meta_len, meta);
+    break;
+  case PS__MSG_STATS_REPLY:
+    m = (ProtobufCMessage *)ps__stats_reply__unpack(NULL, h->meta_len, meta);
+    break;
   default:
     bad_reply("a message type the server never sends", hdr);
   }
