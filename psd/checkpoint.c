@@ -494,11 +494,17 @@ static uint32_t other_count(const char *stepdir, uint32_t num_ps) {
   return found;
 }
 
+/* DIR/step-N/ps-i-of-n.ckpt: one place that spells the layout. */
+static void ps_file(char *out, size_t len, const char *dir, uint64_t step, uint32_t ps,
+                    uint32_t num_ps) {
+  snprintf(out, len, "%s/step-%012" PRIu64 "/ps-%u-of-%u.ckpt", dir, step, ps, num_ps);
+}
+
 /* All num_ps files of DIR/step-N exist. */
 static int step_complete(const char *dir, uint64_t step, uint32_t num_ps) {
   char f[PSD_CKPT_PATH_MAX + 96];
   for (uint32_t i = 0; i < num_ps; i++) {
-    snprintf(f, sizeof f, "%s/step-%012" PRIu64 "/ps-%u-of-%u.ckpt", dir, step, i, num_ps);
+    ps_file(f, sizeof f, dir, step, i, num_ps);
     if (!file_exists(f)) return 0;
   }
   return 1;
@@ -511,7 +517,7 @@ static int others_usable(const char *dir, uint64_t step, uint32_t ps_index, uint
   for (uint32_t i = 0; i < num_ps; i++) {
     if (i == ps_index) continue;
     char f[PSD_CKPT_PATH_MAX + 96];
-    snprintf(f, sizeof f, "%s/step-%012" PRIu64 "/ps-%u-of-%u.ckpt", dir, step, i, num_ps);
+    ps_file(f, sizeof f, dir, step, i, num_ps);
     psd_ckpt_image o;
     if (psd_ckpt_read(f, max_bytes, &o, err, errlen) != 0) return 0;
     psd_ckpt_image_free(&o);
@@ -532,13 +538,12 @@ int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallb
   for (size_t k = 0; k < n; k++) {
     char sd[PSD_CKPT_PATH_MAX + 32], f[PSD_CKPT_PATH_MAX + 96];
     snprintf(sd, sizeof sd, "%s/step-%012" PRIu64, dir, steps[k]);
+    ps_file(f, sizeof f, dir, steps[k], ps_index, num_ps);
     if (!step_complete(dir, steps[k], num_ps)) {
-      snprintf(f, sizeof f, "%s/ps-%u-of-%u.ckpt", sd, ps_index, num_ps);
       if (file_exists(f)) own = steps[k];
       if (!foreign) foreign = other_count(sd, num_ps);
       continue; /* an interrupted checkpoint, or another job shape */
     }
-    snprintf(f, sizeof f, "%s/ps-%u-of-%u.ckpt", sd, ps_index, num_ps);
     char e[1200];
     if (psd_ckpt_read(f, max_bytes, img, e, sizeof e) == 0) {
       if (img->meta.ps_index != ps_index || img->meta.num_ps != num_ps) {
@@ -607,7 +612,7 @@ int psd_ckpt_prune(const char *dir, uint32_t ps_index, uint32_t num_ps, int keep
   for (size_t k = 0; k < n; k++) {
     char sd[PSD_CKPT_PATH_MAX + 32], f[PSD_CKPT_PATH_MAX + 96], t[PSD_CKPT_PATH_MAX + 100];
     snprintf(sd, sizeof sd, "%s/step-%012" PRIu64, dir, steps[k]);
-    snprintf(f, sizeof f, "%s/ps-%u-of-%u.ckpt", sd, ps_index, num_ps);
+    ps_file(f, sizeof f, dir, steps[k], ps_index, num_ps);
     snprintf(t, sizeof t, "%s.tmp", f);
     if (file_exists(t) && unlink(t) == 0) removed++;
     if (k < cut) continue;
