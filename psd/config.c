@@ -55,7 +55,13 @@ static const psd_option OPTIONS[] = {
     {"name", OPT_STRING, F(name), "", 0, 0,
      "identity in log lines (default ps<index>)"},
     {"socket-buffer", OPT_INT, F(sock_buf), "4194304", 0, 1 << 30,
-     "SO_SNDBUF/SO_RCVBUF bytes per connection"},
+     "SO_SNDBUF bytes per connection (0: the kernel's autotuning)"},
+    {"recv-buffer", OPT_INT, F(recv_buf), "131072", 0, 1 << 30,
+     "SO_RCVBUF bytes of a worker's connection while pushes are paced: what a worker can "
+     "send that --pace-ahead cannot hold back (0, or no pacing: the kernel autotunes)"},
+    {"pace-ahead", OPT_INT, F(pace_ahead), "65536", 0, 1 << 30,
+     "in sync mode, stop reading a worker's push while it is this many bytes ahead of the "
+     "slowest worker pushing the same step, so TCP gives the link to the laggard (0: off)"},
     {"max-memory", OPT_DOUBLE, F(max_memory), "0", 0, 1e18,
      "bytes the variables may take (parameters, gradients, optimizer state); 0: 90% of RAM"},
     {"secret-file", OPT_STRING, F(secret_file), "", 0, 0,

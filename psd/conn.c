@@ -12,6 +12,7 @@
 
 #include "log.h"
 #include "optimizer.h"
+#include "pace.h"
 #include "server.h"
 
 /* Input buffer for headers, protobuf and small tensors; grows to hold a
@@ -211,6 +212,10 @@ void psd_conn_close(psd_conn *c, const char *why) {
   if (c->dead) return;
   c->dead = 1;
   psd_server *srv = c->srv;
+  if (c->pace_paused) {
+    c->pace_paused = 0;
+    srv->pace_paused--;
+  }
   for (uint32_t i = 0; i < c->waits_cap; i++) {
     psd_waiter *w = c->waits[i];
     if (w && w->parked) psd_slice_unpark(srv->shard.slices[w->slice_id], w);
@@ -232,6 +237,7 @@ void psd_conn_close(psd_conn *c, const char *why) {
   srv->graveyard = c;
   psd_debug("%s (%s): closed: %s", c->name, c->peer, why);
   psd_server_conn_closed(srv, c);
+  psd_pace_resume(srv); /* nobody waits for c any more */
   if (c->rev) event_del(c->rev);
   if (c->wev) event_del(c->wev);
   ps__outq_free(&c->out); /* releases the slices its replies referenced */
@@ -272,7 +278,7 @@ int psd_conn_write(psd_conn *c) {
   if (c->read_paused && c->state != PSD_CONN_CLOSING) {
     /* Replies drained: take requests again. */
     c->read_paused = 0;
-    event_add(c->rev, NULL);
+    if (!c->pace_paused) event_add(c->rev, NULL);
   }
   if (c->state == PSD_CONN_CLOSING) {
     psd_conn_close(c, "closed after error");
@@ -596,6 +602,7 @@ static int begin_data(psd_conn *c, uint64_t req, uint64_t step, Ps__Item **items
   c->n_items = n;
   c->item = 0;
   c->item_got = 0;
+  if (step != c->data_step || c->hdr.type != PS__MSG_PUSH) c->pace_done = 0;
   c->data_step = step;
   c->data_req = req;
   c->state = PSD_CONN_DATA;
@@ -804,6 +811,7 @@ static void item_done(psd_conn *c) {
     if (!was) psd_server_slice_advanced(srv, sl);
     return;
   }
+  c->pace_done += it->count * sizeof(float);
   double t0 = ps__now();
   int rc = psd_shard_push(&srv->shard, sl, (uint32_t)c->worker, c->data_step, c->stage, t0);
   c->data_at = t0;
@@ -931,6 +939,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
       event_del(c->rev);
       break;
     }
+    if (psd_pace_hold(srv, c)) break;
     ssize_t n;
     if (c->state == PSD_CONN_DATA && c->in_len == 0 &&
         c->items[c->item]->count * sizeof(float) - c->item_got >= PSD_DIRECT_READ_MIN) {
@@ -973,6 +982,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
     budget = (size_t)n >= budget ? 0 : budget - (size_t)n;
   }
   psd_server_flush(srv);
+  psd_pace_resume(srv);
   if (!c->dead && (c->state == PSD_CONN_CLOSING || ps__outq_pending(&c->out)))
     psd_conn_write(c);
   psd_server_reap(srv);

@@ -56,6 +56,8 @@ typedef struct psd_conn {
   int finished;               /* the worker sent FINISH */
   int dead;                   /* closed; memory freed at the next reap */
   int read_paused;            /* requests not read until replies drain */
+  int pace_paused;            /* Push not read: ahead of the slowest (pace.c) */
+  uint64_t pace_done;         /* DATA: bytes of this step's Push items done */
   uint64_t seq;               /* connection number, for logs */
   char peer[64];              /* remote address */
   char name[32];              /* "w3" or "conn#7", for logs */

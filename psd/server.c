@@ -20,6 +20,7 @@
 
 #include "conn.h"
 #include "log.h"
+#include "pace.h"
 
 /* Timer period for deadlines, stall checks and the grace period: fine
  * enough that a 1 s deadline is honoured within 10%. */
@@ -31,13 +32,10 @@
 /* Workers named in one stall log line before "and N more". */
 #define PSD_STALL_NAMES 16
 
-static void set_sockopts(int fd, int bufsize) {
+static void set_sockopts(int fd, int sndbuf) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  if (bufsize > 0) {
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bufsize, sizeof bufsize);
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bufsize, sizeof bufsize);
-  }
+  if (sndbuf > 0) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
 }
 
 void psd_server_finish(psd_server *srv, int code) {
@@ -309,6 +307,7 @@ int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err
   snprintf(wk->peer, sizeof wk->peer, "%s", c->peer);
   c->worker = (int)h->worker_index;
   snprintf(c->name, sizeof c->name, "w%u", h->worker_index);
+  psd_pace_joined(srv, c);
   psd_info("worker %u %s from %s%s%s", h->worker_index, rejoin ? "rejoined" : "joined",
            c->peer, h->client_id && h->client_id[0] ? " " : "",
            h->client_id ? h->client_id : "");

@@ -23,7 +23,7 @@ static const suite_entry SUITES[] = {
     {"auth", suite_auth},           {"checkpoint", suite_checkpoint},
     {"persist", suite_persist},     {"soak", suite_soak},
     {"telemetry", suite_telemetry}, {"cuda_ops", suite_cuda_ops},
-    {"prefetch", suite_prefetch},
+    {"prefetch", suite_prefetch},    {"pace", suite_pace},
 };
 
 int main(int argc, char **argv) {

@@ -1,0 +1,66 @@
+/* pace.c - ingress pacing of synchronous pushes (see pace.h). */
+#include "pace.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "conn.h"
+#include "log.h"
+#include "server.h"
+
+/* Bytes of the current step's Push that c has delivered, or UINT64_MAX if c
+ * is not in the middle of a Push. */
+static uint64_t progress(const psd_conn *c) {
+  if (c->dead || c->state != PSD_CONN_DATA || c->hdr.type != PS__MSG_PUSH) return UINT64_MAX;
+  return c->pace_done + c->item_got;
+}
+
+static int enabled(const psd_server *srv) {
+  return srv->cfg->pace_ahead > 0 && srv->pinned && !srv->shard.async_mode &&
+         srv->shard.replicas == srv->num_workers && srv->num_workers > 1;
+}
+
+/* 1 if c is more than pace_ahead bytes ahead of the slowest other worker
+ * pushing the same step. */
+static int ahead(const psd_server *srv, const psd_conn *c) {
+  uint64_t mine = progress(c);
+  if (mine == UINT64_MAX) return 0;
+  uint64_t limit = (uint64_t)srv->cfg->pace_ahead;
+  for (const psd_conn *o = srv->conns; o; o = o->next) {
+    if (o == c || o->worker < 0) continue;
+    uint64_t theirs = progress(o);
+    if (theirs == UINT64_MAX || o->data_step != c->data_step) continue;
+    if (mine > theirs + limit) return 1;
+  }
+  return 0;
+}
+
+void psd_pace_joined(psd_server *srv, psd_conn *c) {
+  int b = srv->cfg->recv_buf;
+  if (enabled(srv) && b > 0 && setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b) != 0)
+    psd_warn("%s: cannot set the receive buffer to %d bytes: %s", c->name, b, strerror(errno));
+}
+
+int psd_pace_hold(psd_server *srv, psd_conn *c) {
+  if (c->pace_paused) return 1;
+  if (!enabled(srv) || !ahead(srv, c)) return 0;
+  c->pace_paused = 1;
+  srv->pace_paused++;
+  srv->pace_holds++;
+  event_del(c->rev);
+  return 1;
+}
+
+void psd_pace_resume(psd_server *srv) {
+  if (srv->pace_paused == 0) return;
+  int on = enabled(srv);
+  for (psd_conn *c = srv->conns; c; c = c->next) {
+    if (!c->pace_paused) continue;
+    if (!c->dead && on && ahead(srv, c)) continue;
+    c->pace_paused = 0;
+    srv->pace_paused--;
+    if (!c->dead && !c->read_paused) event_add(c->rev, NULL);
+  }
+}
