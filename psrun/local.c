@@ -41,6 +41,30 @@ static void print_summary(const char *path) {
   unlink(path);
 }
 
+
+/* Settle time for report_other_failures: a task that died first (a ps) may
+ * be reaped after the workers its death made fail. */
+#define PSR_SETTLE_MS 100
+
+/* After a first failure: names the tasks that have already failed too, so
+ * that the root cause (a killed ps) is in the log even when a worker it took
+ * down was reaped first. */
+static void report_other_failures(psr_procs *procs) {
+  int which;
+  for (int i = 0; i < procs->n; i++) {
+    psr_event ev = psr_wait(procs, PSR_SETTLE_MS, -1, &which);
+    if (ev == PSR_EV_NONE) break;
+    if (ev != PSR_EV_EXIT) continue;
+    psr_child *c = &procs->kids[which];
+    int code = psr_exit_code(c->status);
+    if (code != 0 && code != PSR_EXIT_STOPPED) {
+      char d[64];
+      psr_describe(c->status, d, sizeof d);
+      psr_log("%s %s", c->label, d);
+    }
+  }
+}
+
 int psr_run_local(const psr_opts *o) {
   int N = o->ntasks, P = o->ps, W = N - P;
   psr_procs procs;
@@ -137,6 +161,7 @@ int psr_run_local(const psr_opts *o) {
         psr_describe(c->status, d, sizeof d);
         psr_log("%s %s; stopping all tasks", c->label, d);
         if (code > status) status = code;
+        report_other_failures(&procs);
         goto teardown;
       }
       if (!c->is_ps && --workers_left == 0) ps_deadline = now_s() + PSR_PSD_EXIT_S;

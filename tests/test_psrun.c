@@ -116,6 +116,28 @@ START_TEST(test_local_failing_task) {
 }
 END_TEST
 
+/* Bug: when a ps was killed, psrun could reap the worker its death made
+ * fail first (the ps closes its sockets before it becomes a zombie), log
+ * only "w1 exited with status 1" and tear the job down without naming the
+ * ps, the root cause. Here the worker exits 1 and the ps is SIGKILLed 30 ms
+ * later, the same race made wide: psrun must still name the ps. */
+START_TEST(test_local_killed_ps_is_named) {
+  for (int round = 0; round < 5; round++) {
+    char *argv[] = {(char *)bin("psrun"), "--local", "-n", "2", "--ps", "1", "--", "/bin/sh",
+                    "-c", "sleep 0.2; (sleep 0.03; pkill -KILL -P $PPID -x psd) & exit 1", NULL};
+    char out[1200];
+    int st;
+    pid_t pid = spawn(argv, NULL, out, sizeof out);
+    ck_assert_msg(wait_for(pid, 30, &st) == 0, "psrun hung after its ps was killed");
+    char *log = tu_read_file(out);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "status %d; output:\n%s", st, log);
+    ck_assert_msg(strstr(log, "ps0 was killed by SIGKILL") != NULL,
+                  "round %d: the killed ps is not named:\n%s", round, log);
+    free(log);
+  }
+}
+END_TEST
+
 START_TEST(test_local_signal_forwarded) {
   char *argv[] = {(char *)bin("psrun"), "--local", "-n", "3", "--ps", "1", "--",
                   (char *)bin("tiny_worker"), "--steps", "100000", "--sleep-ms", "10", NULL};
@@ -231,6 +253,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_local_success);
   tcase_add_test(tc, test_local_failing_task);
   tcase_add_test(tc, test_local_signal_forwarded);
+  tcase_add_test(tc, test_local_killed_ps_is_named);
   tcase_add_test(tc, test_validation);
   tcase_add_test(tc, test_print_plan_uneven_block);
   tcase_add_test(tc, test_print_plan_cyclic);

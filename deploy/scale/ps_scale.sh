@@ -10,6 +10,7 @@
 #   sudo deploy/scale/ps_scale.sh [--bin DIR] [--rate MBIT] [--model cifar|resnet50]
 #        [--scale K] [--compute-ms MS] [--workers "1 2 4 8"] [--ps "1 2 4"]
 #        [--steps N] [--slice-bytes B] [--queue-ms MS] [--json FILE]
+#        [--psd-args "ARGS"] [--baseline "ARGS"] [--keep DIR]
 #   deploy/scale/ps_scale.sh --smoke [--bin DIR]   # 1 ps + 1 worker, seconds; 77 if
 #                                                  # network namespaces are not allowed
 #
@@ -18,11 +19,16 @@
 # P)), and the link bound: the bytes through the busiest link per step
 # (a worker's link carries the model each way; ps p's link carries W times
 # its shard each way) over the link rate, plus the compute time. Method and
-# results: docs/scaling.md.
+# results: docs/scaling.md. --psd-args passes options to every psd;
+# --baseline runs every configuration a second time with these psd options
+# instead (e.g. "--pace-ahead 0") and adds its step time and the ratio, so
+# both are measured in the same run on the same links. --keep DIR keeps each
+# run's logs and telemetry (workers' and psd's JSON lines) there.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../../build/bin" rate=1000 model=cifar scale=1 compute_ms=100
 workers_list="1 2 4 8" ps_list="1 2 4" steps=20 json="" smoke=0 slice=262144 queue_ms=100
+psd_args="" baseline="" keep=""
 die() { echo "ps_scale: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -37,8 +43,11 @@ while [ $# -gt 0 ]; do
     --json) json=$2; shift 2 ;;
     --slice-bytes) slice=$2; shift 2 ;;
     --queue-ms) queue_ms=$2; shift 2 ;;
+    --psd-args) psd_args=$2; shift 2 ;;
+    --baseline) baseline=$2; shift 2 ;;
+    --keep) keep=$2; shift 2 ;;
     --smoke) smoke=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -77,6 +86,7 @@ teardown() {
     ip netns del "$h" 2>/dev/null
   done
   [ "$made_bridge" = 1 ] && ip link del "${tag}br" 2>/dev/null
+  [ -n "$keep" ] && mkdir -p "$keep" && cp -r "$tmp"/p* "$keep"/ 2>/dev/null
   rm -rf "$tmp"
 }
 trap teardown EXIT
@@ -115,17 +125,18 @@ for ((i = 0; i < nhosts; i++)); do
 done
 secret=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
-# One configuration: P ps on hosts 0..P-1, W workers on hosts maxp..maxp+W-1.
+# One configuration: P ps on hosts 0..P-1, W workers on hosts maxp..maxp+W-1,
+# psd given the options in $3 (word-split), its files under p<P>w<W>$4.
 # Prints "step_ms bytes_per_ps_max model_bytes".
 run_one() {
-  local P=$1 W=$2 hostsv="" i
-  local run="$tmp/p${P}w${W}"
+  local P=$1 W=$2 extra=$3 hostsv="" i
+  local run="$tmp/p${P}w${W}$4"
   mkdir -p "$run"
   pids=()
   for ((i = 0; i < P; i++)); do
     PSD_SECRET=$secret ip netns exec "${tag}h$i" "$bin/psd" --host "$net.$((10 + i))" --port 7000 \
       --port-file "$run/port$i" --ps-index "$i" --num-ps "$P" --workers "$W" --log-level warn \
-      --startup-timeout 120 > "$run/ps$i.log" 2>&1 &
+      --telemetry "$run/tel.ps$i" --startup-timeout 120 $extra > "$run/ps$i.log" 2>&1 &
     pids+=($!)
     hostsv+="${hostsv:+,}$net.$((10 + i)):7000"
   done
@@ -159,23 +170,27 @@ run_one() {
 }
 
 if [ "$smoke" = 1 ]; then
-  read -r step bytes mb < <(run_one 1 1)
+  read -r step bytes mb < <(run_one 1 1 "$psd_args" "")
   echo "ok: 1 ps + 1 worker across namespaces with ${rate} Mbit/s links: step ${step} ms, $mb model bytes"
   exit 0
 fi
 
-printf "model %s / %s, compute %s ms per step, links %s Mbit/s each way, %s steps per run, %s-byte slices\n" \
-  "$model" "$scale" "$compute_ms" "$rate" "$steps" "$slice"
-printf "%3s %3s %10s %12s %6s %12s %10s %9s %8s %s\n" ps wkrs step_ms speedup "eff" \
-  "busiest_MB" link_ms bound_ms "of_bnd" target
+printf "model %s / %s, compute %s ms per step, links %s Mbit/s each way, %s steps per run, %s-byte slices%s\n" \
+  "$model" "$scale" "$compute_ms" "$rate" "$steps" "$slice" "${psd_args:+, psd $psd_args}"
+[ -n "$baseline" ] && echo "baseline: the same runs with psd $baseline (base_ms; gain = base_ms / step_ms)"
+printf "%3s %3s %10s %12s %6s %12s %10s %9s %8s %-19s%s\n" ps wkrs step_ms speedup "eff" \
+  "busiest_MB" link_ms bound_ms "of_bnd" target "${baseline:+   base_ms   gain}"
 [ -n "$json" ] && : > "$json"
 for P in $ps_list; do
   s1=""
   for W in $workers_list; do
-    read -r step bytes mb < <(run_one "$P" "$W")
+    read -r step bytes mb < <(run_one "$P" "$W" "$psd_args" "")
+    base=0
+    [ -n "$baseline" ] && read -r base _ _ < <(run_one "$P" "$W" "$baseline" "-base")
     [ -n "$s1" ] || s1=$step
     awk -v P="$P" -v W="$W" -v step="$step" -v s1="$s1" -v shard="$bytes" -v mb="$mb" \
-        -v rate="$rate" -v c="$compute_ms" -v json="$json" -v model="$model" -v scale="$scale" '
+        -v rate="$rate" -v c="$compute_ms" -v json="$json" -v model="$model" -v scale="$scale" \
+        -v base="$base" '
       BEGIN {
         busiest = W * shard > mb ? W * shard : mb
         link = busiest * 8 / (rate * 1e6) * 1e3
@@ -185,14 +200,17 @@ for P in $ps_list; do
         allow = bound <= s1 / 0.9     # the links permit >= 90% efficiency
         ok = allow ? (eff >= 0.9) : (ofb >= 0.9)
         tgt = (allow ? "eff>=90%: " : "bound>=90%: ") (ok ? "met" : "MISSED")
-        printf "%3d %3d %10.1f %12.2f %5.0f%% %12.2f %10.1f %9.1f %7.0f%% %s\n",
+        printf "%3d %3d %10.1f %12.2f %5.0f%% %12.2f %10.1f %9.1f %7.0f%% %-19s",
                P, W, step, W * s1 / step, 100 * eff, busiest / 1e6, link, bound, 100 * ofb, tgt
+        if (base > 0) printf " %9.1f %5.2fx", base, base / step
+        printf "\n"
         if (json != "")
           printf "{\"model\":\"%s\",\"scale\":%d,\"ps\":%d,\"workers\":%d,\"rate_mbit\":%d," \
                  "\"compute_ms\":%d,\"step_ms\":%.2f,\"efficiency\":%.4f,\"busiest_bytes\":%d," \
-                 "\"link_ms\":%.2f,\"bound_ms\":%.2f,\"of_bound\":%.4f,\"target_met\":%s}\n",
+                 "\"link_ms\":%.2f,\"bound_ms\":%.2f,\"of_bound\":%.4f,\"target_met\":%s," \
+                 "\"baseline_step_ms\":%.2f}\n",
                  model, scale, P, W, rate, c, step, eff, busiest, link, bound, ofb,
-                 ok ? "true" : "false" >> json
+                 ok ? "true" : "false", base >> json
       }'
   done
 done
