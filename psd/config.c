@@ -59,6 +59,9 @@ static const psd_option OPTIONS[] = {
     {"recv-buffer", OPT_INT, F(recv_buf), "131072", 0, 1 << 30,
      "SO_RCVBUF bytes of a worker's connection while pushes are paced: what a worker can "
      "send that --pace-ahead cannot hold back (0, or no pacing: the kernel autotunes)"},
+    {"pace-loopback", OPT_FLAG, F(pace_loopback), "0", 0, 0,
+     "pace workers connected over loopback too (they share no network link with the others; "
+     "for tests)"},
     {"pace-ahead", OPT_INT, F(pace_ahead), "65536", 0, 1 << 30,
      "in sync mode, stop reading a worker's push while it is this many bytes ahead of the "
      "slowest worker pushing the same step, so TCP gives the link to the laggard (0: off)"},

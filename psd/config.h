@@ -28,6 +28,7 @@ typedef struct psd_config {
   char name[64];           /* identity in log lines; default "ps<index>" */
   int sock_buf;            /* SO_SNDBUF bytes for connections (0: autotuned) */
   int recv_buf;            /* SO_RCVBUF of paced workers' connections (0: autotuned) */
+  int pace_loopback;       /* pace loopback peers too (tests) */
   int pace_ahead;          /* bytes a Push may run ahead of the slowest (0: off) */
   double max_memory;       /* bytes variables may take (0: 90% of RAM) */
   char secret_file[1024];  /* file (mode 0600) holding the shared secret */

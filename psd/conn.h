@@ -57,6 +57,7 @@ typedef struct psd_conn {
   int dead;                   /* closed; memory freed at the next reap */
   int read_paused;            /* requests not read until replies drain */
   int pace_paused;            /* Push not read: ahead of the slowest (pace.c) */
+  int pace_exempt;            /* over loopback: shares no link, never paced */
   uint64_t pace_done;         /* DATA: bytes of this step's Push items done */
   uint64_t seq;               /* connection number, for logs */
   char peer[64];              /* remote address */

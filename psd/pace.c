@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <event2/event.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include "conn.h"
@@ -13,7 +15,7 @@
 /* Bytes of the current step's Push that c has delivered, or UINT64_MAX if c
  * is not in the middle of a Push. */
 static uint64_t progress(const psd_conn *c) {
-  if (c->dead || c->state != PSD_CONN_DATA || c->hdr.type != PS__MSG_PUSH) return UINT64_MAX;
+  if (c->dead || c->pace_exempt || c->state != PSD_CONN_DATA || c->hdr.type != PS__MSG_PUSH) return UINT64_MAX;
   return c->pace_done + c->item_got;
 }
 
@@ -37,7 +39,23 @@ static int ahead(const psd_server *srv, const psd_conn *c) {
   return 0;
 }
 
+/* 1 if fd's peer is on this host (127.0.0.0/8, ::1, or v4-mapped 127/8). */
+static int loopback_peer(int fd) {
+  struct sockaddr_storage ss;
+  socklen_t len = sizeof ss;
+  if (getpeername(fd, (struct sockaddr *)&ss, &len) != 0) return 0;
+  if (ss.ss_family == AF_INET)
+    return (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+  if (ss.ss_family == AF_INET6) {
+    const struct in6_addr *a = &((struct sockaddr_in6 *)&ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+  }
+  return 0;
+}
+
 void psd_pace_joined(psd_server *srv, psd_conn *c) {
+  c->pace_exempt = !srv->cfg->pace_loopback && loopback_peer(c->fd);
+  if (c->pace_exempt) return; /* autotuned buffer: loopback is CPU, not a link */
   int b = srv->cfg->recv_buf;
   if (enabled(srv) && b > 0 && setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof b) != 0)
     psd_warn("%s: cannot set the receive buffer to %d bytes: %s", c->name, b, strerror(errno));

@@ -12,7 +12,9 @@
  * goes to the flows psd is waiting for. Reading resumes as soon as the
  * laggard catches up, finishes its push or goes away.
  *
- * Pacing is on only in synchronous mode with every worker aggregated
+ * Workers connected over loopback are neither paced nor waited for: they
+ * share no network link with the others (--pace-loopback overrides, for
+ * tests). Pacing is on only in synchronous mode with every worker aggregated
  * (backup workers exist precisely so that nobody waits for the slowest) and
  * with --pace-ahead > 0. It needs a bounded receive buffer: bytes the
  * kernel has already accepted are not paced, so workers' connections get

@@ -27,7 +27,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../../build/bin" rate=1000 model=cifar scale=1 compute_ms=100
-workers_list="1 2 4 8" ps_list="1 2 4" steps=20 json="" smoke=0 slice=262144 queue_ms=100
+workers_list="1 2 4 8" ps_list="1 2 4" steps=20 json="" smoke=0 slice=65536 queue_ms=100
 psd_args="" baseline="" keep=""
 die() { echo "ps_scale: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
