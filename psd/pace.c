@@ -15,7 +15,8 @@
 /* Bytes of the current step's Push that c has delivered, or UINT64_MAX if c
  * is not in the middle of a Push. */
 static uint64_t progress(const psd_conn *c) {
-  if (c->dead || c->pace_exempt || c->state != PSD_CONN_DATA || c->hdr.type != PS__MSG_PUSH) return UINT64_MAX;
+  if (c->dead || c->pace_exempt || c->state != PSD_CONN_DATA || c->hdr.type != PS__MSG_PUSH)
+    return UINT64_MAX;
   return c->pace_done + c->item_got;
 }
 
@@ -24,19 +25,21 @@ static int enabled(const psd_server *srv) {
          srv->shard.replicas == srv->num_workers && srv->num_workers > 1;
 }
 
-/* 1 if c is more than pace_ahead bytes ahead of the slowest other worker
- * pushing the same step. */
-static int ahead(const psd_server *srv, const psd_conn *c) {
-  uint64_t mine = progress(c);
-  if (mine == UINT64_MAX) return 0;
-  uint64_t limit = (uint64_t)srv->cfg->pace_ahead;
+/* Progress of the slowest worker pushing `step` (UINT64_MAX: none). */
+static uint64_t slowest(const psd_server *srv, uint64_t step) {
+  uint64_t min = UINT64_MAX;
   for (const psd_conn *o = srv->conns; o; o = o->next) {
-    if (o == c || o->worker < 0) continue;
-    uint64_t theirs = progress(o);
-    if (theirs == UINT64_MAX || o->data_step != c->data_step) continue;
-    if (mine > theirs + limit) return 1;
+    uint64_t p = o->worker >= 0 && o->data_step == step ? progress(o) : UINT64_MAX;
+    if (p < min) min = p;
   }
-  return 0;
+  return min;
+}
+
+/* 1 if c, with progress mine, is more than pace_ahead bytes ahead of min,
+ * the slowest progress on its step (c's own included: it is never ahead of
+ * itself, so this is the same as comparing with the others). */
+static int ahead_of(const psd_server *srv, uint64_t mine, uint64_t min) {
+  return mine != UINT64_MAX && mine - min > (uint64_t)srv->cfg->pace_ahead;
 }
 
 /* 1 if fd's peer is on this host (127.0.0.0/8, ::1, or v4-mapped 127/8). */
@@ -63,10 +66,11 @@ void psd_pace_joined(psd_server *srv, psd_conn *c) {
 
 int psd_pace_hold(psd_server *srv, psd_conn *c) {
   if (c->pace_paused) return 1;
-  if (!enabled(srv) || !ahead(srv, c)) return 0;
+  if (!enabled(srv)) return 0;
+  uint64_t mine = progress(c);
+  if (mine == UINT64_MAX || !ahead_of(srv, mine, slowest(srv, c->data_step))) return 0;
   c->pace_paused = 1;
   srv->pace_paused++;
-  srv->pace_holds++;
   event_del(c->rev);
   return 1;
 }
@@ -74,9 +78,18 @@ int psd_pace_hold(psd_server *srv, psd_conn *c) {
 void psd_pace_resume(psd_server *srv) {
   if (srv->pace_paused == 0) return;
   int on = enabled(srv);
+  /* Paused connections are almost always on one step: one scan for its
+   * slowest, not one per connection (W^2 with many workers). */
+  uint64_t step = 0, min = 0;
+  int have = 0;
   for (psd_conn *c = srv->conns; c; c = c->next) {
     if (!c->pace_paused) continue;
-    if (!c->dead && on && ahead(srv, c)) continue;
+    if (!have || c->data_step != step) {
+      step = c->data_step;
+      min = slowest(srv, step);
+      have = 1;
+    }
+    if (!c->dead && on && ahead_of(srv, progress(c), min)) continue;
     c->pace_paused = 0;
     srv->pace_paused--;
     if (!c->dead && !c->read_paused) event_add(c->rev, NULL);

@@ -66,7 +66,6 @@ typedef struct psd_server {
   double accept_warned_at;     /* last "accept failed" log line */
   psd_persist persist;         /* checkpoints, restore, stop on request */
   int pace_paused;             /* connections held by ingress pacing (pace.c) */
-  uint64_t pace_holds;         /* times a Push was held, for stats */
 } psd_server;
 
 /* Opens the listener (and port file) and sets up the loop. 0 or -1 (logged). */
