@@ -14,8 +14,11 @@ endfunction()
 
 ps_require_pkg(LIBEVENT libevent libevent-dev)
 ps_require_pkg(PROTOBUFC libprotobuf-c libprotobuf-c-dev)
-ps_require_pkg(OPENBLAS openblas libopenblas-dev)
 ps_require_pkg(MUNGE munge libmunge-dev)
+# Only the CIFAR-10 example computes with BLAS.
+if(PS_BUILD_EXAMPLES)
+  ps_require_pkg(OPENBLAS openblas libopenblas-dev)
+endif()
 
 find_program(PROTOC_C NAMES protoc-c)
 if(NOT PROTOC_C)

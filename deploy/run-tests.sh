@@ -2,14 +2,23 @@
 # The whole test suite: installs what is missing, builds, runs ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/build.sh
+# Warnings are errors in every build this script makes.
+bash deploy/build.sh -DPS_WERROR=ON
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600)
+
+# The daemon and the library alone: no psrun, no examples, so neither
+# libslurm, libpmi2 nor OpenBLAS is looked for; psd must not link them and
+# libpsclient.so must export only the ps_ API (tests/link_test.sh).
+cmake -S . -B build-min -DPS_BUILD_PSRUN=OFF -DPS_BUILD_EXAMPLES=OFF -DPS_BUILD_TESTS=OFF \
+  -DPS_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build-min -j"$(nproc)"
+bash tests/link_test.sh build-min/lib/libpsclient.so build-min/bin/psd
 
 # The same suite again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (psd processes started by the tests are sanitized too). The CUDA backend
 # is left out of this build and the fuzz build (cmake/Cuda.cmake says why);
 # its kernel bodies still run on the CPU there (ps_tests cuda_ops).
-cmake -S . -B build-asan -DPS_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake -S . -B build-asan -DPS_SANITIZE=ON -DPS_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-asan -j"$(nproc)"
 (cd build-asan && ctest --output-on-failure -j"$(nproc)" --timeout 600)
 
@@ -35,6 +44,6 @@ if ! command -v clang >/dev/null 2>&1 || ! fuzz_probe; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "libclang-rt-${clang_major}-dev" >/dev/null
 fi
-CC=clang cmake -S . -B build-fuzz -DPS_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+CC=clang cmake -S . -B build-fuzz -DPS_FUZZ=ON -DPS_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target fuzz
 bash tests/fuzz/run.sh build-fuzz 60

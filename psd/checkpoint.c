@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ps_internal.h"
+#include "wire.h"
 
 /* File magics: the header's first 8 bytes, each record's first 4 and the
  * trailer's first 8, so a truncated or shifted file fails loudly. */

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "log.h"
-#include "ps_internal.h"
+#include "wire.h"
 
 typedef enum { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_MODE, OPT_LEVEL, OPT_FLAG, OPT_RESTORE } opt_type;
 

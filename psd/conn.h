@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 #include "shard.h"
 
 struct psd_server;

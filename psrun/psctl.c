@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "admin.h"
 
 /* Longest secret read from --secret-file (psd's own limit is 255 bytes). */
 #define PSCTL_MAX_SECRET 255

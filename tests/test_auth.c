@@ -1,7 +1,8 @@
 /* Authentication of peers: MUNGE credentials (a private munged started by
  * the test) bound to the job and step, refused when replayed, expired, of
- * another job, or missing. Without munged on the machine the MUNGE tests
- * print a SKIP line (deploy/slurm/cluster.sh install provides it). */
+ * another job, or missing. Without munged on the machine the suite is
+ * skipped (exit 77; deploy/deps.sh installs it); a munged that is installed
+ * but does not start is a failure. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <check.h>
@@ -19,7 +20,7 @@
 #include <unistd.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 #include "testutil.h"
 
 Suite *suite_auth(void);
@@ -27,10 +28,15 @@ Suite *suite_auth(void);
 static char g_sock[600]; /* our munged's socket, "" if none */
 static pid_t g_munged;
 
-/* Starts a private munged (own key, socket, pid file). 0, or -1 to skip. */
-static int start_munged(void) {
+static int munged_installed(void) {
+  return system("command -v munged >/dev/null 2>&1") == 0;
+}
+
+/* Starts a private munged (own key, socket, pid file). 0, or -1 with the
+ * reason in why (the suite is skipped before this when munged is missing,
+ * so any failure here is a broken installation). */
+static int start_munged(char *why, size_t whylen) {
   if (g_sock[0]) return 0;
-  if (system("command -v munged >/dev/null 2>&1") != 0) return -1;
   char dir[512], cmd[8192];
   snprintf(dir, sizeof dir, "%s/munge", tu_tmpdir());
   mkdir(dir, 0700);
@@ -39,7 +45,14 @@ static int start_munged(void) {
            "chmod 0711 %s && munged %s --socket=%s/sock --key-file=%s/key --pid-file=%s/pid "
            "--log-file=%s/log --seed-file=%s/seed >%s/out 2>&1",
            dir, dir, dir, getuid() == 0 ? "--force" : "", dir, dir, dir, dir, dir, dir);
-  if (system(cmd) != 0) return -1;
+  if (system(cmd) != 0) {
+    char outf[600];
+    snprintf(outf, sizeof outf, "%s/out", dir);
+    char *out = tu_read_file(outf);
+    snprintf(why, whylen, "munged did not start: %s", out ? out : "(no output)");
+    free(out);
+    return -1;
+  }
   char pidf[600];
   snprintf(pidf, sizeof pidf, "%s/pid", dir);
   for (int i = 0; i < 100; i++) {
@@ -54,6 +67,7 @@ static int start_munged(void) {
     struct timespec ts = {0, 20000000};
     nanosleep(&ts, NULL);
   }
+  snprintf(why, whylen, "munged wrote no pid file %s within 2 s", pidf);
   return -1;
 }
 
@@ -63,12 +77,12 @@ static void stop_munged(void) {
   g_sock[0] = '\0';
 }
 
-#define SKIP_WITHOUT_MUNGED()                                                      \
-  if (start_munged() != 0) {                                                       \
-    printf("SKIP: %s: munged is not installed (bash deploy/slurm/cluster.sh install)\n", \
-           __func__);                                                              \
-    return;                                                                        \
-  }
+/* Every test needs our munged; failing to start it fails the test. */
+#define START_MUNGED()                                                           \
+  do {                                                                           \
+    char why_[4096];                                                             \
+    ck_assert_msg(start_munged(why_, sizeof why_) == 0, "%s", why_);            \
+  } while (0)
 
 static ps_client *munge_client(const char **hp, long long job, long long step, int *rc,
                                char *err, size_t errlen) {
@@ -97,7 +111,7 @@ static void start_psd_munge(tu_psd *ps, const char *step, char hosts[][64], cons
 /* The job's own credential is accepted; another job's, another step's, or
  * none at all are refused with a sentence that says why. */
 START_TEST(test_munge_job_and_step) {
-  SKIP_WITHOUT_MUNGED();
+  START_MUNGED();
   tu_psd ps;
   char hosts[1][64];
   const char *hp[1];
@@ -128,7 +142,7 @@ END_TEST
 
 /* --step-id -1 (a ps step serving later worker steps): any step of the job. */
 START_TEST(test_munge_any_step) {
-  SKIP_WITHOUT_MUNGED();
+  START_MUNGED();
   tu_psd ps;
   char hosts[1][64];
   const char *hp[1];
@@ -195,7 +209,7 @@ static int raw_hello(int port, const char *cred, char *msg, size_t msglen) {
 /* A credential used once is refused the second time (munged's replay
  * detection), so a captured handshake cannot be reused. */
 START_TEST(test_munge_replay) {
-  SKIP_WITHOUT_MUNGED();
+  START_MUNGED();
   tu_psd ps;
   char hosts[1][64];
   const char *hp[1];
@@ -221,7 +235,7 @@ END_TEST
 
 /* An expired credential (TTL 1 s, used 3 s later) is refused. */
 START_TEST(test_munge_expired) {
-  SKIP_WITHOUT_MUNGED();
+  START_MUNGED();
   tu_psd ps;
   char hosts[1][64];
   const char *hp[1];
@@ -246,6 +260,10 @@ END_TEST
 static void teardown(void) { stop_munged(); }
 
 Suite *suite_auth(void) {
+  if (!munged_installed()) {
+    printf("SKIP: auth: munged is not installed (apt-get install munge)\n");
+    return NULL;
+  }
   Suite *s = suite_create("auth");
   TCase *tc = tcase_create("munge");
   tcase_set_timeout(tc, 60);

@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 #include "testutil.h"
 
 enum {

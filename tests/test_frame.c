@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ps_internal.h"
+#include "wire.h"
 #include "testutil.h"
 
 /* ---- helpers ----------------------------------------------------------- */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ps_internal.h"
+#include "wire.h"
 #include "testutil.h"
 
 /* Places numel on p into a fresh array; *n gets the count, which must equal

@@ -53,9 +53,7 @@ static pid_t start_worker(const char **hp, int i) {
 }
 
 START_TEST(random_kills_with_backups) {
-  unsigned seed = (unsigned)time(NULL);
-  fprintf(stderr, "soak: seed %u\n", seed);
-  srand(seed);
+  srand(tu_seed("soak"));
   tu_psd ps[2];
   /* Checkpoints keep being written while workers die and come back. */
   char ckdir[600];

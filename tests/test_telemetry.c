@@ -11,7 +11,8 @@
 #include <unistd.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
+#include "admin.h"
 #include "testutil.h"
 
 #define SECRET "telemetry-test-secret-0123456789"

@@ -1,7 +1,7 @@
 #define _GNU_SOURCE
 #include "testutil.h"
 
-#include "ps_internal.h"
+#include "wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -412,4 +412,21 @@ void *tu_train_worker(void *arg) {
   }
   ps_client_destroy(c);
   return NULL;
+}
+
+unsigned tu_seed(const char *what) {
+  const char *env = getenv("PS_TEST_SEED");
+  unsigned seed;
+  if (env && *env) {
+    char *end;
+    unsigned long v = strtoul(env, &end, 10);
+    ck_assert_msg(*end == '\0', "PS_TEST_SEED must be a decimal number, got '%s'", env);
+    seed = (unsigned)v;
+  } else {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    seed = (unsigned)(ts.tv_sec ^ ts.tv_nsec ^ getpid());
+  }
+  fprintf(stderr, "%s: seed %u (PS_TEST_SEED=%u replays it)\n", what, seed, seed);
+  return seed;
 }

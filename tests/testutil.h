@@ -10,6 +10,10 @@
 
 #include "psclient.h"
 
+/* Suite constructors (test_<name>.c). A constructor returns NULL when the
+ * suite cannot run here (a dependency is not installed), after printing
+ * "SKIP: <suite>: <why>"; the runner then exits 77, which ctest reports as
+ * skipped. */
 Suite *suite_frame(void);
 Suite *suite_placement(void);
 Suite *suite_init(void);
@@ -73,7 +77,10 @@ int tu_read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t
 /* Fills hosts[i] (each of 64 bytes) with the addresses of ps[0..n). */
 void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs);
 
-#endif
+/* Seed of a random test: $PS_TEST_SEED when set (to replay a run), else
+ * drawn from the clock; printed as "<what>: seed N (PS_TEST_SEED=N replays
+ * it)" so every run can be repeated. */
+unsigned tu_seed(const char *what);
 
 /* ---- a small real model: multinomial logistic regression ---------------- */
 #define TU_D 8 /* features */
@@ -119,3 +126,5 @@ int tu_params_equal(const tu_train *a, const tu_train *b);
  * applying the same rules: W plain SGD lr 0.5, b momentum 0.9 lr 0.1. */
 void tu_model_opts(ps_optimizer *ow, ps_optimizer *ob);
 void tu_model_init(float *W, float *b);
+
+#endif /* PS_TESTUTIL_H */

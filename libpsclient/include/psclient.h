@@ -22,6 +22,12 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden; what this header declares
+ * is the API, and only it is exported from libpsclient.so. */
+#if defined(__GNUC__) && !defined(PS_NO_VISIBILITY)
+#pragma GCC visibility push(default)
+#endif
+
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 1
 #define PS_VERSION_PATCH 0
@@ -262,6 +268,10 @@ int ps_client_finish(ps_client *c);
  * the job again resumes from the checkpoint. Servers that get the signal
  * themselves start the same protocol. NULL is a no-op. */
 void ps_client_request_stop(ps_client *c);
+
+#if defined(__GNUC__) && !defined(PS_NO_VISIBILITY)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

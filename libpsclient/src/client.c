@@ -20,7 +20,7 @@
 #include <unistd.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 #include "psclient.h"
 #include "ps_telemetry.h"
 

@@ -7,13 +7,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ps_internal.h"
-
-static double unix_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "wire.h"
 
 int ps__telem_init(ps__telem *t, const char *spec, int rank, int num_ps, char *err,
                    size_t errlen) {
@@ -42,7 +36,7 @@ int ps__telem_init(ps__telem *t, const char *spec, int rank, int num_ps, char *e
     }
   }
   t->mono0 = ps__now();
-  t->unix0 = unix_now();
+  t->unix0 = ps__unix_now();
   t->last_exit = t->mono0;
   t->on = 1;
   return 0;
@@ -115,18 +109,6 @@ void ps__telem_step_end(ps__telem *t, uint64_t step, double push_done, double fi
   t->n++;
   t->last_exit = now;
   if (t->file && t->n - t->written >= PS__TELEM_BATCH) flush_file(t);
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-double ps__percentile(double *v, size_t n, double p) {
-  if (n == 0) return 0;
-  qsort(v, n, sizeof *v, cmp_double);
-  size_t k = (size_t)(p / 100.0 * (double)(n - 1) + 0.5);
-  return v[k < n ? k : n - 1];
 }
 
 int ps__telem_summary(ps__telem *t, Ps__WorkerSummary *out) {

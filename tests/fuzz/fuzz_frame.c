@@ -17,7 +17,7 @@
 
 #include "fuzz_server.h" /* LLVMFuzzerTestOneInput prototype */
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 
 #define CHECK(cond, ...)                                   \
   do {                                                     \

@@ -38,7 +38,7 @@
 
 #include "fuzz_server.h"
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 
 /* The shared secret this target's psd requires (fuzz_conn runs without). */
 #define FUZZ_SECRET "psd-fuzz-shared-secret-0123"

@@ -14,7 +14,7 @@
 #include "conn.h"
 #include "log.h"
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 #include "server.h"
 
 /* Seconds psd may go without reading or closing before the harness calls

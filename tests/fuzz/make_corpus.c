@@ -17,7 +17,7 @@
 #include <sys/stat.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 
 typedef struct buf {
   uint8_t *p;

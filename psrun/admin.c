@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "admin.h"
 
 /* Largest reply an admin tool reads: Stats of 1M workers is ~60 MB of
  * protobuf, more than any frame may carry anyway. */

@@ -8,7 +8,7 @@
 #include <munge.h>
 
 #include "ps.pb-c.h"
-#include "ps_internal.h"
+#include "wire.h"
 
 int ps__hello_auth(Ps__Hello *h, const ps__auth *a, char **mcred, char *err, size_t errlen) {
   *mcred = NULL;

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#include "ps_internal.h"
+#include "wire.h"
 
 /* iovecs per writev call (Linux IOV_MAX is 1024). */
 #define PS__IOV_BATCH 256

@@ -18,7 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "ps_internal.h"
+#include "wire.h"
 
 #define ELEM_BYTES 4u
 

@@ -1,11 +1,11 @@
-/* common.c - error table, frame header codec and small helpers shared by
+/* frame.c - the error table and the frame header codec, shared by
  * libpsclient and psd. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "ps_internal.h"
+#include "wire.h"
 
 const char *ps_strerror(int code) {
   switch (code) {
@@ -142,47 +142,4 @@ const char *ps__msg_name(unsigned type) {
       [PS__MSG_STATS] = "STATS",         [PS__MSG_STATS_REPLY] = "STATS_REPLY"};
   if (type >= PS__MSG_MAX_ || !names[type]) return "UNKNOWN";
   return names[type];
-}
-
-double ps__now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-int ps__parse_hostport(const char *s, char *host, size_t hostcap, int *port) {
-  if (!s || !*s) return PS_EINVAL;
-  const char *colon;
-  const char *hstart = s;
-  size_t hlen;
-  if (s[0] == '[') {
-    const char *close = strchr(s, ']');
-    if (!close || close[1] != ':') return PS_EINVAL;
-    hstart = s + 1;
-    hlen = (size_t)(close - hstart);
-    colon = close + 1;
-  } else {
-    colon = strrchr(s, ':');
-    if (!colon) return PS_EINVAL;
-    hlen = (size_t)(colon - s);
-  }
-  if (hlen == 0 || hlen >= hostcap) return PS_EINVAL;
-  char *end;
-  long p = strtol(colon + 1, &end, 10);
-  if (end == colon + 1 || *end != '\0' || p < 1 || p > 65535) return PS_EINVAL;
-  memcpy(host, hstart, hlen);
-  host[hlen] = '\0';
-  *port = (int)p;
-  return 0;
-}
-
-int ps__grow(void **p, size_t *cap, size_t need, size_t elem) {
-  if (need <= *cap) return 0;
-  size_t nc = *cap ? *cap : 16;
-  while (nc < need) nc *= 2;
-  void *np = realloc(*p, nc * elem);
-  if (!np) return -1;
-  *p = np;
-  *cap = nc;
-  return 0;
 }

@@ -1,0 +1,38 @@
+/*
+ * util.h - the few helpers every layer shares: one clock, overflow-checked
+ * arithmetic and growth, percentiles, "host:port" parsing. Internal (ps__
+ * names); compiled into libpsclient, psd and the tools alike, never exported.
+ */
+#ifndef PS_UTIL_H
+#define PS_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* a*b into *out unless it overflows (returns -1 then). */
+static inline int ps__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  return __builtin_mul_overflow(a, b, out) ? -1 : 0;
+}
+/* a+b into *out unless it overflows (returns -1 then). */
+static inline int ps__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  return __builtin_add_overflow(a, b, out) ? -1 : 0;
+}
+
+/* Grows *p (an array of *cap elements of elem bytes) to hold at least need
+ * elements, doubling. 0, or -1 when out of memory or when the new size in
+ * bytes would overflow (*p and *cap unchanged then). */
+int ps__grow(void **p, size_t *cap, size_t need, size_t elem);
+
+/* Monotonic clock in seconds: every deadline and duration. */
+double ps__now(void);
+/* Wall clock (Unix time) in seconds: only to date records for people. */
+double ps__unix_now(void);
+
+/* p-th percentile (0..100) of v[0..n), sorting v in place; 0 if n == 0. */
+double ps__percentile(double *v, size_t n, double p);
+
+/* Parses "host:port" ("[v6]:port" too) into host (hostcap bytes) and port
+ * (1..65535). 0, or PS_EINVAL (-1) when malformed. */
+int ps__parse_hostport(const char *s, char *host, size_t hostcap, int *port);
+
+#endif /* PS_UTIL_H */

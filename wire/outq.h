@@ -1,0 +1,50 @@
+/*
+ * outq.h - the output queue both sides write frames through: headers and
+ * packed protobuf copied, tensor data referenced in place. Internal.
+ */
+#ifndef PS_WIRE_OUTQ_H
+#define PS_WIRE_OUTQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+/* One piece of queued output: bytes of the queue's own buffer (ext NULL,
+ * at off) or caller memory (ext), optionally holding a reference. */
+typedef struct ps__outseg {
+  const void *ext;  /* caller memory, or NULL for the own buffer */
+  size_t off, len;  /* offset in the own buffer; bytes */
+  void *ref;        /* passed to release() once sent or dropped */
+} ps__outseg;
+
+/* Frames waiting to be written. Tensor data is referenced, not copied; the
+ * hold/release hooks let the owner keep that memory stable meanwhile. */
+typedef struct ps__outq {
+  ps__outseg *segs;              /* queued segments */
+  size_t n, cap;                 /* used, allocated */
+  size_t first, first_done;      /* first unsent segment; bytes of it sent */
+  uint8_t *buf;                  /* headers and packed protobuf */
+  size_t len, bufcap;            /* used, allocated */
+  void (*hold)(void *ctx, void *ref);    /* a segment now references ref */
+  void (*release)(void *ctx, void *ref); /* ... and no longer does */
+  void *ctx;                     /* for the hooks */
+} ps__outq;
+
+/* Queues header + packed m + data segments (refs may be NULL). 0,
+ * PS_ETOOBIG or PS_ENOMEM. */
+int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
+                   const float *const *data, const uint64_t *counts, void *const *refs,
+                   size_t nseg);
+/* Writes what the socket takes: 0 (done or would block) or PS_ECLOSED
+ * (errno tells why). */
+int ps__outq_write(ps__outq *q, int fd);
+static inline int ps__outq_pending(const ps__outq *q) { return q->first < q->n; }
+/* Copies the data of every queued segment holding ref into the queue's own
+ * buffer and releases it: the referenced memory may then change. Returns
+ * the number of segments detached, or PS_ENOMEM. */
+int ps__outq_detach(ps__outq *q, void *ref);
+/* Drops everything (releasing references) and frees the queue. */
+void ps__outq_free(ps__outq *q);
+
+#endif /* PS_WIRE_OUTQ_H */
