@@ -13,18 +13,13 @@
 #include "launch.h"
 #include "proc.h"
 #include "psrun.h"
+#include "ps_internal.h"
 
 /* Seconds the ps tasks have to exit after the last worker finished. */
 #define PSR_PSD_EXIT_S 30.0
 /* After a stop request: psd waits up to its --stop-timeout (60 s) for the
  * stop checkpoint, so allow that and the exits before giving up. */
 #define PSR_STOP_S 90.0
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Prints (to stdout) and removes ps0's telemetry table, if it wrote one. */
 static void print_summary(const char *path) {
@@ -136,7 +131,7 @@ int psr_run_local(const psr_opts *o) {
       if (which == SIGTERM && o->ckpt_dir[0] && !stop_deadline) {
         /* Forwarded: the tasks checkpoint, then exit PSR_EXIT_STOPPED. */
         psr_log("received SIGTERM; the job checkpoints and stops (SIGTERM again to stop now)");
-        stop_deadline = now_s() + PSR_STOP_S;
+        stop_deadline = ps__now() + PSR_STOP_S;
         continue;
       }
       if (which == SIGTERM || which == SIGINT || which == SIGHUP) {
@@ -153,7 +148,7 @@ int psr_run_local(const psr_opts *o) {
         /* Stopped after a checkpoint: the others are stopping too. */
         if (!stopped) psr_log("%s stopped on request; waiting for the others", c->label);
         stopped = 1;
-        if (!stop_deadline) stop_deadline = now_s() + PSR_STOP_S;
+        if (!stop_deadline) stop_deadline = ps__now() + PSR_STOP_S;
         code = 0;
       }
       if (code != 0) {
@@ -164,16 +159,16 @@ int psr_run_local(const psr_opts *o) {
         report_other_failures(&procs);
         goto teardown;
       }
-      if (!c->is_ps && --workers_left == 0) ps_deadline = now_s() + PSR_PSD_EXIT_S;
+      if (!c->is_ps && --workers_left == 0) ps_deadline = ps__now() + PSR_PSD_EXIT_S;
       /* A ps that exits 0 has seen every worker finish: the workers are
        * only tidying up, so nothing to do. */
     }
-    if (stop_deadline && now_s() > stop_deadline) {
+    if (stop_deadline && ps__now() > stop_deadline) {
       psr_log("tasks did not stop within %.0f s of the stop request", PSR_STOP_S);
       status = PSR_EXIT_STOPPED;
       goto teardown;
     }
-    if (ps_deadline && now_s() > ps_deadline) {
+    if (ps_deadline && ps__now() > ps_deadline) {
       psr_log("parameter servers did not exit within %.0f s after the workers finished",
               PSR_PSD_EXIT_S);
       status = 1;

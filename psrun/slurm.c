@@ -49,6 +49,7 @@
 #include "launch.h"
 #include "proc.h"
 #include "psrun.h"
+#include "ps_internal.h"
 
 /* Control lines are short; a longer one is a protocol error. HOSTS for
  * 4096 ps tasks of ~40 bytes fits. */
@@ -57,12 +58,6 @@
  * ephemeral range's start, below its end: collisions are detected). */
 #define PSR_PORT_BASE 20000
 #define PSR_PORT_SPAN 30000
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static const char *env_get(const char *name) { return getenv(name); }
 
@@ -140,7 +135,7 @@ static char *wait_line(lconn *c, double deadline, int *eof) {
   for (;;) {
     char *l = read_line(c, 0, eof);
     if (l || *eof) return l;
-    double left = deadline - now_s();
+    double left = deadline - ps__now();
     if (left <= 0) return NULL;
     struct pollfd p = {c->fd, POLLIN, 0};
     poll(&p, 1, (int)(left * 1000) + 1);
@@ -257,7 +252,7 @@ static int tcp_connect_to(const char *addr, int port, double deadline, char *err
     }
     int e = errno;
     if (fd >= 0) close(fd);
-    if (now_s() + backoff > deadline) {
+    if (ps__now() + backoff > deadline) {
       snprintf(err, errlen, "cannot reach psrun task 0 at %s:%d: %s", addr, port, strerror(e));
       return -1;
     }
@@ -480,10 +475,10 @@ static int run_task0(step *s, char *err, size_t errlen) {
                   : e->resv_port_lo ? "SLURM_STEP_RESV_PORTS" : "derived from the job id");
 
   /* 2. Every task checks in. */
-  double deadline = now_s() + o->timeout_s;
+  double deadline = ps__now() + o->timeout_s;
   int joined = 1;
   while (joined < N) {
-    double left = deadline - now_s();
+    double left = deadline - ps__now();
     if (left <= 0) {
       char missing[512] = "";
       size_t m = 0;
@@ -498,7 +493,7 @@ static int run_task0(step *s, char *err, size_t errlen) {
     if (fd < 0) continue;
     lconn tmp = {fd, NULL, 0, 0};
     int eof;
-    char *line = wait_line(&tmp, now_s() + 10, &eof);
+    char *line = wait_line(&tmp, ps__now() + 10, &eof);
     char tag[16], magic[16], node[PSR_MAX_HOST];
     long long job, stp;
     unsigned uid;
@@ -595,7 +590,7 @@ static int run_task0(step *s, char *err, size_t errlen) {
       return -1;
     }
   }
-  deadline = now_s() + o->timeout_s;
+  deadline = ps__now() + o->timeout_s;
   for (int r = 1; r < N; r++) {
     if (!roles[r].is_ps) continue;
     int eof;
@@ -636,11 +631,11 @@ static int run_task0(step *s, char *err, size_t errlen) {
     broadcast(&h, "ABORT %s", why);
   }
   /* Wait for the others to report (bounded), so the step's status is right. */
-  deadline = now_s() + o->grace_s + 30;
+  deadline = ps__now() + o->grace_s + 30;
   for (;;) {
     int left = 0;
     for (int r = 1; r < N; r++) left += h.peers[r].c.fd >= 0 && !h.peers[r].exited;
-    if (!left || now_s() > deadline) break;
+    if (!left || ps__now() > deadline) break;
     hub_poll(s, &h);
     struct timespec ts = {0, 20000000};
     nanosleep(&ts, NULL);
@@ -668,7 +663,7 @@ static int run_task0(step *s, char *err, size_t errlen) {
 static int run_member(step *s, char *err, size_t errlen) {
   const psr_opts *o = s->o;
   psr_env *e = &s->env;
-  double deadline = now_s() + o->timeout_s;
+  double deadline = ps__now() + o->timeout_s;
   char rdv_addr[160];
   int rdv_port = 0;
   if (e->pmi2) {
@@ -740,7 +735,7 @@ static int run_member(step *s, char *err, size_t errlen) {
     send_line(fd, "PSADDR %s", hp);
     free(hp);
   } else {
-    line = wait_line(&ctl, now_s() + o->timeout_s, &eof);
+    line = wait_line(&ctl, ps__now() + o->timeout_s, &eof);
     if (!line || strncmp(line, "HOSTS ", 6) != 0) {
       snprintf(err, errlen, "task 0 did not send the parameter servers' addresses%s%s",
                line ? ": " : "", line ? line : "");
@@ -867,9 +862,9 @@ static int run_ps_step(step *s, char *err, size_t errlen) {
   }
   long long st;
   int nps;
-  for (double end = now_s() + s->o->timeout_s;
+  for (double end = ps__now() + s->o->timeout_s;
        read_info(dir, s->env.step_id, &st, &nps, s->secret) != 0;) {
-    if (now_s() > end) {
+    if (ps__now() > end) {
       snprintf(err, errlen, "ps task 0 did not publish %s/info", dir);
       return -1;
     }
@@ -899,7 +894,7 @@ static int run_ps_step(step *s, char *err, size_t errlen) {
 static int run_worker_step(step *s, char *err, size_t errlen) {
   char dir[4200], path[4300];
   if (rdv_dir(s->o, &s->env, dir, sizeof dir, err, errlen)) return -1;
-  double deadline = now_s() + s->o->timeout_s;
+  double deadline = ps__now() + s->o->timeout_s;
   char *hosts = NULL;
   for (;;) {
     long long ps_step;
@@ -925,7 +920,7 @@ static int run_worker_step(step *s, char *err, size_t errlen) {
       free(hosts);
       hosts = NULL;
     }
-    if (now_s() > deadline) {
+    if (ps__now() > deadline) {
       snprintf(err, errlen, "no ps step published its addresses in %s within %.0f s (start "
                             "`srun psrun --role=ps` first, with the same --rendezvous)",
                dir, s->o->timeout_s);
@@ -995,7 +990,7 @@ int psr_run_slurm(const psr_opts *o) {
     fprintf(stderr, "psrun: %s\n", err);
     return 2;
   }
-  snprintf(psr_ident, sizeof psr_ident, "psrun[%d]", s.env.procid);
+  psr_log_ident(s.env.procid);
   int rc;
   if (o->print_plan) {
     rc = print_plan(&s, err, sizeof err);
