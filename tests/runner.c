@@ -24,7 +24,7 @@ static const suite_entry SUITES[] = {
     {"persist", suite_persist},     {"soak", suite_soak},
     {"telemetry", suite_telemetry}, {"cuda_ops", suite_cuda_ops},
     {"prefetch", suite_prefetch},    {"pace", suite_pace},
-    {"opt", suite_opt},
+    {"opt", suite_opt},             {"rendezvous", suite_rendezvous},
 };
 
 int main(int argc, char **argv) {
