@@ -1,234 +1,108 @@
-/* config.c - the option table, and the one parser that applies both the
- * defaults and the command line through it. */
+/* config.c - psd's option table (parsed by the shared common/opt.c), the
+ * rules between options, and the shared secret. */
 #include "config.h"
 
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "opt.h"
 #include "wire.h"
 
-typedef enum { OPT_INT, OPT_DOUBLE, OPT_STRING, OPT_MODE, OPT_LEVEL, OPT_FLAG, OPT_RESTORE } opt_type;
+#define F(field) PS_OPT_FIELD(psd_config, field)
 
-typedef struct psd_option {
-  const char *name;   /* long option, without "--" */
-  opt_type type;      /* how the value is parsed */
-  size_t offset;      /* field in psd_config */
-  size_t size;        /* field size (strings) */
-  const char *def;    /* default, parsed like a command-line value */
-  double min, max;    /* inclusive range for numbers */
-  const char *help;   /* one line for --help */
-} psd_option;
-
-#define F(field) offsetof(psd_config, field), sizeof(((psd_config *)0)->field)
-
-static const psd_option OPTIONS[] = {
-    {"host", OPT_STRING, F(host), "127.0.0.1", 0, 0, "address to listen on"},
-    {"port", OPT_INT, F(port), "0", 0, 65535, "TCP port (0: any free port)"},
-    {"port-file", OPT_STRING, F(port_file), "", 0, 0,
+static const ps__opt OPTIONS[] = {
+    {"host", 0, PS_OPT_STR, F(host), "127.0.0.1", 0, 0, NULL, "address to listen on"},
+    {"port", 0, PS_OPT_INT, F(port), "0", 0, 65535, NULL, "TCP port (0: any free port)"},
+    {"port-file", 0, PS_OPT_STR, F(port_file), "", 0, 0, NULL,
      "write the bound host:port to this file (atomically)"},
-    {"ps-index", OPT_INT, F(ps_index), "0", 0, 65535, "index of this ps task"},
-    {"num-ps", OPT_INT, F(num_ps), "1", 1, 65536, "number of ps tasks in the job"},
-    {"workers", OPT_INT, F(workers), "0", 0, PS__MAX_WORKERS,
+    {"ps-index", 0, PS_OPT_INT, F(ps_index), "0", 0, 65535, NULL, "index of this ps task"},
+    {"num-ps", 0, PS_OPT_INT, F(num_ps), "1", 1, 65536, NULL, "number of ps tasks in the job"},
+    {"workers", 0, PS_OPT_INT, F(workers), "0", 0, PS__MAX_WORKERS, NULL,
      "number of workers (0: as the workers say)"},
-    {"replicas-to-aggregate", OPT_INT, F(replicas), "0", 0, 1000000,
+    {"replicas-to-aggregate", 0, PS_OPT_INT, F(replicas), "0", 0, 1000000, NULL,
      "gradients averaged per step (0: all workers; fewer makes backups)"},
-    {"mode", OPT_MODE, F(mode), "auto", 0, 0,
+    {"mode", 0, PS_OPT_CHOICE, F(mode), "auto", 0, 0, "auto|sync|async",
      "sync, async, or auto (as the workers say)"},
-    {"grace-period", OPT_DOUBLE, F(grace_s), "60", 0, 1e9,
+    {"grace-period", 0, PS_OPT_DOUBLE, F(grace_s), "60", 0, 1e9, NULL,
      "seconds a lost worker has to rejoin before psd exits non-zero"},
-    {"stall-timeout", OPT_DOUBLE, F(stall_s), "30", 0.01, 1e9,
+    {"stall-timeout", 0, PS_OPT_DOUBLE, F(stall_s), "30", 0.01, 1e9, NULL,
      "log a step that has waited this many seconds for gradients"},
-    {"startup-timeout", OPT_DOUBLE, F(startup_timeout_s), "900", 0, 1e9,
+    {"startup-timeout", 0, PS_OPT_DOUBLE, F(startup_timeout_s), "900", 0, 1e9, NULL,
      "exit non-zero if not every worker has joined by then (0: wait forever)"},
-    {"pull-timeout", OPT_DOUBLE, F(pull_timeout_s), "600", 0.01, 1e9,
+    {"pull-timeout", 0, PS_OPT_DOUBLE, F(pull_timeout_s), "600", 0.01, 1e9, NULL,
      "default deadline of a parked pull, seconds"},
-    {"log-every", OPT_INT, F(log_every), "100", 1, INT_MAX,
+    {"log-every", 0, PS_OPT_INT, F(log_every), "100", 1, INT_MAX, NULL,
      "log every Nth applied step"},
-    {"log-level", OPT_LEVEL, F(log_level), "info", 0, 0,
+    {"log-level", 0, PS_OPT_CHOICE, F(log_level), "info", 0, 0, "error|warn|info|debug",
      "error, warn, info or debug"},
-    {"name", OPT_STRING, F(name), "", 0, 0,
+    {"name", 0, PS_OPT_STR, F(name), "", 0, 0, NULL,
      "identity in log lines (default ps<index>)"},
-    {"socket-buffer", OPT_INT, F(sock_buf), "4194304", 0, 1 << 30,
+    {"socket-buffer", 0, PS_OPT_INT, F(sock_buf), "4194304", 0, 1 << 30, NULL,
      "SO_SNDBUF bytes per connection (0: the kernel's autotuning)"},
-    {"recv-buffer", OPT_INT, F(recv_buf), "131072", 0, 1 << 30,
+    {"recv-buffer", 0, PS_OPT_INT, F(recv_buf), "131072", 0, 1 << 30, NULL,
      "SO_RCVBUF bytes of a worker's connection while pushes are paced: what a worker can "
      "send that --pace-ahead cannot hold back (0, or no pacing: the kernel autotunes)"},
-    {"pace-loopback", OPT_FLAG, F(pace_loopback), "0", 0, 0,
+    {"pace-loopback", 0, PS_OPT_FLAG, F(pace_loopback), "0", 0, 0, NULL,
      "pace workers connected over loopback too (they share no network link with the others; "
      "for tests)"},
-    {"pace-ahead", OPT_INT, F(pace_ahead), "65536", 0, 1 << 30,
+    {"pace-ahead", 0, PS_OPT_INT, F(pace_ahead), "65536", 0, 1 << 30, NULL,
      "in sync mode, stop reading a worker's push while it is this many bytes ahead of the "
      "slowest worker pushing the same step, so TCP gives the link to the laggard (0: off)"},
-    {"max-memory", OPT_DOUBLE, F(max_memory), "0", 0, 1e18,
+    {"max-memory", 0, PS_OPT_DOUBLE, F(max_memory), "0", 0, 1e18, NULL,
      "bytes the variables may take (parameters, gradients, optimizer state); 0: 90% of RAM"},
-    {"secret-file", OPT_STRING, F(secret_file), "", 0, 0,
+    {"secret-file", 0, PS_OPT_STR, F(secret_file), "", 0, 0, NULL,
      "file (mode 0600) with the secret workers must present (else $PSD_SECRET)"},
-    {"munge", OPT_FLAG, F(munge), "0", 0, 0,
+    {"munge", 0, PS_OPT_FLAG, F(munge), "0", 0, 0, NULL,
      "require a MUNGE credential of the same uid naming --job-id (and --step-id)"},
-    {"munge-socket", OPT_STRING, F(munge_socket), "", 0, 0,
+    {"munge-socket", 0, PS_OPT_STR, F(munge_socket), "", 0, 0, NULL,
      "munged socket (default: MUNGE's; Slurm's AuthInfo socket= under psrun)"},
-    {"job-id", OPT_DOUBLE, F(job_id), "-1", -1, 9.2e18, "Slurm job id credentials must name"},
-    {"step-id", OPT_DOUBLE, F(step_id), "-1", -1, 9.2e18,
+    {"job-id", 0, PS_OPT_INT64, F(job_id), "-1", -1, 9.2e18, NULL,
+     "Slurm job id credentials must name"},
+    {"step-id", 0, PS_OPT_INT64, F(step_id), "-1", -1, 9.2e18, NULL,
      "Slurm step id credentials must name (-1: any step of the job)"},
-    {"checkpoint-dir", OPT_STRING, F(ckpt_dir), "", 0, 0,
+    {"checkpoint-dir", 0, PS_OPT_STR, F(ckpt_dir), "", 0, 0, NULL,
      "write checkpoints here and restore the newest complete one at start"},
-    {"checkpoint-every", OPT_INT, F(ckpt_every), "0", 0, INT_MAX,
+    {"checkpoint-every", 0, PS_OPT_INT, F(ckpt_every), "0", 0, INT_MAX, NULL,
      "checkpoint every N steps (0: not by steps)"},
-    {"checkpoint-secs", OPT_DOUBLE, F(ckpt_secs), "0", 0, 1e9,
+    {"checkpoint-secs", 0, PS_OPT_DOUBLE, F(ckpt_secs), "0", 0, 1e9, NULL,
      "checkpoint every S seconds, at a step all ps agree on (0: not by time)"},
-    {"checkpoint-keep", OPT_INT, F(ckpt_keep), "3", 1, 1000000,
+    {"checkpoint-keep", 0, PS_OPT_INT, F(ckpt_keep), "3", 1, 1000000, NULL,
      "complete checkpoints to keep"},
-    {"restore", OPT_RESTORE, F(restore), "latest", 0, 0,
+    {"restore", 0, PS_OPT_CHOICE, F(restore), "latest", 0, 0, "latest|fallback|none",
      "latest (newest complete checkpoint; an error if it is damaged), fallback "
      "(newest usable one) or none"},
-    {"stop-timeout", OPT_DOUBLE, F(stop_timeout_s), "60", 0.1, 1e9,
+    {"stop-timeout", 0, PS_OPT_DOUBLE, F(stop_timeout_s), "60", 0.1, 1e9, NULL,
      "after SIGTERM/SIGUSR1, seconds to wait for the stop checkpoint"},
-    {"telemetry", OPT_STRING, F(telemetry), "", 0, 0,
+    {"telemetry", 0, PS_OPT_STR, F(telemetry), "", 0, 0, NULL,
      "write per-step telemetry (gradient arrivals, aggregation time) to this file as JSON "
      "lines ('off': record nothing)"},
-    {"summary", OPT_STRING, F(summary), "", 0, 0,
+    {"summary", 0, PS_OPT_STR, F(summary), "", 0, 0, NULL,
      "at exit, write the run's telemetry summary table to this file ('-': stdout)"},
 };
-#define NOPTIONS (sizeof OPTIONS / sizeof OPTIONS[0])
 
-static int set_option(psd_config *cfg, const psd_option *o, const char *val,
-                      char *err, size_t errlen) {
-  char *field = (char *)cfg + o->offset;
-  char *end;
-  switch (o->type) {
-  case OPT_INT: {
-    errno = 0;
-    long v = strtol(val, &end, 10);
-    if (errno || end == val || *end || v < o->min || v > o->max) {
-      snprintf(err, errlen, "--%s must be an integer from %.0f to %.0f, got '%s'",
-               o->name, o->min, o->max, val);
-      return -1;
-    }
-    *(int *)field = (int)v;
-    return 0;
-  }
-  case OPT_DOUBLE: {
-    errno = 0;
-    double v = strtod(val, &end);
-    if (errno || end == val || *end || !isfinite(v) || v < o->min || v > o->max) {
-      snprintf(err, errlen, "--%s must be a number from %g to %g, got '%s'",
-               o->name, o->min, o->max, val);
-      return -1;
-    }
-    *(double *)field = v;
-    return 0;
-  }
-  case OPT_STRING:
-    if (strlen(val) >= o->size) {
-      snprintf(err, errlen, "--%s is too long (%zu bytes; at most %zu)", o->name,
-               strlen(val), o->size - 1);
-      return -1;
-    }
-    memcpy(field, val, strlen(val) + 1);
-    return 0;
-  case OPT_MODE:
-    if (strcmp(val, "auto") == 0) *(int *)field = PSD_MODE_AUTO;
-    else if (strcmp(val, "sync") == 0) *(int *)field = PSD_MODE_SYNC;
-    else if (strcmp(val, "async") == 0) *(int *)field = PSD_MODE_ASYNC;
-    else {
-      snprintf(err, errlen, "--%s must be sync, async or auto, got '%s'", o->name, val);
-      return -1;
-    }
-    return 0;
-  case OPT_FLAG:
-    *(int *)field = strcmp(val, "0") != 0;
-    return 0;
-  case OPT_RESTORE:
-    if (strcmp(val, "latest") == 0) *(int *)field = PSD_RESTORE_LATEST;
-    else if (strcmp(val, "fallback") == 0) *(int *)field = PSD_RESTORE_FALLBACK;
-    else if (strcmp(val, "none") == 0) *(int *)field = PSD_RESTORE_NONE;
-    else {
-      snprintf(err, errlen, "--%s must be latest, fallback or none, got '%s'", o->name, val);
-      return -1;
-    }
-    return 0;
-  case OPT_LEVEL: {
-    int l = psd_log_level_parse(val);
-    if (l < 0) {
-      snprintf(err, errlen, "--%s must be error, warn, info or debug, got '%s'",
-               o->name, val);
-      return -1;
-    }
-    *(int *)field = l;
-    return 0;
-  }
-  }
-  return -1;
-}
+static char g_version[32];
 
-void psd_config_usage(FILE *f) {
-  fprintf(f,
-          "usage: psd [OPTIONS]\n"
-          "psd holds a shard of a model's variables, averages the workers'\n"
-          "gradients for each step and serves the parameters.\n\n");
-  for (size_t i = 0; i < NOPTIONS; i++) {
-    const psd_option *o = &OPTIONS[i];
-    char left[64];
-    snprintf(left, sizeof left, o->type == OPT_FLAG ? "--%s" : "--%s VALUE", o->name);
-    fprintf(f, "  %-30s %s", left, o->help);
-    if (o->def[0]) fprintf(f, " [%s]", o->def);
-    fputc('\n', f);
-  }
-  fprintf(f, "  %-30s %s\n  %-30s %s\n", "--help", "print this and exit",
-          "--version", "print the version and exit");
-}
+static const ps__opt_parser PARSER = {
+    OPTIONS, sizeof OPTIONS / sizeof OPTIONS[0],
+    "usage: psd [OPTIONS]\n"
+    "psd holds a shard of a model's variables, averages the workers'\n"
+    "gradients for each step and serves the parameters.\n\n",
+    g_version, PS_OPT_POS_ERROR, 0, 30};
+
+void psd_config_usage(FILE *f) { ps__opt_usage(&PARSER, f); }
 
 int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
                      size_t errlen) {
   memset(cfg, 0, sizeof *cfg);
-  for (size_t i = 0; i < NOPTIONS; i++)
-    if (set_option(cfg, &OPTIONS[i], OPTIONS[i].def, err, errlen) != 0) return -1;
-  for (int a = 1; a < argc; a++) {
-    const char *arg = argv[a];
-    if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-      psd_config_usage(stdout);
-      return 1;
-    }
-    if (strcmp(arg, "--version") == 0) {
-      printf("psd %d.%d.%d\n", PS_VERSION_MAJOR, PS_VERSION_MINOR, PS_VERSION_PATCH);
-      return 1;
-    }
-    if (strncmp(arg, "--", 2) != 0) {
-      snprintf(err, errlen, "unexpected argument '%s' (options start with --; see --help)", arg);
-      return -1;
-    }
-    const char *name = arg + 2;
-    const char *eq = strchr(name, '=');
-    size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
-    const psd_option *o = NULL;
-    for (size_t i = 0; i < NOPTIONS; i++)
-      if (strlen(OPTIONS[i].name) == nlen && strncmp(OPTIONS[i].name, name, nlen) == 0)
-        o = &OPTIONS[i];
-    if (!o) {
-      snprintf(err, errlen, "unknown option '--%.*s' (see --help)", (int)nlen, name);
-      return -1;
-    }
-    const char *val;
-    if (o->type == OPT_FLAG) {
-      if (eq) {
-        snprintf(err, errlen, "option --%s takes no value", o->name);
-        return -1;
-      }
-      val = "1";
-    } else if (eq) val = eq + 1;
-    else if (a + 1 < argc) val = argv[++a];
-    else {
-      snprintf(err, errlen, "option --%s needs a value", o->name);
-      return -1;
-    }
-    if (set_option(cfg, o, val, err, errlen) != 0) return -1;
-  }
+  snprintf(g_version, sizeof g_version, "psd %d.%d.%d", PS_VERSION_MAJOR, PS_VERSION_MINOR,
+           PS_VERSION_PATCH);
+  int rc = ps__opt_parse(&PARSER, cfg, argc, argv, NULL, err, errlen);
+  if (rc != 0) return rc;
   if (cfg->ps_index >= cfg->num_ps) {
     snprintf(err, errlen, "--ps-index %d must be less than --num-ps %d", cfg->ps_index,
              cfg->num_ps);

@@ -1,9 +1,10 @@
-/* config.h - psd's command-line options. One table (config.c) drives
- * parsing, --help and the defaults. */
+/* config.h - psd's command-line options. One table (config.c, parsed by
+ * common/opt.c) drives parsing, --help and the defaults. */
 #ifndef PSD_CONFIG_H
 #define PSD_CONFIG_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 enum { PSD_MODE_AUTO = 0, PSD_MODE_SYNC = 1, PSD_MODE_ASYNC = 2 };
@@ -36,8 +37,8 @@ typedef struct psd_config {
   size_t secret_len;       /* 0: no authentication (logged as a warning) */
   int munge;               /* require a MUNGE credential from every peer */
   char munge_socket[1024]; /* munged's socket ("" : MUNGE's default) */
-  double job_id;           /* --job-id the credentials must name */
-  double step_id;          /* --step-id they must name (-1: any step) */
+  int64_t job_id;          /* --job-id the credentials must name */
+  int64_t step_id;         /* --step-id they must name (-1: any step) */
   char ckpt_dir[901];      /* checkpoints go here ("" : none) */
   int ckpt_every;          /* checkpoint every N steps (0: not by steps) */
   double ckpt_secs;        /* ... and/or every S seconds (0: not by time) */

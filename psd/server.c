@@ -147,9 +147,9 @@ static int check_munge(psd_server *srv, const Ps__Hello *h, char *err, size_t er
   int rc = 0;
   char want[128];
   if (cfg->step_id >= 0)
-    snprintf(want, sizeof want, "psd1 job=%.0f step=%.0f", cfg->job_id, cfg->step_id);
+    snprintf(want, sizeof want, "psd1 job=%lld step=%lld", (long long)cfg->job_id, (long long)cfg->step_id);
   else
-    snprintf(want, sizeof want, "psd1 job=%.0f step=", cfg->job_id);
+    snprintf(want, sizeof want, "psd1 job=%lld step=", (long long)cfg->job_id);
   if (me != EMUNGE_SUCCESS) {
     snprintf(err, errlen, "authentication failed: MUNGE credential refused (%s)",
              munge_strerror(me));
@@ -671,7 +671,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
            PS_VERSION_MINOR, PS_VERSION_PATCH, hostport, cfg->ps_index, cfg->num_ps,
            (int)getpid());
   if (cfg->munge)
-    psd_info("peers must present a MUNGE credential for job %.0f%s", cfg->job_id,
+    psd_info("peers must present a MUNGE credential for job %lld%s", (long long)cfg->job_id,
              cfg->step_id >= 0 ? "" : " (any step)");
   if (!cfg->secret_len && !cfg->munge)
     psd_warn("no shared secret (--secret-file or PSD_SECRET): anyone who can reach %s can "

@@ -9,14 +9,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util.h"
+
 /* Seconds psd has to bind its port and write the port file. */
 #define PSR_PSD_START_S 30.0
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
   const psr_opts *o = t->o;
@@ -73,7 +69,7 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
     argv[a++] = "--summary";
     argv[a++] = (char *)t->summary;
   }
-  for (int k = 0; k < o->npsd_args && a < 90; k++) argv[a++] = (char *)o->psd_args[k];
+  for (int k = 0; k < o->psd_args.n && a < 90; k++) argv[a++] = o->psd_args.v[k];
   argv[a] = NULL;
   /* The secret travels in the environment (psd removes it from its own),
    * never on a command line other users can read. */
@@ -82,7 +78,7 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
   char *env[] = {e_secret, NULL};
   int child = psr_spawn(p, label, 1, argv, t->secret && t->secret[0] ? env : NULL, err, errlen);
   char *result = NULL;
-  double deadline = now_s() + PSR_PSD_START_S;
+  double deadline = ps__now() + PSR_PSD_START_S;
   while (child >= 0 && !result) {
     FILE *f = fopen(portf, "r");
     if (f) {
@@ -102,7 +98,7 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
       snprintf(err, errlen, "%s %s before it was ready", label, d);
       break;
     }
-    if (now_s() > deadline) {
+    if (ps__now() > deadline) {
       snprintf(err, errlen, "%s did not report its port within %.0f s", label, PSR_PSD_START_S);
       break;
     }

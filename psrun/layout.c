@@ -223,8 +223,8 @@ void psr_env_free(psr_env *e) {
   e->gpus = NULL;
 }
 
-static int env_read(psr_env *e, const char *(*get)(const char *), char *err,
-                    size_t errlen) {
+/* Task count, rank, job and step ids. */
+static int env_ids(psr_env *e, const char *(*get)(const char *), char *err, size_t errlen) {
   const char *var, *val;
 
   /* Task count first: the rank is checked against it. */
@@ -262,8 +262,12 @@ static int env_read(psr_env *e, const char *(*get)(const char *), char *err,
   if ((val = get(var)) != NULL &&
       parse_ll_var(var, val, 0, 4294967295LL, &e->step_id, err, errlen) != 0)
     return -1;
+  return 0;
+}
 
-  /* Nodes. */
+/* Nodes: how many, which, tasks on each, and this task's. */
+static int env_nodes(psr_env *e, const char *(*get)(const char *), char *err, size_t errlen) {
+  const char *var, *val;
   const char *nn_var;
   val = get_first(get, &nn_var, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES",
                   "SLURM_NNODES", (const char *)NULL);
@@ -322,8 +326,12 @@ static int env_read(psr_env *e, const char *(*get)(const char *), char *err,
     }
     strcpy(e->nodename, val);
   }
+  return 0;
+}
 
-  /* Distribution. */
+/* Distribution, ports, CPUs, GPUs, heterogeneous steps, PMI-2. */
+static int env_extras(psr_env *e, const char *(*get)(const char *), char *err, size_t errlen) {
+  const char *var, *val;
   val = get("SLURM_DISTRIBUTION");
   if (val && dup_str(&e->dist_raw, val, err, errlen) != 0) return -1;
   if (parse_dist(e, val, get, err, errlen) != 0) return -1;
@@ -351,6 +359,12 @@ static int env_read(psr_env *e, const char *(*get)(const char *), char *err,
 
   e->pmi2 = get("PMI_FD") != NULL;
   return 0;
+}
+
+static int env_read(psr_env *e, const char *(*get)(const char *), char *err,
+                    size_t errlen) {
+  if (env_ids(e, get, err, errlen) != 0 || env_nodes(e, get, err, errlen) != 0) return -1;
+  return env_extras(e, get, err, errlen);
 }
 
 int psr_env_read(psr_env *e, const char *(*get)(const char *name), char *err,

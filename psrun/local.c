@@ -13,18 +13,13 @@
 #include "launch.h"
 #include "proc.h"
 #include "psrun.h"
+#include "util.h"
 
 /* Seconds the ps tasks have to exit after the last worker finished. */
 #define PSR_PSD_EXIT_S 30.0
 /* After a stop request: psd waits up to its --stop-timeout (60 s) for the
  * stop checkpoint, so allow that and the exits before giving up. */
 #define PSR_STOP_S 90.0
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Prints (to stdout) and removes ps0's telemetry table, if it wrote one. */
 static void print_summary(const char *path) {
@@ -65,15 +60,106 @@ static void report_other_failures(psr_procs *procs) {
   }
 }
 
+/* 1. The ps tasks, each on a free port of its choosing; 2. the workers,
+ * with the environment libpsclient reads. 0, or -1 after logging why. */
+static int start_tasks(psr_procs *procs, psr_task *t) {
+  char hosts[16384] = "", err[512];
+  size_t hlen = 0;
+  for (int i = 0; i < t->num_ps; i++) {
+    t->index = i;
+    char *hp = psr_start_psd(procs, t, err, sizeof err);
+    if (!hp) {
+      psr_log("%s", err);
+      return -1;
+    }
+    hlen += (size_t)snprintf(hosts + hlen, sizeof hosts - hlen, "%s%s", i ? "," : "", hp);
+    free(hp);
+  }
+  for (int w = 0; w < t->num_workers; w++) {
+    t->index = w;
+    t->local_rank = t->num_ps + w;
+    if (psr_start_worker(procs, t, hosts, err, sizeof err) < 0) {
+      psr_log("cannot start w%d: %s", w, err);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* 3. Supervise: a failing task stops the job; signals are forwarded.
+ * Returns 0 when every task is done (status in *status), -1 when the rest
+ * must be torn down. */
+static int supervise(psr_procs *procs, const psr_opts *o, int *status) {
+  int workers_left = o->ntasks - o->ps;
+  double ps_deadline = 0, stop_deadline = 0;
+  int stopped = 0; /* a task exited PSR_EXIT_STOPPED: the job stops on purpose */
+  while (psr_alive(procs)) {
+    int which;
+    int timeout = ps_deadline || stop_deadline ? 200 : -1;
+    psr_event ev = psr_wait(procs, timeout, -1, &which);
+    if (ev == PSR_EV_SIGNAL) {
+      if (which == SIGTERM && o->ckpt_dir[0] && !stop_deadline) {
+        /* Forwarded: the tasks checkpoint, then exit PSR_EXIT_STOPPED. */
+        psr_log("received SIGTERM; the job checkpoints and stops (SIGTERM again to stop now)");
+        stop_deadline = ps__now() + PSR_STOP_S;
+        continue;
+      }
+      if (which == SIGTERM || which == SIGINT || which == SIGHUP) {
+        psr_log("received SIG%s; stopping all tasks", sigabbrev_np(which));
+        if (!*status) *status = 128 + which;
+        return -1;
+      }
+      continue; /* SIGUSR1/2: forwarded, tasks decide */
+    }
+    if (ev == PSR_EV_EXIT) {
+      psr_child *c = &procs->kids[which];
+      int code = psr_exit_code(c->status);
+      if (code == PSR_EXIT_STOPPED) {
+        /* Stopped after a checkpoint: the others are stopping too. */
+        if (!stopped) psr_log("%s stopped on request; waiting for the others", c->label);
+        stopped = 1;
+        if (!stop_deadline) stop_deadline = ps__now() + PSR_STOP_S;
+        code = 0;
+      }
+      if (code != 0) {
+        char d[64];
+        psr_describe(c->status, d, sizeof d);
+        psr_log("%s %s; stopping all tasks", c->label, d);
+        if (code > *status) *status = code;
+        report_other_failures(procs);
+        return -1;
+      }
+      if (!c->is_ps && --workers_left == 0) ps_deadline = ps__now() + PSR_PSD_EXIT_S;
+      /* A ps that exits 0 has seen every worker finish: the workers are
+       * only tidying up, so nothing to do. */
+    }
+    if (stop_deadline && ps__now() > stop_deadline) {
+      psr_log("tasks did not stop within %.0f s of the stop request", PSR_STOP_S);
+      *status = PSR_EXIT_STOPPED;
+      return -1;
+    }
+    if (ps_deadline && ps__now() > ps_deadline) {
+      psr_log("parameter servers did not exit within %.0f s after the workers finished",
+              PSR_PSD_EXIT_S);
+      *status = 1;
+      return -1;
+    }
+  }
+  if (!*status && stopped) {
+    psr_log("job stopped on request (exit %d); run it again to resume from the newest "
+            "complete checkpoint",
+            PSR_EXIT_STOPPED);
+    *status = PSR_EXIT_STOPPED;
+  }
+  return 0;
+}
+
 int psr_run_local(const psr_opts *o) {
-  int N = o->ntasks, P = o->ps, W = N - P;
   psr_procs procs;
-  char err[512];
   if (psr_procs_init(&procs, 1) != 0) {
     psr_log("cannot set up signal handling: %s", strerror(errno));
     return 1;
   }
-  int status = 0;
   /* A fresh secret per run, handed to the tasks in their environment only:
    * psd refuses any connection that does not present it. */
   char secret[65];
@@ -81,16 +167,13 @@ int psr_run_local(const psr_opts *o) {
     psr_log("cannot draw a random secret: %s", strerror(errno));
     return 1;
   }
-  char hosts[16384] = "";
-  size_t hlen = 0;
-
   psr_task t;
   memset(&t, 0, sizeof t);
   t.o = o;
   t.host = "127.0.0.1";
-  t.num_ps = P;
-  t.num_workers = W;
-  t.local_workers = W; /* they share this machine's cores */
+  t.num_ps = o->ps;
+  t.num_workers = o->ntasks - o->ps;
+  t.local_workers = t.num_workers; /* they share this machine's cores */
   t.secret = secret;
   /* ps0 writes the telemetry table here; printed once the job is over. */
   char summary[] = "/tmp/psrun-summary.XXXXXX";
@@ -99,97 +182,12 @@ int psr_run_local(const psr_opts *o) {
     close(sfd);
     t.summary = summary;
   }
-
-  /* 1. The ps tasks, each on a free port of its choosing. */
-  for (int i = 0; i < P; i++) {
-    t.index = i;
-    char *hp = psr_start_psd(&procs, &t, err, sizeof err);
-    if (!hp) {
-      psr_log("%s", err);
-      status = 1;
-      goto teardown;
-    }
-    hlen += (size_t)snprintf(hosts + hlen, sizeof hosts - hlen, "%s%s", i ? "," : "", hp);
-    free(hp);
+  int status = 0;
+  if (start_tasks(&procs, &t) != 0) status = 1;
+  else if (supervise(&procs, o, &status) == 0) {
+    print_summary(t.summary);
+    return status;
   }
-
-  /* 2. The workers, with the environment libpsclient reads. */
-  for (int w = 0; w < W; w++) {
-    t.index = w;
-    t.local_rank = P + w;
-    if (psr_start_worker(&procs, &t, hosts, err, sizeof err) < 0) {
-      psr_log("cannot start w%d: %s", w, err);
-      status = 1;
-      goto teardown;
-    }
-  }
-
-  /* 3. Supervise: a failing task stops the job; signals are forwarded. */
-  int workers_left = W;
-  double ps_deadline = 0, stop_deadline = 0;
-  int stopped = 0; /* a task exited PSR_EXIT_STOPPED: the job stops on purpose */
-  while (psr_alive(&procs)) {
-    int which;
-    int timeout = ps_deadline || stop_deadline ? 200 : -1;
-    psr_event ev = psr_wait(&procs, timeout, -1, &which);
-    if (ev == PSR_EV_SIGNAL) {
-      if (which == SIGTERM && o->ckpt_dir[0] && !stop_deadline) {
-        /* Forwarded: the tasks checkpoint, then exit PSR_EXIT_STOPPED. */
-        psr_log("received SIGTERM; the job checkpoints and stops (SIGTERM again to stop now)");
-        stop_deadline = now_s() + PSR_STOP_S;
-        continue;
-      }
-      if (which == SIGTERM || which == SIGINT || which == SIGHUP) {
-        psr_log("received SIG%s; stopping all tasks", sigabbrev_np(which));
-        if (!status) status = 128 + which;
-        goto teardown;
-      }
-      continue; /* SIGUSR1/2: forwarded, tasks decide */
-    }
-    if (ev == PSR_EV_EXIT) {
-      psr_child *c = &procs.kids[which];
-      int code = psr_exit_code(c->status);
-      if (code == PSR_EXIT_STOPPED) {
-        /* Stopped after a checkpoint: the others are stopping too. */
-        if (!stopped) psr_log("%s stopped on request; waiting for the others", c->label);
-        stopped = 1;
-        if (!stop_deadline) stop_deadline = now_s() + PSR_STOP_S;
-        code = 0;
-      }
-      if (code != 0) {
-        char d[64];
-        psr_describe(c->status, d, sizeof d);
-        psr_log("%s %s; stopping all tasks", c->label, d);
-        if (code > status) status = code;
-        report_other_failures(&procs);
-        goto teardown;
-      }
-      if (!c->is_ps && --workers_left == 0) ps_deadline = now_s() + PSR_PSD_EXIT_S;
-      /* A ps that exits 0 has seen every worker finish: the workers are
-       * only tidying up, so nothing to do. */
-    }
-    if (stop_deadline && now_s() > stop_deadline) {
-      psr_log("tasks did not stop within %.0f s of the stop request", PSR_STOP_S);
-      status = PSR_EXIT_STOPPED;
-      goto teardown;
-    }
-    if (ps_deadline && now_s() > ps_deadline) {
-      psr_log("parameter servers did not exit within %.0f s after the workers finished",
-              PSR_PSD_EXIT_S);
-      status = 1;
-      goto teardown;
-    }
-  }
-  if (!status && stopped) {
-    psr_log("job stopped on request (exit %d); run it again to resume from the newest "
-            "complete checkpoint",
-            PSR_EXIT_STOPPED);
-    status = PSR_EXIT_STOPPED;
-  }
-  print_summary(t.summary);
-  return status;
-
-teardown:
   psr_teardown(&procs, o->grace_s);
   print_summary(t.summary);
   return status ? status : 1;

@@ -14,6 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "util.h"
+
 extern char **environ;
 
 /* Output lines longer than this are printed in pieces. */
@@ -27,12 +29,6 @@ static void on_signal(int sig) {
   ssize_t w = write(g_sig_wfd, &b, 1);
   (void)w;
   errno = e;
-}
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 int psr_procs_init(psr_procs *p, int prefix) {
@@ -188,7 +184,7 @@ static int reap(psr_procs *p, int *which) {
 }
 
 psr_event psr_wait(psr_procs *p, int timeout_ms, int extra_fd, int *which) {
-  double deadline = timeout_ms < 0 ? 0 : now_s() + timeout_ms / 1000.0;
+  double deadline = timeout_ms < 0 ? 0 : ps__now() + timeout_ms / 1000.0;
   for (;;) {
     if (reap(p, which)) return PSR_EV_EXIT;
     struct pollfd pfd[2 * PSR_MAX_CHILDREN + 2];
@@ -217,7 +213,7 @@ psr_event psr_wait(psr_procs *p, int timeout_ms, int extra_fd, int *which) {
     }
     int ms = -1;
     if (timeout_ms >= 0) {
-      double left = deadline - now_s();
+      double left = deadline - ps__now();
       if (left <= 0) return PSR_EV_NONE;
       ms = (int)(left * 1000) + 1;
     }
@@ -258,11 +254,11 @@ int psr_alive(const psr_procs *p) {
 
 void psr_teardown(psr_procs *p, double grace_s) {
   psr_signal_all(p, SIGTERM);
-  double deadline = now_s() + grace_s;
+  double deadline = ps__now() + grace_s;
   int killed = 0;
   while (psr_alive(p)) {
     int which;
-    double left = deadline - now_s();
+    double left = deadline - ps__now();
     if (left <= 0 && !killed) {
       psr_signal_all(p, SIGKILL);
       killed = 1;

@@ -5,7 +5,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 
 #include "ps.pb-c.h"
 #include "admin.h"
+#include "opt.h"
 
 /* Longest secret read from --secret-file (psd's own limit is 255 bytes). */
 #define PSCTL_MAX_SECRET 255
@@ -24,87 +24,34 @@ typedef struct psctl_opts {
   char secret_file[1024]; /* --secret-file: the job's shared secret */
   int munge;              /* --munge: present a MUNGE credential */
   char munge_socket[1024];/* --munge-socket */
-  long long job_id;       /* --job-id the credential names */
-  long long step_id;      /* --step-id */
+  int64_t job_id;         /* --job-id the credential names */
+  int64_t step_id;        /* --step-id */
   double timeout_s;       /* --timeout: for the whole exchange */
 } psctl_opts;
 
-typedef enum { P_FLAG, P_STR, P_LL, P_DOUBLE } ptype;
-typedef struct psctl_option {
-  const char *name; /* without "--" */
-  ptype type;       /* value kind */
-  size_t off, size; /* field */
-  const char *def;  /* default */
-  double min, max;  /* numbers: inclusive range */
-  const char *help; /* one line for --help */
-} psctl_option;
-
-#define F(f) offsetof(psctl_opts, f), sizeof(((psctl_opts *)0)->f)
-static const psctl_option OPTS[] = {
-    {"json", P_FLAG, F(json), "0", 0, 0, "print one JSON object instead of text"},
-    {"secret-file", P_STR, F(secret_file), "", 0, 0,
+#define F(f) PS_OPT_FIELD(psctl_opts, f)
+static const ps__opt OPTS[] = {
+    {"json", 0, PS_OPT_FLAG, F(json), "0", 0, 0, NULL, "print one JSON object instead of text"},
+    {"secret-file", 0, PS_OPT_STR, F(secret_file), "", 0, 0, NULL,
      "file with the job's shared secret (else $PSD_SECRET, else $PS_SECRET)"},
-    {"munge", P_FLAG, F(munge), "0", 0, 0, "also present a MUNGE credential (psd --munge)"},
-    {"munge-socket", P_STR, F(munge_socket), "", 0, 0, "munged socket (default: MUNGE's)"},
-    {"job-id", P_LL, F(job_id), "-1", -1, 9.2e18,
+    {"munge", 0, PS_OPT_FLAG, F(munge), "0", 0, 0, NULL,
+     "also present a MUNGE credential (psd --munge)"},
+    {"munge-socket", 0, PS_OPT_STR, F(munge_socket), "", 0, 0, NULL,
+     "munged socket (default: MUNGE's)"},
+    {"job-id", 0, PS_OPT_INT64, F(job_id), "-1", -1, 9.2e18, NULL,
      "Slurm job the MUNGE credential names (default $SLURM_JOB_ID)"},
-    {"step-id", P_LL, F(step_id), "-1", -1, 9.2e18,
+    {"step-id", 0, PS_OPT_INT64, F(step_id), "-1", -1, 9.2e18, NULL,
      "Slurm step it names (default $SLURM_STEP_ID)"},
-    {"timeout", P_DOUBLE, F(timeout_s), "10", 0.1, 3600, "seconds for the whole exchange"},
+    {"timeout", 0, PS_OPT_DOUBLE, F(timeout_s), "10", 0.1, 3600, NULL,
+     "seconds for the whole exchange"},
 };
-#define NOPTS (sizeof OPTS / sizeof OPTS[0])
 
-static void usage(FILE *f) {
-  fprintf(f, "usage: psctl stats HOST:PORT [OPTIONS]\n"
-             "Asks a running psd for its counters, current step and per-worker\n"
-             "telemetry, authenticated like a worker.\n\n");
-  for (size_t i = 0; i < NOPTS; i++) {
-    char left[64];
-    snprintf(left, sizeof left, OPTS[i].type == P_FLAG ? "--%s" : "--%s VALUE", OPTS[i].name);
-    fprintf(f, "  %-24s %s", left, OPTS[i].help);
-    if (OPTS[i].type != P_FLAG && OPTS[i].def[0]) fprintf(f, " [%s]", OPTS[i].def);
-    fputc('\n', f);
-  }
-  fprintf(f, "  %-24s %s\n", "--help", "print this and exit");
-}
-
-static int set_opt(psctl_opts *o, const psctl_option *d, const char *v, char *err,
-                   size_t errlen) {
-  char *field = (char *)o + d->off, *end;
-  errno = 0;
-  switch (d->type) {
-  case P_FLAG:
-    *(int *)field = strcmp(v, "0") != 0;
-    return 0;
-  case P_STR:
-    if (strlen(v) >= d->size) {
-      snprintf(err, errlen, "--%s is too long", d->name);
-      return -1;
-    }
-    memcpy(field, v, strlen(v) + 1);
-    return 0;
-  case P_LL: {
-    long long x = strtoll(v, &end, 10);
-    if (errno || end == v || *end || x < d->min || (double)x > d->max) {
-      snprintf(err, errlen, "--%s must be an integer from %.0f, got '%s'", d->name, d->min, v);
-      return -1;
-    }
-    *(long long *)field = x;
-    return 0;
-  }
-  case P_DOUBLE: {
-    double x = strtod(v, &end);
-    if (errno || end == v || *end || !isfinite(x) || x < d->min || x > d->max) {
-      snprintf(err, errlen, "--%s must be a number from %g to %g, got '%s'", d->name, d->min,
-               d->max, v);
-      return -1;
-    }
-    *(double *)field = x;
-    return 0;
-  }
-  }
-  return -1;
-}
+static const ps__opt_parser PARSER = {
+    OPTS, sizeof OPTS / sizeof OPTS[0],
+    "usage: psctl stats HOST:PORT [OPTIONS]\n"
+    "Asks a running psd for its counters, current step and per-worker\n"
+    "telemetry, authenticated like a worker.\n\n",
+    NULL, PS_OPT_POS_COLLECT, 2, 24};
 
 /* Reads the secret: --secret-file, else $PSD_SECRET, else $PS_SECRET. */
 static int load_secret(const psctl_opts *o, char *buf, size_t cap, size_t *len, char *err,
@@ -203,51 +150,15 @@ int main(int argc, char **argv) {
   psctl_opts o;
   char err[1200];
   memset(&o, 0, sizeof o);
-  for (size_t i = 0; i < NOPTS; i++) set_opt(&o, &OPTS[i], OPTS[i].def, err, sizeof err);
-  const char *pos[2] = {NULL, NULL};
-  int npos = 0;
-  for (int a = 1; a < argc; a++) {
-    const char *arg = argv[a];
-    if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-      usage(stdout);
-      return 0;
-    }
-    if (strncmp(arg, "--", 2) != 0) {
-      if (npos == 2) {
-        fprintf(stderr, "psctl: unexpected argument '%s' (see --help)\n", arg);
-        return 2;
-      }
-      pos[npos++] = arg;
-      continue;
-    }
-    const char *name = arg + 2, *eq = strchr(name, '=');
-    size_t nl = eq ? (size_t)(eq - name) : strlen(name);
-    const psctl_option *d = NULL;
-    for (size_t i = 0; i < NOPTS; i++)
-      if (strlen(OPTS[i].name) == nl && !strncmp(OPTS[i].name, name, nl)) d = &OPTS[i];
-    if (!d) {
-      fprintf(stderr, "psctl: unknown option '%s' (see --help)\n", arg);
-      return 2;
-    }
-    const char *val = eq ? eq + 1 : NULL;
-    if (d->type == P_FLAG) {
-      if (val) {
-        fprintf(stderr, "psctl: option --%s takes no value\n", d->name);
-        return 2;
-      }
-      val = "1";
-    } else if (!val) {
-      if (a + 1 >= argc) {
-        fprintf(stderr, "psctl: option --%s needs a value\n", d->name);
-        return 2;
-      }
-      val = argv[++a];
-    }
-    if (set_opt(&o, d, val, err, sizeof err)) {
-      fprintf(stderr, "psctl: %s\n", err);
-      return 2;
-    }
+  ps__opt_args rest;
+  int prc = ps__opt_parse(&PARSER, &o, argc, argv, &rest, err, sizeof err);
+  if (prc == 1) return 0;
+  if (prc < 0) {
+    fprintf(stderr, "psctl: %s\n", err);
+    return 2;
   }
+  int npos = rest.npos;
+  const char *const *pos = rest.pos;
   if (npos != 2 || strcmp(pos[0], "stats") != 0) {
     fprintf(stderr, "psctl: expected 'psctl stats HOST:PORT' (see --help)\n");
     return 2;

@@ -3,13 +3,16 @@
 #define PSRUN_H
 
 #include "layout.h"
+#include "log.h"
+#include "opt.h"
 
 /* Exit status of a task (psd or worker) that stopped on request after a
  * checkpoint (SIGTERM/SIGUSR1 with --checkpoint-dir): not a failure, the
  * others follow on their own, and psrun exits with it so a requeue can tell. */
 #define PSR_EXIT_STOPPED 75
 
-/* psrun's options (one table in main.c drives parsing and --help). */
+/* psrun's options (one table in main.c, parsed by common/opt.c, drives
+ * parsing and --help). */
 typedef struct psr_opts {
   int ps;                  /* --ps: number of ps tasks */
   int local;               /* --local: run without Slurm */
@@ -30,8 +33,7 @@ typedef struct psr_opts {
   char telemetry[4000];    /* --telemetry: per-step records, FILE.w<i> / FILE.ps<i> */
   char **cmd;              /* worker command (points into argv) */
   int ncmd;
-  char *const *psd_args;   /* extra psd options (--psd-arg, repeatable) */
-  int npsd_args;
+  ps__opt_list psd_args;   /* extra psd options (--psd-arg, repeatable) */
 } psr_opts;
 
 /* --local mode (local.c). Returns psrun's exit status. */
@@ -39,11 +41,15 @@ int psr_run_local(const psr_opts *o);
 /* Slurm mode (slurm.c). Returns psrun's exit status. */
 int psr_run_slurm(const psr_opts *o);
 
+/* Shared helpers (util.c). */
+
 /* Fills out (65 bytes) with a fresh random secret, 64 hex digits. 0 or -1. */
 int psr_new_secret(char out[65]);
 
-/* Logs "psrun[rank]: ..." to stderr. */
-void psr_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-extern char psr_ident[64];
+/* Sets the name on psrun's log lines: "psrun", or "psrun[rank]" for rank >= 0. */
+void psr_log_ident(int rank);
+
+/* Logs "psrun[rank]: ..." to stderr (common/log.c, the plain style). */
+#define psr_log(...) ps__log(PS_LOG_INFO, __VA_ARGS__)
 
 #endif

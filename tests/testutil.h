@@ -19,6 +19,8 @@ Suite *suite_placement(void);
 Suite *suite_init(void);
 Suite *suite_optimizer(void);
 Suite *suite_config(void);
+Suite *suite_opt(void);
+Suite *suite_rendezvous(void);
 Suite *suite_sync(void);
 Suite *suite_lifecycle(void);
 Suite *suite_hostile(void);

@@ -1,0 +1,269 @@
+/* rendezvous.c - the control channel's codec, line I/O and sockets (see
+ * rendezvous.h for the wire format). */
+#define _GNU_SOURCE
+#include "rendezvous.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "util.h"
+
+/* ---- codec ------------------------------------------------------------------- */
+
+static int enc_hello(const psr_msg *m, char *b, size_t cap) {
+  const psr_hello *h = &m->hello;
+  if (!h->node[0] || strpbrk(h->node, " \t\r\n")) return -1;
+  return snprintf(b, cap, "HELLO %s %lld %lld %u %d %d %s %d", PSR_HELLO_MAGIC, h->job_id,
+                  h->step_id, h->uid, h->ntasks, h->rank, h->node, h->localid);
+}
+
+static int dec_hello(const char *rest, psr_msg *m) {
+  char magic[16];
+  psr_hello *h = &m->hello;
+  return sscanf(rest, "%15s %lld %lld %u %d %d %255s %d", magic, &h->job_id, &h->step_id,
+                &h->uid, &h->ntasks, &h->rank, h->node, &h->localid) == 8 &&
+                 strcmp(magic, PSR_HELLO_MAGIC) == 0
+             ? 0
+             : -1;
+}
+
+static int enc_role(const psr_msg *m, char *b, size_t cap) {
+  const psr_assign *r = &m->role;
+  if (strlen(r->secret) != 64 || strpbrk(r->secret, " \t\r\n")) return -1;
+  return snprintf(b, cap, "ROLE %s %d %d %d %s", r->is_ps ? "ps" : "worker", r->index, r->num_ps,
+                  r->num_workers, r->secret);
+}
+
+static int dec_role(const char *rest, psr_msg *m) {
+  char kind[16];
+  psr_assign *r = &m->role;
+  if (sscanf(rest, "%15s %d %d %d %64s", kind, &r->index, &r->num_ps, &r->num_workers,
+             r->secret) != 5)
+    return -1;
+  r->is_ps = strcmp(kind, "ps") == 0;
+  return r->is_ps || strcmp(kind, "worker") == 0 ? 0 : -1;
+}
+
+static int enc_exit(const psr_msg *m, char *b, size_t cap) {
+  return snprintf(b, cap, "EXIT %d", m->code);
+}
+
+static int dec_exit(const char *rest, psr_msg *m) {
+  char *end;
+  long v = strtol(rest, &end, 10);
+  if (end == rest || v < -1000000 || v > 1000000) return -1;
+  m->code = (int)v;
+  return 0;
+}
+
+/* REJECT, ABORT, PSADDR, HOSTS: the keyword and the rest of the line. */
+static int enc_text(const psr_msg *m, char *b, size_t cap) {
+  const char *t = m->text ? m->text : "";
+  if (strpbrk(t, "\r\n")) return -1;
+  return snprintf(b, cap, "%s%s%s", psr_msg_name(m->type), *t ? " " : "", t);
+}
+
+static int dec_text(const char *rest, psr_msg *m) {
+  m->text = rest;
+  return 0;
+}
+
+static int dec_word(const char *rest, psr_msg *m) { /* PSADDR, HOSTS: not empty */
+  m->text = rest;
+  return *rest && !strpbrk(rest, " \t") ? 0 : -1;
+}
+
+typedef struct msg_kind {
+  const char *word;
+  int (*enc)(const psr_msg *m, char *buf, size_t cap);
+  int (*dec)(const char *rest, psr_msg *m);
+} msg_kind;
+
+/* One row per psr_msg_type, in its order. */
+static const msg_kind KINDS[PSR_MSG_COUNT] = {
+    [PSR_MSG_HELLO] = {"HELLO", enc_hello, dec_hello},
+    [PSR_MSG_ROLE] = {"ROLE", enc_role, dec_role},
+    [PSR_MSG_REJECT] = {"REJECT", enc_text, dec_text},
+    [PSR_MSG_PSADDR] = {"PSADDR", enc_text, dec_word},
+    [PSR_MSG_HOSTS] = {"HOSTS", enc_text, dec_word},
+    [PSR_MSG_EXIT] = {"EXIT", enc_exit, dec_exit},
+    [PSR_MSG_ABORT] = {"ABORT", enc_text, dec_text},
+};
+
+const char *psr_msg_name(psr_msg_type t) {
+  return (unsigned)t < PSR_MSG_COUNT ? KINDS[t].word : "?";
+}
+
+int psr_msg_encode(const psr_msg *m, char *buf, size_t cap) {
+  if ((unsigned)m->type >= PSR_MSG_COUNT) return -1;
+  int n = KINDS[m->type].enc(m, buf, cap);
+  return n < 0 || (size_t)n >= cap ? -1 : n;
+}
+
+int psr_msg_decode(const char *line, psr_msg *m) {
+  memset(m, 0, sizeof *m);
+  size_t wl = strcspn(line, " ");
+  for (int t = 0; t < PSR_MSG_COUNT; t++) {
+    if (strlen(KINDS[t].word) != wl || strncmp(KINDS[t].word, line, wl) != 0) continue;
+    m->type = (psr_msg_type)t;
+    return KINDS[t].dec(line + wl + (line[wl] == ' '), m);
+  }
+  return -1;
+}
+
+int psr_msg_send(int fd, const psr_msg *m) {
+  char *line = malloc(PSR_LINE_MAX_BYTES);
+  if (!line) return -1;
+  int n = psr_msg_encode(m, line, PSR_LINE_MAX_BYTES - 1);
+  int rc = n < 0 ? -1 : 0;
+  if (n >= 0) line[n++] = '\n';
+  for (int off = 0; rc == 0 && off < n;) {
+    ssize_t w = send(fd, line + off, (size_t)(n - off), MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) rc = -1;
+    else off += (int)w;
+  }
+  free(line);
+  return rc;
+}
+
+int psr_send_text(int fd, psr_msg_type t, const char *fmt, ...) {
+  char *text = NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vasprintf(&text, fmt, ap);
+  va_end(ap);
+  if (n < 0) return -1;
+  psr_msg m = {.type = t, .text = text};
+  int rc = psr_msg_send(fd, &m);
+  free(text);
+  return rc;
+}
+
+int psr_send_exit(int fd, int code) {
+  psr_msg m = {.type = PSR_MSG_EXIT, .code = code};
+  return psr_msg_send(fd, &m);
+}
+
+/* ---- line I/O ---------------------------------------------------------------- */
+
+/* The first buffered line, malloc'd, or NULL. */
+static char *take_line(psr_conn *c) {
+  char *nl = c->len ? memchr(c->buf, '\n', c->len) : NULL;
+  if (!nl) return NULL;
+  size_t l = (size_t)(nl - c->buf);
+  char *line = malloc(l + 1);
+  if (!line) return NULL;
+  memcpy(line, c->buf, l);
+  line[l] = '\0';
+  memmove(c->buf, nl + 1, c->len - l - 1);
+  c->len -= l + 1;
+  return line;
+}
+
+char *psr_conn_read_line(psr_conn *c, int block, int *eof) {
+  *eof = 0;
+  for (;;) {
+    char *line = take_line(c);
+    if (line) return line;
+    if (c->len >= PSR_LINE_MAX_BYTES || c->fd < 0) {
+      *eof = 1;
+      return NULL;
+    }
+    if (c->cap - c->len < 4096) {
+      size_t nc = c->cap ? c->cap * 2 : 8192;
+      char *nb = realloc(c->buf, nc);
+      if (!nb) {
+        *eof = 1;
+        return NULL;
+      }
+      c->buf = nb;
+      c->cap = nc;
+    }
+    ssize_t r = recv(c->fd, c->buf + c->len, c->cap - c->len, block ? 0 : MSG_DONTWAIT);
+    if (r > 0) {
+      c->len += (size_t)r;
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return NULL;
+    *eof = 1;
+    return NULL;
+  }
+}
+
+char *psr_conn_wait_line(psr_conn *c, double deadline, int *eof) {
+  for (;;) {
+    char *l = psr_conn_read_line(c, 0, eof);
+    if (l || *eof) return l;
+    double left = deadline - ps__now();
+    if (left <= 0) return NULL;
+    struct pollfd p = {c->fd, POLLIN, 0};
+    poll(&p, 1, (int)(left * 1000) + 1);
+  }
+}
+
+void psr_conn_close(psr_conn *c) {
+  if (c->fd >= 0) close(c->fd);
+  c->fd = -1;
+  free(c->buf);
+  c->buf = NULL;
+  c->len = c->cap = 0;
+}
+
+/* ---- sockets ----------------------------------------------------------------- */
+
+int psr_tcp_listen(const char *addr, int port, int *bound, char *err, size_t errlen) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  inet_pton(AF_INET, addr, &sa.sin_addr);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 4096) != 0) {
+    snprintf(err, errlen, "cannot listen on %s:%d: %s%s", addr, port, strerror(errno),
+             errno == EADDRINUSE ? " (another job on this node? pass --rendezvous-port, or run "
+                                   "srun with --resv-ports or --mpi=pmi2)"
+                                 : "");
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  socklen_t sl = sizeof sa;
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  *bound = ntohs(sa.sin_port);
+  return fd;
+}
+
+int psr_tcp_connect(const char *addr, int port, double deadline, char *err, size_t errlen) {
+  double backoff = 0.05;
+  for (;;) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {0};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, addr, &sa.sin_addr);
+    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      return fd;
+    }
+    int e = errno;
+    if (fd >= 0) close(fd);
+    if (ps__now() + backoff > deadline) {
+      snprintf(err, errlen, "cannot reach psrun task 0 at %s:%d: %s", addr, port, strerror(e));
+      return -1;
+    }
+    struct timespec ts = {(time_t)backoff, (long)((backoff - (time_t)backoff) * 1e9)};
+    nanosleep(&ts, NULL);
+    backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
+  }
+}

@@ -1,0 +1,105 @@
+/*
+ * rendezvous.h - the control channel between psrun task 0 and the other
+ * tasks of a Slurm step: a typed codec for its messages, line-buffered
+ * connections carrying them, and the TCP listen/connect underneath.
+ *
+ * Wire format: one line per message, words separated by spaces:
+ *   HELLO PSRUN1 <job> <step> <uid> <ntasks> <rank> <node> <localid>   (task -> 0)
+ *   ROLE ps|worker <index> <num_ps> <num_workers> <secret>             (0 -> task)
+ *   REJECT <reason...>                                                 (0 -> task)
+ *   PSADDR <host:port>                                                 (ps task -> 0)
+ *   HOSTS <h1:p1,h2:p2,...>                                            (0 -> worker)
+ *   EXIT <code>                                                        (task -> 0)
+ *   ABORT <reason...>                                                  (0 -> task)
+ * A new message is a new psr_msg_type, its fields in psr_msg, and one row
+ * of the codec's table in rendezvous.c.
+ */
+#ifndef PSRUN_RENDEZVOUS_H
+#define PSRUN_RENDEZVOUS_H
+
+#include <stddef.h>
+
+#include "layout.h"
+
+/* Control lines are short; a longer one is a protocol error. HOSTS for
+ * 4096 ps tasks of ~40 bytes fits. */
+#define PSR_LINE_MAX_BYTES (256u * 1024u)
+/* Second word of HELLO: the protocol's version. */
+#define PSR_HELLO_MAGIC "PSRUN1"
+
+typedef enum psr_msg_type {
+  PSR_MSG_HELLO = 0, /* check-in: who the task is */
+  PSR_MSG_ROLE,      /* its role and the step's secret */
+  PSR_MSG_REJECT,    /* check-in refused: text says why */
+  PSR_MSG_PSADDR,    /* a ps task's psd address: text */
+  PSR_MSG_HOSTS,     /* every psd address, in ps order: text */
+  PSR_MSG_EXIT,      /* the task's child exited with code */
+  PSR_MSG_ABORT,     /* stop now: text says why (may be "") */
+  PSR_MSG_COUNT
+} psr_msg_type;
+
+typedef struct psr_hello {
+  long long job_id, step_id; /* SLURM_JOB_ID, SLURM_STEP_ID */
+  unsigned uid;              /* the task's uid */
+  int ntasks;                /* tasks in the step */
+  int rank;                  /* SLURM_PROCID */
+  char node[PSR_MAX_HOST];   /* SLURMD_NODENAME (one word) */
+  int localid;               /* SLURM_LOCALID */
+} psr_hello;
+
+typedef struct psr_assign {
+  int is_ps;                  /* ps (else worker) */
+  int index;                  /* ps or worker index */
+  int num_ps, num_workers;
+  char secret[65];            /* 64 hex digits */
+} psr_assign;
+
+/* One message; only the fields of its type are meaningful. */
+typedef struct psr_msg {
+  psr_msg_type type;
+  psr_hello hello;  /* HELLO */
+  psr_assign role;  /* ROLE */
+  int code;         /* EXIT */
+  const char *text; /* REJECT, ABORT, PSADDR, HOSTS (not owned) */
+} psr_msg;
+
+/* The message's keyword ("HELLO"...). */
+const char *psr_msg_name(psr_msg_type t);
+/* Writes m as one line without '\n' into buf. Returns its length, or -1
+ * when it does not fit or a field cannot be sent (a word with a space, a
+ * text with a newline). */
+int psr_msg_encode(const psr_msg *m, char *buf, size_t cap);
+/* Parses one line (without '\n') into m; text fields point into line.
+ * 0, or -1 for an unknown keyword or malformed fields. */
+int psr_msg_decode(const char *line, psr_msg *m);
+
+/* Sends m as one line on fd. 0 or -1. */
+int psr_msg_send(int fd, const psr_msg *m);
+/* Sends a text message (REJECT, ABORT, PSADDR, HOSTS) with a printf text. */
+int psr_send_text(int fd, psr_msg_type t, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Sends EXIT code. */
+int psr_send_exit(int fd, int code);
+
+/* A line-buffered control connection. */
+typedef struct psr_conn {
+  int fd;       /* socket, -1 when closed */
+  char *buf;    /* unread input */
+  size_t len, cap;
+} psr_conn;
+
+/* Returns a malloc'd line (without '\n') if one is buffered or readable
+ * now; NULL with *eof set on EOF/error or an oversized line. Non-blocking
+ * when `block` is 0. */
+char *psr_conn_read_line(psr_conn *c, int block, int *eof);
+/* Waits (up to deadline, ps__now() seconds) for one line on c. */
+char *psr_conn_wait_line(psr_conn *c, double deadline, int *eof);
+/* Closes the socket and frees the buffer (c stays usable as closed). */
+void psr_conn_close(psr_conn *c);
+
+/* Listens on addr:port (0: any); the port in *bound. fd, or -1 with err. */
+int psr_tcp_listen(const char *addr, int port, int *bound, char *err, size_t errlen);
+/* Connects to psrun task 0 at addr:port, retrying until deadline. fd or -1. */
+int psr_tcp_connect(const char *addr, int port, double deadline, char *err, size_t errlen);
+
+#endif
