@@ -174,7 +174,7 @@ START_TEST(test_conflicting_shape) {
   ps_client *c[2];
   for (int i = 0; i < 2; i++) {
     ps_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    ps_config_init(&cfg);
     cfg.hosts = hp;
     cfg.num_ps = 1;
     cfg.worker_index = i;
@@ -183,7 +183,7 @@ START_TEST(test_conflicting_shape) {
     ck_assert_msg(ps_client_create(&cfg, &c[i], err, sizeof err) == 0, "%s", err);
   }
   int64_t good[2] = {4, 5}, bad[2] = {5, 4};
-  ps_init init = {PS_INIT_UNIFORM, -1, 1, 3};
+  ps_init init = PS_SIZED(ps_init, PS_INIT_UNIFORM, -1, 1, 3);
   ps_var *v0, *v1 = NULL;
   ck_assert_int_eq(ps_client_var_create(c[0], "emb", good, 2, &init, NULL, &v0), 0);
   ck_assert_int_eq(ps_client_var_create(c[1], "emb", bad, 2, &init, NULL, &v1), PS_ESHAPE);
@@ -211,7 +211,7 @@ START_TEST(test_conflict_on_later_ps) {
   ps_client *c[2];
   for (int i = 0; i < 2; i++) {
     ps_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    ps_config_init(&cfg);
     cfg.hosts = hp;
     cfg.num_ps = 2;
     cfg.worker_index = i;
@@ -222,7 +222,7 @@ START_TEST(test_conflict_on_later_ps) {
   }
   /* The chief puts "pad" on ps 0 and a small "emb" on ps 1. */
   int64_t small[1] = {4}, big[1] = {64};
-  ps_init init = {PS_INIT_UNIFORM, -1, 1, 3};
+  ps_init init = PS_SIZED(ps_init, PS_INIT_UNIFORM, -1, 1, 3);
   ps_var *pad0, *emb0, *v = NULL;
   ck_assert_int_eq(ps_client_var_create(c[0], "pad", small, 1, &init, NULL, &pad0), 0);
   ck_assert_int_eq(ps_client_var_create(c[0], "emb", small, 1, &init, NULL, &emb0), 0);
@@ -257,7 +257,7 @@ START_TEST(test_max_memory) {
   const char *extra[] = {"--max-memory", "2000000", NULL};
   start_ps(ps, 1, hosts, hp, extra);
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.num_workers = 1;
@@ -296,7 +296,7 @@ START_TEST(test_client_from_env) {
   ck_assert_int_eq(ps_client_num_workers(c), 1);
   ck_assert_int_eq(ps_client_num_ps(c), 1);
   int64_t shape[1] = {3};
-  ps_init one = {PS_INIT_CONSTANT, 1.5, 0, 0};
+  ps_init one = PS_SIZED(ps_init, PS_INIT_CONSTANT, 1.5, 0, 0);
   ps_var *v;
   ck_assert_int_eq(ps_client_var_create(c, "v", shape, 1, &one, NULL, &v), 0);
   ck_assert(ps_var_data(v)[2] == 1.5f);
@@ -321,7 +321,7 @@ static float big_value(uint64_t s) {
 
 static ps_client *big_client(const char **hp, int w, ps_var **v) {
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.worker_index = w;

@@ -48,7 +48,7 @@ int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
   char e[512];
   *out = NULL;
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   const char *hosts = getenv("PS_HOSTS");
   if (!hosts || !*hosts) {
     if (errmsg) snprintf(errmsg, errlen, "environment variable PS_HOSTS is not set (psrun sets it)");
@@ -189,8 +189,22 @@ static int client_setup(ps_client *c, const ps_config *cfg) {
   return 0;
 }
 
-int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg, size_t errlen) {
+int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_t errlen) {
   *out = NULL;
+  /* From here on, the library's own layout with defaults past the
+   * caller's struct_size. */
+  ps_config full, *cfg = NULL;
+  if (user) {
+    char e[300];
+    ps_config_init(&full);
+    int rc = ps__sized_read(&full, sizeof full, user, PS__CONFIG_V1_SIZE, "ps_config", e,
+                            sizeof e);
+    if (rc) {
+      if (errmsg) snprintf(errmsg, errlen, "%s", e);
+      return rc;
+    }
+    cfg = &full;
+  }
   int rc = check_config(cfg, errmsg, errlen);
   if (rc) return rc;
   signal(SIGPIPE, SIG_IGN);

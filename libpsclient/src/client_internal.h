@@ -15,6 +15,7 @@
 #define PS_CLIENT_INTERNAL_H
 
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
 
@@ -181,6 +182,23 @@ struct ps_client {
   ps__telem telem;            /* per-step records (telemetry.c) */
   char errmsg[1024];          /* last error */
 };
+
+/* ---- sized.c: the public structs that carry their size ------------------- */
+
+/* The first layout of each sized struct ends with these fields: a caller's
+ * struct_size below that is no layout this library ever had. */
+#define PS__CONFIG_V1_SIZE (offsetof(ps_config, telemetry) + sizeof(const char *))
+#define PS__OPTIMIZER_V1_SIZE (offsetof(ps_optimizer, weight_decay) + sizeof(double))
+#define PS__INIT_V1_SIZE (offsetof(ps_init, seed) + sizeof(uint64_t))
+
+/* Reads a caller's sized struct src (its struct_size bytes) into dst, a
+ * struct of this library's size lib_size already holding the defaults: the
+ * fields the caller's size covers are copied, the rest keep the defaults.
+ * 0, PS_EINVAL (size 0 or below v1_size: never initialized) or
+ * PS_EUNSUPPORTED (a newer caller set fields unknown here), with a sentence
+ * naming `type` in err. */
+int ps__sized_read(void *dst, size_t lib_size, const void *src, size_t v1_size,
+                   const char *type, char *err, size_t errlen);
 
 /* ---- client.c ------------------------------------------------------------ */
 

@@ -12,11 +12,22 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "psclient.h"
+#include "client_internal.h"
 
-void ps_optimizer_default(ps_optimizer *opt, double lr) {
-  if (!opt) return;
-  memset(opt, 0, sizeof *opt);
+/* Defaults for the fields this library knows; a caller's struct of
+ * another size gets zeros beyond them and its own struct_size. */
+void ps_optimizer_default_sized(ps_optimizer *opt, size_t size, double lr) {
+  if (!opt || size < sizeof opt->struct_size) return;
+  memset(opt, 0, size);
+  opt->struct_size = size;
+  if (size < sizeof *opt) {
+    /* An older caller: fill a full struct, hand back its prefix. */
+    ps_optimizer full;
+    ps_optimizer_default_sized(&full, sizeof full, lr);
+    memcpy(opt, &full, size);
+    opt->struct_size = size;
+    return;
+  }
   opt->kind = PS_OPT_SGD;
   opt->lr = lr;
   opt->momentum = 0.9;
@@ -28,6 +39,12 @@ void ps_optimizer_default(ps_optimizer *opt, double lr) {
   opt->decay_rate = 1.0;
   opt->decay_steps = 0;
   opt->weight_decay = 0.0;
+}
+
+void ps_init_init_sized(ps_init *init, size_t size) {
+  if (!init || size < sizeof init->struct_size) return;
+  memset(init, 0, size); /* PS_INIT_ZEROS, seed 0 */
+  init->struct_size = size;
 }
 
 /* ---- generator -------------------------------------------------------- */
@@ -141,9 +158,14 @@ static void compute_fans(const int64_t *shape, int ndim, double *fan_in,
   }
 }
 
-int ps_init_fill(const ps_init *init, const char *name, const int64_t *shape,
+int ps_init_fill(const ps_init *user, const char *name, const int64_t *shape,
                  int ndim, float *out, size_t n) {
-  if (!init) return PS_EINVAL;
+  if (!user) return PS_EINVAL;
+  ps_init in, *init = &in;
+  char err[256];
+  ps_init_init(&in);
+  if (ps__sized_read(&in, sizeof in, user, PS__INIT_V1_SIZE, "ps_init", err, sizeof err))
+    return PS_EINVAL;
   if (n > 0 && !out) return PS_EINVAL;
   if (ndim < 0 || ndim > PS_MAX_DIMS) return PS_EINVAL;
   if (ndim > 0 && !shape) return PS_EINVAL;

@@ -243,13 +243,19 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
   uint64_t numel = 0;
   int rc = check_args(c, name, shape, ndim, &numel);
   if (rc) return rc;
-  ps_optimizer dopt;
-  if (!opt) {
-    ps_optimizer_default(&dopt, 0.01);
-    opt = &dopt;
-  }
-  ps_init zinit = {PS_INIT_ZEROS, 0, 0, 0};
-  if (!init) init = &zinit;
+  /* The library's layouts, defaulted past the caller's struct_size (and
+   * wholly when NULL: SGD lr 0.01, zeros). */
+  ps_optimizer o;
+  ps_init in;
+  char e[300];
+  ps_optimizer_init(&o);
+  ps_init_init(&in);
+  if (opt && (rc = ps__sized_read(&o, sizeof o, opt, PS__OPTIMIZER_V1_SIZE, "ps_optimizer", e,
+                                  sizeof e)) != 0)
+    return ps__seterr(c, rc, "variable '%s': %s", name, e);
+  if (init && (rc = ps__sized_read(&in, sizeof in, init, PS__INIT_V1_SIZE, "ps_init", e,
+                                   sizeof e)) != 0)
+    return ps__seterr(c, rc, "variable '%s': %s", name, e);
   /* Placement must stay identical on every worker: if this creation
    * fails, the loads are restored as if it never happened. */
   uint64_t *saved_load = malloc((size_t)c->num_ps * sizeof *saved_load);
@@ -265,9 +271,9 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
     goto fail;
   }
   placed = 1;
-  if ((rc = var_register(c, v, opt)) != 0) goto fail;
+  if ((rc = var_register(c, v, &o)) != 0) goto fail;
   /* The chief initializes what is not yet initialized. */
-  if (c->worker_index == 0 && (rc = var_initialize(c, v, init)) != 0) goto fail;
+  if (c->worker_index == 0 && (rc = var_initialize(c, v, &in)) != 0) goto fail;
   /* Everyone (the chief too, in case a restore initialized some slices)
    * pulls the values at the current step. */
   ps_req *r = NULL;
