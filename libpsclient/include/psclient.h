@@ -218,7 +218,7 @@ static inline void ps_config_init(ps_config *cfg) { ps_config_init_sized(cfg, si
  * and the return is negative; errmsg (if not NULL, errmsg_len bytes) gets
  * the reason, naming the host:port that failed. The config is copied. */
 PS_EXTERN int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
-                     size_t errmsg_len);
+                               size_t errmsg_len);
 
 /* Same, configured from the environment set by psrun:
  *   PS_HOSTS=h1:p1,h2:p2   PS_WORKER_INDEX   PS_NUM_WORKERS
@@ -252,8 +252,8 @@ PS_EXTERN int ps_client_num_ps(const ps_client *c);
  * `opt` may be NULL (SGD, lr 0.01). On success *out is owned by c and its
  * data holds the current parameters. Blocking. */
 PS_EXTERN int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape,
-                         int ndim, const ps_init *init, const ps_optimizer *opt,
-                         ps_var **out);
+                                   int ndim, const ps_init *init, const ps_optimizer *opt,
+                                   ps_var **out);
 
 /* Parameter values (numel floats), owned by the variable. Pulls overwrite
  * them: do not read while a pull is in flight. */
@@ -270,12 +270,12 @@ PS_EXTERN const int64_t *ps_var_shape(const ps_var *v);
  * computed from parameters at `step`, to every ps concurrently. *out is a
  * request to wait on. Returns 0 or a negative code (nothing was sent). */
 PS_EXTERN int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars,
-                         size_t n, ps_req **out);
+                                   size_t n, ps_req **out);
 
 /* Asks every ps for the parameters of vars (all when NULL) at a step >=
  * min_step; the values land in ps_var_data() as they arrive. */
 PS_EXTERN int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars,
-                         size_t n, ps_req **out);
+                                   size_t n, ps_req **out);
 
 /* Waits for r (up to timeout_ms; < 0: the client's request timeout) while
  * driving all of c's I/O. Returns 0, or the request's error: a push whose
