@@ -10,6 +10,7 @@
  *   var.c      variables: placement, registration, initialization
  *   transfer.c push and pull of gradients and parameters
  *   step.c     ps_client_step, the chief's checkpoints, stop, finish
+ *   sized.c    the public structs that carry their size (struct_size)
  */
 #ifndef PS_CLIENT_INTERNAL_H
 #define PS_CLIENT_INTERNAL_H
