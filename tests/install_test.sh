@@ -24,7 +24,7 @@ int main(void) {
   /* Links and calls the library: error table and a seeded initializer. */
   float v[6];
   int64_t shape[2] = {2, 3};
-  ps_init init = {PS_INIT_UNIFORM, -1, 1, 7};
+  ps_init init = PS_SIZED(ps_init, PS_INIT_UNIFORM, -1, 1, 7);
   if (ps_init_fill(&init, "w", shape, 2, v, 6) != 0) return 1;
   if (strcmp(ps_strerror(PS_ESTALE), "stale gradient dropped") != 0) return 1;
   ps_client *c = NULL;

@@ -87,7 +87,7 @@ static void stop_munged(void) {
 static ps_client *munge_client(const char **hp, long long job, long long step, int *rc,
                                char *err, size_t errlen) {
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.num_workers = 1;
@@ -128,7 +128,7 @@ START_TEST(test_munge_job_and_step) {
   ck_assert_int_eq(rc, PS_EAUTH);
   /* No credential at all (a plain client). */
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.num_workers = 1;

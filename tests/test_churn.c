@@ -450,11 +450,11 @@ typedef struct paced {
 static void *paced_worker(void *arg) {
   paced *w = arg;
   tu_train *t = &w->t;
-  static const ps_init init_w = {PS_INIT_GLOROT_UNIFORM, 0, 0, 42};
+  static const ps_init init_w = PS_SIZED(ps_init, PS_INIT_GLOROT_UNIFORM, 0, 0, 42);
   static const int64_t shape_w[2] = {TU_D, TU_C};
   static const int64_t shape_b[1] = {TU_C};
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = t->hosts;
   cfg.num_ps = t->num_ps;
   cfg.worker_index = t->worker;
@@ -469,7 +469,7 @@ static void *paced_worker(void *arg) {
   }
   ps_optimizer ow, ob;
   tu_model_opts(&ow, &ob);
-  ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+  ps_init zero = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
   ps_var *vw = NULL, *vb = NULL;
   t->rc = ps_client_var_create(c, "W", shape_w, 2, &init_w, &ow, &vw);
   if (!t->rc) t->rc = ps_client_var_create(c, "b", shape_b, 1, &zero, &ob, &vb);

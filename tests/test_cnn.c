@@ -753,7 +753,7 @@ static void model_init(model_ctx *c, const cnn_backend *be, int B, int lrn,
     c->val[i] = zeros(n);
     c->grad[i] = zeros(n);
     if (tf_init) {
-      ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, 7};
+      ps_init init = PS_SIZED(ps_init, (ps_init_kind)p->init_kind, p->init_a, p->init_b, 7);
       ck_assert_int_eq(ps_init_fill(&init, p->name, p->shape, p->ndim, c->val[i], n), 0);
     } else {
       /* fan-in scaled, so every layer sees O(1) activations */

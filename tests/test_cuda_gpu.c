@@ -299,7 +299,7 @@ static void model_init(model *c, const cnn_backend *be, int B) {
     size_t n = cnn_param_numel(i);
     c->val[i] = zeros(n);
     c->grad[i] = zeros(n);
-    ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, 11};
+    ps_init init = PS_SIZED(ps_init, (ps_init_kind)p->init_kind, p->init_a, p->init_b, 11);
     ps_init_fill(&init, p->name, p->shape, p->ndim, c->val[i], n);
     cnn_bind(c->m, i, c->val[i], c->grad[i]);
   }

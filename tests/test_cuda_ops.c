@@ -416,7 +416,7 @@ static void bind_all(bound *b, const cnn_backend *be, int B) {
     size_t n = cnn_param_numel(i);
     b->val[i] = zeros(n);
     b->grad[i] = zeros(n);
-    ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, 5};
+    ps_init init = PS_SIZED(ps_init, (ps_init_kind)p->init_kind, p->init_a, p->init_b, 5);
     ck_assert_int_eq(ps_init_fill(&init, p->name, p->shape, p->ndim, b->val[i], n), 0);
     cnn_bind(b->m, i, b->val[i], b->grad[i]);
   }

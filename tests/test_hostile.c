@@ -901,7 +901,7 @@ START_TEST(test_preauth_limit_bounds_memory) {
   const char *hp[1];
   tu_hosts(&p, 1, hosts, hp);
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.worker_index = 0;
@@ -913,7 +913,7 @@ START_TEST(test_preauth_limit_bounds_memory) {
   int rc = ps_client_create(&cfg, &c, err, sizeof err);
   ck_assert_msg(rc == 0, "client after the hostile header: %s", err);
   int64_t shape[1] = {16};
-  ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+  ps_init zero = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
   ps_var *v = NULL;
   rc = ps_client_var_create(c, "v", shape, 1, &zero, NULL, &v);
   ck_assert_msg(rc == 0, "var create: %s", ps_client_errmsg(c));

@@ -13,7 +13,7 @@
 
 static float *fill_1d(ps_init_kind kind, double a, double b, uint64_t seed,
                       const char *name, size_t n) {
-  ps_init in = {kind, a, b, seed};
+  ps_init in = PS_SIZED(ps_init, kind, a, b, seed);
   int64_t shape[1] = {(int64_t)n};
   float *out = malloc(n * sizeof *out);
   ck_assert_ptr_nonnull(out);
@@ -32,11 +32,11 @@ static void moments(const float *x, size_t n, double *mean, double *sd) {
 START_TEST(test_zeros_constant) {
   float buf[12];
   for (size_t i = 0; i < 12; i++) buf[i] = 7.0f;
-  ps_init z = {PS_INIT_ZEROS, 3.0, 4.0, 1};
+  ps_init z = PS_SIZED(ps_init, PS_INIT_ZEROS, 3.0, 4.0, 1);
   int64_t shape[2] = {3, 4};
   ck_assert_int_eq(ps_init_fill(&z, "w", shape, 2, buf, 12), 0);
   for (size_t i = 0; i < 12; i++) ck_assert(buf[i] == 0.0f);
-  ps_init c = {PS_INIT_CONSTANT, -2.5, 0.0, 1};
+  ps_init c = PS_SIZED(ps_init, PS_INIT_CONSTANT, -2.5, 0.0, 1);
   ck_assert_int_eq(ps_init_fill(&c, NULL, shape, 2, buf, 12), 0);
   for (size_t i = 0; i < 12; i++) ck_assert(buf[i] == -2.5f);
   /* A scalar: ndim 0 has one element. */
@@ -101,7 +101,7 @@ static void glorot_check(ps_init_kind kind, const int64_t *shape, int ndim,
   for (int i = 0; i < ndim; i++) n *= (size_t)shape[i];
   float *x = malloc(n * sizeof *x);
   ck_assert_ptr_nonnull(x);
-  ps_init in = {kind, 0, 0, 5};
+  ps_init in = PS_SIZED(ps_init, kind, 0, 0, 5);
   ck_assert_int_eq(ps_init_fill(&in, "g", shape, ndim, x, n), 0);
   double maxabs = 0, mean, sd;
   for (size_t i = 0; i < n; i++)
@@ -163,7 +163,7 @@ END_TEST
 START_TEST(test_bad_args) {
   float buf[16];
   int64_t shape[2] = {4, 4};
-  ps_init ok = {PS_INIT_UNIFORM, 0, 1, 1};
+  ps_init ok = PS_SIZED(ps_init, PS_INIT_UNIFORM, 0, 1, 1);
   ck_assert_int_eq(ps_init_fill(&ok, "w", shape, 2, buf, 16), 0);
   /* n does not match the shape. */
   ck_assert_int_eq(ps_init_fill(&ok, "w", shape, 2, buf, 15), PS_EINVAL);
@@ -173,7 +173,7 @@ START_TEST(test_bad_args) {
   ck_assert_int_eq(ps_init_fill(&ok, "w", shape, 2, NULL, 16), PS_EINVAL);
   ck_assert_int_eq(ps_init_fill(&ok, "w", NULL, 2, buf, 16), PS_EINVAL);
   /* uniform needs a < b. */
-  ps_init u = {PS_INIT_UNIFORM, 1, 1, 1};
+  ps_init u = PS_SIZED(ps_init, PS_INIT_UNIFORM, 1, 1, 1);
   ck_assert_int_eq(ps_init_fill(&u, "w", shape, 2, buf, 16), PS_EINVAL);
   u.a = 2;
   ck_assert_int_eq(ps_init_fill(&u, "w", shape, 2, buf, 16), PS_EINVAL);
@@ -182,7 +182,7 @@ START_TEST(test_bad_args) {
   u.a = 0, u.b = INFINITY;
   ck_assert_int_eq(ps_init_fill(&u, "w", shape, 2, buf, 16), PS_EINVAL);
   /* normal and truncated normal need b > 0. */
-  ps_init nrm = {PS_INIT_NORMAL, 0, 0, 1};
+  ps_init nrm = PS_SIZED(ps_init, PS_INIT_NORMAL, 0, 0, 1);
   ck_assert_int_eq(ps_init_fill(&nrm, "w", shape, 2, buf, 16), PS_EINVAL);
   nrm.b = -1;
   ck_assert_int_eq(ps_init_fill(&nrm, "w", shape, 2, buf, 16), PS_EINVAL);
@@ -193,10 +193,10 @@ START_TEST(test_bad_args) {
   nrm.b = NAN;
   ck_assert_int_eq(ps_init_fill(&nrm, "w", shape, 2, buf, 16), PS_EINVAL);
   /* Constant must be finite. */
-  ps_init c = {PS_INIT_CONSTANT, INFINITY, 0, 1};
+  ps_init c = PS_SIZED(ps_init, PS_INIT_CONSTANT, INFINITY, 0, 1);
   ck_assert_int_eq(ps_init_fill(&c, "w", shape, 2, buf, 16), PS_EINVAL);
   /* Unknown kind. */
-  ps_init k = {(ps_init_kind)99, 0, 1, 1};
+  ps_init k = PS_SIZED(ps_init, (ps_init_kind)99, 0, 1, 1);
   ck_assert_int_eq(ps_init_fill(&k, "w", shape, 2, buf, 16), PS_EINVAL);
   k.kind = (ps_init_kind)-1;
   ck_assert_int_eq(ps_init_fill(&k, "w", shape, 2, buf, 16), PS_EINVAL);
@@ -234,10 +234,63 @@ START_TEST(test_optimizer_default) {
 }
 END_TEST
 
+/* The sized structs: a struct never initialized (struct_size 0) is refused
+ * with a sentence naming the init function; a newer caller's bigger struct
+ * is read when its extra fields are untouched and refused when set; the
+ * init functions fill the size and the documented defaults. */
+START_TEST(test_sized_structs) {
+  float v[4];
+  int64_t shape[1] = {4};
+  ps_init zeroed;
+  memset(&zeroed, 0, sizeof zeroed);
+  zeroed.kind = PS_INIT_CONSTANT;
+  zeroed.a = 1;
+  ck_assert_int_eq(ps_init_fill(&zeroed, "w", shape, 1, v, 4), PS_EINVAL);
+  ps_init in;
+  ps_init_init(&in);
+  ck_assert_uint_eq(in.struct_size, sizeof in);
+  ck_assert_int_eq(in.kind, PS_INIT_ZEROS);
+  ck_assert_int_eq(ps_init_fill(&in, "w", shape, 1, v, 4), 0);
+  /* A newer header's struct: our fields, then one we do not know. */
+  struct {
+    ps_init known;
+    double later;
+  } newer;
+  memset(&newer, 0, sizeof newer);
+  newer.known = (ps_init)PS_SIZED(ps_init, .kind = PS_INIT_CONSTANT, .a = 2);
+  newer.known.struct_size = sizeof newer;
+  ck_assert_int_eq(ps_init_fill(&newer.known, "w", shape, 1, v, 4), 0);
+  ck_assert(v[3] == 2.0f);
+  newer.later = 1;
+  ck_assert_int_eq(ps_init_fill(&newer.known, "w", shape, 1, v, 4), PS_EINVAL);
+
+  ps_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  const char *hosts[1] = {"127.0.0.1:1"};
+  cfg.hosts = hosts;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  ps_client *c = NULL;
+  char err[256];
+  ck_assert_int_eq(ps_client_create(&cfg, &c, err, sizeof err), PS_EINVAL);
+  ck_assert_ptr_null(c);
+  ck_assert_msg(strstr(err, "ps_config_init") != NULL, "%s", err);
+  ps_config_init(&cfg);
+  ck_assert_uint_eq(cfg.struct_size, sizeof cfg);
+  ck_assert_ptr_null(cfg.hosts);
+
+  ps_optimizer o;
+  ps_optimizer_init(&o);
+  ck_assert_uint_eq(o.struct_size, sizeof o);
+  ck_assert(o.kind == PS_OPT_SGD && o.lr == 0.01);
+}
+END_TEST
+
 Suite *suite_init(void) {
   Suite *s = suite_create("init");
   TCase *tc = tcase_create("core");
   tcase_add_test(tc, test_zeros_constant);
+  tcase_add_test(tc, test_sized_structs);
   tcase_add_test(tc, test_uniform);
   tcase_add_test(tc, test_normal);
   tcase_add_test(tc, test_truncated_normal);

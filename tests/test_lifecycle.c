@@ -38,7 +38,7 @@ static pid_t doomed_worker(const char **hp, int nw, int index) {
     tu_train t;
     init_train(&t, hp, nw, index, 0);
     ps_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    ps_config_init(&cfg);
     cfg.hosts = t.hosts;
     cfg.num_ps = 1;
     cfg.worker_index = index;
@@ -134,7 +134,7 @@ START_TEST(test_lost_backup_worker) {
   pid_t pid = fork();
   if (pid == 0) {
     ps_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    ps_config_init(&cfg);
     cfg.hosts = hp;
     cfg.num_ps = 1;
     cfg.worker_index = 2;
@@ -223,7 +223,7 @@ END_TEST
 START_TEST(test_connect_failure_names_host) {
   const char *hp[1] = {"127.0.0.1:1"};
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.num_workers = 1;
@@ -250,7 +250,7 @@ START_TEST(test_shared_secret) {
                          "0123456789abcdef0123456789abcdef"};
   for (int k = 0; k < 4; k++) {
     ps_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    ps_config_init(&cfg);
     cfg.hosts = hp;
     cfg.num_ps = 1;
     cfg.num_workers = 1;

@@ -119,14 +119,14 @@ typedef struct wk {
 
 static void wk_open(wk *w) {
   const char *hosts[1] = {w->addr};
-  ps_config cfg = {.hosts = hosts, .num_ps = 1, .worker_index = w->index, .num_workers = 2,
+  ps_config cfg = PS_SIZED(ps_config, .hosts = hosts, .num_ps = 1, .worker_index = w->index, .num_workers = 2,
                    .replicas_to_aggregate = w->replicas, .connect_timeout_ms = 10000,
-                   .request_timeout_ms = (int)(DONE_S * 1000), .max_slice_bytes = SLICE};
+                   .request_timeout_ms = (int)(DONE_S * 1000), .max_slice_bytes = SLICE);
   w->rc = ps_client_create(&cfg, &w->c, w->err, sizeof w->err);
   if (w->rc) return;
   int64_t shape[1] = {N};
-  ps_init init = {.kind = PS_INIT_CONSTANT, .a = 1.0};
-  ps_optimizer opt = {.kind = PS_OPT_SGD, .lr = LR};
+  ps_init init = PS_SIZED(ps_init, .kind = PS_INIT_CONSTANT, .a = 1.0);
+  ps_optimizer opt = PS_SIZED(ps_optimizer, .kind = PS_OPT_SGD, .lr = LR);
   w->rc = ps_client_var_create(w->c, "big", shape, 1, &init, &opt, &w->v);
   if (w->rc) {
     snprintf(w->err, sizeof w->err, "%s", ps_client_errmsg(w->c));

@@ -272,7 +272,7 @@ START_TEST(other_model_is_refused) {
   job j;
   job_start_ps(&j, 2, d, NULL);
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = j.hp;
   cfg.num_ps = 2;
   cfg.num_workers = 1;
@@ -283,7 +283,7 @@ START_TEST(other_model_is_refused) {
   ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
   ps_var *v;
   int64_t shape[2] = {TU_D + 1, TU_C};
-  ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+  ps_init zero = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
   int rc = ps_client_var_create(c, "W", shape, 2, &zero, NULL, &v);
   ck_assert_int_ne(rc, 0);
   ck_assert_msg(strstr(ps_client_errmsg(c), "checkpoint") && strstr(ps_client_errmsg(c), d),
@@ -298,7 +298,7 @@ static pid_t hung_chief(job *j) {
   pid_t pid = fork();
   if (pid == 0) {
     ps_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    ps_config_init(&cfg);
     cfg.hosts = j->hp;
     cfg.num_ps = j->nps;
     cfg.num_workers = 1;
@@ -306,7 +306,7 @@ static pid_t hung_chief(job *j) {
     char err[256];
     ps_var *v;
     int64_t shape[1] = {4};
-    ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+    ps_init zero = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
     if (ps_client_create(&cfg, &c, err, sizeof err) ||
         ps_client_var_create(c, "x", shape, 1, &zero, NULL, &v))
       _exit(3);

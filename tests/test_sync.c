@@ -174,7 +174,7 @@ START_TEST(test_conflicting_shape) {
   ps_client *c[2];
   for (int i = 0; i < 2; i++) {
     ps_config cfg;
-    memset(&cfg, 0, sizeof cfg);
+    ps_config_init(&cfg);
     cfg.hosts = hp;
     cfg.num_ps = 1;
     cfg.worker_index = i;
@@ -183,7 +183,7 @@ START_TEST(test_conflicting_shape) {
     ck_assert_msg(ps_client_create(&cfg, &c[i], err, sizeof err) == 0, "%s", err);
   }
   int64_t good[2] = {4, 5}, bad[2] = {5, 4};
-  ps_init init = {PS_INIT_UNIFORM, -1, 1, 3};
+  ps_init init = PS_SIZED(ps_init, PS_INIT_UNIFORM, -1, 1, 3);
   ps_var *v0, *v1 = NULL;
   ck_assert_int_eq(ps_client_var_create(c[0], "emb", good, 2, &init, NULL, &v0), 0);
   ck_assert_int_eq(ps_client_var_create(c[1], "emb", bad, 2, &init, NULL, &v1), PS_ESHAPE);
@@ -199,6 +199,55 @@ START_TEST(test_conflicting_shape) {
 }
 END_TEST
 
+/* A variable split over two servers that registers on ps 0 and then
+ * conflicts on ps 1 is undone without touching freed memory (the slice map
+ * once pointed into a freed array here; ASan builds check it), and the
+ * client stays usable: the right shape then attaches and gets the values. */
+START_TEST(test_conflict_on_later_ps) {
+  tu_psd ps[2];
+  char hosts[2][64];
+  const char *hp[2];
+  start_ps(ps, 2, hosts, hp, NULL);
+  ps_client *c[2];
+  for (int i = 0; i < 2; i++) {
+    ps_config cfg;
+    ps_config_init(&cfg);
+    cfg.hosts = hp;
+    cfg.num_ps = 2;
+    cfg.worker_index = i;
+    cfg.num_workers = 2;
+    cfg.split_threshold = 64; /* bytes: 16 floats and more are split */
+    char err[256];
+    ck_assert_msg(ps_client_create(&cfg, &c[i], err, sizeof err) == 0, "%s", err);
+  }
+  /* The chief puts "pad" on ps 0 and a small "emb" on ps 1. */
+  int64_t small[1] = {4}, big[1] = {64};
+  ps_init init = PS_SIZED(ps_init, PS_INIT_UNIFORM, -1, 1, 3);
+  ps_var *pad0, *emb0, *v = NULL;
+  ck_assert_int_eq(ps_client_var_create(c[0], "pad", small, 1, &init, NULL, &pad0), 0);
+  ck_assert_int_eq(ps_client_var_create(c[0], "emb", small, 1, &init, NULL, &emb0), 0);
+  /* Worker 1 asks for a big "emb": ps 0 accepts its half, ps 1 refuses. */
+  for (int attempt = 0; attempt < 2; attempt++) {
+    ck_assert_int_eq(ps_client_var_create(c[1], "emb", big, 1, &init, NULL, &v), PS_ESHAPE);
+    ck_assert_ptr_null(v);
+    ck_assert_msg(strstr(ps_client_errmsg(c[1]), "'emb'") != NULL, "message: %s",
+                  ps_client_errmsg(c[1]));
+  }
+  /* Its placement was restored: the chief's variables attach where they are. */
+  ps_var *pad1, *emb1;
+  ck_assert_int_eq(ps_client_var_create(c[1], "pad", small, 1, &init, NULL, &pad1), 0);
+  ck_assert_int_eq(ps_client_var_create(c[1], "emb", small, 1, &init, NULL, &emb1), 0);
+  uint64_t step = 99;
+  ck_assert_int_eq(ps_client_pull(c[1], 0, &step), 0);
+  ck_assert_mem_eq(ps_var_data(pad1), ps_var_data(pad0), 4 * sizeof(float));
+  ck_assert_mem_eq(ps_var_data(emb1), ps_var_data(emb0), 4 * sizeof(float));
+  ps_client_destroy(c[0]);
+  ps_client_destroy(c[1]);
+  tu_psd_kill(&ps[0]);
+  tu_psd_kill(&ps[1]);
+}
+END_TEST
+
 /* --max-memory bounds what registrations may allocate: a variable past it
  * is refused with a sentence, the server stays up, smaller ones still fit. */
 START_TEST(test_max_memory) {
@@ -208,7 +257,7 @@ START_TEST(test_max_memory) {
   const char *extra[] = {"--max-memory", "2000000", NULL};
   start_ps(ps, 1, hosts, hp, extra);
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.num_workers = 1;
@@ -247,7 +296,7 @@ START_TEST(test_client_from_env) {
   ck_assert_int_eq(ps_client_num_workers(c), 1);
   ck_assert_int_eq(ps_client_num_ps(c), 1);
   int64_t shape[1] = {3};
-  ps_init one = {PS_INIT_CONSTANT, 1.5, 0, 0};
+  ps_init one = PS_SIZED(ps_init, PS_INIT_CONSTANT, 1.5, 0, 0);
   ps_var *v;
   ck_assert_int_eq(ps_client_var_create(c, "v", shape, 1, &one, NULL, &v), 0);
   ck_assert(ps_var_data(v)[2] == 1.5f);
@@ -272,7 +321,7 @@ static float big_value(uint64_t s) {
 
 static ps_client *big_client(const char **hp, int w, ps_var **v) {
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.worker_index = w;
@@ -418,6 +467,7 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_backup_stale);
   tcase_add_test(tc, test_async_converges);
   tcase_add_test(tc, test_conflicting_shape);
+  tcase_add_test(tc, test_conflict_on_later_ps);
   tcase_add_test(tc, test_client_from_env);
   tcase_add_test(tc, test_max_memory);
   tcase_add_test(tc, test_consistent_reply_under_updates);

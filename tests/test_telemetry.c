@@ -31,7 +31,7 @@ static void *slow_main(void *arg) {
   slow_worker *s = arg;
   const char *hosts[1] = {s->host};
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hosts;
   cfg.num_ps = 1;
   cfg.worker_index = s->worker;

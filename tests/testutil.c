@@ -317,7 +317,7 @@ void tu_model_opts(ps_optimizer *ow, ps_optimizer *ob) {
   ob->momentum = 0.9;
 }
 
-static const ps_init TU_INIT_W = {PS_INIT_GLOROT_UNIFORM, 0, 0, 42};
+static const ps_init TU_INIT_W = PS_SIZED(ps_init, PS_INIT_GLOROT_UNIFORM, 0, 0, 42);
 static const int64_t TU_SHAPE_W[2] = {TU_D, TU_C};
 static const int64_t TU_SHAPE_B[1] = {TU_C};
 
@@ -333,7 +333,7 @@ int tu_params_equal(const tu_train *a, const tu_train *b) {
 void *tu_train_worker(void *arg) {
   tu_train *t = arg;
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = t->hosts;
   cfg.num_ps = t->num_ps;
   cfg.worker_index = t->worker;
@@ -349,7 +349,7 @@ void *tu_train_worker(void *arg) {
   if (t->rc) return NULL;
   ps_optimizer ow, ob;
   tu_model_opts(&ow, &ob);
-  ps_init zero = {PS_INIT_ZEROS, 0, 0, 0};
+  ps_init zero = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
   ps_var *vw = NULL, *vb = NULL;
   t->rc = ps_client_var_create(c, "W", TU_SHAPE_W, 2, &TU_INIT_W, &ow, &vw);
   if (!t->rc) t->rc = ps_client_var_create(c, "b", TU_SHAPE_B, 1, &zero, &ob, &vb);

@@ -5,9 +5,20 @@
 
 #include "wire.h"
 
-void ps_optimizer_default(ps_optimizer *opt, double lr) {
-  if (!opt) return;
-  memset(opt, 0, sizeof *opt);
+/* Defaults for the fields this library knows; a caller's struct of
+ * another size gets zeros beyond them and its own struct_size. */
+void ps_optimizer_default_sized(ps_optimizer *opt, size_t size, double lr) {
+  if (!opt || size < sizeof opt->struct_size) return;
+  memset(opt, 0, size);
+  opt->struct_size = size;
+  if (size < sizeof *opt) {
+    /* An older caller: fill a full struct, hand back its prefix. */
+    ps_optimizer full;
+    ps_optimizer_default_sized(&full, sizeof full, lr);
+    memcpy(opt, &full, size);
+    opt->struct_size = size;
+    return;
+  }
   opt->kind = PS_OPT_SGD;
   opt->lr = lr;
   opt->momentum = 0.9;

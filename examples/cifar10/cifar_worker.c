@@ -206,7 +206,7 @@ static void bench(const opts *o) {
     bufs[2 * i] = malloc(n * sizeof(float));
     bufs[2 * i + 1] = calloc(n, sizeof(float));
     if (!bufs[2 * i] || !bufs[2 * i + 1]) die("out of memory");
-    ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, o->seed};
+    ps_init init = PS_SIZED(ps_init, (ps_init_kind)p->init_kind, p->init_a, p->init_b, o->seed);
     ps_init_fill(&init, p->name, p->shape, p->ndim, bufs[2 * i], n);
     cnn_bind(m, i, bufs[2 * i], bufs[2 * i + 1]);
   }
@@ -315,7 +315,7 @@ int main(int argc, char **argv) {
   ps_var *vars[64];
   for (int i = 0; i < cnn_num_params(); i++) {
     const cnn_param *p = cnn_param_info(i);
-    ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, o.seed};
+    ps_init init = PS_SIZED(ps_init, (ps_init_kind)p->init_kind, p->init_a, p->init_b, o.seed);
     ps_var *v;
     /* Weight decay is part of the model's gradient (the L2 loss term). */
     if (ps_client_var_create(c, p->name, p->shape, p->ndim, &init, &opt, &v) != 0)

@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
     size_t n = cnn_param_numel(i);
     val[i] = calloc(n, sizeof(float));
     grad[i] = calloc(n, sizeof(float));
-    ps_init init = {(ps_init_kind)p->init_kind, p->init_a, p->init_b, 1};
+    ps_init init = PS_SIZED(ps_init, (ps_init_kind)p->init_kind, p->init_a, p->init_b, 1);
     if (!val[i] || !grad[i] ||
         ps_init_fill(&init, p->name, p->shape, p->ndim, val[i], n) != 0) {
       fprintf(stderr, "cnn_bench: init of %s failed\n", p->name);

@@ -559,7 +559,7 @@ static int worker_main(int fd, const char *const *hosts, int nps, int widx, int 
   }
 
   ps_config cfg;
-  memset(&cfg, 0, sizeof cfg);
+  ps_config_init(&cfg);
   cfg.hosts = hosts;
   cfg.num_ps = nps;
   cfg.worker_index = widx;
@@ -576,7 +576,7 @@ static int worker_main(int fd, const char *const *hosts, int nps, int widx, int 
   }
 
   int64_t shape[1] = {(int64_t)numel};
-  ps_init init = {PS_INIT_ZEROS, 0, 0, 1};
+  ps_init init = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 1);
   ps_optimizer o;
   ps_optimizer_default(&o, LEARNING_RATE);
   phase = "ps_client_var_create";

@@ -100,7 +100,7 @@ int main(int argc, char **argv) {
   }
   int w = ps_client_worker_index(c), nw = ps_client_num_workers(c);
   int64_t sw[2] = {D, C}, sb[1] = {C};
-  ps_init gi = {PS_INIT_GLOROT_UNIFORM, 0, 0, 42}, zi = {PS_INIT_ZEROS, 0, 0, 0};
+  ps_init gi = PS_SIZED(ps_init, PS_INIT_GLOROT_UNIFORM, 0, 0, 42), zi = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
   ps_optimizer opt;
   ps_optimizer_default(&opt, 0.5);
   ps_var *vw, *vb;

@@ -11,6 +11,21 @@
  *    requests) must be used by one thread at a time. Different clients are
  *    independent. ps_strerror() is thread-safe.
  *  - All tensors are float32, row-major, in host byte order (little endian).
+ *  - Configuration structs (ps_config, ps_optimizer, ps_init) can grow
+ *    without breaking programs built against an older header: their first
+ *    field, struct_size, holds sizeof the struct as the caller compiled it.
+ *    Fill it with the struct's init function (ps_config_init(&cfg), then
+ *    set fields) or with PS_SIZED(type, fields...) in an initializer. The
+ *    library reads only the fields that size covers and defaults the rest;
+ *    a struct whose struct_size is 0 (memset, = {0}) is refused with
+ *    PS_EINVAL and a message naming the init function, and one from a
+ *    newer header that sets fields this library does not know is refused
+ *    with PS_EUNSUPPORTED. New fields are only ever added at the end.
+ *  - ABI: the shared library's SOVERSION is the major version. It changes
+ *    on any ABI break (a removed or changed function, a reordered or
+ *    resized field); adding functions, or fields at the end of the sized
+ *    structs, is not a break. Every public function is marked PS_EXTERN,
+ *    the only symbols the library exports.
  */
 #ifndef PSCLIENT_H
 #define PSCLIENT_H
@@ -22,11 +37,18 @@
 extern "C" {
 #endif
 
-/* The library is built with -fvisibility=hidden; what this header declares
- * is the API, and only it is exported from libpsclient.so. */
-#if defined(__GNUC__) && !defined(PS_NO_VISIBILITY)
-#pragma GCC visibility push(default)
+/* Marks the public API: the library is built with -fvisibility=hidden,
+ * so only these declarations are exported. */
+#if defined(__GNUC__) || defined(__clang__)
+#define PS_EXTERN __attribute__((visibility("default")))
+#else
+#define PS_EXTERN
 #endif
+
+/* An initializer for a sized struct: the size, then the fields given
+ * (designated, or in order after struct_size). Example:
+ *   ps_init init = PS_SIZED(ps_init, .kind = PS_INIT_UNIFORM, .a = -1, .b = 1); */
+#define PS_SIZED(type, ...) { .struct_size = sizeof(type), __VA_ARGS__ }
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 1
@@ -66,9 +88,9 @@ typedef enum ps_errno {
 
 /* Static description of an error code; never NULL (unknown codes give
  * "unknown error"). */
-const char *ps_strerror(int code);
+PS_EXTERN const char *ps_strerror(int code);
 /* Symbolic name of an error code ("PS_ESTALE"), or "PS_UNKNOWN". */
-const char *ps_err_name(int code);
+PS_EXTERN const char *ps_err_name(int code);
 
 /* ---------------------------------------------------------------------- */
 /* Optimizers: run on the servers, configured per variable by the workers. */
@@ -86,6 +108,8 @@ typedef enum ps_lr_decay {
 } ps_lr_decay;
 
 typedef struct ps_optimizer {
+  size_t struct_size;   /* sizeof(ps_optimizer) as compiled by the caller:
+                           set by ps_optimizer_init/ps_optimizer_default */
   ps_opt_kind kind;     /* which update rule */
   double lr;            /* base learning rate, > 0 */
   double momentum;      /* PS_OPT_MOMENTUM: coefficient in [0, 1) */
@@ -99,8 +123,18 @@ typedef struct ps_optimizer {
   double weight_decay;  /* L2: the gradient gets weight_decay * w added */
 } ps_optimizer;
 
-/* Fills *opt with plain SGD at learning rate lr and Adam's usual betas. */
-void ps_optimizer_default(ps_optimizer *opt, double lr);
+/* Fills *opt (size bytes, struct_size included) with plain SGD at
+ * learning rate lr and Adam's usual betas. Call it through
+ * ps_optimizer_default or ps_optimizer_init, which pass the size. */
+PS_EXTERN void ps_optimizer_default_sized(ps_optimizer *opt, size_t size, double lr);
+/* SGD at learning rate lr (other fields: Adam's usual betas, no decay). */
+static inline void ps_optimizer_default(ps_optimizer *opt, double lr) {
+  ps_optimizer_default_sized(opt, sizeof *opt, lr);
+}
+/* The defaults a NULL optimizer gets: SGD at lr 0.01. */
+static inline void ps_optimizer_init(ps_optimizer *opt) {
+  ps_optimizer_default_sized(opt, sizeof *opt, 0.01);
+}
 
 /* ---------------------------------------------------------------------- */
 /* Initializers: only the chief (worker 0) runs them; the others wait for
@@ -117,7 +151,8 @@ typedef enum ps_init_kind {
 } ps_init_kind;
 
 typedef struct ps_init {
-  ps_init_kind kind; /* distribution */
+  size_t struct_size; /* sizeof(ps_init) as compiled by the caller (ps_init_init) */
+  ps_init_kind kind;  /* distribution */
   double a;          /* constant value, uniform low bound or normal mean */
   double b;          /* uniform high bound or normal stddev */
   uint64_t seed;     /* combined with the variable name: names differ, draws differ */
@@ -126,8 +161,13 @@ typedef struct ps_init {
 /* Fills out[0..n) for a tensor of the given shape (fans come from the shape:
  * the last dim is fan_out, the rest multiply to fan_in, as TensorFlow does).
  * `name` salts the seed. Returns 0 or PS_EINVAL (bad kind or parameters). */
-int ps_init_fill(const ps_init *init, const char *name, const int64_t *shape,
-                 int ndim, float *out, size_t n);
+PS_EXTERN int ps_init_fill(const ps_init *init, const char *name, const int64_t *shape,
+                           int ndim, float *out, size_t n);
+
+/* Fills *init (size bytes) with the default a NULL initializer gets:
+ * zeros, seed 0. Call it through ps_init_init, which passes the size. */
+PS_EXTERN void ps_init_init_sized(ps_init *init, size_t size);
+static inline void ps_init_init(ps_init *init) { ps_init_init_sized(init, sizeof *init); }
 
 /* ---------------------------------------------------------------------- */
 /* Client */
@@ -140,6 +180,8 @@ typedef struct ps_req ps_req;       /* an in-flight push or pull */
 #define PS_MAX_NAME 255   /* variable names are at most this many bytes */
 
 typedef struct ps_config {
+  size_t struct_size;         /* sizeof(ps_config) as compiled by the caller
+                                 (ps_config_init sets it) */
   const char *const *hosts;   /* "host:port" of each ps task, in ps order */
   int num_ps;                 /* entries in hosts, >= 1 */
   int worker_index;           /* 0..num_workers-1; 0 is the chief */
@@ -165,13 +207,18 @@ typedef struct ps_config {
                                  the records go to as JSON lines */
 } ps_config;
 
+/* Zeroes *cfg (size bytes: every field at its default) and sets
+ * struct_size. Call it through ps_config_init, which passes the size. */
+PS_EXTERN void ps_config_init_sized(ps_config *cfg, size_t size);
+static inline void ps_config_init(ps_config *cfg) { ps_config_init_sized(cfg, sizeof *cfg); }
+
 /* Connects to every ps task (retrying with backoff up to
  * connect_timeout_ms) and performs the handshake. On success *out owns the
  * connections; destroy it with ps_client_destroy(). On failure *out is NULL
  * and the return is negative; errmsg (if not NULL, errmsg_len bytes) gets
  * the reason, naming the host:port that failed. The config is copied. */
-int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
-                     size_t errmsg_len);
+PS_EXTERN int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
+                               size_t errmsg_len);
 
 /* Same, configured from the environment set by psrun:
  *   PS_HOSTS=h1:p1,h2:p2   PS_WORKER_INDEX   PS_NUM_WORKERS
@@ -183,18 +230,18 @@ int ps_client_create(const ps_config *cfg, ps_client **out, char *errmsg,
  *   PS_MAX_SLICE_BYTES, PS_SPLIT_THRESHOLD (optional: placement; the same
  *   on every worker of a job)
  * A missing or malformed variable is PS_EINVAL with a message naming it. */
-int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
+PS_EXTERN int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
 
 /* Closes the connections (without ps_client_finish: servers see the worker
  * leave) and frees every variable and request. NULL is a no-op. */
-void ps_client_destroy(ps_client *c);
+PS_EXTERN void ps_client_destroy(ps_client *c);
 
 /* Details of the last error on c; valid until the next call on c. */
-const char *ps_client_errmsg(const ps_client *c);
+PS_EXTERN const char *ps_client_errmsg(const ps_client *c);
 
-int ps_client_worker_index(const ps_client *c);
-int ps_client_num_workers(const ps_client *c);
-int ps_client_num_ps(const ps_client *c);
+PS_EXTERN int ps_client_worker_index(const ps_client *c);
+PS_EXTERN int ps_client_num_workers(const ps_client *c);
+PS_EXTERN int ps_client_num_ps(const ps_client *c);
 
 /* Creates variable `name` with the given shape (1..PS_MAX_DIMS dims, all
  * > 0) on the servers, placed deterministically from the order of creation.
@@ -204,42 +251,42 @@ int ps_client_num_ps(const ps_client *c);
  * and optimizer, this attaches to it; a different shape is PS_ESHAPE.
  * `opt` may be NULL (SGD, lr 0.01). On success *out is owned by c and its
  * data holds the current parameters. Blocking. */
-int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape,
-                         int ndim, const ps_init *init, const ps_optimizer *opt,
-                         ps_var **out);
+PS_EXTERN int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape,
+                                   int ndim, const ps_init *init, const ps_optimizer *opt,
+                                   ps_var **out);
 
 /* Parameter values (numel floats), owned by the variable. Pulls overwrite
  * them: do not read while a pull is in flight. */
-float *ps_var_data(ps_var *v);
+PS_EXTERN float *ps_var_data(ps_var *v);
 /* Gradient buffer (numel floats, zero at creation) that push sends. Pushes
  * send straight from it: do not write while a push is in flight. */
-float *ps_var_grad(ps_var *v);
-size_t ps_var_numel(const ps_var *v);
-const char *ps_var_name(const ps_var *v);
-int ps_var_ndim(const ps_var *v);
-const int64_t *ps_var_shape(const ps_var *v);
+PS_EXTERN float *ps_var_grad(ps_var *v);
+PS_EXTERN size_t ps_var_numel(const ps_var *v);
+PS_EXTERN const char *ps_var_name(const ps_var *v);
+PS_EXTERN int ps_var_ndim(const ps_var *v);
+PS_EXTERN const int64_t *ps_var_shape(const ps_var *v);
 
 /* Pushes the gradients of vars[0..n) (all variables when vars is NULL),
  * computed from parameters at `step`, to every ps concurrently. *out is a
  * request to wait on. Returns 0 or a negative code (nothing was sent). */
-int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars,
-                         size_t n, ps_req **out);
+PS_EXTERN int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars,
+                                   size_t n, ps_req **out);
 
 /* Asks every ps for the parameters of vars (all when NULL) at a step >=
  * min_step; the values land in ps_var_data() as they arrive. */
-int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars,
-                         size_t n, ps_req **out);
+PS_EXTERN int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars,
+                                   size_t n, ps_req **out);
 
 /* Waits for r (up to timeout_ms; < 0: the client's request timeout) while
  * driving all of c's I/O. Returns 0, or the request's error: a push whose
  * gradient came too late returns PS_ESTALE (not fatal: pull and go on).
  * *step_out (may be NULL) gets, for a pull, the smallest step among the
  * slices received. r stays valid until ps_req_destroy(). */
-int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
+PS_EXTERN int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
 
 /* Releases a finished request (waiting first if it is still in flight, so
  * that no buffer is still in use). NULL is a no-op. */
-void ps_req_destroy(ps_req *r);
+PS_EXTERN void ps_req_destroy(ps_req *r);
 
 /* One synchronous training step for every variable: pushes the gradients
  * computed at *step, pulls the parameters of the next step, and sets *step
@@ -248,14 +295,14 @@ void ps_req_destroy(ps_req *r);
  * The chief (worker 0) also arranges the checkpoints the servers ask for
  * here. Returns 0, PS_ESTOPPED when the job stops on request (see
  * ps_client_request_stop; *step then holds no meaning), or another PS_E*. */
-int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
+PS_EXTERN int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
 
 /* Pulls every variable at step >= min_step (blocking); *step_out gets the
  * step received. Used to start or resume: ps_client_pull(c, 0, &s). */
-int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out);
+PS_EXTERN int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out);
 
 /* Tells every server this worker is done; they exit when all are. */
-int ps_client_finish(ps_client *c);
+PS_EXTERN int ps_client_finish(ps_client *c);
 
 /* Asks the job to stop after a checkpoint (preemption, walltime). Only sets
  * a flag, so it is safe to call from a signal handler (SIGTERM, SIGUSR1).
@@ -267,11 +314,7 @@ int ps_client_finish(ps_client *c);
  * calls ps_client_finish and exits (the examples use status 75); running
  * the job again resumes from the checkpoint. Servers that get the signal
  * themselves start the same protocol. NULL is a no-op. */
-void ps_client_request_stop(ps_client *c);
-
-#if defined(__GNUC__) && !defined(PS_NO_VISIBILITY)
-#pragma GCC visibility pop
-#endif
+PS_EXTERN void ps_client_request_stop(ps_client *c);
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "psclient.h"
+#include "client_internal.h"
+
+void ps_init_init_sized(ps_init *init, size_t size) {
+  if (!init || size < sizeof init->struct_size) return;
+  memset(init, 0, size); /* PS_INIT_ZEROS, seed 0 */
+  init->struct_size = size;
+}
 
 /* ---- generator -------------------------------------------------------- */
 
@@ -125,9 +131,14 @@ static void compute_fans(const int64_t *shape, int ndim, double *fan_in,
   }
 }
 
-int ps_init_fill(const ps_init *init, const char *name, const int64_t *shape,
+int ps_init_fill(const ps_init *user, const char *name, const int64_t *shape,
                  int ndim, float *out, size_t n) {
-  if (!init) return PS_EINVAL;
+  if (!user) return PS_EINVAL;
+  ps_init in, *init = &in;
+  char err[256];
+  ps_init_init(&in);
+  if (ps__sized_read(&in, sizeof in, user, PS__INIT_V1_SIZE, "ps_init", err, sizeof err))
+    return PS_EINVAL;
   if (n > 0 && !out) return PS_EINVAL;
   if (ndim < 0 || ndim > PS_MAX_DIMS) return PS_EINVAL;
   if (ndim > 0 && !shape) return PS_EINVAL;

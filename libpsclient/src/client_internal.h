@@ -1,0 +1,270 @@
+/*
+ * client_internal.h - the pieces of libpsclient's client shared by its
+ * files (names ps__): the client, connection, variable and request structs
+ * and the functions one concept offers the others. Not installed.
+ *
+ *   client.c   create/destroy, configuration, accessors
+ *   conn.c     sockets, handshake, the frame reader, the poll loop
+ *   reply.c    what each reply type does to requests and variables
+ *   request.c  in-flight requests, looked up by id in a table
+ *   var.c      variables: placement, registration, initialization
+ *   transfer.c push and pull of gradients and parameters
+ *   step.c     ps_client_step, the chief's checkpoints, stop, finish
+ *   sized.c    the public structs that carry their size (struct_size)
+ */
+#ifndef PS_CLIENT_INTERNAL_H
+#define PS_CLIENT_INTERNAL_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "ps.pb-c.h"
+#include "wire.h"
+#include "ps_telemetry.h"
+#include "psclient.h"
+
+/* Input buffer for reply headers and protobuf; big tensors bypass it. */
+#define PS__IN_INITIAL (64u * 1024u)
+/* Tensor bytes at least this large are read straight into variables. */
+#define PS__DIRECT_READ_MIN (16u * 1024u)
+/* Socket buffers: large enough that a 4 MiB slice is in flight at once. */
+#define PS__SOCK_BUF (4 << 20)
+/* Default waits. */
+#define PS__DEFAULT_CONNECT_MS 60000
+#define PS__DEFAULT_REQUEST_MS 600000
+/* A ps on a node that died sends no FIN: TCP keepalive probes after 5 s of
+ * silence, every 2 s, 3 times, and unacknowledged data gives up after 15 s,
+ * so a worker notices a dead server within seconds, not at its request
+ * timeout (a healthy but slow step keeps the connection acknowledged). */
+#define PS__KEEPIDLE_S 5
+#define PS__KEEPINTVL_S 2
+#define PS__KEEPCNT 3
+#define PS__USER_TIMEOUT_MS 15000
+/* Rounds the chief tries to agree on a checkpoint step with the servers
+ * before giving up (each round moves to the most advanced server's step;
+ * in sync training the first round almost always succeeds). */
+#define PS__CKPT_ROUNDS 8
+
+/* What a request is for (ps_req.type). */
+enum { PS__REQ_PUSH = 1, PS__REQ_PULL, PS__REQ_REGISTER, PS__REQ_INIT, PS__REQ_FINISH,
+       PS__REQ_HELLO, PS__REQ_CHECKPOINT };
+
+/* Where the frame reader of a connection is. */
+typedef enum ps__rd_state {
+  PS__RD_HEADER = 0, /* waiting for the 24-byte header */
+  PS__RD_META,       /* waiting for the protobuf part */
+  PS__RD_DATA        /* streaming a PullReply's tensor data to its slices */
+} ps__rd_state;
+
+/* No slice: a free by_remote entry, or a slice not yet registered. */
+#define PS__NO_SLICE UINT32_MAX
+
+typedef struct ps__slice {
+  uint32_t ps;          /* which server */
+  uint32_t remote_id;   /* the server's slice id (PS__NO_SLICE: none yet) */
+  uint64_t offset;      /* first element within the variable */
+  uint64_t length;      /* elements */
+  ps_var *var;          /* owner (heap object, never moves) */
+  int initialized;      /* as the server reported at registration */
+} ps__slice;
+
+struct ps_var {
+  ps_client *c;                  /* owner */
+  char *name;                    /* variable name */
+  int ndim;                      /* rank */
+  int64_t shape[PS_MAX_DIMS];    /* dims */
+  size_t numel;                  /* elements */
+  float *data;                   /* parameters */
+  float *grad;                   /* gradient to push */
+  size_t first_slice;            /* its slices are c->slices[first_slice..] */
+  size_t n_slices;               /* ... this many */
+  int mark;                      /* scratch: duplicate detection */
+};
+
+struct ps_req {
+  ps_client *c;          /* owner */
+  int type;              /* PS__REQ_* */
+  uint64_t id;           /* request id on the wire (0: not in flight) */
+  int pending;           /* sub-replies still expected */
+  int *pend_ps;          /* ... from each ps (num_ps entries): a server
+                            closing after its last answer fails only the
+                            requests still waiting for it */
+  int status;            /* first error, or 0 */
+  int stale;             /* some push item was stale */
+  int done;              /* no more replies expected */
+  uint64_t step;         /* pull: smallest step received; hello: the ps */
+  int refused;           /* checkpoint: some server said no */
+  uint64_t max_step;     /* checkpoint: most advanced server's step */
+  double first_reply_at; /* pull: when its first PullReply came (telemetry) */
+  ps_var *reg_var;       /* register: the variable whose slices it names */
+  struct ps_req *next;   /* free list link */
+};
+
+/* In-flight requests by id: slot id & (cap - 1). Ids are handed out so
+ * that no two in-flight requests share a slot; a slot's request is the one
+ * asked for only if its id matches (a late reply for a finished request
+ * finds nothing). */
+typedef struct ps__req_table {
+  ps_req **slot;  /* cap entries, NULL when free */
+  size_t cap;     /* power of two (0 before the first request) */
+  size_t n;       /* requests in flight */
+} ps__req_table;
+
+typedef struct ps__conn {
+  int index;                   /* ps index */
+  char addr[300];              /* "host:port" as configured */
+  int fd;                      /* socket, -1 when broken */
+  ps__outq out;                /* queued frames (gradients referenced) */
+  uint8_t *in;                 /* input buffer */
+  size_t in_cap;               /* its size */
+  size_t in_off;               /* first unparsed byte */
+  size_t in_len;               /* unparsed bytes */
+  ps__rd_state rstate;         /* frame reader position */
+  ps__frame_header hdr;        /* frame being read */
+  struct iovec *dst;           /* data destinations of the frame */
+  size_t ndst;                 /* entries used */
+  size_t capdst;               /* entries allocated */
+  size_t dst_i;                /* entry being filled */
+  uint64_t dst_got;            /* bytes of dst[dst_i] received */
+  uint64_t data_req;           /* PullReply being received: request id */
+  int data_items;              /* ... and the slices it completes */
+  int stopped;                 /* this server wrote the stop checkpoint */
+  uint8_t *discard;            /* sink for data nobody wants */
+  size_t discard_cap;          /* its size */
+} ps__conn;
+
+/* Remote slice id -> index in c->slices, for one server. */
+typedef struct ps__remote_map {
+  uint32_t *idx;  /* cap entries, PS__NO_SLICE when unknown */
+  size_t cap;     /* entries allocated */
+} ps__remote_map;
+
+struct ps_client {
+  int num_ps;                 /* servers */
+  int worker_index;           /* this worker; 0 is the chief */
+  int num_workers;            /* workers in the job */
+  int replicas;               /* replicas_to_aggregate */
+  int async_mode;             /* pushes applied at once */
+  int connect_timeout_ms;     /* connect retries give up after this */
+  int request_timeout_ms;     /* default bound on a wait */
+  ps__conn *conns;            /* num_ps entries */
+  ps__placer placer;          /* deterministic placement */
+  ps_var **vars;              /* in creation order */
+  size_t nvars;               /* entries used */
+  size_t capvars;             /* entries allocated */
+  ps__slice *slices;          /* every slice of every variable */
+  size_t nslices;             /* entries used */
+  size_t capslices;           /* entries allocated */
+  ps__remote_map *by_remote;  /* per ps: remote id -> slice index */
+  uint64_t next_id;           /* last request id handed out */
+  ps__req_table reqs;         /* requests awaiting replies */
+  ps_req *freelist;           /* reusable request objects */
+  uint32_t *ids;              /* scratch for slice id lists */
+  size_t ids_cap;             /* its entries */
+  Ps__Item *items;            /* scratch for push items */
+  Ps__Item **itemp;           /* ... pointers to them */
+  const float **segdata;      /* scratch: data segments of a push */
+  uint64_t *segcount;         /* ... and their lengths */
+  size_t items_cap;           /* entries of the four above */
+  uint8_t *cred;              /* credential bytes */
+  size_t cred_len;            /* their count */
+  int munge;                  /* MUNGE credentials, one per connection */
+  char *munge_socket;         /* munged socket, or NULL */
+  long long job_id;           /* what the MUNGE payload names: job */
+  long long step_id;          /* ... and step */
+  int checkpoints;            /* some server writes checkpoints */
+  int want_ckpt;              /* a server asked the chief for a checkpoint */
+  int want_stop;              /* ... and to stop after it */
+  uint64_t stop_step;         /* step of the stop checkpoint (servers say) */
+  int stop_agreed;            /* chief: every server committed to a stop */
+  volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
+  ps__telem telem;            /* per-step records (telemetry.c) */
+  char errmsg[1024];          /* last error */
+};
+
+/* ---- sized.c: the public structs that carry their size ------------------- */
+
+/* The first layout of each sized struct ends with these fields: a caller's
+ * struct_size below that is no layout this library ever had. */
+#define PS__CONFIG_V1_SIZE (offsetof(ps_config, telemetry) + sizeof(const char *))
+#define PS__OPTIMIZER_V1_SIZE (offsetof(ps_optimizer, weight_decay) + sizeof(double))
+#define PS__INIT_V1_SIZE (offsetof(ps_init, seed) + sizeof(uint64_t))
+
+/* Reads a caller's sized struct src (its struct_size bytes) into dst, a
+ * struct of this library's size lib_size already holding the defaults: the
+ * fields the caller's size covers are copied, the rest keep the defaults.
+ * 0, PS_EINVAL (size 0 or below v1_size: never initialized) or
+ * PS_EUNSUPPORTED (a newer caller set fields unknown here), with a sentence
+ * naming `type` in err. */
+int ps__sized_read(void *dst, size_t lib_size, const void *src, size_t v1_size,
+                   const char *type, char *err, size_t errlen);
+
+/* ---- client.c ------------------------------------------------------------ */
+
+/* Sets c's error message; returns code. */
+int ps__seterr(ps_client *c, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- conn.c ---------------------------------------------------------------- */
+
+/* Connects k (retrying until deadline), then performs the handshake. */
+int ps__conn_connect(ps_client *c, ps__conn *k, double deadline);
+int ps__conn_hello(ps_client *c, ps__conn *k, double deadline);
+/* Queues a frame on k: header + message, then optional data segments
+ * (sent from where they are: the caller keeps them stable until sent). */
+int ps__queue_frame(ps_client *c, ps__conn *k, unsigned type, const ProtobufCMessage *m,
+                    const float *const *data, const uint64_t *counts, size_t nseg);
+/* Writes as much queued output as the socket takes. 0, or <0 (broken). */
+int ps__conn_flush(ps_client *c, ps__conn *k);
+/* Closes k and fails the requests still waiting for it. */
+void ps__conn_break(ps_client *c, ps__conn *k, int code, const char *why);
+/* Frees k's buffers and closes its socket. */
+void ps__conn_free(ps__conn *k);
+/* Drives every connection until r is done or the deadline passes. */
+int ps__pump(ps_client *c, ps_req *r, double deadline);
+
+/* ---- reply.c --------------------------------------------------------------- */
+
+/* A complete protobuf part arrived on k. 0, or <0 (connection broken).
+ * A PullReply with data moves k's reader to PS__RD_DATA. */
+int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta);
+/* The data of k's PullReply is all in: its slices are received. */
+void ps__pull_data_done(ps_client *c, ps__conn *k);
+/* Every server has written its stop checkpoint. */
+int ps__all_stopped(const ps_client *c);
+
+/* ---- request.c ------------------------------------------------------------- */
+
+/* A new in-flight request (NULL: out of memory). */
+ps_req *ps__req_new(ps_client *c, int type);
+/* The in-flight request with this id, or NULL. */
+ps_req *ps__req_find(ps_client *c, uint64_t id);
+/* Calls fn for every in-flight request (fn may finish it). */
+void ps__req_each(ps_client *c, void (*fn)(ps_client *, ps_req *, void *), void *arg);
+/* No more replies expected: leaves the table. */
+void ps__req_finish(ps_client *c, ps_req *r);
+/* Finishes r with code (the first error wins the message). */
+void ps__req_fail(ps_client *c, ps_req *r, int code, const char *msg);
+/* Returns r to the free list (finishing it if still in flight). */
+void ps__req_release(ps_client *c, ps_req *r);
+/* r expects n more replies from ps p. */
+void ps__req_expect(ps_req *r, int p, int n);
+/* n replies for r arrived from ps p; finishes r when none is left. */
+void ps__req_answered(ps_client *c, ps_req *r, int p, int n);
+/* Waits for r, then releases it. */
+int ps__req_wait_release(ps_client *c, ps_req *r);
+/* Frees every request object and the table. */
+void ps__req_free_all(ps_client *c);
+
+/* ---- var.c ----------------------------------------------------------------- */
+
+/* The slice server p calls id, or NULL. */
+ps__slice *ps__slice_by_remote(ps_client *c, int p, uint32_t id);
+/* Records that server p calls slice index si id. 0 or PS_ENOMEM. */
+int ps__remote_set(ps_client *c, int p, uint32_t id, size_t si);
+/* Frees every variable and the slice maps. */
+void ps__vars_free(ps_client *c);
+
+#endif /* PS_CLIENT_INTERNAL_H */

@@ -1,0 +1,253 @@
+/* reply.c - what each reply from a server does: finishes or fails its
+ * request, records the server's slice ids, aims a PullReply's data at the
+ * variables, and notes the checkpoint/stop flags replies carry. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+/* Sink size for PullReply data nobody waits for any more. */
+#define PS__DISCARD_BYTES 65536u
+
+/* Breaks k for a protocol violation described by msg. */
+static int proto_err(ps_client *c, ps__conn *k, const char *msg) {
+  ps__conn_break(c, k, PS_EPROTO, msg);
+  return PS_EPROTO;
+}
+
+/* Aims the rest of the frame's data at a discard sink. */
+static int plan_discard(ps__conn *k, uint64_t total) {
+  if (k->discard_cap < PS__DISCARD_BYTES) {
+    free(k->discard);
+    k->discard = malloc(PS__DISCARD_BYTES);
+    k->discard_cap = k->discard ? PS__DISCARD_BYTES : 0;
+    if (!k->discard) return PS_ENOMEM;
+  }
+  for (uint64_t left = total; left > 0;) {
+    size_t n = left > k->discard_cap ? k->discard_cap : (size_t)left;
+    if (ps__grow((void **)&k->dst, &k->capdst, k->ndst + 1, sizeof *k->dst)) return PS_ENOMEM;
+    k->dst[k->ndst].iov_base = k->discard;
+    k->dst[k->ndst].iov_len = n;
+    k->ndst++;
+    left -= n;
+  }
+  return 0;
+}
+
+/* Sets up where a PullReply's data goes (or a discard sink when r is NULL). */
+static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_req *r) {
+  k->ndst = 0;
+  uint64_t total = 0;
+  if (ps__grow((void **)&k->dst, &k->capdst, m->n_items + 1, sizeof *k->dst)) return PS_ENOMEM;
+  for (size_t i = 0; i < m->n_items; i++) {
+    const Ps__Item *it = m->items[i];
+    ps__slice *s = ps__slice_by_remote(c, k->index, it->slice_id);
+    if (!s || it->count != s->length) {
+      char e[512];
+      snprintf(e, sizeof e, "ps %d at %s sent %llu values for unknown or different slice %u",
+               k->index, k->addr, (unsigned long long)it->count, it->slice_id);
+      return proto_err(c, k, e);
+    }
+    total += it->count * sizeof(float);
+    if (r) {
+      k->dst[k->ndst].iov_base = s->var->data + s->offset;
+      k->dst[k->ndst].iov_len = s->length * sizeof(float);
+      k->ndst++;
+      if (it->step < r->step) r->step = it->step;
+    }
+  }
+  if (total != k->hdr.data_len)
+    return proto_err(c, k, "pull reply data length does not match its items");
+  /* Nobody waits for it any more (failed or abandoned): read and drop. */
+  if (!r && total && plan_discard(k, total)) return PS_ENOMEM;
+  k->dst_i = 0;
+  k->dst_got = 0;
+  return 0;
+}
+
+/* The checkpoint and stop state every Push/PullReply carries, from k. */
+static void note_flags(ps_client *c, ps__conn *k, int want_ckpt, int want_stop, int stopped,
+                       uint64_t stop_step) {
+  if (want_ckpt) c->want_ckpt = 1;
+  if (want_stop) c->want_stop = 1;
+  if (stopped && !k->stopped) {
+    k->stopped = 1;
+    c->stop_step = stop_step;
+  }
+}
+
+/* Every server has written its stop checkpoint: only then may the worker
+ * leave (with backup workers a server can still need its gradients to
+ * reach the step). */
+int ps__all_stopped(const ps_client *c) {
+  for (int i = 0; i < c->num_ps; i++)
+    if (!c->conns[i].stopped) return 0;
+  return c->num_ps > 0;
+}
+
+/* Each on_* handles one unpacked reply: 0, or <0 when k was broken. */
+
+static int on_error(ps_client *c, ps__conn *k, const Ps__Error *m) {
+  char msg[700];
+  snprintf(msg, sizeof msg, "ps %d at %s: %s", k->index, k->addr,
+           m->message ? m->message : "error");
+  ps_req *r = m->request_id ? ps__req_find(c, m->request_id) : NULL;
+  int code = m->code < 0 ? m->code : PS_EPROTO;
+  /* A non-fatal error for a request we no longer wait for (it failed on
+   * another server, or timed out here first) needs no action. */
+  if (r) ps__req_fail(c, r, code, msg);
+  if (!m->fatal) return 0;
+  ps__conn_break(c, k, code, msg);
+  snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+  return code;
+}
+
+static int on_ack(ps_client *c, ps__conn *k, const Ps__Ack *m) {
+  ps_req *r = ps__req_find(c, m->request_id);
+  if (r) ps__req_answered(c, r, k->index, 1);
+  return 0;
+}
+
+/* HelloReply carries no request id: the handshake request of this ps. */
+typedef struct hello_find {
+  int ps;      /* the server that answered */
+  ps_req *r;   /* its handshake request, if found */
+} hello_find;
+
+static void match_hello(ps_client *c, ps_req *r, void *arg) {
+  (void)c;
+  hello_find *h = arg;
+  if (r->type == PS__REQ_HELLO && r->step == (uint64_t)h->ps) h->r = r;
+}
+
+static int on_hello_reply(ps_client *c, ps__conn *k, const Ps__HelloReply *m) {
+  hello_find h = {k->index, NULL};
+  ps__req_each(c, match_hello, &h);
+  if (m->checkpoints) c->checkpoints = 1;
+  if (h.r) ps__req_finish(c, h.r);
+  return 0;
+}
+
+/* The server's ids for the variable's slices on k, in request order. */
+static int on_register_reply(ps_client *c, ps__conn *k, const Ps__RegisterReply *m) {
+  ps_req *r = ps__req_find(c, m->request_id);
+  if (!r) return 0;
+  ps_var *v = r->reg_var;
+  size_t n = 0;
+  for (size_t i = 0; v && i < v->n_slices; i++)
+    n += c->slices[v->first_slice + i].ps == (uint32_t)k->index;
+  if (!v || n != m->n_slices) {
+    ps__req_fail(c, r, PS_EPROTO, "register reply does not match the request");
+    return 0;
+  }
+  size_t j = 0;
+  for (size_t i = 0; i < v->n_slices; i++) {
+    size_t si = v->first_slice + i;
+    ps__slice *s = &c->slices[si];
+    if (s->ps != (uint32_t)k->index) continue;
+    s->remote_id = m->slices[j]->slice_id;
+    s->initialized = m->slices[j]->initialized;
+    j++;
+    if (ps__remote_set(c, k->index, s->remote_id, si)) {
+      ps__conn_break(c, k, PS_ENOMEM, "out of memory");
+      return PS_ENOMEM;
+    }
+  }
+  ps__req_answered(c, r, k->index, 1);
+  return 0;
+}
+
+static int on_push_reply(ps_client *c, ps__conn *k, const Ps__PushReply *m) {
+  note_flags(c, k, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
+  ps_req *r = ps__req_find(c, m->request_id);
+  if (!r) return 0;
+  for (size_t i = 0; i < m->n_items; i++) {
+    int st = m->items[i]->status;
+    if (st == PS_ESTALE) r->stale = 1;
+    else if (st < 0 && !r->status) {
+      ps__slice *s = ps__slice_by_remote(c, k->index, m->items[i]->slice_id);
+      r->status = st;
+      snprintf(c->errmsg, sizeof c->errmsg, "ps %d at %s rejected the gradient of '%s': %s",
+               k->index, k->addr, s ? s->var->name : "?", ps_strerror(st));
+    }
+  }
+  ps__req_answered(c, r, k->index, 1);
+  return 0;
+}
+
+static int on_pull_reply(ps_client *c, ps__conn *k, const Ps__PullReply *m) {
+  note_flags(c, k, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
+  ps_req *r = ps__req_find(c, m->request_id);
+  if (r && !r->first_reply_at) r->first_reply_at = ps__now();
+  ps__telem_bytes(&c->telem, k->index, 1, k->hdr.data_len);
+  int rc = plan_pull_data(c, k, m, r);
+  k->data_req = m->request_id;
+  k->data_items = (int)m->n_items;
+  if (rc) return rc;
+  /* The request's slices count as received once the data is in. */
+  k->rstate = PS__RD_DATA;
+  return 0;
+}
+
+static int on_checkpoint_reply(ps_client *c, ps__conn *k, const Ps__CheckpointReply *m) {
+  note_flags(c, k, 0, 0, m->stopped, m->stop_step);
+  ps_req *r = ps__req_find(c, m->request_id);
+  if (!r) return 0;
+  if (m->max_step > r->max_step) r->max_step = m->max_step;
+  if (!m->ok && !r->refused) {
+    r->refused = 1;
+    snprintf(c->errmsg, sizeof c->errmsg, "ps %d at %s refused the checkpoint: %s", k->index,
+             k->addr, m->message ? m->message : "?");
+  }
+  ps__req_answered(c, r, k->index, 1);
+  return 0;
+}
+
+/* Unpacks one message type, runs its handler, frees it; a message that
+ * does not unpack goes to `bad`. */
+#define PS__DISPATCH(fn, unpack, free_fn)                  \
+  do {                                                     \
+    void *m_ = unpack(NULL, len, meta);                    \
+    if (!m_) goto bad;                                     \
+    int rc_ = fn(c, k, m_);                                \
+    free_fn(m_, NULL);                                     \
+    return rc_;                                            \
+  } while (0)
+
+int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
+  unsigned t = k->hdr.type;
+  size_t len = k->hdr.meta_len;
+  if (t != PS__MSG_PULL_REPLY && k->hdr.data_len)
+    return proto_err(c, k, "unexpected data in a reply");
+  switch (t) {
+  case PS__MSG_ERROR: PS__DISPATCH(on_error, ps__error__unpack, ps__error__free_unpacked);
+  case PS__MSG_ACK: PS__DISPATCH(on_ack, ps__ack__unpack, ps__ack__free_unpacked);
+  case PS__MSG_HELLO_REPLY:
+    PS__DISPATCH(on_hello_reply, ps__hello_reply__unpack, ps__hello_reply__free_unpacked);
+  case PS__MSG_REGISTER_REPLY:
+    PS__DISPATCH(on_register_reply, ps__register_reply__unpack,
+                 ps__register_reply__free_unpacked);
+  case PS__MSG_PUSH_REPLY:
+    PS__DISPATCH(on_push_reply, ps__push_reply__unpack, ps__push_reply__free_unpacked);
+  case PS__MSG_PULL_REPLY:
+    PS__DISPATCH(on_pull_reply, ps__pull_reply__unpack, ps__pull_reply__free_unpacked);
+  case PS__MSG_CHECKPOINT_REPLY:
+    PS__DISPATCH(on_checkpoint_reply, ps__checkpoint_reply__unpack,
+                 ps__checkpoint_reply__free_unpacked);
+  default:
+    break;
+  }
+bad:;
+  char e[160];
+  snprintf(e, sizeof e, "malformed or unexpected %s frame", ps__msg_name(t));
+  return proto_err(c, k, e);
+}
+
+void ps__pull_data_done(ps_client *c, ps__conn *k) {
+  k->rstate = PS__RD_HEADER;
+  ps_req *r = ps__req_find(c, k->data_req);
+  if (r) ps__req_answered(c, r, k->index, k->data_items);
+  k->data_req = 0;
+  k->data_items = 0;
+}

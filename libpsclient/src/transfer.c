@@ -1,0 +1,158 @@
+/* transfer.c - push and pull: gradients go out straight from the
+ * variables' buffers, in frames of at most PS__MAX_DATA bytes and
+ * PS__MAX_ITEMS_PER_FRAME slices per server; parameters come back into
+ * ps_var_data() as reply.c reads them. */
+#include <stdlib.h>
+
+#include "client_internal.h"
+
+static int scratch_items(ps_client *c, size_t n) {
+  size_t cap = c->items_cap;
+  if (ps__grow((void **)&c->items, &cap, n, sizeof *c->items)) return -1;
+  cap = c->items_cap;
+  if (ps__grow((void **)&c->itemp, &cap, n, sizeof *c->itemp)) return -1;
+  cap = c->items_cap;
+  if (ps__grow((void **)&c->segdata, &cap, n, sizeof *c->segdata)) return -1;
+  cap = c->items_cap;
+  if (ps__grow((void **)&c->segcount, &cap, n, sizeof *c->segcount)) return -1;
+  c->items_cap = cap;
+  cap = c->ids_cap;
+  if (ps__grow((void **)&c->ids, &cap, n, sizeof *c->ids)) return -1;
+  c->ids_cap = cap;
+  return 0;
+}
+
+/* Slices of the chosen variables on ps p, in order: calls fn for each. */
+#define FOR_SLICES(c, vars, n, p, s, body)                                 \
+  do {                                                                     \
+    size_t nv_ = (vars) ? (n) : (c)->nvars;                                \
+    for (size_t vi_ = 0; vi_ < nv_; vi_++) {                               \
+      ps_var *v_ = (vars) ? (vars)[vi_] : (c)->vars[vi_];                  \
+      for (size_t si_ = 0; si_ < v_->n_slices; si_++) {                    \
+        ps__slice *s = &(c)->slices[v_->first_slice + si_];                \
+        if (s->ps != (uint32_t)(p)) continue;                              \
+        body;                                                              \
+      }                                                                    \
+    }                                                                      \
+  } while (0)
+
+static int check_vars(ps_client *c, ps_var *const *vars, size_t n) {
+  int rc = 0;
+  for (size_t i = 0; vars && i < n && !rc; i++) {
+    if (!vars[i] || vars[i]->c != c)
+      rc = ps__seterr(c, PS_EINVAL, "variable %zu does not belong to this client", i);
+    else if (vars[i]->mark)
+      rc = ps__seterr(c, PS_EINVAL, "variable '%s' is listed twice", vars[i]->name);
+    else
+      vars[i]->mark = 1;
+  }
+  for (size_t i = 0; vars && i < n; i++)
+    if (vars[i] && vars[i]->c == c) vars[i]->mark = 0;
+  if (rc) return rc;
+  for (int p = 0; p < c->num_ps; p++)
+    if (c->conns[p].fd < 0)
+      return ps__seterr(c, PS_ECLOSED, "connection to ps %d at %s is lost", p, c->conns[p].addr);
+  return 0;
+}
+
+/* Queues one Push of the first k scratch items to ps p (released on error). */
+static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k,
+                      uint64_t bytes) {
+  Ps__Push m = PS__PUSH__INIT;
+  m.request_id = r->id;
+  m.step = step;
+  m.n_items = k;
+  m.items = c->itemp;
+  m.want_stop = c->stop_requested != 0;
+  int rc = ps__queue_frame(c, &c->conns[p], PS__MSG_PUSH, &m.base, c->segdata, c->segcount, k);
+  if (rc) {
+    ps__req_release(c, r);
+    return rc;
+  }
+  ps__req_expect(r, p, 1);
+  ps__telem_bytes(&c->telem, p, 0, bytes);
+  return 0;
+}
+
+int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_t n,
+                         ps_req **out) {
+  if (!c || !out) return PS_EINVAL;
+  *out = NULL;
+  int rc = check_vars(c, vars, n);
+  if (rc) return rc;
+  if (scratch_items(c, c->nslices)) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  ps_req *r = ps__req_new(c, PS__REQ_PUSH);
+  if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  const float **dp = c->segdata;
+  uint64_t *dc = c->segcount;
+  for (int p = 0; p < c->num_ps; p++) {
+    size_t k = 0;
+    uint64_t bytes = 0;
+    /* Slices of this ps, packed into frames of at most PS__MAX_DATA. */
+    FOR_SLICES(c, vars, n, p, s, {
+      if (k && (bytes + s->length * sizeof(float) > PS__MAX_DATA ||
+                k == PS__MAX_ITEMS_PER_FRAME)) {
+        if ((rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
+        k = 0;
+        bytes = 0;
+      }
+      ps__item__init(&c->items[k]);
+      c->items[k].slice_id = s->remote_id;
+      c->items[k].count = s->length;
+      c->itemp[k] = &c->items[k];
+      dp[k] = s->var->grad + s->offset;
+      dc[k] = s->length;
+      bytes += s->length * sizeof(float);
+      k++;
+    });
+    if (k && (rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  if (r->pending == 0) ps__req_finish(c, r);
+  *out = r;
+  return 0;
+}
+
+/* Queues one Pull of the first k scratch ids to ps p (released on error). */
+static int pull_frame(ps_client *c, ps_req *r, int p, uint64_t min_step, size_t k) {
+  Ps__Pull m = PS__PULL__INIT;
+  m.request_id = r->id;
+  m.min_step = min_step;
+  m.n_slice_ids = k;
+  m.slice_ids = c->ids;
+  m.timeout_ms = (uint32_t)c->request_timeout_ms;
+  int rc = ps__queue_frame(c, &c->conns[p], PS__MSG_PULL, &m.base, NULL, NULL, 0);
+  if (rc) {
+    ps__req_release(c, r);
+    return rc;
+  }
+  ps__req_expect(r, p, (int)k);
+  return 0;
+}
+
+int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars, size_t n,
+                         ps_req **out) {
+  if (!c || !out) return PS_EINVAL;
+  *out = NULL;
+  int rc = check_vars(c, vars, n);
+  if (rc) return rc;
+  if (scratch_items(c, c->nslices)) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  ps_req *r = ps__req_new(c, PS__REQ_PULL);
+  if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  for (int p = 0; p < c->num_ps; p++) {
+    size_t k = 0;
+    FOR_SLICES(c, vars, n, p, s, {
+      c->ids[k++] = s->remote_id;
+      if (k == PS__MAX_ITEMS_PER_FRAME) {
+        if ((rc = pull_frame(c, r, p, min_step, k)) != 0) return rc;
+        k = 0;
+      }
+    });
+    if (k && (rc = pull_frame(c, r, p, min_step, k)) != 0) return rc;
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  if (r->pending == 0) ps__req_finish(c, r);
+  *out = r;
+  return 0;
+}
+

@@ -1,0 +1,294 @@
+/* var.c - variables: deterministic placement into slices, registration on
+ * the servers that hold them (all at once), the chief's initialization,
+ * and the map from a server's slice ids to our slices. The map stores
+ * indices into c->slices, which stay valid when that array is reallocated. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+ps__slice *ps__slice_by_remote(ps_client *c, int p, uint32_t id) {
+  const ps__remote_map *m = &c->by_remote[p];
+  if (id >= m->cap || m->idx[id] == PS__NO_SLICE || m->idx[id] >= c->nslices) return NULL;
+  return &c->slices[m->idx[id]];
+}
+
+int ps__remote_set(ps_client *c, int p, uint32_t id, size_t si) {
+  ps__remote_map *m = &c->by_remote[p];
+  if (id == PS__NO_SLICE || si >= PS__NO_SLICE) return PS_EPROTO;
+  if (id >= m->cap) {
+    size_t old = m->cap;
+    if (ps__grow((void **)&m->idx, &m->cap, (size_t)id + 1, sizeof *m->idx)) return PS_ENOMEM;
+    for (size_t i = old; i < m->cap; i++) m->idx[i] = PS__NO_SLICE;
+  }
+  m->idx[id] = (uint32_t)si;
+  return 0;
+}
+
+void ps__vars_free(ps_client *c) {
+  for (size_t i = 0; i < c->nvars; i++) {
+    free(c->vars[i]->name);
+    free(c->vars[i]->data);
+    free(c->vars[i]->grad);
+    free(c->vars[i]);
+  }
+  free(c->vars);
+  free(c->slices);
+  for (int i = 0; c->by_remote && i < c->num_ps; i++) free(c->by_remote[i].idx);
+  free(c->by_remote);
+}
+
+float *ps_var_data(ps_var *v) { return v->data; }
+float *ps_var_grad(ps_var *v) { return v->grad; }
+size_t ps_var_numel(const ps_var *v) { return v->numel; }
+const char *ps_var_name(const ps_var *v) { return v->name; }
+int ps_var_ndim(const ps_var *v) { return v->ndim; }
+const int64_t *ps_var_shape(const ps_var *v) { return v->shape; }
+
+static void fill_opt(Ps__Optimizer *m, const ps_optimizer *o) {
+  ps__optimizer__init(m);
+  m->kind = (Ps__OptKind)o->kind;
+  m->lr = o->lr;
+  m->momentum = o->momentum;
+  m->nesterov = o->nesterov != 0;
+  m->beta1 = o->beta1;
+  m->beta2 = o->beta2;
+  m->epsilon = o->epsilon;
+  m->decay = (Ps__LrDecay)o->decay;
+  m->decay_rate = o->decay_rate;
+  m->decay_steps = o->decay_steps;
+  m->weight_decay = o->weight_decay;
+}
+
+/* Name, rank and shape are acceptable; *numel gets the element count. */
+static int check_args(ps_client *c, const char *name, const int64_t *shape, int ndim,
+                      uint64_t *numel) {
+  if (!name || !*name || strlen(name) > PS_MAX_NAME)
+    return ps__seterr(c, PS_EINVAL, "variable name must be 1 to %d bytes", PS_MAX_NAME);
+  if (ndim < 1 || ndim > PS_MAX_DIMS || !shape)
+    return ps__seterr(c, PS_EINVAL, "variable '%s': rank %d must be 1 to %d", name, ndim,
+                      PS_MAX_DIMS);
+  *numel = 1;
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] <= 0 || ps__mul_u64(*numel, (uint64_t)shape[d], numel) ||
+        *numel > (SIZE_MAX / sizeof(float)))
+      return ps__seterr(c, PS_EINVAL,
+                        "variable '%s': dimension %d (%lld) is not positive or the size overflows",
+                        name, d, (long long)shape[d]);
+  for (size_t i = 0; i < c->nvars; i++)
+    if (strcmp(c->vars[i]->name, name) == 0)
+      return ps__seterr(c, PS_EINVAL, "variable '%s' was already created by this client", name);
+  return 0;
+}
+
+static void var_free(ps_var *v) {
+  if (!v) return;
+  free(v->name);
+  free(v->data);
+  free(v->grad);
+  free(v);
+}
+
+/* A variable object with zeroed data and gradient, not yet placed. */
+static ps_var *var_alloc(ps_client *c, const char *name, const int64_t *shape, int ndim,
+                         uint64_t numel) {
+  ps_var *v = calloc(1, sizeof *v);
+  if (!v) return NULL;
+  v->c = c;
+  v->name = strdup(name);
+  v->ndim = ndim;
+  memcpy(v->shape, shape, (size_t)ndim * sizeof *shape);
+  v->numel = (size_t)numel;
+  v->data = calloc(v->numel, sizeof(float));
+  v->grad = calloc(v->numel, sizeof(float));
+  if (v->name && v->data && v->grad) return v;
+  var_free(v);
+  return NULL;
+}
+
+/* Places v (updating the placer's loads) and appends its slices and v
+ * itself to the client's lists. 0 or PS_ENOMEM (nothing changed). */
+static int var_place(ps_client *c, ps_var *v) {
+  size_t ns = ps__placer_count(&c->placer, v->numel);
+  if (ns == 0 || c->nslices + ns >= PS__NO_SLICE ||
+      ps__grow((void **)&c->slices, &c->capslices, c->nslices + ns, sizeof *c->slices) ||
+      ps__grow((void **)&c->vars, &c->capvars, c->nvars + 1, sizeof *c->vars))
+    return PS_ENOMEM;
+  ps__slice_place *pl = calloc(ns, sizeof *pl);
+  if (!pl) return PS_ENOMEM;
+  ps__placer_place(&c->placer, v->numel, pl, ns);
+  v->first_slice = c->nslices;
+  v->n_slices = ns;
+  for (size_t i = 0; i < ns; i++) {
+    ps__slice *s = &c->slices[c->nslices + i];
+    memset(s, 0, sizeof *s);
+    s->ps = pl[i].ps;
+    s->offset = pl[i].offset;
+    s->length = pl[i].length;
+    s->var = v;
+    s->remote_id = PS__NO_SLICE;
+  }
+  free(pl);
+  c->nslices += ns;
+  c->vars[c->nvars++] = v;
+  return 0;
+}
+
+/* Forgets v (the last variable placed): its slices, its map entries. */
+static void var_unplace(ps_client *c, ps_var *v) {
+  for (size_t i = v->first_slice; i < c->nslices; i++) {
+    const ps__slice *s = &c->slices[i];
+    ps__remote_map *m = &c->by_remote[s->ps];
+    if (s->remote_id < m->cap && m->idx[s->remote_id] == i) m->idx[s->remote_id] = PS__NO_SLICE;
+  }
+  c->nslices = v->first_slice;
+  c->nvars--;
+}
+
+/* Queues v's Register on ps p (its slices there, in order) for r. */
+static int register_on(ps_client *c, ps_var *v, int p, const Ps__Optimizer *mo, ps_req *r) {
+  size_t cnt = 0;
+  for (size_t i = 0; i < v->n_slices; i++) cnt += c->slices[v->first_slice + i].ps == (uint32_t)p;
+  if (!cnt) return 0;
+  Ps__SliceSpec *specs = calloc(cnt, sizeof *specs);
+  Ps__SliceSpec **sp = calloc(cnt, sizeof *sp);
+  int rc = specs && sp ? 0 : ps__seterr(c, PS_ENOMEM, "out of memory");
+  uint64_t ushape[PS_MAX_DIMS];
+  for (int d = 0; d < v->ndim; d++) ushape[d] = (uint64_t)v->shape[d];
+  for (size_t i = 0, j = 0; rc == 0 && i < v->n_slices; i++) {
+    const ps__slice *s = &c->slices[v->first_slice + i];
+    if (s->ps != (uint32_t)p) continue;
+    ps__slice_spec__init(&specs[j]);
+    specs[j].name = v->name;
+    specs[j].n_shape = (size_t)v->ndim;
+    specs[j].shape = ushape;
+    specs[j].dtype = 1;
+    specs[j].offset = s->offset;
+    specs[j].length = s->length;
+    specs[j].optimizer = (Ps__Optimizer *)mo;
+    sp[j] = &specs[j];
+    j++;
+  }
+  if (rc == 0) {
+    Ps__Register reg = PS__REGISTER__INIT;
+    reg.request_id = r->id;
+    reg.n_slices = cnt;
+    reg.slices = sp;
+    rc = ps__queue_frame(c, &c->conns[p], PS__MSG_REGISTER, &reg.base, NULL, NULL, 0);
+  }
+  if (rc == 0) {
+    ps__req_expect(r, p, 1); /* one RegisterReply from ps p */
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  free(specs);
+  free(sp);
+  return rc;
+}
+
+/* Registers v on every server holding part of it: all Registers go out
+ * first, then one wait for every reply. */
+static int var_register(ps_client *c, ps_var *v, const ps_optimizer *opt) {
+  Ps__Optimizer mo;
+  fill_opt(&mo, opt);
+  ps_req *r = ps__req_new(c, PS__REQ_REGISTER);
+  if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  r->reg_var = v;
+  int rc = 0;
+  for (int p = 0; p < c->num_ps && rc == 0; p++) rc = register_on(c, v, p, &mo, r);
+  if (rc == 0 && r->pending == 0) ps__req_finish(c, r);
+  if (rc) {
+    ps__req_release(c, r);
+    return rc;
+  }
+  return ps__req_wait_release(c, r);
+}
+
+/* The chief fills the slices no server had initialized: one Init frame per
+ * slice (each at most PS__MAX_SLICE_BYTES), all in flight at once. */
+static int var_initialize(ps_client *c, ps_var *v, const ps_init *init) {
+  int any = 0;
+  for (size_t i = 0; i < v->n_slices; i++) any |= !c->slices[v->first_slice + i].initialized;
+  if (!any) return 0;
+  int rc = ps_init_fill(init, v->name, v->shape, v->ndim, v->data, v->numel);
+  if (rc) return ps__seterr(c, rc, "variable '%s': bad initializer", v->name);
+  ps_req *r = ps__req_new(c, PS__REQ_INIT);
+  if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  for (size_t i = 0; rc == 0 && i < v->n_slices; i++) {
+    const ps__slice *s = &c->slices[v->first_slice + i];
+    if (s->initialized) continue;
+    Ps__Item item = PS__ITEM__INIT, *ip = &item;
+    item.slice_id = s->remote_id;
+    item.count = s->length;
+    const float *dp = v->data + s->offset;
+    uint64_t dc = s->length;
+    Ps__Init in = PS__INIT__INIT;
+    in.request_id = r->id;
+    in.n_items = 1;
+    in.items = &ip;
+    rc = ps__queue_frame(c, &c->conns[s->ps], PS__MSG_INIT, &in.base, &dp, &dc, 1);
+    if (rc == 0) ps__req_expect(r, (int)s->ps, 1);
+  }
+  if (rc) {
+    ps__req_release(c, r);
+    return rc;
+  }
+  return ps__req_wait_release(c, r);
+}
+
+int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, int ndim,
+                         const ps_init *init, const ps_optimizer *opt, ps_var **out) {
+  if (!c || !out) return PS_EINVAL;
+  *out = NULL;
+  uint64_t numel = 0;
+  int rc = check_args(c, name, shape, ndim, &numel);
+  if (rc) return rc;
+  /* The library's layouts, defaulted past the caller's struct_size (and
+   * wholly when NULL: SGD lr 0.01, zeros). */
+  ps_optimizer o;
+  ps_init in;
+  char e[300];
+  ps_optimizer_init(&o);
+  ps_init_init(&in);
+  if (opt && (rc = ps__sized_read(&o, sizeof o, opt, PS__OPTIMIZER_V1_SIZE, "ps_optimizer", e,
+                                  sizeof e)) != 0)
+    return ps__seterr(c, rc, "variable '%s': %s", name, e);
+  if (init && (rc = ps__sized_read(&in, sizeof in, init, PS__INIT_V1_SIZE, "ps_init", e,
+                                   sizeof e)) != 0)
+    return ps__seterr(c, rc, "variable '%s': %s", name, e);
+  /* Placement must stay identical on every worker: if this creation
+   * fails, the loads are restored as if it never happened. */
+  uint64_t *saved_load = malloc((size_t)c->num_ps * sizeof *saved_load);
+  ps_var *v = var_alloc(c, name, shape, ndim, numel);
+  int placed = 0;
+  if (!saved_load || !v) {
+    rc = ps__seterr(c, PS_ENOMEM, "out of memory creating '%s'", name);
+    goto fail;
+  }
+  memcpy(saved_load, c->placer.load, (size_t)c->num_ps * sizeof *saved_load);
+  if ((rc = var_place(c, v)) != 0) {
+    ps__seterr(c, rc, "out of memory creating '%s'", name);
+    goto fail;
+  }
+  placed = 1;
+  if ((rc = var_register(c, v, &o)) != 0) goto fail;
+  /* The chief initializes what is not yet initialized. */
+  if (c->worker_index == 0 && (rc = var_initialize(c, v, &in)) != 0) goto fail;
+  /* Everyone (the chief too, in case a restore initialized some slices)
+   * pulls the values at the current step. */
+  ps_req *r = NULL;
+  if ((rc = ps_client_pull_async(c, 0, &v, 1, &r)) != 0) goto fail;
+  if ((rc = ps__req_wait_release(c, r)) != 0) goto fail;
+  free(saved_load);
+  *out = v;
+  return 0;
+fail:
+  /* Undo: forget the variable, its slices and its placement. */
+  if (placed) {
+    var_unplace(c, v);
+    memcpy(c->placer.load, saved_load, (size_t)c->num_ps * sizeof *saved_load);
+  }
+  var_free(v);
+  free(saved_load);
+  return rc;
+}
