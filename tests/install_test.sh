@@ -47,7 +47,7 @@ cc -o "$tmp/hello_static" "$tmp/hello.c" $(pkg-config --static --cflags psclient
 mkdir -p "$tmp/proj"
 cp "$tmp/hello.c" "$tmp/proj/"
 cat > "$tmp/proj/CMakeLists.txt" <<'CM'
-cmake_minimum_required(VERSION 3.25)
+cmake_minimum_required(VERSION 3.20)
 project(hello C)
 find_package(psclient REQUIRED)
 add_executable(hello hello.c)

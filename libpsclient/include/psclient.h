@@ -51,7 +51,7 @@ extern "C" {
 #define PS_SIZED(type, ...) { .struct_size = sizeof(type), __VA_ARGS__ }
 
 #define PS_VERSION_MAJOR 0
-#define PS_VERSION_MINOR 1
+#define PS_VERSION_MINOR 2
 #define PS_VERSION_PATCH 0
 
 /* Error codes: one table generates the enum and ps_strerror(). The same
