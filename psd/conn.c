@@ -95,13 +95,7 @@ static void slice_release(void *ctx, void *ref);
 /* Ensures per-slice tables cover every slice the shard has. */
 static int ensure_tables(psd_conn *c) {
   uint32_t n = c->srv->shard.n;
-  if (n > c->waits_cap) {
-    psd_waiter **nw = realloc(c->waits, n * sizeof *nw);
-    if (!nw) return -1;
-    memset(nw + c->waits_cap, 0, (n - c->waits_cap) * sizeof *nw);
-    c->waits = nw;
-    c->waits_cap = n;
-  }
+  if (psd_waitset_reserve(&c->srv->waiters, &c->waits, n) != 0) return -1;
   size_t old = c->reply_cap;
   if (n > c->reply_cap) {
     size_t cap = c->reply_cap;
@@ -178,6 +172,7 @@ psd_conn *psd_conn_new(struct psd_server *srv, int fd, const char *peer) {
   c->srv = srv;
   c->fd = fd;
   c->worker = -1;
+  c->waits.owner = c;
   c->seq = ++srv->conn_seq;
   c->opened_at = ps__now();
   snprintf(c->peer, sizeof c->peer, "%s", peer);
@@ -216,19 +211,7 @@ void psd_conn_close(psd_conn *c, const char *why) {
     c->pace_paused = 0;
     srv->pace_paused--;
   }
-  for (uint32_t i = 0; i < c->waits_cap; i++) {
-    psd_waiter *w = c->waits[i];
-    if (w && w->parked) psd_slice_unpark(srv->shard.slices[w->slice_id], w);
-  }
-  c->ready_head = c->ready_tail = NULL;
-  if (c->in_dirty) {
-    for (psd_conn **pp = &srv->dirty; *pp; pp = &(*pp)->dirty_next)
-      if (*pp == c) {
-        *pp = c->dirty_next;
-        break;
-      }
-    c->in_dirty = 0;
-  }
+  psd_waitset_free(&srv->waiters, &c->waits);
   if (c->prev) c->prev->next = c->next;
   else if (srv->conns == c) srv->conns = c->next;
   if (c->next) c->next->prev = c->prev;
@@ -246,8 +229,6 @@ void psd_conn_close(psd_conn *c, const char *why) {
 }
 
 void psd_conn_free(psd_conn *c) {
-  for (uint32_t i = 0; i < c->waits_cap; i++) free(c->waits[i]);
-  free(c->waits);
   if (c->rev) event_free(c->rev);
   if (c->wev) event_free(c->wev);
   arena_destroy(&c->arena);
@@ -309,21 +290,10 @@ static void slice_release(void *ctx, void *ref) {
 
 /* ---- pulls --------------------------------------------------------------- */
 
-void psd_conn_ready(psd_conn *c, psd_waiter *w) {
-  if (w->ready) return;
-  w->ready = 1;
-  w->ready_next = NULL;
-  if (c->ready_tail) c->ready_tail->ready_next = w;
-  else c->ready_head = w;
-  c->ready_tail = w;
-  psd_server_mark_dirty(c->srv, c);
-}
-
 void psd_conn_flush(psd_conn *c) {
   if (c->dead) return;
   psd_shard *sh = &c->srv->shard;
-  psd_waiter *w = c->ready_head;
-  c->ready_head = c->ready_tail = NULL;
+  psd_waiter *w = psd_waitset_take_ready(&c->waits);
   while (w) {
     /* One PullReply per run of waiters of the same request (at most one
      * waiter per slice, so reply_cap entries always suffice), split so no
@@ -346,8 +316,7 @@ void psd_conn_flush(psd_conn *c) {
       c->reply_refs[n] = sl;
       n++;
       psd_waiter *next = w->ready_next;
-      w->ready = 0;
-      w->ready_next = NULL;
+      psd_waiter_answered(w);
       w = next;
     }
     Ps__PullReply r = PS__PULL_REPLY__INIT;
@@ -364,23 +333,13 @@ void psd_conn_flush(psd_conn *c) {
   }
 }
 
-void psd_conn_expire(psd_conn *c, double now) {
-  psd_shard *sh = &c->srv->shard;
-  for (uint32_t i = 0; i < c->waits_cap; i++) {
-    psd_waiter *w = c->waits[i];
-    if (!w || !w->parked || w->deadline > now) continue;
-    psd_slice *sl = sh->slices[w->slice_id];
-    uint64_t req = w->request_id;
-    psd_conn_error(c, req, PS_ETIMEDOUT, 0,
-                   "pull of '%s' for step >= %llu timed out (the slice is at step %llu)",
-                   sl->name, (unsigned long long)w->min_step,
-                   (unsigned long long)sl->step);
-    for (uint32_t j = 0; j < c->waits_cap; j++) {
-      psd_waiter *o = c->waits[j];
-      if (o && o->parked && o->request_id == req)
-        psd_slice_unpark(sh->slices[o->slice_id], o);
-    }
-  }
+void psd_conn_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w) {
+  (void)ctx;
+  psd_conn *c = set->owner;
+  const psd_slice *sl = c->srv->shard.slices[w->slice_id];
+  psd_conn_error(c, w->request_id, PS_ETIMEDOUT, 0,
+                 "pull of '%s' for step >= %llu timed out (the slice is at step %llu)",
+                 sl->name, (unsigned long long)w->min_step, (unsigned long long)sl->step);
 }
 
 /* ---- dispatch ------------------------------------------------------------ */
@@ -664,8 +623,7 @@ static int handle_pull(psd_conn *c, const uint8_t *meta) {
                      sh->slices[id]->name);
       return -1;
     }
-    psd_waiter *w = c->waits[id];
-    if (w && w->ready) {
+    if (psd_waitset_busy(&c->waits, id)) {
       psd_conn_error(c, m->request_id, PS_EBUSY, 0,
                      "a pull of '%s' is already being answered on this connection",
                      sh->slices[id]->name);
@@ -677,27 +635,13 @@ static int handle_pull(psd_conn *c, const uint8_t *meta) {
   for (size_t i = 0; i < m->n_slice_ids; i++) {
     uint32_t id = m->slice_ids[i];
     psd_slice *sl = sh->slices[id];
-    psd_waiter *w = c->waits[id];
-    if (!w) {
-      w = calloc(1, sizeof *w);
-      if (!w) {
-        psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
-        return -1;
-      }
-      w->conn = c;
-      w->slice_id = id;
-      c->waits[id] = w;
-    }
-    /* A parked pull of this slice from an earlier request is superseded:
-     * its client gave up on it (timed out) or asks again. */
-    if (w->parked) psd_slice_unpark(sl, w);
-    w->request_id = m->request_id;
-    w->min_step = m->min_step;
-    w->deadline = now + timeout;
     /* Once the job stops, every pull is answered at once (flagged). */
-    if (sl->initialized && (sl->step >= m->min_step || c->srv->persist.stopped))
-      psd_conn_ready(c, w);
-    else psd_slice_park(sl, w);
+    int now_ok = sl->initialized && (sl->step >= m->min_step || c->srv->persist.stopped);
+    if (psd_waiters_pull(&c->srv->waiters, &c->waits, id, m->request_id, m->min_step,
+                         now + timeout, now_ok) != 0) {
+      psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
+      return -1;
+    }
   }
   if (m->n_slice_ids == 0) {
     Ps__PullReply r = PS__PULL_REPLY__INIT;

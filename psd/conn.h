@@ -21,6 +21,7 @@
 #include "ps.pb-c.h"
 #include "ps_internal.h"
 #include "shard.h"
+#include "waiters.h"
 
 struct psd_server;
 struct event;
@@ -44,8 +45,6 @@ typedef struct psd_arena {
 typedef struct psd_conn {
   struct psd_server *srv;     /* owner */
   struct psd_conn *prev, *next;  /* server's list of connections */
-  struct psd_conn *dirty_next;   /* server's list of connections to flush */
-  int in_dirty;               /* on that list */
   int fd;                     /* socket */
   struct event *rev, *wev;    /* read / write readiness */
   ps__outq out;               /* replies not yet written (params in place) */
@@ -88,9 +87,7 @@ typedef struct psd_conn {
   size_t reply_cap;
   uint8_t *pack;              /* packed outgoing protobuf */
   size_t pack_cap;
-  psd_waiter **waits;         /* per slice id: this connection's parked pull */
-  uint32_t waits_cap;
-  psd_waiter *ready_head, *ready_tail; /* pulls answerable now */
+  psd_waitset waits;          /* this connection's pulls (waiters.c) */
   double closing_since;       /* when CLOSING began */
   double opened_at;           /* when accepted (handshake deadline) */
 } psd_conn;
@@ -108,10 +105,9 @@ void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* Builds PullReply frames for c's ready waiters and writes what it can. */
 void psd_conn_flush(psd_conn *c);
-/* Queues a waiter as answerable. */
-void psd_conn_ready(psd_conn *c, psd_waiter *w);
-/* Expires parked pulls past their deadline (called from the tick). */
-void psd_conn_expire(psd_conn *c, double now);
+/* psd_waiters_expire callback (ctx unused): tells the owner of set that
+ * w's request timed out. */
+void psd_conn_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w);
 /* 1 if replies are waiting to be written. */
 static inline int psd_conn_pending(const psd_conn *c) { return ps__outq_pending(&c->out); }
 /* Writes pending output; closes a CLOSING connection once drained. Returns

@@ -61,14 +61,7 @@ static void do_stop(psd_server *srv, uint64_t step) {
            "workers to finish",
            step);
   /* Parked pulls would wait for steps that will never come. */
-  for (uint32_t i = 0; i < srv->shard.n; i++) {
-    psd_slice *sl = srv->shard.slices[i];
-    while (sl->waiters) {
-      psd_waiter *w = sl->waiters;
-      psd_slice_unpark(sl, w);
-      psd_conn_ready(w->conn, w);
-    }
-  }
+  psd_waiters_wake_all(&srv->waiters);
 }
 
 /* Makes the file visible once every slice is in (and the chief agreed).

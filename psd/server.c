@@ -343,23 +343,9 @@ void psd_server_conn_closed(psd_server *srv, psd_conn *c) {
   }
 }
 
-void psd_server_mark_dirty(psd_server *srv, psd_conn *c) {
-  if (c->in_dirty) return;
-  c->in_dirty = 1;
-  c->dirty_next = srv->dirty;
-  srv->dirty = c;
-}
-
 void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
   psd_persist_slice_advanced(srv, sl);
-  for (psd_waiter *w = sl->waiters; w;) {
-    psd_waiter *next = w->next;
-    if (sl->step >= w->min_step) {
-      psd_slice_unpark(sl, w);
-      psd_conn_ready(w->conn, w);
-    }
-    w = next;
-  }
+  psd_waiters_wake(&srv->waiters, sl->id, sl->step);
   if (sl->id == 0 && sl->step > 0 && sl->step % (uint64_t)srv->cfg->log_every == 0 &&
       sl->step != srv->logged_step) {
     srv->logged_step = sl->step;
@@ -372,11 +358,9 @@ void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
 }
 
 void psd_server_flush(psd_server *srv) {
-  while (srv->dirty) {
-    psd_conn *c = srv->dirty;
-    srv->dirty = c->dirty_next;
-    c->in_dirty = 0;
-    c->dirty_next = NULL;
+  psd_waitset *set;
+  while ((set = psd_waiters_next_dirty(&srv->waiters))) {
+    psd_conn *c = set->owner;
     psd_conn_flush(c);
     psd_conn_write(c); /* may close c (freed later, by psd_server_reap) */
   }
@@ -471,8 +455,8 @@ static void tick(psd_server *srv) {
       psd_conn_write(c);
       continue;
     }
-    psd_conn_expire(c, now);
   }
+  psd_waiters_expire(&srv->waiters, now, psd_conn_pull_expired, NULL);
   psd_server_flush(srv);
   for (psd_conn *c = srv->conns, *next; c; c = next) {
     next = c->next;
@@ -706,6 +690,7 @@ void psd_server_free(psd_server *srv) {
   if (srv->base) event_base_free(srv->base);
   if (srv->lfd >= 0) close(srv->lfd);
   psd_shard_free(&srv->shard);
+  psd_waiters_free(&srv->waiters);
   psd_telem_free(&srv->telem);
   free(srv->workers);
   memset(srv, 0, sizeof *srv);

@@ -13,6 +13,7 @@
 #include "ps.pb-c.h"
 #include "shard.h"
 #include "telemetry.h"
+#include "waiters.h"
 
 struct event_base;
 struct event;
@@ -53,7 +54,7 @@ typedef struct psd_server {
   uint64_t split_threshold;    /* placement inputs, pinned by first worker */
   uint64_t max_slice_bytes;
   struct psd_conn *conns;      /* every open connection */
-  struct psd_conn *dirty;      /* connections with pull replies to build */
+  psd_waiters waiters;         /* parked pulls, deadlines, ready lists */
   struct psd_conn *graveyard;  /* closed connections awaiting psd_server_reap */
   double started_at;           /* monotonic start time */
   double lost_since;           /* when too many workers were lost (0: not) */
@@ -83,8 +84,7 @@ int psd_server_hello(psd_server *srv, struct psd_conn *c, const Ps__Hello *h, ch
 void psd_server_worker_finished(psd_server *srv, struct psd_conn *c);
 /* A connection is going away (after its waiters were removed). */
 void psd_server_conn_closed(psd_server *srv, struct psd_conn *c);
-/* A slice advanced: move its satisfied waiters to their connections'
- * ready lists, log every Nth step. */
+/* A slice advanced: wakes its satisfied waiters, logs every Nth step. */
 void psd_server_slice_advanced(psd_server *srv, psd_slice *sl);
 /* Builds and sends replies for every connection with ready pulls. */
 void psd_server_flush(psd_server *srv);
@@ -93,7 +93,5 @@ void psd_server_flush(psd_server *srv);
 void psd_server_reap(psd_server *srv);
 /* Ends the loop with this exit status once queued replies drain. */
 void psd_server_finish(psd_server *srv, int code);
-/* Marks c as having ready pulls. */
-void psd_server_mark_dirty(psd_server *srv, struct psd_conn *c);
 
 #endif

@@ -24,6 +24,7 @@ static const suite_entry SUITES[] = {
     {"persist", suite_persist},     {"soak", suite_soak},
     {"telemetry", suite_telemetry}, {"cuda_ops", suite_cuda_ops},
     {"prefetch", suite_prefetch},    {"pace", suite_pace},
+    {"waiters", suite_waiters},
 };
 
 int main(int argc, char **argv) {
