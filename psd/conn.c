@@ -366,7 +366,7 @@ static int handle_hello(psd_conn *c, const uint8_t *meta) {
   r.protocol_version = PS__PROTOCOL_VERSION;
   r.ps_index = (uint32_t)srv->cfg->ps_index;
   r.num_ps = (uint32_t)srv->cfg->num_ps;
-  r.num_workers = srv->num_workers;
+  r.num_workers = srv->job.num_workers;
   r.replicas_to_aggregate = srv->shard.replicas;
   r.async_mode = srv->shard.async_mode;
   r.server_id = srv->cfg->name;
@@ -440,7 +440,7 @@ static int handle_register(psd_conn *c, const uint8_t *meta) {
     }
     if (rc == 0)
       rc = ps__placement_check((uint32_t)srv->cfg->num_ps, (uint32_t)srv->cfg->ps_index,
-                               srv->split_threshold, srv->max_slice_bytes, numel,
+                               srv->job.split_threshold, srv->job.max_slice_bytes, numel,
                                sp->offset, sp->length, err, sizeof err);
     ps_optimizer opt;
     opt_from_msg(sp->optimizer, &opt);
@@ -582,7 +582,7 @@ static int handle_push(psd_conn *c, const uint8_t *meta) {
     psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
     return -1;
   }
-  if (m->want_stop && c->srv->cfg->ckpt_dir[0] && c->srv->pinned) {
+  if (m->want_stop && c->srv->cfg->ckpt_dir[0] && c->srv->job.pinned) {
     char who[32];
     snprintf(who, sizeof who, "worker %d", c->worker);
     psd_persist_stop_wanted(c->srv, who);

@@ -21,8 +21,8 @@ static uint64_t progress(const psd_conn *c) {
 }
 
 static int enabled(const psd_server *srv) {
-  return srv->cfg->pace_ahead > 0 && srv->pinned && !srv->shard.async_mode &&
-         srv->shard.replicas == srv->num_workers && srv->num_workers > 1;
+  return srv->cfg->pace_ahead > 0 && srv->job.pinned && !srv->shard.async_mode &&
+         srv->shard.replicas == srv->job.num_workers && srv->job.num_workers > 1;
 }
 
 /* Progress of the slowest worker pushing `step` (UINT64_MAX: none). */

@@ -110,7 +110,7 @@ static int begin(psd_server *srv, uint64_t step, int negotiated, char *err, size
         return -1;
       }
   psd_ckpt_meta m = {(uint32_t)srv->cfg->ps_index, (uint32_t)srv->cfg->num_ps,
-                     srv->num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n};
+                     srv->job.num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n};
   if (psd_ckpt_begin(&p->ck, srv->cfg->ckpt_dir, &m, err, errlen) != 0) return -1;
   p->gen++;
   p->negotiated = negotiated;
@@ -209,7 +209,7 @@ void psd_persist_stop_wanted(psd_server *srv, const char *who) {
 void psd_persist_tick(psd_server *srv, double now) {
   psd_persist *p = &srv->persist;
   if (!enabled(srv)) return;
-  if (srv->cfg->ckpt_secs > 0 && !p->want_ckpt && srv->pinned &&
+  if (srv->cfg->ckpt_secs > 0 && !p->want_ckpt && srv->job.pinned &&
       now - p->last_at >= srv->cfg->ckpt_secs) {
     p->want_ckpt = 1;
     psd_debug("%.0f s since the last checkpoint: asking the chief for one",

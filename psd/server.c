@@ -16,8 +16,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <munge.h>
-
 #include "conn.h"
 #include "log.h"
 #include "pace.h"
@@ -53,272 +51,63 @@ void psd_server_finish(psd_server *srv, int code) {
 
 /* ---- workers ------------------------------------------------------------- */
 
-static uint32_t count_lost(const psd_server *srv) {
-  uint32_t n = 0;
-  for (uint32_t w = 0; w < srv->num_workers; w++) n += srv->workers[w].lost;
-  return n;
-}
 
-/* Losses tolerated: backup workers in sync mode; all but one in async. */
-static uint32_t tolerated(const psd_server *srv) {
-  if (srv->shard.async_mode) return srv->num_workers - 1;
-  return srv->num_workers - srv->shard.replicas;
-}
 
-static void format_workers(const psd_server *srv, int lost, char *buf, size_t len) {
-  size_t o = 0;
-  buf[0] = '\0';
-  for (uint32_t w = 0; w < srv->num_workers && o + 16 < len; w++) {
-    const psd_worker *k = &srv->workers[w];
-    int pick = lost ? k->lost : !k->joined;
-    if (pick) o += (size_t)snprintf(buf + o, len - o, "%s%u", o ? "," : "", w);
-  }
-}
 
 static void detach_slice(void *ctx, psd_slice *sl);
 
+/* Acts on the exit decision after a worker's state changed. */
 static void check_done(psd_server *srv) {
-  if (!srv->pinned || srv->exiting) return;
-  uint32_t done = 0, lost = count_lost(srv);
-  for (uint32_t w = 0; w < srv->num_workers; w++)
-    done += srv->workers[w].finished || srv->workers[w].lost;
-  if (srv->persist.stopped) {
-    /* After the stop checkpoint, a worker that vanished (the launcher
-     * killed it) is as good as finished: no grace period to wait out. */
-    if (done == srv->num_workers) {
-      psd_info("all workers done after the stop checkpoint (step %llu); exiting with status "
-               "%d so the job can be resumed",
-               (unsigned long long)srv->persist.stop_step, PSD_EXIT_STOPPED);
-      psd_server_finish(srv, PSD_EXIT_STOPPED);
-    }
-    return;
-  }
-  if (srv->persist.stop_wanted && !srv->persist.stopped && !srv->workers[0].conn) {
-    /* Only the chief arranges the stop checkpoint: nothing to wait for. */
-    psd_warn("the chief (worker 0) left before the stop checkpoint; exiting now");
-    psd_server_finish(srv, PSD_EXIT_STOPPED);
-    return;
-  }
-  if (lost > tolerated(srv)) {
-    if (srv->lost_since == 0) {
-      char names[256];
-      format_workers(srv, 1, names, sizeof names);
-      srv->lost_since = ps__now();
-      psd_warn("worker(s) %s lost and training cannot go on without them "
-               "(%u lost, %u tolerated); exiting in %.0f s unless they rejoin",
-               names, lost, tolerated(srv), srv->cfg->grace_s);
-    }
-    return;
-  }
-  srv->lost_since = 0;
-  if (done == srv->num_workers) {
+  if (srv->exiting) return;
+  psd_job_stop st = {srv->persist.stop_wanted, srv->persist.stopped, srv->persist.stop_step};
+  int code = psd_job_check(&srv->job, &st);
+  if (code == PSD_JOB_GO_ON) return;
+  if (code == PSD_EXIT_OK) {
     psd_persist_final(srv);
-    if (lost)
-      psd_warn("all workers done (%u lost, tolerated as backups); exiting", lost);
-    else
-      psd_info("all %u workers finished; exiting", srv->num_workers);
-    psd_server_finish(srv, PSD_EXIT_OK);
+    psd_job_say_done(&srv->job);
   }
+  psd_server_finish(srv, code);
 }
 
-/* The Hello's MUNGE credential: decoded by munged (which refuses expired and
- * replayed ones), from our uid, naming our job (and step, if set). */
-static int check_munge(psd_server *srv, const Ps__Hello *h, char *err, size_t errlen) {
-  const psd_config *cfg = srv->cfg;
-  if (!h->munge || h->credential.len == 0 || h->credential.len > PS__MAX_PREAUTH_META) {
-    snprintf(err, errlen, "authentication failed: this server requires a MUNGE credential");
-    return PS_EAUTH;
-  }
-  char cred[PS__MAX_PREAUTH_META + 1];
-  memcpy(cred, h->credential.data, h->credential.len);
-  cred[h->credential.len] = '\0';
-  munge_ctx_t ctx = munge_ctx_create();
-  if (!ctx) {
-    snprintf(err, errlen, "out of memory");
+
+/* The first worker's Hello pins the job: size everything per worker. */
+static int pin(psd_server *srv, const psd_job_terms *t) {
+  if (psd_job_pin(&srv->job, t) != 0) return PS_ENOMEM;
+  if (psd_telem_pin(&srv->telem, t->num_workers) != 0) {
+    psd_job_unpin(&srv->job);
     return PS_ENOMEM;
   }
-  if (cfg->munge_socket[0]) munge_ctx_set(ctx, MUNGE_OPT_SOCKET, cfg->munge_socket);
-  void *payload = NULL;
-  int plen = 0;
-  uid_t uid;
-  gid_t gid;
-  munge_err_t me = munge_decode(cred, ctx, &payload, &plen, &uid, &gid);
-  munge_ctx_destroy(ctx);
-  int rc = 0;
-  char want[128];
-  if (cfg->step_id >= 0)
-    snprintf(want, sizeof want, "psd1 job=%.0f step=%.0f", cfg->job_id, cfg->step_id);
-  else
-    snprintf(want, sizeof want, "psd1 job=%.0f step=", cfg->job_id);
-  if (me != EMUNGE_SUCCESS) {
-    snprintf(err, errlen, "authentication failed: MUNGE credential refused (%s)",
-             munge_strerror(me));
-    rc = PS_EAUTH;
-  } else if (uid != getuid()) {
-    snprintf(err, errlen, "authentication failed: credential of uid %u, this job runs as uid %u",
-             (unsigned)uid, (unsigned)getuid());
-    rc = PS_EAUTH;
-  } else if (!payload || plen <= 0 || (size_t)plen < strlen(want) ||
-             memcmp(payload, want, strlen(want)) != 0 ||
-             (cfg->step_id >= 0 && (size_t)plen != strlen(want))) {
-    snprintf(err, errlen, "authentication failed: credential for '%.*s', this is '%s'",
-             plen > 0 && plen < 100 ? plen : 0, payload ? (char *)payload : "", want);
-    rc = PS_EAUTH;
-  }
-  free(payload);
-  return rc;
+  psd_shard_init(&srv->shard, t->num_workers, t->replicas, t->async_mode);
+  srv->shard.detach = detach_slice;
+  srv->shard.detach_ctx = srv;
+  return 0;
 }
 
 int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err,
                      size_t errlen) {
-  const psd_config *cfg = srv->cfg;
-  if (h->protocol_version != PS__PROTOCOL_VERSION) {
-    snprintf(err, errlen, "protocol version %u, this server speaks %u", h->protocol_version,
-             PS__PROTOCOL_VERSION);
-    return PS_EVERSION;
-  }
-  if (cfg->munge) {
-    int rc = check_munge(srv, h, err, errlen);
-    if (rc) return rc;
-  }
-  ProtobufCBinaryData secret = h->munge ? h->secret : h->credential;
-  if (cfg->secret_len) {
-    /* Constant time: the comparison leaks nothing about the secret. */
-    unsigned char diff = secret.len != cfg->secret_len;
-    for (size_t i = 0; i < cfg->secret_len; i++)
-      diff |= (unsigned char)(cfg->secret[i] ^ (i < secret.len ? secret.data[i] : 0));
-    if (diff) {
-      snprintf(err, errlen, "authentication failed: %s credential",
-               secret.len ? "wrong" : "no");
-      return PS_EAUTH;
-    }
-  }
-  if (h->role == PS__ROLE__ROLE_ADMIN) {
+  psd_job_terms t;
+  int rc = psd_job_hello(&srv->job, h, &t, err, errlen);
+  if (rc) return rc;
+  if (t.admin) {
     c->admin = 1; /* psctl: authenticated, may ask for Stats and nothing else */
     return 0;
   }
-  if (h->role != PS__ROLE__ROLE_WORKER) {
-    snprintf(err, errlen, "role %d is not supported (only workers and admin tools)",
-             (int)h->role);
-    return PS_EUNSUPPORTED;
+  if (t.pin && pin(srv, &t) != 0) {
+    snprintf(err, errlen, "out of memory");
+    return PS_ENOMEM;
   }
-  if (h->num_ps != (uint32_t)cfg->num_ps || h->ps_index != (uint32_t)cfg->ps_index) {
-    snprintf(err, errlen,
-             "client expects ps %u of %u, this is ps %d of %d (check the order of PS_HOSTS)",
-             h->ps_index, h->num_ps, cfg->ps_index, cfg->num_ps);
-    return PS_EMISMATCH;
-  }
-  if (h->num_workers > PS__MAX_WORKERS) {
-    snprintf(err, errlen, "%u workers is more than the limit of %u", h->num_workers,
-             PS__MAX_WORKERS);
-    return PS_ETOOBIG;
-  }
-  if (h->num_workers == 0 || h->worker_index >= h->num_workers) {
-    snprintf(err, errlen, "worker index %u is not below the number of workers %u",
-             h->worker_index, h->num_workers);
-    return PS_EINVAL;
-  }
-  if (cfg->workers && h->num_workers != (uint32_t)cfg->workers) {
-    snprintf(err, errlen, "client says %u workers, this server was started with --workers %d",
-             h->num_workers, cfg->workers);
-    return PS_EMISMATCH;
-  }
-  uint32_t want_r = h->replicas_to_aggregate ? h->replicas_to_aggregate
-                    : cfg->replicas        ? (uint32_t)cfg->replicas
-                                           : h->num_workers;
-  if (want_r > h->num_workers) {
-    snprintf(err, errlen, "replicas_to_aggregate %u exceeds the number of workers %u", want_r,
-             h->num_workers);
-    return PS_EINVAL;
-  }
-  if (cfg->replicas && h->replicas_to_aggregate &&
-      h->replicas_to_aggregate != (uint32_t)cfg->replicas) {
-    snprintf(err, errlen, "client asks replicas_to_aggregate %u, server has %d",
-             h->replicas_to_aggregate, cfg->replicas);
-    return PS_EMISMATCH;
-  }
-  if ((cfg->mode == PSD_MODE_SYNC && h->async_mode) ||
-      (cfg->mode == PSD_MODE_ASYNC && !h->async_mode)) {
-    snprintf(err, errlen, "client asks %s mode, this server runs %s",
-             h->async_mode ? "async" : "sync", h->async_mode ? "sync" : "async");
-    return PS_EMISMATCH;
-  }
-  uint64_t split = h->split_threshold ? h->split_threshold : PS__DEFAULT_SPLIT_THRESHOLD;
-  /* Normalized as the placer does (whole floats), so equal placements
-   * compare equal. */
-  uint64_t maxs = h->max_slice_bytes ? h->max_slice_bytes & ~(uint64_t)3
-                                     : PS__DEFAULT_MAX_SLICE_BYTES;
-  if (maxs > PS__MAX_SLICE_BYTES || maxs < 4) {
-    snprintf(err, errlen, "max_slice_bytes %llu is outside [4, %llu]",
-             (unsigned long long)maxs, (unsigned long long)PS__MAX_SLICE_BYTES);
-    return PS_EINVAL;
-  }
-  if (!srv->pinned) {
-    srv->workers = calloc(h->num_workers, sizeof *srv->workers);
-    if (!srv->workers || psd_telem_pin(&srv->telem, h->num_workers) != 0) {
-      free(srv->workers);
-      srv->workers = NULL;
-      snprintf(err, errlen, "out of memory");
-      return PS_ENOMEM;
-    }
-    srv->num_workers = h->num_workers;
-    psd_shard_init(&srv->shard, h->num_workers, want_r, h->async_mode);
-    srv->shard.detach = detach_slice;
-    srv->shard.detach_ctx = srv;
-    srv->split_threshold = split;
-    srv->max_slice_bytes = maxs;
-    srv->pinned = 1;
-    psd_info("training with %u workers, %s, placement split at %llu bytes in %llu-byte slices",
-             srv->num_workers,
-             h->async_mode ? "async" : "sync",
-             (unsigned long long)split, (unsigned long long)maxs);
-    if (!h->async_mode)
-      psd_info("sync: averaging %u gradients per step (%u backup workers)", want_r,
-               srv->num_workers - want_r);
-  } else {
-    if (h->num_workers != srv->num_workers || want_r != srv->shard.replicas ||
-        !h->async_mode != !srv->shard.async_mode || split != srv->split_threshold ||
-        maxs != srv->max_slice_bytes) {
-      snprintf(err, errlen,
-               "worker %u disagrees with the job: it says %u workers, replicas %u, %s, "
-               "split %llu, slices %llu; the job has %u, %u, %s, %llu, %llu",
-               h->worker_index, h->num_workers, want_r, h->async_mode ? "async" : "sync",
-               (unsigned long long)split, (unsigned long long)maxs, srv->num_workers,
-               srv->shard.replicas, srv->shard.async_mode ? "async" : "sync",
-               (unsigned long long)srv->split_threshold,
-               (unsigned long long)srv->max_slice_bytes);
-      return PS_EMISMATCH;
-    }
-  }
-  psd_worker *wk = &srv->workers[h->worker_index];
-  if (wk->conn) {
-    snprintf(err, errlen, "worker %u is already connected from %s", h->worker_index,
-             wk->peer);
-    return PS_EBUSY;
-  }
-  if (wk->finished) {
-    snprintf(err, errlen, "worker %u has already finished", h->worker_index);
-    return PS_ESTATE;
-  }
-  int rejoin = wk->lost;
-  wk->conn = c;
-  wk->joined = 1;
-  wk->lost = 0;
-  snprintf(wk->peer, sizeof wk->peer, "%s", c->peer);
-  c->worker = (int)h->worker_index;
-  snprintf(c->name, sizeof c->name, "w%u", h->worker_index);
+  int rejoin = psd_job_join(&srv->job, t.worker, c->peer);
+  c->worker = (int)t.worker;
+  snprintf(c->name, sizeof c->name, "w%u", t.worker);
   psd_pace_joined(srv, c);
-  psd_info("worker %u %s from %s%s%s", h->worker_index, rejoin ? "rejoined" : "joined",
-           c->peer, h->client_id && h->client_id[0] ? " " : "",
-           h->client_id ? h->client_id : "");
+  psd_info("worker %u %s from %s%s%s", t.worker, rejoin ? "rejoined" : "joined", c->peer,
+           h->client_id && h->client_id[0] ? " " : "", h->client_id ? h->client_id : "");
   if (rejoin) check_done(srv);
   return 0;
 }
 
 void psd_server_worker_finished(psd_server *srv, psd_conn *c) {
-  psd_worker *wk = &srv->workers[c->worker];
-  wk->finished = 1;
-  psd_info("worker %d finished", c->worker);
+  psd_job_finished(&srv->job, (uint32_t)c->worker);
   check_done(srv);
 }
 
@@ -330,17 +119,10 @@ static uint64_t current_step(const psd_server *srv) {
 }
 
 void psd_server_conn_closed(psd_server *srv, psd_conn *c) {
-  if (c->worker < 0 || !srv->workers) return;
-  psd_worker *wk = &srv->workers[c->worker];
-  if (wk->conn != c) return;
-  wk->conn = NULL;
+  if (c->worker < 0 || !srv->job.pinned || !srv->job.workers[c->worker].connected) return;
   if (c->worker == 0) psd_persist_chief_left(srv);
-  if (!c->finished) {
-    wk->lost = 1;
-    psd_warn("worker %d (%s) left at step %llu without finishing (connection lost)",
-             c->worker, c->peer, (unsigned long long)current_step(srv));
-    check_done(srv);
-  }
+  psd_job_left(&srv->job, (uint32_t)c->worker, c->finished, current_step(srv));
+  if (!c->finished) check_done(srv);
 }
 
 void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
@@ -349,10 +131,9 @@ void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
   if (sl->id == 0 && sl->step > 0 && sl->step % (uint64_t)srv->cfg->log_every == 0 &&
       sl->step != srv->logged_step) {
     srv->logged_step = sl->step;
-    uint32_t live = 0;
-    for (uint32_t w = 0; w < srv->num_workers; w++) live += srv->workers[w].conn != NULL;
+    uint32_t live = psd_job_live(&srv->job);
     psd_info("step %llu applied (%u of %u workers connected, %llu stale gradients dropped)",
-             (unsigned long long)sl->step, live, srv->num_workers,
+             (unsigned long long)sl->step, live, srv->job.num_workers,
              (unsigned long long)srv->shard.stale_dropped);
   }
 }
@@ -412,12 +193,12 @@ static void check_stalls(psd_server *srv, double now) {
     size_t wo = 0;
     who[0] = '\0';
     for (uint32_t k = 0; k < nm; k++) {
-      const psd_worker *wk = &srv->workers[missing[k]];
+      const psd_job_worker *wk = &srv->job.workers[missing[k]];
       wo += (size_t)snprintf(who + wo, sizeof who - wo, "%s%u%s", k ? ", " : "", missing[k],
-                             wk->lost        ? " (lost)"
-                             : wk->finished  ? " (finished)"
-                             : !wk->conn     ? " (not connected)"
-                                             : "");
+                             wk->lost         ? " (lost)"
+                             : wk->finished   ? " (finished)"
+                             : !wk->connected ? " (not connected)"
+                                              : "");
       if (wo >= sizeof who) break;
     }
     psd_warn("step %llu stalled for %.1f s: %u of %u gradients in, waiting for worker(s) %s; "
@@ -462,30 +243,11 @@ static void tick(psd_server *srv) {
     next = c->next;
     if (psd_conn_pending(c)) psd_conn_write(c);
   }
-  if (srv->pinned && !srv->shard.async_mode) check_stalls(srv, now);
+  if (srv->job.pinned && !srv->shard.async_mode) check_stalls(srv, now);
   psd_persist_tick(srv, now);
   if (srv->exiting) return;
-  if (srv->lost_since && now - srv->lost_since >= srv->cfg->grace_s) {
-    char names[256];
-    format_workers(srv, 1, names, sizeof names);
-    psd_error("worker(s) %s did not come back within the %.0f s grace period; exiting "
-              "at step %llu",
-              names, srv->cfg->grace_s, (unsigned long long)current_step(srv));
-    psd_server_finish(srv, PSD_EXIT_WORKER_LOST);
-    return;
-  }
-  double t = srv->cfg->startup_timeout_s;
-  if (t > 0 && now - srv->started_at > t) {
-    int all = srv->pinned;
-    for (uint32_t w = 0; all && w < srv->num_workers; w++) all = srv->workers[w].joined;
-    if (!all) {
-      char names[256] = "all";
-      if (srv->pinned) format_workers(srv, 0, names, sizeof names);
-      psd_error("worker(s) %s never connected within the %.0f s startup timeout; exiting",
-                names, t);
-      psd_server_finish(srv, PSD_EXIT_NO_WORKERS);
-    }
-  }
+  int code = psd_job_tick(&srv->job, now, current_step(srv));
+  if (code != PSD_JOB_GO_ON) psd_server_finish(srv, code);
 }
 
 static void on_tick(evutil_socket_t fd, short what, void *arg) {
@@ -499,8 +261,8 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)what;
   psd_server *srv = arg;
   int graceful = sig == SIGTERM || sig == SIGUSR1;
-  if (graceful && srv->cfg->ckpt_dir[0] && !srv->persist.stop_wanted && srv->pinned &&
-      srv->shard.n > 0 && srv->workers[0].conn && !srv->exiting) {
+  if (graceful && srv->cfg->ckpt_dir[0] && !srv->persist.stop_wanted && srv->job.pinned &&
+      srv->shard.n > 0 && srv->job.workers[0].connected && !srv->exiting) {
     /* Preemption or walltime: checkpoint at a step every ps agrees on,
      * let the workers finish, exit with PSD_EXIT_STOPPED. Only the chief
      * can arrange that: without it (a launcher tearing a failed job down)
@@ -589,6 +351,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   srv->cfg = cfg;
   srv->lfd = -1;
   srv->started_at = ps__now();
+  psd_job_init(&srv->job, cfg, srv->started_at);
   signal(SIGPIPE, SIG_IGN);
   /* Restore before listening: launchers wait for the port file, so no
    * worker connects to a server that is still reading its checkpoint. */
@@ -692,7 +455,7 @@ void psd_server_free(psd_server *srv) {
   psd_shard_free(&srv->shard);
   psd_waiters_free(&srv->waiters);
   psd_telem_free(&srv->telem);
-  free(srv->workers);
+  psd_job_free(&srv->job);
   memset(srv, 0, sizeof *srv);
   srv->lfd = -1;
 }

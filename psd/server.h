@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "job.h"
 #include "persist.h"
 #include "ps.pb-c.h"
 #include "shard.h"
@@ -19,25 +20,6 @@ struct event_base;
 struct event;
 struct psd_conn;
 
-/* Exit statuses, so a launcher can tell why psd ended. */
-enum {
-  PSD_EXIT_OK = 0,           /* every worker finished (or a signal asked) */
-  PSD_EXIT_USAGE = 64,       /* bad command line */
-  PSD_EXIT_STARTUP = 65,     /* could not listen, write the port file, ... */
-  PSD_EXIT_WORKER_LOST = 66, /* a needed worker left and did not come back */
-  PSD_EXIT_NO_WORKERS = 67,  /* not every worker joined before the timeout */
-  PSD_EXIT_STOPPED = 75,     /* stopped on request (SIGTERM/SIGUSR1) after
-                                checkpointing: run it again to resume
-                                (EX_TEMPFAIL: "try again later") */
-};
-
-typedef struct psd_worker {
-  int joined;               /* has ever completed a handshake */
-  int finished;             /* said it is done */
-  int lost;                 /* connection dropped before finishing */
-  struct psd_conn *conn;    /* live connection, or NULL */
-  char peer[64];            /* address it connected from */
-} psd_worker;
 
 typedef struct psd_server {
   psd_config *cfg;             /* options (not owned) */
@@ -48,16 +30,11 @@ typedef struct psd_server {
   struct event *sig_ev[3];     /* SIGTERM, SIGINT, SIGUSR1 */
   psd_shard shard;             /* variables held here */
   psd_telem telem;             /* per-step telemetry (telemetry.c) */
-  int pinned;                  /* workers/replicas/mode/placement agreed */
-  uint32_t num_workers;        /* once pinned */
-  psd_worker *workers;         /* num_workers entries once pinned */
-  uint64_t split_threshold;    /* placement inputs, pinned by first worker */
-  uint64_t max_slice_bytes;
+  psd_job job;                 /* admission, workers' states, exit decision */
   struct psd_conn *conns;      /* every open connection */
   psd_waiters waiters;         /* parked pulls, deadlines, ready lists */
   struct psd_conn *graveyard;  /* closed connections awaiting psd_server_reap */
   double started_at;           /* monotonic start time */
-  double lost_since;           /* when too many workers were lost (0: not) */
   int exit_code;               /* set when the loop should end */
   int exiting;                 /* draining replies before exit */
   double exiting_since;        /* when draining began */

@@ -207,10 +207,6 @@ static double agg_percentile(const psd_telem *t, double p) {
   return r;
 }
 
-static const char *worker_state(const psd_worker *w) {
-  return w->conn ? "connected" : w->finished ? "finished" : w->lost ? "lost" : "absent";
-}
-
 /* The worker most often last, or -1. */
 static int straggler(const psd_telem *t) {
   int best = -1;
@@ -255,11 +251,11 @@ void psd_telem_print_summary(psd_telem *t, const psd_server *srv, FILE *f) {
               rank, (unsigned long long)s->steps, s->step_p50_ms, s->step_p95_ms,
               s->compute_p50_ms, s->push_p50_ms, s->wait_p50_ms, s->pull_p50_ms,
               (unsigned long long)s->stale_steps, lastp, lag,
-              worker_state(&srv->workers[w]));
+              psd_job_worker_state(&srv->job, w));
     else
       fprintf(f, "%-6s %7llu %9s %9s | %9s %9s %9s %9s | %6s %6.1f %9.3f %9s\n", rank,
               (unsigned long long)wk->pushes, "-", "-", "-", "-", "-", "-", "-", lastp, lag,
-              worker_state(&srv->workers[w]));
+              psd_job_worker_state(&srv->job, w));
   }
   /* Bytes per ps shard, as the workers counted them (every ps). */
   uint64_t *in = calloc((size_t)t->num_ps * 2 + 1, sizeof *in);
@@ -314,9 +310,9 @@ int psd_telem_stats(psd_telem *t, const psd_server *srv, Ps__StatsReply *r) {
   const psd_config *cfg = srv->cfg;
   r->ps_index = (uint32_t)cfg->ps_index;
   r->num_ps = (uint32_t)cfg->num_ps;
-  r->num_workers = srv->num_workers;
-  r->replicas_to_aggregate = srv->pinned ? srv->shard.replicas : 0;
-  r->async_mode = srv->pinned && srv->shard.async_mode;
+  r->num_workers = srv->job.num_workers;
+  r->replicas_to_aggregate = srv->job.pinned ? srv->shard.replicas : 0;
+  r->async_mode = srv->job.pinned && srv->shard.async_mode;
   r->server_id = (char *)cfg->name;
   r->uptime_s = ps__now() - srv->started_at;
   uint64_t lo = UINT64_MAX, hi = 0;
@@ -344,7 +340,7 @@ int psd_telem_stats(psd_telem *t, const psd_server *srv, Ps__StatsReply *r) {
     const psd_telem_worker *k = &t->workers[w];
     ps__worker_stats__init(&ws[w]);
     ws[w].worker = w;
-    ws[w].state = (char *)worker_state(&srv->workers[w]);
+    ws[w].state = (char *)psd_job_worker_state(&srv->job, w);
     ws[w].pushes = k->pushes;
     ws[w].last_count = k->last_count;
     ws[w].waited_for_ms = k->waited_for * 1e3;
