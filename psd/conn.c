@@ -323,7 +323,7 @@ void psd_conn_flush(psd_conn *c) {
     r.request_id = req;
     r.n_items = n;
     r.items = c->reply_ptrs;
-    psd_persist_flags(c->srv, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+    psd_persist_flags(&c->srv->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
     if (send_frame(c, PS__MSG_PULL_REPLY, &r.base, c->reply_data, c->reply_count,
                    c->reply_refs, n) != 0) {
       psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory building a pull reply");
@@ -468,7 +468,7 @@ static int handle_register(psd_conn *c, const uint8_t *meta) {
     if (rc == 0)
       rc = psd_shard_register(&srv->shard, name, (uint32_t)sp->n_shape, sp->shape,
                               sp->offset, sp->length, &opt, &sl, err, sizeof err);
-    if (rc == 0) rc = psd_persist_restore_slice(srv, sl, err, sizeof err);
+    if (rc == 0) rc = psd_persist_restore_slice(&srv->persist, sl, err, sizeof err);
     if (rc == 0) {
       ps__slice_state__init(&states[i]);
       states[i].slice_id = sl->id;
@@ -585,7 +585,7 @@ static int handle_push(psd_conn *c, const uint8_t *meta) {
   if (m->want_stop && c->srv->cfg->ckpt_dir[0] && c->srv->job.pinned) {
     char who[32];
     snprintf(who, sizeof who, "worker %d", c->worker);
-    psd_persist_stop_wanted(c->srv, who);
+    psd_persist_stop_wanted(&c->srv->persist, who);
   }
   return begin_data(c, m->request_id, m->step, m->items, m->n_items);
 }
@@ -646,7 +646,7 @@ static int handle_pull(psd_conn *c, const uint8_t *meta) {
   if (m->n_slice_ids == 0) {
     Ps__PullReply r = PS__PULL_REPLY__INIT;
     r.request_id = m->request_id;
-    psd_persist_flags(c->srv, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+    psd_persist_flags(&c->srv->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
     send_frame(c, PS__MSG_PULL_REPLY, &r.base, NULL, NULL, NULL, 0);
   }
   return 0;
@@ -680,8 +680,9 @@ static int handle_checkpoint(psd_conn *c, const uint8_t *meta) {
   char msg[1200];
   Ps__CheckpointReply r = PS__CHECKPOINT_REPLY__INIT;
   r.request_id = m->request_id;
-  psd_persist_request(c->srv, m->step, m->stop, m->commit, &r.ok, &r.max_step, msg,
-                      sizeof msg);
+  unsigned acts = psd_persist_request(&c->srv->persist, m->step, m->stop, m->commit, &r.ok,
+                                      &r.max_step, msg, sizeof msg);
+  psd_server_act(c->srv, acts);
   r.message = msg;
   r.stopped = c->srv->persist.stopped;
   r.stop_step = c->srv->persist.stopped ? c->srv->persist.stop_step : 0;
@@ -791,7 +792,7 @@ static void frame_done(psd_conn *c) {
     r.request_id = c->data_req;
     r.n_items = c->n_items;
     r.items = c->reply_ptrs;
-    psd_persist_flags(c->srv, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+    psd_persist_flags(&c->srv->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
     send_frame(c, PS__MSG_PUSH_REPLY, &r.base, NULL, NULL, NULL, 0);
   }
   c->items = NULL;

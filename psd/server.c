@@ -49,6 +49,12 @@ void psd_server_finish(psd_server *srv, int code) {
   if (!pending) event_base_loopbreak(srv->base);
 }
 
+void psd_server_act(psd_server *srv, unsigned actions) {
+  /* Parked pulls would wait for steps that will never come. */
+  if (actions & PSD_PERSIST_WAKE_ALL) psd_waiters_wake_all(&srv->waiters);
+  if (actions & PSD_PERSIST_EXIT_STOPPED) psd_server_finish(srv, PSD_EXIT_STOPPED);
+}
+
 /* ---- workers ------------------------------------------------------------- */
 
 
@@ -63,7 +69,7 @@ static void check_done(psd_server *srv) {
   int code = psd_job_check(&srv->job, &st);
   if (code == PSD_JOB_GO_ON) return;
   if (code == PSD_EXIT_OK) {
-    psd_persist_final(srv);
+    psd_server_act(srv, psd_persist_final(&srv->persist));
     psd_job_say_done(&srv->job);
   }
   psd_server_finish(srv, code);
@@ -120,13 +126,13 @@ static uint64_t current_step(const psd_server *srv) {
 
 void psd_server_conn_closed(psd_server *srv, psd_conn *c) {
   if (c->worker < 0 || !srv->job.pinned || !srv->job.workers[c->worker].connected) return;
-  if (c->worker == 0) psd_persist_chief_left(srv);
+  if (c->worker == 0) psd_persist_chief_left(&srv->persist);
   psd_job_left(&srv->job, (uint32_t)c->worker, c->finished, current_step(srv));
   if (!c->finished) check_done(srv);
 }
 
 void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
-  psd_persist_slice_advanced(srv, sl);
+  psd_server_act(srv, psd_persist_slice_advanced(&srv->persist, sl));
   psd_waiters_wake(&srv->waiters, sl->id, sl->step);
   if (sl->id == 0 && sl->step > 0 && sl->step % (uint64_t)srv->cfg->log_every == 0 &&
       sl->step != srv->logged_step) {
@@ -244,7 +250,7 @@ static void tick(psd_server *srv) {
     if (psd_conn_pending(c)) psd_conn_write(c);
   }
   if (srv->job.pinned && !srv->shard.async_mode) check_stalls(srv, now);
-  psd_persist_tick(srv, now);
+  psd_server_act(srv, psd_persist_tick(&srv->persist, now, srv->job.pinned));
   if (srv->exiting) return;
   int code = psd_job_tick(&srv->job, now, current_step(srv));
   if (code != PSD_JOB_GO_ON) psd_server_finish(srv, code);
@@ -269,7 +275,7 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
      * there is nothing to wait for. */
     char who[64];
     snprintf(who, sizeof who, "SIG%s", sigabbrev_np((int)sig));
-    psd_persist_stop_wanted(srv, who);
+    psd_persist_stop_wanted(&srv->persist, who);
     return;
   }
   if (graceful && (srv->persist.stop_wanted || srv->persist.stopped)) {
@@ -355,7 +361,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   signal(SIGPIPE, SIG_IGN);
   /* Restore before listening: launchers wait for the port file, so no
    * worker connects to a server that is still reading its checkpoint. */
-  if (psd_persist_init(srv) != 0) return -1;
+  if (psd_persist_init(&srv->persist, cfg, &srv->shard) != 0) return -1;
   struct addrinfo hints = {0}, *res = NULL;
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -449,7 +455,7 @@ void psd_server_free(psd_server *srv) {
   if (srv->tick_ev) event_free(srv->tick_ev);
   for (int i = 0; i < 3; i++)
     if (srv->sig_ev[i]) event_free(srv->sig_ev[i]);
-  psd_persist_free(srv);
+  psd_persist_free(&srv->persist);
   if (srv->base) event_base_free(srv->base);
   if (srv->lfd >= 0) close(srv->lfd);
   psd_shard_free(&srv->shard);

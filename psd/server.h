@@ -68,6 +68,8 @@ void psd_server_flush(psd_server *srv);
 /* Frees closed connections; called at the end of every event callback,
  * when nothing up the stack still refers to them. */
 void psd_server_reap(psd_server *srv);
+/* Does what persistence asked for (PSD_PERSIST_* flags). */
+void psd_server_act(psd_server *srv, unsigned actions);
 /* Ends the loop with this exit status once queued replies drain. */
 void psd_server_finish(psd_server *srv, int code);
 
