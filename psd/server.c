@@ -1,4 +1,4 @@
-/* server.c - listener, workers' lifecycle, timers, exit decisions. */
+/* server.c - the event loop: listener, signals, timers, and exiting. */
 #define _GNU_SOURCE
 #include "server.h"
 
@@ -16,17 +16,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "conn.h"
 #include "log.h"
-#include "pace.h"
 
 /* Timer period for deadlines, stall checks and the grace period: fine
  * enough that a 1 s deadline is honoured within 10%. */
 #define PSD_TICK_MS 100
 /* Seconds allowed for the last replies to drain before exiting. */
 #define PSD_DRAIN_MAX_S 5.0
-/* Seconds a new connection has to complete its handshake. */
-#define PSD_HANDSHAKE_TIMEOUT_S 10.0
 /* Workers named in one stall log line before "and N more". */
 #define PSD_STALL_NAMES 16
 
@@ -40,135 +36,15 @@ void psd_server_finish(psd_server *srv, int code) {
   if (srv->exiting) return;
   srv->exit_code = code;
   srv->exiting = 1;
+  srv->h.exiting = 1;
   srv->exiting_since = ps__now();
   /* Stop accepting; let queued replies (FINISH acks) drain, then leave. */
   if (srv->listen_ev) event_del(srv->listen_ev);
-  int pending = 0;
-  for (psd_conn *c = srv->conns; c; c = c->next)
-    if (psd_conn_pending(c)) pending = 1;
-  if (!pending) event_base_loopbreak(srv->base);
+  if (!psd_conns_pending(&srv->conns)) event_base_loopbreak(srv->base);
 }
 
-void psd_server_act(psd_server *srv, unsigned actions) {
-  /* Parked pulls would wait for steps that will never come. */
-  if (actions & PSD_PERSIST_WAKE_ALL) psd_waiters_wake_all(&srv->waiters);
-  if (actions & PSD_PERSIST_EXIT_STOPPED) psd_server_finish(srv, PSD_EXIT_STOPPED);
-}
-
-/* ---- workers ------------------------------------------------------------- */
-
-
-
-
-static void detach_slice(void *ctx, psd_slice *sl);
-
-/* Acts on the exit decision after a worker's state changed. */
-static void check_done(psd_server *srv) {
-  if (srv->exiting) return;
-  psd_job_stop st = {srv->persist.stop_wanted, srv->persist.stopped, srv->persist.stop_step};
-  int code = psd_job_check(&srv->job, &st);
-  if (code == PSD_JOB_GO_ON) return;
-  if (code == PSD_EXIT_OK) {
-    psd_server_act(srv, psd_persist_final(&srv->persist));
-    psd_job_say_done(&srv->job);
-  }
-  psd_server_finish(srv, code);
-}
-
-
-/* The first worker's Hello pins the job: size everything per worker. */
-static int pin(psd_server *srv, const psd_job_terms *t) {
-  if (psd_job_pin(&srv->job, t) != 0) return PS_ENOMEM;
-  if (psd_telem_pin(&srv->telem, t->num_workers) != 0) {
-    psd_job_unpin(&srv->job);
-    return PS_ENOMEM;
-  }
-  psd_shard_init(&srv->shard, t->num_workers, t->replicas, t->async_mode);
-  srv->shard.detach = detach_slice;
-  srv->shard.detach_ctx = srv;
-  return 0;
-}
-
-int psd_server_hello(psd_server *srv, psd_conn *c, const Ps__Hello *h, char *err,
-                     size_t errlen) {
-  psd_job_terms t;
-  int rc = psd_job_hello(&srv->job, h, &t, err, errlen);
-  if (rc) return rc;
-  if (t.admin) {
-    c->admin = 1; /* psctl: authenticated, may ask for Stats and nothing else */
-    return 0;
-  }
-  if (t.pin && pin(srv, &t) != 0) {
-    snprintf(err, errlen, "out of memory");
-    return PS_ENOMEM;
-  }
-  int rejoin = psd_job_join(&srv->job, t.worker, c->peer);
-  c->worker = (int)t.worker;
-  snprintf(c->name, sizeof c->name, "w%u", t.worker);
-  psd_pace_joined(srv, c);
-  psd_info("worker %u %s from %s%s%s", t.worker, rejoin ? "rejoined" : "joined", c->peer,
-           h->client_id && h->client_id[0] ? " " : "", h->client_id ? h->client_id : "");
-  if (rejoin) check_done(srv);
-  return 0;
-}
-
-void psd_server_worker_finished(psd_server *srv, psd_conn *c) {
-  psd_job_finished(&srv->job, (uint32_t)c->worker);
-  check_done(srv);
-}
-
-static uint64_t current_step(const psd_server *srv) {
-  uint64_t s = UINT64_MAX;
-  for (uint32_t i = 0; i < srv->shard.n; i++)
-    if (srv->shard.slices[i]->step < s) s = srv->shard.slices[i]->step;
-  return s == UINT64_MAX ? 0 : s;
-}
-
-void psd_server_conn_closed(psd_server *srv, psd_conn *c) {
-  if (c->worker < 0 || !srv->job.pinned || !srv->job.workers[c->worker].connected) return;
-  if (c->worker == 0) psd_persist_chief_left(&srv->persist);
-  psd_job_left(&srv->job, (uint32_t)c->worker, c->finished, current_step(srv));
-  if (!c->finished) check_done(srv);
-}
-
-void psd_server_slice_advanced(psd_server *srv, psd_slice *sl) {
-  psd_server_act(srv, psd_persist_slice_advanced(&srv->persist, sl));
-  psd_waiters_wake(&srv->waiters, sl->id, sl->step);
-  if (sl->id == 0 && sl->step > 0 && sl->step % (uint64_t)srv->cfg->log_every == 0 &&
-      sl->step != srv->logged_step) {
-    srv->logged_step = sl->step;
-    uint32_t live = psd_job_live(&srv->job);
-    psd_info("step %llu applied (%u of %u workers connected, %llu stale gradients dropped)",
-             (unsigned long long)sl->step, live, srv->job.num_workers,
-             (unsigned long long)srv->shard.stale_dropped);
-  }
-}
-
-void psd_server_flush(psd_server *srv) {
-  psd_waitset *set;
-  while ((set = psd_waiters_next_dirty(&srv->waiters))) {
-    psd_conn *c = set->owner;
-    psd_conn_flush(c);
-    psd_conn_write(c); /* may close c (freed later, by psd_server_reap) */
-  }
-}
-
-void psd_server_reap(psd_server *srv) {
-  while (srv->graveyard) {
-    psd_conn *c = srv->graveyard;
-    srv->graveyard = c->next;
-    psd_conn_free(c);
-  }
-}
-
-/* Shard hook: queued replies still send sl's parameters in place, and an
- * update is about to change them: give those replies their own copy. */
-static void detach_slice(void *ctx, psd_slice *sl) {
-  psd_server *srv = ctx;
-  for (psd_conn *c = srv->conns; c && sl->readers > 0; c = c->next)
-    if (ps__outq_detach(&c->out, sl) < 0)
-      psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory copying a reply");
-}
+/* psd_handlers' finish hook. */
+static void finish_hook(void *loop, int code) { psd_server_finish(loop, code); }
 
 /* ---- timers ------------------------------------------------------------- */
 
@@ -217,10 +93,7 @@ static void check_stalls(psd_server *srv, double now) {
 static void tick(psd_server *srv) {
   double now = ps__now();
   if (srv->exiting) {
-    int pending = 0;
-    for (psd_conn *c = srv->conns; c; c = c->next)
-      if (psd_conn_pending(c)) pending = 1;
-    if (!pending || now - srv->exiting_since > PSD_DRAIN_MAX_S)
+    if (!psd_conns_pending(&srv->conns) || now - srv->exiting_since > PSD_DRAIN_MAX_S)
       event_base_loopbreak(srv->base);
     return;
   }
@@ -228,31 +101,14 @@ static void tick(psd_server *srv) {
     srv->accept_paused = 0;
     event_add(srv->listen_ev, NULL);
   }
-  for (psd_conn *c = srv->conns, *next; c; c = next) {
-    next = c->next;
-    if (c->state == PSD_CONN_CLOSING && now - c->closing_since > 2.0) {
-      psd_conn_close(c, "error reply not drained in time");
-      continue;
-    }
-    if (!c->handshaken && c->state != PSD_CONN_CLOSING &&
-        now - c->opened_at > PSD_HANDSHAKE_TIMEOUT_S) {
-      /* Idle unauthenticated peers must not hold descriptors forever. */
-      psd_conn_error(c, 0, PS_ETIMEDOUT, 1, "no handshake within %.0f s",
-                     PSD_HANDSHAKE_TIMEOUT_S);
-      psd_conn_write(c);
-      continue;
-    }
-  }
-  psd_waiters_expire(&srv->waiters, now, psd_conn_pull_expired, NULL);
-  psd_server_flush(srv);
-  for (psd_conn *c = srv->conns, *next; c; c = next) {
-    next = c->next;
-    if (psd_conn_pending(c)) psd_conn_write(c);
-  }
+  psd_conns_tick(&srv->conns, now);
+  psd_waiters_expire(&srv->waiters, now, psd_handlers_pull_expired, &srv->h);
+  psd_handlers_flush(&srv->h);
+  psd_conns_write_pending(&srv->conns);
   if (srv->job.pinned && !srv->shard.async_mode) check_stalls(srv, now);
-  psd_server_act(srv, psd_persist_tick(&srv->persist, now, srv->job.pinned));
+  psd_handlers_act(&srv->h, psd_persist_tick(&srv->persist, now, srv->job.pinned));
   if (srv->exiting) return;
-  int code = psd_job_tick(&srv->job, now, current_step(srv));
+  int code = psd_job_tick(&srv->job, now, psd_handlers_step(&srv->h));
   if (code != PSD_JOB_GO_ON) psd_server_finish(srv, code);
 }
 
@@ -260,7 +116,7 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   (void)fd;
   (void)what;
   tick(arg);
-  psd_server_reap(arg);
+  psd_conns_reap(&((psd_server *)arg)->conns);
 }
 
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
@@ -328,9 +184,9 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
       snprintf(peer, sizeof peer, "%s:%s", host, serv);
     else
       snprintf(peer, sizeof peer, "?");
-    psd_conn_new(srv, fd, peer);
+    psd_conn_new(&srv->conns, fd, peer);
   }
-  psd_server_reap(srv);
+  psd_conns_reap(&srv->conns);
 }
 
 static int write_port_file(const char *path, const char *hostport) {
@@ -356,8 +212,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->cfg = cfg;
   srv->lfd = -1;
-  srv->started_at = ps__now();
-  psd_job_init(&srv->job, cfg, srv->started_at);
+  psd_job_init(&srv->job, cfg, ps__now());
   signal(SIGPIPE, SIG_IGN);
   /* Restore before listening: launchers wait for the port file, so no
    * worker connects to a server that is still reading its checkpoint. */
@@ -397,6 +252,15 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
     psd_error("cannot create the event loop");
     return -1;
   }
+  psd_pace_init(&srv->pace, cfg->pace_ahead, cfg->pace_loopback, cfg->recv_buf,
+                psd_conn_pace_progress);
+  srv->h = (psd_handlers){.cfg = cfg, .shard = &srv->shard, .job = &srv->job,
+                          .persist = &srv->persist, .waiters = &srv->waiters,
+                          .telem = &srv->telem, .pace = &srv->pace, .conns = &srv->conns,
+                          .finish = finish_hook, .loop = srv};
+  psd_conn_hooks hooks;
+  psd_handlers_hooks(&srv->h, &hooks);
+  psd_conns_init(&srv->conns, srv->base, &srv->pace, &hooks);
   srv->listen_ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, on_accept, srv);
   srv->tick_ev = event_new(srv->base, -1, EV_PERSIST, on_tick, srv);
   srv->sig_ev[0] = evsignal_new(srv->base, SIGTERM, on_signal, srv);
@@ -437,7 +301,9 @@ int psd_server_run(psd_server *srv) {
   const char *sum = srv->cfg->summary;
   if (sum[0]) {
     FILE *f = strcmp(sum, "-") == 0 ? stdout : fopen(sum, "w");
-    if (f) psd_telem_print_summary(&srv->telem, srv, f);
+    psd_telem_view v = {srv->cfg->name, ps__now() - srv->job.started_at, &srv->job,
+                        &srv->shard};
+    if (f) psd_telem_print_summary(&srv->telem, &v, f);
     else psd_warn("cannot write --summary %s: %s", sum, strerror(errno));
     if (f && f != stdout) fclose(f);
   }
@@ -445,12 +311,7 @@ int psd_server_run(psd_server *srv) {
 }
 
 void psd_server_free(psd_server *srv) {
-  while (srv->conns) {
-    psd_conn *c = srv->conns;
-    c->worker = -1; /* no lifecycle decisions while tearing down */
-    psd_conn_close(c, "server exiting");
-  }
-  psd_server_reap(srv);
+  psd_conns_close_all(&srv->conns);
   if (srv->listen_ev) event_free(srv->listen_ev);
   if (srv->tick_ev) event_free(srv->tick_ev);
   for (int i = 0; i < 3; i++)

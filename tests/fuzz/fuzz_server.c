@@ -444,7 +444,7 @@ void fuzz_server_run(const uint8_t *const *streams, const size_t *sizes, unsigne
     }
     char peer[32];
     snprintf(peer, sizeof peer, "fuzz:%u", i);
-    if (!psd_conn_new(&g_srv, sv[0], peer)) {
+    if (!psd_conn_new(&g_srv.conns, sv[0], peer)) {
       fprintf(stderr, "fuzz: psd_conn_new failed\n");
       abort();
     }
