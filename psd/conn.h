@@ -18,12 +18,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "pace.h"
 #include "ps.pb-c.h"
 #include "wire.h"
 #include "shard.h"
+#include "waiters.h"
 
-struct psd_server;
 struct event;
+struct event_base;
+struct psd_conn;
 
 typedef enum psd_conn_state {
   PSD_CONN_HEADER,  /* waiting for a frame header */
@@ -41,11 +44,36 @@ typedef struct psd_arena {
   size_t n_extra, cap_extra, extra_bytes;
 } psd_arena;
 
+/* What the layer above does with a connection's traffic; conn.c only
+ * frames, checks and hands over. */
+typedef struct psd_conn_hooks {
+  /* A complete protobuf part of c->hdr.type arrived: act on it (may enter
+   * DATA). 0, or -1 if c entered CLOSING. */
+  int (*message)(void *ctx, struct psd_conn *c, const uint8_t *meta);
+  /* DATA: item c->item is complete in c->stage. */
+  void (*item)(void *ctx, struct psd_conn *c);
+  /* DATA: the frame's last item is in: reply to it. */
+  void (*frame)(void *ctx, struct psd_conn *c);
+  /* c is closing (already off the list): forget it. */
+  void (*closed)(void *ctx, struct psd_conn *c);
+  /* Answer the pulls that became ready (after input was processed). */
+  void (*flush)(void *ctx);
+  void *ctx;                  /* passed to every hook */
+} psd_conn_hooks;
+
+/* Every connection of the daemon. */
+typedef struct psd_conns {
+  struct event_base *base;    /* libevent loop the connections use */
+  struct psd_conn *head;      /* open connections */
+  struct psd_conn *graveyard; /* closed ones awaiting psd_conns_reap */
+  uint64_t seq;               /* connection counter, for log names */
+  psd_pace *pace;             /* ingress pacing of workers' pushes */
+  psd_conn_hooks hooks;       /* the message layer */
+} psd_conns;
+
 typedef struct psd_conn {
-  struct psd_server *srv;     /* owner */
-  struct psd_conn *prev, *next;  /* server's list of connections */
-  struct psd_conn *dirty_next;   /* server's list of connections to flush */
-  int in_dirty;               /* on that list */
+  psd_conns *reg;             /* registry it belongs to */
+  struct psd_conn *prev, *next;  /* registry's list of connections */
   int fd;                     /* socket */
   struct event *rev, *wev;    /* read / write readiness */
   ps__outq out;               /* replies not yet written (params in place) */
@@ -56,8 +84,7 @@ typedef struct psd_conn {
   int finished;               /* the worker sent FINISH */
   int dead;                   /* closed; memory freed at the next reap */
   int read_paused;            /* requests not read until replies drain */
-  int pace_paused;            /* Push not read: ahead of the slowest (pace.c) */
-  int pace_exempt;            /* over loopback: shares no link, never paced */
+  psd_pace_peer pace;         /* ingress pacing state (pace.c) */
   uint64_t pace_done;         /* DATA: bytes of this step's Push items done */
   uint64_t seq;               /* connection number, for logs */
   char peer[64];              /* remote address */
@@ -88,30 +115,57 @@ typedef struct psd_conn {
   size_t reply_cap;
   uint8_t *pack;              /* packed outgoing protobuf */
   size_t pack_cap;
-  psd_waiter **waits;         /* per slice id: this connection's parked pull */
-  uint32_t waits_cap;
-  psd_waiter *ready_head, *ready_tail; /* pulls answerable now */
+  psd_waitset waits;          /* this connection's pulls (waiters.c) */
   double closing_since;       /* when CLOSING began */
   double opened_at;           /* when accepted (handshake deadline) */
 } psd_conn;
 
+/* Sets up an empty registry on base; pace paces its workers. */
+void psd_conns_init(psd_conns *cs, struct event_base *base, psd_pace *pace,
+                    const psd_conn_hooks *hooks);
 /* Takes ownership of an accepted socket. NULL on failure (fd closed). */
-psd_conn *psd_conn_new(struct psd_server *srv, int fd, const char *peer);
-/* Closes c: removes its waiters, tells the server, drops its replies. The
- * memory stays valid (c->dead set) until psd_server_reap frees it, so any
- * caller up the stack may still test c->dead. Idempotent. */
+psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer);
+/* Closes c: tells the message layer, drops its replies. The memory stays
+ * valid (c->dead set) until psd_conns_reap frees it, so any caller up the
+ * stack may still test c->dead. Idempotent. */
 void psd_conn_close(psd_conn *c, const char *why);
-/* Frees a closed connection's memory (psd_server_reap only). */
-void psd_conn_free(psd_conn *c);
+/* Frees closed connections; called at the end of every event callback,
+ * when nothing up the stack still refers to them. */
+void psd_conns_reap(psd_conns *cs);
+/* Closes every connection (psd exits). */
+void psd_conns_close_all(psd_conns *cs);
+/* 1 if any connection has replies waiting to be written. */
+int psd_conns_pending(const psd_conns *cs);
+/* Timers: closes connections whose error reply did not drain, refuses
+ * those that never completed a handshake. */
+void psd_conns_tick(psd_conns *cs, double now);
+/* Writes what every connection has pending (a write may close one). */
+void psd_conns_write_pending(psd_conns *cs);
+/* psd_pace_progress_fn of connections: how far p's connection is into
+ * the current step's Push (pace.c never reads the parser itself). */
+uint64_t psd_conn_pace_progress(const psd_pace_peer *p, uint64_t *step);
+/* Makes the per-slice tables of c (reply building, duplicate checks) cover
+ * n slices. 0 or -1 (memory). */
+int psd_conn_reserve(psd_conn *c, uint32_t n);
+/* Starts a duplicate check over the slice ids of one frame. */
+static inline void psd_conn_seen_begin(psd_conn *c) { c->seen_seq++; }
+/* 1 if id was already listed in this frame (marks it otherwise). */
+static inline int psd_conn_seen_twice(psd_conn *c, uint32_t id) {
+  if (c->seen[id] == c->seen_seq) return 1;
+  c->seen[id] = c->seen_seq;
+  return 0;
+}
+/* Queues one frame: header, packed message, then data segments sent from
+ * where they are (refs: the slices whose parameters they are, held until
+ * written so no update changes bytes in flight). 0 or -1 (memory). */
+static inline int psd_conn_send(psd_conn *c, unsigned type, const ProtobufCMessage *msg,
+                                const float *const *data, const uint64_t *counts,
+                                void *const *refs, size_t nseg) {
+  return ps__outq_frame(&c->out, type, msg, data, counts, refs, nseg);
+}
 /* Queues an Error reply; fatal ones put c in CLOSING. */
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-/* Builds PullReply frames for c's ready waiters and writes what it can. */
-void psd_conn_flush(psd_conn *c);
-/* Queues a waiter as answerable. */
-void psd_conn_ready(psd_conn *c, psd_waiter *w);
-/* Expires parked pulls past their deadline (called from the tick). */
-void psd_conn_expire(psd_conn *c, double now);
 /* 1 if replies are waiting to be written. */
 static inline int psd_conn_pending(const psd_conn *c) { return ps__outq_pending(&c->out); }
 /* Writes pending output; closes a CLOSING connection once drained. Returns

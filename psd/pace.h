@@ -24,17 +24,47 @@
 #ifndef PSD_PACE_H
 #define PSD_PACE_H
 
-struct psd_server;
-struct psd_conn;
+#include <stdint.h>
 
-/* A worker's connection was bound to its index: bounds its receive buffer
- * to --recv-buffer if pushes are paced. */
-void psd_pace_joined(struct psd_server *srv, struct psd_conn *c);
-/* 1 if c should not be read for now; it is then paused (its read event
- * removed) until psd_pace_resume finds it may go on. */
-int psd_pace_hold(struct psd_server *srv, struct psd_conn *c);
-/* Resumes the paused connections that are no longer ahead. Called after
- * any push progress, and when a connection closes. */
-void psd_pace_resume(struct psd_server *srv);
+/* A worker's connection as pacing sees it (embedded in the connection). */
+typedef struct psd_pace_peer {
+  struct psd_pace_peer *prev, *next; /* pace's list of joined workers */
+  struct psd_pace_peer *resume_next; /* psd_pace_resume's result list */
+  int joined;                        /* on that list */
+  int exempt;                        /* over loopback: never paced nor waited for */
+  int paused;                        /* not read: ahead of the slowest */
+} psd_pace_peer;
+
+/* The connection's accessor: bytes of the current step's Push that p has
+ * delivered and that step, or UINT64_MAX if p is not in a Push. */
+typedef uint64_t psd_pace_progress_fn(const psd_pace_peer *p, uint64_t *step);
+
+typedef struct psd_pace {
+  uint64_t ahead;                 /* --pace-ahead bytes (0: off) */
+  int loopback;                   /* --pace-loopback: pace loopback peers too */
+  int recv_buf;                   /* --recv-buffer for paced connections */
+  int on;                         /* the job is one pacing applies to */
+  uint32_t paused;                /* peers held now */
+  psd_pace_peer *peers;           /* joined workers */
+  psd_pace_progress_fn *progress; /* how far a peer's Push is */
+} psd_pace;
+
+void psd_pace_init(psd_pace *pc, int ahead, int loopback, int recv_buf,
+                   psd_pace_progress_fn *progress);
+/* The job is pinned: pacing applies in sync mode with every worker
+ * aggregated and more than one worker. */
+void psd_pace_pin(psd_pace *pc, int async_mode, uint32_t replicas, uint32_t num_workers);
+/* A worker's connection (socket fd, name for logs) was bound to its index:
+ * bounds its receive buffer to --recv-buffer if pushes are paced. */
+void psd_pace_joined(psd_pace *pc, psd_pace_peer *p, int fd, const char *name);
+/* p's connection closes: it is neither paced nor waited for any more. */
+void psd_pace_left(psd_pace *pc, psd_pace_peer *p);
+/* 1 if p should not be read for now; it is then paused (the caller removes
+ * its read event) until psd_pace_resume hands it back. */
+int psd_pace_hold(psd_pace *pc, psd_pace_peer *p);
+/* Unpauses the paused peers that are no longer ahead and returns them
+ * (linked by resume_next) for the caller to read again. Called after any
+ * push progress, and when a connection closes. */
+psd_pace_peer *psd_pace_resume(psd_pace *pc);
 
 #endif

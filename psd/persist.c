@@ -5,31 +5,28 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "conn.h"
 #include "log.h"
 #include "optimizer.h"
-#include "server.h"
+#include "wire.h"
 
-static int enabled(const psd_server *srv) { return srv->cfg->ckpt_dir[0] != '\0'; }
+static int enabled(const psd_persist *p) { return p->cfg->ckpt_dir[0] != '\0'; }
 
-static uint64_t max_step(const psd_server *srv) {
+static uint64_t max_step(const psd_persist *p) {
   uint64_t m = 0;
-  for (uint32_t i = 0; i < srv->shard.n; i++)
-    if (srv->shard.slices[i]->step > m) m = srv->shard.slices[i]->step;
+  for (uint32_t i = 0; i < p->shard->n; i++)
+    if (p->shard->slices[i]->step > m) m = p->shard->slices[i]->step;
   return m;
 }
 
 /* ---- writing -------------------------------------------------------------- */
 
-static void abort_ckpt(psd_server *srv, const char *why) {
-  psd_persist *p = &srv->persist;
+static void abort_ckpt(psd_persist *p, const char *why) {
   if (!psd_ckpt_active(&p->ck)) return;
   psd_warn("checkpoint at step %" PRIu64 " (%s) abandoned: %s", p->ck.step, p->ck.tmp, why);
   psd_ckpt_abort(&p->ck);
 }
 
-static void capture(psd_server *srv, psd_slice *sl) {
-  psd_persist *p = &srv->persist;
+static void capture(psd_persist *p, psd_slice *sl) {
   if (!psd_ckpt_active(&p->ck) || sl->ck_gen == p->gen || sl->id >= p->ck.nslices) return;
   psd_ckpt_rec r;
   memset(&r, 0, sizeof r);
@@ -46,14 +43,13 @@ static void capture(psd_server *srv, psd_slice *sl) {
   char err[1200];
   if (psd_ckpt_add(&p->ck, &r, err, sizeof err) != 0) {
     psd_error("%s", err);
-    abort_ckpt(srv, "write failed");
+    abort_ckpt(p, "write failed");
     return;
   }
   sl->ck_gen = p->gen;
 }
 
-static void do_stop(psd_server *srv, uint64_t step) {
-  psd_persist *p = &srv->persist;
+static void do_stop(psd_persist *p, uint64_t step) {
   if (p->stopped) return;
   p->stopped = 1;
   p->stop_step = step;
@@ -61,20 +57,19 @@ static void do_stop(psd_server *srv, uint64_t step) {
            "workers to finish",
            step);
   /* Parked pulls would wait for steps that will never come. */
-  for (uint32_t i = 0; i < srv->shard.n; i++) {
-    psd_slice *sl = srv->shard.slices[i];
-    while (sl->waiters) {
-      psd_waiter *w = sl->waiters;
-      psd_slice_unpark(sl, w);
-      psd_conn_ready(w->conn, w);
-    }
-  }
+  p->actions |= PSD_PERSIST_WAKE_ALL;
+}
+
+/* The actions gathered since the last call, for the caller to take. */
+static unsigned take_actions(psd_persist *p) {
+  unsigned a = p->actions;
+  p->actions = 0;
+  return a;
 }
 
 /* Makes the file visible once every slice is in (and the chief agreed).
  * 0 (done, or not yet due), or -1 with err: the file could not be written. */
-static int maybe_finish(psd_server *srv, char *err, size_t errlen) {
-  psd_persist *p = &srv->persist;
+static int maybe_finish(psd_persist *p, char *err, size_t errlen) {
   if (!psd_ckpt_active(&p->ck) || p->ck.written != p->ck.nslices) return 0;
   if (p->negotiated && !p->committed) return 0;
   double t0 = ps__now();
@@ -92,23 +87,22 @@ static int maybe_finish(psd_server *srv, char *err, size_t errlen) {
   p->have_last = 1;
   p->last_at = now;
   p->want_ckpt = 0;
-  psd_ckpt_prune(srv->cfg->ckpt_dir, (uint32_t)srv->cfg->ps_index,
-                 (uint32_t)srv->cfg->num_ps, srv->cfg->ckpt_keep);
-  if (p->stop_after && p->stop_step == step) do_stop(srv, step);
+  psd_ckpt_prune(p->cfg->ckpt_dir, (uint32_t)p->cfg->ps_index,
+                 (uint32_t)p->cfg->num_ps, p->cfg->ckpt_keep);
+  if (p->stop_after && p->stop_step == step) do_stop(p, step);
   return 0;
 }
 
 /* maybe_finish where nobody waits for the answer (it logs failures). */
-static void finish_quietly(psd_server *srv) {
+static void finish_quietly(psd_persist *p) {
   char err[1200];
-  maybe_finish(srv, err, sizeof err);
+  maybe_finish(p, err, sizeof err);
 }
 
 /* Starts a checkpoint at step and captures every slice already there.
  * 0, or -1 with err (a slice is already past step). */
-static int begin(psd_server *srv, uint64_t step, int negotiated, char *err, size_t errlen) {
-  psd_persist *p = &srv->persist;
-  psd_shard *sh = &srv->shard;
+static int begin(psd_persist *p, uint64_t step, int negotiated, char *err, size_t errlen) {
+  psd_shard *sh = p->shard;
   if (!sh->async_mode)
     for (uint32_t i = 0; i < sh->n; i++)
       if (sh->slices[i]->step > step) {
@@ -116,51 +110,53 @@ static int begin(psd_server *srv, uint64_t step, int negotiated, char *err, size
                  sh->slices[i]->step);
         return -1;
       }
-  psd_ckpt_meta m = {(uint32_t)srv->cfg->ps_index, (uint32_t)srv->cfg->num_ps,
-                     srv->num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n};
-  if (psd_ckpt_begin(&p->ck, srv->cfg->ckpt_dir, &m, err, errlen) != 0) return -1;
+  psd_ckpt_meta m = {(uint32_t)p->cfg->ps_index, (uint32_t)p->cfg->num_ps,
+                     p->shard->num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n};
+  if (psd_ckpt_begin(&p->ck, p->cfg->ckpt_dir, &m, err, errlen) != 0) return -1;
   p->gen++;
   p->negotiated = negotiated;
   p->committed = 0;
   for (uint32_t i = 0; i < sh->n; i++)
-    if (sh->async_mode || sh->slices[i]->step == step) capture(srv, sh->slices[i]);
+    if (sh->async_mode || sh->slices[i]->step == step) capture(p, sh->slices[i]);
   return 0;
 }
 
-void psd_persist_slice_advanced(psd_server *srv, psd_slice *sl) {
-  psd_persist *p = &srv->persist;
-  if (!enabled(srv) || !sl->initialized) return;
+static void slice_advanced(psd_persist *p, psd_slice *sl) {
+  if (!enabled(p) || !sl->initialized) return;
   if (psd_ckpt_active(&p->ck) && sl->step == p->ck.step) {
-    capture(srv, sl);
-    finish_quietly(srv);
+    capture(p, sl);
+    finish_quietly(p);
     return;
   }
   if (p->stopped) return; /* the job is over: no more checkpoints */
-  int every = srv->cfg->ckpt_every;
+  int every = p->cfg->ckpt_every;
   if (!every || sl->step == 0 || sl->step % (uint64_t)every != 0) return;
-  if (srv->shard.async_mode && sl->id != 0) return; /* slice 0 paces async ones */
+  if (p->shard->async_mode && sl->id != 0) return; /* slice 0 paces async ones */
   if (p->have_last && p->last_step >= sl->step) return;
   if (psd_ckpt_active(&p->ck)) {
     if (p->ck.step > sl->step) return;
     if (p->negotiated && p->committed) return; /* the chief's goes first */
-    abort_ckpt(srv, "a newer one is due and some slices never reached its step");
+    abort_ckpt(p, "a newer one is due and some slices never reached its step");
   }
   char err[1200];
-  if (begin(srv, sl->step, 0, err, sizeof err) != 0) {
+  if (begin(p, sl->step, 0, err, sizeof err) != 0) {
     psd_warn("cannot checkpoint step %" PRIu64 ": %s", sl->step, err);
     return;
   }
-  finish_quietly(srv);
+  finish_quietly(p);
 }
 
-void psd_persist_request(psd_server *srv, uint64_t step, int stop, int commit,
-                         protobuf_c_boolean *ok, uint64_t *max_out, char *msg,
-                         size_t msglen) {
-  psd_persist *p = &srv->persist;
+unsigned psd_persist_slice_advanced(psd_persist *p, psd_slice *sl) {
+  slice_advanced(p, sl);
+  return take_actions(p);
+}
+
+static void request(psd_persist *p, uint64_t step, int stop, int commit,
+                    protobuf_c_boolean *ok, uint64_t *max_out, char *msg, size_t msglen) {
   *ok = 0;
-  *max_out = max_step(srv);
+  *max_out = max_step(p);
   msg[0] = '\0';
-  if (!enabled(srv)) {
+  if (!enabled(p)) {
     snprintf(msg, msglen, "this server has no --checkpoint-dir");
     return;
   }
@@ -170,14 +166,14 @@ void psd_persist_request(psd_server *srv, uint64_t step, int stop, int commit,
   }
   if (!commit) {
     if (psd_ckpt_active(&p->ck) && p->ck.step != step)
-      abort_ckpt(srv, "the chief chose another step");
+      abort_ckpt(p, "the chief chose another step");
     if (psd_ckpt_active(&p->ck)) {
       /* A --checkpoint-every one at this step: it now waits for the
        * commit like the others, so no ps stops on a step another refused. */
       p->negotiated = 1;
       p->committed = 0;
     } else if (!(p->have_last && p->last_step == step)) {
-      if (begin(srv, step, 1, msg, msglen) != 0) return;
+      if (begin(p, step, 1, msg, msglen) != 0) return;
     }
     p->stop_after = stop;
     p->stop_step = step;
@@ -188,76 +184,80 @@ void psd_persist_request(psd_server *srv, uint64_t step, int stop, int commit,
     p->committed = 1;
     /* Slices still short of the step (backup workers) are written when
      * they get there; the workers learn it from the `stopped` flag. */
-    *ok = maybe_finish(srv, msg, msglen) == 0;
+    *ok = maybe_finish(p, msg, msglen) == 0;
   } else if (p->have_last && p->last_step == step) {
-    if (p->stop_after && p->stop_step == step) do_stop(srv, step);
+    if (p->stop_after && p->stop_step == step) do_stop(p, step);
     *ok = 1;
   } else {
     snprintf(msg, msglen, "no checkpoint at step %" PRIu64 " is prepared here", step);
   }
 }
 
-void psd_persist_chief_left(psd_server *srv) {
-  psd_persist *p = &srv->persist;
-  if (psd_ckpt_active(&p->ck) && p->negotiated && !p->committed)
-    abort_ckpt(srv, "the chief left before committing it");
+unsigned psd_persist_request(psd_persist *p, uint64_t step, int stop, int commit,
+                             protobuf_c_boolean *ok, uint64_t *max_out, char *msg,
+                             size_t msglen) {
+  request(p, step, stop, commit, ok, max_out, msg, msglen);
+  return take_actions(p);
 }
 
-void psd_persist_stop_wanted(psd_server *srv, const char *who) {
-  psd_persist *p = &srv->persist;
+void psd_persist_chief_left(psd_persist *p) {
+  if (psd_ckpt_active(&p->ck) && p->negotiated && !p->committed)
+    abort_ckpt(p, "the chief left before committing it");
+}
+
+void psd_persist_stop_wanted(psd_persist *p, const char *who) {
   if (p->stop_wanted) return;
   p->stop_wanted = 1;
   p->stop_wanted_at = ps__now();
   psd_info("%s asks to stop: checkpointing at the next step all ps agree on, then exiting "
            "(within %.0f s)",
-           who, srv->cfg->stop_timeout_s);
+           who, p->cfg->stop_timeout_s);
 }
 
-void psd_persist_tick(psd_server *srv, double now) {
-  psd_persist *p = &srv->persist;
-  if (!enabled(srv)) return;
-  if (srv->cfg->ckpt_secs > 0 && !p->want_ckpt && srv->pinned &&
-      now - p->last_at >= srv->cfg->ckpt_secs) {
+unsigned psd_persist_tick(psd_persist *p, double now, int pinned) {
+  if (!enabled(p)) return 0;
+  if (p->cfg->ckpt_secs > 0 && !p->want_ckpt && pinned &&
+      now - p->last_at >= p->cfg->ckpt_secs) {
     p->want_ckpt = 1;
     psd_debug("%.0f s since the last checkpoint: asking the chief for one",
               now - p->last_at);
   }
-  if (p->stop_wanted && !p->stopped && now - p->stop_wanted_at >= srv->cfg->stop_timeout_s) {
+  if (p->stop_wanted && !p->stopped && now - p->stop_wanted_at >= p->cfg->stop_timeout_s) {
     if (p->have_last)
       psd_error("no stop checkpoint within %.0f s (is the chief, worker 0, running?); exiting; "
                 "the newest checkpoint written here is step %" PRIu64,
-                srv->cfg->stop_timeout_s, p->last_step);
+                p->cfg->stop_timeout_s, p->last_step);
     else
       psd_error("no stop checkpoint within %.0f s (is the chief, worker 0, running?); exiting "
                 "with no checkpoint written",
-                srv->cfg->stop_timeout_s);
-    abort_ckpt(srv, "stop timeout");
-    psd_server_finish(srv, PSD_EXIT_STOPPED);
+                p->cfg->stop_timeout_s);
+    abort_ckpt(p, "stop timeout");
+    return PSD_PERSIST_EXIT_STOPPED;
   }
+  return 0;
 }
 
-void psd_persist_final(psd_server *srv) {
-  psd_persist *p = &srv->persist;
-  psd_shard *sh = &srv->shard;
-  if (!enabled(srv) || sh->n == 0 || p->stopped) return;
+unsigned psd_persist_final(psd_persist *p) {
+  psd_shard *sh = p->shard;
+  if (!enabled(p) || sh->n == 0 || p->stopped) return 0;
   uint64_t s = sh->slices[0]->step;
   for (uint32_t i = 0; i < sh->n; i++)
-    if (!sh->slices[i]->initialized || (!sh->async_mode && sh->slices[i]->step != s)) return;
-  if (p->have_last && p->last_step == s) return;
-  abort_ckpt(srv, "training ended first");
+    if (!sh->slices[i]->initialized || (!sh->async_mode && sh->slices[i]->step != s)) return 0;
+  if (p->have_last && p->last_step == s) return 0;
+  abort_ckpt(p, "training ended first");
   char err[1200];
-  if (begin(srv, s, 0, err, sizeof err) != 0) {
+  if (begin(p, s, 0, err, sizeof err) != 0) {
     psd_warn("cannot write the final checkpoint: %s", err);
-    return;
+    return 0;
   }
-  finish_quietly(srv);
+  finish_quietly(p);
+  return take_actions(p);
 }
 
-void psd_persist_flags(const psd_server *srv, protobuf_c_boolean *want_ckpt,
+void psd_persist_flags(const psd_persist *p, protobuf_c_boolean *want_ckpt,
                        protobuf_c_boolean *want_stop, uint64_t *stop_step,
                        protobuf_c_boolean *stopped) {
-  const psd_persist *p = &srv->persist;
-  /* Once the chief committed a checkpoint, asking again would only make it
+    /* Once the chief committed a checkpoint, asking again would only make it
    * start another one over the pending one. */
   int pending = psd_ckpt_active(&p->ck) && p->negotiated && p->committed;
   *want_ckpt = p->want_ckpt && !p->stopped && !pending;
@@ -268,13 +268,13 @@ void psd_persist_flags(const psd_server *srv, protobuf_c_boolean *want_ckpt,
 
 /* ---- restoring ------------------------------------------------------------ */
 
-int psd_persist_init(psd_server *srv) {
-  psd_persist *p = &srv->persist;
-  const psd_config *cfg = srv->cfg;
+int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard) {
   memset(p, 0, sizeof *p);
+  p->cfg = cfg;
+  p->shard = shard;
   psd_ckpt_writer_init(&p->ck);
   p->last_at = ps__now();
-  if (!enabled(srv)) return 0;
+  if (!enabled(p)) return 0;
   /* Keep the existing complete checkpoints; remove half-written files. */
   psd_ckpt_prune(cfg->ckpt_dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps, 1 << 30);
   if (cfg->restore == PSD_RESTORE_NONE) {
@@ -303,13 +303,12 @@ int psd_persist_init(psd_server *srv) {
   return 0;
 }
 
-void psd_persist_free(psd_server *srv) {
-  psd_ckpt_abort(&srv->persist.ck);
-  psd_ckpt_image_free(&srv->persist.restore);
+void psd_persist_free(psd_persist *p) {
+  psd_ckpt_abort(&p->ck);
+  psd_ckpt_image_free(&p->restore);
 }
 
-int psd_persist_restore_slice(psd_server *srv, psd_slice *sl, char *err, size_t errlen) {
-  psd_persist *p = &srv->persist;
+int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t errlen) {
   if (!p->restoring || sl->initialized) return 0;
   psd_ckpt_image *img = &p->restore;
   psd_ckpt_rec *r = NULL;

@@ -19,12 +19,20 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "checkpoint.h"
+#include "config.h"
+#include "shard.h"
 
-struct psd_server;
-struct psd_slice;
-struct psd_conn;
+/* What the caller must do after a call (flags, 0: nothing). Persistence
+ * never reaches into connections or the loop itself. */
+enum {
+  PSD_PERSIST_WAKE_ALL = 1,     /* the job stopped: answer every parked pull now */
+  PSD_PERSIST_EXIT_STOPPED = 2, /* no stop checkpoint in time: exit PSD_EXIT_STOPPED */
+};
 
 typedef struct psd_persist {
+  const psd_config *cfg;    /* options (not owned) */
+  psd_shard *shard;         /* the slices to write and restore (not owned) */
+  unsigned actions;         /* PSD_PERSIST_* gathered for the current call */
   psd_ckpt_writer ck;       /* checkpoint being written */
   uint64_t gen;             /* attempt counter: a slice with ck_gen == gen
                                is in the file */
@@ -47,39 +55,41 @@ typedef struct psd_persist {
 
 /* At start: cleans leftover temporary files and loads the checkpoint to
  * restore, if any. 0, or -1 (logged: a damaged or mismatched checkpoint). */
-int psd_persist_init(struct psd_server *srv);
-void psd_persist_free(struct psd_server *srv);
+int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard);
+void psd_persist_free(psd_persist *p);
 
 /* A slice was just created by a registration: fills it from the restored
  * checkpoint. 0, or a PS_E* code with err (the variable is not in the
  * checkpoint, or differs from it). */
-int psd_persist_restore_slice(struct psd_server *srv, struct psd_slice *sl, char *err,
-                              size_t errlen);
+int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t errlen);
 
 /* A slice reached a new step: captures it if a checkpoint wants that step,
- * and starts a --checkpoint-every one. */
-void psd_persist_slice_advanced(struct psd_server *srv, struct psd_slice *sl);
+ * and starts a --checkpoint-every one. Returns PSD_PERSIST_* actions. */
+unsigned psd_persist_slice_advanced(psd_persist *p, psd_slice *sl);
 
-/* The chief's Checkpoint request; fills the reply fields. */
-void psd_persist_request(struct psd_server *srv, uint64_t step, int stop, int commit,
-                         protobuf_c_boolean *ok, uint64_t *max_step, char *msg,
-                         size_t msglen);
+/* The chief's Checkpoint request; fills the reply fields. Returns
+ * PSD_PERSIST_* actions. */
+unsigned psd_persist_request(psd_persist *p, uint64_t step, int stop, int commit,
+                             protobuf_c_boolean *ok, uint64_t *max_step, char *msg,
+                             size_t msglen);
 
 /* The chief's connection closed: drops a checkpoint it prepared but never
  * committed, so later ones are not blocked by it. */
-void psd_persist_chief_left(struct psd_server *srv);
+void psd_persist_chief_left(psd_persist *p);
 
 /* A signal (SIGTERM/SIGUSR1) or a worker (who: "worker 3") asks to stop. */
-void psd_persist_stop_wanted(struct psd_server *srv, const char *who);
+void psd_persist_stop_wanted(psd_persist *p, const char *who);
 
-/* Timers: --checkpoint-secs and the stop timeout. */
-void psd_persist_tick(struct psd_server *srv, double now);
+/* Timers: --checkpoint-secs (once the job is pinned) and the stop
+ * timeout. Returns PSD_PERSIST_* actions. */
+unsigned psd_persist_tick(psd_persist *p, double now, int pinned);
 
-/* Every worker is done: writes a final checkpoint if the last one is older. */
-void psd_persist_final(struct psd_server *srv);
+/* Every worker is done: writes a final checkpoint if the last one is older.
+ * Returns PSD_PERSIST_* actions. */
+unsigned psd_persist_final(psd_persist *p);
 
 /* The state every PushReply/PullReply carries. */
-void psd_persist_flags(const struct psd_server *srv, protobuf_c_boolean *want_ckpt,
+void psd_persist_flags(const psd_persist *p, protobuf_c_boolean *want_ckpt,
                        protobuf_c_boolean *want_stop, uint64_t *stop_step,
                        protobuf_c_boolean *stopped);
 

@@ -1,7 +1,19 @@
 /*
- * server.h - psd's event loop: the listener, the workers' lifecycle
- * (joined, finished, lost), timers (stalls, pull deadlines, grace period)
- * and the decision to exit.
+ * server.h - psd's event loop: the listener, signals, the periodic timer
+ * (connection timeouts, pull deadlines, stalls, checkpoint timers, the
+ * grace period) and exiting.
+ *
+ * Layering of psd's files (a file includes and calls only files below it;
+ * upward calls go through hooks: psd_conn_hooks, psd_handlers.finish, the
+ * shard's detach hook, pace's progress accessor):
+ *
+ *   main.c
+ *   server      loop, listener, signals, timers
+ *   handlers    what each message does (admission via job, pulls via
+ *               waiters, checkpoints via persist, stats via telemetry)
+ *   conn        framing, the HEADER/META/DATA/CLOSING machine, replies out
+ *   waiters  job  persist  pace  telemetry
+ *   shard  checkpoint  optimizer  config  log   (and libpsclient)
  */
 #ifndef PSD_SERVER_H
 #define PSD_SERVER_H
@@ -9,34 +21,17 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "conn.h"
+#include "handlers.h"
+#include "job.h"
+#include "pace.h"
 #include "persist.h"
-#include "ps.pb-c.h"
 #include "shard.h"
 #include "telemetry.h"
+#include "waiters.h"
 
 struct event_base;
 struct event;
-struct psd_conn;
-
-/* Exit statuses, so a launcher can tell why psd ended. */
-enum {
-  PSD_EXIT_OK = 0,           /* every worker finished (or a signal asked) */
-  PSD_EXIT_USAGE = 64,       /* bad command line */
-  PSD_EXIT_STARTUP = 65,     /* could not listen, write the port file, ... */
-  PSD_EXIT_WORKER_LOST = 66, /* a needed worker left and did not come back */
-  PSD_EXIT_NO_WORKERS = 67,  /* not every worker joined before the timeout */
-  PSD_EXIT_STOPPED = 75,     /* stopped on request (SIGTERM/SIGUSR1) after
-                                checkpointing: run it again to resume
-                                (EX_TEMPFAIL: "try again later") */
-};
-
-typedef struct psd_worker {
-  int joined;               /* has ever completed a handshake */
-  int finished;             /* said it is done */
-  int lost;                 /* connection dropped before finishing */
-  struct psd_conn *conn;    /* live connection, or NULL */
-  char peer[64];            /* address it connected from */
-} psd_worker;
 
 typedef struct psd_server {
   psd_config *cfg;             /* options (not owned) */
@@ -47,25 +42,17 @@ typedef struct psd_server {
   struct event *sig_ev[3];     /* SIGTERM, SIGINT, SIGUSR1 */
   psd_shard shard;             /* variables held here */
   psd_telem telem;             /* per-step telemetry (telemetry.c) */
-  int pinned;                  /* workers/replicas/mode/placement agreed */
-  uint32_t num_workers;        /* once pinned */
-  psd_worker *workers;         /* num_workers entries once pinned */
-  uint64_t split_threshold;    /* placement inputs, pinned by first worker */
-  uint64_t max_slice_bytes;
-  struct psd_conn *conns;      /* every open connection */
-  struct psd_conn *dirty;      /* connections with pull replies to build */
-  struct psd_conn *graveyard;  /* closed connections awaiting psd_server_reap */
-  double started_at;           /* monotonic start time */
-  double lost_since;           /* when too many workers were lost (0: not) */
+  psd_job job;                 /* admission, workers' states, exit decision */
+  psd_waiters waiters;         /* parked pulls, deadlines, ready lists */
+  psd_persist persist;         /* checkpoints, restore, stop on request */
+  psd_pace pace;               /* ingress pacing (pace.c) */
+  psd_conns conns;             /* every open connection (conn.c) */
+  psd_handlers h;              /* the message layer's view of the above */
   int exit_code;               /* set when the loop should end */
   int exiting;                 /* draining replies before exit */
   double exiting_since;        /* when draining began */
-  uint64_t logged_step;        /* last step written to the log */
-  uint64_t conn_seq;           /* connection counter, for log names */
   int accept_paused;           /* listener off until the next tick (EMFILE) */
   double accept_warned_at;     /* last "accept failed" log line */
-  psd_persist persist;         /* checkpoints, restore, stop on request */
-  int pace_paused;             /* connections held by ingress pacing (pace.c) */
 } psd_server;
 
 /* Opens the listener (and port file) and sets up the loop. 0 or -1 (logged). */
@@ -74,26 +61,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg);
  * Returns the process exit status. */
 int psd_server_run(psd_server *srv);
 void psd_server_free(psd_server *srv);
-
-/* --- used by conn.c ---------------------------------------------------- */
-
-/* Validates a Hello and binds conn to its worker; 0 or a PS_E* code with err. */
-int psd_server_hello(psd_server *srv, struct psd_conn *c, const Ps__Hello *h, char *err, size_t errlen);
-/* A worker said it is done. */
-void psd_server_worker_finished(psd_server *srv, struct psd_conn *c);
-/* A connection is going away (after its waiters were removed). */
-void psd_server_conn_closed(psd_server *srv, struct psd_conn *c);
-/* A slice advanced: move its satisfied waiters to their connections'
- * ready lists, log every Nth step. */
-void psd_server_slice_advanced(psd_server *srv, psd_slice *sl);
-/* Builds and sends replies for every connection with ready pulls. */
-void psd_server_flush(psd_server *srv);
-/* Frees closed connections; called at the end of every event callback,
- * when nothing up the stack still refers to them. */
-void psd_server_reap(psd_server *srv);
 /* Ends the loop with this exit status once queued replies drain. */
 void psd_server_finish(psd_server *srv, int code);
-/* Marks c as having ready pulls. */
-void psd_server_mark_dirty(psd_server *srv, struct psd_conn *c);
 
 #endif

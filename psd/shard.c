@@ -249,21 +249,3 @@ uint32_t psd_slice_missing(const psd_shard *s, const psd_slice *sl,
     if (sl->pushed[w] != sl->step + 1) missing[n++] = w;
   return n;
 }
-
-void psd_slice_park(psd_slice *sl, psd_waiter *w) {
-  if (w->parked) return;
-  w->prev = NULL;
-  w->next = sl->waiters;
-  if (sl->waiters) sl->waiters->prev = w;
-  sl->waiters = w;
-  w->parked = 1;
-}
-
-void psd_slice_unpark(psd_slice *sl, psd_waiter *w) {
-  if (!w->parked) return;
-  if (w->prev) w->prev->next = w->next;
-  else sl->waiters = w->next;
-  if (w->next) w->next->prev = w->prev;
-  w->prev = w->next = NULL;
-  w->parked = 0;
-}

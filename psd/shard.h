@@ -16,21 +16,6 @@
 
 #include "psclient.h"
 
-struct psd_conn;
-
-/* A parked pull of one slice by one connection; nodes live in the
- * connection's table (one per slice), linked into the slice's list. */
-typedef struct psd_waiter {
-  struct psd_waiter *prev, *next;   /* slice's list of parked pulls */
-  struct psd_waiter *ready_next;    /* connection's list of answerable pulls */
-  struct psd_conn *conn;            /* who asked */
-  uint32_t slice_id;                /* which slice */
-  uint64_t request_id;              /* the Pull it answers */
-  uint64_t min_step;                /* answer once step >= this */
-  double deadline;                  /* monotonic time to give up */
-  int parked;                       /* on the slice's list */
-  int ready;                        /* on the connection's ready list */
-} psd_waiter;
 
 typedef struct psd_slice {
   uint32_t id;             /* index in the shard, used on the wire */
@@ -50,7 +35,6 @@ typedef struct psd_slice {
   uint64_t *pushed;        /* per worker: step+1 of its last accepted push */
   double first_grad_at;    /* when this step's first gradient came */
   double stall_logged_at;  /* last stall log line for this step */
-  psd_waiter *waiters;     /* parked pulls (doubly linked) */
   uint32_t readers;        /* queued replies sending param in place */
   uint64_t ck_gen;         /* checkpoint attempt that holds it (persist.c) */
   struct psd_slice *hnext; /* hash chain by (name, offset) */
@@ -102,9 +86,5 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
  * missing[0..n) and returns n. */
 uint32_t psd_slice_missing(const psd_shard *s, const psd_slice *sl,
                            uint32_t *missing, uint32_t cap);
-
-/* Parks w on sl's list / removes it. */
-void psd_slice_park(psd_slice *sl, psd_waiter *w);
-void psd_slice_unpark(psd_slice *sl, psd_waiter *w);
 
 #endif

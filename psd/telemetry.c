@@ -8,14 +8,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "conn.h"
-#include "server.h"
-
-static double unix_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+#include "wire.h"
 
 int psd_telem_init(psd_telem *t, int ps_index, int num_ps, const char *path, char *err,
                    size_t errlen) {
@@ -23,7 +16,7 @@ int psd_telem_init(psd_telem *t, int ps_index, int num_ps, const char *path, cha
   t->ps_index = ps_index;
   t->num_ps = (uint32_t)num_ps;
   t->mono0 = ps__now();
-  t->unix0 = unix_now();
+  t->unix0 = ps__unix_now();
   t->off = path && strcmp(path, "off") == 0;
   if (path && *path && !t->off && !(t->file = fopen(path, "w"))) {
     snprintf(err, errlen, "cannot write --telemetry %s: %s", path, strerror(errno));
@@ -207,10 +200,6 @@ static double agg_percentile(const psd_telem *t, double p) {
   return r;
 }
 
-static const char *worker_state(const psd_worker *w) {
-  return w->conn ? "connected" : w->finished ? "finished" : w->lost ? "lost" : "absent";
-}
-
 /* The worker most often last, or -1. */
 static int straggler(const psd_telem *t) {
   int best = -1;
@@ -228,10 +217,10 @@ static void human_bytes(uint64_t b, char *buf, size_t len) {
   else snprintf(buf, len, "%llu B", (unsigned long long)b);
 }
 
-void psd_telem_print_summary(psd_telem *t, const psd_server *srv, FILE *f) {
+void psd_telem_print_summary(psd_telem *t, const psd_telem_view *v, FILE *f) {
   psd_telem_close_all(t);
   fprintf(f, "== psd telemetry summary: ps%d of %d, %u workers, %llu steps ==\n",
-          t->ps_index, srv->cfg->num_ps, t->num_workers, (unsigned long long)t->closed);
+          t->ps_index, (int)t->num_ps, t->num_workers, (unsigned long long)t->closed);
   if (!t->num_workers) {
     fprintf(f, "no worker joined\n");
     fflush(f);
@@ -255,11 +244,11 @@ void psd_telem_print_summary(psd_telem *t, const psd_server *srv, FILE *f) {
               rank, (unsigned long long)s->steps, s->step_p50_ms, s->step_p95_ms,
               s->compute_p50_ms, s->push_p50_ms, s->wait_p50_ms, s->pull_p50_ms,
               (unsigned long long)s->stale_steps, lastp, lag,
-              worker_state(&srv->workers[w]));
+              psd_job_worker_state(v->job, w));
     else
       fprintf(f, "%-6s %7llu %9s %9s | %9s %9s %9s %9s | %6s %6.1f %9.3f %9s\n", rank,
               (unsigned long long)wk->pushes, "-", "-", "-", "-", "-", "-", "-", lastp, lag,
-              worker_state(&srv->workers[w]));
+              psd_job_worker_state(v->job, w));
   }
   /* Bytes per ps shard, as the workers counted them (every ps). */
   uint64_t *in = calloc((size_t)t->num_ps * 2 + 1, sizeof *in);
@@ -303,33 +292,33 @@ void psd_telem_print_summary(psd_telem *t, const psd_server *srv, FILE *f) {
     fprintf(f, "straggler: none (no step had two arrivals)\n");
   }
   fprintf(f, "stale gradients dropped: %llu (at ps%d)\n",
-          (unsigned long long)srv->shard.stale_dropped, t->ps_index);
+          (unsigned long long)v->shard->stale_dropped, t->ps_index);
   fprintf(f, "aggregation + optimizer per step at ps%d: p50 %.3f ms, p95 %.3f ms\n",
           t->ps_index, agg_percentile(t, 50), agg_percentile(t, 95));
   fflush(f);
 }
 
-int psd_telem_stats(psd_telem *t, const psd_server *srv, Ps__StatsReply *r) {
+int psd_telem_stats(psd_telem *t, const psd_telem_view *v, Ps__StatsReply *r) {
   ps__stats_reply__init(r);
-  const psd_config *cfg = srv->cfg;
-  r->ps_index = (uint32_t)cfg->ps_index;
-  r->num_ps = (uint32_t)cfg->num_ps;
-  r->num_workers = srv->num_workers;
-  r->replicas_to_aggregate = srv->pinned ? srv->shard.replicas : 0;
-  r->async_mode = srv->pinned && srv->shard.async_mode;
-  r->server_id = (char *)cfg->name;
-  r->uptime_s = ps__now() - srv->started_at;
+  const psd_shard *sh = v->shard;
+  r->ps_index = (uint32_t)t->ps_index;
+  r->num_ps = t->num_ps;
+  r->num_workers = v->job->num_workers;
+  r->replicas_to_aggregate = v->job->pinned ? sh->replicas : 0;
+  r->async_mode = v->job->pinned && sh->async_mode;
+  r->server_id = (char *)v->server_id;
+  r->uptime_s = v->uptime_s;
   uint64_t lo = UINT64_MAX, hi = 0;
-  for (uint32_t i = 0; i < srv->shard.n; i++) {
-    uint64_t s = srv->shard.slices[i]->step;
+  for (uint32_t i = 0; i < sh->n; i++) {
+    uint64_t s = sh->slices[i]->step;
     if (s < lo) lo = s;
     if (s > hi) hi = s;
   }
-  r->step = srv->shard.n ? lo : 0;
+  r->step = sh->n ? lo : 0;
   r->max_step = hi;
-  r->slices = srv->shard.n;
-  r->bytes_held = srv->shard.bytes_held;
-  r->stale_dropped = srv->shard.stale_dropped;
+  r->slices = sh->n;
+  r->bytes_held = sh->bytes_held;
+  r->stale_dropped = sh->stale_dropped;
   r->steps_recorded = t->closed;
   r->agg_ms_p50 = agg_percentile(t, 50);
   if (!t->num_workers) return 0;
@@ -344,7 +333,7 @@ int psd_telem_stats(psd_telem *t, const psd_server *srv, Ps__StatsReply *r) {
     const psd_telem_worker *k = &t->workers[w];
     ps__worker_stats__init(&ws[w]);
     ws[w].worker = w;
-    ws[w].state = (char *)worker_state(&srv->workers[w]);
+    ws[w].state = (char *)psd_job_worker_state(v->job, w);
     ws[w].pushes = k->pushes;
     ws[w].last_count = k->last_count;
     ws[w].waited_for_ms = k->waited_for * 1e3;

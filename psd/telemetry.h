@@ -13,9 +13,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "job.h"
 #include "ps.pb-c.h"
-
-struct psd_server;
+#include "shard.h"
 
 /* Steps whose arrivals are still being collected: a step is closed (and
  * written) once a step this many ahead begins, so workers up to 63 steps
@@ -90,11 +90,19 @@ void psd_telem_finish(psd_telem *t, int w, const Ps__WorkerSummary *s);
 /* Closes every open step (end of the run). */
 void psd_telem_close_all(psd_telem *t);
 
-/* The end-of-run table (text) for srv, to f. */
-void psd_telem_print_summary(psd_telem *t, const struct psd_server *srv, FILE *f);
+/* What the summary and Stats report besides telemetry's own numbers. */
+typedef struct psd_telem_view {
+  const char *server_id;    /* --name */
+  double uptime_s;          /* seconds since psd started */
+  const psd_job *job;       /* workers and their states */
+  const psd_shard *shard;   /* steps, slices, bytes held, stale gradients */
+} psd_telem_view;
+
+/* The end-of-run table (text), to f. */
+void psd_telem_print_summary(psd_telem *t, const psd_telem_view *v, FILE *f);
 /* Fills r (whose workers array is allocated here: free it with
- * psd_telem_stats_free) with srv's counters. 0 or PS_ENOMEM. */
-int psd_telem_stats(psd_telem *t, const struct psd_server *srv, Ps__StatsReply *r);
+ * psd_telem_stats_free) with the counters. 0 or PS_ENOMEM. */
+int psd_telem_stats(psd_telem *t, const psd_telem_view *v, Ps__StatsReply *r);
 void psd_telem_stats_free(Ps__StatsReply *r);
 
 #endif

@@ -36,6 +36,7 @@ Suite *suite_persist(void);
 Suite *suite_soak(void);
 Suite *suite_telemetry(void);
 Suite *suite_pace(void);
+Suite *suite_waiters(void);
 Suite *suite_cuda_ops(void);
 Suite *suite_prefetch(void);
 

@@ -1,5 +1,5 @@
 /*
- * fuzz_handshake - the Hello checks and pinning (psd_server_hello) and what
+ * fuzz_handshake - the Hello checks and pinning (psd_job_hello) and what
  * an accepted handshake unlocks, against an in-process psd like fuzz_conn's
  * (2 workers; see fuzz_server.h), but one that requires a shared secret and
  * is made afresh for every input.

@@ -100,13 +100,13 @@ static int server_spent(void) {
   const psd_server *s = &g_srv;
   if (g_fresh || s->exiting || g_inputs >= FUZZ_INPUTS_PER_SERVER) return 1;
   if (s->shard.n > FUZZ_MAX_SLICES || s->shard.bytes_held > FUZZ_MAX_HELD) return 1;
-  if (!s->pinned) return 0;
-  if (s->num_workers != FUZZ_WORKERS || s->shard.replicas != FUZZ_WORKERS ||
-      s->shard.async_mode || s->split_threshold != PS__DEFAULT_SPLIT_THRESHOLD ||
-      s->max_slice_bytes != PS__DEFAULT_MAX_SLICE_BYTES)
+  if (!s->job.pinned) return 0;
+  if (s->job.num_workers != FUZZ_WORKERS || s->shard.replicas != FUZZ_WORKERS ||
+      s->shard.async_mode || s->job.split_threshold != PS__DEFAULT_SPLIT_THRESHOLD ||
+      s->job.max_slice_bytes != PS__DEFAULT_MAX_SLICE_BYTES)
     return 1;
-  for (uint32_t w = 0; w < s->num_workers; w++)
-    if (s->workers[w].finished) return 1;
+  for (uint32_t w = 0; w < s->job.num_workers; w++)
+    if (s->job.workers[w].finished) return 1;
   return 0;
 }
 
@@ -286,7 +286,7 @@ static void reply_bytes(reply_parser *p, const uint8_t *d, size_t n) {
  * or other placement inputs run the same way every time. */
 static int hello_conflicts_with_pin(const uint8_t *d, size_t n) {
   const psd_server *s = &g_srv;
-  if (!g_up || !s->pinned || n < PS__HEADER_SIZE) return 0;
+  if (!g_up || !s->job.pinned || n < PS__HEADER_SIZE) return 0;
   ps__frame_header h;
   char err[256];
   if (ps__header_decode(d, 0, &h, err, sizeof err) != 0 || h.type != PS__MSG_HELLO ||
@@ -300,9 +300,9 @@ static int hello_conflicts_with_pin(const uint8_t *d, size_t n) {
   uint64_t split = m->split_threshold ? m->split_threshold : PS__DEFAULT_SPLIT_THRESHOLD;
   uint64_t maxs = m->max_slice_bytes ? m->max_slice_bytes & ~(uint64_t)3
                                      : PS__DEFAULT_MAX_SLICE_BYTES;
-  int differs = m->num_workers != s->num_workers || r != s->shard.replicas ||
-                !m->async_mode != !s->shard.async_mode || split != s->split_threshold ||
-                maxs != s->max_slice_bytes;
+  int differs = m->num_workers != s->job.num_workers || r != s->shard.replicas ||
+                !m->async_mode != !s->shard.async_mode || split != s->job.split_threshold ||
+                maxs != s->job.max_slice_bytes;
   ps__hello__free_unpacked(m, NULL);
   return differs;
 }
@@ -444,7 +444,7 @@ void fuzz_server_run(const uint8_t *const *streams, const size_t *sizes, unsigne
     }
     char peer[32];
     snprintf(peer, sizeof peer, "fuzz:%u", i);
-    if (!psd_conn_new(&g_srv, sv[0], peer)) {
+    if (!psd_conn_new(&g_srv.conns, sv[0], peer)) {
       fprintf(stderr, "fuzz: psd_conn_new failed\n");
       abort();
     }

@@ -1,0 +1,639 @@
+/* handlers.c - what psd does with each message (see handlers.h). */
+#include "handlers.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "optimizer.h"
+
+/* ---- the job's lifecycle ------------------------------------------------- */
+
+void psd_handlers_act(psd_handlers *h, unsigned actions) {
+  /* Parked pulls would wait for steps that will never come. */
+  if (actions & PSD_PERSIST_WAKE_ALL) psd_waiters_wake_all(h->waiters);
+  if (actions & PSD_PERSIST_EXIT_STOPPED) h->finish(h->loop, PSD_EXIT_STOPPED);
+}
+
+/* Acts on the exit decision after a worker's state changed. */
+static void check_done(psd_handlers *h) {
+  if (h->exiting) return;
+  const psd_persist *p = h->persist;
+  psd_job_stop st = {p->stop_wanted, p->stopped, p->stop_step};
+  int code = psd_job_check(h->job, &st);
+  if (code == PSD_JOB_GO_ON) return;
+  if (code == PSD_EXIT_OK) {
+    psd_handlers_act(h, psd_persist_final(h->persist));
+    psd_job_say_done(h->job);
+  }
+  h->finish(h->loop, code);
+}
+
+/* Shard hook: queued replies still send sl's parameters in place, and an
+ * update is about to change them: give those replies their own copy. */
+static void detach_slice(void *ctx, psd_slice *sl) {
+  psd_handlers *h = ctx;
+  for (psd_conn *c = h->conns->head; c && sl->readers > 0; c = c->next)
+    if (ps__outq_detach(&c->out, sl) < 0)
+      psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory copying a reply");
+}
+
+/* The first worker's Hello pins the job: size everything per worker. */
+static int pin(psd_handlers *h, const psd_job_terms *t) {
+  if (psd_job_pin(h->job, t) != 0) return PS_ENOMEM;
+  if (psd_telem_pin(h->telem, t->num_workers) != 0) {
+    psd_job_unpin(h->job);
+    return PS_ENOMEM;
+  }
+  psd_shard_init(h->shard, t->num_workers, t->replicas, t->async_mode);
+  h->shard->detach = detach_slice;
+  h->shard->detach_ctx = h;
+  psd_pace_pin(h->pace, t->async_mode, t->replicas, t->num_workers);
+  return 0;
+}
+
+/* Admits a Hello (job.c decides) and binds c to its worker. 0 or a PS_E*
+ * code with err. */
+static int hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m, char *err, size_t errlen) {
+  psd_job_terms t;
+  int rc = psd_job_hello(h->job, m, &t, err, errlen);
+  if (rc) return rc;
+  if (t.admin) {
+    c->admin = 1; /* psctl: authenticated, may ask for Stats and nothing else */
+    return 0;
+  }
+  if (t.pin && pin(h, &t) != 0) {
+    snprintf(err, errlen, "out of memory");
+    return PS_ENOMEM;
+  }
+  int rejoin = psd_job_join(h->job, t.worker, c->peer);
+  c->worker = (int)t.worker;
+  snprintf(c->name, sizeof c->name, "w%u", t.worker);
+  psd_pace_joined(h->pace, &c->pace, c->fd, c->name);
+  psd_info("worker %u %s from %s%s%s", t.worker, rejoin ? "rejoined" : "joined", c->peer,
+           m->client_id && m->client_id[0] ? " " : "", m->client_id ? m->client_id : "");
+  if (rejoin) check_done(h);
+  return 0;
+}
+
+static void worker_finished(psd_handlers *h, psd_conn *c) {
+  psd_job_finished(h->job, (uint32_t)c->worker);
+  check_done(h);
+}
+
+uint64_t psd_handlers_step(const psd_handlers *h) {
+  uint64_t s = UINT64_MAX;
+  for (uint32_t i = 0; i < h->shard->n; i++)
+    if (h->shard->slices[i]->step < s) s = h->shard->slices[i]->step;
+  return s == UINT64_MAX ? 0 : s;
+}
+
+/* conn.c hook: c is closing. */
+static void conn_closed(void *ctx, psd_conn *c) {
+  psd_handlers *h = ctx;
+  psd_waitset_free(h->waiters, &c->waits);
+  psd_pace_left(h->pace, &c->pace);
+  if (c->worker < 0 || !h->job->pinned || !h->job->workers[c->worker].connected) return;
+  if (c->worker == 0) psd_persist_chief_left(h->persist);
+  psd_job_left(h->job, (uint32_t)c->worker, c->finished, psd_handlers_step(h));
+  if (!c->finished) check_done(h);
+}
+
+/* A slice advanced: persistence may capture it, its waiters wake, every
+ * Nth step is logged. */
+static void slice_advanced(psd_handlers *h, psd_slice *sl) {
+  psd_handlers_act(h, psd_persist_slice_advanced(h->persist, sl));
+  psd_waiters_wake(h->waiters, sl->id, sl->step);
+  if (sl->id == 0 && sl->step > 0 && sl->step % (uint64_t)h->cfg->log_every == 0 &&
+      sl->step != h->logged_step) {
+    h->logged_step = sl->step;
+    psd_info("step %llu applied (%u of %u workers connected, %llu stale gradients dropped)",
+             (unsigned long long)sl->step, psd_job_live(h->job), h->job->num_workers,
+             (unsigned long long)h->shard->stale_dropped);
+  }
+}
+
+/* Ensures c's per-slice tables cover every slice the shard has. */
+static int reserve(psd_handlers *h, psd_conn *c) {
+  uint32_t n = h->shard->n;
+  if (psd_waitset_reserve(h->waiters, &c->waits, n) != 0) return -1;
+  return psd_conn_reserve(c, n);
+}
+
+/* ---- pull replies --------------------------------------------------------------- */
+
+static void flush_conn(psd_handlers *h, psd_conn *c) {
+  if (c->dead) return;
+  psd_shard *sh = h->shard;
+  psd_waiter *w = psd_waitset_take_ready(&c->waits);
+  while (w) {
+    /* One PullReply per run of waiters of the same request (at most one
+     * waiter per slice, so reply_cap entries always suffice), split so no
+     * frame carries more than PS__MAX_DATA. */
+    uint64_t req = w->request_id;
+    size_t n = 0;
+    uint64_t bytes = 0;
+    while (w && w->request_id == req && n < c->reply_cap && n < PS__MAX_ITEMS_PER_FRAME) {
+      psd_slice *sl = sh->slices[w->slice_id];
+      if (n && bytes + sl->length * sizeof(float) > PS__MAX_DATA) break; /* next frame */
+      bytes += sl->length * sizeof(float);
+      Ps__Item *it = &c->reply_items[n];
+      ps__item__init(it);
+      it->slice_id = sl->id;
+      it->count = sl->length;
+      it->step = sl->step;
+      c->reply_ptrs[n] = it;
+      c->reply_data[n] = sl->param;
+      c->reply_count[n] = sl->length;
+      c->reply_refs[n] = sl;
+      n++;
+      psd_waiter *next = w->ready_next;
+      psd_waiter_answered(w);
+      w = next;
+    }
+    Ps__PullReply r = PS__PULL_REPLY__INIT;
+    r.request_id = req;
+    r.n_items = n;
+    r.items = c->reply_ptrs;
+    psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+    if (psd_conn_send(c, PS__MSG_PULL_REPLY, &r.base, c->reply_data, c->reply_count,
+                   c->reply_refs, n) != 0) {
+      psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory building a pull reply");
+      return;
+    }
+    psd_telem_sent(h->telem, c->worker, bytes);
+  }
+}
+
+void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w) {
+  psd_handlers *h = ctx;
+  psd_conn *c = set->owner;
+  const psd_slice *sl = h->shard->slices[w->slice_id];
+  psd_conn_error(c, w->request_id, PS_ETIMEDOUT, 0,
+                 "pull of '%s' for step >= %llu timed out (the slice is at step %llu)",
+                 sl->name, (unsigned long long)w->min_step, (unsigned long long)sl->step);
+}
+
+/* ---- messages ------------------------------------------------------------ */
+
+#define UNPACK(T, fn)                                                         \
+  T *m = fn(&c->alloc, c->hdr.meta_len, meta);                                \
+  if (!m) {                                                                   \
+    psd_conn_error(c, 0, PS_EPROTO, 1, "malformed %s message (%u bytes)",     \
+                   ps__msg_name(c->hdr.type), c->hdr.meta_len);               \
+    return -1;                                                                \
+  }
+
+static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Hello, ps__hello__unpack);
+  char err[512];
+  int rc = hello(h, c, m, err, sizeof err);
+  if (rc != 0) {
+    psd_conn_error(c, 0, rc, 1, "%s", err);
+    return -1;
+  }
+  c->handshaken = 1;
+  Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+  r.protocol_version = PS__PROTOCOL_VERSION;
+  r.ps_index = (uint32_t)h->cfg->ps_index;
+  r.num_ps = (uint32_t)h->cfg->num_ps;
+  r.num_workers = h->job->num_workers;
+  r.replicas_to_aggregate = h->shard->replicas;
+  r.async_mode = h->shard->async_mode;
+  r.server_id = (char *)h->cfg->name;
+  r.checkpoints = h->cfg->ckpt_dir[0] != '\0';
+  psd_conn_send(c, PS__MSG_HELLO_REPLY, &r.base, NULL, NULL, NULL, 0);
+  return 0;
+}
+
+static void opt_from_msg(const Ps__Optimizer *o, ps_optimizer *out) {
+  memset(out, 0, sizeof *out);
+  if (!o) {
+    ps_optimizer_default(out, 0.01);
+    return;
+  }
+  out->kind = (ps_opt_kind)o->kind;
+  out->lr = o->lr;
+  out->momentum = o->momentum;
+  out->nesterov = o->nesterov;
+  out->beta1 = o->beta1;
+  out->beta2 = o->beta2;
+  out->epsilon = o->epsilon;
+  out->decay = (ps_lr_decay)o->decay;
+  out->decay_rate = o->decay_rate;
+  out->decay_steps = o->decay_steps;
+  out->weight_decay = o->weight_decay;
+}
+
+static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Register, ps__register__unpack);
+  Ps__SliceState *states = NULL;
+  Ps__SliceState **sptrs = NULL;
+  if (m->n_slices) {
+    states = calloc(m->n_slices, sizeof *states);
+    sptrs = calloc(m->n_slices, sizeof *sptrs);
+    if (!states || !sptrs) {
+      free(states);
+      free(sptrs);
+      psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory");
+      return 0;
+    }
+  }
+  char err[512];
+  int rc = 0;
+  for (size_t i = 0; i < m->n_slices && rc == 0; i++) {
+    const Ps__SliceSpec *sp = m->slices[i];
+    const char *name = sp->name ? sp->name : "";
+    uint64_t numel = 1;
+    rc = PS_EINVAL;
+    if (!name[0] || strlen(name) > PS_MAX_NAME)
+      snprintf(err, sizeof err, "variable name must be 1 to %d bytes", PS_MAX_NAME);
+    else if (sp->dtype != 1)
+      snprintf(err, sizeof err, "variable '%s': dtype %u is not supported (only 1 = float32)",
+               name, sp->dtype);
+    else if (sp->n_shape < 1 || sp->n_shape > PS_MAX_DIMS)
+      snprintf(err, sizeof err, "variable '%s': %zu dimensions (must be 1 to %d)", name,
+               sp->n_shape, PS_MAX_DIMS);
+    else
+      rc = 0;
+    for (size_t d = 0; rc == 0 && d < sp->n_shape; d++)
+      if (sp->shape[d] == 0 || ps__mul_u64(numel, sp->shape[d], &numel)) {
+        snprintf(err, sizeof err, "variable '%s': dimension %zu is zero or the size overflows",
+                 name, d);
+        rc = PS_ESHAPE;
+      }
+    if (rc == 0 && sp->length > PS__MAX_SLICE_BYTES / sizeof(float)) {
+      snprintf(err, sizeof err,
+               "variable '%s': slice of %llu elements exceeds the %llu-byte slice limit", name,
+               (unsigned long long)sp->length, (unsigned long long)PS__MAX_SLICE_BYTES);
+      rc = PS_ETOOBIG;
+    }
+    if (rc == 0)
+      rc = ps__placement_check((uint32_t)h->cfg->num_ps, (uint32_t)h->cfg->ps_index,
+                               h->job->split_threshold, h->job->max_slice_bytes, numel,
+                               sp->offset, sp->length, err, sizeof err);
+    ps_optimizer opt;
+    opt_from_msg(sp->optimizer, &opt);
+    if (rc == 0) {
+      char e2[400];
+      rc = psd_opt_validate(&opt, e2, sizeof e2);
+      if (rc) snprintf(err, sizeof err, "variable '%s': %s", name, e2);
+    }
+    if (rc == 0) {
+      uint64_t need = sp->length * sizeof(float) * (2 + psd_opt_state_per_elem(&opt));
+      if ((double)(h->shard->bytes_alloc + need) > h->cfg->max_memory) {
+        snprintf(err, sizeof err,
+                 "variable '%s': %llu more bytes would take this server past --max-memory "
+                 "(%.0f bytes)",
+                 name, (unsigned long long)need, h->cfg->max_memory);
+        rc = PS_ETOOBIG;
+      }
+    }
+    if (rc == 0 && h->shard->n >= PS__MAX_SLICES) {
+      snprintf(err, sizeof err, "this server already holds %u slices (the limit)",
+               PS__MAX_SLICES);
+      rc = PS_ETOOBIG;
+    }
+    psd_slice *sl = NULL;
+    if (rc == 0)
+      rc = psd_shard_register(h->shard, name, (uint32_t)sp->n_shape, sp->shape,
+                              sp->offset, sp->length, &opt, &sl, err, sizeof err);
+    if (rc == 0) rc = psd_persist_restore_slice(h->persist, sl, err, sizeof err);
+    if (rc == 0) {
+      ps__slice_state__init(&states[i]);
+      states[i].slice_id = sl->id;
+      states[i].initialized = sl->initialized;
+      states[i].step = sl->step;
+      sptrs[i] = &states[i];
+    }
+  }
+  if (rc == 0 && reserve(h, c) != 0) {
+    rc = PS_ENOMEM;
+    snprintf(err, sizeof err, "out of memory");
+  }
+  if (rc != 0) {
+    psd_conn_error(c, m->request_id, rc, 0, "%s", err);
+  } else {
+    Ps__RegisterReply r = PS__REGISTER_REPLY__INIT;
+    r.request_id = m->request_id;
+    r.n_slices = m->n_slices;
+    r.slices = sptrs;
+    psd_conn_send(c, PS__MSG_REGISTER_REPLY, &r.base, NULL, NULL, NULL, 0);
+  }
+  free(states);
+  free(sptrs);
+  return 0;
+}
+
+/* Checks the items of a Push/Init against the shard and the data length,
+ * then enters DATA. */
+static int begin_data(psd_handlers *h, psd_conn *c, uint64_t req, uint64_t step,
+                      Ps__Item **items, size_t n) {
+  psd_shard *sh = h->shard;
+  uint64_t total = 0, maxlen = 0;
+  if (n > sh->n) {
+    psd_conn_error(c, req, PS_EPROTO, 1, "%s with %zu items but only %u slices exist",
+                   ps__msg_name(c->hdr.type), n, sh->n);
+    return -1;
+  }
+  if (reserve(h, c) != 0) {
+    psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory");
+    return -1;
+  }
+  psd_conn_seen_begin(c);
+  for (size_t i = 0; i < n; i++) {
+    const Ps__Item *it = items[i];
+    if (it->slice_id >= sh->n) {
+      psd_conn_error(c, req, PS_ENOTFOUND, 1, "%s names unknown slice id %u",
+                     ps__msg_name(c->hdr.type), it->slice_id);
+      return -1;
+    }
+    psd_slice *sl = sh->slices[it->slice_id];
+    if (psd_conn_seen_twice(c, it->slice_id)) {
+      psd_conn_error(c, req, PS_EPROTO, 1, "%s lists slice %u of '%s' twice",
+                     ps__msg_name(c->hdr.type), it->slice_id, sl->name);
+      return -1;
+    }
+    if (it->n_rows || it->row_width) {
+      psd_conn_error(c, req, PS_EUNSUPPORTED, 1,
+                     "row-sparse update of '%s' is not supported by this server", sl->name);
+      return -1;
+    }
+    if (it->count != sl->length) {
+      psd_conn_error(c, req, PS_ESHAPE, 1,
+                     "%s of '%s' (slice at %llu) carries %llu values, the slice has %llu",
+                     ps__msg_name(c->hdr.type), sl->name, (unsigned long long)sl->offset,
+                     (unsigned long long)it->count, (unsigned long long)sl->length);
+      return -1;
+    }
+    total += it->count; /* each <= 16M, n <= 1M: no overflow */
+    if (it->count > maxlen) maxlen = it->count;
+  }
+  if (total * sizeof(float) != c->hdr.data_len) {
+    psd_conn_error(c, req, PS_EPROTO, 1,
+                   "%s items add up to %llu bytes but the frame carries %llu",
+                   ps__msg_name(c->hdr.type), (unsigned long long)(total * sizeof(float)),
+                   (unsigned long long)c->hdr.data_len);
+    return -1;
+  }
+  if (maxlen > c->stage_cap) {
+    float *ns = NULL;
+    if (posix_memalign((void **)&ns, 64, maxlen * sizeof(float)) != 0) {
+      psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory for a %llu-value slice",
+                     (unsigned long long)maxlen);
+      return -1;
+    }
+    free(c->stage);
+    c->stage = ns;
+    c->stage_cap = maxlen;
+  }
+  c->items = items;
+  c->n_items = n;
+  c->item = 0;
+  c->item_got = 0;
+  if (step != c->data_step || c->hdr.type != PS__MSG_PUSH) c->pace_done = 0;
+  c->data_step = step;
+  c->data_req = req;
+  c->state = PSD_CONN_DATA;
+  return 0;
+}
+
+static int handle_push(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Push, ps__push__unpack);
+  if (c->worker < 0) {
+    psd_conn_error(c, m->request_id, PS_ESTATE, 1, "PUSH from a connection that is not a worker");
+    return -1;
+  }
+  if (c->finished) {
+    psd_conn_error(c, m->request_id, PS_ESTATE, 1, "PUSH after FINISH");
+    return -1;
+  }
+  if (reserve(h, c) != 0) {
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
+    return -1;
+  }
+  if (m->want_stop && h->cfg->ckpt_dir[0] && h->job->pinned) {
+    char who[32];
+    snprintf(who, sizeof who, "worker %d", c->worker);
+    psd_persist_stop_wanted(h->persist, who);
+  }
+  return begin_data(h, c, m->request_id, m->step, m->items, m->n_items);
+}
+
+static int handle_init(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Init, ps__init__unpack);
+  if (c->worker != 0) {
+    psd_conn_error(c, m->request_id, PS_ESTATE, 1,
+                   "INIT from %s: only the chief (worker 0) initializes variables", c->name);
+    return -1;
+  }
+  return begin_data(h, c, m->request_id, 0, m->items, m->n_items);
+}
+
+static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Pull, ps__pull__unpack);
+  psd_shard *sh = h->shard;
+  if (c->worker < 0) {
+    psd_conn_error(c, m->request_id, PS_ESTATE, 1, "PULL from a connection that is not a worker");
+    return -1;
+  }
+  if (reserve(h, c) != 0) {
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
+    return -1;
+  }
+  psd_conn_seen_begin(c);
+  for (size_t i = 0; i < m->n_slice_ids; i++) {
+    uint32_t id = m->slice_ids[i];
+    if (id >= sh->n) {
+      psd_conn_error(c, m->request_id, PS_ENOTFOUND, 1, "PULL names unknown slice id %u", id);
+      return -1;
+    }
+    if (psd_conn_seen_twice(c, id)) {
+      psd_conn_error(c, m->request_id, PS_EPROTO, 1, "PULL lists slice %u of '%s' twice", id,
+                     sh->slices[id]->name);
+      return -1;
+    }
+    if (psd_waitset_busy(&c->waits, id)) {
+      psd_conn_error(c, m->request_id, PS_EBUSY, 0,
+                     "a pull of '%s' is already being answered on this connection",
+                     sh->slices[id]->name);
+      return 0;
+    }
+  }
+  double now = ps__now();
+  double timeout = m->timeout_ms ? m->timeout_ms / 1000.0 : h->cfg->pull_timeout_s;
+  for (size_t i = 0; i < m->n_slice_ids; i++) {
+    uint32_t id = m->slice_ids[i];
+    psd_slice *sl = sh->slices[id];
+    /* Once the job stops, every pull is answered at once (flagged). */
+    int now_ok = sl->initialized && (sl->step >= m->min_step || h->persist->stopped);
+    if (psd_waiters_pull(h->waiters, &c->waits, id, m->request_id, m->min_step,
+                         now + timeout, now_ok) != 0) {
+      psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
+      return -1;
+    }
+  }
+  if (m->n_slice_ids == 0) {
+    Ps__PullReply r = PS__PULL_REPLY__INIT;
+    r.request_id = m->request_id;
+    psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+    psd_conn_send(c, PS__MSG_PULL_REPLY, &r.base, NULL, NULL, NULL, 0);
+  }
+  return 0;
+}
+
+static int handle_finish(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Finish, ps__finish__unpack);
+  if (c->worker < 0) {
+    psd_conn_error(c, m->request_id, PS_ESTATE, 1, "FINISH from a connection that is not a worker");
+    return -1;
+  }
+  Ps__Ack a = PS__ACK__INIT;
+  a.request_id = m->request_id;
+  psd_conn_send(c, PS__MSG_ACK, &a.base, NULL, NULL, NULL, 0);
+  psd_telem_finish(h->telem, c->worker, m->summary);
+  if (!c->finished) {
+    c->finished = 1;
+    worker_finished(h, c);
+  }
+  return 0;
+}
+
+static int handle_checkpoint(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Checkpoint, ps__checkpoint__unpack);
+  if (c->worker != 0) {
+    psd_conn_error(c, m->request_id, PS_ESTATE, 0,
+                   "CHECKPOINT from %s: only the chief (worker 0) arranges checkpoints",
+                   c->worker < 0 ? "a connection that is not a worker" : c->name);
+    return 0;
+  }
+  char msg[1200];
+  Ps__CheckpointReply r = PS__CHECKPOINT_REPLY__INIT;
+  r.request_id = m->request_id;
+  unsigned acts = psd_persist_request(h->persist, m->step, m->stop, m->commit, &r.ok,
+                                      &r.max_step, msg, sizeof msg);
+  psd_handlers_act(h, acts);
+  r.message = msg;
+  r.stopped = h->persist->stopped;
+  r.stop_step = h->persist->stopped ? h->persist->stop_step : 0;
+  psd_conn_send(c, PS__MSG_CHECKPOINT_REPLY, &r.base, NULL, NULL, NULL, 0);
+  return 0;
+}
+
+/* Counters for psctl (any authenticated peer may ask). */
+static int handle_stats(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Stats, ps__stats__unpack);
+  Ps__StatsReply r;
+  psd_telem_view v = {h->cfg->name, ps__now() - h->job->started_at, h->job, h->shard};
+  if (psd_telem_stats(h->telem, &v, &r) != 0) {
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory");
+    return 0;
+  }
+  r.request_id = m->request_id;
+  if (psd_conn_send(c, PS__MSG_STATS_REPLY, &r.base, NULL, NULL, NULL, 0) != 0)
+    psd_conn_error(c, m->request_id, PS_ETOOBIG, 0, "the stats do not fit in one frame");
+  psd_telem_stats_free(&r);
+  return 0;
+}
+
+/* One Push/Init item has fully arrived in c->stage. */
+static void item_done(void *ctx, psd_conn *c) {
+  psd_handlers *h = ctx;
+  const Ps__Item *it = c->items[c->item];
+  psd_slice *sl = h->shard->slices[it->slice_id];
+  if (c->hdr.type == PS__MSG_INIT) {
+    int was = sl->initialized;
+    psd_shard_init_values(h->shard, sl, c->stage);
+    if (!was) slice_advanced(h, sl);
+    return;
+  }
+  c->pace_done += it->count * sizeof(float);
+  double t0 = ps__now();
+  int rc = psd_shard_push(h->shard, sl, (uint32_t)c->worker, c->data_step, c->stage, t0);
+  c->data_at = t0;
+  c->agg_s += ps__now() - t0; /* accumulation and, for the last gradient, the optimizer */
+  if (rc == 1) slice_advanced(h, sl);
+  if (rc == PS_EINVAL)
+    psd_warn("%s: gradient of '%s' for step %llu, but the slice is only at step %llu",
+             c->name, sl->name, (unsigned long long)c->data_step,
+             (unsigned long long)sl->step);
+  c->status[c->item] = rc > 0 ? 0 : rc;
+}
+
+/* The last item of a Push/Init is in: reply and go back to HEADER. */
+static void frame_done(void *ctx, psd_conn *c) {
+  psd_handlers *h = ctx;
+  if (c->hdr.type == PS__MSG_INIT) {
+    Ps__Ack a = PS__ACK__INIT;
+    a.request_id = c->data_req;
+    psd_conn_send(c, PS__MSG_ACK, &a.base, NULL, NULL, NULL, 0);
+  } else {
+    uint32_t stale = 0;
+    for (size_t i = 0; i < c->n_items; i++) {
+      Ps__Item *it = &c->reply_items[i];
+      ps__item__init(it);
+      it->slice_id = c->items[i]->slice_id;
+      it->status = c->status[i];
+      c->reply_ptrs[i] = it;
+      stale += it->status == PS_ESTALE;
+    }
+    psd_telem_push(h->telem, c->worker, c->data_step,
+                   c->n_items ? c->data_at : ps__now(), c->hdr.data_len, c->agg_s, stale);
+    c->agg_s = 0;
+    Ps__PushReply r = PS__PUSH_REPLY__INIT;
+    r.request_id = c->data_req;
+    r.n_items = c->n_items;
+    r.items = c->reply_ptrs;
+    psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+    psd_conn_send(c, PS__MSG_PUSH_REPLY, &r.base, NULL, NULL, NULL, 0);
+  }
+}
+
+
+/* conn.c hook: a whole protobuf part is in (generic checks done). */
+static int on_message(void *ctx, psd_conn *c, const uint8_t *meta) {
+  psd_handlers *h = ctx;
+  unsigned t = c->hdr.type;
+  switch (t) {
+  case PS__MSG_HELLO:
+    return handle_hello(h, c, meta);
+  case PS__MSG_REGISTER:
+    return handle_register(h, c, meta);
+  case PS__MSG_INIT:
+    return handle_init(h, c, meta);
+  case PS__MSG_PUSH:
+    return handle_push(h, c, meta);
+  case PS__MSG_PULL:
+    return handle_pull(h, c, meta);
+  case PS__MSG_FINISH:
+    return handle_finish(h, c, meta);
+  case PS__MSG_CHECKPOINT:
+    return handle_checkpoint(h, c, meta);
+  case PS__MSG_STATS:
+    return handle_stats(h, c, meta);
+  default:
+    psd_conn_error(c, 0, PS_EPROTO, 1, "unexpected %s frame from a client", ps__msg_name(t));
+    return -1;
+  }
+}
+
+void psd_handlers_flush(psd_handlers *h) {
+  psd_waitset *set;
+  while ((set = psd_waiters_next_dirty(h->waiters))) {
+    psd_conn *c = set->owner;
+    flush_conn(h, c);
+    psd_conn_write(c); /* may close c (freed later, by psd_conns_reap) */
+  }
+}
+
+static void flush_hook(void *ctx) { psd_handlers_flush(ctx); }
+
+void psd_handlers_hooks(psd_handlers *h, psd_conn_hooks *hooks) {
+  hooks->message = on_message;
+  hooks->item = item_done;
+  hooks->frame = frame_done;
+  hooks->closed = conn_closed;
+  hooks->flush = flush_hook;
+  hooks->ctx = h;
+}

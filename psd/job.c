@@ -1,0 +1,358 @@
+/* job.c - admission and the workers' lifecycle (see job.h). */
+#include "job.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <munge.h>
+
+#include "log.h"
+#include "wire.h"
+
+void psd_job_init(psd_job *j, const psd_config *cfg, double now) {
+  memset(j, 0, sizeof *j);
+  j->cfg = cfg;
+  j->started_at = now;
+}
+
+void psd_job_free(psd_job *j) {
+  free(j->workers);
+  j->workers = NULL;
+  j->num_workers = 0;
+  j->pinned = 0;
+}
+
+/* ---- admission ------------------------------------------------------------ */
+
+/* The Hello's MUNGE credential: decoded by munged (which refuses expired and
+ * replayed ones), from our uid, naming our job (and step, if set). */
+static int check_munge(const psd_config *cfg, const Ps__Hello *h, char *err, size_t errlen) {
+  if (!h->munge || h->credential.len == 0 || h->credential.len > PS__MAX_PREAUTH_META) {
+    snprintf(err, errlen, "authentication failed: this server requires a MUNGE credential");
+    return PS_EAUTH;
+  }
+  char cred[PS__MAX_PREAUTH_META + 1];
+  memcpy(cred, h->credential.data, h->credential.len);
+  cred[h->credential.len] = '\0';
+  munge_ctx_t ctx = munge_ctx_create();
+  if (!ctx) {
+    snprintf(err, errlen, "out of memory");
+    return PS_ENOMEM;
+  }
+  if (cfg->munge_socket[0]) munge_ctx_set(ctx, MUNGE_OPT_SOCKET, cfg->munge_socket);
+  void *payload = NULL;
+  int plen = 0;
+  uid_t uid;
+  gid_t gid;
+  munge_err_t me = munge_decode(cred, ctx, &payload, &plen, &uid, &gid);
+  munge_ctx_destroy(ctx);
+  int rc = 0;
+  char want[128];
+  if (cfg->step_id >= 0)
+    snprintf(want, sizeof want, "psd1 job=%lld step=%lld", (long long)cfg->job_id,
+             (long long)cfg->step_id);
+  else
+    snprintf(want, sizeof want, "psd1 job=%lld step=", (long long)cfg->job_id);
+  if (me != EMUNGE_SUCCESS) {
+    snprintf(err, errlen, "authentication failed: MUNGE credential refused (%s)",
+             munge_strerror(me));
+    rc = PS_EAUTH;
+  } else if (uid != getuid()) {
+    snprintf(err, errlen, "authentication failed: credential of uid %u, this job runs as uid %u",
+             (unsigned)uid, (unsigned)getuid());
+    rc = PS_EAUTH;
+  } else if (!payload || plen <= 0 || (size_t)plen < strlen(want) ||
+             memcmp(payload, want, strlen(want)) != 0 ||
+             (cfg->step_id >= 0 && (size_t)plen != strlen(want))) {
+    snprintf(err, errlen, "authentication failed: credential for '%.*s', this is '%s'",
+             plen > 0 && plen < 100 ? plen : 0, payload ? (char *)payload : "", want);
+    rc = PS_EAUTH;
+  }
+  free(payload);
+  return rc;
+}
+
+/* Protocol version, MUNGE credential and shared secret. */
+static int check_auth(const psd_config *cfg, const Ps__Hello *h, char *err, size_t errlen) {
+  if (h->protocol_version != PS__PROTOCOL_VERSION) {
+    snprintf(err, errlen, "protocol version %u, this server speaks %u", h->protocol_version,
+             PS__PROTOCOL_VERSION);
+    return PS_EVERSION;
+  }
+  if (cfg->munge) {
+    int rc = check_munge(cfg, h, err, errlen);
+    if (rc) return rc;
+  }
+  ProtobufCBinaryData secret = h->munge ? h->secret : h->credential;
+  if (cfg->secret_len) {
+    /* Constant time: the comparison leaks nothing about the secret. */
+    unsigned char diff = secret.len != cfg->secret_len;
+    for (size_t i = 0; i < cfg->secret_len; i++)
+      diff |= (unsigned char)(cfg->secret[i] ^ (i < secret.len ? secret.data[i] : 0));
+    if (diff) {
+      snprintf(err, errlen, "authentication failed: %s credential",
+               secret.len ? "wrong" : "no");
+      return PS_EAUTH;
+    }
+  }
+  return 0;
+}
+
+/* A worker's terms on their own and against the command line; fills t. */
+static int check_terms(const psd_config *cfg, const Ps__Hello *h, psd_job_terms *t, char *err,
+                       size_t errlen) {
+  if (h->num_ps != (uint32_t)cfg->num_ps || h->ps_index != (uint32_t)cfg->ps_index) {
+    snprintf(err, errlen,
+             "client expects ps %u of %u, this is ps %d of %d (check the order of PS_HOSTS)",
+             h->ps_index, h->num_ps, cfg->ps_index, cfg->num_ps);
+    return PS_EMISMATCH;
+  }
+  if (h->num_workers > PS__MAX_WORKERS) {
+    snprintf(err, errlen, "%u workers is more than the limit of %u", h->num_workers,
+             PS__MAX_WORKERS);
+    return PS_ETOOBIG;
+  }
+  if (h->num_workers == 0 || h->worker_index >= h->num_workers) {
+    snprintf(err, errlen, "worker index %u is not below the number of workers %u",
+             h->worker_index, h->num_workers);
+    return PS_EINVAL;
+  }
+  if (cfg->workers && h->num_workers != (uint32_t)cfg->workers) {
+    snprintf(err, errlen, "client says %u workers, this server was started with --workers %d",
+             h->num_workers, cfg->workers);
+    return PS_EMISMATCH;
+  }
+  uint32_t want_r = h->replicas_to_aggregate ? h->replicas_to_aggregate
+                    : cfg->replicas        ? (uint32_t)cfg->replicas
+                                           : h->num_workers;
+  if (want_r > h->num_workers) {
+    snprintf(err, errlen, "replicas_to_aggregate %u exceeds the number of workers %u", want_r,
+             h->num_workers);
+    return PS_EINVAL;
+  }
+  if (cfg->replicas && h->replicas_to_aggregate &&
+      h->replicas_to_aggregate != (uint32_t)cfg->replicas) {
+    snprintf(err, errlen, "client asks replicas_to_aggregate %u, server has %d",
+             h->replicas_to_aggregate, cfg->replicas);
+    return PS_EMISMATCH;
+  }
+  if ((cfg->mode == PSD_MODE_SYNC && h->async_mode) ||
+      (cfg->mode == PSD_MODE_ASYNC && !h->async_mode)) {
+    snprintf(err, errlen, "client asks %s mode, this server runs %s",
+             h->async_mode ? "async" : "sync", h->async_mode ? "sync" : "async");
+    return PS_EMISMATCH;
+  }
+  uint64_t split = h->split_threshold ? h->split_threshold : PS__DEFAULT_SPLIT_THRESHOLD;
+  /* Normalized as the placer does (whole floats), so equal placements
+   * compare equal. */
+  uint64_t maxs = h->max_slice_bytes ? h->max_slice_bytes & ~(uint64_t)3
+                                     : PS__DEFAULT_MAX_SLICE_BYTES;
+  if (maxs > PS__MAX_SLICE_BYTES || maxs < 4) {
+    snprintf(err, errlen, "max_slice_bytes %llu is outside [4, %llu]",
+             (unsigned long long)maxs, (unsigned long long)PS__MAX_SLICE_BYTES);
+    return PS_EINVAL;
+  }
+  t->worker = h->worker_index;
+  t->num_workers = h->num_workers;
+  t->replicas = want_r;
+  t->async_mode = h->async_mode != 0;
+  t->split_threshold = split;
+  t->max_slice_bytes = maxs;
+  return 0;
+}
+
+/* A pinned job: the terms must be the job's, the worker free to join. */
+static int check_pinned(const psd_job *j, const psd_job_terms *t, char *err, size_t errlen) {
+  if (t->num_workers != j->num_workers || t->replicas != j->replicas ||
+      !t->async_mode != !j->async_mode || t->split_threshold != j->split_threshold ||
+      t->max_slice_bytes != j->max_slice_bytes) {
+    snprintf(err, errlen,
+             "worker %u disagrees with the job: it says %u workers, replicas %u, %s, "
+             "split %llu, slices %llu; the job has %u, %u, %s, %llu, %llu",
+             t->worker, t->num_workers, t->replicas, t->async_mode ? "async" : "sync",
+             (unsigned long long)t->split_threshold, (unsigned long long)t->max_slice_bytes,
+             j->num_workers, j->replicas, j->async_mode ? "async" : "sync",
+             (unsigned long long)j->split_threshold, (unsigned long long)j->max_slice_bytes);
+    return PS_EMISMATCH;
+  }
+  const psd_job_worker *wk = &j->workers[t->worker];
+  if (wk->connected) {
+    snprintf(err, errlen, "worker %u is already connected from %s", t->worker, wk->peer);
+    return PS_EBUSY;
+  }
+  if (wk->finished) {
+    snprintf(err, errlen, "worker %u has already finished", t->worker);
+    return PS_ESTATE;
+  }
+  return 0;
+}
+
+int psd_job_hello(const psd_job *j, const Ps__Hello *h, psd_job_terms *t, char *err,
+                  size_t errlen) {
+  memset(t, 0, sizeof *t);
+  int rc = check_auth(j->cfg, h, err, errlen);
+  if (rc) return rc;
+  if (h->role == PS__ROLE__ROLE_ADMIN) {
+    t->admin = 1; /* psctl: authenticated, may ask for Stats and nothing else */
+    return 0;
+  }
+  if (h->role != PS__ROLE__ROLE_WORKER) {
+    snprintf(err, errlen, "role %d is not supported (only workers and admin tools)",
+             (int)h->role);
+    return PS_EUNSUPPORTED;
+  }
+  rc = check_terms(j->cfg, h, t, err, errlen);
+  if (rc) return rc;
+  if (!j->pinned) {
+    t->pin = 1;
+    return 0;
+  }
+  return check_pinned(j, t, err, errlen);
+}
+
+int psd_job_pin(psd_job *j, const psd_job_terms *t) {
+  j->workers = calloc(t->num_workers, sizeof *j->workers);
+  if (!j->workers) return PS_ENOMEM;
+  j->num_workers = t->num_workers;
+  j->replicas = t->replicas;
+  j->async_mode = t->async_mode;
+  j->split_threshold = t->split_threshold;
+  j->max_slice_bytes = t->max_slice_bytes;
+  j->pinned = 1;
+  psd_info("training with %u workers, %s, placement split at %llu bytes in %llu-byte slices",
+           j->num_workers, j->async_mode ? "async" : "sync",
+           (unsigned long long)j->split_threshold, (unsigned long long)j->max_slice_bytes);
+  if (!j->async_mode)
+    psd_info("sync: averaging %u gradients per step (%u backup workers)", j->replicas,
+             j->num_workers - j->replicas);
+  return 0;
+}
+
+void psd_job_unpin(psd_job *j) { psd_job_free(j); }
+
+/* ---- workers' lifecycle ------------------------------------------------- */
+
+int psd_job_join(psd_job *j, uint32_t w, const char *peer) {
+  psd_job_worker *wk = &j->workers[w];
+  int rejoin = wk->lost;
+  wk->connected = 1;
+  wk->joined = 1;
+  wk->lost = 0;
+  snprintf(wk->peer, sizeof wk->peer, "%s", peer);
+  return rejoin;
+}
+
+void psd_job_finished(psd_job *j, uint32_t w) {
+  j->workers[w].finished = 1;
+  psd_info("worker %u finished", w);
+}
+
+void psd_job_left(psd_job *j, uint32_t w, int finished, uint64_t step) {
+  psd_job_worker *wk = &j->workers[w];
+  wk->connected = 0;
+  if (finished) return;
+  wk->lost = 1;
+  psd_warn("worker %u (%s) left at step %llu without finishing (connection lost)", w,
+           wk->peer, (unsigned long long)step);
+}
+
+static uint32_t count_lost(const psd_job *j) {
+  uint32_t n = 0;
+  for (uint32_t w = 0; w < j->num_workers; w++) n += j->workers[w].lost;
+  return n;
+}
+
+/* Losses tolerated: backup workers in sync mode; all but one in async. */
+static uint32_t tolerated(const psd_job *j) {
+  if (j->async_mode) return j->num_workers - 1;
+  return j->num_workers - j->replicas;
+}
+
+static void format_workers(const psd_job *j, int lost, char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (uint32_t w = 0; w < j->num_workers && o + 16 < len; w++) {
+    const psd_job_worker *k = &j->workers[w];
+    int pick = lost ? k->lost : !k->joined;
+    if (pick) o += (size_t)snprintf(buf + o, len - o, "%s%u", o ? "," : "", w);
+  }
+}
+
+int psd_job_check(psd_job *j, const psd_job_stop *st) {
+  if (!j->pinned) return PSD_JOB_GO_ON;
+  uint32_t done = 0, lost = count_lost(j);
+  for (uint32_t w = 0; w < j->num_workers; w++)
+    done += j->workers[w].finished || j->workers[w].lost;
+  if (st->stopped) {
+    /* After the stop checkpoint, a worker that vanished (the launcher
+     * killed it) is as good as finished: no grace period to wait out. */
+    if (done < j->num_workers) return PSD_JOB_GO_ON;
+    psd_info("all workers done after the stop checkpoint (step %llu); exiting with status "
+             "%d so the job can be resumed",
+             (unsigned long long)st->step, PSD_EXIT_STOPPED);
+    return PSD_EXIT_STOPPED;
+  }
+  if (st->wanted && !j->workers[0].connected) {
+    /* Only the chief arranges the stop checkpoint: nothing to wait for. */
+    psd_warn("the chief (worker 0) left before the stop checkpoint; exiting now");
+    return PSD_EXIT_STOPPED;
+  }
+  if (lost > tolerated(j)) {
+    if (j->lost_since == 0) {
+      char names[256];
+      format_workers(j, 1, names, sizeof names);
+      j->lost_since = ps__now();
+      psd_warn("worker(s) %s lost and training cannot go on without them "
+               "(%u lost, %u tolerated); exiting in %.0f s unless they rejoin",
+               names, lost, tolerated(j), j->cfg->grace_s);
+    }
+    return PSD_JOB_GO_ON;
+  }
+  j->lost_since = 0;
+  return done == j->num_workers ? PSD_EXIT_OK : PSD_JOB_GO_ON;
+}
+
+void psd_job_say_done(const psd_job *j) {
+  uint32_t lost = count_lost(j);
+  if (lost)
+    psd_warn("all workers done (%u lost, tolerated as backups); exiting", lost);
+  else
+    psd_info("all %u workers finished; exiting", j->num_workers);
+}
+
+int psd_job_tick(psd_job *j, double now, uint64_t step) {
+  if (j->lost_since && now - j->lost_since >= j->cfg->grace_s) {
+    char names[256];
+    format_workers(j, 1, names, sizeof names);
+    psd_error("worker(s) %s did not come back within the %.0f s grace period; exiting "
+              "at step %llu",
+              names, j->cfg->grace_s, (unsigned long long)step);
+    return PSD_EXIT_WORKER_LOST;
+  }
+  double t = j->cfg->startup_timeout_s;
+  if (t > 0 && now - j->started_at > t) {
+    int all = j->pinned;
+    for (uint32_t w = 0; all && w < j->num_workers; w++) all = j->workers[w].joined;
+    if (!all) {
+      char names[256] = "all";
+      if (j->pinned) format_workers(j, 0, names, sizeof names);
+      psd_error("worker(s) %s never connected within the %.0f s startup timeout; exiting",
+                names, t);
+      return PSD_EXIT_NO_WORKERS;
+    }
+  }
+  return PSD_JOB_GO_ON;
+}
+
+const char *psd_job_worker_state(const psd_job *j, uint32_t w) {
+  const psd_job_worker *k = &j->workers[w];
+  return k->connected ? "connected" : k->finished ? "finished" : k->lost ? "lost" : "absent";
+}
+
+uint32_t psd_job_live(const psd_job *j) {
+  uint32_t n = 0;
+  for (uint32_t w = 0; w < j->num_workers; w++) n += j->workers[w].connected;
+  return n;
+}

@@ -1,0 +1,106 @@
+/*
+ * job.h - admission and the workers' lifecycle, as plain state: which
+ * Hello is let in (authentication, the terms every worker must agree on,
+ * pinned by the first one), each worker's state (joined, finished, lost),
+ * the grace period for lost workers, the startup timeout and the decision
+ * to exit. Nothing here touches a connection: functions return PS_E*
+ * codes or an exit verdict that the caller acts on.
+ */
+#ifndef PSD_JOB_H
+#define PSD_JOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "ps.pb-c.h"
+
+/* Exit statuses, so a launcher can tell why psd ended. */
+enum {
+  PSD_EXIT_OK = 0,           /* every worker finished (or a signal asked) */
+  PSD_EXIT_USAGE = 64,       /* bad command line */
+  PSD_EXIT_STARTUP = 65,     /* could not listen, write the port file, ... */
+  PSD_EXIT_WORKER_LOST = 66, /* a needed worker left and did not come back */
+  PSD_EXIT_NO_WORKERS = 67,  /* not every worker joined before the timeout */
+  PSD_EXIT_STOPPED = 75,     /* stopped on request (SIGTERM/SIGUSR1) after
+                                checkpointing: run it again to resume
+                                (EX_TEMPFAIL: "try again later") */
+};
+
+/* Verdict of the lifecycle checks: keep running, or the exit status. */
+#define PSD_JOB_GO_ON (-1)
+
+typedef struct psd_job_worker {
+  int joined;               /* has ever completed a handshake */
+  int finished;             /* said it is done */
+  int lost;                 /* connection dropped before finishing */
+  int connected;            /* has a live connection now */
+  char peer[64];            /* address it connected from */
+} psd_job_worker;
+
+/* What one Hello asks for, normalized. */
+typedef struct psd_job_terms {
+  int admin;                /* an admin tool (psctl): nothing else applies */
+  int pin;                  /* the job is not pinned yet: psd_job_pin these */
+  uint32_t worker;          /* the worker index it claims */
+  uint32_t num_workers;     /* workers in the job */
+  uint32_t replicas;        /* gradients averaged per step */
+  int async_mode;           /* asynchronous training */
+  uint64_t split_threshold; /* placement inputs (normalized) */
+  uint64_t max_slice_bytes;
+} psd_job_terms;
+
+/* The stop protocol's state that the exit decision depends on. */
+typedef struct psd_job_stop {
+  int wanted;               /* a signal or a worker asked to stop */
+  int stopped;              /* the stop checkpoint is written */
+  uint64_t step;            /* ... at this step */
+} psd_job_stop;
+
+typedef struct psd_job {
+  const psd_config *cfg;    /* options (not owned) */
+  int pinned;               /* workers/replicas/mode/placement agreed */
+  uint32_t num_workers;     /* once pinned */
+  uint32_t replicas;        /* once pinned: gradients per step (sync) */
+  int async_mode;           /* once pinned */
+  uint64_t split_threshold; /* placement inputs, pinned by first worker */
+  uint64_t max_slice_bytes; /* ... */
+  psd_job_worker *workers;  /* num_workers entries once pinned */
+  double started_at;        /* monotonic start time (startup timeout) */
+  double lost_since;        /* when too many workers were lost (0: not) */
+} psd_job;
+
+void psd_job_init(psd_job *j, const psd_config *cfg, double now);
+void psd_job_free(psd_job *j);
+
+/* Checks a Hello: version, credentials, the job's terms and the worker's
+ * state. Changes nothing. 0 (with *t filled) or a PS_E* code with err. */
+int psd_job_hello(const psd_job *j, const Ps__Hello *h, psd_job_terms *t, char *err,
+                  size_t errlen);
+/* Pins the job to t (the first worker's Hello). 0 or PS_ENOMEM. */
+int psd_job_pin(psd_job *j, const psd_job_terms *t);
+/* Undoes psd_job_pin (something else failed to follow it). */
+void psd_job_unpin(psd_job *j);
+/* Worker w connected from peer. Returns 1 if it had been lost (rejoined). */
+int psd_job_join(psd_job *j, uint32_t w, const char *peer);
+/* Worker w said it is done. */
+void psd_job_finished(psd_job *j, uint32_t w);
+/* Worker w's connection went away, at step; finished: it had said so. */
+void psd_job_left(psd_job *j, uint32_t w, int finished, uint64_t step);
+
+/* The exit decision after a worker's state changed: PSD_JOB_GO_ON or an
+ * exit status. PSD_EXIT_OK means every worker is done: write the final
+ * checkpoint, then psd_job_say_done and exit. */
+int psd_job_check(psd_job *j, const psd_job_stop *st);
+/* Logs why psd exits with PSD_EXIT_OK. */
+void psd_job_say_done(const psd_job *j);
+/* Timers: the lost-worker grace period and the startup timeout (step: for
+ * the log). PSD_JOB_GO_ON or an exit status. */
+int psd_job_tick(psd_job *j, double now, uint64_t step);
+
+/* "connected", "finished", "lost" or "absent" (for stats and summaries). */
+const char *psd_job_worker_state(const psd_job *j, uint32_t w);
+/* Workers connected now. */
+uint32_t psd_job_live(const psd_job *j);
+
+#endif
