@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""structure_test.py SOURCE_DIR - the layout rules of docs/architecture.md:
+
+- layers: common/ includes nothing of ours but itself; wire/ only common/
+  and the public header; psd/ and libpsclient/ never include each other's
+  headers (nor psrun's); psrun/ never includes libpsclient's private ones;
+- no include cycle and no call cycle among the files of psd/, psrun/,
+  libpsclient/src/, wire/ and common/ (a call edge: file A calls a function
+  that file B defines; calls through function pointers, the hooks, are not
+  edges);
+- no function over MAX_FUNC lines and no source file over MAX_FILE lines in
+  those directories (tables excepted: they are data, not functions).
+
+Prints each violation and exits 1, or prints a summary (the longest
+function and file) and exits 0."""
+import os
+import re
+import sys
+
+MAX_FUNC = 120  # lines a function may take: one screen, rarely more
+MAX_FILE = 900  # lines a source file may take: one concept
+DIRS = ['common', 'wire', 'libpsclient/src', 'libpsclient/include', 'psd', 'psrun']
+# Which directories' headers each directory may include (its own always).
+ALLOWED = {
+    'common': set(),
+    'wire': {'common', 'libpsclient/include'},
+    'libpsclient/src': {'common', 'wire', 'libpsclient/include'},
+    'libpsclient/include': set(),
+    'psd': {'common', 'wire', 'libpsclient/include'},
+    'psrun': {'common', 'wire', 'libpsclient/include'},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+FUNC_START = re.compile(r'^(?!typedef|struct|enum|union|static const|const |#|\s|/|\*|})'
+                        r'[A-Za-z_][^;=()]*?\b([A-Za-z_]\w*)\s*\(')
+CALL = re.compile(r'\b([A-Za-z_]\w*)\s*\(')
+
+
+def strip_comments(text):
+    text = re.sub(r'/\*.*?\*/', lambda m: '\n' * m.group(0).count('\n'), text, flags=re.S)
+    text = re.sub(r'//[^\n]*', '', text)
+    return re.sub(r'"(\\.|[^"\\\n])*"', '""', text)
+
+
+def functions(path):
+    """(name, first line, last line, static) of each function defined at
+    column 0."""
+    lines = strip_comments(open(path, errors='replace').read()).split('\n')
+    out, i = [], 0
+    while i < len(lines):
+        m = FUNC_START.match(lines[i])
+        if m:
+            j = i
+            while j < len(lines) and '{' not in lines[j] and ';' not in lines[j]:
+                j += 1
+            if j < len(lines) and '{' in lines[j] and ';' not in lines[j].split('{')[0]:
+                k = j
+                while k < len(lines) and not lines[k].startswith('}'):
+                    k += 1
+                out.append((m.group(1), i, k, lines[i].startswith('static')))
+                i = k + 1
+                continue
+        i += 1
+    return out, lines
+
+
+def cycles(graph):
+    """Every cycle found by a depth-first search, as a list of nodes."""
+    found, state, stack = [], {}, []
+
+    def visit(n):
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if state.get(m) == 1:
+                found.append(stack[stack.index(m):] + [m])
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+    return found
+
+
+def main(root):
+    errors = []
+    owner = {}  # header name -> directory
+    files = {}
+    for d in DIRS:
+        p = os.path.join(root, d)
+        if not os.path.isdir(p):
+            continue
+        for f in sorted(os.listdir(p)):
+            if f.endswith(('.c', '.h')):
+                files[os.path.join(d, f)] = d
+                if f.endswith('.h'):
+                    owner.setdefault(f, d)
+    longest_fn, longest_file = (0, ''), (0, '')
+    for d in DIRS:
+        mine = [f for f, fd in files.items() if fd == d]
+        inc_graph, call_graph, defined, bodies = {}, {}, {}, {}
+        for f in mine:
+            text = open(os.path.join(root, f), errors='replace').read()
+            n = text.count('\n')
+            longest_file = max(longest_file, (n, f))
+            if n > MAX_FILE:
+                errors.append(f'{f}: {n} lines (limit {MAX_FILE})')
+            base = os.path.basename(f)
+            for h in INCLUDE.findall(text):
+                hb = os.path.basename(h)
+                hd = owner.get(hb)
+                if hd is None:
+                    continue  # generated (ps.pb-c.h) or a system header
+                if h.startswith('../'):
+                    hd = os.path.normpath(os.path.join(d, os.path.dirname(h)))
+                if hd != d and hd not in ALLOWED[d]:
+                    errors.append(f'{f}: includes {h} from {hd}/ (layer rule)')
+                if hd == d:
+                    inc_graph.setdefault(base, set()).add(hb)
+            if f.endswith('.c'):
+                fns, lines = functions(os.path.join(root, f))
+                local = {name for name, _, _, _ in fns}
+                for name, a, b, static in fns:
+                    if not static:
+                        defined.setdefault(name, base)
+                    size = b - a + 1
+                    longest_fn = max(longest_fn, (size, f'{f}:{name}'))
+                    if size > MAX_FUNC:
+                        errors.append(f'{f}:{a + 1}: {name} is {size} lines (limit {MAX_FUNC})')
+                    bodies.setdefault(base, []).append(('\n'.join(lines[a + 1:b]), local))
+        for base, texts in bodies.items():
+            for body, local in texts:
+                for callee in CALL.findall(body):
+                    to = None if callee in local else defined.get(callee)
+                    if to and to != base:
+                        call_graph.setdefault(base, set()).add(to)
+        for c in cycles(inc_graph):
+            errors.append(f'{d}/: include cycle ' + ' -> '.join(c))
+        for c in cycles(call_graph):
+            errors.append(f'{d}/: call cycle ' + ' -> '.join(c))
+    for e in errors:
+        print('FAIL:', e)
+    print(f'longest function: {longest_fn[1]} ({longest_fn[0]} lines); '
+          f'longest file: {longest_file[1]} ({longest_file[0]} lines)')
+    return 1 if errors else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else '.'))
