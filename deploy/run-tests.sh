@@ -17,7 +17,7 @@ bash tests/link_test.sh build-min/lib/libpsclient.so build-min/bin/psd
 # The same suite again under AddressSanitizer + UndefinedBehaviorSanitizer
 # (psd processes started by the tests are sanitized too). The CUDA backend
 # is left out of this build and the fuzz build (cmake/Cuda.cmake says why);
-# its kernel bodies still run on the CPU there (ps_tests cuda_ops).
+# its kernel bodies still run on the CPU there (example_tests cuda_ops).
 cmake -S . -B build-asan -DPS_SANITIZE=ON -DPS_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build-asan -j"$(nproc)"
 (cd build-asan && ctest --output-on-failure -j"$(nproc)" --timeout 600)

@@ -1,6 +1,6 @@
 /* Integration: per-step telemetry (libpsclient/src/telemetry.c and
  * psd/telemetry.c) with real psd processes, the end-of-run summary, and
- * psctl's Stats exchange (libpsclient/src/admin.c, psrun/psctl.c). */
+ * psctl's Stats exchange (psrun/admin.c, psrun/psctl.c). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>

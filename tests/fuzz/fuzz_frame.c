@@ -1,6 +1,6 @@
 /*
  * fuzz_frame - the frame header codec and the protobuf part of a frame:
- * ps__header_decode (libpsclient/src/common.c) on the first 24 bytes, both
+ * ps__header_decode (wire/frame.c) on the first 24 bytes, both
  * before and after the handshake, then every message type's protobuf-c
  * unpack function (proto/ps.proto, generated ps.pb-c.c) on the bytes that
  * follow, as psd and the client do once a whole frame has arrived.
