@@ -268,188 +268,263 @@ static void on_stop_signal(int sig) {
   g_stop = 1;
 }
 
-int main(int argc, char **argv) {
+/* One worker's training run: what the stages of main share. */
+typedef struct trainer {
   opts o;
-  parse(&o, argc, argv);
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  if (o.bench) {
-    bench(&o);
-    return 0;
-  }
+  cifar_set train, test;     /* test: the chief's only */
+  ps_client *c;
+  int w, nw, chief, threads;
+  cifar_sampler *sp;
+  double steps_per_epoch;
+  long total;                /* steps of the whole run (global) */
+  const cnn_backend *be;
+  cnn *m;
+  ps_var *vars[64];
+  uint64_t step, first_step;
+  FILE *metrics;
+  float *img;                /* evaluation batch */
+  uint8_t *lab;
+  int *pred;
+  float *pimg[2];            /* prefetch buffers (page-locked on a GPU) */
+  uint8_t *plab[2];
+  cifar_prefetch *pf;
+  /* The training loop: progress since the last report. */
+  double t0, last_report, epoch, acc, wall;
+  uint64_t report_step;
+  double loss_sum;
+  int loss_n;
+  float loss;                /* of the last step */
+  int stopped;               /* PS_ESTOPPED: the job stops after a checkpoint */
+} trainer;
+
+/* Signals, the training set, the client (from psrun's environment), the
+ * chief's test set, the worker's shard and the number of steps. */
+static void trainer_setup(trainer *t) {
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGUSR1, &sa, NULL);
-  if (!o.data[0]) die("--data DIR is required (see --help; cifar_synth makes a small data set)");
+  const opts *o = &t->o;
+  if (!o->data[0]) die("--data DIR is required (see --help; cifar_synth makes a small data set)");
   char err[1024];
-  cifar_set train = {0}, test = {0};
-  if (cifar_load_train(o.data, &train, err, sizeof err) != 0) die("%s", err);
-
-  ps_client *c;
-  if (ps_client_create_from_env(&c, err, sizeof err) != 0)
+  if (cifar_load_train(o->data, &t->train, err, sizeof err) != 0) die("%s", err);
+  if (ps_client_create_from_env(&t->c, err, sizeof err) != 0)
     die("%s (run cifar_worker under psrun)", err);
-  int w = ps_client_worker_index(c), nw = ps_client_num_workers(c);
-  int chief = w == 0;
-  if (chief && cifar_load_test(o.data, &test, err, sizeof err) != 0) die("%s", err);
-  int threads = o.threads ? o.threads : default_threads();
-
-  cifar_sampler *sp = cifar_sampler_create(&train, w, nw, o.seed);
-  if (!sp) die("training set too small for %d workers", nw);
+  t->w = ps_client_worker_index(t->c);
+  t->nw = ps_client_num_workers(t->c);
+  t->chief = t->w == 0;
+  if (t->chief && cifar_load_test(o->data, &t->test, err, sizeof err) != 0) die("%s", err);
+  t->threads = o->threads ? o->threads : default_threads();
+  t->sp = cifar_sampler_create(&t->train, t->w, t->nw, o->seed);
+  if (!t->sp) die("training set too small for %d workers", t->nw);
   /* Steps: every worker sees its shard once per epoch. */
-  double steps_per_epoch = (double)train.n / ((double)nw * o.batch);
-  long total = o.steps ? o.steps : (long)ceil(o.epochs * steps_per_epoch);
+  t->steps_per_epoch = (double)t->train.n / ((double)t->nw * o->batch);
+  t->total = o->steps ? o->steps : (long)ceil(o->epochs * t->steps_per_epoch);
+}
 
-  const cnn_backend *be = pick_backend(&o, w, threads);
-  cnn *m;
-  if (cnn_create(be, o.batch, o.lrn, &m) != 0)
+/* The model, its parameters as psd variables (the chief initializes
+ * them) and the first pull, which says where the run resumes. */
+static void trainer_connect(trainer *t) {
+  const opts *o = &t->o;
+  t->be = pick_backend(o, t->w, t->threads);
+  if (cnn_create(t->be, o->batch, o->lrn, &t->m) != 0)
     die("cannot create the model (out of memory?)");
   ps_optimizer opt;
-  ps_optimizer_default(&opt, o.lr);
-  if (o.decay_rate > 0) {
+  ps_optimizer_default(&opt, o->lr);
+  if (o->decay_rate > 0) {
     opt.decay = PS_DECAY_STEP;
-    opt.decay_rate = o.decay_rate;
-    opt.decay_steps = (uint64_t)fmax(1, round(o.decay_epochs * steps_per_epoch));
+    opt.decay_rate = o->decay_rate;
+    opt.decay_steps = (uint64_t)fmax(1, round(o->decay_epochs * t->steps_per_epoch));
   }
-  ps_var *vars[64];
   for (int i = 0; i < cnn_num_params(); i++) {
     const cnn_param *p = cnn_param_info(i);
-    ps_init init = PS_SIZED(ps_init, (ps_init_kind)p->init_kind, p->init_a, p->init_b, o.seed);
+    ps_init init = PS_SIZED(ps_init, (ps_init_kind)p->init_kind, p->init_a, p->init_b, o->seed);
     ps_var *v;
     /* Weight decay is part of the model's gradient (the L2 loss term). */
-    if (ps_client_var_create(c, p->name, p->shape, p->ndim, &init, &opt, &v) != 0)
-      die("creating %s: %s", p->name, ps_client_errmsg(c));
-    cnn_bind(m, i, ps_var_data(v), ps_var_grad(v));
-    vars[i] = v;
+    if (ps_client_var_create(t->c, p->name, p->shape, p->ndim, &init, &opt, &v) != 0)
+      die("creating %s: %s", p->name, ps_client_errmsg(t->c));
+    cnn_bind(t->m, i, ps_var_data(v), ps_var_grad(v));
+    t->vars[i] = v;
   }
-  uint64_t step = 0;
-  if (ps_client_pull(c, 0, &step) != 0) die("pull: %s", ps_client_errmsg(c));
-  if (step > 0) fprintf(stderr, "cifar_worker %d: resuming at step %llu\n", w, (unsigned long long)step);
+  if (ps_client_pull(t->c, 0, &t->step) != 0) die("pull: %s", ps_client_errmsg(t->c));
+  if (t->step > 0)
+    fprintf(stderr, "cifar_worker %d: resuming at step %llu\n", t->w,
+            (unsigned long long)t->step);
   fprintf(stderr,
           "cifar_worker %d/%d: %zu training images (shard %zu), batch %d (global %d), %ld steps, "
           "%d threads, lrn %s\n",
-          w, nw, train.n, cifar_sampler_size(sp), o.batch, o.batch * nw, total, threads,
-          o.lrn ? "on" : "off");
+          t->w, t->nw, t->train.n, cifar_sampler_size(t->sp), o->batch, o->batch * t->nw,
+          t->total, t->threads, o->lrn ? "on" : "off");
+}
 
-  FILE *metrics = NULL;
-  if (o.metrics[0]) {
+/* The --metrics file, the evaluation batch and the prefetch thread. */
+static void trainer_buffers(trainer *t) {
+  const opts *o = &t->o;
+  if (o->metrics[0]) {
     /* Workers of one job share the option: the chief writes FILE, worker
      * i FILE.w<i>, so no two processes write one file. */
     char path[4200];
-    if (w == 0) snprintf(path, sizeof path, "%s", o.metrics);
-    else snprintf(path, sizeof path, "%s.w%d", o.metrics, w);
-    if (!(metrics = fopen(path, "w"))) die("cannot write --metrics %s: %s", path, strerror(errno));
+    if (t->w == 0) snprintf(path, sizeof path, "%s", o->metrics);
+    else snprintf(path, sizeof path, "%s.w%d", o->metrics, t->w);
+    if (!(t->metrics = fopen(path, "w")))
+      die("cannot write --metrics %s: %s", path, strerror(errno));
   }
-  float *img = malloc((size_t)o.batch * IMG_FLOATS * sizeof(float));
-  uint8_t *lab = malloc((size_t)o.batch);
-  int *pred = malloc((size_t)o.batch * sizeof *pred);
-  if (!img || !lab || !pred) die("out of memory");
+  t->img = malloc((size_t)o->batch * IMG_FLOATS * sizeof(float));
+  t->lab = malloc((size_t)o->batch);
+  t->pred = malloc((size_t)o->batch * sizeof *t->pred);
+  if (!t->img || !t->lab || !t->pred) die("out of memory");
   /* The next batch is made in the background while a step trains, into
    * page-locked buffers on a GPU (copied by DMA straight from there). */
-  float *pimg[2];
-  uint8_t *plab[2];
   for (int i = 0; i < 2; i++) {
-    pimg[i] = cnn_host_alloc(be, (size_t)o.batch * IMG_FLOATS * sizeof(float));
-    plab[i] = cnn_host_alloc(be, (size_t)o.batch);
-    if (!pimg[i] || !plab[i]) die("out of memory");
+    t->pimg[i] = cnn_host_alloc(t->be, (size_t)o->batch * IMG_FLOATS * sizeof(float));
+    t->plab[i] = cnn_host_alloc(t->be, (size_t)o->batch);
+    if (!t->pimg[i] || !t->plab[i]) die("out of memory");
   }
-  cifar_prefetch *pf = cifar_prefetch_create(sp, o.batch, pimg, plab);
-  if (!pf) die("cannot start the prefetch thread: %s", strerror(errno));
+  t->pf = cifar_prefetch_create(t->sp, o->batch, t->pimg, t->plab);
+  if (!t->pf) die("cannot start the prefetch thread: %s", strerror(errno));
+}
+
+/* A progress line on stderr (and in --metrics) at time `now`, with the
+ * test accuracy when the chief has just evaluated. */
+static void trainer_report(trainer *t, double now, int do_eval) {
+  int w = t->w, B = t->o.batch;
+  unsigned long long step = (unsigned long long)t->step;
+  double ips = (double)(t->step - t->report_step) * B * t->nw / (now - t->last_report);
+  double eta = ips > 0 ? (double)(t->total - (long)t->step) * B * t->nw / ips : 0;
+  double loss = t->loss_sum / t->loss_n;
+  fprintf(stderr, "w%d step %llu epoch %.2f loss %.4f images/s %.1f eta %.0fs%s\n", w, step,
+          t->epoch, loss, ips, eta, do_eval ? "" : "");
+  if (do_eval) fprintf(stderr, "w%d step %llu test accuracy %.4f\n", w, step, t->acc);
+  if (t->metrics) {
+    fprintf(t->metrics,
+            "{\"worker\":%d,\"wall_s\":%.3f,\"step\":%llu,\"epoch\":%.4f,\"loss\":%.5f,"
+            "\"images_per_sec\":%.2f",
+            w, now - t->t0, step, t->epoch, loss, ips);
+    if (do_eval) fprintf(t->metrics, ",\"test_accuracy\":%.5f", t->acc);
+    fprintf(t->metrics, "}\n");
+    fflush(t->metrics);
+  }
+  t->last_report = now;
+  t->report_step = t->step;
+  t->loss_sum = 0;
+  t->loss_n = 0;
+}
+
+/* One step: gradients on the next batch, push and pull. 0, or 1 when the
+ * job stops (after a checkpoint). */
+static int trainer_step(trainer *t) {
   const float *bimg;
   const uint8_t *blab;
+  t->epoch = cifar_prefetch_get(t->pf, t->step, &bimg, &blab);
+  t->loss = cnn_train_step(t->m, bimg, blab, t->o.batch);
+  if (isnan(t->loss) && cnn_error(t->m)) die("training step failed: %s", cnn_error(t->m));
+  t->loss_sum += t->loss;
+  t->loss_n++;
+  int stale = 0;
+  if (g_stop) ps_client_request_stop(t->c);
+  int rc = ps_client_step(t->c, &t->step, &stale);
+  if (rc == PS_ESTOPPED) {
+    fprintf(stderr, "cifar_worker %d: %s\n", t->w, ps_client_errmsg(t->c));
+    return 1;
+  }
+  if (rc != 0) die("step: %s", ps_client_errmsg(t->c));
+  return 0;
+}
 
-  double t0 = now_s(), last_report = t0, epoch = 0, acc = NAN;
-  uint64_t first_step = step, report_step = step;
-  double loss_sum = 0;
-  int loss_n = 0;
-  int stopped = 0; /* PS_ESTOPPED: the job stops after a checkpoint */
-  float loss = 0;
-  while ((long)step < total) {
-    epoch = cifar_prefetch_get(pf, step, &bimg, &blab);
-    loss = cnn_train_step(m, bimg, blab, o.batch);
-    if (isnan(loss) && cnn_error(m)) die("training step failed: %s", cnn_error(m));
-    loss_sum += loss;
-    loss_n++;
-    int stale = 0;
-    if (g_stop) ps_client_request_stop(c);
-    int rc = ps_client_step(c, &step, &stale);
-    if (rc == PS_ESTOPPED) {
-      fprintf(stderr, "cifar_worker %d: %s\n", w, ps_client_errmsg(c));
-      stopped = 1;
+/* Steps until the total (or a stop), reporting about once a second and
+ * when the chief evaluates (--eval-every). */
+static void trainer_train(trainer *t) {
+  const opts *o = &t->o;
+  t->t0 = now_s();
+  t->last_report = t->t0;
+  t->acc = NAN;
+  t->first_step = t->report_step = t->step;
+  while ((long)t->step < t->total) {
+    if (trainer_step(t) != 0) {
+      t->stopped = 1;
       break;
     }
-    if (rc != 0) die("step: %s", ps_client_errmsg(c));
-    double t = now_s();
-    int do_eval = chief && o.eval_every > 0 && step % (uint64_t)o.eval_every == 0 && (long)step < total;
-    if (do_eval) acc = evaluate(m, &test, o.batch, img, lab, pred);
-    if (t - last_report >= 1.0 || do_eval) {
-      double ips = (double)(step - report_step) * o.batch * nw / (t - last_report);
-      double eta = ips > 0 ? (double)(total - (long)step) * o.batch * nw / ips : 0;
-      fprintf(stderr, "w%d step %llu epoch %.2f loss %.4f images/s %.1f eta %.0fs%s\n", w,
-              (unsigned long long)step, epoch, loss_sum / loss_n, ips, eta,
-              do_eval ? "" : "");
-      if (do_eval) fprintf(stderr, "w%d step %llu test accuracy %.4f\n", w, (unsigned long long)step, acc);
-      if (metrics) {
-        fprintf(metrics,
-                "{\"worker\":%d,\"wall_s\":%.3f,\"step\":%llu,\"epoch\":%.4f,\"loss\":%.5f,"
-                "\"images_per_sec\":%.2f",
-                w, t - t0, (unsigned long long)step, epoch, loss_sum / loss_n, ips);
-        if (do_eval) fprintf(metrics, ",\"test_accuracy\":%.5f", acc);
-        fprintf(metrics, "}\n");
-        fflush(metrics);
-      }
-      last_report = t;
-      report_step = step;
-      loss_sum = 0;
-      loss_n = 0;
-    }
+    double now = now_s();
+    int do_eval = t->chief && o->eval_every > 0 && t->step % (uint64_t)o->eval_every == 0 &&
+                  (long)t->step < t->total;
+    if (do_eval) t->acc = evaluate(t->m, &t->test, o->batch, t->img, t->lab, t->pred);
+    if (now - t->last_report >= 1.0 || do_eval) trainer_report(t, now, do_eval);
   }
-  double wall = now_s() - t0;
-  if (chief && !stopped) acc = evaluate(m, &test, o.batch, img, lab, pred);
-  if (chief && o.dump[0] && !stopped) {
-    FILE *f = fopen(o.dump, "wb");
-    if (!f) die("cannot write --dump-params %s: %s", o.dump, strerror(errno));
+  t->wall = now_s() - t->t0;
+}
+
+/* After the loop: the chief's final accuracy and --dump-params, the
+ * client's finish, the last --metrics line and the JSON line on stdout
+ * (none when the job stopped: the run goes on when it is run again). */
+static void trainer_end(trainer *t) {
+  const opts *o = &t->o;
+  int w = t->w, nw = t->nw, chief = t->chief, stopped = t->stopped;
+  if (chief && !stopped) t->acc = evaluate(t->m, &t->test, o->batch, t->img, t->lab, t->pred);
+  if (chief && o->dump[0] && !stopped) {
+    FILE *f = fopen(o->dump, "wb");
+    if (!f) die("cannot write --dump-params %s: %s", o->dump, strerror(errno));
     for (int i = 0; i < cnn_num_params(); i++)
-      fwrite(ps_var_data(vars[i]), sizeof(float), ps_var_numel(vars[i]), f);
-    if (fclose(f) != 0) die("writing --dump-params %s failed", o.dump);
+      fwrite(ps_var_data(t->vars[i]), sizeof(float), ps_var_numel(t->vars[i]), f);
+    if (fclose(f) != 0) die("writing --dump-params %s failed", o->dump);
   }
-  if (ps_client_finish(c) != 0) die("finish: %s", ps_client_errmsg(c));
-  double ips = wall > 0 ? (double)(step - first_step) * o.batch * nw / wall : 0;
-  if (stopped) {
-    if (metrics) fclose(metrics);
-  } else if (metrics) {
-    fprintf(metrics,
+  if (ps_client_finish(t->c) != 0) die("finish: %s", ps_client_errmsg(t->c));
+  unsigned long long step = (unsigned long long)t->step;
+  double wall = t->wall, epochs = (double)t->step / t->steps_per_epoch;
+  double ips = wall > 0 ? (double)(t->step - t->first_step) * o->batch * nw / wall : 0;
+  if (t->metrics && !stopped) {
+    fprintf(t->metrics,
             "{\"worker\":%d,\"wall_s\":%.3f,\"step\":%llu,\"epoch\":%.4f,\"loss\":%.5f,"
             "\"images_per_sec\":%.2f%s",
-            w, wall, (unsigned long long)step, (double)step / steps_per_epoch, loss, ips,
-            chief ? "" : "}\n");
-    if (chief) fprintf(metrics, ",\"test_accuracy\":%.5f}\n", acc);
-    fclose(metrics);
+            w, wall, step, epochs, t->loss, ips, chief ? "" : "}\n");
+    if (chief) fprintf(t->metrics, ",\"test_accuracy\":%.5f}\n", t->acc);
   }
+  if (t->metrics) fclose(t->metrics);
+  t->metrics = NULL;
   if (stopped)
     ; /* the run goes on when the job is run again */
   else if (chief)
     printf("{\"test_accuracy\":%.4f,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
            "\"wall_s\":%.2f,\"workers\":%d,\"batch\":%d,\"loss\":%.4f}\n",
-           acc, ips, (unsigned long long)step, (double)step / steps_per_epoch, wall, nw,
-           o.batch, loss);
+           t->acc, ips, step, epochs, wall, nw, o->batch, t->loss);
   else
     printf("{\"test_accuracy\":null,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
            "\"wall_s\":%.2f,\"worker\":%d,\"loss\":%.4f}\n",
-           ips, (unsigned long long)step, (double)step / steps_per_epoch, wall, w, loss);
-  cifar_prefetch_destroy(pf);
-  cnn_destroy(m);
+           ips, step, epochs, wall, w, t->loss);
+}
+
+/* The one cleanup path (errors before it exit through die). */
+static void trainer_free(trainer *t) {
+  if (t->metrics) fclose(t->metrics);
+  cifar_prefetch_destroy(t->pf);
+  cnn_destroy(t->m);
   for (int i = 0; i < 2; i++) {
-    cnn_host_free(be, pimg[i]);
-    cnn_host_free(be, plab[i]);
+    cnn_host_free(t->be, t->pimg[i]);
+    cnn_host_free(t->be, t->plab[i]);
   }
-  cifar_sampler_destroy(sp);
-  cifar_set_free(&train);
-  cifar_set_free(&test);
-  ps_client_destroy(c);
-  free(img);
-  free(lab);
-  free(pred);
-  return stopped ? EXIT_STOPPED : 0;
+  cifar_sampler_destroy(t->sp);
+  cifar_set_free(&t->train);
+  cifar_set_free(&t->test);
+  ps_client_destroy(t->c);
+  free(t->img);
+  free(t->lab);
+  free(t->pred);
+}
+
+int main(int argc, char **argv) {
+  static trainer t; /* zeroed; large (the option paths) */
+  parse(&t.o, argc, argv);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (t.o.bench) {
+    bench(&t.o);
+    return 0;
+  }
+  trainer_setup(&t);
+  trainer_connect(&t);
+  trainer_buffers(&t);
+  trainer_train(&t);
+  trainer_end(&t);
+  trainer_free(&t);
+  return t.stopped ? EXIT_STOPPED : 0;
 }

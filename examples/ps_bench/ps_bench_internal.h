@@ -1,0 +1,129 @@
+/* ps_bench_internal.h - what the files of ps_bench share (not installed).
+ *
+ *   ps_bench.c           options, the measurement plan and main
+ *   ps_bench_proc.c      child processes: registry, signals, fork, CPU
+ *                        pinning, reaping, starting psd, logs, the log dir
+ *   ps_bench_pushpull.c  one push-pull measurement: the worker process and
+ *                        the parent's stages (servers, workers, reports,
+ *                        exits) with one teardown
+ *   ps_bench_tcp.c       the raw TCP baselines (stream and round trip)
+ *   ps_bench_output.c    numbers and labels, the table and JSON lines
+ */
+#ifndef PS_BENCH_INTERNAL_H
+#define PS_BENCH_INTERNAL_H
+
+#include <limits.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define MAX_LIST 32          /* entries in one --ps/--workers/--sizes list */
+#define MAX_PS 64            /* --ps bound */
+#define MAX_WORKERS 64       /* --workers bound */
+#define MAX_BYTES (16ULL << 30) /* --sizes bound: 16 GiB */
+#define WARMUP_STEPS 2
+#define BIG_SIZE (64ULL << 20)  /* sizes from here on run at most BIG_STEPS */
+#define BIG_STEPS 10
+#define STREAM_CHUNK (4u << 20)
+#define STREAM_SOCKBUF (4 << 20)
+#define RTT_WARMUP 1000
+#define RTT_ITERS 20000
+#define GRAD_VALUE 1e-6f
+/* --telemetry-cost: off/on pairs; alternating cancels drift of the machine. */
+#define TELEM_ROUNDS 5
+#define LEARNING_RATE 0.01
+
+/* ---------------------------------------------------------------------- */
+/* Options (ps_bench.c) */
+
+typedef struct options {
+  int ps[MAX_LIST], n_ps;
+  int workers[MAX_LIST], n_workers;
+  uint64_t sizes[MAX_LIST];
+  int n_sizes;
+  int steps;
+  int steps_given;
+  int tcp_baseline;
+  int json;
+  int pin;   /* servers on the last CPUs, clients on the first ones */
+  int telemetry_cost; /* --telemetry-cost: 4-byte steps, telemetry off vs on */
+  char psd[PATH_MAX];
+} options;
+
+extern options opt;
+/* The run being measured has telemetry switched off (psd and client). */
+extern int g_telem_off;
+
+/* ---------------------------------------------------------------------- */
+/* Child processes (ps_bench_proc.c). Every process we start is registered
+ * so that an error path or a signal can kill it. */
+
+typedef struct proc {
+  pid_t pid;
+  int status;
+  int reaped;
+  char log[PATH_MAX];
+} proc;
+
+extern volatile sig_atomic_t g_interrupted;
+extern char g_tmpdir[1024]; /* shorter than PATH_MAX: log names fit after it */
+
+void install_signals(void);
+pid_t fork_child(void);
+void reap_all_children(void);
+void pin_cpu(int index);
+void unpin_cpu(void);
+/* 1 once p has exited (or never ran), 0 while it runs (block: wait). */
+int proc_reap(proc *p, int block);
+void proc_kill(proc *p);
+void describe_status(int st, char *buf, size_t len);
+/* Starts psd `index` of `nps` for run `run` and waits for its address. */
+int start_psd(proc *p, int run, int index, int nps, int nw, char *addr, size_t addrlen,
+              char *err, size_t errlen);
+void print_logs(const proc *ps, int nps, const proc *wk, int nw);
+int make_tmpdir(void);
+void remove_tmpdir(void);
+
+double now_s(void);
+void sleep_ms(int ms);
+int write_all(int fd, const void *buf, size_t len);
+/* Reads exactly len bytes; 0, or -1 on error or EOF. */
+int read_all(int fd, void *buf, size_t len);
+
+/* ---------------------------------------------------------------------- */
+/* Push-pull measurement (ps_bench_pushpull.c) */
+
+typedef struct pp_result {
+  uint64_t bytes;
+  int ps, workers, steps;
+  double step_ms, gbps, total_gbps;
+  int ok;  /* 1 measured, -1 measured but the values were wrong, 0 failed */
+  char error[600];
+} pp_result;
+
+int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, pp_result *res);
+
+/* ---------------------------------------------------------------------- */
+/* TCP baselines (ps_bench_tcp.c): measure, print, and return the value
+ * (NAN when the measurement failed, which adds to *failures). */
+
+double tcp_stream_baseline(int *failures);
+double tcp_rtt_baseline(int *failures);
+
+/* ---------------------------------------------------------------------- */
+/* Output (ps_bench_output.c) */
+
+void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+double median(const double *v, size_t n);
+const char *size_label(uint64_t b, char *buf, size_t len);
+/* A JSON number, or null where the value is not finite. */
+const char *jnum(double v, char *buf, size_t len);
+void print_table_header(void);
+void print_pushpull(const pp_result *r);
+void print_tcp_stream(uint64_t total, double best_s, double gbps);
+void print_tcp_rtt(double rtt_s);
+void print_telemetry_cost(double m_on, double m_off);
+void print_ratio(const pp_result *r, const char *vs, double value);
+
+#endif
