@@ -21,6 +21,25 @@ int ps__grow(void **p, size_t *cap, size_t need, size_t elem) {
   return 0;
 }
 
+int ps__grow_all(const ps__array *a, size_t n, size_t *cap, size_t need) {
+  if (need <= *cap) return 0;
+  size_t nc = *cap ? *cap : 16;
+  while (nc < need) {
+    if (nc > SIZE_MAX / 2) return -1;
+    nc *= 2;
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t bytes;
+    if (a[i].elem == 0 || __builtin_mul_overflow(nc, a[i].elem, &bytes)) return -1;
+    char *np = realloc(*a[i].p, bytes);
+    if (!np) return -1;
+    memset(np + *cap * a[i].elem, 0, (nc - *cap) * a[i].elem);
+    *a[i].p = np;
+  }
+  *cap = nc;
+  return 0;
+}
+
 static double clock_s(clockid_t id) {
   struct timespec ts;
   clock_gettime(id, &ts);

@@ -23,6 +23,18 @@ static inline int ps__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
  * bytes would overflow (*p and *cap unchanged then). */
 int ps__grow(void **p, size_t *cap, size_t need, size_t elem);
 
+/* One of several parallel arrays that share a capacity. */
+typedef struct ps__array {
+  void **p;    /* the array's pointer (updated when it moves) */
+  size_t elem; /* bytes per element */
+} ps__array;
+
+/* Grows the n parallel arrays a[0..n), all of capacity *cap, to hold at
+ * least need elements each (doubling), zeroing the new elements. 0, or -1
+ * when out of memory or on overflow: *cap is then unchanged (arrays already
+ * moved stay valid, only larger). */
+int ps__grow_all(const ps__array *a, size_t n, size_t *cap, size_t need);
+
 /* Monotonic clock in seconds: every deadline and duration. */
 double ps__now(void);
 /* Wall clock (Unix time) in seconds: only to date records for people. */

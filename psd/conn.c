@@ -94,26 +94,18 @@ static void slice_hold(void *ctx, void *ref);
 static void slice_release(void *ctx, void *ref);
 
 int psd_conn_reserve(psd_conn *c, uint32_t n) {
-  size_t old = c->reply_cap;
-  if (n > c->reply_cap) {
-    size_t cap = c->reply_cap;
-    if (ps__grow((void **)&c->reply_items, &cap, n, sizeof *c->reply_items)) return -1;
-    cap = c->reply_cap;
-    if (ps__grow((void **)&c->reply_ptrs, &cap, n, sizeof *c->reply_ptrs)) return -1;
-    cap = c->reply_cap;
-    if (ps__grow((void **)&c->status, &cap, n, sizeof *c->status)) return -1;
-    cap = c->reply_cap;
-    if (ps__grow((void **)&c->reply_data, &cap, n, sizeof *c->reply_data)) return -1;
-    cap = c->reply_cap;
-    if (ps__grow((void **)&c->reply_count, &cap, n, sizeof *c->reply_count)) return -1;
-    cap = c->reply_cap;
-    if (ps__grow((void **)&c->reply_refs, &cap, n, sizeof *c->reply_refs)) return -1;
-    cap = c->reply_cap;
-    if (ps__grow((void **)&c->seen, &cap, n, sizeof *c->seen)) return -1;
-    memset(c->seen + old, 0, (cap - old) * sizeof *c->seen);
-    c->reply_cap = cap;
-  }
-  return 0;
+  /* Per-item arrays of a frame being read or a reply being built, grown
+   * together; seen must start zeroed (ps__grow_all zeroes new elements). */
+  const ps__array arrays[] = {
+      {(void **)&c->reply_items, sizeof *c->reply_items},
+      {(void **)&c->reply_ptrs, sizeof *c->reply_ptrs},
+      {(void **)&c->status, sizeof *c->status},
+      {(void **)&c->reply_data, sizeof *c->reply_data},
+      {(void **)&c->reply_count, sizeof *c->reply_count},
+      {(void **)&c->reply_refs, sizeof *c->reply_refs},
+      {(void **)&c->seen, sizeof *c->seen},
+  };
+  return ps__grow_all(arrays, sizeof arrays / sizeof arrays[0], &c->reply_cap, n);
 }
 
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,

@@ -1,4 +1,4 @@
-/* Frame header codec, error table and host:port parsing (common.c). */
+/* Frame header codec and error table (wire/frame.c). */
 #include <check.h>
 #include <limits.h>
 #include <stdint.h>
@@ -429,73 +429,6 @@ START_TEST(test_error_unknown) {
 }
 END_TEST
 
-/* ---- host:port --------------------------------------------------------- */
-
-static int hp(const char *s, char *host, size_t cap, int *port) {
-  memset(host, 'Z', cap);
-  *port = -7;
-  return ps__parse_hostport(s, host, cap, port);
-}
-
-START_TEST(test_hostport_ok) {
-  char host[256];
-  int port;
-  ck_assert_int_eq(hp("127.0.0.1:80", host, sizeof host, &port), 0);
-  ck_assert_str_eq(host, "127.0.0.1");
-  ck_assert_int_eq(port, 80);
-  ck_assert_int_eq(hp("host:65535", host, sizeof host, &port), 0);
-  ck_assert_str_eq(host, "host");
-  ck_assert_int_eq(port, 65535);
-  ck_assert_int_eq(hp("[::1]:7000", host, sizeof host, &port), 0);
-  ck_assert_str_eq(host, "::1");
-  ck_assert_int_eq(port, 7000);
-  ck_assert_int_eq(hp("h:1", host, sizeof host, &port), 0);
-  ck_assert_str_eq(host, "h");
-  ck_assert_int_eq(port, 1);
-  ck_assert_int_eq(hp("[fe80::1:2]:443", host, sizeof host, &port), 0);
-  ck_assert_str_eq(host, "fe80::1:2");
-  ck_assert_int_eq(port, 443);
-  /* A host of exactly hostcap-1 bytes fits. */
-  char s[64], want[16];
-  memset(want, 'a', 15);
-  want[15] = '\0';
-  snprintf(s, sizeof s, "%s:9", want);
-  char small[16];
-  ck_assert_int_eq(hp(s, small, sizeof small, &port), 0);
-  ck_assert_str_eq(small, want);
-  ck_assert_int_eq(port, 9);
-}
-END_TEST
-
-START_TEST(test_hostport_bad) {
-  const char *bad[] = {"",          "host",        "host:",      ":80",
-                       "host:0",    "host:65536",  "host:12x",   "[::1]7000",
-                       "host:-1",   "host:99999999999999999999", "[::1]",
-                       "[]:80",     "[::1:80",     "host:x",     ":"};
-  char host[256];
-  int port;
-  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    int rc = hp(bad[i], host, sizeof host, &port);
-    ck_assert_msg(rc == PS_EINVAL, "'%s' gave %d, port %d", bad[i], rc, port);
-    ck_assert_msg(port == -7, "'%s' changed the port on failure", bad[i]);
-  }
-  ck_assert_int_eq(ps__parse_hostport(NULL, host, sizeof host, &port),
-                   PS_EINVAL);
-  /* Over-long hosts: one byte too many for the buffer, and far too many. */
-  char s[600], small[16];
-  memset(s, 'a', 16);
-  strcpy(s + 16, ":80");
-  ck_assert_int_eq(hp(s, small, sizeof small, &port), PS_EINVAL);
-  memset(s, 'b', 300);
-  strcpy(s + 300, ":80");
-  ck_assert_int_eq(hp(s, host, sizeof host, &port), PS_EINVAL);
-  memset(s, 'c', 300);
-  s[0] = '[';
-  strcpy(s + 300, "]:80");
-  ck_assert_int_eq(hp(s, host, sizeof host, &port), PS_EINVAL);
-}
-END_TEST
-
 Suite *suite_frame(void) {
   Suite *s = suite_create("frame");
   TCase *tc = tcase_create("header");
@@ -516,9 +449,5 @@ Suite *suite_frame(void) {
   tcase_add_test(te, test_error_table);
   tcase_add_test(te, test_error_unknown);
   suite_add_tcase(s, te);
-  TCase *th = tcase_create("hostport");
-  tcase_add_test(th, test_hostport_ok);
-  tcase_add_test(th, test_hostport_bad);
-  suite_add_tcase(s, th);
   return s;
 }

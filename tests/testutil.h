@@ -15,6 +15,7 @@
  * "SKIP: <suite>: <why>"; the runner then exits 77, which ctest reports as
  * skipped. */
 Suite *suite_frame(void);
+Suite *suite_util(void);
 Suite *suite_placement(void);
 Suite *suite_init(void);
 Suite *suite_optimizer(void);
