@@ -50,7 +50,7 @@ START_TEST(expire_in_deadline_order) {
   psd_waiters_init(&ws);
   psd_waitset *sets = calloc(NSETS, sizeof *sets);
   ck_assert_ptr_nonnull(sets);
-  uint64_t seed = 0x9e3779b97f4a7c15ULL, req = 0;
+  uint64_t seed = 0x9e3779b97f4a7c15ULL ^ tu_seed("waiters"), req = 0;
   for (int s = 0; s < NSETS; s++) {
     ck_assert_int_eq(psd_waitset_reserve(&ws, &sets[s], NSLICES), 0);
     for (uint32_t i = 0; i < NSLICES; i++) {
