@@ -1,25 +1,16 @@
 /* client.c - libpsclient's client handle: configuration (from a struct or
- * psrun's environment), connecting to every ps task, teardown. The rest of
- * the client lives by concept in conn.c, reply.c, request.c, var.c,
- * transfer.c and step.c (see client_internal.h). */
+ * psrun's environment), connecting to every ps task and the handshake,
+ * teardown, accessors. It is the top of the client's files: the rest live
+ * by concept below it (see the file map in client_internal.h). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client_internal.h"
-
-int ps__seterr(ps_client *c, int code, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(c->errmsg, sizeof c->errmsg, fmt, ap);
-  va_end(ap);
-  return code;
-}
-
 
 static int getenv_int(const char *name, int required, int def, int lo, int hi, int *out,
                       char *err, size_t errlen) {
@@ -120,7 +111,6 @@ int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
   return rc;
 }
 
-
 /* The configuration is usable: a sentence in errmsg when it is not. */
 static int check_config(const ps_config *cfg, char *errmsg, size_t errlen) {
 #define FAIL(code, ...)                                  \
@@ -189,6 +179,48 @@ static int client_setup(ps_client *c, const ps_config *cfg) {
   return 0;
 }
 
+/* The handshake on k: a Hello (with the credential) and a wait for its
+ * HelloReply through the pump, so it lives here above pump.c rather than in
+ * conn.c, which the pump drives. */
+static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
+  Ps__Hello h = PS__HELLO__INIT;
+  char cid[128], hn[64] = "";
+  gethostname(hn, sizeof hn - 1);
+  snprintf(cid, sizeof cid, "(%s pid %d)", hn, (int)getpid());
+  h.protocol_version = PS__PROTOCOL_VERSION;
+  h.role = PS__ROLE__ROLE_WORKER;
+  h.worker_index = (uint32_t)c->worker_index;
+  h.num_workers = (uint32_t)c->num_workers;
+  h.num_ps = (uint32_t)c->num_ps;
+  h.ps_index = (uint32_t)k->index;
+  h.replicas_to_aggregate = (uint32_t)c->replicas;
+  h.async_mode = c->async_mode;
+  char *mcred = NULL;
+  ps__auth au = {c->cred, c->cred_len, c->munge, c->munge_socket, c->job_id, c->step_id};
+  char aerr[512];
+  int arc = ps__hello_auth(&h, &au, &mcred, aerr, sizeof aerr);
+  if (arc) return ps__seterr(c, arc, "%s", aerr);
+  h.client_id = cid;
+  h.split_threshold = c->placer.split_threshold;
+  h.max_slice_bytes = c->placer.max_slice_bytes;
+  ps_req *r = ps__req_new(c, PS__REQ_HELLO);
+  if (!r) {
+    free(mcred);
+    return ps__seterr(c, PS_ENOMEM, "out of memory");
+  }
+  r->step = (uint64_t)k->index; /* HELLO_REPLY carries no id: match by ps */
+  r->pend_ps[k->index] = 1;
+  int rc = ps__queue_frame(c, k, PS__MSG_HELLO, &h.base, NULL, NULL, 0);
+  free(mcred); /* packed into the frame */
+  if (rc == 0) rc = ps__pump(c, r, deadline);
+  if (rc == 0) rc = r->status;
+  if (rc == PS_ETIMEDOUT)
+    ps__seterr(c, rc, "ps %d at %s accepted the connection but did not answer the handshake",
+               k->index, k->addr);
+  ps__req_release(c, r);
+  return rc;
+}
+
 int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_t errlen) {
   *out = NULL;
   /* From here on, the library's own layout with defaults past the
@@ -215,7 +247,7 @@ int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_
   for (int i = 0; i < c->num_ps; i++)
     if ((rc = ps__conn_connect(c, &c->conns[i], deadline)) != 0) goto fail;
   for (int i = 0; i < c->num_ps; i++)
-    if ((rc = ps__conn_hello(c, &c->conns[i], deadline + 10.0)) != 0) goto fail;
+    if ((rc = conn_hello(c, &c->conns[i], deadline + 10.0)) != 0) goto fail;
   ps__telem_idle(&c->telem, ps__now());
   *out = c;
   return 0;
@@ -230,6 +262,7 @@ void ps_client_destroy(ps_client *c) {
   for (int i = 0; c->conns && i < c->num_ps; i++) ps__conn_free(&c->conns[i]);
   free(c->conns);
   ps__vars_free(c);
+  ps__remote_free(c);
   ps__req_free_all(c);
   ps__placer_free(&c->placer);
   free(c->ids);
@@ -243,7 +276,6 @@ void ps_client_destroy(ps_client *c) {
   free(c);
 }
 
-const char *ps_client_errmsg(const ps_client *c) { return c ? c->errmsg : "no client"; }
 int ps_client_worker_index(const ps_client *c) { return c->worker_index; }
 int ps_client_num_workers(const ps_client *c) { return c->num_workers; }
 int ps_client_num_ps(const ps_client *c) { return c->num_ps; }

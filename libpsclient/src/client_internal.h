@@ -3,14 +3,23 @@
  * files (names ps__): the client, connection, variable and request structs
  * and the functions one concept offers the others. Not installed.
  *
- *   client.c   create/destroy, configuration, accessors
- *   conn.c     sockets, handshake, the frame reader, the poll loop
- *   reply.c    what each reply type does to requests and variables
- *   request.c  in-flight requests, looked up by id in a table
- *   var.c      variables: placement, registration, initialization
- *   transfer.c push and pull of gradients and parameters
- *   step.c     ps_client_step, the chief's checkpoints, stop, finish
- *   sized.c    the public structs that carry their size (struct_size)
+ * The files form layers: each calls only files below it, so no file calls
+ * back into one that calls it (tests/structure_test.py checks it).
+ *
+ *   client.c    create (connect, handshake), destroy, configuration, accessors
+ *   step.c      ps_client_step / pull / finish, the chief's checkpoints, stop
+ *   var.c       variables: placement, registration, initialization, undo
+ *   transfer.c  Push and Pull frames (never waits)
+ *   pump.c      the poll loop, and every wait: ps_req_wait / destroy
+ *   reader.c    a connection's frame reader (enum states, direct reads)
+ *   reply.c     what each reply type does to requests and variables
+ *   slicemap.c  per server: its slice id -> our slice
+ *   conn.c      sockets, connecting, queueing and flushing frames, breaking
+ *   request.c   in-flight requests, looked up by id in a table
+ *   errmsg.c    the last error's text
+ *   init.c, sized.c, telemetry.c: helpers the files above use, calling
+ *               none of them (initializers, the public structs that carry
+ *               their size, per-step records)
  */
 #ifndef PS_CLIENT_INTERNAL_H
 #define PS_CLIENT_INTERNAL_H
@@ -201,41 +210,13 @@ struct ps_client {
 int ps__sized_read(void *dst, size_t lib_size, const void *src, size_t v1_size,
                    const char *type, char *err, size_t errlen);
 
-/* ---- client.c ------------------------------------------------------------ */
+/* ---- errmsg.c ------------------------------------------------------------ */
 
 /* Sets c's error message; returns code. */
 int ps__seterr(ps_client *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* ---- conn.c ---------------------------------------------------------------- */
-
-/* Connects k (retrying until deadline), then performs the handshake. */
-int ps__conn_connect(ps_client *c, ps__conn *k, double deadline);
-int ps__conn_hello(ps_client *c, ps__conn *k, double deadline);
-/* Queues a frame on k: header + message, then optional data segments
- * (sent from where they are: the caller keeps them stable until sent). */
-int ps__queue_frame(ps_client *c, ps__conn *k, unsigned type, const ProtobufCMessage *m,
-                    const float *const *data, const uint64_t *counts, size_t nseg);
-/* Writes as much queued output as the socket takes. 0, or <0 (broken). */
-int ps__conn_flush(ps_client *c, ps__conn *k);
-/* Closes k and fails the requests still waiting for it. */
-void ps__conn_break(ps_client *c, ps__conn *k, int code, const char *why);
-/* Frees k's buffers and closes its socket. */
-void ps__conn_free(ps__conn *k);
-/* Drives every connection until r is done or the deadline passes. */
-int ps__pump(ps_client *c, ps_req *r, double deadline);
-
-/* ---- reply.c --------------------------------------------------------------- */
-
-/* A complete protobuf part arrived on k. 0, or <0 (connection broken).
- * A PullReply with data moves k's reader to PS__RD_DATA. */
-int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta);
-/* The data of k's PullReply is all in: its slices are received. */
-void ps__pull_data_done(ps_client *c, ps__conn *k);
-/* Every server has written its stop checkpoint. */
-int ps__all_stopped(const ps_client *c);
-
-/* ---- request.c ------------------------------------------------------------- */
+/* ---- request.c (calls no other file) ------------------------------------- */
 
 /* A new in-flight request (NULL: out of memory). */
 ps_req *ps__req_new(ps_client *c, int type);
@@ -253,18 +234,59 @@ void ps__req_release(ps_client *c, ps_req *r);
 void ps__req_expect(ps_req *r, int p, int n);
 /* n replies for r arrived from ps p; finishes r when none is left. */
 void ps__req_answered(ps_client *c, ps_req *r, int p, int n);
-/* Waits for r, then releases it. */
-int ps__req_wait_release(ps_client *c, ps_req *r);
 /* Frees every request object and the table. */
 void ps__req_free_all(ps_client *c);
 
-/* ---- var.c ----------------------------------------------------------------- */
+/* ---- conn.c (calls request.c, errmsg.c) ---------------------------------- */
+
+/* Connects k, retrying until deadline (the handshake is client.c's). */
+int ps__conn_connect(ps_client *c, ps__conn *k, double deadline);
+/* Queues a frame on k: header + message, then optional data segments
+ * (sent from where they are: the caller keeps them stable until sent). */
+int ps__queue_frame(ps_client *c, ps__conn *k, unsigned type, const ProtobufCMessage *m,
+                    const float *const *data, const uint64_t *counts, size_t nseg);
+/* Writes as much queued output as the socket takes. 0, or <0 (broken). */
+int ps__conn_flush(ps_client *c, ps__conn *k);
+/* Closes k and fails the requests still waiting for it. */
+void ps__conn_break(ps_client *c, ps__conn *k, int code, const char *why);
+/* Frees k's buffers and closes its socket. */
+void ps__conn_free(ps__conn *k);
+
+/* ---- slicemap.c (calls no other file) ------------------------------------ */
 
 /* The slice server p calls id, or NULL. */
 ps__slice *ps__slice_by_remote(ps_client *c, int p, uint32_t id);
-/* Records that server p calls slice index si id. 0 or PS_ENOMEM. */
+/* Records that server p calls slice index si id. 0, PS_EPROTO or PS_ENOMEM. */
 int ps__remote_set(ps_client *c, int p, uint32_t id, size_t si);
-/* Frees every variable and the slice maps. */
+/* Forgets server p's id for slice index si (if the map still says so). */
+void ps__remote_forget(ps_client *c, int p, uint32_t id, size_t si);
+/* Frees every server's map. */
+void ps__remote_free(ps_client *c);
+
+/* ---- reply.c (calls slicemap.c, conn.c, request.c) ----------------------- */
+
+/* A complete protobuf part arrived on k. 0, or <0 (connection broken).
+ * A PullReply with data moves k's reader to PS__RD_DATA. */
+int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta);
+/* The data of k's PullReply is all in: its slices are received. */
+void ps__pull_data_done(ps_client *c, ps__conn *k);
+
+/* ---- reader.c (calls reply.c, conn.c) ------------------------------------ */
+
+/* Processes k's buffered input and reads more until the socket is drained;
+ * 0 or <0 (k broken). */
+int ps__conn_read(ps_client *c, ps__conn *k);
+
+/* ---- pump.c (calls reader.c, conn.c, request.c) -------------------------- */
+
+/* Drives every connection until r is done or the deadline passes. */
+int ps__pump(ps_client *c, ps_req *r, double deadline);
+/* Waits for r, then releases it. */
+int ps__req_wait_release(ps_client *c, ps_req *r);
+
+/* ---- var.c --------------------------------------------------------------- */
+
+/* Frees every variable and the slice list (not the slice maps). */
 void ps__vars_free(ps_client *c);
 
 #endif /* PS_CLIENT_INTERNAL_H */

@@ -1,6 +1,9 @@
 /* reply.c - what each reply from a server does: finishes or fails its
  * request, records the server's slice ids, aims a PullReply's data at the
- * variables, and notes the checkpoint/stop flags replies carry. */
+ * variables, and notes the checkpoint/stop flags replies carry. reader.c
+ * calls in here with each complete protobuf part; this file only calls
+ * down (connections, the request table, the slice map), never the reader
+ * or the pump, so handling a reply can not re-enter reading. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,15 +78,6 @@ static void note_flags(ps_client *c, ps__conn *k, int want_ckpt, int want_stop, 
     k->stopped = 1;
     c->stop_step = stop_step;
   }
-}
-
-/* Every server has written its stop checkpoint: only then may the worker
- * leave (with backup workers a server can still need its gradients to
- * reach the step). */
-int ps__all_stopped(const ps_client *c) {
-  for (int i = 0; i < c->num_ps; i++)
-    if (!c->conns[i].stopped) return 0;
-  return c->num_ps > 0;
 }
 
 /* Each on_* handles one unpacked reply: 0, or <0 when k was broken. */

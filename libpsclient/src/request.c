@@ -1,6 +1,8 @@
-/* request.c - in-flight requests. Replies name their request by id; the
- * table finds it in one probe (slot = id & (cap - 1)) instead of walking a
- * list, which matters when a step has a frame per slice in flight. */
+/* request.c - the table of in-flight requests, nothing more. Replies name
+ * their request by id; the table finds it in one probe (slot = id &
+ * (cap - 1)) instead of walking a list, which matters when a step has a
+ * frame per slice in flight. Waiting for a request drives the connections,
+ * so it lives above them, in pump.c; this file calls no other. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,12 +97,6 @@ void ps__req_answered(ps_client *c, ps_req *r, int p, int n) {
   if (r->pending <= 0) ps__req_finish(c, r);
 }
 
-int ps__req_wait_release(ps_client *c, ps_req *r) {
-  int rc = ps_req_wait(r, -1, NULL);
-  ps__req_release(c, r);
-  return rc;
-}
-
 void ps__req_free_all(ps_client *c) {
   for (size_t i = 0; i < c->reqs.cap; i++) {
     ps_req *r = c->reqs.slot[i];
@@ -117,31 +113,4 @@ void ps__req_free_all(ps_client *c) {
     free(r->pend_ps);
     free(r);
   }
-}
-
-int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out) {
-  if (!r) return PS_EINVAL;
-  ps_client *c = r->c;
-  double deadline = ps__now() + (timeout_ms < 0 ? c->request_timeout_ms : timeout_ms) / 1000.0;
-  if (!r->done) {
-    int rc = ps__pump(c, r, deadline);
-    if (rc) return rc;
-  }
-  if (step_out) *step_out = r->step == UINT64_MAX ? 0 : r->step;
-  if (r->status) return r->status;
-  if (r->stale) {
-    snprintf(c->errmsg, sizeof c->errmsg, "gradient was stale: the servers had moved on");
-    return PS_ESTALE;
-  }
-  return 0;
-}
-
-void ps_req_destroy(ps_req *r) {
-  if (!r) return;
-  ps_client *c = r->c;
-  if (!r->done) {
-    /* Buffers may still be in use: let it finish (bounded). */
-    ps__pump(c, r, ps__now() + c->request_timeout_ms / 1000.0);
-  }
-  ps__req_release(c, r);
 }

@@ -14,6 +14,17 @@ int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out) {
   return rc;
 }
 
+/* Every server has written its stop checkpoint: only then may the worker
+ * leave (with backup workers a server can still need its gradients to
+ * reach the step). */
+static int all_stopped(const ps_client *c) {
+  for (int i = 0; i < c->num_ps; i++)
+    if (!c->conns[i].stopped) return 0;
+  return c->num_ps > 0;
+}
+
+/* The error a worker leaves with once every server has stopped: it names
+ * the step the next run resumes from. */
 static int stopped_err(ps_client *c) {
   return ps__seterr(c, PS_ESTOPPED,
                 "the job stops on request: the parameter servers checkpointed step %llu; "
@@ -93,7 +104,7 @@ static int after_step(ps_client *c, uint64_t step) {
   int rc = agree_checkpoint(c, step, stop);
   if (rc) return stop ? rc : 0;
   if (stop) c->stop_agreed = 1; /* keep stepping until every server stopped */
-  return ps__all_stopped(c) ? stopped_err(c) : 0;
+  return all_stopped(c) ? stopped_err(c) : 0;
 }
 
 void ps_client_request_stop(ps_client *c) {
@@ -132,7 +143,7 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   }
   if (lrc) return lrc;
   if (prc == PS_ESTALE && stale_out) *stale_out = 1;
-  if (ps__all_stopped(c)) return stopped_err(c);
+  if (all_stopped(c)) return stopped_err(c);
   *step = c->async_mode ? *step + 1 : got;
   return after_step(c, *step);
 }

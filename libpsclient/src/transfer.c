@@ -1,7 +1,8 @@
 /* transfer.c - push and pull: gradients go out straight from the
  * variables' buffers, in frames of at most PS__MAX_DATA bytes and
  * PS__MAX_ITEMS_PER_FRAME slices per server; parameters come back into
- * ps_var_data() as reply.c reads them. */
+ * ps_var_data() as reader.c reads them (reply.c aims them). Nothing here
+ * waits: callers wait through pump.c. */
 #include <stdlib.h>
 
 #include "client_internal.h"

@@ -1,30 +1,12 @@
 /* var.c - variables: deterministic placement into slices, registration on
  * the servers that hold them (all at once), the chief's initialization,
- * and the map from a server's slice ids to our slices. The map stores
- * indices into c->slices, which stay valid when that array is reallocated. */
+ * and the one undo path when a creation fails. The servers' slice ids are
+ * recorded in slicemap.c (by reply.c, as RegisterReplies arrive). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "client_internal.h"
-
-ps__slice *ps__slice_by_remote(ps_client *c, int p, uint32_t id) {
-  const ps__remote_map *m = &c->by_remote[p];
-  if (id >= m->cap || m->idx[id] == PS__NO_SLICE || m->idx[id] >= c->nslices) return NULL;
-  return &c->slices[m->idx[id]];
-}
-
-int ps__remote_set(ps_client *c, int p, uint32_t id, size_t si) {
-  ps__remote_map *m = &c->by_remote[p];
-  if (id == PS__NO_SLICE || si >= PS__NO_SLICE) return PS_EPROTO;
-  if (id >= m->cap) {
-    size_t old = m->cap;
-    if (ps__grow((void **)&m->idx, &m->cap, (size_t)id + 1, sizeof *m->idx)) return PS_ENOMEM;
-    for (size_t i = old; i < m->cap; i++) m->idx[i] = PS__NO_SLICE;
-  }
-  m->idx[id] = (uint32_t)si;
-  return 0;
-}
 
 void ps__vars_free(ps_client *c) {
   for (size_t i = 0; i < c->nvars; i++) {
@@ -35,8 +17,6 @@ void ps__vars_free(ps_client *c) {
   }
   free(c->vars);
   free(c->slices);
-  for (int i = 0; c->by_remote && i < c->num_ps; i++) free(c->by_remote[i].idx);
-  free(c->by_remote);
 }
 
 float *ps_var_data(ps_var *v) { return v->data; }
@@ -139,8 +119,7 @@ static int var_place(ps_client *c, ps_var *v) {
 static void var_unplace(ps_client *c, ps_var *v) {
   for (size_t i = v->first_slice; i < c->nslices; i++) {
     const ps__slice *s = &c->slices[i];
-    ps__remote_map *m = &c->by_remote[s->ps];
-    if (s->remote_id < m->cap && m->idx[s->remote_id] == i) m->idx[s->remote_id] = PS__NO_SLICE;
+    ps__remote_forget(c, (int)s->ps, s->remote_id, i);
   }
   c->nslices = v->first_slice;
   c->nvars--;
