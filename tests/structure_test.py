@@ -9,7 +9,8 @@
   that file B defines; calls through function pointers, the hooks, are not
   edges);
 - no function over MAX_FUNC lines and no source file over MAX_FILE lines in
-  those directories (tables excepted: they are data, not functions).
+  those directories (tables excepted: they are data, not functions);
+- README.md's Layout section names every source file of those directories.
 
 Prints each violation and exits 1, or prints a summary (the longest
 function and file) and exits 0."""
@@ -140,6 +141,13 @@ def main(root):
             errors.append(f'{d}/: include cycle ' + ' -> '.join(c))
         for c in cycles(call_graph):
             errors.append(f'{d}/: call cycle ' + ' -> '.join(c))
+    readme = os.path.join(root, 'README.md')
+    if os.path.exists(readme):
+        text = open(readme).read()
+        layout = text[text.find('## Layout'):]
+        for f in sorted(files):
+            if os.path.basename(f) not in layout:
+                errors.append(f'{f}: not in README.md\'s Layout section')
     for e in errors:
         print('FAIL:', e)
     print(f'longest function: {longest_fn[1]} ({longest_fn[0]} lines); '

@@ -171,12 +171,11 @@ struct ps_client {
   ps__req_table reqs;         /* requests awaiting replies */
   ps_req *freelist;           /* reusable request objects */
   uint32_t *ids;              /* scratch for slice id lists */
-  size_t ids_cap;             /* its entries */
   Ps__Item *items;            /* scratch for push items */
   Ps__Item **itemp;           /* ... pointers to them */
   const float **segdata;      /* scratch: data segments of a push */
   uint64_t *segcount;         /* ... and their lengths */
-  size_t items_cap;           /* entries of the four above */
+  size_t items_cap;           /* entries of the five scratch arrays above */
   uint8_t *cred;              /* credential bytes */
   size_t cred_len;            /* their count */
   int munge;                  /* MUNGE credentials, one per connection */

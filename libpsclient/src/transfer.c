@@ -8,19 +8,15 @@
 #include "client_internal.h"
 
 static int scratch_items(ps_client *c, size_t n) {
-  size_t cap = c->items_cap;
-  if (ps__grow((void **)&c->items, &cap, n, sizeof *c->items)) return -1;
-  cap = c->items_cap;
-  if (ps__grow((void **)&c->itemp, &cap, n, sizeof *c->itemp)) return -1;
-  cap = c->items_cap;
-  if (ps__grow((void **)&c->segdata, &cap, n, sizeof *c->segdata)) return -1;
-  cap = c->items_cap;
-  if (ps__grow((void **)&c->segcount, &cap, n, sizeof *c->segcount)) return -1;
-  c->items_cap = cap;
-  cap = c->ids_cap;
-  if (ps__grow((void **)&c->ids, &cap, n, sizeof *c->ids)) return -1;
-  c->ids_cap = cap;
-  return 0;
+  /* Per-slice scratch of one Push or Pull, grown together. */
+  const ps__array arrays[] = {
+      {(void **)&c->items, sizeof *c->items},
+      {(void **)&c->itemp, sizeof *c->itemp},
+      {(void **)&c->segdata, sizeof *c->segdata},
+      {(void **)&c->segcount, sizeof *c->segcount},
+      {(void **)&c->ids, sizeof *c->ids},
+  };
+  return ps__grow_all(arrays, sizeof arrays / sizeof arrays[0], &c->items_cap, n);
 }
 
 /* Slices of the chosen variables on ps p, in order: calls fn for each. */
