@@ -1,6 +1,8 @@
 /* util.c - one clock, overflow-checked growth, percentiles, host:port. */
 #include "util.h"
 
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -38,6 +40,16 @@ int ps__grow_all(const ps__array *a, size_t n, size_t *cap, size_t need) {
   }
   *cap = nc;
   return 0;
+}
+
+int ps__errf(int code, char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
 }
 
 static double clock_s(clockid_t id) {

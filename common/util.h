@@ -35,6 +35,12 @@ typedef struct ps__array {
  * moved stay valid, only larger). */
 int ps__grow_all(const ps__array *a, size_t n, size_t *cap, size_t need);
 
+/* Writes a sentence into err (errlen bytes; nothing when err is NULL or
+ * errlen 0) and returns code: `return ps__errf(PS_EINVAL, err, errlen,
+ * "...", ...)` is how a check reports what it refused. */
+int ps__errf(int code, char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Monotonic clock in seconds: every deadline and duration. */
 double ps__now(void);
 /* Wall clock (Unix time) in seconds: only to date records for people. */

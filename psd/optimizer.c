@@ -11,6 +11,8 @@
  */
 #include "optimizer.h"
 
+#include "util.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -48,68 +50,56 @@ static const char *decay_name(int decay) {
   }
 }
 
-/* Writes the message (if there is room for one) and returns PS_EINVAL. */
-__attribute__((format(printf, 3, 4)))
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return PS_EINVAL;
-}
-
 /* x in [0, 1); false for NaN. */
 static int in_unit_halfopen(double x) { return x >= 0.0 && x < 1.0; }
 
 int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
-  if (!o) return fail(err, errlen, "optimizer configuration is missing");
+  if (!o) return ps__errf(PS_EINVAL, err, errlen, "optimizer configuration is missing");
   if (!(isfinite(o->lr) && o->lr > 0.0))
-    return fail(err, errlen,
+    return ps__errf(PS_EINVAL, err, errlen,
                 "optimizer lr must be a positive finite number, got %g", o->lr);
   if (!kind_name((int)o->kind))
-    return fail(err, errlen,
+    return ps__errf(PS_EINVAL, err, errlen,
                 "optimizer kind must be %d (sgd), %d (momentum) or %d (adam), "
                 "got %d",
                 PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, (int)o->kind);
   /* Fields of the other rules are ignored, so a config zeroed apart from
    * kind and lr is valid SGD. */
   if (o->kind == PS_OPT_MOMENTUM && !in_unit_halfopen(o->momentum))
-    return fail(err, errlen, "optimizer momentum must be in [0, 1), got %g",
+    return ps__errf(PS_EINVAL, err, errlen, "optimizer momentum must be in [0, 1), got %g",
                 o->momentum);
   if (o->kind == PS_OPT_ADAM) {
     if (!in_unit_halfopen(o->beta1))
-      return fail(err, errlen, "optimizer beta1 must be in [0, 1), got %g",
+      return ps__errf(PS_EINVAL, err, errlen, "optimizer beta1 must be in [0, 1), got %g",
                   o->beta1);
     if (!in_unit_halfopen(o->beta2))
-      return fail(err, errlen, "optimizer beta2 must be in [0, 1), got %g",
+      return ps__errf(PS_EINVAL, err, errlen, "optimizer beta2 must be in [0, 1), got %g",
                   o->beta2);
     if (!(isfinite(o->epsilon) && o->epsilon > 0.0))
-      return fail(err, errlen,
+      return ps__errf(PS_EINVAL, err, errlen,
                   "optimizer epsilon must be a positive finite number, got %g",
                   o->epsilon);
   }
   if (!decay_name((int)o->decay))
-    return fail(err, errlen,
+    return ps__errf(PS_EINVAL, err, errlen,
                 "optimizer decay must be %d (none), %d (exponential) or %d "
                 "(step), got %d",
                 PS_DECAY_NONE, PS_DECAY_EXPONENTIAL, PS_DECAY_STEP,
                 (int)o->decay);
   if (o->decay != PS_DECAY_NONE) {
     if (!(o->decay_rate > 0.0 && o->decay_rate <= 1.0))
-      return fail(err, errlen,
+      return ps__errf(PS_EINVAL, err, errlen,
                   "optimizer decay_rate must be in (0, 1] with %s decay, "
                   "got %g",
                   decay_name((int)o->decay), o->decay_rate);
     if (o->decay_steps == 0)
-      return fail(err, errlen,
+      return ps__errf(PS_EINVAL, err, errlen,
                   "optimizer decay_steps must be > 0 with %s decay, got 0",
                   decay_name((int)o->decay));
   }
   if (!(isfinite(o->weight_decay) && o->weight_decay >= 0.0))
-    return fail(err, errlen,
+    return ps__errf(PS_EINVAL, err, errlen,
                 "optimizer weight_decay must be a finite number >= 0, got %g",
                 o->weight_decay);
   return 0;

@@ -8,6 +8,8 @@
  */
 #include "layout.h"
 
+#include "util.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -26,16 +28,6 @@
 /* "run psrun under srun" hint appended to a missing required variable. */
 #define PSR_HINT "run psrun under srun, or use psrun --local"
 
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || errlen == 0) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
 
 /* ---- integers ------------------------------------------------------------ */
 
@@ -62,19 +54,19 @@ static int parse_ll_var(const char *var, const char *val, long long lo, long lon
   long long v = 0;
   int rc = strict_ll(val, &v);
   if (rc == -1) {
-    seterr(err, errlen, "%s='%s' is not an integer", var, val);
+    ps__errf(-1, err, errlen, "%s='%s' is not an integer", var, val);
     return -1;
   }
   if (rc == -2) {
-    seterr(err, errlen, "%s=%s is out of range", var, val);
+    ps__errf(-1, err, errlen, "%s=%s is out of range", var, val);
     return -1;
   }
   if (v < lo) {
-    seterr(err, errlen, "%s=%s must be at least %lld", var, val, lo);
+    ps__errf(-1, err, errlen, "%s=%s must be at least %lld", var, val, lo);
     return -1;
   }
   if (v > hi) {
-    seterr(err, errlen, "%s=%s must be at most %lld", var, val, hi);
+    ps__errf(-1, err, errlen, "%s=%s must be at most %lld", var, val, hi);
     return -1;
   }
   *out = v;
@@ -113,7 +105,7 @@ static const char *get_first(const char *(*get)(const char *), const char **whic
 static int dup_str(char **dst, const char *src, char *err, size_t errlen) {
   *dst = strdup(src);
   if (!*dst) {
-    seterr(err, errlen, "out of memory");
+    ps__errf(-1, err, errlen, "out of memory");
     return -1;
   }
   return 0;
@@ -129,7 +121,7 @@ static int parse_dist(psr_env *e, const char *raw, const char *(*get)(const char
   char node[32];
   if (n >= sizeof node) {
     if (strncasecmp(raw, "plane=", 6) == 0) {
-      seterr(err, errlen,
+      ps__errf(-1, err, errlen,
              "SLURM_DISTRIBUTION='%s' has a plane size that is not an integer "
              "between 1 and %d",
              raw, PSR_MAX_COUNT);
@@ -154,7 +146,7 @@ static int parse_dist(psr_env *e, const char *raw, const char *(*get)(const char
       /* "plane=N" */
       long long v = 0;
       if (strict_ll(eq + 1, &v) != 0 || v < 1 || v > PSR_MAX_COUNT) {
-        seterr(err, errlen,
+        ps__errf(-1, err, errlen,
                "SLURM_DISTRIBUTION='%s' has a plane size that is not an integer "
                "between 1 and %d",
                raw, PSR_MAX_COUNT);
@@ -184,7 +176,7 @@ static int parse_ports(psr_env *e, const char *val, char *err, size_t errlen) {
   char first[32];
   size_t n = strcspn(val, ",");
   if (n == 0 || n >= sizeof first) {
-    seterr(err, errlen, "%s='%s' is not a port or a port range", var, val);
+    ps__errf(-1, err, errlen, "%s='%s' is not a port or a port range", var, val);
     return -1;
   }
   memcpy(first, val, n);
@@ -194,16 +186,16 @@ static int parse_ports(psr_env *e, const char *val, char *err, size_t errlen) {
   if (dash) *dash = '\0';
   if (first[0] == '-' || strict_ll(first, &lo) != 0 ||
       (dash && (dash[1] == '-' || strict_ll(dash + 1, &hi) != 0))) {
-    seterr(err, errlen, "%s='%s' is not a port or a port range", var, val);
+    ps__errf(-1, err, errlen, "%s='%s' is not a port or a port range", var, val);
     return -1;
   }
   if (!dash) hi = lo;
   if (lo < 1 || lo > 65535 || hi < 1 || hi > 65535) {
-    seterr(err, errlen, "%s='%s' has a port outside 1..65535", var, val);
+    ps__errf(-1, err, errlen, "%s='%s' has a port outside 1..65535", var, val);
     return -1;
   }
   if (hi < lo) {
-    seterr(err, errlen, "%s='%s' is a port range that ends below its start", var, val);
+    ps__errf(-1, err, errlen, "%s='%s' is a port range that ends below its start", var, val);
     return -1;
   }
   e->resv_port_lo = (int)lo;
@@ -232,7 +224,7 @@ static int env_ids(psr_env *e, const char *(*get)(const char *), char *err, size
   val = get_first(get, &ntasks_var, "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS",
                   (const char *)NULL);
   if (!val) {
-    seterr(err, errlen, "SLURM_NTASKS is not set: " PSR_HINT);
+    ps__errf(-1, err, errlen, "SLURM_NTASKS is not set: " PSR_HINT);
     return -1;
   }
   if (parse_int_var(ntasks_var, val, 1, INT_MAX, &e->ntasks, err, errlen) != 0)
@@ -241,19 +233,19 @@ static int env_ids(psr_env *e, const char *(*get)(const char *), char *err, size
   var = "SLURM_PROCID";
   val = get(var);
   if (!val) {
-    seterr(err, errlen, "%s is not set: " PSR_HINT, var);
+    ps__errf(-1, err, errlen, "%s is not set: " PSR_HINT, var);
     return -1;
   }
   if (parse_int_var(var, val, 0, INT_MAX, &e->procid, err, errlen) != 0) return -1;
   if (e->procid >= e->ntasks) {
-    seterr(err, errlen, "%s=%s is not below %s=%d", var, val, ntasks_var, e->ntasks);
+    ps__errf(-1, err, errlen, "%s=%s is not below %s=%d", var, val, ntasks_var, e->ntasks);
     return -1;
   }
 
   var = "SLURM_JOB_ID";
   val = get(var);
   if (!val) {
-    seterr(err, errlen, "%s is not set: " PSR_HINT, var);
+    ps__errf(-1, err, errlen, "%s is not set: " PSR_HINT, var);
     return -1;
   }
   if (parse_ll_var(var, val, 1, 4294967295LL, &e->job_id, err, errlen) != 0) return -1;
@@ -272,7 +264,7 @@ static int env_nodes(psr_env *e, const char *(*get)(const char *), char *err, si
   val = get_first(get, &nn_var, "SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES",
                   "SLURM_NNODES", (const char *)NULL);
   if (!val) {
-    seterr(err, errlen, "SLURM_STEP_NUM_NODES is not set: " PSR_HINT);
+    ps__errf(-1, err, errlen, "SLURM_STEP_NUM_NODES is not set: " PSR_HINT);
     return -1;
   }
   if (parse_int_var(nn_var, val, 1, PSR_MAX_NODES, &e->num_nodes, err, errlen) != 0)
@@ -281,11 +273,11 @@ static int env_nodes(psr_env *e, const char *(*get)(const char *), char *err, si
   val = get_first(get, &e->nodelist_var, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
                   (const char *)NULL);
   if (!val) {
-    seterr(err, errlen, "SLURM_STEP_NODELIST is not set: " PSR_HINT);
+    ps__errf(-1, err, errlen, "SLURM_STEP_NODELIST is not set: " PSR_HINT);
     return -1;
   }
   if (!*val) {
-    seterr(err, errlen, "%s is set but empty", e->nodelist_var);
+    ps__errf(-1, err, errlen, "%s is set but empty", e->nodelist_var);
     return -1;
   }
   if (dup_str(&e->nodelist, val, err, errlen) != 0) return -1;
@@ -294,11 +286,11 @@ static int env_nodes(psr_env *e, const char *(*get)(const char *), char *err, si
   val = get_first(get, &tpn_var, "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
                   (const char *)NULL);
   if (!val) {
-    seterr(err, errlen, "SLURM_STEP_TASKS_PER_NODE is not set: " PSR_HINT);
+    ps__errf(-1, err, errlen, "SLURM_STEP_TASKS_PER_NODE is not set: " PSR_HINT);
     return -1;
   }
   if (!*val) {
-    seterr(err, errlen, "%s is set but empty", tpn_var);
+    ps__errf(-1, err, errlen, "%s is set but empty", tpn_var);
     return -1;
   }
   if (dup_str(&e->tasks_per_node, val, err, errlen) != 0) return -1;
@@ -312,7 +304,7 @@ static int env_nodes(psr_env *e, const char *(*get)(const char *), char *err, si
   if ((val = get(var)) != NULL) {
     if (parse_int_var(var, val, 0, INT_MAX, &e->nodeid, err, errlen) != 0) return -1;
     if (e->nodeid >= e->num_nodes) {
-      seterr(err, errlen, "%s=%s is not below %s=%d", var, val, nn_var, e->num_nodes);
+      ps__errf(-1, err, errlen, "%s=%s is not below %s=%d", var, val, nn_var, e->num_nodes);
       return -1;
     }
   }
@@ -320,7 +312,7 @@ static int env_nodes(psr_env *e, const char *(*get)(const char *), char *err, si
   var = "SLURMD_NODENAME";
   if ((val = get(var)) != NULL) {
     if (strlen(val) >= sizeof e->nodename) {
-      seterr(err, errlen, "%s='%.40s...' is longer than %d characters", var, val,
+      ps__errf(-1, err, errlen, "%s='%.40s...' is longer than %d characters", var, val,
              PSR_MAX_HOST - 1);
       return -1;
     }
@@ -371,7 +363,7 @@ int psr_env_read(psr_env *e, const char *(*get)(const char *name), char *err,
                  size_t errlen) {
   if (err && errlen) err[0] = '\0';
   if (!e || !get) {
-    seterr(err, errlen, "psr_env_read: no environment to read");
+    ps__errf(-1, err, errlen, "psr_env_read: no environment to read");
     return -1;
   }
   memset(e, 0, sizeof *e);
@@ -414,21 +406,21 @@ int psr_expand_nodelist(const char *var, const char *list, int expect, char ***h
   if (err && errlen) err[0] = '\0';
   if (!var) var = "nodelist";
   if (!hosts || !n) {
-    seterr(err, errlen, "psr_expand_nodelist: nowhere to put the hosts of %s", var);
+    ps__errf(-1, err, errlen, "psr_expand_nodelist: nowhere to put the hosts of %s", var);
     return -1;
   }
   *hosts = NULL;
   *n = 0;
   if (!list) {
-    seterr(err, errlen, "%s is not set", var);
+    ps__errf(-1, err, errlen, "%s is not set", var);
     return -1;
   }
   if (!*list) {
-    seterr(err, errlen, "%s is set but empty", var);
+    ps__errf(-1, err, errlen, "%s is set but empty", var);
     return -1;
   }
   if (expect < 1 || expect > PSR_MAX_NODES) {
-    seterr(err, errlen, "%s='%s' cannot be checked: expected host count %d is not in 1..%d",
+    ps__errf(-1, err, errlen, "%s='%s' cannot be checked: expected host count %d is not in 1..%d",
            var, list, expect, PSR_MAX_NODES);
     return -1;
   }
@@ -436,17 +428,17 @@ int psr_expand_nodelist(const char *var, const char *list, int expect, char ***h
   /* struct hostlist * is hostlist_t in Slurm <= 23.02 and hostlist_t * after. */
   struct hostlist *hl = slurm_hostlist_create(list);
   if (!hl) {
-    seterr(err, errlen, "%s='%s' is not a valid Slurm nodelist", var, list);
+    ps__errf(-1, err, errlen, "%s='%s' is not a valid Slurm nodelist", var, list);
     return -1;
   }
   int count = slurm_hostlist_count(hl);
   if (count != expect) {
     char cvar[128];
     if (count_var_of(var, cvar, sizeof cvar) == 0)
-      seterr(err, errlen, "%s='%s' expands to %d host(s) but %s says %d", var, list,
+      ps__errf(-1, err, errlen, "%s='%s' expands to %d host(s) but %s says %d", var, list,
              count, cvar, expect);
     else
-      seterr(err, errlen, "%s='%s' expands to %d host(s) but %d were expected", var, list,
+      ps__errf(-1, err, errlen, "%s='%s' expands to %d host(s) but %d were expected", var, list,
              count, expect);
     slurm_hostlist_destroy(hl);
     return -1;
@@ -455,7 +447,7 @@ int psr_expand_nodelist(const char *var, const char *list, int expect, char ***h
   char **h = calloc((size_t)count, sizeof *h);
   if (!h) {
     slurm_hostlist_destroy(hl);
-    seterr(err, errlen, "out of memory expanding %s", var);
+    ps__errf(-1, err, errlen, "out of memory expanding %s", var);
     return -1;
   }
   int got = 0;
@@ -466,17 +458,17 @@ int psr_expand_nodelist(const char *var, const char *list, int expect, char ***h
     h[got++] = s;
     if (rc) continue;
     if (strpbrk(s, "[],") != NULL || s[0] == '\0') {
-      seterr(err, errlen, "%s='%s' is malformed: it expands to host '%s'", var, list, s);
+      ps__errf(-1, err, errlen, "%s='%s' is malformed: it expands to host '%s'", var, list, s);
       rc = -1;
     } else if (strlen(s) >= PSR_MAX_HOST) {
-      seterr(err, errlen, "%s='%s' names a host longer than %d characters", var, list,
+      ps__errf(-1, err, errlen, "%s='%s' names a host longer than %d characters", var, list,
              PSR_MAX_HOST - 1);
       rc = -1;
     }
   }
   slurm_hostlist_destroy(hl);
   if (!rc && got != count) {
-    seterr(err, errlen, "%s='%s' expands to %d host(s) but only %d could be read", var,
+    ps__errf(-1, err, errlen, "%s='%s' expands to %d host(s) but only %d could be read", var,
            list, count, got);
     rc = -1;
   }
@@ -484,14 +476,14 @@ int psr_expand_nodelist(const char *var, const char *list, int expect, char ***h
     /* A host named twice would make node indices ambiguous. */
     char **sorted = malloc((size_t)count * sizeof *sorted);
     if (!sorted) {
-      seterr(err, errlen, "out of memory expanding %s", var);
+      ps__errf(-1, err, errlen, "out of memory expanding %s", var);
       rc = -1;
     } else {
       memcpy(sorted, h, (size_t)count * sizeof *sorted);
       qsort(sorted, (size_t)count, sizeof *sorted, cmp_str_ptr);
       for (int i = 1; i < count; i++) {
         if (strcmp(sorted[i - 1], sorted[i]) == 0) {
-          seterr(err, errlen, "%s='%s' names host '%s' more than once", var, list,
+          ps__errf(-1, err, errlen, "%s='%s' names host '%s' more than once", var, list,
                  sorted[i]);
           rc = -1;
           break;
@@ -537,17 +529,17 @@ int psr_parse_tasks_per_node(const char *var, const char *s, int **counts, int *
   if (err && errlen) err[0] = '\0';
   if (!var) var = "tasks per node";
   if (!counts || !n) {
-    seterr(err, errlen, "psr_parse_tasks_per_node: nowhere to put the counts of %s", var);
+    ps__errf(-1, err, errlen, "psr_parse_tasks_per_node: nowhere to put the counts of %s", var);
     return -1;
   }
   *counts = NULL;
   *n = 0;
   if (!s) {
-    seterr(err, errlen, "%s is not set", var);
+    ps__errf(-1, err, errlen, "%s is not set", var);
     return -1;
   }
   if (!*s) {
-    seterr(err, errlen, "%s is set but empty", var);
+    ps__errf(-1, err, errlen, "%s is set but empty", var);
     return -1;
   }
 
@@ -574,17 +566,17 @@ int psr_parse_tasks_per_node(const char *var, const char *s, int **counts, int *
       if (rc != 0) {
         int w = ilen > 64 ? 64 : (int)ilen;
         if (rc == -2)
-          seterr(err, errlen, "%s='%s' has item '%.*s' with a count outside 1..%d", var,
+          ps__errf(-1, err, errlen, "%s='%s' has item '%.*s' with a count outside 1..%d", var,
                  s, w, item, PSR_MAX_COUNT);
         else
-          seterr(err, errlen, "%s='%s' has malformed item '%.*s' (want N or N(xM))", var,
+          ps__errf(-1, err, errlen, "%s='%s' has malformed item '%.*s' (want N or N(xM))", var,
                  s, w, item);
         return -1;
       }
       if (pass == 0) {
         total += rep;
         if (total > PSR_MAX_NODES) {
-          seterr(err, errlen, "%s='%.64s%s' describes more than %d nodes", var, s,
+          ps__errf(-1, err, errlen, "%s='%.64s%s' describes more than %d nodes", var, s,
                  strlen(s) > 64 ? "..." : "", PSR_MAX_NODES);
           return -1;
         }
@@ -594,14 +586,14 @@ int psr_parse_tasks_per_node(const char *var, const char *s, int **counts, int *
       if (*p == '\0') break;
       p++; /* ',' */
       if (*p == '\0' || *p == ',') {
-        seterr(err, errlen, "%s='%s' has an empty item", var, s);
+        ps__errf(-1, err, errlen, "%s='%s' has an empty item", var, s);
         return -1;
       }
     }
     if (pass == 0) {
       *counts = malloc((size_t)total * sizeof **counts);
       if (!*counts) {
-        seterr(err, errlen, "out of memory parsing %s", var);
+        ps__errf(-1, err, errlen, "out of memory parsing %s", var);
         return -1;
       }
     }
@@ -617,39 +609,39 @@ int psr_layout(psr_dist dist, int plane_size, const int *counts, int nnodes, int
   if (err && errlen) err[0] = '\0';
   if (dist == PSR_DIST_ARBITRARY || dist == PSR_DIST_UNKNOWN) {
     if (dist == PSR_DIST_ARBITRARY)
-      seterr(err, errlen,
+      ps__errf(-1, err, errlen,
              "SLURM_DISTRIBUTION=arbitrary: the task layout cannot be derived from the "
              "environment");
     else
-      seterr(err, errlen,
+      ps__errf(-1, err, errlen,
              "SLURM_DISTRIBUTION names a distribution psrun does not know: the task "
              "layout cannot be derived from the environment");
     return -1;
   }
   if (dist != PSR_DIST_BLOCK && dist != PSR_DIST_CYCLIC && dist != PSR_DIST_PLANE) {
-    seterr(err, errlen, "task distribution %d is not one psrun knows", (int)dist);
+    ps__errf(-1, err, errlen, "task distribution %d is not one psrun knows", (int)dist);
     return -1;
   }
   if (!counts || !node_of || nnodes < 1 || ntasks < 1) {
-    seterr(err, errlen, "cannot lay out %d task(s) on %d node(s)", ntasks, nnodes);
+    ps__errf(-1, err, errlen, "cannot lay out %d task(s) on %d node(s)", ntasks, nnodes);
     return -1;
   }
   if (dist == PSR_DIST_PLANE && plane_size < 1) {
-    seterr(err, errlen, "plane distribution with plane size %d: it must be at least 1",
+    ps__errf(-1, err, errlen, "plane distribution with plane size %d: it must be at least 1",
            plane_size);
     return -1;
   }
   long long sum = 0;
   for (int i = 0; i < nnodes; i++) {
     if (counts[i] < 1) {
-      seterr(err, errlen, "node %d has %d task(s) in the tasks-per-node list", i,
+      ps__errf(-1, err, errlen, "node %d has %d task(s) in the tasks-per-node list", i,
              counts[i]);
       return -1;
     }
     sum += counts[i];
   }
   if (sum != ntasks) {
-    seterr(err, errlen,
+    ps__errf(-1, err, errlen,
            "the tasks-per-node counts add up to %lld task(s) but the step has %d", sum,
            ntasks);
     return -1;
@@ -672,7 +664,7 @@ int psr_layout(psr_dist dist, int plane_size, const int *counts, int nnodes, int
   if (!active || !room) {
     free(active);
     free(room);
-    seterr(err, errlen, "out of memory laying out %d tasks", ntasks);
+    ps__errf(-1, err, errlen, "out of memory laying out %d tasks", ntasks);
     return -1;
   }
   int nact = nnodes;
@@ -703,23 +695,23 @@ int psr_plan(int ntasks, int num_ps, psr_placement place, const int *node_of,
              psr_role *roles, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
   if (ntasks < 1 || !node_of || !roles) {
-    seterr(err, errlen, "cannot plan a step of %d task(s)", ntasks);
+    ps__errf(-1, err, errlen, "cannot plan a step of %d task(s)", ntasks);
     return -1;
   }
   if (num_ps < 1 || num_ps >= ntasks) {
-    seterr(err, errlen,
+    ps__errf(-1, err, errlen,
            "--ps=%d must be at least 1 and less than the number of tasks (%d)", num_ps,
            ntasks);
     return -1;
   }
   if (place != PSR_PLACE_PACK && place != PSR_PLACE_SPREAD) {
-    seterr(err, errlen, "unknown ps placement %d", (int)place);
+    ps__errf(-1, err, errlen, "unknown ps placement %d", (int)place);
     return -1;
   }
   int maxnode = 0;
   for (int r = 0; r < ntasks; r++) {
     if (node_of[r] < 0 || node_of[r] >= PSR_MAX_NODES) {
-      seterr(err, errlen, "rank %d is on node %d, outside 0..%d", r, node_of[r],
+      ps__errf(-1, err, errlen, "rank %d is on node %d, outside 0..%d", r, node_of[r],
              PSR_MAX_NODES - 1);
       return -1;
     }
@@ -727,7 +719,7 @@ int psr_plan(int ntasks, int num_ps, psr_placement place, const int *node_of,
   }
   int *seen = calloc((size_t)maxnode + 1, sizeof *seen);
   if (!seen) {
-    seterr(err, errlen, "out of memory planning %d tasks", ntasks);
+    ps__errf(-1, err, errlen, "out of memory planning %d tasks", ntasks);
     return -1;
   }
   int distinct = 0;
@@ -739,7 +731,7 @@ int psr_plan(int ntasks, int num_ps, psr_placement place, const int *node_of,
   }
   free(seen);
   if (place == PSR_PLACE_SPREAD && distinct < num_ps) {
-    seterr(err, errlen, "--ps-placement=spread needs %d nodes but the step has %d",
+    ps__errf(-1, err, errlen, "--ps-placement=spread needs %d nodes but the step has %d",
            num_ps, distinct);
     return -1;
   }

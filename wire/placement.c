@@ -145,42 +145,29 @@ size_t ps__placer_place(ps__placer *p, uint64_t numel, ps__slice_place *out,
   return n;
 }
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return PS_ESHAPE;
-}
-
 int ps__placement_check(uint32_t num_ps, uint32_t ps_index,
                         uint64_t split_threshold, uint64_t max_slice_bytes,
                         uint64_t numel, uint64_t offset, uint64_t length,
                         char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (num_ps == 0 || ps_index >= num_ps)
-    return fail(err, errlen, "ps index %" PRIu32 " is outside 0..%" PRIu32,
+    return ps__errf(PS_ESHAPE, err, errlen, "ps index %" PRIu32 " is outside 0..%" PRIu32,
                 ps_index, num_ps ? num_ps - 1 : 0);
   if (numel == 0)
-    return fail(err, errlen, "a variable of 0 elements has no slices");
+    return ps__errf(PS_ESHAPE, err, errlen, "a variable of 0 elements has no slices");
   if (length == 0)
-    return fail(err, errlen,
+    return ps__errf(PS_ESHAPE, err, errlen,
                 "slice at offset %" PRIu64 " of a %" PRIu64
                 "-element variable is empty",
                 offset, numel);
   uint64_t end;
   if (ps__add_u64(offset, length, &end) != 0)
-    return fail(err, errlen,
+    return ps__errf(PS_ESHAPE, err, errlen,
                 "slice at offset %" PRIu64 " with length %" PRIu64
                 " overflows",
                 offset, length);
   if (end > numel)
-    return fail(err, errlen,
+    return ps__errf(PS_ESHAPE, err, errlen,
                 "slice [%" PRIu64 ", %" PRIu64 ") runs past the end of a %" PRIu64
                 "-element variable",
                 offset, end, numel);
@@ -190,7 +177,7 @@ int ps__placement_check(uint32_t num_ps, uint32_t ps_index,
     lo = part_bound(numel, num_ps, ps_index);
     hi = part_bound(numel, num_ps, (uint64_t)ps_index + 1);
     if (lo == hi)
-      return fail(err, errlen,
+      return ps__errf(PS_ESHAPE, err, errlen,
                   "slice [%" PRIu64 ", %" PRIu64 ") of a %" PRIu64
                   "-element variable is not a slice ps %" PRIu32
                   " holds (its part is empty)",
@@ -199,7 +186,7 @@ int ps__placement_check(uint32_t num_ps, uint32_t ps_index,
   uint64_t c = chunk_elems(max_slice_bytes);
   if (offset < lo || end > hi || (offset - lo) % c != 0 ||
       length != (hi - offset < c ? hi - offset : c))
-    return fail(err, errlen,
+    return ps__errf(PS_ESHAPE, err, errlen,
                 "slice [%" PRIu64 ", %" PRIu64 ") of a %" PRIu64
                 "-element variable is not a slice ps %" PRIu32
                 " holds (expected chunks of %" PRIu64 " elements of [%" PRIu64
