@@ -207,25 +207,6 @@ static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   return 0;
 }
 
-static void opt_from_msg(const Ps__Optimizer *o, ps_optimizer *out) {
-  memset(out, 0, sizeof *out);
-  if (!o) {
-    ps_optimizer_default(out, 0.01);
-    return;
-  }
-  out->kind = (ps_opt_kind)o->kind;
-  out->lr = o->lr;
-  out->momentum = o->momentum;
-  out->nesterov = o->nesterov;
-  out->beta1 = o->beta1;
-  out->beta2 = o->beta2;
-  out->epsilon = o->epsilon;
-  out->decay = (ps_lr_decay)o->decay;
-  out->decay_rate = o->decay_rate;
-  out->decay_steps = o->decay_steps;
-  out->weight_decay = o->weight_decay;
-}
-
 static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   UNPACK(Ps__Register, ps__register__unpack);
   Ps__SliceState *states = NULL;
@@ -274,7 +255,7 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
                                h->job->split_threshold, h->job->max_slice_bytes, numel,
                                sp->offset, sp->length, err, sizeof err);
     ps_optimizer opt;
-    opt_from_msg(sp->optimizer, &opt);
+    ps__opt_from_msg(sp->optimizer, &opt);
     if (rc == 0) {
       char e2[400];
       rc = psd_opt_validate(&opt, e2, sizeof e2);

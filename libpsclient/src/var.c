@@ -26,21 +26,6 @@ const char *ps_var_name(const ps_var *v) { return v->name; }
 int ps_var_ndim(const ps_var *v) { return v->ndim; }
 const int64_t *ps_var_shape(const ps_var *v) { return v->shape; }
 
-static void fill_opt(Ps__Optimizer *m, const ps_optimizer *o) {
-  ps__optimizer__init(m);
-  m->kind = (Ps__OptKind)o->kind;
-  m->lr = o->lr;
-  m->momentum = o->momentum;
-  m->nesterov = o->nesterov != 0;
-  m->beta1 = o->beta1;
-  m->beta2 = o->beta2;
-  m->epsilon = o->epsilon;
-  m->decay = (Ps__LrDecay)o->decay;
-  m->decay_rate = o->decay_rate;
-  m->decay_steps = o->decay_steps;
-  m->weight_decay = o->weight_decay;
-}
-
 /* Name, rank and shape are acceptable; *numel gets the element count. */
 static int check_args(ps_client *c, const char *name, const int64_t *shape, int ndim,
                       uint64_t *numel) {
@@ -169,7 +154,7 @@ static int register_on(ps_client *c, ps_var *v, int p, const Ps__Optimizer *mo, 
  * first, then one wait for every reply. */
 static int var_register(ps_client *c, ps_var *v, const ps_optimizer *opt) {
   Ps__Optimizer mo;
-  fill_opt(&mo, opt);
+  ps__opt_to_msg(opt, &mo);
   ps_req *r = ps__req_new(c, PS__REQ_REGISTER);
   if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
   r->reg_var = v;
