@@ -15,6 +15,7 @@ endfunction()
 ps_require_pkg(LIBEVENT libevent libevent-dev)
 ps_require_pkg(PROTOBUFC libprotobuf-c libprotobuf-c-dev)
 ps_require_pkg(MUNGE munge libmunge-dev)
+ps_require_pkg(SODIUM libsodium libsodium-dev)
 # Only the CIFAR-10 example computes with BLAS.
 if(PS_BUILD_EXAMPLES)
   ps_require_pkg(OPENBLAS openblas libopenblas-dev)

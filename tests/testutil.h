@@ -16,6 +16,7 @@
  * skipped. */
 Suite *suite_frame(void);
 Suite *suite_util(void);
+Suite *suite_mac(void);
 Suite *suite_placement(void);
 Suite *suite_init(void);
 Suite *suite_optimizer(void);

@@ -18,6 +18,7 @@
 #include "outq.h"
 #include "placement.h"
 #include "auth.h"
+#include "mac.h"
 #include "optimizer_msg.h"
 
 #define PS__MAGIC 0x31445350u        /* "PSD1" as little-endian bytes */
