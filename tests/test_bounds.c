@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -285,6 +286,86 @@ START_TEST(test_admin_stats_bounded) {
 }
 END_TEST
 
+/* ---- --max-memory: per-slice tables and the cgroup default ---------------- */
+
+/* Makes a 1-worker client of p. */
+static ps_client *client_of(tu_psd *p) {
+  static char hosts[1][64];
+  static const char *hp[1];
+  tu_hosts(p, 1, hosts, hp);
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  ps_client *c = NULL;
+  char err[512];
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  return c;
+}
+
+/* One-element variables cost 8 tensor bytes but hundreds in tables: the
+ * limit counts the tables, so it is reached after a few hundred, not
+ * 25,000. */
+START_TEST(test_max_memory_counts_tables) {
+  tu_psd p;
+  const char *args[] = {"--workers", "1", "--max-memory", "200000", NULL};
+  ck_assert_int_eq(tu_psd_start(&p, args), 0);
+  ps_client *c = client_of(&p);
+  int64_t shape[1] = {1};
+  int i, rc = 0;
+  for (i = 0; i < 5000 && rc == 0; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "v%d", i);
+    ps_var *v;
+    rc = ps_client_var_create(c, name, shape, 1, NULL, NULL, &v);
+  }
+  fprintf(stderr, "bounds: tiny variables: %d fit, then: %s\n", i - 1, ps_client_errmsg(c));
+  ck_assert_msg(rc == PS_ETOOBIG && i < 2000, "variable %d gave %d: %s", i, rc,
+                ps_client_errmsg(c));
+  ck_assert_msg(strstr(ps_client_errmsg(c), "per-slice tables"), "%s", ps_client_errmsg(c));
+  ps_client_destroy(c);
+  tu_psd_kill(&p);
+}
+END_TEST
+
+/* With no --max-memory, a cgroup limit below RAM sets the default (here a
+ * fake v2 tree of 100 MB): psd says so, and refuses a variable past 90%. */
+START_TEST(test_max_memory_from_cgroup) {
+  char root[600], path[700];
+  snprintf(root, sizeof root, "%s/fake-cgroup", tu_tmpdir());
+  const char *dirs[] = {"", "/proc", "/proc/self", "/sys", "/sys/fs", "/sys/fs/cgroup"};
+  for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+    snprintf(path, sizeof path, "%s%s", root, dirs[i]);
+    mkdir(path, 0700);
+  }
+  const char *files[][2] = {{"/proc/self/cgroup", "0::/\n"},
+                            {"/sys/fs/cgroup/memory.max", "100000000\n"}};
+  for (int i = 0; i < 2; i++) {
+    snprintf(path, sizeof path, "%s%s", root, files[i][0]);
+    FILE *f = fopen(path, "w");
+    ck_assert(f != NULL);
+    fputs(files[i][1], f);
+    fclose(f);
+  }
+  setenv("PSD_CGROUP_ROOT", root, 1);
+  tu_psd p;
+  const char *args[] = {"--workers", "1", NULL};
+  int rc = tu_psd_start(&p, args);
+  unsetenv("PSD_CGROUP_ROOT");
+  ck_assert_int_eq(rc, 0);
+  ps_client *c = client_of(&p);
+  ck_assert_msg(tu_log_contains(&p, "slices may take 90000000 bytes (90% of the cgroup limit"),
+                "no cgroup line in %s", p.log_path);
+  int64_t big[1] = {12 << 20}, small[1] = {1000}; /* 96 MiB of params + sums */
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "big", big, 1, NULL, NULL, &v), PS_ETOOBIG);
+  ck_assert_int_eq(ps_client_var_create(c, "small", small, 1, NULL, NULL, &v), 0);
+  ps_client_destroy(c);
+  tu_psd_kill(&p);
+}
+END_TEST
+
 /* ---- 3: a fake psd hands the client a huge slice id ----------------------- */
 
 typedef struct fake_psd {
@@ -371,6 +452,8 @@ Suite *suite_bounds(void) {
   tcase_add_test(tc, test_slow_reader_bounded);
   tcase_add_test(tc, test_admin_stats_bounded);
   tcase_add_test(tc, test_client_rejects_huge_slice_id);
+  tcase_add_test(tc, test_max_memory_counts_tables);
+  tcase_add_test(tc, test_max_memory_from_cgroup);
   suite_add_tcase(s, tc);
   return s;
 }
