@@ -225,6 +225,22 @@ static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   return 0;
 }
 
+/* PS_ETOOBIG (err set) if one more slice of length elements would take the
+ * server past --max-memory: its tensors plus every slice's tables. */
+static int check_memory(const psd_handlers *h, const char *name, uint64_t length,
+                        const ps_optimizer *opt, uint64_t per_slice, char *err,
+                        size_t errlen) {
+  uint64_t need = length * sizeof(float) * (2 + psd_opt_state_per_elem(opt));
+  uint64_t tables = ((uint64_t)h->shard->n + 1) * per_slice;
+  if ((double)(h->shard->bytes_alloc + need + tables) <= h->cfg->max_memory) return 0;
+  snprintf(err, errlen,
+           "variable '%s': %llu more bytes would take this server past --max-memory "
+           "(%.0f bytes; slices hold %llu, per-slice tables %llu)",
+           name, (unsigned long long)need, h->cfg->max_memory,
+           (unsigned long long)h->shard->bytes_alloc, (unsigned long long)tables);
+  return PS_ETOOBIG;
+}
+
 static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   UNPACK(Ps__Register, ps__register__unpack);
   Ps__SliceState *states = NULL;
@@ -280,18 +296,7 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
       rc = psd_opt_validate(&opt, e2, sizeof e2);
       if (rc) snprintf(err, sizeof err, "variable '%s': %s", name, e2);
     }
-    if (rc == 0) {
-      uint64_t need = sp->length * sizeof(float) * (2 + psd_opt_state_per_elem(&opt));
-      uint64_t tables = ((uint64_t)h->shard->n + 1) * per_slice;
-      if ((double)(h->shard->bytes_alloc + need + tables) > h->cfg->max_memory) {
-        snprintf(err, sizeof err,
-                 "variable '%s': %llu more bytes would take this server past --max-memory "
-                 "(%.0f bytes; slices hold %llu, per-slice tables %llu)",
-                 name, (unsigned long long)need, h->cfg->max_memory,
-                 (unsigned long long)h->shard->bytes_alloc, (unsigned long long)tables);
-        rc = PS_ETOOBIG;
-      }
-    }
+    if (rc == 0) rc = check_memory(h, name, sp->length, &opt, per_slice, err, sizeof err);
     if (rc == 0 && h->shard->n >= PS__MAX_SLICES) {
       snprintf(err, sizeof err, "this server already holds %u slices (the limit)",
                PS__MAX_SLICES);
