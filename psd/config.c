@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "memlimit.h"
 #include "opt.h"
 #include "wire.h"
 
@@ -54,7 +55,9 @@ static const ps__opt OPTIONS[] = {
      "in sync mode, stop reading a worker's push while it is this many bytes ahead of the "
      "slowest worker pushing the same step, so TCP gives the link to the laggard (0: off)"},
     {"max-memory", 0, PS_OPT_DOUBLE, F(max_memory), "0", 0, 1e18, NULL,
-     "bytes the variables may take (parameters, gradients, optimizer state); 0: 90% of RAM"},
+     "bytes the slices may take (parameters, gradients, optimizer state, and per-slice tables of "
+     "the shard and of every connection); 0: 90% of the smaller of RAM and the cgroup's memory "
+     "limit (Slurm --mem)"},
     {"secret-file", 0, PS_OPT_STR, F(secret_file), "", 0, 0, NULL,
      "file (mode 0600) with the secret workers must present (else $PSD_SECRET)"},
     {"munge", 0, PS_OPT_FLAG, F(munge), "0", 0, 0, NULL,
@@ -85,7 +88,29 @@ static const ps__opt OPTIONS[] = {
      "at exit, write the run's telemetry summary table to this file ('-': stdout)"},
 };
 
+/* Share of the memory limit --max-memory defaults to: the rest is for
+ * psd's own code, buffers and connections, and the kernel's page cache. */
+#define PSD_MEM_SHARE 0.9
+
 static char g_version[32];
+
+/* --max-memory 0: PSD_MEM_SHARE of the smaller of RAM and the cgroup's
+ * limit, so a registration past it fails cleanly instead of the OOM killer
+ * taking the whole job (and one peer cannot exhaust the node).
+ * $PSD_CGROUP_ROOT (tests) is where /proc/self/cgroup and /sys/fs/cgroup
+ * are read from. */
+static void default_max_memory(psd_config *cfg) {
+  char where[600];
+  uint64_t phys = psd_memlimit_phys();
+  uint64_t cg = psd_memlimit_cgroup(getenv("PSD_CGROUP_ROOT"), where, sizeof where);
+  uint64_t lim = cg < phys ? cg : phys;
+  cfg->max_memory = lim == UINT64_MAX ? 1e18 : PSD_MEM_SHARE * (double)lim;
+  if (cg < phys)
+    snprintf(cfg->max_memory_from, sizeof cfg->max_memory_from, "90%% of the cgroup limit %s",
+             where);
+  else
+    snprintf(cfg->max_memory_from, sizeof cfg->max_memory_from, "90%% of physical RAM");
+}
 
 static const ps__opt_parser PARSER = {
     OPTIONS, sizeof OPTIONS / sizeof OPTIONS[0],
@@ -135,12 +160,8 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
       return -1;
     }
   }
-  if (cfg->max_memory == 0) {
-    /* A registration past this fails cleanly instead of the OOM killer
-     * taking the whole job (and one peer cannot exhaust the node). */
-    long pages = sysconf(_SC_PHYS_PAGES), psize = sysconf(_SC_PAGESIZE);
-    cfg->max_memory = pages > 0 && psize > 0 ? 0.9 * (double)pages * (double)psize : 1e18;
-  }
+  if (cfg->max_memory == 0) default_max_memory(cfg);
+  else snprintf(cfg->max_memory_from, sizeof cfg->max_memory_from, "--max-memory");
   if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);
   return 0;
 }

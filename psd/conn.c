@@ -24,11 +24,18 @@
 #define PSD_READ_BUDGET (32u << 20)
 /* Protobuf arena's first block: a Push of ~1000 items fits. */
 #define PSD_ARENA_INITIAL (64u * 1024u)
-/* Bytes of copied reply data a connection may have queued before psd stops
- * reading its requests: a peer that never reads cannot grow psd's memory
- * without bound. Parameters are sent in place, so honest peers stay far
- * below this. */
+/* Bytes of reply a connection may have queued, copied or referenced in
+ * place, before psd stops reading its requests. Both count: a referenced
+ * slice is copied out (detached) when an update comes while the reply
+ * still waits, so a peer that never reads would otherwise make psd hold one
+ * copy of the parameters per unread pull. Above the mark no further request
+ * is taken, so one connection holds at most this plus one reply of every
+ * slice (pulls parked before the check) and a frame. Honest peers read their
+ * replies as they come and stay far below. */
 #define PSD_OUT_HIGH_WATER ((size_t)64 << 20)
+/* Arena bytes kept between frames: a frame that needed more (many unknown
+ * fields, a huge item list) gets its memory back at the reset. */
+#define PSD_ARENA_KEEP_MAX ((size_t)4 << 20)
 /* Seconds a CLOSING connection may take to drain its error reply. */
 #define PSD_CLOSING_MAX_S 2.0
 /* Seconds a new connection has to complete its handshake. */
@@ -63,10 +70,13 @@ static void arena_free(void *ud, void *p) {
   (void)p; /* released at reset */
 }
 
-static void arena_reset(psd_arena *a) {
-  if (a->n_extra) {
+/* Forgets this frame's allocations; the main block grows to what the
+ * frame needed (so a steady stream allocates nothing) up to keep bytes. */
+static void arena_reset(psd_arena *a, size_t keep) {
+  if (a->n_extra || a->cap > keep) {
     for (size_t i = 0; i < a->n_extra; i++) free(a->extra[i]);
     size_t ncap = (a->cap + a->extra_bytes) * 2;
+    if (ncap > keep) ncap = keep;
     char *nb = malloc(ncap);
     if (nb) {
       free(a->buf);
@@ -76,13 +86,33 @@ static void arena_reset(psd_arena *a) {
     a->n_extra = 0;
     a->extra_bytes = 0;
   }
+  if (a->cap_extra > 16) { /* the overflow list too goes back to small */
+    free(a->extra);
+    a->extra = NULL;
+    a->cap_extra = 0;
+  }
   a->used = 0;
 }
 
 static void arena_destroy(psd_arena *a) {
-  arena_reset(a);
+  arena_reset(a, 0);
   free(a->buf);
   free(a->extra);
+}
+
+/* After a frame: the arena keeps what steady traffic needs. An admin
+ * connection (an idle psctl between Stats calls) goes back to the initial
+ * sizes of its arena and input buffer, so it holds little between
+ * requests whatever its last request was. */
+static void frame_reset(psd_conn *c) {
+  arena_reset(&c->arena, c->admin ? PSD_ARENA_INITIAL : PSD_ARENA_KEEP_MAX);
+  if (!c->admin || c->in_cap <= PSD_IN_INITIAL || c->in_len > PSD_IN_INITIAL) return;
+  memmove(c->in, c->in + c->in_off, c->in_len);
+  c->in_off = 0;
+  uint8_t *nb = realloc(c->in, PSD_IN_INITIAL);
+  if (!nb) return; /* keep the bigger one */
+  c->in = nb;
+  c->in_cap = PSD_IN_INITIAL;
 }
 
 /* ---- helpers ----------------------------------------------------------- */
@@ -234,7 +264,10 @@ int psd_conn_write(psd_conn *c) {
   if (c->read_paused && c->state != PSD_CONN_CLOSING) {
     /* Replies drained: take requests again. */
     c->read_paused = 0;
-    if (!c->pace.paused) event_add(c->rev, NULL);
+    if (!c->pace.paused) {
+      event_add(c->rev, NULL);
+      event_active(c->rev, EV_READ, 0); /* frames may be buffered already */
+    }
   }
   if (c->state == PSD_CONN_CLOSING) {
     psd_conn_close(c, "closed after error");
@@ -365,7 +398,7 @@ static void frame_done(psd_conn *c) {
   c->items = NULL;
   c->n_items = 0;
   c->state = PSD_CONN_HEADER;
-  arena_reset(&c->arena);
+  frame_reset(c);
 }
 
 /* Makes progress on buffered input. Returns 1 if it did, 0 if it needs
@@ -408,7 +441,7 @@ static int step(psd_conn *c) {
     c->state = PSD_CONN_HEADER;
     if (dispatch(c, meta) != 0) return -1;
     if (c->state == PSD_CONN_DATA && c->n_items == 0) frame_done(c);
-    else if (c->state == PSD_CONN_HEADER) arena_reset(&c->arena);
+    else if (c->state == PSD_CONN_HEADER) frame_reset(c);
     return 1;
   }
   case PSD_CONN_DATA: {
@@ -439,18 +472,19 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
   psd_conns *cs = c->reg;
   size_t budget = PSD_READ_BUDGET;
   while (!c->dead && c->state != PSD_CONN_CLOSING) {
-    int r;
-    while ((r = step(c)) > 0 && !c->dead) {
+    int r = 1;
+    /* Buffered frames too wait while the output is over the mark. */
+    while (ps__outq_bytes(&c->out) <= PSD_OUT_HIGH_WATER && (r = step(c)) > 0 && !c->dead) {
     }
     if (r < 0 || c->dead) break;
-    if (budget == 0) break;
-    if (c->out.len > PSD_OUT_HIGH_WATER) {
+    if (ps__outq_bytes(&c->out) > PSD_OUT_HIGH_WATER) {
       /* The peer is not reading its replies: stop reading its requests
        * until they drain (bounds the memory one peer can make us use). */
       c->read_paused = 1;
       event_del(c->rev);
       break;
     }
+    if (budget == 0) break;
     if (psd_pace_hold(cs->pace, &c->pace)) {
       event_del(c->rev); /* ahead of the slowest worker: let TCP back off */
       break;

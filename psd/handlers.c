@@ -121,6 +121,24 @@ static int reserve(psd_handlers *h, psd_conn *c) {
   return psd_conn_reserve(c, n);
 }
 
+/* Bytes one more slice costs beyond its tensors: the shard's slice record,
+ * its per-worker push marks, slot and hash bucket, the waiters' parked
+ * list head, and in every connection the per-slice tables (reply building,
+ * duplicate check, its waitset). --max-memory counts these too, so many
+ * tiny slices or many connections cannot exceed it. Tables grow by
+ * doubling, hence twice the entry sizes. */
+static uint64_t slice_overhead(const psd_handlers *h) {
+  uint64_t nconns = 0;
+  for (const psd_conn *c = h->conns->head; c; c = c->next) nconns++;
+  const psd_conn *c = NULL;
+  uint64_t conn = sizeof *c->reply_items + sizeof *c->reply_ptrs + sizeof *c->status +
+                  sizeof *c->reply_data + sizeof *c->reply_count + sizeof *c->reply_refs +
+                  sizeof *c->seen + sizeof *c->waits.by_slice;
+  uint64_t shard = sizeof(psd_slice) + (uint64_t)h->shard->num_workers * sizeof(uint64_t) +
+                   4 * sizeof(void *);
+  return 2 * (shard + nconns * conn);
+}
+
 /* ---- pull replies --------------------------------------------------------------- */
 
 static void flush_conn(psd_handlers *h, psd_conn *c) {
@@ -207,6 +225,22 @@ static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   return 0;
 }
 
+/* PS_ETOOBIG (err set) if one more slice of length elements would take the
+ * server past --max-memory: its tensors plus every slice's tables. */
+static int check_memory(const psd_handlers *h, const char *name, uint64_t length,
+                        const ps_optimizer *opt, uint64_t per_slice, char *err,
+                        size_t errlen) {
+  uint64_t need = length * sizeof(float) * (2 + psd_opt_state_per_elem(opt));
+  uint64_t tables = ((uint64_t)h->shard->n + 1) * per_slice;
+  if ((double)(h->shard->bytes_alloc + need + tables) <= h->cfg->max_memory) return 0;
+  snprintf(err, errlen,
+           "variable '%s': %llu more bytes would take this server past --max-memory "
+           "(%.0f bytes; slices hold %llu, per-slice tables %llu)",
+           name, (unsigned long long)need, h->cfg->max_memory,
+           (unsigned long long)h->shard->bytes_alloc, (unsigned long long)tables);
+  return PS_ETOOBIG;
+}
+
 static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   UNPACK(Ps__Register, ps__register__unpack);
   Ps__SliceState *states = NULL;
@@ -223,6 +257,7 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   }
   char err[512];
   int rc = 0;
+  uint64_t per_slice = slice_overhead(h);
   for (size_t i = 0; i < m->n_slices && rc == 0; i++) {
     const Ps__SliceSpec *sp = m->slices[i];
     const char *name = sp->name ? sp->name : "";
@@ -261,16 +296,7 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
       rc = psd_opt_validate(&opt, e2, sizeof e2);
       if (rc) snprintf(err, sizeof err, "variable '%s': %s", name, e2);
     }
-    if (rc == 0) {
-      uint64_t need = sp->length * sizeof(float) * (2 + psd_opt_state_per_elem(&opt));
-      if ((double)(h->shard->bytes_alloc + need) > h->cfg->max_memory) {
-        snprintf(err, sizeof err,
-                 "variable '%s': %llu more bytes would take this server past --max-memory "
-                 "(%.0f bytes)",
-                 name, (unsigned long long)need, h->cfg->max_memory);
-        rc = PS_ETOOBIG;
-      }
-    }
+    if (rc == 0) rc = check_memory(h, name, sp->length, &opt, per_slice, err, sizeof err);
     if (rc == 0 && h->shard->n >= PS__MAX_SLICES) {
       snprintf(err, sizeof err, "this server already holds %u slices (the limit)",
                PS__MAX_SLICES);

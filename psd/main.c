@@ -19,6 +19,7 @@ int main(int argc, char **argv) {
     return PSD_EXIT_USAGE;
   }
   psd_log_init(cfg.name, cfg.log_level);
+  psd_info("slices may take %.0f bytes (%s)", cfg.max_memory, cfg.max_memory_from);
   psd_server srv;
   if (psd_server_init(&srv, &cfg) != 0) {
     psd_server_free(&srv);

@@ -39,6 +39,8 @@ Suite *suite_soak(void);
 Suite *suite_telemetry(void);
 Suite *suite_pace(void);
 Suite *suite_waiters(void);
+Suite *suite_memlimit(void);
+Suite *suite_bounds(void);
 Suite *suite_cuda_ops(void);
 Suite *suite_prefetch(void);
 

@@ -11,6 +11,11 @@
 
 /* iovecs per writev call (Linux IOV_MAX is 1024). */
 #define PS__IOV_BATCH 256
+/* Bytes of own buffer and segment table an empty queue keeps: a burst
+ * (detached parameters, a big Stats reply) gives its memory back once
+ * written; steady traffic (headers and protobuf) stays below and so
+ * allocates nothing. */
+#define PS__OUTQ_KEEP ((size_t)1 << 20)
 
 int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
                    const float *const *data, const uint64_t *counts, void *const *refs,
@@ -35,6 +40,7 @@ int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
     if (!counts[i]) continue;
     void *ref = refs ? refs[i] : NULL;
     q->segs[q->n++] = (ps__outseg){data[i], 0, counts[i] * sizeof(float), ref};
+    q->ext_len += counts[i] * sizeof(float);
     if (ref && q->hold) q->hold(q->ctx, ref);
   }
   return 0;
@@ -44,6 +50,7 @@ int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
 static void pop_first(ps__outq *q) {
   ps__outseg *s = &q->segs[q->first++];
   q->first_done = 0;
+  if (s->ext) q->ext_len -= s->len;
   if (s->ref && q->release) q->release(q->ctx, s->ref);
 }
 
@@ -77,7 +84,17 @@ int ps__outq_write(ps__outq *q, int fd) {
     }
   }
   q->first = q->n = q->first_done = 0;
-  q->len = 0;
+  q->len = q->ext_len = 0;
+  if (q->bufcap > PS__OUTQ_KEEP) {
+    free(q->buf);
+    q->buf = NULL;
+    q->bufcap = 0;
+  }
+  if (q->cap * sizeof *q->segs > PS__OUTQ_KEEP) {
+    free(q->segs);
+    q->segs = NULL;
+    q->cap = 0;
+  }
   return 0;
 }
 
@@ -89,6 +106,7 @@ int ps__outq_detach(ps__outq *q, void *ref) {
     if (ps__grow((void **)&q->buf, &q->bufcap, q->len + sg->len, 1)) return PS_ENOMEM;
     memcpy(q->buf + q->len, sg->ext, sg->len);
     sg->ext = NULL;
+    q->ext_len -= sg->len;
     sg->off = q->len;
     q->len += sg->len;
     sg->ref = NULL;

@@ -26,6 +26,8 @@ typedef struct ps__outq {
   size_t first, first_done;      /* first unsent segment; bytes of it sent */
   uint8_t *buf;                  /* headers and packed protobuf */
   size_t len, bufcap;            /* used, allocated */
+  size_t ext_len;                /* bytes of queued segments referencing
+                                    caller memory (not yet fully sent) */
   void (*hold)(void *ctx, void *ref);    /* a segment now references ref */
   void (*release)(void *ctx, void *ref); /* ... and no longer does */
   void *ctx;                     /* for the hooks */
@@ -40,6 +42,9 @@ int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
  * (errno tells why). */
 int ps__outq_write(ps__outq *q, int fd);
 static inline int ps__outq_pending(const ps__outq *q) { return q->first < q->n; }
+/* Bytes the queue holds or pins: its own buffer (copied headers, protobuf,
+ * detached data) plus the caller memory its segments reference. */
+static inline size_t ps__outq_bytes(const ps__outq *q) { return q->len + q->ext_len; }
 /* Copies the data of every queued segment holding ref into the queue's own
  * buffer and releases it: the referenced memory may then change. Returns
  * the number of segments detached, or PS_ENOMEM. */

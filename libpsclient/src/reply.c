@@ -13,9 +13,14 @@
 /* Sink size for PullReply data nobody waits for any more. */
 #define PS__DISCARD_BYTES 65536u
 
-/* Breaks k for a protocol violation described by msg. */
+/* Breaks k for a protocol violation described by msg (the sentence names
+ * the server). Every id and size a server sends is checked before it
+ * indexes or sizes anything here: a broken or hostile server fails its
+ * connection, it never makes the client allocate or write out of place. */
 static int proto_err(ps_client *c, ps__conn *k, const char *msg) {
-  ps__conn_break(c, k, PS_EPROTO, msg);
+  char e[700];
+  snprintf(e, sizeof e, "ps %d at %s broke the protocol: %s", k->index, k->addr, msg);
+  ps__conn_break(c, k, PS_EPROTO, e);
   return PS_EPROTO;
 }
 
@@ -47,9 +52,10 @@ static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_
     const Ps__Item *it = m->items[i];
     ps__slice *s = ps__slice_by_remote(c, k->index, it->slice_id);
     if (!s || it->count != s->length) {
-      char e[512];
-      snprintf(e, sizeof e, "ps %d at %s sent %llu values for unknown or different slice %u",
-               k->index, k->addr, (unsigned long long)it->count, it->slice_id);
+      char e[200];
+      snprintf(e, sizeof e, "it sent %llu values for slice id %u, which %s",
+               (unsigned long long)it->count, it->slice_id,
+               s ? "has another length" : "we never registered with it");
       return proto_err(c, k, e);
     }
     total += it->count * sizeof(float);
@@ -60,8 +66,12 @@ static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_
       if (it->step < r->step) r->step = it->step;
     }
   }
-  if (total != k->hdr.data_len)
-    return proto_err(c, k, "pull reply data length does not match its items");
+  if (total != k->hdr.data_len) {
+    char e[200];
+    snprintf(e, sizeof e, "a pull reply carries %llu data bytes but its items take %llu",
+             (unsigned long long)k->hdr.data_len, (unsigned long long)total);
+    return proto_err(c, k, e);
+  }
   /* Nobody waits for it any more (failed or abandoned): read and drop. */
   if (!r && total && plan_discard(k, total)) return PS_ENOMEM;
   k->dst_i = 0;
@@ -131,10 +141,23 @@ static int on_register_reply(ps_client *c, ps__conn *k, const Ps__RegisterReply 
   size_t n = 0;
   for (size_t i = 0; v && i < v->n_slices; i++)
     n += c->slices[v->first_slice + i].ps == (uint32_t)k->index;
-  if (!v || n != m->n_slices) {
-    ps__req_fail(c, r, PS_EPROTO, "register reply does not match the request");
+  char e[300];
+  if (!v) {
+    ps__req_fail(c, r, PS_EPROTO, "register reply for no variable");
     return 0;
   }
+  if (n != m->n_slices) {
+    snprintf(e, sizeof e, "its register reply lists %zu slices, the request %zu", m->n_slices,
+             n);
+    return proto_err(c, k, e);
+  }
+  for (size_t j = 0; j < n; j++)
+    if (m->slices[j]->slice_id >= PS__MAX_SLICES) {
+      /* Ids index the remote-id map: bounded before any use. */
+      snprintf(e, sizeof e, "it named slice %zu of '%s' with id %u (ids are below %u)", j,
+               v->name, m->slices[j]->slice_id, PS__MAX_SLICES);
+      return proto_err(c, k, e);
+    }
   size_t j = 0;
   for (size_t i = 0; i < v->n_slices; i++) {
     size_t si = v->first_slice + i;
@@ -143,9 +166,11 @@ static int on_register_reply(ps_client *c, ps__conn *k, const Ps__RegisterReply 
     s->remote_id = m->slices[j]->slice_id;
     s->initialized = m->slices[j]->initialized;
     j++;
-    if (ps__remote_set(c, k->index, s->remote_id, si)) {
-      ps__conn_break(c, k, PS_ENOMEM, "out of memory");
-      return PS_ENOMEM;
+    int rc = ps__remote_set(c, k->index, s->remote_id, si);
+    if (rc == PS_EPROTO) return proto_err(c, k, "it sent an out-of-range slice id");
+    if (rc) {
+      ps__conn_break(c, k, rc, "out of memory");
+      return rc;
     }
   }
   ps__req_answered(c, r, k->index, 1);
@@ -213,7 +238,7 @@ int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   unsigned t = k->hdr.type;
   size_t len = k->hdr.meta_len;
   if (t != PS__MSG_PULL_REPLY && k->hdr.data_len)
-    return proto_err(c, k, "unexpected data in a reply");
+    return proto_err(c, k, "a reply other than a pull reply carries data");
   switch (t) {
   case PS__MSG_ERROR: PS__DISPATCH(on_error, ps__error__unpack, ps__error__free_unpacked);
   case PS__MSG_ACK: PS__DISPATCH(on_ack, ps__ack__unpack, ps__ack__free_unpacked);

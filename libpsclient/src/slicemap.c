@@ -15,7 +15,9 @@ ps__slice *ps__slice_by_remote(ps_client *c, int p, uint32_t id) {
 
 int ps__remote_set(ps_client *c, int p, uint32_t id, size_t si) {
   ps__remote_map *m = &c->by_remote[p];
-  if (id == PS__NO_SLICE || si >= PS__NO_SLICE) return PS_EPROTO;
+  /* A server holds fewer than PS__MAX_SLICES slices: a bigger id would
+   * size the map from what the server says, not from what we registered. */
+  if (id >= PS__MAX_SLICES || si >= PS__NO_SLICE) return PS_EPROTO;
   if (id >= m->cap) {
     size_t old = m->cap;
     if (ps__grow((void **)&m->idx, &m->cap, (size_t)id + 1, sizeof *m->idx)) return PS_ENOMEM;
