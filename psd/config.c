@@ -121,20 +121,8 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
     snprintf(err, errlen, "--checkpoint-every and --checkpoint-secs need --checkpoint-dir");
     return -1;
   }
-  if (cfg->ckpt_dir[0]) {
-    struct stat st;
-    if (stat(cfg->ckpt_dir, &st) != 0 && mkdir(cfg->ckpt_dir, 0700) != 0 && errno != EEXIST) {
-      snprintf(err, errlen, "--checkpoint-dir %s cannot be created: %s", cfg->ckpt_dir,
-               strerror(errno));
-      return -1;
-    }
-    if (stat(cfg->ckpt_dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
-        access(cfg->ckpt_dir, W_OK | X_OK) != 0) {
-      snprintf(err, errlen, "--checkpoint-dir %s is not a directory this user can write",
-               cfg->ckpt_dir);
-      return -1;
-    }
-  }
+  /* --checkpoint-dir itself is opened, checked (ours, nobody else can
+   * write it) and locked at start by psd/ckptdir.c: exit 65, not 64. */
   if (cfg->max_memory == 0) {
     /* A registration past this fails cleanly instead of the OOM killer
      * taking the whole job (and one peer cannot exhaust the node). */
