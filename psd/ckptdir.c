@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "mac.h"
@@ -20,6 +21,9 @@ static const char KEY_FILE[] = ".psd-key";
 static const char RUN_FILE[] = "run-id";
 /* Lock file content: one line naming the holder. */
 #define HOLDER_MAX 200
+/* The setup flock is held for milliseconds by each ps of a job: waiting
+ * longer than this means something is wrong. */
+#define DIR_LOCK_WAIT_S 10
 /* previous-<run>-<k>: the most suffixes tried when one already exists. */
 #define ASIDE_TRIES 100
 
@@ -367,6 +371,21 @@ static int settle_run(psd_ckpt_dir *d, int self, int fresh, char *moved, size_t 
   return have ? 0 : new_run(d, err, errlen);
 }
 
+/* Takes the directory's short setup flock, waiting at most
+ * DIR_LOCK_WAIT_S (a process that holds it longer is stuck or hostile:
+ * better an error than a psd that never starts). 0 or -1 with err. */
+static int lock_dir(psd_ckpt_dir *d, char *err, size_t errlen) {
+  for (int waited_ms = 0;; waited_ms += 10) {
+    if (flock(d->fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    if (errno != EWOULDBLOCK || waited_ms >= DIR_LOCK_WAIT_S * 1000) break;
+    struct timespec ts = {0, 10 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+  snprintf(err, errlen, "cannot lock --checkpoint-dir %s for setup: %s", d->path,
+           errno == EWOULDBLOCK ? "another process held it for too long" : strerror(errno));
+  return -1;
+}
+
 void psd_ckpt_dir_init(psd_ckpt_dir *d) {
   memset(d, 0, sizeof *d);
   d->fd = -1;
@@ -391,19 +410,18 @@ int psd_ckpt_dir_open(psd_ckpt_dir *d, const char *path, const psd_ckpt_holder *
   }
   snprintf(d->path, sizeof d->path, "%s", path);
   d->fd = open_top(path, err, errlen);
-  if (d->fd < 0 || take_lock(d, h, err, errlen) != 0) {
-    psd_ckpt_dir_close(d);
-    return -1;
-  }
-  /* The ps of one job start together: the key and run id are settled by
-   * one at a time (a short flock on the directory itself). */
-  int rc = flock(d->fd, LOCK_EX);
+  if (d->fd < 0) return -1;
+  /* The ps of one job start together: the lock, key and run id are
+   * settled by one at a time (a short flock on the directory itself).
+   * Taking this ps's lock inside it means a lock seen held by
+   * others_idle belongs to a psd that finished starting, never to one of
+   * our own job still on its way. */
+  int rc = lock_dir(d, err, errlen);
   if (rc == 0) {
-    rc = load_key(d, err, errlen);
+    rc = take_lock(d, h, err, errlen);
+    if (rc == 0) rc = load_key(d, err, errlen);
     if (rc == 0) rc = settle_run(d, h->ps_index, fresh, moved, movedlen, err, errlen);
     flock(d->fd, LOCK_UN);
-  } else {
-    snprintf(err, errlen, "cannot lock %s: %s", path, strerror(errno));
   }
   if (rc != 0) psd_ckpt_dir_close(d);
   return rc;

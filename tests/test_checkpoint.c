@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -33,14 +34,18 @@ static char *fresh_dir(const char *name) {
 static psd_ckpt_dir *D(const char *dir) {
   static psd_ckpt_dir open_dirs[8];
   static int n;
-  for (int i = 0; i < n; i++)
-    if (strcmp(open_dirs[i].path, dir) == 0) return &open_dirs[i];
-  ck_assert_int_lt(n, 8);
+  int slot = n;
+  for (int i = 0; i < n; i++) {
+    if (open_dirs[i].fd >= 0 && strcmp(open_dirs[i].path, dir) == 0) return &open_dirs[i];
+    if (open_dirs[i].fd < 0) slot = i; /* closed by the test: reusable */
+  }
+  ck_assert_int_lt(slot, 8);
   psd_ckpt_holder h = {1, 0, 1};
   char moved[1200], err[1600];
-  ck_assert_msg(psd_ckpt_dir_open(&open_dirs[n], dir, &h, 0, moved, sizeof moved, err,
+  ck_assert_msg(psd_ckpt_dir_open(&open_dirs[slot], dir, &h, 0, moved, sizeof moved, err,
                                   sizeof err) == 0, "%s", err);
-  return &open_dirs[n++];
+  if (slot == n) n++;
+  return &open_dirs[slot];
 }
 
 /* Writes the file of ps `ps` of `nps` at `step`: two slices, one with
@@ -517,6 +522,44 @@ START_TEST(restore_none_moves_aside_and_keeps_the_run) {
 }
 END_TEST
 
+START_TEST(restore_none_ps_starting_together_agree) {
+  /* The ps of one job start at once with --restore none: one moves the old
+   * run aside, every one ends on the same new run, none refuses. */
+  for (int round = 0; round < 10; round++) {
+    const char *d = fresh_dir("together");
+    write_one(d, 0, 2, 5, 1);
+    write_one(d, 1, 2, 5, 1);
+    char old[40];
+    snprintf(old, sizeof old, "%s", D(d)->run_hex);
+    psd_ckpt_dir_close(D(d));
+    int fds[2][2];
+    for (int ps = 0; ps < 2; ps++) {
+      ck_assert_int_eq(pipe(fds[ps]), 0);
+      if (fork() == 0) {
+        psd_ckpt_dir x;
+        psd_ckpt_holder h = {9, ps, 2};
+        char moved[1400], err[1600], out[1700];
+        int rc = psd_ckpt_dir_open(&x, d, &h, 1, moved, sizeof moved, err, sizeof err);
+        snprintf(out, sizeof out, "%s", rc == 0 ? x.run_hex : err);
+        ssize_t w = write(fds[ps][1], out, strlen(out) + 1);
+        _exit(w > 0 && rc == 0 ? 0 : 1);
+      }
+      close(fds[ps][1]);
+    }
+    char got[2][1700];
+    for (int ps = 0; ps < 2; ps++) {
+      ssize_t n = read(fds[ps][0], got[ps], sizeof got[ps] - 1);
+      got[ps][n > 0 ? n : 0] = '\0';
+      close(fds[ps][0]);
+      int st;
+      ck_assert_int_gt(wait(&st), 0);
+    }
+    ck_assert_msg(strlen(got[0]) == 32 && strcmp(got[0], got[1]) == 0 && strcmp(got[0], old),
+                  "ps 0: %s; ps 1: %s (old run %s)", got[0], got[1], old);
+  }
+}
+END_TEST
+
 Suite *suite_checkpoint(void) {
   Suite *s = suite_create("checkpoint");
   TCase *tc = tcase_create("core");
@@ -535,6 +578,7 @@ Suite *suite_checkpoint(void) {
   tcase_add_test(tc, lock_names_the_holder);
   tcase_add_test(tc, foreign_or_old_run_files_are_refused);
   tcase_add_test(tc, restore_none_moves_aside_and_keeps_the_run);
+  tcase_add_test(tc, restore_none_ps_starting_together_agree);
   suite_add_tcase(s, tc);
   return s;
 }
