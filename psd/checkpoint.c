@@ -10,10 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "mac.h"
 #include "wire.h"
 
 /* File magics: the header's first 8 bytes, each record's first 4 and the
@@ -22,9 +24,12 @@ static const char HDR_MAGIC[8] = {'P', 'S', 'D', 'C', 'K', 'P', 'T', 0};
 static const char REC_MAGIC[4] = {'S', 'L', 'I', 'C'};
 static const char END_MAGIC[8] = {'P', 'S', 'D', 'C', 'K', 'E', 'N', 'D'};
 /* Fixed header size: room for fields added by later versions. */
-#define HDR_SIZE 64
-/* Trailer: magic, record count, CRC-32C of every byte before the CRC. */
-#define END_SIZE 16
+#define HDR_SIZE 80
+/* Where the header holds the run id (PSD_CKPT_RUN_BYTES). */
+#define HDR_RUN_AT 56
+/* Trailer: magic, record count, CRC-32C of every byte before the CRC,
+ * HMAC-SHA-256 of every byte before the MAC. */
+#define END_SIZE PSD_CKPT_END_BYTES
 /* Most step directories one scan considers; more is certainly a mistake. */
 #define CKPT_MAX_STEPS 100000
 
@@ -122,6 +127,7 @@ static uint64_t get64(const uint8_t *p) {
 void psd_ckpt_writer_init(psd_ckpt_writer *w) {
   memset(w, 0, sizeof *w);
   w->fd = -1;
+  w->sfd = -1;
 }
 
 static int wr(psd_ckpt_writer *w, const void *buf, size_t len, char *err, size_t errlen) {
@@ -142,35 +148,43 @@ static int wr(psd_ckpt_writer *w, const void *buf, size_t len, char *err, size_t
   return 0;
 }
 
-static int fsync_dir(const char *dir) {
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  int rc = fsync(fd);
-  close(fd);
-  return rc;
-}
-
-int psd_ckpt_begin(psd_ckpt_writer *w, const char *dir, const psd_ckpt_meta *m, char *err,
-                   size_t errlen) {
-  psd_ckpt_writer_init(w);
-  if (strlen(dir) > PSD_CKPT_PATH_MAX) {
-    snprintf(err, errlen, "checkpoint directory %.60s... is longer than %d bytes", dir,
-             PSD_CKPT_PATH_MAX);
-    return -1;
-  }
-  snprintf(w->dir, sizeof w->dir, "%s/step-%012" PRIu64, dir, m->step);
-  snprintf(w->path, sizeof w->path, "%s/ps-%u-of-%u.ckpt", w->dir, m->ps_index, m->num_ps);
-  snprintf(w->tmp, sizeof w->tmp, "%s.tmp", w->path);
-  if (mkdir(w->dir, 0700) != 0 && errno != EEXIST) {
-    snprintf(err, errlen, "cannot create checkpoint directory %s: %s", w->dir,
-             strerror(errno));
+/* Names the files of a step and opens (creating it) the verified step
+ * directory. 0 or -1 with err. */
+static int open_step(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_meta *m,
+                     char *err, size_t errlen) {
+  char step[28]; /* "step-" and at most 20 digits */
+  snprintf(step, sizeof step, "step-%012" PRIu64, m->step);
+  snprintf(w->dir, sizeof w->dir, "%s/%s", d->path, step);
+  snprintf(w->name, sizeof w->name, "ps-%u-of-%u.ckpt", m->ps_index, m->num_ps);
+  snprintf(w->tmpname, sizeof w->tmpname, "%s.tmp", w->name);
+  snprintf(w->path, sizeof w->path, "%s/%s", w->dir, w->name);
+  snprintf(w->tmp, sizeof w->tmp, "%s/%s", w->dir, w->tmpname);
+  w->sfd = psd_ckpt_subdir(d, step, 1, err, errlen);
+  if (w->sfd < 0) {
+    w->sfd = -1;
     return -1;
   }
   /* The new directory entry must survive a crash too. */
-  fsync_dir(dir);
-  w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  fsync(d->fd);
+  return 0;
+}
+
+int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_meta *m,
+                   char *err, size_t errlen) {
+  psd_ckpt_writer_init(w);
+  w->d = d;
+  if (open_step(w, d, m, err, errlen) != 0) return -1;
+  /* A leftover temporary of ours goes first; anything else there (another
+   * user's file or symlink) is refused, and O_EXCL|O_NOFOLLOW never writes
+   * through a name that reappeared in between. */
+  if (psd_ckpt_unlink_own(w->sfd, w->tmpname, w->tmp, err, errlen) != 0) {
+    psd_ckpt_abort(w);
+    return -1;
+  }
+  w->fd = openat(w->sfd, w->tmpname, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (w->fd < 0) {
     snprintf(err, errlen, "cannot create checkpoint %s: %s", w->tmp, strerror(errno));
+    psd_ckpt_abort(w);
     return -1;
   }
   uint8_t h[HDR_SIZE] = {0};
@@ -184,6 +198,7 @@ int psd_ckpt_begin(psd_ckpt_writer *w, const char *dir, const psd_ckpt_meta *m, 
   put64(h + 32, m->step);
   put64(h + 40, (uint64_t)time(NULL));
   put32(h + 48, m->nslices);
+  memcpy(h + HDR_RUN_AT, d->run_id, PSD_CKPT_RUN_BYTES);
   w->nslices = m->nslices;
   w->step = m->step;
   if (wr(w, h, sizeof h, err, errlen) != 0) {
@@ -234,6 +249,33 @@ int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t er
   return 0;
 }
 
+/* The MAC of everything written so far (read back through a mapping of
+ * the file: the records were streamed out, never held in memory). */
+static int file_mac(psd_ckpt_writer *w, uint8_t mac[PS__MAC_BYTES], char *err, size_t errlen) {
+  void *map = mmap(NULL, (size_t)w->bytes, PROT_READ, MAP_SHARED, w->fd, 0);
+  if (map == MAP_FAILED) {
+    snprintf(err, errlen, "cannot map checkpoint %s to sign it: %s", w->tmp, strerror(errno));
+    return -1;
+  }
+  ps__mac_part part = {map, (size_t)w->bytes};
+  int rc = ps__hmac(w->d->key, sizeof w->d->key, &part, 1, mac);
+  munmap(map, (size_t)w->bytes);
+  if (rc != 0) snprintf(err, errlen, "cannot sign checkpoint %s", w->tmp);
+  return rc ? -1 : 0;
+}
+
+/* Trailer: magic, count, CRC, MAC. 0 or -1 with err. */
+static int write_trailer(psd_ckpt_writer *w, char *err, size_t errlen) {
+  uint8_t t[END_SIZE];
+  memcpy(t, END_MAGIC, 8);
+  put32(t + 8, w->nslices);
+  if (wr(w, t, 12, err, errlen) != 0) return -1;
+  put32(t + 12, w->crc);
+  if (wr(w, t + 12, 4, err, errlen) != 0 || file_mac(w, t + 16, err, errlen) != 0)
+    return -1;
+  return wr(w, t + 16, PS__MAC_BYTES, err, errlen);
+}
+
 int psd_ckpt_commit(psd_ckpt_writer *w, char *err, size_t errlen) {
   if (w->written != w->nslices) {
     snprintf(err, errlen, "checkpoint %s: %u of %u slices written", w->tmp, w->written,
@@ -241,15 +283,7 @@ int psd_ckpt_commit(psd_ckpt_writer *w, char *err, size_t errlen) {
     psd_ckpt_abort(w);
     return -1;
   }
-  uint8_t t[END_SIZE];
-  memcpy(t, END_MAGIC, 8);
-  put32(t + 8, w->nslices);
-  if (wr(w, t, 12, err, errlen) != 0) {
-    psd_ckpt_abort(w);
-    return -1;
-  }
-  put32(t + 12, w->crc);
-  if (wr(w, t + 12, 4, err, errlen) != 0) {
+  if (write_trailer(w, err, errlen) != 0) {
     psd_ckpt_abort(w);
     return -1;
   }
@@ -260,25 +294,29 @@ int psd_ckpt_commit(psd_ckpt_writer *w, char *err, size_t errlen) {
   }
   close(w->fd);
   w->fd = -1;
-  if (rename(w->tmp, w->path) != 0) {
+  int rc = 0;
+  if (renameat(w->sfd, w->tmpname, w->sfd, w->name) != 0) {
     snprintf(err, errlen, "cannot rename checkpoint %s into place: %s", w->tmp,
              strerror(errno));
-    unlink(w->tmp);
-    return -1;
-  }
-  if (fsync_dir(w->dir) != 0) {
+    unlinkat(w->sfd, w->tmpname, 0);
+    rc = -1;
+  } else if (fsync(w->sfd) != 0) {
     snprintf(err, errlen, "cannot flush checkpoint directory %s: %s", w->dir, strerror(errno));
-    return -1;
+    rc = -1;
   }
-  return 0;
+  close(w->sfd);
+  w->sfd = -1;
+  return rc;
 }
 
 void psd_ckpt_abort(psd_ckpt_writer *w) {
   if (w->fd >= 0) {
     close(w->fd);
-    unlink(w->tmp);
+    unlinkat(w->sfd, w->tmpname, 0);
   }
+  if (w->sfd >= 0) close(w->sfd);
   w->fd = -1;
+  w->sfd = -1;
 }
 
 /* ---- reading ------------------------------------------------------------ */
@@ -295,16 +333,19 @@ __attribute__((format(printf, 4, 5))) static int bad(psd_ckpt_image *img, char *
   return -1;
 }
 
-int psd_ckpt_read(const char *path, uint64_t max_bytes, psd_ckpt_image *img, char *err,
-                  size_t errlen) {
-  memset(img, 0, sizeof *img);
-  snprintf(img->path, sizeof img->path, "%s", path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return bad(img, err, errlen, "cannot open it: %s", strerror(errno));
+/* Reads an open file into img and checks it (fd is closed). */
+static int read_fd(int fd, const psd_ckpt_dir *d, uint64_t max_bytes, psd_ckpt_image *img,
+                   char *err, size_t errlen) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     close(fd);
     return bad(img, err, errlen, "not a regular file");
+  }
+  if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) {
+    close(fd);
+    return bad(img, err, errlen, "owned by uid %u with mode %04o, not a file only this user "
+               "(uid %u) can write: refusing it (planted?)", (unsigned)st.st_uid,
+               (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
   }
   if (st.st_size < HDR_SIZE + END_SIZE) {
     close(fd);
@@ -332,25 +373,78 @@ int psd_ckpt_read(const char *path, uint64_t max_bytes, psd_ckpt_image *img, cha
     got += (size_t)n;
   }
   close(fd);
-  return psd_ckpt_parse(img, err, errlen);
+  return psd_ckpt_parse(img, d, err, errlen);
 }
 
-int psd_ckpt_parse(psd_ckpt_image *img, char *err, size_t errlen) {
+/* Reads dfd/name (label names it in messages), never through a symlink. */
+static int read_at(const psd_ckpt_dir *d, int dfd, const char *name, const char *label,
+                   uint64_t max_bytes, psd_ckpt_image *img, char *err, size_t errlen) {
+  memset(img, 0, sizeof *img);
+  snprintf(img->path, sizeof img->path, "%s", label);
+  int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return bad(img, err, errlen, "cannot open it: %s%s", strerror(errno),
+               errno == ELOOP ? " (a symlink: refusing it)" : "");
+  return read_fd(fd, d, max_bytes, img, err, errlen);
+}
+
+int psd_ckpt_read(const psd_ckpt_dir *d, const char *path, uint64_t max_bytes,
+                  psd_ckpt_image *img, char *err, size_t errlen) {
+  return read_at(d, AT_FDCWD, path, path, max_bytes, img, err, errlen);
+}
+
+static void hex(const uint8_t *b, size_t n, char *out) {
+  static const char digits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; i++) {
+    out[2 * i] = digits[b[i] >> 4];
+    out[2 * i + 1] = digits[b[i] & 15];
+  }
+  out[2 * n] = '\0';
+}
+
+/* Magic, version, end marker, CRC, MAC and run id: whether the file is
+ * whole, ours and of this run. 0 or -1 (bad() was called). */
+static int check_envelope(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err,
+                          size_t errlen) {
   const uint8_t *b = img->buf;
-  img->recs = NULL;
   if (img->len < HDR_SIZE + END_SIZE)
     return bad(img, err, errlen, "only %zu bytes (truncated)", img->len);
   if (memcmp(b, HDR_MAGIC, 8) != 0) return bad(img, err, errlen, "not a psd checkpoint");
+  if (get32(b + 8) == 1)
+    return bad(img, err, errlen, "format version 1, written by an older psd without a run id "
+               "and a MAC; this psd reads version %d only (start with --restore=none to move "
+               "it aside and start afresh)", PSD_CKPT_VERSION);
   if (get32(b + 8) != PSD_CKPT_VERSION)
     return bad(img, err, errlen, "format version %u, this psd reads version %d", get32(b + 8),
                PSD_CKPT_VERSION);
   const uint8_t *t = b + img->len - END_SIZE;
   if (memcmp(t, END_MAGIC, 8) != 0)
     return bad(img, err, errlen, "no end marker (truncated or not finished)");
-  uint32_t crc = psd_crc32c(0, b, img->len - 4);
+  uint32_t crc = psd_crc32c(0, b, img->len - END_SIZE + 12);
   if (crc != get32(t + 12))
     return bad(img, err, errlen, "checksum mismatch (stored %08x, computed %08x): damaged",
                get32(t + 12), crc);
+  uint8_t mac[PS__MAC_BYTES];
+  ps__mac_part part = {b, img->len - PS__MAC_BYTES};
+  if (ps__hmac(d->key, sizeof d->key, &part, 1, mac) != 0)
+    return bad(img, err, errlen, "cannot compute its MAC");
+  if (!ps__mac_equal(mac, t + 16, PS__MAC_BYTES))
+    return bad(img, err, errlen, "MAC mismatch: not written with this directory's key "
+               "(planted, or copied from another checkpoint directory)");
+  if (memcmp(b + HDR_RUN_AT, d->run_id, PSD_CKPT_RUN_BYTES) != 0) {
+    char other[2 * PSD_CKPT_RUN_BYTES + 1];
+    hex(b + HDR_RUN_AT, PSD_CKPT_RUN_BYTES, other);
+    return bad(img, err, errlen, "it belongs to run %s, this directory's run is %s", other,
+               d->run_hex);
+  }
+  return 0;
+}
+
+int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err, size_t errlen) {
+  const uint8_t *b = img->buf;
+  img->recs = NULL;
+  if (check_envelope(img, d, err, errlen) != 0) return -1;
+  const uint8_t *t = b + img->len - END_SIZE;
   psd_ckpt_meta *m = &img->meta;
   m->ps_index = get32(b + 12);
   m->num_ps = get32(b + 16);
@@ -386,9 +480,9 @@ int psd_ckpt_parse(psd_ckpt_image *img, char *err, size_t errlen) {
     if (r->ndim < 1 || r->ndim > PS_MAX_DIMS || end - o < 8ull * r->ndim + 36)
       return bad(img, err, errlen, "slice '%s' has %u dimensions", r->name, r->ndim);
     uint64_t numel = 1;
-    for (uint32_t d = 0; d < r->ndim; d++, o += 8) {
-      r->shape[d] = get64(b + o);
-      if (r->shape[d] == 0 || ps__mul_u64(numel, r->shape[d], &numel))
+    for (uint32_t k = 0; k < r->ndim; k++, o += 8) {
+      r->shape[k] = get64(b + o);
+      if (r->shape[k] == 0 || ps__mul_u64(numel, r->shape[k], &numel))
         return bad(img, err, errlen, "slice '%s' has a bad shape", r->name);
     }
     r->offset = get64(b + o);
@@ -446,10 +540,18 @@ static int cmp_desc(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* A fresh directory stream over dfd (its own file offset). NULL on error. */
+static DIR *open_stream(int dfd) {
+  int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+  if (!d && fd >= 0) close(fd);
+  return d;
+}
+
 /* Steps that have a step-N directory, newest first (malloc'd; *n). */
-static uint64_t *list_steps(const char *dir, size_t *n) {
+static uint64_t *list_steps(const psd_ckpt_dir *dir, size_t *n) {
   *n = 0;
-  DIR *d = opendir(dir);
+  DIR *d = open_stream(dir->fd);
   if (!d) return NULL;
   size_t cap = 16;
   uint64_t *v = malloc(cap * sizeof *v);
@@ -470,14 +572,14 @@ static uint64_t *list_steps(const char *dir, size_t *n) {
   return v;
 }
 
-static int file_exists(const char *p) {
+static int file_exists(int dfd, const char *name) {
   struct stat st;
-  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+  return fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
 }
 
-/* Another ps count that wrote checkpoint files in DIR/step-N (0: none). */
-static uint32_t other_count(const char *stepdir, uint32_t num_ps) {
-  DIR *d = opendir(stepdir);
+/* Another ps count that wrote checkpoint files in a step directory (0: none). */
+static uint32_t other_count(int sfd, uint32_t num_ps) {
+  DIR *d = open_stream(sfd);
   if (!d) return 0;
   struct dirent *e;
   uint32_t found = 0;
@@ -494,91 +596,115 @@ static uint32_t other_count(const char *stepdir, uint32_t num_ps) {
   return found;
 }
 
-/* DIR/step-N/ps-i-of-n.ckpt: one place that spells the layout. */
-static void ps_file(char *out, size_t len, const char *dir, uint64_t step, uint32_t ps,
-                    uint32_t num_ps) {
-  snprintf(out, len, "%s/step-%012" PRIu64 "/ps-%u-of-%u.ckpt", dir, step, ps, num_ps);
+/* ps-i-of-n.ckpt and step-N: one place that spells the layout. */
+static void ps_name(char *out, size_t len, uint32_t ps, uint32_t num_ps) {
+  snprintf(out, len, "ps-%u-of-%u.ckpt", ps, num_ps);
+}
+static void step_name(char *out, size_t len, uint64_t step) {
+  snprintf(out, len, "step-%012" PRIu64, step);
 }
 
-/* All num_ps files of DIR/step-N exist. */
-static int step_complete(const char *dir, uint64_t step, uint32_t num_ps) {
-  char f[PSD_CKPT_PATH_MAX + 96];
+/* All num_ps files exist in the step directory sfd. */
+static int step_complete(int sfd, uint32_t num_ps) {
+  char f[48];
   for (uint32_t i = 0; i < num_ps; i++) {
-    ps_file(f, sizeof f, dir, step, i, num_ps);
-    if (!file_exists(f)) return 0;
+    ps_name(f, sizeof f, i, num_ps);
+    if (!file_exists(sfd, f)) return 0;
   }
   return 1;
 }
 
 /* --restore=fallback: the other ps's files of a step read back too, so
  * every ps, deciding alone, falls back to the same step. */
-static int others_usable(const char *dir, uint64_t step, uint32_t ps_index, uint32_t num_ps,
-                         uint64_t max_bytes, char *err, size_t errlen) {
+static int others_usable(const psd_ckpt_dir *d, int sfd, const char *sd, uint32_t ps_index,
+                         uint32_t num_ps, uint64_t max_bytes, char *err, size_t errlen) {
   for (uint32_t i = 0; i < num_ps; i++) {
     if (i == ps_index) continue;
-    char f[PSD_CKPT_PATH_MAX + 96];
-    ps_file(f, sizeof f, dir, step, i, num_ps);
+    char f[48], label[PSD_CKPT_PATH_MAX + 96];
+    ps_name(f, sizeof f, i, num_ps);
+    snprintf(label, sizeof label, "%s/%s", sd, f);
     psd_ckpt_image o;
-    if (psd_ckpt_read(f, max_bytes, &o, err, errlen) != 0) return 0;
+    if (read_at(d, sfd, f, label, max_bytes, &o, err, errlen) != 0) return 0;
     psd_ckpt_image_free(&o);
   }
   return 1;
 }
 
-int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallback,
+/* What psd_ckpt_find learns while scanning the steps. */
+typedef struct find_state {
+  uint32_t foreign;      /* another ps count's files were seen */
+  uint64_t own;          /* a step with only some files, ours among them */
+  char first_err[1200];  /* the first step that could not be used */
+} find_state;
+
+/* Tries one step: 1 (img filled), 0 (not complete: skipped), -1 (e says
+ * why it cannot be used). */
+static int try_step(const psd_ckpt_dir *d, uint64_t step, uint32_t ps_index, uint32_t num_ps,
+                    int fallback, uint64_t max_bytes, psd_ckpt_image *img, find_state *fs,
+                    char *e, size_t elen) {
+  char sn[28], sd[PSD_CKPT_PATH_MAX + 32], f[48], label[PSD_CKPT_PATH_MAX + 96];
+  step_name(sn, sizeof sn, step);
+  snprintf(sd, sizeof sd, "%s/%s", d->path, sn);
+  ps_name(f, sizeof f, ps_index, num_ps);
+  snprintf(label, sizeof label, "%s/%s", sd, f);
+  int sfd = psd_ckpt_subdir(d, sn, 0, e, elen);
+  if (sfd == -2) return 0;
+  if (sfd < 0) return -1; /* not ours, or a symlink: never read from it */
+  int rc = 0;
+  if (!step_complete(sfd, num_ps)) {
+    if (file_exists(sfd, f)) fs->own = step;
+    if (!fs->foreign) fs->foreign = other_count(sfd, num_ps);
+  } else if (read_at(d, sfd, f, label, max_bytes, img, e, elen) == 0) {
+    rc = -1;
+    if (img->meta.ps_index != ps_index || img->meta.num_ps != num_ps)
+      snprintf(e, elen, "checkpoint %s was written by ps %u of %u, this is ps %u of %u", label,
+               img->meta.ps_index, img->meta.num_ps, ps_index, num_ps);
+    else if (img->meta.step != step)
+      snprintf(e, elen, "checkpoint %s holds step %" PRIu64 " but lies in %s", label,
+               img->meta.step, sn);
+    else if (!fallback || others_usable(d, sfd, sd, ps_index, num_ps, max_bytes, e, elen))
+      rc = 1; /* with fallback, every ps must fall back to the same step */
+    if (rc != 1) psd_ckpt_image_free(img);
+  } else {
+    rc = -1;
+  }
+  close(sfd);
+  return rc;
+}
+
+int psd_ckpt_find(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int fallback,
                   uint64_t max_bytes, psd_ckpt_image *img, char *err, size_t errlen) {
   memset(img, 0, sizeof *img);
   if (errlen) err[0] = '\0';
   size_t n;
-  uint64_t *steps = list_steps(dir, &n);
+  uint64_t *steps = list_steps(d, &n);
   int rc = 0;
-  uint32_t foreign = 0;
-  uint64_t own = UINT64_MAX; /* a step with only some files, ours among them */
-  char first_err[1200] = "";
+  find_state fs = {0, UINT64_MAX, ""};
   for (size_t k = 0; k < n; k++) {
-    char sd[PSD_CKPT_PATH_MAX + 32], f[PSD_CKPT_PATH_MAX + 96];
-    snprintf(sd, sizeof sd, "%s/step-%012" PRIu64, dir, steps[k]);
-    ps_file(f, sizeof f, dir, steps[k], ps_index, num_ps);
-    if (!step_complete(dir, steps[k], num_ps)) {
-      if (file_exists(f)) own = steps[k];
-      if (!foreign) foreign = other_count(sd, num_ps);
-      continue; /* an interrupted checkpoint, or another job shape */
-    }
     char e[1200];
-    if (psd_ckpt_read(f, max_bytes, img, e, sizeof e) == 0) {
-      if (img->meta.ps_index != ps_index || img->meta.num_ps != num_ps) {
-        snprintf(e, sizeof e, "checkpoint %s was written by ps %u of %u, this is ps %u of %u",
-                 f, img->meta.ps_index, img->meta.num_ps, ps_index, num_ps);
-        psd_ckpt_image_free(img);
-      } else if (img->meta.step != steps[k]) {
-        snprintf(e, sizeof e, "checkpoint %s holds step %" PRIu64 " but lies in step-%012" PRIu64,
-                 f, img->meta.step, steps[k]);
-        psd_ckpt_image_free(img);
-      } else if (fallback && !others_usable(dir, steps[k], ps_index, num_ps, max_bytes, e,
-                                            sizeof e)) {
-        psd_ckpt_image_free(img); /* every ps must fall back to the same step */
-      } else {
-        rc = 1;
-        break;
-      }
+    int r = try_step(d, steps[k], ps_index, num_ps, fallback, max_bytes, img, &fs, e, sizeof e);
+    if (r == 0) continue; /* an interrupted checkpoint, or another job shape */
+    if (r == 1) {
+      rc = 1;
+      break;
     }
-    if (!first_err[0]) snprintf(first_err, sizeof first_err, "%s", e);
+    if (!fs.first_err[0]) snprintf(fs.first_err, sizeof fs.first_err, "%s", e);
     if (!fallback) {
       rc = -1;
       break;
     }
   }
   free(steps);
-  if (rc == 0 && first_err[0]) {
-    snprintf(err, errlen, "%s; no older complete checkpoint is usable", first_err);
+  if (rc == 0 && fs.first_err[0]) {
+    snprintf(err, errlen, "%s; no older complete checkpoint is usable", fs.first_err);
     return -1;
   }
   if (rc == -1) {
     snprintf(err, errlen, "%s (start with --restore=fallback to use an older complete "
-             "checkpoint, or --restore=none to start afresh)", first_err);
+             "checkpoint, or --restore=none to move them aside and start afresh)", fs.first_err);
     return -1;
   }
-  if (rc == 0 && own != UINT64_MAX && !foreign) {
+  if (rc == 0 && fs.own != UINT64_MAX && !fs.foreign) {
     /* Not an error (a job can die before its first checkpoint is
      * complete), but also what a directory each node sees separately
      * looks like: say so. */
@@ -586,40 +712,57 @@ int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallb
              "checkpoint directory %s has this ps's file of step %" PRIu64 " but no step with "
              "the files of all %u ps (a checkpoint interrupted before any completed, or a "
              "directory the ps tasks do not share)",
-             dir, own, num_ps);
+             d->path, fs.own, num_ps);
     return 0;
   }
-  if (rc == 0 && foreign) {
+  if (rc == 0 && fs.foreign) {
     snprintf(err, errlen,
              "checkpoint directory %s holds checkpoints of %u ps tasks but none of this job's "
-             "%u (start with --restore=none to start afresh)",
-             dir, foreign, num_ps);
+             "%u (start with --restore=none to move them aside and start afresh)",
+             d->path, fs.foreign, num_ps);
     return -1;
   }
   return rc;
 }
 
-int psd_ckpt_prune(const char *dir, uint32_t ps_index, uint32_t num_ps, int keep) {
+/* Removes this ps's leftover temporary (if ours) and, unless keep_file,
+ * its checkpoint file of one step, then the step directory if empty. */
+static int prune_step(const psd_ckpt_dir *d, uint64_t step, uint32_t ps_index, uint32_t num_ps,
+                      int keep_file) {
+  char sn[28], f[48], t[56], label[PSD_CKPT_PATH_MAX + 96], e[600];
+  step_name(sn, sizeof sn, step);
+  int sfd = psd_ckpt_subdir(d, sn, 0, e, sizeof e);
+  if (sfd < 0) return 0;
+  ps_name(f, sizeof f, ps_index, num_ps);
+  snprintf(t, sizeof t, "%s.tmp", f);
+  snprintf(label, sizeof label, "%s/%s/%s", d->path, sn, t);
+  int removed = 0;
+  if (file_exists(sfd, t) && psd_ckpt_unlink_own(sfd, t, label, e, sizeof e) == 0) removed++;
+  if (!keep_file && file_exists(sfd, f) && unlinkat(sfd, f, 0) == 0) removed++;
+  close(sfd);
+  if (!keep_file) unlinkat(d->fd, sn, AT_REMOVEDIR); /* fails while other ps's files are there */
+  return removed;
+}
+
+int psd_ckpt_prune(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int keep) {
   size_t n;
-  uint64_t *steps = list_steps(dir, &n);
+  uint64_t *steps = list_steps(d, &n);
   /* Only steps older than the keep-th newest *complete* one go: a ps must
    * never delete its part of the newest complete checkpoint because it has
    * written newer files that the other ps never finished. */
   int complete = 0, removed = 0;
   size_t cut = n;
-  for (size_t k = 0; k < n && cut == n; k++)
-    if (step_complete(dir, steps[k], num_ps) && ++complete == keep) cut = k + 1;
-  for (size_t k = 0; k < n; k++) {
-    char sd[PSD_CKPT_PATH_MAX + 32], f[PSD_CKPT_PATH_MAX + 96], t[PSD_CKPT_PATH_MAX + 100];
-    snprintf(sd, sizeof sd, "%s/step-%012" PRIu64, dir, steps[k]);
-    ps_file(f, sizeof f, dir, steps[k], ps_index, num_ps);
-    snprintf(t, sizeof t, "%s.tmp", f);
-    if (file_exists(t) && unlink(t) == 0) removed++;
-    if (k < cut) continue;
-    if (file_exists(f) && unlink(f) == 0) removed++;
-    rmdir(sd); /* fails while other ps's files are there: fine */
+  for (size_t k = 0; k < n && cut == n; k++) {
+    char sn[28], e[600];
+    step_name(sn, sizeof sn, steps[k]);
+    int sfd = psd_ckpt_subdir(d, sn, 0, e, sizeof e);
+    if (sfd < 0) continue;
+    if (step_complete(sfd, num_ps) && ++complete == keep) cut = k + 1;
+    close(sfd);
   }
+  for (size_t k = 0; k < n; k++)
+    removed += prune_step(d, steps[k], ps_index, num_ps, k < cut);
   free(steps);
-  if (removed) fsync_dir(dir);
+  if (removed) fsync(d->fd);
   return removed;
 }

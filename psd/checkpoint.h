@@ -2,7 +2,9 @@
  * checkpoint.h - checkpoint files: one per ps task and step, written
  * crash-safely, read back with every length and the checksum checked.
  *
- * Layout on disk (docs/checkpoint.md): DIR/step-<12 digits>/ps-<i>-of-<n>.ckpt.
+ * Layout on disk (docs/checkpoint.md): DIR/step-<12 digits>/ps-<i>-of-<n>.ckpt,
+ * every path relative to the verified directory (ckptdir.h); each file
+ * carries the run id and ends with an HMAC-SHA-256 under the directory's key.
  * A step is a complete checkpoint when all n files are there (each appears
  * by an atomic rename), so a job killed while writing leaves the previous
  * complete checkpoint as the newest one. This module knows nothing of the
@@ -14,12 +16,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckptdir.h"
 #include "psclient.h"
 
-/* Format version written in every file; readers refuse other versions. */
-#define PSD_CKPT_VERSION 1
-/* Longest checkpoint directory path accepted (the file names go under it). */
-#define PSD_CKPT_PATH_MAX 900
+/* Format version written in every file; readers refuse other versions
+ * (version 1 had no run id and no MAC: refused with a sentence saying so). */
+#define PSD_CKPT_VERSION 2
+/* Trailer bytes: end magic (8), record count (4), CRC-32C (4), MAC (32). */
+#define PSD_CKPT_END_BYTES 48
 
 /* What a file says about the job that wrote it. */
 typedef struct psd_ckpt_meta {
@@ -51,6 +55,10 @@ typedef struct psd_ckpt_rec {
  * as their slices are captured; commit makes it visible atomically. */
 typedef struct psd_ckpt_writer {
   int fd;                          /* temporary file, -1 when idle */
+  int sfd;                         /* its verified step directory, -1 when idle */
+  char name[48];                   /* ps-i-of-n.ckpt (relative to sfd) */
+  char tmpname[56];                /* ps-i-of-n.ckpt.tmp */
+  const psd_ckpt_dir *d;           /* the directory: MAC key, run id (not owned) */
   char dir[PSD_CKPT_PATH_MAX + 32];  /* DIR/step-N */
   char path[PSD_CKPT_PATH_MAX + 96]; /* ... /ps-i-of-n.ckpt */
   char tmp[PSD_CKPT_PATH_MAX + 104]; /* ... /ps-i-of-n.ckpt.tmp */
@@ -73,13 +81,15 @@ typedef struct psd_ckpt_image {
 /* CRC-32C (Castagnoli) of buf, continuing from crc (0 to start). */
 uint32_t psd_crc32c(uint32_t crc, const void *buf, size_t len);
 
-/* Creates DIR/step-N and its temporary file and writes the header.
- * 0, or -1 with a sentence naming the path in err. */
-int psd_ckpt_begin(psd_ckpt_writer *w, const char *dir, const psd_ckpt_meta *m, char *err,
-                   size_t errlen);
+/* Creates DIR/step-N (0700, verified ours) and its temporary file
+ * (O_EXCL|O_NOFOLLOW, after removing a leftover of ours) and writes the
+ * header. 0, or -1 with a sentence naming the path in err. */
+int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_meta *m,
+                   char *err, size_t errlen);
 /* Appends one record. 0 or -1 (err). */
 int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen);
-/* Writes the trailer, fsyncs, renames into place and fsyncs the directory.
+/* Writes the trailer (CRC, then the MAC over the whole file), fsyncs,
+ * renames into place (renameat in the step directory) and fsyncs it.
  * Every promised record must have been added. 0 or -1 (err; the
  * temporary file is removed). */
 int psd_ckpt_commit(psd_ckpt_writer *w, char *err, size_t errlen);
@@ -90,15 +100,16 @@ static inline int psd_ckpt_active(const psd_ckpt_writer *w) { return w->fd >= 0;
 /* An idle writer. */
 void psd_ckpt_writer_init(psd_ckpt_writer *w);
 
-/* Reads and checks one file (magic, version, checksum, every length; at
- * most max_bytes of it). 0, or -1 with a sentence naming the file and the
- * problem in err. */
-int psd_ckpt_read(const char *path, uint64_t max_bytes, psd_ckpt_image *img, char *err,
-                  size_t errlen);
+/* Reads and checks one file (not a symlink, ours; magic, version,
+ * checksum, MAC under d's key, d's run id, every length; at most max_bytes
+ * of it). 0, or -1 with a sentence naming the file and the problem in err. */
+int psd_ckpt_read(const psd_ckpt_dir *d, const char *path, uint64_t max_bytes,
+                  psd_ckpt_image *img, char *err, size_t errlen);
 /* Checks and indexes img->buf (img->len bytes, malloc'd; img->path names
- * it in messages): what psd_ckpt_read does once the file is in memory.
- * 0, or -1 with err (img is then freed, buf included). */
-int psd_ckpt_parse(psd_ckpt_image *img, char *err, size_t errlen);
+ * it in messages) against d's key and run id (d->fd is not used): what
+ * psd_ckpt_read does once the file is in memory. 0, or -1 with err (img is
+ * then freed, buf included). */
+int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err, size_t errlen);
 void psd_ckpt_image_free(psd_ckpt_image *img);
 
 /* Finds the checkpoint this ps restores from: the newest step for which all
@@ -109,13 +120,13 @@ void psd_ckpt_image_free(psd_ckpt_image *img);
  * warning if this ps has files but no step is complete: "" otherwise), or
  * -1 with a sentence in err (a damaged or mismatched checkpoint, or a
  * directory that holds only checkpoints of a different ps count). */
-int psd_ckpt_find(const char *dir, uint32_t ps_index, uint32_t num_ps, int fallback,
+int psd_ckpt_find(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int fallback,
                   uint64_t max_bytes, psd_ckpt_image *img, char *err, size_t errlen);
 
 /* Removes this ps's files (and then empty step directories) of the steps
  * older than the keep-th newest complete checkpoint, plus its leftover
  * temporary files; its part of the newest complete checkpoints always
  * stays. Returns how many files it removed. */
-int psd_ckpt_prune(const char *dir, uint32_t ps_index, uint32_t num_ps, int keep);
+int psd_ckpt_prune(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int keep);
 
 #endif

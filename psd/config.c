@@ -69,7 +69,8 @@ static const ps__opt OPTIONS[] = {
     {"step-id", 0, PS_OPT_INT64, F(step_id), "-1", -1, 9.2e18, NULL,
      "Slurm step id credentials must name (-1: any step of the job)"},
     {"checkpoint-dir", 0, PS_OPT_STR, F(ckpt_dir), "", 0, 0, NULL,
-     "write checkpoints here and restore the newest complete one at start"},
+     "write checkpoints here and restore the newest complete one at start (a directory "
+     "of yours that no one else can write; locked by the job)"},
     {"checkpoint-every", 0, PS_OPT_INT, F(ckpt_every), "0", 0, INT_MAX, NULL,
      "checkpoint every N steps (0: not by steps)"},
     {"checkpoint-secs", 0, PS_OPT_DOUBLE, F(ckpt_secs), "0", 0, 1e9, NULL,
@@ -78,7 +79,8 @@ static const ps__opt OPTIONS[] = {
      "complete checkpoints to keep"},
     {"restore", 0, PS_OPT_CHOICE, F(restore), "latest", 0, 0, "latest|fallback|none",
      "latest (newest complete checkpoint; an error if it is damaged), fallback "
-     "(newest usable one) or none"},
+     "(newest usable one) or none (move earlier checkpoints into previous-<run id>/ and "
+     "start a new run)"},
     {"stop-timeout", 0, PS_OPT_DOUBLE, F(stop_timeout_s), "60", 0.1, 1e9, NULL,
      "after SIGTERM/SIGUSR1, seconds to wait for the stop checkpoint"},
     {"telemetry", 0, PS_OPT_STR, F(telemetry), "", 0, 0, NULL,
@@ -146,20 +148,8 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
     snprintf(err, errlen, "--checkpoint-every and --checkpoint-secs need --checkpoint-dir");
     return -1;
   }
-  if (cfg->ckpt_dir[0]) {
-    struct stat st;
-    if (stat(cfg->ckpt_dir, &st) != 0 && mkdir(cfg->ckpt_dir, 0700) != 0 && errno != EEXIST) {
-      snprintf(err, errlen, "--checkpoint-dir %s cannot be created: %s", cfg->ckpt_dir,
-               strerror(errno));
-      return -1;
-    }
-    if (stat(cfg->ckpt_dir, &st) != 0 || !S_ISDIR(st.st_mode) ||
-        access(cfg->ckpt_dir, W_OK | X_OK) != 0) {
-      snprintf(err, errlen, "--checkpoint-dir %s is not a directory this user can write",
-               cfg->ckpt_dir);
-      return -1;
-    }
-  }
+  /* --checkpoint-dir itself is opened, checked (ours, nobody else can
+   * write it) and locked at start by psd/ckptdir.c: exit 65, not 64. */
   if (cfg->max_memory == 0) default_max_memory(cfg);
   else snprintf(cfg->max_memory_from, sizeof cfg->max_memory_from, "--max-memory");
   if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);

@@ -73,7 +73,7 @@ static int maybe_finish(psd_persist *p, char *err, size_t errlen) {
   if (!psd_ckpt_active(&p->ck) || p->ck.written != p->ck.nslices) return 0;
   if (p->negotiated && !p->committed) return 0;
   double t0 = ps__now();
-  uint64_t step = p->ck.step, bytes = p->ck.bytes + 16;
+  uint64_t step = p->ck.step, bytes = p->ck.bytes + PSD_CKPT_END_BYTES;
   char path[sizeof p->ck.path];
   snprintf(path, sizeof path, "%s", p->ck.path);
   if (psd_ckpt_commit(&p->ck, err, errlen) != 0) {
@@ -87,7 +87,7 @@ static int maybe_finish(psd_persist *p, char *err, size_t errlen) {
   p->have_last = 1;
   p->last_at = now;
   p->want_ckpt = 0;
-  psd_ckpt_prune(p->cfg->ckpt_dir, (uint32_t)p->cfg->ps_index,
+  psd_ckpt_prune(&p->dir, (uint32_t)p->cfg->ps_index,
                  (uint32_t)p->cfg->num_ps, p->cfg->ckpt_keep);
   if (p->stop_after && p->stop_step == step) do_stop(p, step);
   return 0;
@@ -112,7 +112,7 @@ static int begin(psd_persist *p, uint64_t step, int negotiated, char *err, size_
       }
   psd_ckpt_meta m = {(uint32_t)p->cfg->ps_index, (uint32_t)p->cfg->num_ps,
                      p->shard->num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n};
-  if (psd_ckpt_begin(&p->ck, p->cfg->ckpt_dir, &m, err, errlen) != 0) return -1;
+  if (psd_ckpt_begin(&p->ck, &p->dir, &m, err, errlen) != 0) return -1;
   p->gen++;
   p->negotiated = negotiated;
   p->committed = 0;
@@ -273,16 +273,25 @@ int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard) {
   p->cfg = cfg;
   p->shard = shard;
   psd_ckpt_writer_init(&p->ck);
+  psd_ckpt_dir_init(&p->dir);
   p->last_at = ps__now();
   if (!enabled(p)) return 0;
+  char err[1600], moved[PSD_CKPT_PATH_MAX + 300];
+  psd_ckpt_holder h = {(long long)cfg->job_id, cfg->ps_index, cfg->num_ps};
+  if (psd_ckpt_dir_open(&p->dir, cfg->ckpt_dir, &h, cfg->restore == PSD_RESTORE_NONE, moved,
+                        sizeof moved, err, sizeof err) != 0) {
+    psd_error("%s", err);
+    return -1;
+  }
+  if (moved[0]) psd_info("%s", moved);
   /* Keep the existing complete checkpoints; remove half-written files. */
-  psd_ckpt_prune(cfg->ckpt_dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps, 1 << 30);
+  psd_ckpt_prune(&p->dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps, 1 << 30);
   if (cfg->restore == PSD_RESTORE_NONE) {
-    psd_info("checkpoints go to %s (not restoring: --restore=none)", cfg->ckpt_dir);
+    psd_info("checkpoints go to %s, run %s (not restoring: --restore=none)", cfg->ckpt_dir,
+             p->dir.run_hex);
     return 0;
   }
-  char err[1600];
-  int rc = psd_ckpt_find(cfg->ckpt_dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps,
+  int rc = psd_ckpt_find(&p->dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps,
                          cfg->restore == PSD_RESTORE_FALLBACK, (uint64_t)cfg->max_memory,
                          &p->restore, err, sizeof err);
   if (rc < 0) {
@@ -291,21 +300,23 @@ int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard) {
   }
   if (rc == 0) {
     if (err[0]) psd_warn("%s", err);
-    psd_info("checkpoints go to %s (none to restore)", cfg->ckpt_dir);
+    psd_info("checkpoints go to %s, run %s (none to restore)", cfg->ckpt_dir, p->dir.run_hex);
     return 0;
   }
   p->restoring = 1;
   p->last_step = p->restore.meta.step;
   p->have_last = 1;
-  psd_info("restoring step %" PRIu64 " from %s (%u slices, written by a job of %u workers)",
+  psd_info("restoring step %" PRIu64 " from %s (%u slices, written by a job of %u workers; "
+           "run %s, MAC verified)",
            p->restore.meta.step, p->restore.path, p->restore.meta.nslices,
-           p->restore.meta.num_workers);
+           p->restore.meta.num_workers, p->dir.run_hex);
   return 0;
 }
 
 void psd_persist_free(psd_persist *p) {
   psd_ckpt_abort(&p->ck);
   psd_ckpt_image_free(&p->restore);
+  psd_ckpt_dir_close(&p->dir);
 }
 
 int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t errlen) {

@@ -33,6 +33,7 @@ typedef struct psd_persist {
   const psd_config *cfg;    /* options (not owned) */
   psd_shard *shard;         /* the slices to write and restore (not owned) */
   unsigned actions;         /* PSD_PERSIST_* gathered for the current call */
+  psd_ckpt_dir dir;         /* the verified, locked --checkpoint-dir */
   psd_ckpt_writer ck;       /* checkpoint being written */
   uint64_t gen;             /* attempt counter: a slice with ck_gen == gen
                                is in the file */
@@ -53,8 +54,10 @@ typedef struct psd_persist {
   uint32_t claimed;         /* restore's records given to slices so far */
 } psd_persist;
 
-/* At start: cleans leftover temporary files and loads the checkpoint to
- * restore, if any. 0, or -1 (logged: a damaged or mismatched checkpoint). */
+/* At start: opens, verifies and locks the checkpoint directory (moving an
+ * earlier run aside with --restore=none), cleans leftover temporary files
+ * and loads the checkpoint to restore, if any. 0, or -1 (logged: an unsafe
+ * or busy directory, a damaged, planted or mismatched checkpoint). */
 int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard);
 void psd_persist_free(psd_persist *p);
 

@@ -2,7 +2,10 @@
  * a resumed run reproduces the uninterrupted one bit for bit, a signal to
  * one ps stops every ps at one step, timed checkpoints stay consistent,
  * a killed ps is noticed fast, and damaged or mismatched checkpoints are
- * refused with the file named. */
+ * refused with the file named; the trust rules of docs/checkpoint.md with
+ * another user (nobody, via setpriv) planting files, a second job on the
+ * same directory, and --restore=none moving the earlier run aside. */
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -350,6 +353,155 @@ START_TEST(stop_is_bounded_without_a_chief) {
 }
 END_TEST
 
+/* 1 when this process can run commands as nobody (root, setpriv
+ * installed); persist_users is skipped otherwise. */
+static int can_be_nobody(void) {
+  return geteuid() == 0 && system("command -v setpriv >/dev/null") == 0;
+}
+static void as_nobody(const char *cmd) {
+  char line[4096];
+  snprintf(line, sizeof line,
+           "setpriv --reuid=nobody --regid=nogroup --clear-groups sh -c '%s'", cmd);
+  ck_assert_msg(system(line) == 0, "as nobody: %s failed", cmd);
+}
+
+/* A world-writable sticky directory like /tmp, made under /tmp (nobody
+ * cannot reach the private tu_tmpdir()); the test removes it. */
+static const char *sticky_parent(void) {
+  static char buf[64];
+  snprintf(buf, sizeof buf, "/tmp/psd-sticky-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(buf));
+  ck_assert_int_eq(chmod(buf, 01777), 0);
+  return buf;
+}
+
+START_TEST(planted_symlink_in_shared_parent_is_refused) {
+  /* attack 5: in a world-writable parent, another user pre-creates the
+   * checkpoint directory with the temporary's name as a symlink. */
+  const char *par = sticky_parent();
+  char cmd[2048], dir[200], victim[200];
+  snprintf(victim, sizeof victim, "%s/victim", par);
+  FILE *v = fopen(victim, "w");
+  fputs("precious", v);
+  fclose(v);
+  snprintf(dir, sizeof dir, "%s/ck", par);
+  snprintf(cmd, sizeof cmd, "mkdir -m 777 %s && mkdir -m 777 %s/step-000000000002 && "
+           "ln -s %s %s/step-000000000002/ps-0-of-1.ckpt.tmp", dir, dir, victim, dir);
+  as_nobody(cmd);
+  tu_psd bad;
+  const char *args[] = {"--checkpoint-dir", dir, "--checkpoint-every", "2", NULL};
+  ck_assert_int_eq(tu_psd_start(&bad, args), -1);
+  ck_assert(WIFEXITED(bad.status) && WEXITSTATUS(bad.status) == 65);
+  ck_assert_msg(tu_log_contains(&bad, dir) && tu_log_contains(&bad, "owned by nobody") &&
+                tu_log_contains(&bad, "0777"), "the log does not name %s, owner and mode", dir);
+  char *after = tu_read_file(victim);
+  ck_assert_str_eq(after, "precious");
+  free(after);
+  /* A directory psd creates itself in the same parent is fine (0700). */
+  char mine[200];
+  snprintf(mine, sizeof mine, "%s/mine", par);
+  const char *ok[] = {"--checkpoint-dir", mine, NULL};
+  ck_assert_int_eq(tu_psd_start(&bad, ok), 0);
+  tu_psd_kill(&bad);
+  struct stat st;
+  ck_assert_int_eq(lstat(mine, &st), 0);
+  ck_assert_uint_eq(st.st_mode & 07777, 0700);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", par);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+START_TEST(planted_checkpoint_is_refused) {
+  /* attack 6: another user writes a checkpoint into a step directory it
+   * can write; psd restores nothing from it. */
+  const char *par = sticky_parent();
+  char d[200], sd[300], f[400], cmd[2048];
+  snprintf(d, sizeof d, "%s/ck", par);
+  run_job(d, 3, NULL); /* the final checkpoint: step 3 */
+  snprintf(sd, sizeof sd, "%s/step-000000000003", d);
+  snprintf(f, sizeof f, "%s/ps-0-of-2.ckpt", sd);
+  ck_assert_int_eq(chmod(d, 0711), 0); /* ours, nobody else writes: accepted */
+  ck_assert_int_eq(chmod(sd, 0777), 0);
+  snprintf(cmd, sizeof cmd, "rm -f %s && head -c 4096 /dev/zero > %s", f, f);
+  as_nobody(cmd);
+  tu_psd bad;
+  const char *args[] = {"--ps-index", "0", "--num-ps", "2", "--checkpoint-dir", d, NULL};
+  ck_assert_int_eq(tu_psd_start(&bad, args), -1);
+  ck_assert(WIFEXITED(bad.status) && WEXITSTATUS(bad.status) == 65);
+  ck_assert_msg(tu_log_contains(&bad, sd) && tu_log_contains(&bad, "writable by its group"),
+                "the log does not name %s", sd);
+  /* Even once the directory is tightened, the file itself is refused. */
+  ck_assert_int_eq(chmod(sd, 0700), 0);
+  ck_assert_int_eq(tu_psd_start(&bad, args), -1);
+  ck_assert_msg(tu_log_contains(&bad, f) && tu_log_contains(&bad, "planted"),
+                "the log does not name %s", f);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", par);
+  ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+START_TEST(second_job_on_a_directory_is_refused) {
+  const char *d = ckdir("shared");
+  tu_psd a, b;
+  const char *args_a[] = {"--checkpoint-dir", d, "--job-id", "7", NULL};
+  const char *args_b[] = {"--checkpoint-dir", d, "--job-id", "8", NULL};
+  ck_assert_int_eq(tu_psd_start(&a, args_a), 0);
+  ck_assert_int_eq(tu_psd_start(&b, args_b), -1);
+  ck_assert(WIFEXITED(b.status) && WEXITSTATUS(b.status) == 65);
+  char holder[64];
+  snprintf(holder, sizeof holder, "pid %ld", (long)a.pid);
+  ck_assert_msg(tu_log_contains(&b, "in use by another psd (job 7, ps 0 of 1") &&
+                tu_log_contains(&b, holder), "the log does not name the holder");
+  tu_psd_kill(&a);
+  ck_assert_int_eq(tu_psd_start(&b, args_b), 0); /* the lock died with it */
+  tu_psd_kill(&b);
+}
+END_TEST
+
+/* 1 if DIR has a previous-<run>/step-N directory. */
+static int kept_aside(const char *dir, long step) {
+  DIR *d = opendir(dir);
+  struct dirent *e;
+  int found = 0;
+  while (d && !found && (e = readdir(d)) != NULL) {
+    if (strncmp(e->d_name, "previous-", 9) != 0) continue;
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s/step-%012ld", dir, e->d_name, step);
+    found = access(p, F_OK) == 0;
+  }
+  if (d) closedir(d);
+  return found;
+}
+
+START_TEST(restore_none_moves_the_old_run_aside) {
+  /* attack 6: --restore=none into a used directory kept the old run's
+   * newer steps, and the next default start resumed the old run. */
+  const char *d = ckdir("none");
+  const char *every[] = {"--checkpoint-every", "4", NULL};
+  run_job(d, 6, every); /* steps 4 and 6 */
+  job j;
+  const char *none[] = {"--checkpoint-every", "4", "--restore", "none", NULL};
+  job_start_ps(&j, 2, d, none);
+  job_start_workers(&j, 2, 2, 0);
+  job_join(&j);
+  job_expect(&j, 0); /* the final checkpoint: step 2 */
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(tu_log_contains(&j.ps[i], "not restoring"), "ps %d restored", i);
+  ck_assert_msg(tu_log_contains(&j.ps[0], "moved 2 checkpoint step(s)") ||
+                    tu_log_contains(&j.ps[1], "moved 2 checkpoint step(s)"),
+                "no log line says where the old run went");
+  ck_assert_msg(kept_aside(d, 6) && kept_aside(d, 4), "the old run's steps are not kept");
+  job k;
+  job_start_ps(&k, 2, d, every);
+  job_start_workers(&k, 2, 3, 0);
+  job_join(&k);
+  job_expect(&k, 0);
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(log_number(&k.ps[i], "restoring step ") == 2,
+                  "ps %d did not continue the new run (step 2)", i);
+}
+END_TEST
+
 Suite *suite_persist(void) {
   Suite *s = suite_create("persist");
   TCase *tc = tcase_create("core");
@@ -362,6 +514,23 @@ Suite *suite_persist(void) {
   tcase_add_test(tc, damaged_checkpoint_is_refused);
   tcase_add_test(tc, other_model_is_refused);
   tcase_add_test(tc, stop_is_bounded_without_a_chief);
+  tcase_add_test(tc, second_job_on_a_directory_is_refused);
+  tcase_add_test(tc, restore_none_moves_the_old_run_aside);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+/* Attacks by another user (nobody, through setpriv): needs root. */
+Suite *suite_persist_users(void) {
+  if (!can_be_nobody()) {
+    printf("SKIP: persist_users: acting as another user needs root and setpriv\n");
+    return NULL;
+  }
+  Suite *s = suite_create("persist_users");
+  TCase *tc = tcase_create("nobody");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, planted_symlink_in_shared_parent_is_refused);
+  tcase_add_test(tc, planted_checkpoint_is_refused);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -3,13 +3,15 @@
  * these at start, and a damaged or hostile file must be refused with a
  * sentence naming it, never crash psd or make it read out of bounds.
  *
- * The input is the whole file. Inputs that begin with "FIX" get the rest
- * wrapped into a valid header and trailer (magic, version, the record
- * count from the first byte, a correct CRC-32C) so the fuzzer reaches the
- * record parser instead of stopping at the checksum. Checked beyond "no
- * crash": a parse either fails with a message naming the file, or yields
- * records whose every byte lies inside the buffer and whose lengths agree
- * with the file size.
+ * The input is the whole file, checked against a fixed directory key and
+ * run id (fuzz_dir below). Inputs that begin with "FIX" get the rest
+ * wrapped into a valid format-2 header and trailer (magic, version, the
+ * run id, the record count from the fourth byte, a correct CRC-32C and
+ * HMAC-SHA-256 under the fixed key) so the fuzzer reaches the record
+ * parser instead of stopping at the checksum or the MAC. Checked beyond
+ * "no crash": a parse either fails with a message naming the file, or
+ * yields records whose every byte lies inside the buffer and whose lengths
+ * agree with the file size.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +20,7 @@
 
 #include "checkpoint.h"
 #include "fuzz_server.h" /* LLVMFuzzerTestOneInput prototype */
+#include "mac.h"
 
 #define CHECK(cond, ...)                                         \
   do {                                                           \
@@ -33,25 +36,40 @@ static void put32(uint8_t *p, uint32_t v) {
   for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }
 
+/* The directory every input is checked against: key bytes 0x5a, run id
+ * bytes 0x11 (the corpus files were written with the same). */
+static psd_ckpt_dir fuzz_dir(void) {
+  psd_ckpt_dir d;
+  psd_ckpt_dir_init(&d);
+  memset(d.key, 0x5a, sizeof d.key);
+  memset(d.run_id, 0x11, sizeof d.run_id);
+  memset(d.run_hex, '1', 2 * PSD_CKPT_RUN_BYTES);
+  return d;
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  psd_ckpt_dir dir = fuzz_dir();
   psd_ckpt_image img;
   memset(&img, 0, sizeof img);
   snprintf(img.path, sizeof img.path, "fuzz.ckpt");
   if (size >= 4 && memcmp(data, "FIX", 3) == 0) {
-    /* header (64) + body + trailer (16) */
+    /* header (80) + body + trailer (48: magic, count, CRC, MAC) */
     size_t body = size - 4;
-    img.len = 64 + body + 16;
+    img.len = 80 + body + PSD_CKPT_END_BYTES;
     img.buf = calloc(1, img.len);
     if (!img.buf) return 0;
     memcpy(img.buf, "PSDCKPT", 8);
     put32(img.buf + 8, PSD_CKPT_VERSION);
     put32(img.buf + 16, 1);
     put32(img.buf + 48, data[3]);
-    memcpy(img.buf + 64, data + 4, body);
-    uint8_t *t = img.buf + 64 + body;
+    memcpy(img.buf + 56, dir.run_id, PSD_CKPT_RUN_BYTES);
+    memcpy(img.buf + 80, data + 4, body);
+    uint8_t *t = img.buf + 80 + body;
     memcpy(t, "PSDCKEND", 8);
     put32(t + 8, data[3]);
-    put32(t + 12, psd_crc32c(0, img.buf, img.len - 4));
+    put32(t + 12, psd_crc32c(0, img.buf, img.len - 36));
+    ps__mac_part part = {img.buf, img.len - 32};
+    if (ps__hmac(dir.key, sizeof dir.key, &part, 1, t + 16) != 0) abort();
   } else {
     img.len = size;
     img.buf = malloc(size ? size : 1);
@@ -61,7 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const uint8_t *lo = img.buf, *hi = img.buf + img.len;
   char err[1600];
   err[0] = '\0';
-  if (psd_ckpt_parse(&img, err, sizeof err) != 0) {
+  if (psd_ckpt_parse(&img, &dir, err, sizeof err) != 0) {
     CHECK(strstr(err, "fuzz.ckpt") != NULL, "error does not name the file: %s", err);
     CHECK(img.buf == NULL && img.recs == NULL, "a failed parse keeps memory");
     return 0;

@@ -1,0 +1,79 @@
+/*
+ * make_ckpt_corpus - writes the seed corpus of fuzz_ckpt with psd's own
+ * checkpoint writer (psd/checkpoint.c), so the seeds follow the format:
+ *
+ *   make_ckpt_corpus DIR   ->  DIR/fuzz_ckpt/valid_two_slices, truncated
+ *
+ * The files are signed with fuzz_ckpt's fixed key (bytes 0x5a) and run id
+ * (bytes 0x11). The FIX* seeds are record bodies only and need no
+ * rewriting when the header or trailer changes. Rerun after a format change.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+
+static int copy_out(const char *from, const char *to, size_t max) {
+  FILE *i = fopen(from, "rb"), *o = fopen(to, "wb");
+  if (!i || !o) {
+    perror(i ? to : from);
+    return 1;
+  }
+  char buf[4096];
+  size_t n, total = 0;
+  while ((n = fread(buf, 1, sizeof buf, i)) > 0 && total < max) {
+    if (n > max - total) n = max - total;
+    fwrite(buf, 1, n, o);
+    total += n;
+  }
+  fclose(i);
+  return fclose(o) != 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: make_ckpt_corpus DIR (writes DIR/fuzz_ckpt/)\n");
+    return 2;
+  }
+  char out[1024], work[] = "/tmp/make_ckpt_corpus-XXXXXX", err[1600], moved[1200];
+  snprintf(out, sizeof out, "%s/fuzz_ckpt", argv[1]);
+  if ((mkdir(out, 0755) != 0 && errno != EEXIST) || !mkdtemp(work)) {
+    perror(out);
+    return 1;
+  }
+  psd_ckpt_dir d;
+  psd_ckpt_holder h = {-1, 0, 1};
+  if (psd_ckpt_dir_open(&d, work, &h, 0, moved, sizeof moved, err, sizeof err) != 0) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  memset(d.key, 0x5a, sizeof d.key);
+  memset(d.run_id, 0x11, sizeof d.run_id);
+  float p1[6] = {1, 2, 3, 4, 5, 6}, p2[4] = {-1, -2, -3, -4}, s2[8] = {0};
+  psd_ckpt_meta m = {0, 1, 2, 2, 0, 7, 2};
+  psd_ckpt_rec a = {.name = "conv1/w", .ndim = 2, .shape = {2, 3}, .length = 6,
+                    .opt_kind = PS_OPT_SGD, .step = 7, .param = p1};
+  psd_ckpt_rec b = {.name = "fc/b", .ndim = 1, .shape = {10}, .offset = 6, .length = 4,
+                    .opt_kind = PS_OPT_ADAM, .state_per = 2, .step = 7, .param = p2,
+                    .state = s2};
+  psd_ckpt_writer w;
+  if (psd_ckpt_begin(&w, &d, &m, err, sizeof err) || psd_ckpt_add(&w, &a, err, sizeof err) ||
+      psd_ckpt_add(&w, &b, err, sizeof err) || psd_ckpt_commit(&w, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  char src[1400], dst[1200];
+  snprintf(src, sizeof src, "%s/step-000000000007/ps-0-of-1.ckpt", work);
+  snprintf(dst, sizeof dst, "%s/valid_two_slices", out);
+  int rc = copy_out(src, dst, (size_t)-1);
+  snprintf(dst, sizeof dst, "%s/truncated", out);
+  rc |= copy_out(src, dst, 100);
+  psd_ckpt_dir_close(&d);
+  char cmd[200];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", work);
+  return rc | (system(cmd) != 0);
+}
