@@ -39,6 +39,7 @@ Suite *suite_soak(void);
 Suite *suite_telemetry(void);
 Suite *suite_pace(void);
 Suite *suite_waiters(void);
+Suite *suite_admission(void);
 Suite *suite_cuda_ops(void);
 Suite *suite_prefetch(void);
 
