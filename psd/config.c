@@ -88,7 +88,7 @@ static const ps__opt OPTIONS[] = {
      "a new connection evicts the oldest unauthenticated one"},
     {"max-unauthenticated", 0, PS_OPT_INT, F(max_unauth), "1024", 1, 1 << 24, NULL,
      "connections before their handshake at most; a new one evicts the oldest (each costs "
-     "about 6 KiB until its Hello is accepted)"},
+     "about 5 KiB until its Hello is accepted)"},
     {"max-admin", 0, PS_OPT_INT, F(max_admin), "16", 0, 1 << 24, NULL,
      "authenticated admin connections (psctl) at once; more are refused"},
     {"keepalive", 0, PS_OPT_INT, F(keepalive_s), "20", 0, 86400, NULL,
