@@ -209,6 +209,12 @@ START_TEST(test_descriptor_limit) {
   static int idle[IDLE];
   for (int i = 0; i < IDLE; i++) idle[i] = tu_connect(p.addr);
   usleep(300000);
+  if (psctl_path()) {
+    double s;
+    int rc = psctl_stats(&p, &s);
+    ck_assert_msg(rc == 0 && s < 1.0, "at the descriptor limit: psctl stats: exit %d after "
+                  "%.2f s", rc, s);
+  }
   double t0 = ps__now();
   tu_train t[NW];
   train(p.addr, t);
@@ -250,6 +256,12 @@ START_TEST(test_evicts_oldest) {
   }
   ck_assert_msg(tu_log_contains(&p, "evicted after"), "no eviction logged (log %s)",
                 p.log_path);
+  if (psctl_path()) {
+    double s;
+    int rc = psctl_stats(&p, &s);
+    ck_assert_msg(rc == 0 && s < 1.0, "%s 8 full: psctl stats: exit %d after %.2f s",
+                  CAP_OPTS[_i][0], rc, s);
+  }
   /* Both caps full of unauthenticated peers: workers still get in. */
   tu_train t[NW];
   train(p.addr, t);
