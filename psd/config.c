@@ -88,6 +88,17 @@ static const ps__opt OPTIONS[] = {
      "lines ('off': record nothing)"},
     {"summary", 0, PS_OPT_STR, F(summary), "", 0, 0, NULL,
      "at exit, write the run's telemetry summary table to this file ('-': stdout)"},
+    {"max-connections", 0, PS_OPT_INT, F(max_conns), "65536", 1, 1 << 24, NULL,
+     "open connections at most (never more than the descriptor limit minus 32); when full, "
+     "a new connection evicts the oldest unauthenticated one"},
+    {"max-unauthenticated", 0, PS_OPT_INT, F(max_unauth), "1024", 1, 1 << 24, NULL,
+     "connections before their handshake at most; a new one evicts the oldest (each costs "
+     "about 5 KiB until its Hello is accepted)"},
+    {"max-admin", 0, PS_OPT_INT, F(max_admin), "16", 0, 1 << 24, NULL,
+     "authenticated admin connections (psctl) at once; more are refused"},
+    {"keepalive", 0, PS_OPT_INT, F(keepalive_s), "20", 0, 86400, NULL,
+     "seconds after which a peer whose host died is dropped (TCP keepalive and "
+     "TCP_USER_TIMEOUT; 0: off, else at least 2)"},
 };
 
 /* Share of the memory limit --max-memory defaults to: the rest is for
@@ -146,6 +157,10 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
   }
   if ((cfg->ckpt_every || cfg->ckpt_secs > 0) && !cfg->ckpt_dir[0]) {
     snprintf(err, errlen, "--checkpoint-every and --checkpoint-secs need --checkpoint-dir");
+    return -1;
+  }
+  if (cfg->keepalive_s == 1) {
+    snprintf(err, errlen, "--keepalive 1 is too short (0 turns it off; else at least 2 s)");
     return -1;
   }
   /* --checkpoint-dir itself is opened, checked (ours, nobody else can

@@ -49,6 +49,10 @@ typedef struct psd_config {
                               stop checkpoint, then exit anyway */
   char telemetry[1024];    /* per-step records as JSON lines ("" : none) */
   char summary[1024];      /* end-of-run table: a file, "-" stdout, "" none */
+  int max_conns;           /* open connections (also capped by the descriptor limit) */
+  int max_unauth;          /* connections still before their handshake */
+  int max_admin;           /* authenticated admin tools (psctl) at once */
+  int keepalive_s;         /* a silent dead peer is dropped after about this (0: off) */
 } psd_config;
 
 /* Fills cfg from argv (defaults first). Returns 0, 1 when --help or

@@ -13,9 +13,14 @@
 
 #include "log.h"
 
-/* Input buffer for headers, protobuf and small tensors; grows to hold a
- * whole protobuf part (<= PS__MAX_META) only when a frame needs it. */
+/* Input buffer of an authenticated connection for headers, protobuf and
+ * small tensors; grows to hold a whole protobuf part (<= PS__MAX_META)
+ * only when a frame needs it. */
 #define PSD_IN_INITIAL (64u * 1024u)
+/* Input buffer before the handshake: the largest frame then allowed (a
+ * Hello, ps__header_decode's rule), so an unauthenticated peer costs a
+ * small fixed amount; everything else is allocated at conn_upgrade. */
+#define PSD_IN_PREAUTH (PS__HEADER_SIZE + PS__MAX_PREAUTH_META)
 /* Tensor bytes at least this large are read straight into the staging
  * buffer rather than through the input buffer (saves a copy). */
 #define PSD_DIRECT_READ_MIN (16u * 1024u)
@@ -73,7 +78,12 @@ static void arena_free(void *ud, void *p) {
 /* Forgets this frame's allocations; the main block grows to what the
  * frame needed (so a steady stream allocates nothing) up to keep bytes. */
 static void arena_reset(psd_arena *a, size_t keep) {
-  if (a->n_extra || a->cap > keep) {
+  if (a->n_extra && a->cap == 0) {
+    /* Not set up yet (before the handshake): no main block to grow. */
+    for (size_t i = 0; i < a->n_extra; i++) free(a->extra[i]);
+    a->n_extra = 0;
+    a->extra_bytes = 0;
+  } else if (a->n_extra || a->cap > keep) {
     for (size_t i = 0; i < a->n_extra; i++) free(a->extra[i]);
     size_t ncap = (a->cap + a->extra_bytes) * 2;
     if (ncap > keep) ncap = keep;
@@ -146,7 +156,8 @@ void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   if (fatal)
-    psd_warn("%s (%s): %s; closing the connection", c->name, c->peer, msg);
+    psd_ratelog_say(&c->reg->plog[c->handshaken ? PSD_PLOG_PROTOCOL : PSD_PLOG_HANDSHAKE],
+                ps__now(), "%s (%s): %s; closing the connection", c->name, c->peer, msg);
   else
     psd_info("%s (%s): request %llu failed: %s", c->name, c->peer,
              (unsigned long long)request_id, msg);
@@ -171,9 +182,87 @@ void psd_conns_init(psd_conns *cs, struct event_base *base, psd_pace *pace,
   cs->base = base;
   cs->pace = pace;
   cs->hooks = *hooks;
+  cs->lim = (psd_conn_limits){SIZE_MAX, SIZE_MAX, SIZE_MAX};
+  static const char *const what[PSD_PLOG_KINDS_] = {
+      "protocol errors", "failed handshakes", "evictions", "refused connections"};
+  for (int k = 0; k < PSD_PLOG_KINDS_; k++) {
+    cs->plog[k].what = what[k];
+    cs->plog[k].level = PSD_LOG_WARN;
+  }
+}
+
+/* ---- admission: caps and the list of unauthenticated connections ------- */
+
+static void unauth_unlink(psd_conn *c) {
+  psd_conns *cs = c->reg;
+  if (c->uprev) c->uprev->unext = c->unext;
+  else cs->unauth_head = c->unext;
+  if (c->unext) c->unext->uprev = c->uprev;
+  else cs->unauth_tail = c->uprev;
+  c->uprev = c->unext = NULL;
+  cs->n_unauth--;
+}
+
+int psd_conns_evict_oldest(psd_conns *cs, const char *why) {
+  psd_conn *c = cs->unauth_head;
+  if (!c) return 0;
+  cs->n_evicted++;
+  psd_ratelog_say(&cs->plog[PSD_PLOG_EVICT], ps__now(),
+              "%s (%s): evicted after %.1f s without a handshake: %s", c->name, c->peer,
+              ps__now() - c->opened_at, why);
+  psd_conn_close(c, "evicted");
+  return 1;
+}
+
+/* Makes room for one more connection. 0, or -1 if every slot is held by
+ * an authenticated connection (the new one is refused). */
+static int admit(psd_conns *cs, const char *peer) {
+  if (cs->n_unauth >= cs->lim.unauth)
+    psd_conns_evict_oldest(cs, "the unauthenticated connections are at --max-unauthenticated");
+  if (cs->n_open >= cs->lim.total)
+    psd_conns_evict_oldest(cs, "the connections are at --max-connections");
+  if (cs->n_open < cs->lim.total) return 0;
+  psd_ratelog_say(&cs->plog[PSD_PLOG_REFUSED], ps__now(),
+              "refused a connection from %s: %zu connections, all authenticated, are at "
+              "--max-connections",
+              peer, cs->n_open);
+  return -1;
+}
+
+/* The handshake is done: c is counted as authenticated and gets the
+ * buffers of a working connection. 0, or -1 if c entered CLOSING. */
+static int conn_upgrade(psd_conn *c) {
+  psd_conns *cs = c->reg;
+  c->upgraded = 1;
+  unauth_unlink(c);
+  if (c->admin) {
+    if (cs->n_admin >= cs->lim.admin) {
+      psd_conn_error(c, 0, PS_EBUSY, 1, "too many admin connections (--max-admin %zu)",
+                     cs->lim.admin);
+      c->admin = 0; /* not counted */
+      return -1;
+    }
+    cs->n_admin++;
+  }
+  if (c->in_cap < PSD_IN_INITIAL &&
+      ps__grow((void **)&c->in, &c->in_cap, PSD_IN_INITIAL, 1) != 0) {
+    psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory for a connection's buffers");
+    return -1;
+  }
+  c->arena.buf = malloc(PSD_ARENA_INITIAL);
+  if (!c->arena.buf) {
+    psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory for a connection's buffers");
+    return -1;
+  }
+  c->arena.cap = PSD_ARENA_INITIAL;
+  return 0;
 }
 
 psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer) {
+  if (admit(cs, peer) != 0) {
+    close(fd);
+    return NULL;
+  }
   psd_conn *c = calloc(1, sizeof *c);
   if (!c) {
     close(fd);
@@ -187,10 +276,8 @@ psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer) {
   c->opened_at = ps__now();
   snprintf(c->peer, sizeof c->peer, "%s", peer);
   snprintf(c->name, sizeof c->name, "conn#%llu", (unsigned long long)c->seq);
-  c->in_cap = PSD_IN_INITIAL;
+  c->in_cap = PSD_IN_PREAUTH;
   c->in = malloc(c->in_cap);
-  c->arena.cap = PSD_ARENA_INITIAL;
-  c->arena.buf = malloc(c->arena.cap);
   c->alloc.alloc = arena_alloc;
   c->alloc.free = arena_free;
   c->alloc.allocator_data = &c->arena;
@@ -199,14 +286,19 @@ psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer) {
   c->out.ctx = NULL;
   c->rev = event_new(cs->base, fd, EV_READ | EV_PERSIST, on_read, c);
   c->wev = event_new(cs->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
-  if (!c->in || !c->arena.buf || !c->rev || !c->wev ||
-      event_add(c->rev, NULL) != 0) {
-    psd_conn_close(c, "out of memory");
-    return NULL;
-  }
   c->next = cs->head;
   if (cs->head) cs->head->prev = c;
   cs->head = c;
+  cs->n_open++;
+  c->uprev = cs->unauth_tail;
+  if (cs->unauth_tail) cs->unauth_tail->unext = c;
+  else cs->unauth_head = c;
+  cs->unauth_tail = c;
+  cs->n_unauth++;
+  if (!c->in || !c->rev || !c->wev || event_add(c->rev, NULL) != 0) {
+    psd_conn_close(c, "out of memory");
+    return NULL;
+  }
   psd_debug("%s: connection from %s", c->name, c->peer);
   return c;
 }
@@ -221,6 +313,9 @@ void psd_conn_close(psd_conn *c, const char *why) {
   else if (cs->head == c) cs->head = c->next;
   if (c->next) c->next->prev = c->prev;
   c->prev = NULL;
+  cs->n_open--;
+  if (!c->upgraded) unauth_unlink(c);
+  else if (c->admin) cs->n_admin--;
   c->next = cs->graveyard;
   cs->graveyard = c;
   psd_debug("%s (%s): closed: %s", c->name, c->peer, why);
@@ -309,6 +404,7 @@ int psd_conns_pending(const psd_conns *cs) {
 }
 
 void psd_conns_tick(psd_conns *cs, double now) {
+  for (int k = 0; k < PSD_PLOG_KINDS_; k++) psd_ratelog_flush(&cs->plog[k], now);
   for (psd_conn *c = cs->head, *next; c; c = next) {
     next = c->next;
     if (c->state == PSD_CONN_CLOSING && now - c->closing_since > PSD_CLOSING_MAX_S) {
@@ -442,6 +538,7 @@ static int step(psd_conn *c) {
     if (dispatch(c, meta) != 0) return -1;
     if (c->state == PSD_CONN_DATA && c->n_items == 0) frame_done(c);
     else if (c->state == PSD_CONN_HEADER) frame_reset(c);
+    if (c->handshaken && !c->upgraded && conn_upgrade(c) != 0) return -1;
     return 1;
   }
   case PSD_CONN_DATA: {
@@ -517,7 +614,9 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
     }
     if (n == 0) {
       if (c->state != PSD_CONN_HEADER || c->in_len)
-        psd_warn("%s (%s): connection closed in the middle of a frame", c->name, c->peer);
+        psd_ratelog_say(&cs->plog[c->handshaken ? PSD_PLOG_PROTOCOL : PSD_PLOG_HANDSHAKE],
+                    ps__now(), "%s (%s): connection closed in the middle of a frame", c->name,
+                    c->peer);
       psd_conn_close(c, "peer closed the connection");
       break;
     }

@@ -20,6 +20,7 @@
 
 #include "pace.h"
 #include "ps.pb-c.h"
+#include "ratelog.h"
 #include "wire.h"
 #include "shard.h"
 #include "waiters.h"
@@ -61,6 +62,24 @@ typedef struct psd_conn_hooks {
   void *ctx;                  /* passed to every hook */
 } psd_conn_hooks;
 
+/* Caps on connections (psd --max-connections, --max-unauthenticated,
+ * --max-admin), so neither descriptors nor memory run out for the
+ * workers. */
+typedef struct psd_conn_limits {
+  size_t total;               /* open connections of every kind */
+  size_t unauth;              /* connections that have not completed a Hello */
+  size_t admin;               /* authenticated admin tools (psctl) */
+} psd_conn_limits;
+
+/* What a peer can make psd log, each rate-limited (ratelog.h). */
+enum {
+  PSD_PLOG_PROTOCOL,  /* an authenticated peer's fatal error */
+  PSD_PLOG_HANDSHAKE, /* a fatal error before the handshake completed */
+  PSD_PLOG_EVICT,     /* unauthenticated connections evicted for new ones */
+  PSD_PLOG_REFUSED,   /* connections refused (every slot authenticated) */
+  PSD_PLOG_KINDS_
+};
+
 /* Every connection of the daemon. */
 typedef struct psd_conns {
   struct event_base *base;    /* libevent loop the connections use */
@@ -69,6 +88,13 @@ typedef struct psd_conns {
   uint64_t seq;               /* connection counter, for log names */
   psd_pace *pace;             /* ingress pacing of workers' pushes */
   psd_conn_hooks hooks;       /* the message layer */
+  psd_conn_limits lim;        /* caps (psd_conns_init sets unlimited) */
+  size_t n_open;              /* connections on the list */
+  size_t n_unauth;            /* ... of them not yet authenticated */
+  size_t n_admin;             /* ... of them admin tools */
+  uint64_t n_evicted;         /* unauthenticated connections evicted */
+  struct psd_conn *unauth_head, *unauth_tail; /* unauthenticated, oldest first */
+  psd_ratelog plog[PSD_PLOG_KINDS_]; /* rate-limited peer-triggered lines */
 } psd_conns;
 
 typedef struct psd_conn {
@@ -79,6 +105,9 @@ typedef struct psd_conn {
   ps__outq out;               /* replies not yet written (params in place) */
   psd_conn_state state;       /* where the input parser is */
   int handshaken;             /* a HELLO was accepted */
+  int upgraded;               /* authenticated buffers allocated, counted as
+                                 authenticated (conn_upgrade) */
+  struct psd_conn *uprev, *unext; /* list of unauthenticated ones */
   int worker;                 /* worker index, or -1 */
   int admin;                  /* an admin tool (psctl): Stats only */
   int finished;               /* the worker sent FINISH */
@@ -123,8 +152,15 @@ typedef struct psd_conn {
 /* Sets up an empty registry on base; pace paces its workers. */
 void psd_conns_init(psd_conns *cs, struct event_base *base, psd_pace *pace,
                     const psd_conn_hooks *hooks);
-/* Takes ownership of an accepted socket. NULL on failure (fd closed). */
+/* Takes ownership of an accepted socket. Before that, if the caps on
+ * unauthenticated or on all connections are reached, the oldest
+ * unauthenticated connection is evicted; if every slot is authenticated,
+ * the new one is refused. NULL on failure or refusal (fd closed). Until
+ * its handshake, a connection holds only an input buffer for one Hello. */
 psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer);
+/* Closes the oldest unauthenticated connection (logged, rate-limited), to
+ * free a descriptor or a slot. 1 if there was one, else 0. */
+int psd_conns_evict_oldest(psd_conns *cs, const char *why);
 /* Closes c: tells the message layer, drops its replies. The memory stays
  * valid (c->dead set) until psd_conns_reap frees it, so any caller up the
  * stack may still test c->dead. Idempotent. */
@@ -137,7 +173,8 @@ void psd_conns_close_all(psd_conns *cs);
 /* 1 if any connection has replies waiting to be written. */
 int psd_conns_pending(const psd_conns *cs);
 /* Timers: closes connections whose error reply did not drain, refuses
- * those that never completed a handshake. */
+ * those that never completed a handshake, prints the counts of
+ * suppressed log lines. */
 void psd_conns_tick(psd_conns *cs, double now);
 /* Writes what every connection has pending (a write may close one). */
 void psd_conns_write_pending(psd_conns *cs);

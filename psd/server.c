@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,10 +27,49 @@
 /* Workers named in one stall log line before "and N more". */
 #define PSD_STALL_NAMES 16
 
-static void set_sockopts(int fd, int sndbuf) {
+/* Descriptors kept out of --max-connections: the listener, the event
+ * loop's own, stdio, checkpoint and telemetry files, a MUNGE socket. */
+#define PSD_FD_RESERVE 32
+/* Unanswered keepalive probes before a peer is dropped. */
+#define PSD_KEEPCNT 3
+
+/* TCP_NODELAY, the send buffer, and keepalive: a silent peer whose host
+ * died (no FIN, no RST) is dropped about keepalive_s seconds later: probes
+ * start after half of it, PSD_KEEPCNT go unanswered over the other half;
+ * TCP_USER_TIMEOUT drops it as fast when our replies go unacknowledged. */
+static void set_sockopts(int fd, int sndbuf, int keepalive_s) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (sndbuf > 0) setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+  if (keepalive_s <= 0) return;
+  int idle = keepalive_s / 2, cnt = PSD_KEEPCNT;
+  int intvl = (keepalive_s - idle) / cnt > 0 ? (keepalive_s - idle) / cnt : 1;
+  unsigned uto = (unsigned)keepalive_s * 1000u;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &uto, sizeof uto);
+}
+
+/* The connection caps of the options, --max-connections lowered to what
+ * the descriptor limit allows (so evicting, not EMFILE, is what happens
+ * when a flood fills it). */
+static void set_limits(psd_server *srv) {
+  const psd_config *cfg = srv->cfg;
+  size_t total = (size_t)cfg->max_conns;
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    size_t fit = rl.rlim_cur > 2 * PSD_FD_RESERVE ? (size_t)rl.rlim_cur - PSD_FD_RESERVE
+                                                   : (size_t)rl.rlim_cur / 2;
+    if (fit < total) {
+      psd_info("at most %zu connections (--max-connections %d, but the descriptor limit is "
+               "%llu)",
+               fit, cfg->max_conns, (unsigned long long)rl.rlim_cur);
+      total = fit;
+    }
+  }
+  srv->conns.lim = (psd_conn_limits){total, (size_t)cfg->max_unauth, (size_t)cfg->max_admin};
 }
 
 void psd_server_finish(psd_server *srv, int code) {
@@ -166,7 +206,12 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
     if (fd < 0) {
       int e = errno;
       if (e == EAGAIN || e == EWOULDBLOCK || e == EINTR) break;
-      /* Out of descriptors (or another error): the listener stays readable,
+      /* Out of descriptors: an unauthenticated connection gives its own
+       * up, so the one waiting (maybe a worker) gets in now. */
+      if ((e == EMFILE || e == ENFILE) &&
+          psd_conns_evict_oldest(&srv->conns, "out of descriptors"))
+        continue;
+      /* Nothing to evict (or another error): the listener stays readable,
        * so pause accepting until the next tick instead of spinning. */
       double now = ps__now();
       if (now - srv->accept_warned_at >= 1.0) {
@@ -177,7 +222,7 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
       srv->accept_paused = 1;
       break;
     }
-    set_sockopts(fd, srv->cfg->sock_buf);
+    set_sockopts(fd, srv->cfg->sock_buf, srv->cfg->keepalive_s);
     char host[NI_MAXHOST], serv[NI_MAXSERV], peer[NI_MAXHOST + NI_MAXSERV + 2];
     if (getnameinfo((struct sockaddr *)&ss, sl, host, sizeof host, serv, sizeof serv,
                     NI_NUMERICHOST | NI_NUMERICSERV) == 0)
@@ -261,6 +306,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   psd_conn_hooks hooks;
   psd_handlers_hooks(&srv->h, &hooks);
   psd_conns_init(&srv->conns, srv->base, &srv->pace, &hooks);
+  set_limits(srv);
   srv->listen_ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, on_accept, srv);
   srv->tick_ev = event_new(srv->base, -1, EV_PERSIST, on_tick, srv);
   srv->sig_ev[0] = evsignal_new(srv->base, SIGTERM, on_signal, srv);

@@ -43,6 +43,7 @@ Suite *suite_pace(void);
 Suite *suite_waiters(void);
 Suite *suite_memlimit(void);
 Suite *suite_bounds(void);
+Suite *suite_admission(void);
 Suite *suite_cuda_ops(void);
 Suite *suite_prefetch(void);
 

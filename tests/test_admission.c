@@ -1,0 +1,422 @@
+/* Integration: psd's connection caps and what an unauthenticated flood
+ * costs (psd/conn.c, psd/server.c), rate-limited peer log lines
+ * (psd/ratelog.c), keepalive on accepted sockets. 1000 held
+ * unauthenticated connections must not keep workers or psctl out, nor
+ * grow psd past PSD_TEST_RSS_PER_CONN each. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "ratelog.h"
+#include "testutil.h"
+#include "wire.h"
+
+/* Unauthenticated connections held during the training run. */
+#define HELD 1000
+/* Descriptors the test process and psd need besides HELD. */
+#define FD_SLACK 200
+/* Bound on psd's resident growth per held unauthenticated connection that
+ * has sent the most a peer may before its Hello is accepted (measured: about
+ * 5.2 KiB; README "Who may connect" documents 8 KiB). */
+#define PSD_TEST_RSS_PER_CONN 8192L
+#define NW 2     /* workers of the training runs */
+#define STEPS 30 /* their steps */
+
+static long vm_kib(pid_t pid, const char *field) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  char *s = tu_read_file(path);
+  long v = -1;
+  char *q = s ? strstr(s, field) : NULL;
+  if (q) v = strtol(q + strlen(field) + 1, NULL, 10);
+  free(s);
+  return v;
+}
+
+/* Descriptors psd has open. */
+static int fd_count(pid_t pid) {
+  char cmd[96];
+  snprintf(cmd, sizeof cmd, "ls /proc/%d/fd 2>/dev/null | wc -l", (int)pid);
+  FILE *f = popen(cmd, "r");
+  int n = -1;
+  if (f && fscanf(f, "%d", &n) != 1) n = -1;
+  if (f) pclose(f);
+  return n;
+}
+
+/* Waits until psd holds at least n descriptors (it accepted them). */
+static void wait_fds(pid_t pid, int n) {
+  for (int i = 0; i < 100 && fd_count(pid) < n; i++) usleep(50000);
+}
+
+/* The most a peer may send before its Hello is accepted: a header
+ * announcing the largest Hello and most of its bytes. */
+static void send_partial_hello(int fd) {
+  uint8_t b[PS__HEADER_SIZE + PS__MAX_PREAUTH_META - 96];
+  memset(b, 0x0a, sizeof b);
+  ps__header_encode(b, PS__MSG_HELLO, PS__MAX_PREAUTH_META, 0);
+  tu_send_all(fd, b, sizeof b);
+}
+
+/* 1 if the peer closed fd (EOF or reset) within timeout_s. */
+static int closed_within(int fd, double timeout_s) {
+  uint8_t b[512];
+  size_t n;
+  return tu_read_until_eof(fd, b, sizeof b, timeout_s, &n);
+}
+
+static int count_lines_with(const tu_psd *p, const char *needle) {
+  char *s = tu_read_file(p->log_path);
+  int n = 0;
+  for (char *q = s; q && (q = strstr(q, needle)); q += strlen(needle)) n++;
+  free(s);
+  return n;
+}
+
+static int count_lines(const tu_psd *p) {
+  char *s = tu_read_file(p->log_path);
+  int n = 0;
+  for (char *q = s; q && *q; q++) n += *q == '\n';
+  free(s);
+  return n;
+}
+
+/* psctl next to psd, or NULL if it was not built. */
+static const char *psctl_path(void) {
+  static char path[1100];
+  const char *bin = getenv("PSD_BIN");
+  if (bin) {
+    snprintf(path, sizeof path, "%s", bin);
+  } else { /* as tu_psd_start: next to this test runner */
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 8);
+    if (n <= 0) return NULL;
+    path[n] = '\0';
+  }
+  char *slash = strrchr(path, '/');
+  if (!slash) return NULL;
+  strcpy(slash + 1, "psctl");
+  return access(path, X_OK) == 0 ? path : NULL;
+}
+
+/* Runs psctl stats against p; its exit status, and the seconds it took. */
+static int psctl_stats(const tu_psd *p, double *secs) {
+  char cmd[1400];
+  snprintf(cmd, sizeof cmd, "'%s' stats %s >/dev/null 2>&1", psctl_path(), p->addr);
+  double t0 = ps__now();
+  int st = system(cmd);
+  *secs = ps__now() - t0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void train(const char *addr, tu_train t[NW]) {
+  static char hosts[1][64];
+  static const char *hp[1];
+  snprintf(hosts[0], sizeof hosts[0], "%s", addr);
+  hp[0] = hosts[0];
+  pthread_t th[NW];
+  memset(t, 0, sizeof(tu_train) * NW);
+  for (int i = 0; i < NW; i++) {
+    t[i].hosts = hp;
+    t[i].num_ps = 1;
+    t[i].num_workers = NW;
+    t[i].worker = i;
+    t[i].steps = STEPS;
+    t[i].batch = 16;
+    pthread_create(&th[i], NULL, tu_train_worker, &t[i]);
+  }
+  for (int i = 0; i < NW; i++) pthread_join(th[i], NULL);
+}
+
+static void expect_trained(tu_train t[NW], const char *run) {
+  for (int i = 0; i < NW; i++) {
+    ck_assert_msg(t[i].rc == 0, "%s: worker %d failed: %s (%s)", run, i, ps_strerror(t[i].rc),
+                  t[i].err);
+    ck_assert_msg(t[i].final_step == STEPS, "%s: worker %d ended at step %llu", run, i,
+                  (unsigned long long)t[i].final_step);
+  }
+  ck_assert_msg(tu_params_equal(&t[0], &t[1]), "%s: workers ended with different parameters",
+                run);
+  ck_assert_msg(tu_accuracy(t[0].W, t[0].b, 0, 512) > 0.5f, "%s: the model did not learn", run);
+}
+
+/* ---- 1000 held unauthenticated connections ------------------------------- */
+
+START_TEST(test_held_unauthenticated) {
+  tu_psd p;
+  ck_assert(tu_psd_start(&p, (const char *const[]){"--workers", "2", "--log-level", "warn",
+                                                   NULL}) == 0);
+  usleep(200000);
+  long rss0 = vm_kib(p.pid, "VmRSS:");
+  int fd0 = fd_count(p.pid);
+  static int held[HELD];
+  for (int i = 0; i < HELD; i++) {
+    held[i] = tu_connect(p.addr);
+    ck_assert_msg(held[i] >= 0, "connection %d: %s", i, strerror(errno));
+    send_partial_hello(held[i]);
+  }
+  wait_fds(p.pid, fd0 + HELD);
+  usleep(300000);
+  long rss1 = vm_kib(p.pid, "VmRSS:");
+  ck_assert_msg(rss0 > 0 && rss1 > 0 && (rss1 - rss0) * 1024 < HELD * PSD_TEST_RSS_PER_CONN,
+                "psd's RSS grew from %ld to %ld KiB for %d unauthenticated connections "
+                "(bound %ld bytes each)",
+                rss0, rss1, HELD, PSD_TEST_RSS_PER_CONN);
+  printf("admission: %d held unauthenticated connections: psd RSS %ld -> %ld KiB (%ld B each)\n",
+         HELD, rss0, rss1, (rss1 - rss0) * 1024 / HELD);
+  if (psctl_path()) {
+    double s;
+    int rc = psctl_stats(&p, &s);
+    ck_assert_msg(rc == 0 && s < 1.0, "psctl stats: exit %d after %.2f s", rc, s);
+  }
+  double t0 = ps__now();
+  tu_train t[NW];
+  train(p.addr, t);
+  double dt = ps__now() - t0;
+  expect_trained(t, "under 1000 held connections");
+  ck_assert_msg(dt < 5.0, "training took %.2f s with held connections", dt);
+  for (int i = 0; i < HELD; i++) close(held[i]);
+  ck_assert_msg(tu_psd_wait(&p, 10) == 0 && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0,
+                "psd did not exit 0 after training (log %s)", p.log_path);
+}
+END_TEST
+
+/* Out of descriptors (the attack on an `ulimit -n 128` psd): the cap
+ * follows the limit and new connections evict old unauthenticated ones. */
+START_TEST(test_descriptor_limit) {
+  enum { LIMIT = 128, IDLE = 400 };
+  struct rlimit old, low;
+  ck_assert(getrlimit(RLIMIT_NOFILE, &old) == 0);
+  low = old;
+  low.rlim_cur = LIMIT;
+  ck_assert(setrlimit(RLIMIT_NOFILE, &low) == 0); /* psd inherits it */
+  tu_psd p;
+  int started = tu_psd_start(&p, (const char *const[]){"--workers", "2", NULL});
+  setrlimit(RLIMIT_NOFILE, &old);
+  ck_assert_msg(started == 0, "psd did not start");
+  static int idle[IDLE];
+  for (int i = 0; i < IDLE; i++) idle[i] = tu_connect(p.addr);
+  usleep(300000);
+  if (psctl_path()) {
+    double s;
+    int rc = psctl_stats(&p, &s);
+    ck_assert_msg(rc == 0 && s < 1.0, "at the descriptor limit: psctl stats: exit %d after "
+                  "%.2f s", rc, s);
+  }
+  double t0 = ps__now();
+  tu_train t[NW];
+  train(p.addr, t);
+  double dt = ps__now() - t0;
+  expect_trained(t, "at the descriptor limit");
+  ck_assert_msg(dt < 5.0, "training took %.2f s at the descriptor limit", dt);
+  ck_assert_msg(tu_log_contains(&p, "evicted"), "no eviction logged (log %s)", p.log_path);
+  for (int i = 0; i < IDLE; i++)
+    if (idle[i] >= 0) close(idle[i]);
+  ck_assert_msg(tu_psd_wait(&p, 10) == 0 && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0,
+                "psd did not exit 0 (log %s)", p.log_path);
+}
+END_TEST
+
+/* ---- the oldest unauthenticated connection goes first ---------------------- */
+
+static const char *const CAP_OPTS[][2] = {{"--max-unauthenticated", "8"},
+                                          {"--max-connections", "8"}};
+
+START_TEST(test_evicts_oldest) {
+  tu_psd p;
+  ck_assert(tu_psd_start(&p, (const char *const[]){"--workers", "2", CAP_OPTS[_i][0],
+                                                   CAP_OPTS[_i][1], NULL}) == 0);
+  int fd0 = fd_count(p.pid);
+  int a[8];
+  for (int i = 0; i < 8; i++) {
+    a[i] = tu_connect(p.addr);
+    ck_assert(a[i] >= 0);
+    wait_fds(p.pid, fd0 + i + 1); /* accepted in this order */
+  }
+  int b = tu_connect(p.addr);
+  ck_assert(b >= 0);
+  ck_assert_msg(closed_within(a[0], 2.0), "%s 8: the oldest connection was not evicted",
+                CAP_OPTS[_i][0]);
+  for (int i = 1; i < 8; i++) {
+    struct pollfd pf = {a[i], POLLIN, 0};
+    ck_assert_msg(poll(&pf, 1, 0) == 0, "%s 8: connection %d (not the oldest) was closed",
+                  CAP_OPTS[_i][0], i);
+  }
+  ck_assert_msg(tu_log_contains(&p, "evicted after"), "no eviction logged (log %s)",
+                p.log_path);
+  if (psctl_path()) {
+    double s;
+    int rc = psctl_stats(&p, &s);
+    ck_assert_msg(rc == 0 && s < 1.0, "%s 8 full: psctl stats: exit %d after %.2f s",
+                  CAP_OPTS[_i][0], rc, s);
+  }
+  /* Both caps full of unauthenticated peers: workers still get in. */
+  tu_train t[NW];
+  train(p.addr, t);
+  expect_trained(t, CAP_OPTS[_i][0]);
+  for (int i = 0; i < 8; i++) close(a[i]);
+  close(b);
+  ck_assert(tu_psd_wait(&p, 10) == 0);
+}
+END_TEST
+
+START_TEST(test_admin_cap) {
+  tu_psd p;
+  ck_assert(tu_psd_start(&p, (const char *const[]){"--workers", "1", "--max-admin", "0",
+                                                   NULL}) == 0);
+  double s;
+  int rc = psctl_stats(&p, &s);
+  ck_assert_msg(rc != 0, "psctl got in past --max-admin 0");
+  usleep(200000);
+  ck_assert_msg(tu_log_contains(&p, "too many admin connections"),
+                "the refusal is not logged (log %s)", p.log_path);
+  tu_psd_kill(&p);
+  ck_assert(tu_psd_start(&p, (const char *const[]){"--workers", "1", "--max-admin", "1",
+                                                   NULL}) == 0);
+  for (int i = 0; i < 3; i++) { /* one at a time: each frees its slot */
+    usleep(100000);
+    rc = psctl_stats(&p, &s);
+    ck_assert_msg(rc == 0, "psctl %d with --max-admin 1: exit %d (log %s)", i, rc, p.log_path);
+  }
+  tu_psd_kill(&p);
+}
+END_TEST
+
+/* ---- a flood of bad frames: a short log ----------------------------------- */
+
+START_TEST(test_bad_frame_flood) {
+  tu_psd p;
+  ck_assert(tu_psd_start(&p, (const char *const[]){"--workers", "1", NULL}) == 0);
+  usleep(100000);
+  int before = count_lines(&p);
+  static const uint8_t junk[PS__HEADER_SIZE] = "this is not a psd frame";
+  int sent = 0;
+  double t0 = ps__now();
+  while (ps__now() - t0 < 3.0) {
+    int fd = tu_connect(p.addr);
+    if (fd < 0) continue;
+    tu_send_all(fd, junk, sizeof junk);
+    close(fd);
+    sent++;
+  }
+  usleep(1500000); /* the last window's summary */
+  int lines = count_lines(&p) - before;
+  /* Per kind: PSD_RATELOG_BURST a second over ~4 windows, plus summaries. */
+  ck_assert_msg(sent > 200, "only %d bad frames sent", sent);
+  ck_assert_msg(lines <= 2 * 4 * (int)(PSD_RATELOG_BURST + 1),
+                "%d log lines for %d bad frames (log %s)", lines, sent, p.log_path);
+  ck_assert_msg(count_lines_with(&p, "suppressed") >= 1, "no 'suppressed' summary (log %s)",
+                p.log_path);
+  printf("admission: %d bad frames in 3 s -> %d log lines\n", sent, lines);
+  tu_psd_kill(&p);
+}
+END_TEST
+
+/* ---- keepalive ------------------------------------------------------------- */
+
+/* The keepalive timer of psd's side of the connection whose peer is our
+ * local port: seconds until it fires, -1 if no keepalive timer runs, -2
+ * if the socket is not found. From /proc/net/tcp ("tr:tm->when"). */
+static double keepalive_timer(int psd_port, int our_port) {
+  FILE *f = fopen("/proc/net/tcp", "r");
+  if (!f) return -2;
+  char line[512];
+  double r = -2;
+  while (fgets(line, sizeof line, f)) {
+    unsigned lport, rport, st, tr;
+    unsigned long when;
+    if (sscanf(line, " %*d: %*x:%x %*x:%x %x %*x:%*x %x:%lx", &lport, &rport, &st, &tr,
+               &when) != 5)
+      continue;
+    if ((int)lport != psd_port || (int)rport != our_port || st != 1) continue;
+    r = tr == 2 ? (double)when / (double)sysconf(_SC_CLK_TCK) : -1;
+  }
+  fclose(f);
+  return r;
+}
+
+static double probe_keepalive(const char *seconds) {
+  tu_psd p;
+  ck_assert(tu_psd_start(&p, (const char *const[]){"--workers", "1", "--keepalive", seconds,
+                                                   NULL}) == 0);
+  int fd = tu_connect(p.addr);
+  ck_assert(fd >= 0);
+  usleep(200000);
+  struct sockaddr_in me;
+  socklen_t ml = sizeof me;
+  getsockname(fd, (struct sockaddr *)&me, &ml);
+  int port = atoi(strrchr(p.addr, ':') + 1);
+  double r = keepalive_timer(port, ntohs(me.sin_port));
+  close(fd);
+  tu_psd_kill(&p);
+  ck_assert_msg(r > -2, "psd's socket not found in /proc/net/tcp");
+  return r;
+}
+
+START_TEST(test_keepalive) {
+  double on = probe_keepalive("4"), off = probe_keepalive("0");
+  ck_assert_msg(on >= 0 && on <= 2.0 + 0.05,
+                "--keepalive 4: keepalive timer %.2f s (want one within TCP_KEEPIDLE 2 s)", on);
+  ck_assert_msg(off == -1, "--keepalive 0: a keepalive timer runs (%.2f s)", off);
+  on = probe_keepalive("20"); /* the default's TCP_KEEPIDLE: 10 s */
+  ck_assert_msg(on > 5.0 && on <= 10.05, "--keepalive 20: keepalive timer %.2f s", on);
+}
+END_TEST
+
+/* ---- ratelog: the rule itself ---------------------------------------------- */
+
+START_TEST(test_ratelog_rule) {
+  psd_ratelog r = {.what = "test lines", .level = PS_LOG_DEBUG};
+  int printed = 0;
+  for (int i = 0; i < 100; i++) printed += psd_ratelog_say(&r, 10.0 + i * 0.001, "line %d", i);
+  ck_assert_int_eq(printed, (int)PSD_RATELOG_BURST);
+  ck_assert_uint_eq(r.suppressed, 100 - PSD_RATELOG_BURST);
+  psd_ratelog_flush(&r, 10.5); /* window not over: the count waits */
+  ck_assert_uint_eq(r.suppressed, 100 - PSD_RATELOG_BURST);
+  psd_ratelog_flush(&r, 11.0);
+  ck_assert_uint_eq(r.suppressed, 0);
+  ck_assert_int_eq(psd_ratelog_say(&r, 11.2, "a new window"), 1);
+  ck_assert_uint_eq(r.total, 101);
+}
+END_TEST
+
+Suite *suite_admission(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0 ||
+      (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < HELD + FD_SLACK)) {
+    printf("SKIP: admission: the descriptor limit's hard maximum is below %d\n",
+           HELD + FD_SLACK);
+    return NULL;
+  }
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < HELD + FD_SLACK) {
+    rl.rlim_cur = HELD + FD_SLACK; /* for us and the psd processes we start */
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+  Suite *s = suite_create("admission");
+  TCase *tu = tcase_create("ratelog");
+  tcase_add_test(tu, test_ratelog_rule);
+  suite_add_tcase(s, tu);
+  TCase *tc = tcase_create("caps");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_held_unauthenticated);
+  tcase_add_test(tc, test_descriptor_limit);
+  tcase_add_loop_test(tc, test_evicts_oldest, 0, 2);
+  if (psctl_path()) tcase_add_test(tc, test_admin_cap);
+  else printf("admission: psctl not built; its admin-cap test is left out\n");
+  tcase_add_test(tc, test_bad_frame_flood);
+  tcase_add_test(tc, test_keepalive);
+  suite_add_tcase(s, tc);
+  return s;
+}
