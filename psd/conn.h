@@ -56,6 +56,9 @@ typedef struct psd_conn_hooks {
   void (*frame)(void *ctx, struct psd_conn *c);
   /* c is closing (already off the list): forget it. */
   void (*closed)(void *ctx, struct psd_conn *c);
+  /* c was just accepted: greet it (the handshake's Challenge). 0, or -1
+   * if c entered CLOSING. */
+  int (*opened)(void *ctx, struct psd_conn *c);
   /* Answer the pulls that became ready (after input was processed). */
   void (*flush)(void *ctx);
   void *ctx;                  /* passed to every hook */
@@ -79,6 +82,7 @@ typedef struct psd_conn {
   ps__outq out;               /* replies not yet written (params in place) */
   psd_conn_state state;       /* where the input parser is */
   int handshaken;             /* a HELLO was accepted */
+  uint8_t nonce[PS__NONCE_BYTES]; /* our Challenge's nonce: proofs are bound to it */
   int worker;                 /* worker index, or -1 */
   int admin;                  /* an admin tool (psctl): Stats only */
   int finished;               /* the worker sent FINISH */
