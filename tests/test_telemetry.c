@@ -205,12 +205,30 @@ START_TEST(test_stats) {
 }
 END_TEST
 
+/* psctl authenticates psd as a worker does: a psd that cannot prove our
+ * secret (it has none) is refused, named, before any Stats go out. */
+START_TEST(test_stats_impostor) {
+  tu_psd ps;
+  ck_assert_int_eq(tu_psd_start(&ps, NULL), 0);
+  ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, -1};
+  Ps__StatsReply *r = NULL;
+  char err[600];
+  int rc = ps__admin_stats(ps.addr, &au, 5000, &r, err, sizeof err);
+  ck_assert_int_eq(rc, PS_EAUTH);
+  ck_assert_msg(strstr(err, ps.addr) && strstr(err, "did not prove"), "%s", err);
+  ck_assert_ptr_null(r);
+  ck_assert(!tu_log_contains(&ps, "STATS"));
+  tu_psd_kill(&ps);
+}
+END_TEST
+
 Suite *suite_telemetry(void) {
   Suite *s = suite_create("telemetry");
   TCase *tc = tcase_create("telemetry");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_straggler_summary);
   tcase_add_test(tc, test_stats);
+  tcase_add_test(tc, test_stats_impostor);
   suite_add_tcase(s, tc);
   return s;
 }
