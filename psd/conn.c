@@ -300,6 +300,10 @@ psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer) {
     return NULL;
   }
   psd_debug("%s: connection from %s", c->name, c->peer);
+  if (cs->hooks.opened && cs->hooks.opened(cs->hooks.ctx, c) != 0) {
+    psd_conn_write(c); /* the error goes out; c closes once it drains */
+    return NULL;
+  }
   return c;
 }
 

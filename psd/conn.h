@@ -57,6 +57,9 @@ typedef struct psd_conn_hooks {
   void (*frame)(void *ctx, struct psd_conn *c);
   /* c is closing (already off the list): forget it. */
   void (*closed)(void *ctx, struct psd_conn *c);
+  /* c was just accepted: greet it (the handshake's Challenge). 0, or -1
+   * if c entered CLOSING. */
+  int (*opened)(void *ctx, struct psd_conn *c);
   /* Answer the pulls that became ready (after input was processed). */
   void (*flush)(void *ctx);
   void *ctx;                  /* passed to every hook */
@@ -108,6 +111,7 @@ typedef struct psd_conn {
   int upgraded;               /* authenticated buffers allocated, counted as
                                  authenticated (conn_upgrade) */
   struct psd_conn *uprev, *unext; /* list of unauthenticated ones */
+  uint8_t nonce[PS__NONCE_BYTES]; /* our Challenge's nonce: proofs are bound to it */
   int worker;                 /* worker index, or -1 */
   int admin;                  /* an admin tool (psctl): Stats only */
   int finished;               /* the worker sent FINISH */

@@ -57,7 +57,7 @@ static int pin(psd_handlers *h, const psd_job_terms *t) {
  * code with err. */
 static int hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m, char *err, size_t errlen) {
   psd_job_terms t;
-  int rc = psd_job_hello(h->job, m, &t, err, errlen);
+  int rc = psd_job_hello(h->job, m, c->nonce, &t, err, errlen);
   if (rc) return rc;
   if (t.admin) {
     c->admin = 1; /* psctl: authenticated, may ask for Stats and nothing else */
@@ -203,16 +203,45 @@ void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w)
     return -1;                                                                \
   }
 
+/* Our proof and MUNGE credential into r, bound to the client's nonce:
+ * the worker refuses a server that cannot give them. */
+static int prove_server(psd_handlers *h, psd_conn *c, const Ps__Hello *m, Ps__HelloReply *r,
+                        uint8_t *proof, char **mcred, char *err, size_t errlen) {
+  const psd_config *cfg = h->cfg;
+  if (cfg->secret_len) {
+    if (ps__auth_proof(cfg->secret, cfg->secret_len, PS__AUTH_SERVER, c->nonce, m->nonce.data,
+                       m, proof) != 0) {
+      snprintf(err, errlen, "cannot compute HMAC-SHA-256 (libsodium)");
+      return PS_EINTERNAL;
+    }
+    r->proof.data = proof;
+    r->proof.len = PS__MAC_BYTES;
+  }
+  if (cfg->munge) {
+    int rc = ps__munge_mint(cfg->munge_socket, PS__AUTH_SERVER, (long long)cfg->job_id,
+                            (long long)cfg->step_id, m->nonce.data, mcred, err, errlen);
+    if (rc) return rc;
+    r->credential.data = (uint8_t *)*mcred;
+    r->credential.len = strlen(*mcred);
+  }
+  return 0;
+}
+
 static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   UNPACK(Ps__Hello, ps__hello__unpack);
   char err[512];
+  Ps__HelloReply r = PS__HELLO_REPLY__INIT;
+  uint8_t proof[PS__MAC_BYTES];
+  char *mcred = NULL;
   int rc = hello(h, c, m, err, sizeof err);
+  if (rc == 0) rc = prove_server(h, c, m, &r, proof, &mcred, err, sizeof err);
   if (rc != 0) {
+    /* A worker admitted by hello() but not proven to stays bound to c and
+     * is released when c closes, as any worker that leaves. */
     psd_conn_error(c, 0, rc, 1, "%s", err);
     return -1;
   }
   c->handshaken = 1;
-  Ps__HelloReply r = PS__HELLO_REPLY__INIT;
   r.protocol_version = PS__PROTOCOL_VERSION;
   r.ps_index = (uint32_t)h->cfg->ps_index;
   r.num_ps = (uint32_t)h->cfg->num_ps;
@@ -222,6 +251,26 @@ static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   r.server_id = (char *)h->cfg->name;
   r.checkpoints = h->cfg->ckpt_dir[0] != '\0';
   psd_conn_send(c, PS__MSG_HELLO_REPLY, &r.base, NULL, NULL, NULL, 0);
+  free(mcred); /* packed by psd_conn_send */
+  return 0;
+}
+
+/* conn.c hook: a connection was accepted. The Challenge goes first, so the
+ * client's proof and credential can be bound to our fresh nonce. */
+static int on_opened(void *ctx, psd_conn *c) {
+  psd_handlers *h = ctx;
+  if (ps__random(c->nonce, sizeof c->nonce) != 0) {
+    psd_conn_error(c, 0, PS_EINTERNAL, 1, "no random bytes for a nonce (libsodium)");
+    return -1;
+  }
+  Ps__Challenge ch = PS__CHALLENGE__INIT;
+  ch.protocol_version = PS__PROTOCOL_VERSION;
+  ch.nonce.data = c->nonce;
+  ch.nonce.len = sizeof c->nonce;
+  ch.secret = h->cfg->secret_len > 0;
+  ch.munge = h->cfg->munge != 0;
+  psd_conn_send(c, PS__MSG_CHALLENGE, &ch.base, NULL, NULL, NULL, 0);
+  psd_conn_write(c);
   return 0;
 }
 
@@ -642,5 +691,6 @@ void psd_handlers_hooks(psd_handlers *h, psd_conn_hooks *hooks) {
   hooks->frame = frame_done;
   hooks->closed = conn_closed;
   hooks->flush = flush_hook;
+  hooks->opened = on_opened;
   hooks->ctx = h;
 }

@@ -73,10 +73,12 @@ typedef struct psd_job {
 void psd_job_init(psd_job *j, const psd_config *cfg, double now);
 void psd_job_free(psd_job *j);
 
-/* Checks a Hello: version, credentials, the job's terms and the worker's
- * state. Changes nothing. 0 (with *t filled) or a PS_E* code with err. */
-int psd_job_hello(const psd_job *j, const Ps__Hello *h, psd_job_terms *t, char *err,
-                  size_t errlen);
+/* Checks a Hello: version, credentials (proof and MUNGE credential bound to
+ * sn, the nonce of our Challenge on that connection), the job's terms and
+ * the worker's state. Changes nothing. 0 (with *t filled) or a PS_E* code
+ * with err. */
+int psd_job_hello(const psd_job *j, const Ps__Hello *h, const uint8_t *sn, psd_job_terms *t,
+                  char *err, size_t errlen);
 /* Pins the job to t (the first worker's Hello). 0 or PS_ENOMEM. */
 int psd_job_pin(psd_job *j, const psd_job_terms *t);
 /* Undoes psd_job_pin (something else failed to follow it). */

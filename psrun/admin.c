@@ -142,25 +142,22 @@ int ps__admin_stats(const char *addr, const ps__auth *auth, int timeout_ms,
   int fd = -1;
   int rc = connect_to(addr, deadline, &fd, err, errlen);
   if (rc) return rc;
+  /* The same mutual handshake as a worker's (wire/handshake.c): psd must
+   * prove the secret before we show it anything. */
   Ps__Hello h = PS__HELLO__INIT;
   h.protocol_version = PS__PROTOCOL_VERSION;
   h.role = PS__ROLE__ROLE_ADMIN;
   h.client_id = "psctl";
-  char *mcred = NULL;
-  rc = ps__hello_auth(&h, auth, &mcred, err, errlen);
-  if (!rc) rc = send_msg(fd, PS__MSG_HELLO, &h.base, deadline);
-  free(mcred);
+  Ps__HelloReply *hr = NULL;
+  rc = ps__handshake(fd, auth, &h, addr, deadline, &hr, err, errlen);
+  if (hr) ps__hello_reply__free_unpacked(hr, NULL);
+  if (rc) {
+    close(fd);
+    return rc;
+  }
   uint8_t *meta = NULL;
   ps__frame_header fh;
   char derr[256] = "";
-  if (!rc) rc = recv_msg(fd, 0, &fh, &meta, deadline, derr, sizeof derr);
-  if (!rc && fh.type == PS__MSG_ERROR) rc = error_reply(meta, fh.meta_len, addr, err, errlen);
-  else if (!rc && fh.type != PS__MSG_HELLO_REPLY) {
-    snprintf(err, errlen, "%s answered the handshake with %s", addr, ps__msg_name(fh.type));
-    rc = PS_EPROTO;
-  }
-  free(meta);
-  meta = NULL;
   Ps__Stats st = PS__STATS__INIT;
   st.request_id = 1;
   if (!rc) rc = send_msg(fd, PS__MSG_STATS, &st.base, deadline);

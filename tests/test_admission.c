@@ -78,6 +78,18 @@ static int closed_within(int fd, double timeout_s) {
   return tu_read_until_eof(fd, b, sizeof b, timeout_s, &n);
 }
 
+/* 1 if fd is still open: whatever psd sent (its Challenge) is read and
+ * dropped, then no EOF or reset is pending. */
+static int still_open(int fd) {
+  uint8_t b[512];
+  for (;;) {
+    ssize_t n = recv(fd, b, sizeof b, MSG_DONTWAIT);
+    if (n > 0) continue;
+    if (n == 0) return 0;
+    return errno == EAGAIN || errno == EWOULDBLOCK;
+  }
+}
+
 static int count_lines_with(const tu_psd *p, const char *needle) {
   char *s = tu_read_file(p->log_path);
   int n = 0;
@@ -249,11 +261,9 @@ START_TEST(test_evicts_oldest) {
   ck_assert(b >= 0);
   ck_assert_msg(closed_within(a[0], 2.0), "%s 8: the oldest connection was not evicted",
                 CAP_OPTS[_i][0]);
-  for (int i = 1; i < 8; i++) {
-    struct pollfd pf = {a[i], POLLIN, 0};
-    ck_assert_msg(poll(&pf, 1, 0) == 0, "%s 8: connection %d (not the oldest) was closed",
+  for (int i = 1; i < 8; i++)
+    ck_assert_msg(still_open(a[i]), "%s 8: connection %d (not the oldest) was closed",
                   CAP_OPTS[_i][0], i);
-  }
   ck_assert_msg(tu_log_contains(&p, "evicted after"), "no eviction logged (log %s)",
                 p.log_path);
   if (psctl_path()) {

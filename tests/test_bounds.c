@@ -404,13 +404,20 @@ typedef struct fake_psd {
   uint32_t bad_id;    /* slice id its RegisterReply names */
 } fake_psd;
 
-/* Accepts one client, answers its Hello, then answers its Register with
+/* Accepts one client, challenges it and answers its Hello, then answers its Register with
  * bad_id for every slice; keeps the connection until the client closes. */
 static void *fake_main(void *arg) {
   fake_psd *f = arg;
   int fd = accept(f->lfd, NULL, NULL);
   if (fd < 0) return NULL;
   static uint8_t meta[PS__MAX_META];
+  /* Every psd opens with a Challenge (no secret, no MUNGE here). */
+  uint8_t nonce[PS__NONCE_BYTES] = {0};
+  Ps__Challenge ch = PS__CHALLENGE__INIT;
+  ch.protocol_version = PS__PROTOCOL_VERSION;
+  ch.nonce.data = nonce;
+  ch.nonce.len = sizeof nonce;
+  send_frame(fd, PS__MSG_CHALLENGE, &ch.base, NULL, 0, NULL, 0);
   long n = recv_until(fd, PS__MSG_HELLO, meta, sizeof meta);
   Ps__HelloReply hr = PS__HELLO_REPLY__INIT;
   hr.num_ps = 1;

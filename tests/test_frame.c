@@ -174,7 +174,7 @@ START_TEST(test_bad_magic) {
 END_TEST
 
 START_TEST(test_bad_version) {
-  const uint16_t versions[] = {0, 2, 3, 0x100, 0xFFFF};
+  const uint16_t versions[] = {0, 1, PS__PROTOCOL_VERSION + 1, 0x100, 0xFFFF};
   for (size_t i = 0; i < sizeof versions / sizeof versions[0]; i++) {
     for (int hs = 0; hs < 2; hs++) {
       uint8_t buf[PS__HEADER_SIZE];
@@ -237,8 +237,9 @@ END_TEST
 
 START_TEST(test_preauth) {
   /* Only the handshake types, small and without data. */
-  const unsigned ok[] = {PS__MSG_HELLO, PS__MSG_HELLO_REPLY, PS__MSG_ERROR};
-  for (size_t i = 0; i < 3; i++) {
+  const unsigned ok[] = {PS__MSG_HELLO, PS__MSG_HELLO_REPLY, PS__MSG_ERROR,
+                         PS__MSG_CHALLENGE};
+  for (size_t i = 0; i < 4; i++) {
     EXPECT_ACCEPT(ok[i], 0, 0, 0);
     EXPECT_ACCEPT(ok[i], PS__MAX_PREAUTH_META, 0, 0);
     EXPECT_REJECT(PS_ETOOBIG, "handshake", ok[i], PS__MAX_PREAUTH_META + 1, 0,
@@ -253,7 +254,8 @@ START_TEST(test_preauth) {
   /* Every other type is refused before the handshake, named in the
    * message, even when tiny. */
   for (unsigned t = 1; t < PS__MSG_MAX_; t++) {
-    if (t == PS__MSG_HELLO || t == PS__MSG_HELLO_REPLY || t == PS__MSG_ERROR)
+    if (t == PS__MSG_HELLO || t == PS__MSG_HELLO_REPLY || t == PS__MSG_ERROR ||
+        t == PS__MSG_CHALLENGE)
       continue;
     EXPECT_REJECT(PS_EPROTO, ps__msg_name(t), t, 0, 0, 0, 0);
     EXPECT_REJECT(PS_EPROTO, "handshake", t, 8, 0, 4, 0);
@@ -311,7 +313,7 @@ static int reference_decode(const uint8_t *b, int hs) {
   if (flags) return PS_EPROTO;
   if (!hs) {
     if (type != PS__MSG_HELLO && type != PS__MSG_HELLO_REPLY &&
-        type != PS__MSG_ERROR)
+        type != PS__MSG_ERROR && type != PS__MSG_CHALLENGE)
       return PS_EPROTO;
     if (meta > PS__MAX_PREAUTH_META || data) return PS_ETOOBIG;
   }

@@ -182,18 +182,19 @@ START_TEST(test_stats) {
   Ps__Hello h = PS__HELLO__INIT;
   h.protocol_version = PS__PROTOCOL_VERSION;
   h.role = PS__ROLE__ROLE_ADMIN;
-  h.credential.data = (uint8_t *)SECRET;
-  h.credential.len = strlen(SECRET);
+  ps__auth sa = {SECRET, strlen(SECRET), 0, NULL, 0, -1};
+  Ps__HelloReply *hr = NULL;
+  char herr[512];
+  ck_assert_msg(ps__handshake(fd, &sa, &h, ps.addr, ps__now() + 5.0, &hr, herr, sizeof herr) ==
+                    0, "%s", herr);
+  ps__hello_reply__free_unpacked(hr, NULL);
   uint8_t buf[512];
-  size_t hl = ps__hello__get_packed_size(&h);
-  ps__header_encode(buf, PS__MSG_HELLO, (uint32_t)hl, 0);
-  ps__hello__pack(&h, buf + PS__HEADER_SIZE);
   Ps__Finish fin = PS__FINISH__INIT;
   fin.request_id = 1;
   size_t fl = ps__finish__get_packed_size(&fin);
-  ps__header_encode(buf + PS__HEADER_SIZE + hl, PS__MSG_FINISH, (uint32_t)fl, 0);
-  ps__finish__pack(&fin, buf + 2 * PS__HEADER_SIZE + hl);
-  ck_assert_int_eq(tu_send_all(fd, buf, 2 * PS__HEADER_SIZE + hl + fl), 0);
+  ps__header_encode(buf, PS__MSG_FINISH, (uint32_t)fl, 0);
+  ps__finish__pack(&fin, buf + PS__HEADER_SIZE);
+  ck_assert_int_eq(tu_send_all(fd, buf, PS__HEADER_SIZE + fl), 0);
   uint8_t in[4096];
   size_t n = 0;
   ck_assert_int_eq(tu_read_until_eof(fd, in, sizeof in, 5.0, &n), 1);
@@ -204,12 +205,30 @@ START_TEST(test_stats) {
 }
 END_TEST
 
+/* psctl authenticates psd as a worker does: a psd that cannot prove our
+ * secret (it has none) is refused, named, before any Stats go out. */
+START_TEST(test_stats_impostor) {
+  tu_psd ps;
+  ck_assert_int_eq(tu_psd_start(&ps, NULL), 0);
+  ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, -1};
+  Ps__StatsReply *r = NULL;
+  char err[600];
+  int rc = ps__admin_stats(ps.addr, &au, 5000, &r, err, sizeof err);
+  ck_assert_int_eq(rc, PS_EAUTH);
+  ck_assert_msg(strstr(err, ps.addr) && strstr(err, "did not prove"), "%s", err);
+  ck_assert_ptr_null(r);
+  ck_assert(!tu_log_contains(&ps, "STATS"));
+  tu_psd_kill(&ps);
+}
+END_TEST
+
 Suite *suite_telemetry(void) {
   Suite *s = suite_create("telemetry");
   TCase *tc = tcase_create("telemetry");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_straggler_summary);
   tcase_add_test(tc, test_stats);
+  tcase_add_test(tc, test_stats_impostor);
   suite_add_tcase(s, tc);
   return s;
 }

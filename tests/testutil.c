@@ -202,8 +202,26 @@ int tu_send_all(int fd, const void *buf, size_t n) {
   return 0;
 }
 
+/* Removes psd's Challenge from the front of buf once it is whole (it opens
+ * every connection; callers look at what psd answered them). */
+static void drop_challenge(uint8_t *buf, size_t *n, int *dropped) {
+  ps__frame_header h;
+  char err[160];
+  if (*dropped || *n < PS__HEADER_SIZE) return;
+  if (ps__header_decode(buf, 0, &h, err, sizeof err) != 0 || h.type != PS__MSG_CHALLENGE) {
+    *dropped = 1; /* something else came first: keep it all */
+    return;
+  }
+  size_t len = PS__HEADER_SIZE + h.meta_len;
+  if (*n < len) return;
+  memmove(buf, buf + len, *n - len);
+  *n -= len;
+  *dropped = 1;
+}
+
 int tu_read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t *n) {
   double end = ps__now() + timeout_s;
+  int dropped = 0;
   *n = 0;
   for (;;) {
     double left = end - ps__now();
@@ -222,6 +240,7 @@ int tu_read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t
     size_t keep = (size_t)r < cap - *n ? (size_t)r : cap - *n;
     memcpy(buf + *n, tmp, keep);
     *n += keep;
+    drop_challenge(buf, n, &dropped);
   }
 }
 

@@ -82,7 +82,8 @@ int tu_connect(const char *addr);
 int tu_send_all(int fd, const void *buf, size_t n);
 /* Reads (keeping the first cap bytes) until the peer closes or timeout_s
  * passes. 1 on EOF (a reset counts: the server closed with our bytes
- * unread), 0 on timeout; *n gets the bytes kept. */
+ * unread), 0 on timeout; *n gets the bytes kept, less psd's Challenge at
+ * the front (the first frame of every connection). */
 int tu_read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t *n);
 /* Fills hosts[i] (each of 64 bytes) with the addresses of ps[0..n). */
 void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs);

@@ -97,7 +97,7 @@ int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
   }
   if (!handshaken) {
     if (type != PS__MSG_HELLO && type != PS__MSG_HELLO_REPLY &&
-        type != PS__MSG_ERROR) {
+        type != PS__MSG_ERROR && type != PS__MSG_CHALLENGE) {
       snprintf(err, errlen, "%s frame before the handshake (expected HELLO)",
                ps__msg_name(type));
       return PS_EPROTO;
@@ -139,7 +139,8 @@ const char *ps__msg_name(unsigned type) {
       [PS__MSG_PUSH_REPLY] = "PUSH_REPLY", [PS__MSG_PULL] = "PULL",
       [PS__MSG_PULL_REPLY] = "PULL_REPLY", [PS__MSG_FINISH] = "FINISH",
       [PS__MSG_CHECKPOINT] = "CHECKPOINT", [PS__MSG_CHECKPOINT_REPLY] = "CHECKPOINT_REPLY",
-      [PS__MSG_STATS] = "STATS",         [PS__MSG_STATS_REPLY] = "STATS_REPLY"};
+      [PS__MSG_STATS] = "STATS",         [PS__MSG_STATS_REPLY] = "STATS_REPLY",
+      [PS__MSG_CHALLENGE] = "CHALLENGE"};
   if (type >= PS__MSG_MAX_ || !names[type]) return "UNKNOWN";
   return names[type];
 }

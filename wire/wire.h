@@ -22,7 +22,7 @@
 #include "optimizer_msg.h"
 
 #define PS__MAGIC 0x31445350u        /* "PSD1" as little-endian bytes */
-#define PS__PROTOCOL_VERSION 1u      /* bump on any incompatible change */
+#define PS__PROTOCOL_VERSION 2u      /* bump on any incompatible change (2: Challenge, MACs) */
 #define PS__HEADER_SIZE 24u          /* magic4 ver2 type2 meta4 flags4 data8 */
 
 /* Largest protobuf part of a frame. A Register of ~20k slices or a Pull of
@@ -65,7 +65,8 @@ typedef enum ps__msg_type {
   PS__MSG_CHECKPOINT_REPLY = 14, /* accepted or not, and how far the server is */
   PS__MSG_STATS = 15,        /* admin: counters please */
   PS__MSG_STATS_REPLY = 16,  /* the counters */
-  PS__MSG_MAX_ = 17 /* one past the last valid type */
+  PS__MSG_CHALLENGE = 17,    /* psd's nonce, first frame on every connection */
+  PS__MSG_MAX_ = 18 /* one past the last valid type */
 } ps__msg_type;
 
 typedef struct ps__frame_header {

@@ -179,14 +179,15 @@ static int client_setup(ps_client *c, const ps_config *cfg) {
   return 0;
 }
 
-/* The handshake on k: a Hello (with the credential) and a wait for its
- * HelloReply through the pump, so it lives here above pump.c rather than in
- * conn.c, which the pump drives. */
+/* The handshake on k (wire/handshake.c, blocking until the deadline): psd's
+ * Challenge, our Hello with a proof bound to both nonces, and psd's
+ * HelloReply whose proof we check, before the pump takes the connection. */
 static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
   Ps__Hello h = PS__HELLO__INIT;
-  char cid[128], hn[64] = "";
+  char cid[128], hn[64] = "", who[400];
   gethostname(hn, sizeof hn - 1);
   snprintf(cid, sizeof cid, "(%s pid %d)", hn, (int)getpid());
+  snprintf(who, sizeof who, "ps %d at %s", k->index, k->addr);
   h.protocol_version = PS__PROTOCOL_VERSION;
   h.role = PS__ROLE__ROLE_WORKER;
   h.worker_index = (uint32_t)c->worker_index;
@@ -195,30 +196,17 @@ static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
   h.ps_index = (uint32_t)k->index;
   h.replicas_to_aggregate = (uint32_t)c->replicas;
   h.async_mode = c->async_mode;
-  char *mcred = NULL;
-  ps__auth au = {c->cred, c->cred_len, c->munge, c->munge_socket, c->job_id, c->step_id};
-  char aerr[512];
-  int arc = ps__hello_auth(&h, &au, &mcred, aerr, sizeof aerr);
-  if (arc) return ps__seterr(c, arc, "%s", aerr);
   h.client_id = cid;
   h.split_threshold = c->placer.split_threshold;
   h.max_slice_bytes = c->placer.max_slice_bytes;
-  ps_req *r = ps__req_new(c, PS__REQ_HELLO);
-  if (!r) {
-    free(mcred);
-    return ps__seterr(c, PS_ENOMEM, "out of memory");
-  }
-  r->step = (uint64_t)k->index; /* HELLO_REPLY carries no id: match by ps */
-  r->pend_ps[k->index] = 1;
-  int rc = ps__queue_frame(c, k, PS__MSG_HELLO, &h.base, NULL, NULL, 0);
-  free(mcred); /* packed into the frame */
-  if (rc == 0) rc = ps__pump(c, r, deadline);
-  if (rc == 0) rc = r->status;
-  if (rc == PS_ETIMEDOUT)
-    ps__seterr(c, rc, "ps %d at %s accepted the connection but did not answer the handshake",
-               k->index, k->addr);
-  ps__req_release(c, r);
-  return rc;
+  ps__auth au = {c->cred, c->cred_len, c->munge, c->munge_socket, c->job_id, c->step_id};
+  Ps__HelloReply *r = NULL;
+  char err[700];
+  int rc = ps__handshake(k->fd, &au, &h, who, deadline, &r, err, sizeof err);
+  if (rc) return ps__seterr(c, rc, "%s", err);
+  if (r->checkpoints) c->checkpoints = 1;
+  ps__hello_reply__free_unpacked(r, NULL);
+  return 0;
 }
 
 int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_t errlen) {

@@ -58,7 +58,7 @@
 
 /* What a request is for (ps_req.type). */
 enum { PS__REQ_PUSH = 1, PS__REQ_PULL, PS__REQ_REGISTER, PS__REQ_INIT, PS__REQ_FINISH,
-       PS__REQ_HELLO, PS__REQ_CHECKPOINT };
+       PS__REQ_CHECKPOINT };
 
 /* Where the frame reader of a connection is. */
 typedef enum ps__rd_state {

@@ -113,26 +113,6 @@ static int on_ack(ps_client *c, ps__conn *k, const Ps__Ack *m) {
   return 0;
 }
 
-/* HelloReply carries no request id: the handshake request of this ps. */
-typedef struct hello_find {
-  int ps;      /* the server that answered */
-  ps_req *r;   /* its handshake request, if found */
-} hello_find;
-
-static void match_hello(ps_client *c, ps_req *r, void *arg) {
-  (void)c;
-  hello_find *h = arg;
-  if (r->type == PS__REQ_HELLO && r->step == (uint64_t)h->ps) h->r = r;
-}
-
-static int on_hello_reply(ps_client *c, ps__conn *k, const Ps__HelloReply *m) {
-  hello_find h = {k->index, NULL};
-  ps__req_each(c, match_hello, &h);
-  if (m->checkpoints) c->checkpoints = 1;
-  if (h.r) ps__req_finish(c, h.r);
-  return 0;
-}
-
 /* The server's ids for the variable's slices on k, in request order. */
 static int on_register_reply(ps_client *c, ps__conn *k, const Ps__RegisterReply *m) {
   ps_req *r = ps__req_find(c, m->request_id);
@@ -242,8 +222,6 @@ int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   switch (t) {
   case PS__MSG_ERROR: PS__DISPATCH(on_error, ps__error__unpack, ps__error__free_unpacked);
   case PS__MSG_ACK: PS__DISPATCH(on_ack, ps__ack__unpack, ps__ack__free_unpacked);
-  case PS__MSG_HELLO_REPLY:
-    PS__DISPATCH(on_hello_reply, ps__hello_reply__unpack, ps__hello_reply__free_unpacked);
   case PS__MSG_REGISTER_REPLY:
     PS__DISPATCH(on_register_reply, ps__register_reply__unpack,
                  ps__register_reply__free_unpacked);

@@ -72,6 +72,7 @@ static int unpack_all(const uint8_t *meta, size_t len) {
   int ok = 0;
   TRY(ps__hello__unpack, ps__hello__free_unpacked);
   TRY(ps__hello_reply__unpack, ps__hello_reply__free_unpacked);
+  TRY(ps__challenge__unpack, ps__challenge__free_unpacked);
   TRY(ps__error__unpack, ps__error__free_unpacked);
   TRY(ps__ack__unpack, ps__ack__free_unpacked);
   TRY(ps__register__unpack, ps__register__free_unpacked);
@@ -102,7 +103,7 @@ static int decode(const uint8_t *in, int handshaken, ps__frame_header *h) {
         (unsigned long long)h->data_len);
   if (!handshaken) {
     CHECK(h->type == PS__MSG_HELLO || h->type == PS__MSG_HELLO_REPLY ||
-              h->type == PS__MSG_ERROR,
+              h->type == PS__MSG_ERROR || h->type == PS__MSG_CHALLENGE,
           "type %u before the handshake", h->type);
     CHECK(h->meta_len <= PS__MAX_PREAUTH_META && h->data_len == 0,
           "pre-handshake frame of %u + %llu bytes", h->meta_len,

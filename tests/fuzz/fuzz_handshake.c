@@ -15,7 +15,9 @@
  *   Hello fields   one selector byte each, sometimes followed by a raw
  *                  value (see hello_from); exhausted input reads as zeros,
  *                  which select the seed corpus's Hello (worker 0 of 2,
- *                  with the right shared secret: this psd requires one)
+ *                  with a valid proof by the shared secret: this psd
+ *                  requires one; its Challenge nonce is fixed, see
+ *                  FUZZ_NONCE_BYTE, so the proof is made in advance)
  *   tail, framed   repeated: a byte b < 0xf0 starts a frame: type
  *                  (1 + b % 12), meta_len (u16 LE, clipped), meta bytes,
  *                  data selector: < 0xe0: the data a Push or Init frame
@@ -45,6 +47,11 @@
 
 /* Data bytes the framed tail may add in all (keeps each input fast). */
 #define TAIL_DATA_MAX ((uint64_t)4 << 20)
+
+/* The client nonce of every Hello, and whether the input asked for a valid
+ * proof (packed_hello computes it). */
+static uint8_t g_cnonce[PS__NONCE_BYTES] = {0x11, 0x22, 0x33};
+static int g_prove;
 
 typedef struct reader {
   const uint8_t *p;
@@ -115,22 +122,19 @@ static void hello_from(reader *r, Ps__Hello *h, uint8_t *cred, char *client_id) 
   h->replicas_to_aggregate = s < 0xc0 ? 0 : s == 0xff ? u32(r) : s & 3;
   s = u8(r);
   h->async_mode = s >= 0xf0;
-  s = u8(r); /* credential: the server's secret, in credential or (with the
-                munge flag) in secret; or bytes from the input: short, long,
-                or past the pre-handshake limit */
+  s = u8(r); /* proof: by the server's secret over its (fixed) nonce and
+                ours, with or without the munge flag (this psd wants no
+                MUNGE), or bytes from the input: short, long, or past the
+                pre-handshake limit; 0xfe also drops the nonce */
   size_t clen = s < 0xb0 ? s % 16 : s < 0xf0 ? s % 48 : s == 0xff ? 4000 + u16(r) % 200 : u16(r) % 4096;
-  if (s < 0xa0) clen = 0;
+  if (s < 0xb0) clen = 0;
   for (size_t i = 0; i < clen; i++) cred[i] = u8(r);
-  h->credential.data = cred;
-  h->credential.len = clen;
-  if (s < 0xa0) {
-    h->credential.data = (uint8_t *)FUZZ_SECRET;
-    h->credential.len = strlen(FUZZ_SECRET);
-  } else if (s < 0xb0) {
-    h->munge = 1;
-    h->secret.data = (uint8_t *)FUZZ_SECRET;
-    h->secret.len = strlen(FUZZ_SECRET);
-  }
+  h->proof.data = cred;
+  h->proof.len = clen;
+  g_prove = s < 0xb0;
+  h->munge = s >= 0xa0 && s < 0xb0;
+  h->nonce.data = g_cnonce;
+  h->nonce.len = s == 0xfe ? 0 : sizeof g_cnonce; /* 0xfe: no nonce at all */
   s = u8(r);
   size_t idlen = s % 24;
   for (size_t i = 0; i < idlen; i++) {
@@ -167,7 +171,20 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   return 0;
 }
 
-static uint8_t *packed_hello(const Ps__Hello *h, size_t *len) {
+/* Packs h, with a fresh proof by the secret when the input asked for a
+ * valid one (the terms, the worker among them, are part of what it
+ * proves). */
+static uint8_t *packed_hello(Ps__Hello *h, size_t *len) {
+  static uint8_t proof[PS__MAC_BYTES];
+  if (g_prove) {
+    uint8_t sn[PS__NONCE_BYTES];
+    memset(sn, FUZZ_NONCE_BYTE, sizeof sn);
+    if (ps__auth_proof(FUZZ_SECRET, strlen(FUZZ_SECRET), PS__AUTH_CLIENT, sn, g_cnonce, h,
+                       proof) != 0)
+      abort();
+    h->proof.data = proof;
+    h->proof.len = sizeof proof;
+  }
   *len = ps__hello__get_packed_size(h);
   uint8_t *p = malloc(*len ? *len : 1);
   if (!p) abort();

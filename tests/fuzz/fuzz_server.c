@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <event2/event.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,9 +46,19 @@ static int g_fresh_always;    /* fuzz_server_configure */
  * large tensors stay fast. */
 #define FUZZ_MAX_SMALL_WRITES 512
 
+/* libsodium's random bytes, made constant: psd's Challenge nonce is then
+ * FUZZ_NONCE_BYTE repeated, so a harness can prove the secret over it in
+ * advance and every input runs the same way. */
+static uint32_t fixed_random(void) { return FUZZ_NONCE_BYTE * 0x01010101u; }
+static void fixed_buf(void *buf, size_t n) { memset(buf, FUZZ_NONCE_BYTE, n); }
+static const char *fixed_name(void) { return "psd-fuzz-fixed"; }
+static randombytes_implementation g_fixed = {
+    .implementation_name = fixed_name, .random = fixed_random, .buf = fixed_buf};
+
 void fuzz_server_configure(const char *secret, int fresh) {
   g_secret = secret;
   g_fresh_always = fresh;
+  randombytes_set_implementation(&g_fixed); /* before libsodium starts */
 }
 
 /* ---- the server ---------------------------------------------------------- */
@@ -197,6 +208,9 @@ static uint64_t check_reply(const ps__frame_header *h, const uint8_t *hdr, const
   switch (h->type) {
   case PS__MSG_HELLO_REPLY:
     m = (ProtobufCMessage *)ps__hello_reply__unpack(NULL, h->meta_len, meta);
+    break;
+  case PS__MSG_CHALLENGE:
+    m = (ProtobufCMessage *)ps__challenge__unpack(NULL, h->meta_len, meta);
     break;
   case PS__MSG_ERROR: {
     Ps__Error *e = ps__error__unpack(NULL, h->meta_len, meta);

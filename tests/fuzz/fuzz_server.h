@@ -22,6 +22,10 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
+/* Every nonce psd draws is this byte repeated (fuzz_server_configure
+ * makes libsodium's random bytes constant). */
+#define FUZZ_NONCE_BYTE 0x5a
+
 /* Call before the first input. secret: the shared secret psd requires in
  * every Hello (set as PSD_SECRET, as for psd), or NULL for none. fresh: a
  * new server for every input instead of carrying state over (the

@@ -252,7 +252,7 @@ static void frame_seeds(void) {
   save(T, "finish", &b);
 
   Ps__HelloReply hr = PS__HELLO_REPLY__INIT;
-  hr.protocol_version = 1;
+  hr.protocol_version = PS__PROTOCOL_VERSION;
   hr.num_ps = 1;
   hr.num_workers = 2;
   hr.replicas_to_aggregate = 2;
@@ -260,6 +260,17 @@ static void frame_seeds(void) {
   b.len = 0;
   frame(&b, PS__MSG_HELLO_REPLY, &hr.base, 0);
   save(T, "hello_reply", &b);
+
+  Ps__Challenge ch = PS__CHALLENGE__INIT;
+  uint8_t nonce[PS__NONCE_BYTES];
+  memset(nonce, 0x5a, sizeof nonce);
+  ch.protocol_version = PS__PROTOCOL_VERSION;
+  ch.nonce.data = nonce;
+  ch.nonce.len = sizeof nonce;
+  ch.secret = 1;
+  b.len = 0;
+  frame(&b, PS__MSG_CHALLENGE, &ch.base, 0);
+  save(T, "challenge", &b);
 
   Ps__Error e = PS__ERROR__INIT;
   e.request_id = 0;
@@ -485,8 +496,8 @@ static void hs_head(buf *b, int framed, hs_sel s) {
   put_u8(b, 0);          /* ps_index */
   put_u8(b, s.replicas); /* replicas_to_aggregate */
   put_u8(b, s.async);    /* async_mode */
-  put_u8(b, s.cred);     /* credential: 0 is the right secret */
-  size_t clen = s.cred < 0xa0 ? 0 : s.cred < 0xb0 ? s.cred % 16 : s.cred % 48;
+  put_u8(b, s.cred);     /* proof: below 0xb0 a valid one (0xa0..: munge flag) */
+  size_t clen = s.cred < 0xb0 ? 0 : s.cred % 48;
   for (size_t i = 0; i < clen; i++) put_u8(b, 'a' + (unsigned)i % 26);
   put_u8(b, 2);          /* client_id: 2 bytes */
   put(b, "w0", 2);
@@ -541,18 +552,18 @@ static void handshake_seeds(void) {
   save(T, "hello_3_workers", &b);
   b.len = 0;
   hs_sel ws = z;
-  ws.cred = 0xb0 + 22; /* 22 wrong bytes */
+  ws.cred = 0xb0 + 32; /* a wrong proof of the right size (32 bytes) */
   hs_head(&b, 0, ws);
   save(T, "hello_wrong_secret", &b);
   b.len = 0;
   hs_sel ms = z;
-  ms.cred = 0xa0 + 4; /* munge flag, secret field, 4 credential bytes */
+  ms.cred = 0xa0 + 4; /* munge flag with a valid proof (this psd wants no MUNGE) */
   hs_head(&b, 0, ms);
   save(T, "hello_munge_flag", &b);
   b.len = 0;
   put_u8(&b, 0);
   for (int i = 0; i < 8; i++) put_u8(&b, 0);
-  put_u8(&b, 0xff); /* credential of 4000 + 199 bytes: past the limit */
+  put_u8(&b, 0xff); /* proof of 4000 + 199 bytes: past the limit */
   put_u16(&b, 199);
   save(T, "hello_credential_too_big", &b);
 
