@@ -95,7 +95,7 @@ static int dec_mac_word(const char *rest, psr_msg *m) {
   memcpy(m->mac, rest, PSR_HEX_LEN);
   m->mac[PSR_HEX_LEN] = '\0';
   m->text = rest + PSR_HEX_LEN + 1;
-  return is_hex(m->mac) && *m->text && !strpbrk(m->text, " \t") ? 0 : -1;
+  return is_hex(m->mac) && *m->text && !strpbrk(m->text, " \t\r\n") ? 0 : -1;
 }
 
 static int enc_exit(const psr_msg *m, char *b, size_t cap) {

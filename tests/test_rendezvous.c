@@ -112,13 +112,15 @@ START_TEST(test_malformed) {
   snprintf(h2, sizeof h2, "HELLO PSRUN2 1 2 3 4 5 n 0 %.63s abc", NONCE); /* short nonce */
   snprintf(h3, sizeof h3, "HELLO PSRUN2 1 2 3 4 5 n 0 %s a\"b", NONCE);  /* odd proof */
   snprintf(p1, sizeof p1, "PSADDR %.63sX 10.0.0.1:1", NONCE);           /* mac not hex */
+  char p2[300]; /* a carriage return the encoder would refuse (found by fuzz_rdv) */
+  snprintf(p2, sizeof p2, "PSADDR %s AB\r11", NONCE);
   memset(longp, 'A', sizeof longp - 1);
   longp[sizeof longp - 1] = '\0';
   memcpy(longp, "ROLE ps 1 2 3 ", 14);
   const char *bad[] = {
       "", "HELLO", "HELLO PSRUN2 1 2 3 4 5 n 0", "HELLO PSRUN1 1 2 3 4 5 n 0", h1, h2, h3,
       "hello PSRUN2 1 2 3 4 5 n 0", "ROLE boss 1 2 3 abc", "ROLE ps 1 2", "ROLE ps 1 2 3",
-      longp, "EXIT", "EXIT x", "PSADDR", "PSADDR a b", "PSADDR 10.0.0.1:1", p1, "HOSTS",
+      longp, "EXIT", "EXIT x", "PSADDR", "PSADDR a b", "PSADDR 10.0.0.1:1", p1, p2, "HOSTS",
       "RDV", "RDV PSRUN1 key", "RDV PSRUN2", "BOGUS 1", " HELLO PSRUN2 1 2 3 4 5 n 0",
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
