@@ -277,7 +277,7 @@ typedef struct fake_env {
   char *env[13];   /* NULL-terminated, for spawn */
 } fake_env;
 
-static void fake_slurm(fake_env *f, int rank, int job) {
+static void fake_slurm(fake_env *f, int rank, int job, int ntasks) {
   static char conf[1100];
   snprintf(conf, sizeof conf, "%s/slurm.conf", tu_tmpdir());
   FILE *c = fopen(conf, "w");
@@ -285,28 +285,33 @@ static void fake_slurm(fake_env *f, int rank, int job) {
              "NodeName=localhost\nPartitionName=p Nodes=localhost\nMessageTimeout=1\n");
   fclose(c);
   const char *fmt[] = {"SLURM_CONF=%s", "SLURM_PROCID=%d", "SLURM_LOCALID=%d", "SLURM_JOB_ID=%d",
-                       "SLURM_NTASKS=2", "SLURM_STEP_ID=0", "SLURMD_NODENAME=localhost",
+                       "SLURM_NTASKS=%d", "SLURM_STEP_ID=0", "SLURMD_NODENAME=localhost",
                        "SLURM_STEP_NODELIST=localhost", "SLURM_STEP_NUM_NODES=1",
-                       "SLURM_STEP_TASKS_PER_NODE=2", "SLURM_DISTRIBUTION=block"};
+                       "SLURM_STEP_TASKS_PER_NODE=%d", "SLURM_DISTRIBUTION=block"};
   snprintf(f->v[0], sizeof f->v[0], fmt[0], conf);
   snprintf(f->v[1], sizeof f->v[1], fmt[1], rank);
   snprintf(f->v[2], sizeof f->v[2], fmt[2], rank);
   snprintf(f->v[3], sizeof f->v[3], fmt[3], job);
-  for (int i = 4; i < 11; i++) snprintf(f->v[i], sizeof f->v[i], "%s", fmt[i]);
+  for (int i = 4; i < 11; i++) snprintf(f->v[i], sizeof f->v[i], fmt[i], ntasks);
   for (int i = 0; i < 11; i++) f->env[i] = f->v[i];
   f->env[11] = NULL;
 }
 
-/* psrun as task `rank` of the fake step, meeting on port in dir. */
-static pid_t slurm_task(fake_env *f, int rank, int job, int port, const char *dir, char *out,
-                        size_t outlen) {
-  static char portbuf[2][16];
-  snprintf(portbuf[rank], sizeof portbuf[rank], "%d", port);
-  fake_slurm(f, rank, job);
-  char *argv[] = {(char *)bin("psrun"), "--ps", "1", "--rendezvous-port", portbuf[rank],
+/* psrun as task `rank` of the fake step of ntasks, meeting on port in dir. */
+static pid_t slurm_task_of(fake_env *f, int rank, int ntasks, int job, int port, const char *dir,
+                           char *out, size_t outlen) {
+  static char portbuf[16];
+  snprintf(portbuf, sizeof portbuf, "%d", port);
+  fake_slurm(f, rank, job, ntasks);
+  char *argv[] = {(char *)bin("psrun"), "--ps", "1", "--rendezvous-port", portbuf,
                   "--rendezvous-auth", "key", "--rendezvous", (char *)dir, "--connect-timeout",
                   "15", "--", (char *)bin("tiny_worker"), "--steps", "20", NULL};
   return spawn(argv, f->env, out, outlen);
+}
+
+static pid_t slurm_task(fake_env *f, int rank, int job, int port, const char *dir, char *out,
+                        size_t outlen) {
+  return slurm_task_of(f, rank, 2, job, port, dir, out, outlen);
 }
 
 /* Waits until file holds needle (up to timeout_s). */
@@ -452,6 +457,31 @@ START_TEST(test_slurm_stolen_port) {
 }
 END_TEST
 
+/* Two tasks with valid proofs both claim rank 1 (a replay or a second
+ * copy): task 0 stops the step, naming both peers. */
+START_TEST(test_slurm_rank_claimed_twice) {
+  need_root();
+  char dir[1100], o0[1200], o1[1200], o2[1200];
+  snprintf(dir, sizeof dir, "%s/rdv-twice", tu_tmpdir());
+  mkdir(dir, 0700);
+  int port = free_port(), job = 8000 + (int)(getpid() % 1000);
+  fake_env f0, f1, f2;
+  pid_t t0 = slurm_task_of(&f0, 0, 3, job, port, dir, o0, sizeof o0);
+  pid_t a = slurm_task_of(&f1, 1, 3, job, port, dir, o1, sizeof o1);
+  pid_t b = slurm_task_of(&f2, 1, 3, job, port, dir, o2, sizeof o2);
+  int s0, sa, sb;
+  ck_assert(wait_for(t0, 30, &s0) == 0);
+  wait_for(a, 30, &sa);
+  wait_for(b, 30, &sb);
+  char *l0 = tu_read_file(o0);
+  ck_assert_msg(WIFEXITED(s0) && WEXITSTATUS(s0) == 1, "%s", l0);
+  ck_assert_msg(strstr(l0, "rank 1 was claimed twice, by 127.0.0.1:") &&
+                    strstr(l0, ") and by 127.0.0.1:"),
+                "%s", l0);
+  free(l0);
+}
+END_TEST
+
 Suite *suite_psrun(void) {
   Suite *s = suite_create("psrun");
   TCase *tc = tcase_create("psrun");
@@ -467,6 +497,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_slurm_forged_and_silent_checkins);
   tcase_add_test(tc, test_slurm_planted_directory);
   tcase_add_test(tc, test_slurm_stolen_port);
+  tcase_add_test(tc, test_slurm_rank_claimed_twice);
   suite_add_tcase(s, tc);
   return s;
 }
