@@ -32,6 +32,8 @@ static const ps__opt OPTS[] = {
      "directory shared by a ps step and its worker steps"},
     {"rendezvous-port", 0, PS_OPT_INT, F(rdv_port), "0", 0, 65535, NULL,
      "task 0's port (default: reserved ports, PMI-2, or derived from the job)"},
+    {"rendezvous-auth", 0, PS_OPT_CHOICE_STR, F(rdv_auth), "auto", 0, 0, "auto|munge|key",
+     "how the tasks of a step prove themselves (auto: MUNGE if slurm.conf says so)"},
     {"print-plan", 0, PS_OPT_FLAG, F(print_plan), "0", 0, 0, NULL,
      "print each task's role as JSON and start nothing"},
     {"connect-timeout", 0, PS_OPT_DOUBLE, F(timeout_s), "120", 1, 1e6, NULL,

@@ -24,6 +24,7 @@ typedef struct psr_opts {
   char addr[64];           /* --addr: CIDR the address must be in */
   char rendezvous[4096];   /* --rendezvous: directory shared by the steps */
   int rdv_port;            /* --rendezvous-port: task 0's port (0: derived) */
+  char rdv_auth[16];       /* --rendezvous-auth: auto, munge or key */
   int print_plan;          /* --print-plan: print roles, start nothing */
   double timeout_s;        /* --connect-timeout: peers must appear by then */
   double grace_s;          /* --grace: SIGTERM -> SIGKILL on teardown */

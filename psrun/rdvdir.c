@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,31 +18,91 @@
 
 #include "util.h"
 
-/* Directory where a ps step publishes its addresses for the worker steps
- * of the same job (and the same requeue): --rendezvous, else the submit
- * directory (shared by the job's nodes on any real cluster). */
-static int rdv_dir(const psr_opts *o, const psr_env *e, char *out, size_t len, char *err,
-                   size_t errlen) {
-  const char *base = o->rendezvous[0] ? o->rendezvous : getenv("SLURM_SUBMIT_DIR");
-  if (!base || !*base) {
-    snprintf(err, errlen, "--role needs --rendezvous DIR (a directory every node of the job sees)");
+/* The name of uid, for sentences. */
+static const char *user_name(uid_t uid, char *buf, size_t len) {
+  struct passwd *pw = getpwuid(uid);
+  snprintf(buf, len, "%s (uid %u)", pw ? pw->pw_name : "?", (unsigned)uid);
+  return buf;
+}
+
+/* The base directory: any owner, but if others can write it, only with the
+ * sticky bit (like /tmp: they cannot remove or rename what we create). */
+static int check_base(const char *base, char *err, size_t errlen) {
+  struct stat st;
+  if (stat(base, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "rendezvous base %s is not a directory%s%s", base,
+             errno ? ": " : "", errno ? strerror(errno) : "");
     return -1;
   }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) && !(st.st_mode & S_ISVTX) && st.st_uid != 0) {
+    snprintf(err, errlen, "rendezvous base %s is writable by other users (mode 0%o, no sticky "
+                          "bit): they could plant the job's files; pass --rendezvous with a "
+                          "directory only you can write",
+             base, (unsigned)(st.st_mode & 07777));
+    return -1;
+  }
+  return 0;
+}
+
+/* fd (an open directory) is ours and nobody else can write it. */
+static int check_own_dir(int fd, const char *path, char *err, size_t errlen) {
+  struct stat st;
+  char who[128];
+  if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "rendezvous directory %s is not a directory", path);
+    return -1;
+  }
+  if (st.st_uid != getuid()) {
+    snprintf(err, errlen, "rendezvous directory %s belongs to %s, not to you: someone else "
+                          "created it, and its files cannot be trusted; remove it or pass "
+                          "another --rendezvous", path, user_name(st.st_uid, who, sizeof who));
+    return -1;
+  }
+  if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+    snprintf(err, errlen, "rendezvous directory %s is writable by other users (mode 0%o); "
+                          "chmod 700 it or remove it", path, (unsigned)(st.st_mode & 07777));
+    return -1;
+  }
+  return 0;
+}
+
+/* Directory where the tasks of a job meet (--rendezvous, else the submit
+ * directory, shared by the job's nodes on any real cluster):
+ * BASE/.psrun-JOB.RESTART, created 0700 by us, or refused. */
+int psr_rdv_dir(const psr_opts *o, const psr_env *e, char *out, size_t len, char *err,
+                size_t errlen) {
+  const char *base = o->rendezvous[0] ? o->rendezvous : getenv("SLURM_SUBMIT_DIR");
+  if (!base || !*base) {
+    snprintf(err, errlen, "no rendezvous directory: pass --rendezvous DIR (a directory every "
+                          "node of the job sees)");
+    return -1;
+  }
+  errno = 0;
+  if (check_base(base, err, errlen) != 0) return -1;
   const char *restart = getenv("SLURM_RESTART_COUNT");
   snprintf(out, len, "%s/.psrun-%lld.%s", base, e->job_id, restart && *restart ? restart : "0");
   if (mkdir(out, 0700) != 0 && errno != EEXIST) {
     snprintf(err, errlen, "cannot create rendezvous directory %s: %s", out, strerror(errno));
     return -1;
   }
-  return 0;
+  int fd = open(out, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, errlen, "cannot open rendezvous directory %s: %s%s", out, strerror(errno),
+             errno == ELOOP || errno == ENOTDIR ? " (a symbolic link or a file: planted?)" : "");
+    return -1;
+  }
+  int rc = check_own_dir(fd, out, err, errlen);
+  close(fd);
+  return rc;
 }
 
-/* Writes text to path through a temporary file and a rename; mode 0600
- * (the info file holds the secret). */
+/* Writes text to path through a fresh temporary file (O_EXCL|O_NOFOLLOW,
+ * mode 0600: the info and key files hold secrets) and a rename. */
 static int write_atomic(const char *path, const char *text) {
   char tmp[4200];
   snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  unlink(tmp); /* our own leftover of a crashed run with the same pid */
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
   if (!f) {
     if (fd >= 0) close(fd);
@@ -50,20 +111,73 @@ static int write_atomic(const char *path, const char *text) {
   fprintf(f, "%s\n", text);
   if (fflush(f) || fsync(fileno(f))) {
     fclose(f);
+    unlink(tmp);
     return -1;
   }
   fclose(f);
   return rename(tmp, path);
 }
 
+/* The first line of path, if it is a plain file of ours that nobody else
+ * can read or write (never through a symbolic link). */
 static char *slurp_line(const char *path) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
+  int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  struct stat st;
+  if (fd < 0) return NULL;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid() ||
+      (st.st_mode & 077)) {
+    psr_log("ignoring %s: not a private file of yours (owner uid %u, mode 0%o)", path,
+            (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+    close(fd);
+    return NULL;
+  }
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return NULL;
+  }
   char buf[512];
   char *r = fgets(buf, sizeof buf, f) ? strdup(buf) : NULL;
   fclose(f);
   if (r) r[strcspn(r, "\r\n")] = '\0';
   return r;
+}
+
+/* ---- the key of the key mode (rdvauth.h) ------------------------------------------ */
+
+int psr_rdv_key_write(const char *dir, long long step, const uint8_t key[PSR_KEY_BYTES],
+                      char *err, size_t errlen) {
+  char path[4300], hex[PSR_HEX_LEN + 1];
+  snprintf(path, sizeof path, "%s/key.%lld", dir, step);
+  psr_auth_key_hex(key, hex);
+  if (write_atomic(path, hex) == 0) return 0;
+  snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+  return -1;
+}
+
+int psr_rdv_key_read(const char *dir, long long step, uint8_t key[PSR_KEY_BYTES],
+                     double deadline, char *err, size_t errlen) {
+  char path[4300];
+  snprintf(path, sizeof path, "%s/key.%lld", dir, step);
+  for (;;) {
+    char *line = slurp_line(path);
+    int ok = line && psr_auth_key_unhex(line, key) == 0;
+    free(line);
+    if (ok) return 0;
+    if (ps__now() > deadline) {
+      snprintf(err, errlen, "task 0's key %s did not appear (is the rendezvous directory on a "
+                            "file system every node sees? pass --rendezvous DIR)", path);
+      return -1;
+    }
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+void psr_rdv_key_remove(const char *dir, long long step) {
+  char path[4300];
+  snprintf(path, sizeof path, "%s/key.%lld", dir, step);
+  unlink(path);
 }
 
 /* Files in the rendezvous directory (all written atomically):
@@ -90,7 +204,7 @@ static int read_info(const char *dir, long long want, long long *stp, int *nps, 
 /* `srun -n P psrun --role=ps`: every task is a ps; addresses go to files. */
 int psr_run_ps_step(psr_step *s, char *err, size_t errlen) {
   char dir[4200], path[4300];
-  if (rdv_dir(s->o, &s->env, dir, sizeof dir, err, errlen)) return -1;
+  if (psr_rdv_dir(s->o, &s->env, dir, sizeof dir, err, errlen)) return -1;
   s->role.is_ps = 1;
   s->role.index = s->env.procid;
   s->num_ps = s->env.ntasks;
@@ -146,7 +260,7 @@ int psr_run_ps_step(psr_step *s, char *err, size_t errlen) {
  * started earlier in the job. */
 int psr_run_worker_step(psr_step *s, char *err, size_t errlen) {
   char dir[4200], path[4300];
-  if (rdv_dir(s->o, &s->env, dir, sizeof dir, err, errlen)) return -1;
+  if (psr_rdv_dir(s->o, &s->env, dir, sizeof dir, err, errlen)) return -1;
   double deadline = ps__now() + s->o->timeout_s;
   char *hosts = NULL;
   for (;;) {

@@ -5,7 +5,24 @@
 
 #include <stddef.h>
 
+#include <stdint.h>
+
+#include "rdvauth.h"
 #include "step.h"
+
+/* The job's rendezvous directory, BASE/.psrun-JOB.RESTART (BASE:
+ * --rendezvous, else SLURM_SUBMIT_DIR), created 0700; refused when
+ * another user owns it or can write it, or when others can write BASE
+ * without its sticky bit. 0 or -1 with a sentence in err. */
+int psr_rdv_dir(const psr_opts *o, const psr_env *e, char *out, size_t len, char *err,
+                size_t errlen);
+/* The key mode's key, in DIR/key.STEP (mode 0600, written atomically). */
+int psr_rdv_key_write(const char *dir, long long step, const uint8_t key[PSR_KEY_BYTES],
+                      char *err, size_t errlen);
+/* Waits (until deadline) for that file, from our uid and private. 0 or -1. */
+int psr_rdv_key_read(const char *dir, long long step, uint8_t key[PSR_KEY_BYTES],
+                     double deadline, char *err, size_t errlen);
+void psr_rdv_key_remove(const char *dir, long long step);
 
 /* `srun -n P psrun --role=ps`: every task is a ps; addresses go to files.
  * Returns the exit status, or -1 with err. */

@@ -20,38 +20,82 @@
 
 /* ---- codec ------------------------------------------------------------------- */
 
+/* 1 if w is a non-empty word of at most max bytes of [0-9a-zA-Z+/=_.-]
+ * (hex digits, base64, MUNGE's "MUNGE:...:" needs ':'). */
+static int proof_word(const char *w, size_t max) {
+  size_t n = strlen(w);
+  return n > 0 && n <= max && strspn(w, "0123456789abcdefABCDEFGHIJKLMNOPQRSTUVWXYZghijklmnopqrstuvwxyz+/=_.:-") == n;
+}
+
+static int is_hex(const char *w) {
+  return strlen(w) == PSR_HEX_LEN && strspn(w, "0123456789abcdef") == PSR_HEX_LEN;
+}
+
+static int enc_rdv(const psr_msg *m, char *b, size_t cap) {
+  if (!m->text || !proof_word(m->text, 15)) return -1;
+  return snprintf(b, cap, "RDV %s %s", PSR_HELLO_MAGIC, m->text);
+}
+
+static int dec_rdv(const char *rest, psr_msg *m) {
+  size_t ml = strlen(PSR_HELLO_MAGIC);
+  if (strncmp(rest, PSR_HELLO_MAGIC, ml) != 0 || rest[ml] != ' ') return -1;
+  m->text = rest + ml + 1;
+  return proof_word(m->text, 15) ? 0 : -1;
+}
+
 static int enc_hello(const psr_msg *m, char *b, size_t cap) {
   const psr_hello *h = &m->hello;
-  if (!h->node[0] || strpbrk(h->node, " \t\r\n")) return -1;
-  return snprintf(b, cap, "HELLO %s %lld %lld %u %d %d %s %d", PSR_HELLO_MAGIC, h->job_id,
-                  h->step_id, h->uid, h->ntasks, h->rank, h->node, h->localid);
+  if (!h->node[0] || strpbrk(h->node, " \t\r\n") || !is_hex(h->nonce) ||
+      !proof_word(h->proof, PSR_PROOF_MAX - 1))
+    return -1;
+  return snprintf(b, cap, "HELLO %s %lld %lld %u %d %d %s %d %s %s", PSR_HELLO_MAGIC, h->job_id,
+                  h->step_id, h->uid, h->ntasks, h->rank, h->node, h->localid, h->nonce,
+                  h->proof);
 }
 
 static int dec_hello(const char *rest, psr_msg *m) {
   char magic[16];
   psr_hello *h = &m->hello;
-  return sscanf(rest, "%15s %lld %lld %u %d %d %255s %d", magic, &h->job_id, &h->step_id,
-                &h->uid, &h->ntasks, &h->rank, h->node, &h->localid) == 8 &&
-                 strcmp(magic, PSR_HELLO_MAGIC) == 0
+  return sscanf(rest, "%15s %lld %lld %u %d %d %255s %d %64s %2047s", magic, &h->job_id,
+                &h->step_id, &h->uid, &h->ntasks, &h->rank, h->node, &h->localid, h->nonce,
+                h->proof) == 10 &&
+                 strcmp(magic, PSR_HELLO_MAGIC) == 0 && is_hex(h->nonce) &&
+                 proof_word(h->proof, PSR_PROOF_MAX - 2)
              ? 0
              : -1;
 }
 
 static int enc_role(const psr_msg *m, char *b, size_t cap) {
   const psr_assign *r = &m->role;
-  if (strlen(r->secret) != 64 || strpbrk(r->secret, " \t\r\n")) return -1;
+  if (!proof_word(r->proof, PSR_PROOF_MAX - 1)) return -1;
   return snprintf(b, cap, "ROLE %s %d %d %d %s", r->is_ps ? "ps" : "worker", r->index, r->num_ps,
-                  r->num_workers, r->secret);
+                  r->num_workers, r->proof);
 }
 
 static int dec_role(const char *rest, psr_msg *m) {
   char kind[16];
   psr_assign *r = &m->role;
-  if (sscanf(rest, "%15s %d %d %d %64s", kind, &r->index, &r->num_ps, &r->num_workers,
-             r->secret) != 5)
+  if (sscanf(rest, "%15s %d %d %d %2047s", kind, &r->index, &r->num_ps, &r->num_workers,
+             r->proof) != 5 ||
+      !proof_word(r->proof, PSR_PROOF_MAX - 2))
     return -1;
   r->is_ps = strcmp(kind, "ps") == 0;
   return r->is_ps || strcmp(kind, "worker") == 0 ? 0 : -1;
+}
+
+/* PSADDR, HOSTS: "<mac> <one word>". */
+static int enc_mac_word(const psr_msg *m, char *b, size_t cap) {
+  const char *t = m->text ? m->text : "";
+  if (!is_hex(m->mac) || !*t || strpbrk(t, " \t\r\n")) return -1;
+  return snprintf(b, cap, "%s %s %s", psr_msg_name(m->type), m->mac, t);
+}
+
+static int dec_mac_word(const char *rest, psr_msg *m) {
+  if (strlen(rest) < PSR_HEX_LEN + 2 || rest[PSR_HEX_LEN] != ' ') return -1;
+  memcpy(m->mac, rest, PSR_HEX_LEN);
+  m->mac[PSR_HEX_LEN] = '\0';
+  m->text = rest + PSR_HEX_LEN + 1;
+  return is_hex(m->mac) && *m->text && !strpbrk(m->text, " \t\r\n") ? 0 : -1;
 }
 
 static int enc_exit(const psr_msg *m, char *b, size_t cap) {
@@ -78,11 +122,6 @@ static int dec_text(const char *rest, psr_msg *m) {
   return 0;
 }
 
-static int dec_word(const char *rest, psr_msg *m) { /* PSADDR, HOSTS: not empty */
-  m->text = rest;
-  return *rest && !strpbrk(rest, " \t") ? 0 : -1;
-}
-
 typedef struct msg_kind {
   const char *word;
   int (*enc)(const psr_msg *m, char *buf, size_t cap);
@@ -91,11 +130,12 @@ typedef struct msg_kind {
 
 /* One row per psr_msg_type, in its order. */
 static const msg_kind KINDS[PSR_MSG_COUNT] = {
+    [PSR_MSG_RDV] = {"RDV", enc_rdv, dec_rdv},
     [PSR_MSG_HELLO] = {"HELLO", enc_hello, dec_hello},
     [PSR_MSG_ROLE] = {"ROLE", enc_role, dec_role},
     [PSR_MSG_REJECT] = {"REJECT", enc_text, dec_text},
-    [PSR_MSG_PSADDR] = {"PSADDR", enc_text, dec_word},
-    [PSR_MSG_HOSTS] = {"HOSTS", enc_text, dec_word},
+    [PSR_MSG_PSADDR] = {"PSADDR", enc_mac_word, dec_mac_word},
+    [PSR_MSG_HOSTS] = {"HOSTS", enc_mac_word, dec_mac_word},
     [PSR_MSG_EXIT] = {"EXIT", enc_exit, dec_exit},
     [PSR_MSG_ABORT] = {"ABORT", enc_text, dec_text},
 };
@@ -223,16 +263,31 @@ void psr_conn_close(psr_conn *c) {
 
 /* ---- sockets ----------------------------------------------------------------- */
 
+void psr_peer_name(int fd, char *out, size_t len) {
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof sa;
+  char ip[INET_ADDRSTRLEN];
+  if (getpeername(fd, (struct sockaddr *)&sa, &sl) != 0 || sa.sin_family != AF_INET ||
+      !inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip)) {
+    snprintf(out, len, "?");
+    return;
+  }
+  snprintf(out, len, "%s:%d", ip, ntohs(sa.sin_port));
+}
+
 int psr_tcp_listen(const char *addr, int port, int *bound, char *err, size_t errlen) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_in sa = {0};
   sa.sin_family = AF_INET;
   sa.sin_port = htons((uint16_t)port);
   inet_pton(AF_INET, addr, &sa.sin_addr);
+  int one = 1; /* a requeue reuses job and step ids: its TIME-WAIT leftovers must not block */
+  if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 4096) != 0) {
     snprintf(err, errlen, "cannot listen on %s:%d: %s%s", addr, port, strerror(errno),
-             errno == EADDRINUSE ? " (another job on this node? pass --rendezvous-port, or run "
-                                   "srun with --resv-ports or --mpi=pmi2)"
+             errno == EADDRINUSE ? " (another process holds it: another job, or a stranger; "
+                                   "the other tasks will not trust it; pass --rendezvous-port, "
+                                   "or run srun with --resv-ports or --mpi=pmi2)"
                                  : "");
     if (fd >= 0) close(fd);
     return -1;

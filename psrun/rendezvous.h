@@ -4,13 +4,21 @@
  * connections carrying them, and the TCP listen/connect underneath.
  *
  * Wire format: one line per message, words separated by spaces:
- *   HELLO PSRUN1 <job> <step> <uid> <ntasks> <rank> <node> <localid>   (task -> 0)
- *   ROLE ps|worker <index> <num_ps> <num_workers> <secret>             (0 -> task)
- *   REJECT <reason...>                                                 (0 -> task)
- *   PSADDR <host:port>                                                 (ps task -> 0)
- *   HOSTS <h1:p1,h2:p2,...>                                            (0 -> worker)
- *   EXIT <code>                                                        (task -> 0)
- *   ABORT <reason...>                                                  (0 -> task)
+ *   RDV PSRUN2 munge|key                                  (0 -> task, first line)
+ *   HELLO PSRUN2 <job> <step> <uid> <ntasks> <rank> <node> <localid> <nonce> <proof>
+ *                                                         (task -> 0)
+ *   ROLE ps|worker <index> <num_ps> <num_workers> <proof> (0 -> task)
+ *   REJECT <reason...>                                    (0 -> task)
+ *   PSADDR <mac> <host:port>                              (ps task -> 0)
+ *   HOSTS <mac> <h1:p1,h2:p2,...>                         (0 -> worker)
+ *   EXIT <code>                                           (task -> 0)
+ *   ABORT <reason...>                                     (0 -> task)
+ * RDV carries task 0's choice of authentication to every task; the proofs
+ * (a MUNGE credential or an HMAC, rdvauth.h) bind each check-in and each
+ * role to the job, step, rank and the member's fresh nonce; the step's
+ * secret never appears on the wire in clear; <mac> is an HMAC keyed by
+ * that secret, so only a task that verified its role can publish or read
+ * addresses.
  * A new message is a new psr_msg_type, its fields in psr_msg, and one row
  * of the codec's table in rendezvous.c.
  */
@@ -25,10 +33,16 @@
  * 4096 ps tasks of ~40 bytes fits. */
 #define PSR_LINE_MAX_BYTES (256u * 1024u)
 /* Second word of HELLO: the protocol's version. */
-#define PSR_HELLO_MAGIC "PSRUN1"
+#define PSR_HELLO_MAGIC "PSRUN2"
+/* A proof word: a MUNGE credential (base64 of a payload of ~200 bytes is
+ * under 600) or an HMAC in hex; anything longer is malformed. */
+#define PSR_PROOF_MAX 2048
+/* Hex digits of a nonce or an HMAC (32 bytes). */
+#define PSR_HEX_LEN 64
 
 typedef enum psr_msg_type {
-  PSR_MSG_HELLO = 0, /* check-in: who the task is */
+  PSR_MSG_RDV = 0,   /* task 0's greeting: its authentication mode (text) */
+  PSR_MSG_HELLO,     /* check-in: who the task is */
   PSR_MSG_ROLE,      /* its role and the step's secret */
   PSR_MSG_REJECT,    /* check-in refused: text says why */
   PSR_MSG_PSADDR,    /* a ps task's psd address: text */
@@ -45,13 +59,15 @@ typedef struct psr_hello {
   int rank;                  /* SLURM_PROCID */
   char node[PSR_MAX_HOST];   /* SLURMD_NODENAME (one word) */
   int localid;               /* SLURM_LOCALID */
+  char nonce[PSR_HEX_LEN + 1]; /* the member's fresh nonce, hex */
+  char proof[PSR_PROOF_MAX];   /* MUNGE credential or HMAC over the above */
 } psr_hello;
 
 typedef struct psr_assign {
   int is_ps;                  /* ps (else worker) */
   int index;                  /* ps or worker index */
-  int num_ps, num_workers;
-  char secret[65];            /* 64 hex digits */
+  int num_ps, num_workers;     /* the step's ps and worker counts */
+  char proof[PSR_PROOF_MAX];   /* MUNGE credential (carrying the secret) or HMAC */
 } psr_assign;
 
 /* One message; only the fields of its type are meaningful. */
@@ -60,7 +76,8 @@ typedef struct psr_msg {
   psr_hello hello;  /* HELLO */
   psr_assign role;  /* ROLE */
   int code;         /* EXIT */
-  const char *text; /* REJECT, ABORT, PSADDR, HOSTS (not owned) */
+  char mac[PSR_HEX_LEN + 1]; /* PSADDR, HOSTS: HMAC of text keyed by the secret */
+  const char *text; /* RDV (mode), REJECT, ABORT, PSADDR, HOSTS (not owned) */
 } psr_msg;
 
 /* The message's keyword ("HELLO"...). */
@@ -97,7 +114,10 @@ char *psr_conn_wait_line(psr_conn *c, double deadline, int *eof);
 /* Closes the socket and frees the buffer (c stays usable as closed). */
 void psr_conn_close(psr_conn *c);
 
-/* Listens on addr:port (0: any); the port in *bound. fd, or -1 with err. */
+/* The peer of socket fd as "ip:port" into out ("?" if unknown). */
+void psr_peer_name(int fd, char *out, size_t len);
+/* Listens on addr:port (0: any; SO_REUSEADDR); the port in *bound. fd,
+ * or -1 with err (a port held by another process says so). */
 int psr_tcp_listen(const char *addr, int port, int *bound, char *err, size_t errlen);
 /* Connects to psrun task 0 at addr:port, retrying until deadline. fd or -1. */
 int psr_tcp_connect(const char *addr, int port, double deadline, char *err, size_t errlen);

@@ -6,8 +6,9 @@
  * rendezvous port (published through PMI-2 with --mpi=pmi2, else the first
  * of SLURM_STEP_RESV_PORTS, else --rendezvous-port, else a port derived
  * from the job and step ids); every other task connects to it and checks
- * in with its job, step, uid, rank and node, so a stranger's listener is
- * refused, never used. Task 0 learns the real layout from the check-ins
+ * in with its job, step, uid, rank and node, proven by MUNGE or the job's
+ * key (rdvauth.h), and trusts task 0 only once its answer proves it too, so
+ * a stranger's listener is refused, never used. Task 0 learns the real layout from the check-ins
  * (nothing is guessed), assigns the roles, collects the ps tasks' psd
  * addresses and hands them to the workers. The connections stay open as
  * the step's control channel (rendezvous.h has its messages): a task whose
@@ -25,8 +26,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "util.h"
+#include "mac.h"
+#include "rdvauth.h"
 #include "rdvdir.h"
+#include "util.h"
 #include "step.h"
 #include "task0.h"
 
@@ -83,58 +86,133 @@ static int locate_task0(psr_step *s, char *addr, size_t alen, int *port, char *e
   return 0;
 }
 
-/* Connects to task 0, checks in and takes the role it assigns. */
-static int check_in(psr_step *s, psr_conn *ctl, char *err, size_t errlen) {
+/* The key mode's key: from the PMI-2 KVS, else task 0's private file. */
+static int member_key(psr_step *s, psr_auth *a, double deadline, char *err, size_t errlen) {
+  if (s->env.pmi2) {
+    char jobid[256], val[128];
+    int vlen = 0;
+    if (PMI2_Job_GetId(jobid, sizeof jobid) == PMI2_SUCCESS &&
+        PMI2_KVS_Get(jobid, PMI2_ID_NULL, "psrun_key", val, sizeof val, &vlen) == PMI2_SUCCESS &&
+        psr_auth_key_unhex(val, a->key) == 0)
+      return 0;
+    snprintf(err, errlen, "PMI-2 did not deliver task 0's key");
+    return -1;
+  }
+  char dir[4200];
+  if (psr_rdv_dir(s->o, &s->env, dir, sizeof dir, err, errlen) != 0) return -1;
+  return psr_rdv_key_read(dir, s->env.step_id, a->key, deadline, err, errlen);
+}
+
+/* Our side of the proofs, in the mode task 0 announced (RDV). MUNGE's
+ * socket: Slurm's AuthInfo when slurm.conf can be read, else MUNGE's
+ * default (the decision itself is task 0's). */
+static int member_auth(psr_step *s, psr_conn *ctl, psr_auth *a, double deadline, char *err,
+                       size_t errlen) {
+  int eof;
+  psr_msg m;
+  char *line = psr_conn_wait_line(ctl, deadline, &eof);
+  int mode = line && psr_msg_decode(line, &m) == 0 && m.type == PSR_MSG_RDV
+                 ? psr_auth_mode_parse(m.text)
+                 : -1;
+  free(line);
+  if (mode < 0) {
+    snprintf(err, errlen, "it did not greet with " PSR_HELLO_MAGIC);
+    return -1;
+  }
+  memset(a, 0, sizeof *a);
+  a->mode = (psr_auth_mode)mode;
+  a->job_id = s->env.job_id;
+  a->step_id = s->env.step_id;
+  a->munge_socket = s->munge_socket;
+  if (mode == PSR_AUTH_MUNGE) {
+    psr_opts o = *s->o;
+    psr_step probe = *s;
+    snprintf(o.rdv_auth, sizeof o.rdv_auth, "munge");
+    probe.o = &o;
+    psr_auth_mode dummy;
+    if (psr_auth_decide(&probe, &dummy, err, errlen) != 0) return -1;
+    memcpy(s->munge_socket, probe.munge_socket, sizeof s->munge_socket);
+    return 0;
+  }
+  return member_key(s, a, deadline, err, errlen);
+}
+
+/* Sends our check-in and verifies task 0's answer: our role and the
+ * step's secret. 0, or -1 with the reason (not yet a sentence). */
+static int trade_proofs(psr_step *s, psr_conn *ctl, psr_hello *me, double deadline, char *err,
+                        size_t errlen) {
   psr_env *e = &s->env;
+  psr_auth a;
+  if (member_auth(s, ctl, &a, deadline, err, errlen) != 0) return -1;
+  psr_msg m = {.type = PSR_MSG_HELLO};
+  m.hello = (psr_hello){e->job_id, e->step_id, (unsigned)getuid(), e->ntasks, e->procid, "",
+                        e->localid, "", ""};
+  snprintf(m.hello.node, sizeof m.hello.node, "%s", e->nodename);
+  if (psr_auth_nonce(m.hello.nonce) != 0 || psr_auth_hello_proof(&a, &m.hello, err, errlen) != 0)
+    return -1;
+  *me = m.hello;
+  psr_msg_send(ctl->fd, &m);
+  int eof;
+  char *line = psr_conn_wait_line(ctl, deadline, &eof);
+  int ok = line && psr_msg_decode(line, &m) == 0;
+  if (!ok || m.type != PSR_MSG_ROLE) {
+    snprintf(err, errlen, "%s%s", !line ? "it assigned no role in time" : "it answered: ",
+             !line ? "" : ok && m.type == PSR_MSG_REJECT ? m.text : line);
+    free(line);
+    return -1;
+  }
+  free(line);
+  char sock[sizeof s->munge_socket];
+  if (psr_auth_check_role(&a, me, &m.role, s->secret, sock, sizeof sock, err, errlen) != 0)
+    return -1;
+  s->munge = a.mode == PSR_AUTH_MUNGE;
+  if (s->munge) memcpy(s->munge_socket, sock, sizeof sock);
+  s->role.is_ps = m.role.is_ps;
+  s->role.index = m.role.index;
+  s->num_ps = m.role.num_ps;
+  s->num_workers = m.role.num_workers;
+  s->role.rank = e->procid;
+  return 0;
+}
+
+/* Connects to task 0, checks in and takes the role it assigns, once task 0
+ * has proven itself. */
+static int check_in(psr_step *s, psr_conn *ctl, psr_hello *me, char *err, size_t errlen) {
   char addr[160];
   int port = 0;
   if (locate_task0(s, addr, sizeof addr, &port, err, errlen) != 0) return -1;
   double deadline = ps__now() + s->o->timeout_s;
   ctl->fd = psr_tcp_connect(addr, port, deadline, err, errlen);
   if (ctl->fd < 0) return -1;
-  psr_msg m = {.type = PSR_MSG_HELLO};
-  m.hello = (psr_hello){e->job_id, e->step_id, (unsigned)getuid(), e->ntasks, e->procid, "",
-                        e->localid};
-  snprintf(m.hello.node, sizeof m.hello.node, "%s", e->nodename);
-  psr_msg_send(ctl->fd, &m);
-  int eof;
-  char *line = psr_conn_wait_line(ctl, deadline, &eof);
-  if (!line || psr_msg_decode(line, &m) != 0 || m.type != PSR_MSG_ROLE) {
-    int rej = line && psr_msg_decode(line, &m) == 0 && m.type == PSR_MSG_REJECT;
-    snprintf(err, errlen, "task 0 at %s:%d %s%s", addr, port,
-             line ? "refused: " : "did not assign a role in time",
-             line ? (rej ? m.text : line) : "");
-    free(line);
-    return -1;
-  }
-  free(line);
-  s->role.is_ps = m.role.is_ps;
-  s->role.index = m.role.index;
-  s->num_ps = m.role.num_ps;
-  s->num_workers = m.role.num_workers;
-  memcpy(s->secret, m.role.secret, sizeof s->secret);
-  s->role.rank = e->procid;
-  return 0;
+  char why[4096];
+  if (trade_proofs(s, ctl, me, deadline, why, sizeof why) == 0) return 0;
+  snprintf(err, errlen, "task 0 at %s:%d did not prove itself, so this task does not trust it: "
+                        "%s", addr, port, why);
+  return -1;
 }
 
 /* Starts our psd (reporting PSADDR) or our worker (after HOSTS). */
-static int start_child(psr_step *s, psr_conn *ctl, char *err, size_t errlen) {
+static int start_child(psr_step *s, psr_conn *ctl, const psr_hello *me, char *err,
+                       size_t errlen) {
   if (s->role.is_ps) {
     char *hp = psr_step_start_psd(s, err, errlen);
     if (!hp) {
       psr_send_exit(ctl->fd, 1);
       return -1;
     }
-    psr_send_text(ctl->fd, PSR_MSG_PSADDR, "%s", hp);
+    psr_msg m = {.type = PSR_MSG_PSADDR, .text = hp};
+    psr_auth_text_mac(s->secret, "PSADDR", me->rank, me->nonce, hp, m.mac);
+    psr_msg_send(ctl->fd, &m);
     free(hp);
     return 0;
   }
   int eof;
   psr_msg m;
   char *line = psr_conn_wait_line(ctl, ps__now() + s->o->timeout_s, &eof);
-  if (!line || psr_msg_decode(line, &m) != 0 || m.type != PSR_MSG_HOSTS) {
+  if (!line || psr_msg_decode(line, &m) != 0 || m.type != PSR_MSG_HOSTS ||
+      !psr_auth_text_ok(s->secret, "HOSTS", me->rank, me->nonce, m.text, m.mac)) {
     snprintf(err, errlen, "task 0 did not send the parameter servers' addresses%s%s",
-             line ? ": " : "", line ? line : "");
+             line ? " with a valid MAC: " : "", line ? line : "");
     free(line);
     return -1;
   }
@@ -149,7 +227,8 @@ static int start_child(psr_step *s, psr_conn *ctl, char *err, size_t errlen) {
 
 static int run_member(psr_step *s, char *err, size_t errlen) {
   psr_conn ctl = {-1, NULL, 0, 0};
-  if (check_in(s, &ctl, err, errlen) != 0 || start_child(s, &ctl, err, errlen) != 0) {
+  psr_hello me;
+  if (check_in(s, &ctl, &me, err, errlen) != 0 || start_child(s, &ctl, &me, err, errlen) != 0) {
     psr_conn_close(&ctl);
     return -1;
   }
@@ -164,8 +243,6 @@ static int run_member(psr_step *s, char *err, size_t errlen) {
   psr_conn_close(&ctl);
   return code;
 }
-
-/* ---- --print-plan -------------------------------------------------------------- */
 
 /* ---- --print-plan -------------------------------------------------------------- */
 
@@ -244,7 +321,11 @@ int psr_run_slurm(const psr_opts *o) {
       return 1;
     }
   }
-  psr_step_find_munge(&s);
+  psr_auth_mode mode; /* separate steps decide alike; task 0 decides for its step */
+  if (split && psr_auth_decide(&s, &mode, err, sizeof err) != 0) {
+    psr_log("%s", err);
+    return 1;
+  }
   if (psr_own_address(o, &s.env, s.addr, sizeof s.addr, err, sizeof err) != 0) {
     psr_log("%s", err);
     return 1;

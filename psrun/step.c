@@ -96,20 +96,14 @@ int psr_derived_port(const psr_env *e) {
   return PSR_PORT_BASE + (int)(h % PSR_PORT_SPAN);
 }
 
-/* Does the cluster use MUNGE, and on which socket (AuthInfo=socket=...)? */
-void psr_step_find_munge(psr_step *s) {
-  slurm_conf_t *conf = NULL;
-  if (slurm_load_ctl_conf((time_t)0, &conf) != 0 || !conf) return;
-  if (conf->authtype && strstr(conf->authtype, "munge")) {
-    s->munge = 1;
-    const char *sock = conf->authinfo ? strstr(conf->authinfo, "socket=") : NULL;
-    if (sock) {
-      sock += 7;
-      size_t n = strcspn(sock, ",");
-      snprintf(s->munge_socket, sizeof s->munge_socket, "%.*s", (int)n, sock);
-    }
+int psr_port_ephemeral(int port) {
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  int lo = 0, hi = -1;
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2) hi = -1;
+    fclose(f);
   }
-  slurm_free_ctl_conf(conf);
+  return port >= lo && port <= hi;
 }
 
 /* This task as launch.c sees it. */

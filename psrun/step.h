@@ -11,10 +11,15 @@
 #include "psrun.h"
 #include "rendezvous.h"
 
-/* Range of ports derived from the job and step ids (above the usual
- * ephemeral range's start, below its end: collisions are detected). */
-#define PSR_PORT_BASE 20000
-#define PSR_PORT_SPAN 30000
+/* Range of ports derived from the job and step ids: 12000-32767, below
+ * Linux's default ephemeral range (32768-60999), so no outgoing connection
+ * of the node holds the port by chance; task 0 warns when its node's
+ * ip_local_port_range overlaps it. A stranger holding the port is
+ * detected (bind fails, and the members never trust a listener that
+ * cannot prove itself). Every node must agree, hence fixed, not read
+ * from each node's /proc. */
+#define PSR_PORT_BASE 12000
+#define PSR_PORT_SPAN 20768
 
 typedef struct psr_step {
   const psr_opts *o;
@@ -29,8 +34,6 @@ typedef struct psr_step {
   char munge_socket[1024]; /* munged socket from Slurm's AuthInfo, or "" */
 } psr_step;
 
-/* Does the cluster use MUNGE, and on which socket (AuthInfo=socket=...)? */
-void psr_step_find_munge(psr_step *s);
 /* Address of a Slurm node: its NodeAddr from slurmctld when it has one,
  * else its name resolved. 0 or -1 with err. */
 int psr_node_address(const char *node, char *out, size_t len, char *err, size_t errlen);
@@ -39,6 +42,8 @@ int psr_own_address(const psr_opts *o, const psr_env *e, char *out, size_t len, 
                     size_t errlen);
 /* Rendezvous port when nothing publishes one: derived from job and step. */
 int psr_derived_port(const psr_env *e);
+/* 1 if port lies in this node's ephemeral range (ip_local_port_range). */
+int psr_port_ephemeral(int port);
 
 /* Starts psd for this ps task and returns its "host:port" (malloc'd). */
 char *psr_step_start_psd(psr_step *s, char *err, size_t errlen);

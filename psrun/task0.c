@@ -20,11 +20,24 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "rdvauth.h"
+#include "rdvdir.h"
+#include "mac.h"
 #include "util.h"
+
+/* A connection has this long to send its check-in line after it is
+ * accepted; a silent one is dropped then, without delaying the others. */
+#define PSR_CHECKIN_LINE_S 10.0
+/* Connections waiting for their check-in line at once: beyond this, new
+ * ones are refused at once (a flood cannot grow task 0 without bound;
+ * the step's own tasks retry their connect). */
+#define PSR_PENDING_MAX 1024
 
 typedef struct peer {
   psr_conn c;              /* control connection (fd -1 for ourselves) */
-  psr_hello hello;         /* its check-in (rank, node, localid) */
+  psr_hello hello;         /* its check-in (rank, node, localid, nonce) */
+  char addr[64];           /* its address "ip:port", for sentences */
+  long long uid;           /* its uid as MUNGE vouched for it, -1 unknown */
   int exited;              /* sent EXIT */
   int code;                /* its exit code */
 } peer;
@@ -43,10 +56,19 @@ typedef struct task0 {
   psr_role *roles;         /* role of every rank */
   char **psaddr;           /* psd "host:port" by ps index */
   char *hostlist;          /* the same, comma-separated */
+  psr_auth auth;           /* how check-ins and roles are proven */
+  char rdvdir[4200];       /* key mode without PMI-2: where the key file is, else "" */
+  peer *pending;           /* accepted connections awaiting their check-in */
+  double *pend_deadline;   /* each one's deadline (ps__now() seconds) */
+  int npending;
 } task0;
 
 static void task0_free(task0 *t) {
   if (t->lfd >= 0) close(t->lfd);
+  if (t->rdvdir[0]) psr_rdv_key_remove(t->rdvdir, t->e->step_id);
+  for (int i = 0; i < t->npending; i++) psr_conn_close(&t->pending[i].c);
+  free(t->pending);
+  free(t->pend_deadline);
   for (int r = 0; t->peers && r < t->n; r++) psr_conn_close(&t->peers[r].c);
   free(t->peers);
   if (t->hosts) psr_hosts_free(t->hosts, t->nhosts);
@@ -123,13 +145,31 @@ static int stage_init(task0 *t, psr_step *s, char *err, size_t errlen) {
   t->peers = calloc((size_t)t->n, sizeof *t->peers);
   t->node_of = calloc((size_t)t->n, sizeof *t->node_of);
   t->roles = calloc((size_t)t->n, sizeof *t->roles);
-  if (!t->peers || !t->node_of || !t->roles) {
+  t->pending = calloc(PSR_PENDING_MAX, sizeof *t->pending);
+  t->pend_deadline = calloc(PSR_PENDING_MAX, sizeof *t->pend_deadline);
+  if (!t->peers || !t->node_of || !t->roles || !t->pending || !t->pend_deadline) {
     snprintf(err, errlen, "out of memory");
     return -1;
   }
   for (int r = 0; r < t->n; r++) t->peers[r].c.fd = -1;
   snprintf(t->peers[0].hello.node, sizeof t->peers[0].hello.node, "%s", t->e->nodename);
   t->peers[0].hello.localid = t->e->localid;
+  t->auth.job_id = t->e->job_id;
+  t->auth.step_id = t->e->step_id;
+  t->auth.munge_socket = s->munge_socket;
+  if (psr_auth_decide(s, &t->auth.mode, err, errlen) != 0) return -1;
+  if (t->auth.mode == PSR_AUTH_KEY) {
+    if (ps__random(t->auth.key, sizeof t->auth.key) != 0) {
+      snprintf(err, errlen, "cannot draw a random key");
+      return -1;
+    }
+    if (!t->e->pmi2 &&
+        (psr_rdv_dir(t->o, t->e, t->rdvdir, sizeof t->rdvdir, err, errlen) != 0 ||
+         psr_rdv_key_write(t->rdvdir, t->e->step_id, t->auth.key, err, errlen) != 0)) {
+      t->rdvdir[0] = '\0';
+      return -1;
+    }
+  }
   return 0;
 }
 
@@ -145,46 +185,126 @@ static int stage_listen(task0 *t, char *err, size_t errlen) {
   if (e->pmi2) {
     char val[128];
     snprintf(val, sizeof val, "%s:%d", t->s->addr, bound);
+    char key[PSR_HEX_LEN + 1] = "-";
+    if (t->auth.mode == PSR_AUTH_KEY) psr_auth_key_hex(t->auth.key, key);
+    /* The KVS is readable by the step's tasks only (slurmstepd serves it
+     * over their PMI_FD): the key mode's shared key travels there. */
     if (PMI2_KVS_Put("psrun_rendezvous", val) != PMI2_SUCCESS ||
-        PMI2_KVS_Fence() != PMI2_SUCCESS) {
+        PMI2_KVS_Put("psrun_key", key) != PMI2_SUCCESS || PMI2_KVS_Fence() != PMI2_SUCCESS) {
       snprintf(err, errlen, "PMI-2 could not publish the rendezvous address");
       return -1;
     }
   }
-  psr_log("rendezvous on %s:%d (%s)", t->s->addr, bound,
+  psr_log("rendezvous on %s:%d (%s), authenticated by %s", t->s->addr, bound,
           e->pmi2 ? "PMI-2" : t->o->rdv_port ? "--rendezvous-port"
-                  : e->resv_port_lo ? "SLURM_STEP_RESV_PORTS" : "derived from the job id");
+                  : e->resv_port_lo ? "SLURM_STEP_RESV_PORTS" : "derived from the job id",
+          t->auth.mode == PSR_AUTH_MUNGE ? "MUNGE"
+          : e->pmi2                      ? "a key in the PMI-2 KVS"
+                                         : "a key in a private file");
+  if (!e->pmi2 && !t->o->rdv_port && !e->resv_port_lo && psr_port_ephemeral(bound))
+    psr_log("warning: port %d lies in this node's ephemeral range (ip_local_port_range); "
+            "an outgoing connection may hold it: pass --rendezvous-port", bound);
   return 0;
 }
 
-/* Reads one connection's HELLO: its rank when it is one of ours, else
- * refuses it (REJECT) and returns -1. */
-static int check_in(task0 *t, psr_conn *c, psr_hello *h) {
+/* Refuses pending connection p: REJECT why, logged with its address. */
+static void refuse(peer *p, const char *why) {
+  psr_log("refused a check-in from %s: %s", p->addr, why);
+  psr_send_text(p->c.fd, PSR_MSG_REJECT, "%s", why);
+}
+
+/* A verified claim of rank r that is already taken: a replay or a second
+ * task with our identity. The step stops, naming both. */
+static int double_claim(task0 *t, const peer *p, int r, char *err, size_t errlen) {
+  const peer *o = &t->peers[r];
+  snprintf(err, errlen, "rank %d was claimed twice, by %s (uid %lld) and by %s (uid %lld), "
+                        "both with valid proofs: a replayed check-in or a second copy of the "
+                        "task; stopping", r, o->addr, o->uid, p->addr, p->uid);
+  return -1;
+}
+
+/* Judges pending connection p's check-in line: 1 when it is one of ours
+ * (moved into t->peers), 0 when refused, -1 (err) when the step must stop. */
+static int check_in(task0 *t, peer *p, const char *line, char *err, size_t errlen) {
   const psr_env *e = t->e;
-  int eof;
-  char *line = psr_conn_wait_line(c, ps__now() + 10, &eof);
   psr_msg m;
-  int ok = line && psr_msg_decode(line, &m) == 0 && m.type == PSR_MSG_HELLO;
+  char why[600];
+  if (psr_msg_decode(line, &m) != 0 || m.type != PSR_MSG_HELLO) {
+    refuse(p, "not a psrun check-in (" PSR_HELLO_MAGIC ")");
+    return 0;
+  }
+  psr_hello *h = &m.hello;
+  if (h->job_id != e->job_id || h->step_id != e->step_id || h->ntasks != t->n ||
+      h->rank <= 0 || h->rank >= t->n) {
+    snprintf(why, sizeof why, "this is job %lld step %lld with %d tasks, not job %lld step %lld "
+             "with %d tasks and rank %d", e->job_id, e->step_id, t->n, h->job_id, h->step_id,
+             h->ntasks, h->rank);
+    refuse(p, why);
+    return 0;
+  }
+  char aerr[400];
+  if (psr_auth_check_hello(&t->auth, h, &p->uid, aerr, sizeof aerr) != 0) {
+    snprintf(why, sizeof why, "claimed rank %d (uid %u), but %s", h->rank, h->uid, aerr);
+    refuse(p, why);
+    return 0;
+  }
+  for (int r = 1; r < t->n; r++)
+    if (t->peers[r].c.fd >= 0 && strcmp(t->peers[r].hello.nonce, h->nonce) == 0) {
+      snprintf(why, sizeof why, "claimed rank %d with a check-in already seen (a replay)",
+               h->rank);
+      refuse(p, why);
+      return 0;
+    }
+  if (t->peers[h->rank].c.fd >= 0) return double_claim(t, p, h->rank, err, errlen);
+  peer *q = &t->peers[h->rank];
+  q->c = p->c;
+  q->hello = *h;
+  q->uid = p->uid;
+  snprintf(q->addr, sizeof q->addr, "%s", p->addr);
+  p->c = (psr_conn){-1, NULL, 0, 0};
+  return 1;
+}
+
+/* Accepts one connection into the pending set and greets it with RDV. */
+static void accept_one(task0 *t) {
+  int fd = accept4(t->lfd, NULL, NULL, SOCK_CLOEXEC);
+  if (fd < 0) return;
+  if (t->npending >= PSR_PENDING_MAX) {
+    close(fd);
+    return;
+  }
+  peer *p = &t->pending[t->npending];
+  memset(p, 0, sizeof *p);
+  p->c = (psr_conn){fd, NULL, 0, 0};
+  p->uid = -1;
+  psr_peer_name(fd, p->addr, sizeof p->addr);
+  psr_msg m = {.type = PSR_MSG_RDV, .text = psr_auth_mode_name(t->auth.mode)};
+  psr_msg_send(fd, &m);
+  t->pend_deadline[t->npending++] = ps__now() + PSR_CHECKIN_LINE_S;
+}
+
+/* Drops pending connection i (closed unless it became a peer). */
+static void drop_pending(task0 *t, int i) {
+  psr_conn_close(&t->pending[i].c);
+  t->pending[i] = t->pending[t->npending - 1];
+  t->pend_deadline[i] = t->pend_deadline[t->npending - 1];
+  t->npending--;
+}
+
+/* Reads what pending connection i sent: its check-in, judged. 1 joined,
+ * 0 nothing decided or refused, -1 the step must stop. */
+static int serve_pending(task0 *t, int i, double now, char *err, size_t errlen) {
+  peer *p = &t->pending[i];
+  int eof;
+  char *line = psr_conn_read_line(&p->c, 0, &eof);
+  if (!line && !eof && now < t->pend_deadline[i]) return 0;
+  int rc = 0;
+  if (line) rc = check_in(t, p, line, err, errlen);
+  else if (!eof) psr_log("dropped a silent connection from %s after %.0f s", p->addr,
+                         PSR_CHECKIN_LINE_S);
   free(line);
-  if (!ok) {
-    psr_send_text(c->fd, PSR_MSG_REJECT, "not a psrun check-in");
-    return -1;
-  }
-  *h = m.hello;
-  if (h->job_id != e->job_id || h->step_id != e->step_id || h->uid != getuid() ||
-      h->ntasks != t->n) {
-    psr_send_text(c->fd, PSR_MSG_REJECT,
-                  "this is job %lld step %lld (uid %u, %d tasks), not job %lld step "
-                  "%lld (uid %u, %d tasks)",
-                  e->job_id, e->step_id, (unsigned)getuid(), t->n, h->job_id, h->step_id,
-                  h->uid, h->ntasks);
-    return -1;
-  }
-  if (h->rank <= 0 || h->rank >= t->n || t->peers[h->rank].c.fd >= 0) {
-    psr_send_text(c->fd, PSR_MSG_REJECT, "rank %d is invalid or already checked in", h->rank);
-    return -1;
-  }
-  return h->rank;
+  drop_pending(t, i);
+  return rc;
 }
 
 /* The ranks that have not checked in, "1,5,7", into err. */
@@ -197,33 +317,44 @@ static void missing(task0 *t, char *err, size_t errlen) {
   snprintf(err, errlen, "tasks %s did not check in within %.0f s", list, t->o->timeout_s);
 }
 
-/* 2. Every task checks in. */
+/* 2. Every task checks in; all connections are served at once, each with
+ * its own deadline. */
 static int stage_checkin(task0 *t, char *err, size_t errlen) {
   double deadline = ps__now() + t->o->timeout_s;
-  for (int joined = 1; joined < t->n;) {
-    double left = deadline - ps__now();
-    if (left <= 0) {
-      missing(t, err, errlen);
-      return -1;
-    }
-    struct pollfd p = {t->lfd, POLLIN, 0};
-    if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
-    int fd = accept4(t->lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    psr_conn c = {fd, NULL, 0, 0};
-    psr_hello h;
-    int rank = check_in(t, &c, &h);
-    if (rank < 0) {
-      psr_conn_close(&c);
-      continue;
-    }
-    t->peers[rank].c = c;
-    t->peers[rank].hello = h;
-    joined++;
+  struct pollfd *pf = calloc(PSR_PENDING_MAX + 1, sizeof *pf);
+  if (!pf) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
   }
+  int rc = 0;
+  for (int joined = 1; joined < t->n && rc == 0;) {
+    double now = ps__now(), wake = deadline;
+    if (now >= deadline) {
+      missing(t, err, errlen);
+      rc = -1;
+      break;
+    }
+    pf[0] = (struct pollfd){t->lfd, POLLIN, 0};
+    for (int i = 0; i < t->npending; i++) {
+      pf[i + 1] = (struct pollfd){t->pending[i].c.fd, POLLIN, 0};
+      if (t->pend_deadline[i] < wake) wake = t->pend_deadline[i];
+    }
+    int np = t->npending;
+    poll(pf, (nfds_t)np + 1, (int)((wake - now) * 1000) + 1);
+    now = ps__now();
+    for (int i = np - 1; i >= 0 && rc == 0; i--) { /* from the end: drops move the last */
+      if (!pf[i + 1].revents && now < t->pend_deadline[i]) continue;
+      int r = serve_pending(t, i, now, err, errlen);
+      if (r < 0) rc = -1;
+      joined += r > 0;
+    }
+    if (rc == 0 && (pf[0].revents & POLLIN)) accept_one(t);
+  }
+  free(pf);
   close(t->lfd);
   t->lfd = -1;
-  return 0;
+  if (rc != 0) broadcast_abort(t, err);
+  return rc;
 }
 
 /* Logs where the ps tasks run. */
@@ -266,14 +397,20 @@ static int stage_plan(task0 *t, char *err, size_t errlen) {
   s->num_ps = t->o->ps;
   s->num_workers = t->n - t->o->ps;
   s->role = t->roles[0];
-  if (psr_new_secret(s->secret) != 0) {
+  /* MUNGE: a fresh secret, sent inside each member's credential; key
+   * mode: derived from the key by every task, never sent. */
+  if ((t->auth.mode == PSR_AUTH_MUNGE ? psr_new_secret(s->secret)
+                                      : psr_auth_key_secret(&t->auth, s->secret)) != 0) {
     snprintf(err, errlen, "cannot draw a random secret");
     return -1;
   }
   for (int r = 1; r < t->n; r++) {
     psr_msg m = {.type = PSR_MSG_ROLE};
     m.role = (psr_assign){t->roles[r].is_ps, t->roles[r].index, s->num_ps, s->num_workers, ""};
-    memcpy(m.role.secret, s->secret, sizeof m.role.secret);
+    if (psr_auth_role_proof(&t->auth, &t->peers[r].hello, &m.role, s->secret, err, errlen) != 0) {
+      broadcast_abort(t, "task 0 cannot prove itself");
+      return -1;
+    }
     psr_msg_send(t->peers[r].c.fd, &m);
   }
   log_plan(t);
@@ -313,9 +450,11 @@ static int stage_addresses(task0 *t, char *err, size_t errlen) {
     int eof;
     char *line = psr_conn_wait_line(&t->peers[r].c, deadline, &eof);
     psr_msg m;
-    if (!line || psr_msg_decode(line, &m) != 0 || m.type != PSR_MSG_PSADDR) {
-      snprintf(err, errlen, "ps task %d on %s did not report its psd address%s", r,
-               t->peers[r].hello.node, line ? "" : " in time");
+    const psr_hello *h = &t->peers[r].hello;
+    if (!line || psr_msg_decode(line, &m) != 0 || m.type != PSR_MSG_PSADDR ||
+        !psr_auth_text_ok(s->secret, "PSADDR", r, h->nonce, m.text, m.mac)) {
+      snprintf(err, errlen, "ps task %d on %s did not report its psd address%s", r, h->node,
+               line ? " with a valid MAC" : " in time");
       free(line);
       broadcast_abort(t, err);
       return -1;
@@ -328,8 +467,12 @@ static int stage_addresses(task0 *t, char *err, size_t errlen) {
     return -1;
   }
   psr_log("parameter servers: %s", t->hostlist);
-  for (int r = 1; r < t->n; r++)
-    if (!t->roles[r].is_ps) psr_send_text(t->peers[r].c.fd, PSR_MSG_HOSTS, "%s", t->hostlist);
+  for (int r = 1; r < t->n; r++) {
+    if (t->roles[r].is_ps) continue;
+    psr_msg m = {.type = PSR_MSG_HOSTS, .text = t->hostlist};
+    psr_auth_text_mac(s->secret, "HOSTS", r, t->peers[r].hello.nonce, t->hostlist, m.mac);
+    psr_msg_send(t->peers[r].c.fd, &m);
+  }
   if (!s->role.is_ps && psr_step_start_worker(s, t->hostlist, err, errlen) != 0) {
     broadcast_abort(t, "task 0 could not start its worker");
     return -1;

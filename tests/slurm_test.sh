@@ -226,16 +226,21 @@ EOS
     ok "$mode: separate ps step and worker step"
   else bad "$mode: separate ps and worker steps" "$out"; fi
 
-  # 8. A rendezvous port already in use is a clear error, not a hang or a
-  # connection to a stranger.
+  # 8. A rendezvous port held by a stranger (nobody) that answers like task
+  # 0: task 0 reports the port in use, the members refuse the stranger,
+  # nothing starts.
   out=$WORK/$mode.busy.log
   local port=$((PS_SLURM_PORT_BASE + 90))
   local inns=()
   # In netns mode task 0's node n1 has a network of its own: block it there.
   [ "$mode" = netns ] && inns=(nsenter "--net=/var/run/netns/${PS_SLURM_NETNS_PREFIX}n1")
-  "${inns[@]}" python3 -c "import socket,time
+  # (The system's python: the caller's PATH may name one nobody cannot read.)
+  "${inns[@]}" setpriv --reuid=nobody --regid=nogroup --clear-groups /usr/bin/python3 -c "import socket,time
 s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(('0.0.0.0', $port)); s.listen(8); time.sleep(30)" &
+s.bind(('0.0.0.0', $port)); s.listen(8)
+while True:
+    c,_=s.accept(); c.sendall(b'RDV PSRUN2 munge\n'); c.recv(4096)
+    c.sendall(b'ROLE worker 0 1 1 MUNGE:forged:\n')" &
   local blocker=$!
   sleep 0.5
   timeout 60 srun -N2 -n3 -w n1,n2 "$BIN/psrun" --ps=1 --rendezvous-port $port --connect-timeout 10 -- \
@@ -243,9 +248,41 @@ s.bind(('0.0.0.0', $port)); s.listen(8); time.sleep(30)" &
   rc=$?
   kill $blocker 2>/dev/null
   wait $blocker 2>/dev/null
-  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "in use" "$out" && no_leftovers 109; then
-    ok "$mode: a rendezvous port in use is reported (exit $rc)"
-  else bad "$mode: rendezvous port in use (rc $rc)" "$out"; fi
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "another process holds it" "$out" &&
+     grep -q "did not prove itself, so this task does not trust it" "$out" &&
+     ! grep -q '"steps":109' "$out" && no_leftovers 109; then
+    ok "$mode: a stranger holding the rendezvous port is reported and refused (exit $rc)"
+  else bad "$mode: stranger on the rendezvous port (rc $rc)" "$out"; fi
+
+  # 9. A forged check-in (nobody, claiming rank 1 with a made-up MUNGE
+  # credential) and two silent connections, all before the real tasks:
+  # refused and logged, the job trains and exits 0. Rank 2 starts 3 s late,
+  # so the forger is surely heard while task 0 is still taking check-ins.
+  out=$WORK/$mode.forged.log
+  port=$((PS_SLURM_PORT_BASE + 91))
+  local n1addr
+  n1addr=$(scontrol show node n1 | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+  "${inns[@]}" setpriv --reuid=nobody --regid=nogroup --clear-groups bash -c "
+for i in \$(seq 400); do exec 3<>/dev/tcp/$n1addr/$port && break; sleep 0.05; done 2>/dev/null
+exec 4<>/dev/tcp/$n1addr/$port 5<>/dev/tcp/$n1addr/$port
+read -t 10 l <&5; echo \"forger greeted: \$l\"
+echo \"HELLO PSRUN2 \$(squeue -h -o %i -n psd-forged | head -1) 0 65534 3 1 n1 0 \$(printf %064d 1) MUNGE:forged:\" >&5
+read -t 10 l <&5; echo \"forger answered: \$l\"; sleep 20" >"$out.forger" 2>&1 &
+  local forger=$!
+  local start=$SECONDS
+  timeout 120 srun -J psd-forged -N2 -n3 -w n1,n2 bash -c '[ "$SLURM_PROCID" = 2 ] && sleep 3
+    exec "$0" "$@"' "$BIN/psrun" --ps=1 --rendezvous-port $port \
+    --connect-timeout 20 -- "$BIN/tiny_worker" --steps 110 >"$out" 2>&1
+  rc=$?
+  local took=$((SECONDS - start))
+  kill $forger 2>/dev/null
+  wait $forger 2>/dev/null
+  cat "$out.forger" >>"$out"
+  if [ $rc -eq 0 ] && grep -q "forger answered: REJECT" "$out" &&
+     grep -q "refused a check-in from" "$out" && [ "$(grep -c '"steps":110' "$out")" -eq 2 ] &&
+     [ $took -lt 10 ] && no_leftovers 110; then
+    ok "$mode: a forged check-in is refused, silent connections cost nothing (${took}s)"
+  else bad "$mode: forged check-in (rc $rc, ${took}s)" "$out"; fi
 
   # 10. Preemption (loopback only: it is slow). The real template
   # deploy/slurm/train-cpu.sbatch trains the CIFAR-10 example; SIGUSR1 to its

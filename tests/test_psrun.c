@@ -1,9 +1,16 @@
 /* psrun, run for real: --local success, a failing task, signal forwarding,
- * validation errors, and --print-plan over fake Slurm environments. */
+ * validation errors, --print-plan over fake Slurm environments, and the
+ * Slurm rendezvous under attack by another uid (nobody): forged check-ins,
+ * silent connections, a planted rendezvous directory, a stolen port. */
 #define _GNU_SOURCE
 #include <check.h>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <grp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -246,6 +253,235 @@ START_TEST(test_print_plan_bad_env) {
 }
 END_TEST
 
+/* ---- the Slurm rendezvous under attack ------------------------------------------ */
+
+#define NOBODY 65534 /* the attacker's uid and gid */
+
+/* A port nothing listens on now. */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t sl = sizeof sa;
+  ck_assert(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/* A fake Slurm environment for task `rank` of a 2-task step of job `job`
+ * on localhost; a slurm.conf naming a slurmctld that is not there (so
+ * libslurm fails at once instead of retrying). */
+typedef struct fake_env {
+  char v[12][1200]; /* the entries */
+  char *env[13];   /* NULL-terminated, for spawn */
+} fake_env;
+
+static void fake_slurm(fake_env *f, int rank, int job, int ntasks) {
+  static char conf[1100];
+  snprintf(conf, sizeof conf, "%s/slurm.conf", tu_tmpdir());
+  FILE *c = fopen(conf, "w");
+  fprintf(c, "ClusterName=psrtest\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n"
+             "NodeName=localhost\nPartitionName=p Nodes=localhost\nMessageTimeout=1\n");
+  fclose(c);
+  const char *fmt[] = {"SLURM_CONF=%s", "SLURM_PROCID=%d", "SLURM_LOCALID=%d", "SLURM_JOB_ID=%d",
+                       "SLURM_NTASKS=%d", "SLURM_STEP_ID=0", "SLURMD_NODENAME=localhost",
+                       "SLURM_STEP_NODELIST=localhost", "SLURM_STEP_NUM_NODES=1",
+                       "SLURM_STEP_TASKS_PER_NODE=%d", "SLURM_DISTRIBUTION=block"};
+  snprintf(f->v[0], sizeof f->v[0], fmt[0], conf);
+  snprintf(f->v[1], sizeof f->v[1], fmt[1], rank);
+  snprintf(f->v[2], sizeof f->v[2], fmt[2], rank);
+  snprintf(f->v[3], sizeof f->v[3], fmt[3], job);
+  for (int i = 4; i < 11; i++) snprintf(f->v[i], sizeof f->v[i], fmt[i], ntasks);
+  for (int i = 0; i < 11; i++) f->env[i] = f->v[i];
+  f->env[11] = NULL;
+}
+
+/* psrun as task `rank` of the fake step of ntasks, meeting on port in dir. */
+static pid_t slurm_task_of(fake_env *f, int rank, int ntasks, int job, int port, const char *dir,
+                           char *out, size_t outlen) {
+  static char portbuf[16];
+  snprintf(portbuf, sizeof portbuf, "%d", port);
+  fake_slurm(f, rank, job, ntasks);
+  char *argv[] = {(char *)bin("psrun"), "--ps", "1", "--rendezvous-port", portbuf,
+                  "--rendezvous-auth", "key", "--rendezvous", (char *)dir, "--connect-timeout",
+                  "15", "--", (char *)bin("tiny_worker"), "--steps", "20", NULL};
+  return spawn(argv, f->env, out, outlen);
+}
+
+static pid_t slurm_task(fake_env *f, int rank, int job, int port, const char *dir, char *out,
+                        size_t outlen) {
+  return slurm_task_of(f, rank, 2, job, port, dir, out, outlen);
+}
+
+/* Waits until file holds needle (up to timeout_s). */
+static int wait_text(const char *file, const char *needle, double timeout_s) {
+  for (double end = now_s() + timeout_s; now_s() < end;) {
+    char *t = tu_read_file(file);
+    int hit = t && strstr(t, needle);
+    free(t);
+    if (hit) return 0;
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+  }
+  return -1;
+}
+
+/* bash as nobody (setpriv), its output to a file. */
+static pid_t as_nobody(const char *script, char *out, size_t outlen) {
+  char *argv[] = {"/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                  "/bin/bash", "-c", (char *)script, NULL};
+  return spawn(argv, NULL, out, outlen);
+}
+
+static void need_root(void) {
+  if (getuid() != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+    printf("SKIP: acting as another user needs root and setpriv\n");
+    exit(77);
+  }
+}
+
+/* A nobody process opens two silent connections and forges a check-in
+ * claiming rank 1 before the real rank 1 arrives: the forgery is refused,
+ * the silent connections cost nothing, the real step completes. */
+START_TEST(test_slurm_forged_and_silent_checkins) {
+  need_root();
+  char dir[1100], o0[1200], o1[1200], oa[1200], script[1200];
+  snprintf(dir, sizeof dir, "%s/rdv-forge", tu_tmpdir());
+  mkdir(dir, 0700);
+  int port = free_port(), job = 5000 + (int)(getpid() % 1000);
+  fake_env f0, f1;
+  pid_t t0 = slurm_task(&f0, 0, job, port, dir, o0, sizeof o0);
+  snprintf(script, sizeof script,
+           "for i in $(seq 100); do exec 3<>/dev/tcp/127.0.0.1/%d && break; sleep 0.1; done; "
+           "exec 4<>/dev/tcp/127.0.0.1/%d 5<>/dev/tcp/127.0.0.1/%d; read -t 5 l <&5; "
+           "echo \"greeting: $l\"; echo \"HELLO PSRUN2 %d 0 65534 2 1 localhost 1 %064d %064d\" >&5;"
+           " read -t 5 l <&5; echo \"reply: $l\"; sleep 14",
+           port, port, port, job, 7, 9);
+  pid_t att = as_nobody(script, oa, sizeof oa);
+  ck_assert_msg(wait_text(oa, "reply:", 15) == 0, "the forger got no answer");
+  char *a = tu_read_file(oa);
+  ck_assert_msg(strstr(a, "greeting: RDV PSRUN2 key") && strstr(a, "reply: REJECT"), "%s", a);
+  ck_assert_msg(!strstr(a, "ROLE"), "the forger got a role: %s", a);
+  free(a);
+  double start = now_s();
+  pid_t t1 = slurm_task(&f1, 1, job, port, dir, o1, sizeof o1);
+  int s0, s1;
+  int w1 = wait_for(t1, 30, &s1), w0 = wait_for(t0, 30, &s0);
+  double took = now_s() - start;
+  kill(att, SIGKILL);
+  waitpid(att, NULL, 0);
+  char *l0 = tu_read_file(o0), *l1 = tu_read_file(o1);
+  ck_assert_msg(w0 == 0 && w1 == 0, "the step did not finish:\n%s\n%s", l0, l1);
+  ck_assert_msg(WIFEXITED(s0) && WEXITSTATUS(s0) == 0, "task 0: %s", l0);
+  ck_assert_msg(WIFEXITED(s1) && WEXITSTATUS(s1) == 0, "task 1: %s", l1);
+  ck_assert_msg(strstr(l0, "refused a check-in from 127.0.0.1:") &&
+                    strstr(l0, "claimed rank 1 (uid 65534), but its proof does not match"),
+                "%s", l0);
+  ck_assert_msg(strstr(l1, "{\"worker\":0,\"steps\":20") != NULL, "%s", l1);
+  /* Two silent connections, each allowed 10 s, delayed nothing. */
+  ck_assert_msg(took < 8, "the step took %.1f s after rank 1 started", took);
+  free(l0);
+  free(l1);
+}
+END_TEST
+
+/* A rendezvous directory planted by nobody is refused, by task 0 and by
+ * a --role=worker step, with a sentence naming its owner. */
+START_TEST(test_slurm_planted_directory) {
+  need_root();
+  char dir[1100], planted[1200], out[1200];
+  snprintf(dir, sizeof dir, "%s/rdv-planted", tu_tmpdir());
+  mkdir(dir, 01777);
+  chmod(dir, 01777); /* like /tmp: others may create, the sticky bit protects ours */
+  int job = 6000 + (int)(getpid() % 1000);
+  snprintf(planted, sizeof planted, "%s/.psrun-%d.0", dir, job);
+  ck_assert(mkdir(planted, 0755) == 0 && chown(planted, NOBODY, NOBODY) == 0);
+  fake_env f;
+  pid_t t0 = slurm_task(&f, 0, job, free_port(), dir, out, sizeof out);
+  int st;
+  ck_assert(wait_for(t0, 20, &st) == 0);
+  char *log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s", log);
+  ck_assert_msg(strstr(log, "belongs to nobody (uid 65534), not to you"), "%s", log);
+  free(log);
+  char *argv[] = {(char *)bin("psrun"), "--role=worker", "--rendezvous-auth", "key",
+                  "--rendezvous", dir, "--connect-timeout", "3", "--", "true", NULL};
+  pid_t w = spawn(argv, f.env, out, sizeof out);
+  ck_assert(wait_for(w, 20, &st) == 0);
+  log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s", log);
+  ck_assert_msg(strstr(log, "belongs to nobody (uid 65534), not to you"), "%s", log);
+  free(log);
+}
+END_TEST
+
+/* A stranger (nobody) holding the rendezvous port and answering like task
+ * 0: task 0 says so and stops; the member refuses the stranger. */
+START_TEST(test_slurm_stolen_port) {
+  need_root();
+  char dir[1100], o0[1200], o1[1200], oa[1200], script[600];
+  snprintf(dir, sizeof dir, "%s/rdv-stolen", tu_tmpdir());
+  mkdir(dir, 0700);
+  int port = free_port(), job = 7000 + (int)(getpid() % 1000);
+  /* socat-free listener: python is not assumed; bash cannot listen, so
+   * the stranger is a tiny nc-like loop in python only if present. */
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    printf("SKIP: the stolen-port test needs python3 for the stranger's listener\n");
+    exit(77);
+  }
+  snprintf(script, sizeof script,
+           "exec /usr/bin/python3 -c \"import socket,time\ns=socket.socket()\n"
+           "s.bind(('127.0.0.1',%d)); s.listen(8); print('listening', flush=True)\n"
+           "c,_=s.accept(); c.sendall(b'RDV PSRUN2 key\\n'); print(c.recv(4096), flush=True)\n"
+           "c.sendall(b'ROLE worker 0 1 1 ' + b'ab'*32 + b'\\n'); time.sleep(20)\"",
+           port);
+  pid_t att = as_nobody(script, oa, sizeof oa);
+  ck_assert_msg(wait_text(oa, "listening", 10) == 0, "the stranger did not listen");
+  fake_env f0, f1;
+  pid_t t0 = slurm_task(&f0, 0, job, port, dir, o0, sizeof o0);
+  pid_t t1 = slurm_task(&f1, 1, job, port, dir, o1, sizeof o1);
+  int s0, s1;
+  ck_assert(wait_for(t0, 30, &s0) == 0 && wait_for(t1, 30, &s1) == 0);
+  kill(att, SIGKILL);
+  waitpid(att, NULL, 0);
+  char *l0 = tu_read_file(o0), *l1 = tu_read_file(o1);
+  ck_assert_msg(WIFEXITED(s0) && WEXITSTATUS(s0) == 1, "task 0: %s", l0);
+  ck_assert_msg(strstr(l0, "Address already in use") && strstr(l0, "another process holds it"),
+                "%s", l0);
+  ck_assert_msg(WIFEXITED(s1) && WEXITSTATUS(s1) == 1, "task 1: %s", l1);
+  ck_assert_msg(strstr(l1, "did not prove itself, so this task does not trust it"), "%s", l1);
+  ck_assert_msg(!strstr(l1, "[w0]"), "a worker started: %s", l1);
+  free(l0);
+  free(l1);
+}
+END_TEST
+
+/* Two tasks with valid proofs both claim rank 1 (a replay or a second
+ * copy): task 0 stops the step, naming both peers. */
+START_TEST(test_slurm_rank_claimed_twice) {
+  need_root();
+  char dir[1100], o0[1200], o1[1200], o2[1200];
+  snprintf(dir, sizeof dir, "%s/rdv-twice", tu_tmpdir());
+  mkdir(dir, 0700);
+  int port = free_port(), job = 8000 + (int)(getpid() % 1000);
+  fake_env f0, f1, f2;
+  pid_t t0 = slurm_task_of(&f0, 0, 3, job, port, dir, o0, sizeof o0);
+  pid_t a = slurm_task_of(&f1, 1, 3, job, port, dir, o1, sizeof o1);
+  pid_t b = slurm_task_of(&f2, 1, 3, job, port, dir, o2, sizeof o2);
+  int s0, sa, sb;
+  ck_assert(wait_for(t0, 30, &s0) == 0);
+  wait_for(a, 30, &sa);
+  wait_for(b, 30, &sb);
+  char *l0 = tu_read_file(o0);
+  ck_assert_msg(WIFEXITED(s0) && WEXITSTATUS(s0) == 1, "%s", l0);
+  ck_assert_msg(strstr(l0, "rank 1 was claimed twice, by 127.0.0.1:") &&
+                    strstr(l0, ") and by 127.0.0.1:"),
+                "%s", l0);
+  free(l0);
+}
+END_TEST
+
 Suite *suite_psrun(void) {
   Suite *s = suite_create("psrun");
   TCase *tc = tcase_create("psrun");
@@ -258,6 +494,10 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_print_plan_uneven_block);
   tcase_add_test(tc, test_print_plan_cyclic);
   tcase_add_test(tc, test_print_plan_bad_env);
+  tcase_add_test(tc, test_slurm_forged_and_silent_checkins);
+  tcase_add_test(tc, test_slurm_planted_directory);
+  tcase_add_test(tc, test_slurm_stolen_port);
+  tcase_add_test(tc, test_slurm_rank_claimed_twice);
   suite_add_tcase(s, tc);
   return s;
 }
