@@ -23,7 +23,7 @@ build=$(cd "$1" && pwd) || exit 2
 secs=$2
 shift 2
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_frame fuzz_conn fuzz_handshake fuzz_ckpt)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_frame fuzz_conn fuzz_handshake fuzz_ckpt fuzz_rdv)
 case "$secs" in '' | *[!0-9]*) echo "fuzz: SECONDS must be a whole number" >&2; exit 2 ;; esac
 
 work=${FUZZ_KEEP:-}
