@@ -30,10 +30,12 @@ static void check_done(psd_handlers *h) {
   h->finish(h->loop, code);
 }
 
-/* Shard hook: queued replies still send sl's parameters in place, and an
- * update is about to change them: give those replies their own copy. */
+/* Shard hook: queued replies or the checkpoint writer still read sl's
+ * parameters in place, and an update is about to change them: give them
+ * their own copy. */
 static void detach_slice(void *ctx, psd_slice *sl) {
   psd_handlers *h = ctx;
+  psd_persist_release(h->persist, sl);
   for (psd_conn *c = h->conns->head; c && sl->readers > 0; c = c->next)
     if (ps__outq_detach(&c->out, sl) < 0)
       psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory copying a reply");

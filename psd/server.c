@@ -159,6 +159,13 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   psd_conns_reap(&((psd_server *)arg)->conns);
 }
 
+static void on_ckpt(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  psd_server *srv = arg;
+  psd_handlers_act(&srv->h, psd_persist_poll(&srv->persist));
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)what;
   psd_server *srv = arg;
@@ -312,6 +319,13 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   srv->sig_ev[0] = evsignal_new(srv->base, SIGTERM, on_signal, srv);
   srv->sig_ev[1] = evsignal_new(srv->base, SIGINT, on_signal, srv);
   srv->sig_ev[2] = evsignal_new(srv->base, SIGUSR1, on_signal, srv);
+  int cfd = psd_persist_fd(&srv->persist);
+  if (cfd >= 0 && (!(srv->ckpt_ev = event_new(srv->base, cfd, EV_READ | EV_PERSIST, on_ckpt,
+                                               srv)) ||
+                   event_add(srv->ckpt_ev, NULL))) {
+    psd_error("cannot watch the checkpoint writer");
+    return -1;
+  }
   struct timeval tick = {0, PSD_TICK_MS * 1000};
   if (!srv->listen_ev || !srv->tick_ev || !srv->sig_ev[0] || !srv->sig_ev[1] ||
       !srv->sig_ev[2] || event_add(srv->listen_ev, NULL) || event_add(srv->tick_ev, &tick) ||
@@ -362,6 +376,7 @@ void psd_server_free(psd_server *srv) {
   if (srv->tick_ev) event_free(srv->tick_ev);
   for (int i = 0; i < 3; i++)
     if (srv->sig_ev[i]) event_free(srv->sig_ev[i]);
+  if (srv->ckpt_ev) event_free(srv->ckpt_ev);
   psd_persist_free(&srv->persist);
   if (srv->base) event_base_free(srv->base);
   if (srv->lfd >= 0) close(srv->lfd);
