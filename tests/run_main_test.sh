@@ -5,7 +5,7 @@
 # the steps asked for, so `run-main.sh | jq .` works; the logs -- psd's,
 # the workers', the other worker's result line and the telemetry summary --
 # go to stderr. A failing run leaves stdout empty and exits non-zero with a
-# sentence.
+# sentence; SIGTERM to the script stops the job through psrun.
 # Usage: run_main_test.sh BIN_DIR SOURCE_DIR. Exits 77 (SKIP) without jq.
 set -euo pipefail
 bin=$1
@@ -51,3 +51,21 @@ RUN_MAIN_BIN=$bin bash "$src/deploy/run-main.sh" "$dir/nonexistent" \
 grep -q "data directory '$dir/nonexistent' does not exist" "$dir/stderr" ||
   fail "a missing data directory is not named"
 echo "ok: failures leave stdout empty and say why"
+
+# SIGTERM to the script reaches psrun: the job stops at once, stdout empty.
+RUN_MAIN_BIN=$bin bash "$src/deploy/run-main.sh" "$dir/synth" --steps 1000000 --batch 16 \
+  --threads 1 > "$dir/stdout" 2> "$dir/stderr" &
+script=$!
+for _ in $(seq 300); do
+  grep -q 'w1 step' "$dir/stderr" && break
+  sleep 0.1
+done
+grep -q 'w1 step' "$dir/stderr" || fail "the long run never reported a step"
+kill -TERM "$script"
+rc=0
+timeout 30 tail --pid="$script" -f /dev/null || fail "run-main.sh did not stop within 30 s of SIGTERM"
+wait "$script" || rc=$?
+[ "$rc" -eq 143 ] || fail "after SIGTERM run-main.sh exited $rc, expected 143 (psrun's status)"
+[ ! -s "$dir/stdout" ] || fail "a stopped run wrote to stdout"
+grep -q 'received SIGTERM; stopping all tasks' "$dir/stderr" || fail "psrun never got the SIGTERM"
+echo "ok: SIGTERM is passed on to psrun"
