@@ -6,9 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "bg.h"
 #include "util.h"
 
 typedef enum { JOB_BEGIN, JOB_ADD, JOB_COMMIT, JOB_ABORT } job_kind;
@@ -16,17 +16,19 @@ typedef enum { JOB_BEGIN, JOB_ADD, JOB_COMMIT, JOB_ABORT } job_kind;
 /* One queued piece of work; embedded in the file or record it is for, so
  * queueing allocates nothing beyond those. */
 typedef struct job {
+  psd_bg_job base;        /* the thread's view (first member) */
   job_kind kind;          /* what to do */
+  psd_ckptq *q;           /* the queue */
   psd_ckptq_file *f;      /* the file it is for */
   psd_ckptq_rec *rec;     /* JOB_ADD: the record */
-  struct job *next;       /* FIFO link */
 } job;
 
 struct psd_ckptq_file {
   psd_ckpt_writer w;      /* the file (touched by the writer thread only) */
   psd_ckpt_meta m;        /* its header */
   int failed;             /* a step failed: the rest is skipped, commit reports err */
-  char err[PSD_CKPTQ_ERR];         /* the first failure */
+  char err[PSD_CKPTQ_ERR]; /* the first failure */
+  psd_ckptq_result res;   /* the outcome, handed back with `end` */
   job begin, end;         /* JOB_BEGIN, and JOB_COMMIT or JOB_ABORT */
 };
 
@@ -45,48 +47,34 @@ struct psd_ckptq_rec {
   job j;                        /* its JOB_ADD */
 };
 
-typedef struct result_node {
-  psd_ckptq_result r;           /* what happened */
-  struct result_node *next;     /* FIFO link */
-} result_node;
-
 struct psd_ckptq {
-  pthread_t th;                 /* the writer */
-  pthread_mutex_t mu;           /* guards everything below and records' pos/held/done/own */
-  pthread_cond_t cv;            /* work queued, or quitting */
-  job *head, *tail;             /* queued work, in order */
-  result_node *rhead, *rtail;   /* finished files for the loop */
-  uint32_t busy;                /* files begun, not yet finished */
-  int quit;                     /* finish the queue, then end */
-  int efd;                      /* eventfd: readable while results wait */
+  psd_bg *bg;                   /* the writer thread */
+  pthread_mutex_t mu;           /* guards records' pos, held, done, own, lost */
+  uint32_t busy;                /* files begun, result not yet taken (loop only) */
   const psd_ckpt_dir *d;        /* the directory (not owned) */
   uint32_t ps_index, num_ps;    /* whose files, for pruning */
   int keep;                     /* complete checkpoints pruning keeps */
   uint8_t *bounce;              /* PSD_CKPTQ_CHUNK bytes: the writer's copy of a chunk */
 };
 
-/* ---- the loop's side ------------------------------------------------------ */
+static void run_job(psd_bg_job *bj);
 
-static void push_job(psd_ckptq *q, job *j) {
-  j->next = NULL;
-  pthread_mutex_lock(&q->mu);
-  if (q->tail) q->tail->next = j;
-  else q->head = j;
-  q->tail = j;
-  pthread_cond_signal(&q->cv);
-  pthread_mutex_unlock(&q->mu);
+static void push_job(psd_ckptq *q, job *j, job_kind kind, psd_ckptq_file *f,
+                     psd_ckptq_rec *rec) {
+  *j = (job){.base = {.run = run_job, .post = kind == JOB_COMMIT || kind == JOB_ABORT},
+             .kind = kind, .q = q, .f = f, .rec = rec};
+  psd_bg_push(q->bg, &j->base);
 }
+
+/* ---- the loop's side ------------------------------------------------------ */
 
 psd_ckptq_file *psd_ckptq_begin(psd_ckptq *q, const psd_ckpt_meta *m) {
   psd_ckptq_file *f = calloc(1, sizeof *f);
   if (!f) return NULL;
   psd_ckpt_writer_init(&f->w);
   f->m = *m;
-  f->begin = (job){.kind = JOB_BEGIN, .f = f};
-  pthread_mutex_lock(&q->mu);
   q->busy++;
-  pthread_mutex_unlock(&q->mu);
-  push_job(q, &f->begin);
+  push_job(q, &f->begin, JOB_BEGIN, f, NULL);
   return f;
 }
 
@@ -107,8 +95,7 @@ int psd_ckptq_add(psd_ckptq *q, psd_ckptq_file *f, const psd_ckpt_rec *r, psd_ck
   rec->seglen[1] = r->state ? sb : 0;
   rec->total = rec->seglen[0] + rec->seglen[1];
   rec->held = 1;
-  rec->j = (job){.kind = JOB_ADD, .f = f, .rec = rec};
-  push_job(q, &rec->j);
+  push_job(q, &rec->j, JOB_ADD, f, rec);
   *hold = rec;
   return 0;
 }
@@ -161,45 +148,26 @@ int psd_ckptq_release(psd_ckptq *q, psd_ckptq_rec *rec) {
 }
 
 void psd_ckptq_commit(psd_ckptq *q, psd_ckptq_file *f) {
-  f->end = (job){.kind = JOB_COMMIT, .f = f};
-  push_job(q, &f->end);
+  push_job(q, &f->end, JOB_COMMIT, f, NULL);
 }
 
 void psd_ckptq_abort(psd_ckptq *q, psd_ckptq_file *f) {
-  f->end = (job){.kind = JOB_ABORT, .f = f};
-  push_job(q, &f->end);
+  push_job(q, &f->end, JOB_ABORT, f, NULL);
 }
 
 int psd_ckptq_next(psd_ckptq *q, psd_ckptq_result *out) {
-  for (int tries = 0; tries < 2; tries++) {
-    pthread_mutex_lock(&q->mu);
-    result_node *n = q->rhead;
-    if (n) {
-      q->rhead = n->next;
-      if (!q->rhead) q->rtail = NULL;
-    }
-    pthread_mutex_unlock(&q->mu);
-    if (n) {
-      *out = n->r;
-      free(n);
-      return 1;
-    }
-    /* Clear the eventfd, then look again: a result posted before the read
-     * is seen now, one posted after it makes the fd readable again. */
-    uint64_t v;
-    if (tries == 0 && read(q->efd, &v, sizeof v) < 0 && errno != EAGAIN) break;
-  }
-  return 0;
+  psd_bg_job *bj = psd_bg_done(q->bg);
+  if (!bj) return 0;
+  psd_ckptq_file *f = ((job *)bj)->f;
+  *out = f->res;
+  free(f);
+  q->busy--;
+  return 1;
 }
 
-uint32_t psd_ckptq_busy(psd_ckptq *q) {
-  pthread_mutex_lock(&q->mu);
-  uint32_t b = q->busy;
-  pthread_mutex_unlock(&q->mu);
-  return b;
-}
+uint32_t psd_ckptq_busy(psd_ckptq *q) { return q->busy; }
 
-int psd_ckptq_fd(const psd_ckptq *q) { return q->efd; }
+int psd_ckptq_fd(const psd_ckptq *q) { return psd_bg_fd(q->bg); }
 
 /* ---- the writer thread ---------------------------------------------------- */
 
@@ -247,23 +215,9 @@ static void write_rec(psd_ckptq *q, psd_ckptq_file *f, psd_ckptq_rec *rec) {
   rec_done(q, rec);
 }
 
-static void post(psd_ckptq *q, result_node *n) {
-  pthread_mutex_lock(&q->mu);
-  n->next = NULL;
-  if (q->rtail) q->rtail->next = n;
-  else q->rhead = n;
-  q->rtail = n;
-  q->busy--;
-  pthread_mutex_unlock(&q->mu);
-  uint64_t one = 1;
-  ssize_t wn = write(q->efd, &one, sizeof one);
-  (void)wn; /* an eventfd write fails only on counter overflow */
-}
-
-/* Commits or aborts f and posts its result; f is freed. */
+/* Commits or aborts f into f->res (the loop takes it, and frees f). */
 static void finish_file(psd_ckptq *q, psd_ckptq_file *f, int commit) {
-  result_node *n = calloc(1, sizeof *n);
-  psd_ckptq_result *r = n ? &n->r : &(psd_ckptq_result){0};
+  psd_ckptq_result *r = &f->res;
   r->file = f;
   r->step = f->m.step;
   if (commit && !f->failed) {
@@ -280,47 +234,24 @@ static void finish_file(psd_ckptq *q, psd_ckptq_file *f, int commit) {
     r->aborted = !commit;
     if (commit) snprintf(r->err, sizeof r->err, "%s", f->err);
   }
-  free(f);
-  if (n) {
-    post(q, n);
-  } else {
-    pthread_mutex_lock(&q->mu);
-    q->busy--; /* nowhere to report it: the file simply never appears */
-    pthread_mutex_unlock(&q->mu);
-  }
 }
 
-static void run_job(psd_ckptq *q, job *j) {
+static void run_job(psd_bg_job *bj) {
+  job *j = (job *)bj;
+  psd_ckptq *q = j->q;
   char err[PSD_CKPTQ_ERR];
   switch (j->kind) {
   case JOB_BEGIN:
     if (psd_ckpt_begin(&j->f->w, q->d, &j->f->m, err, sizeof err) != 0) fail(j->f, err);
     break;
   case JOB_ADD:
-    write_rec(q, j->f, j->rec);
+    write_rec(q, j->f, j->rec); /* may free the record, and j with it */
     break;
   case JOB_COMMIT:
   case JOB_ABORT:
     finish_file(q, j->f, j->kind == JOB_COMMIT);
     break;
   }
-}
-
-static void *writer_main(void *arg) {
-  psd_ckptq *q = arg;
-  pthread_mutex_lock(&q->mu);
-  for (;;) {
-    while (!q->head && !q->quit) pthread_cond_wait(&q->cv, &q->mu);
-    job *j = q->head;
-    if (!j) break; /* quitting with nothing left */
-    q->head = j->next;
-    if (!q->head) q->tail = NULL;
-    pthread_mutex_unlock(&q->mu);
-    run_job(q, j);
-    pthread_mutex_lock(&q->mu);
-  }
-  pthread_mutex_unlock(&q->mu);
-  return NULL;
 }
 
 int psd_ckptq_create(psd_ckptq **out, const psd_ckpt_dir *d, uint32_t ps_index,
@@ -336,43 +267,30 @@ int psd_ckptq_create(psd_ckptq **out, const psd_ckpt_dir *d, uint32_t ps_index,
   q->ps_index = ps_index;
   q->num_ps = num_ps;
   q->keep = keep;
-  q->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  pthread_mutex_init(&q->mu, NULL);
-  pthread_cond_init(&q->cv, NULL);
-  int e = q->efd < 0 ? errno : pthread_create(&q->th, NULL, writer_main, q);
+  int e = psd_bg_create(&q->bg);
   if (e) {
     snprintf(err, errlen, "cannot start the checkpoint writer: %s", strerror(e));
-    if (q->efd >= 0) close(q->efd);
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->cv);
     free(q->bounce);
     free(q);
     return -1;
   }
+  pthread_mutex_init(&q->mu, NULL);
   *out = q;
   return 0;
 }
 
 void psd_ckptq_stop(psd_ckptq *q) {
-  if (!q) return;
-  pthread_mutex_lock(&q->mu);
-  int running = !q->quit;
-  q->quit = 1;
-  pthread_cond_signal(&q->cv);
-  pthread_mutex_unlock(&q->mu);
-  if (running) pthread_join(q->th, NULL);
+  if (q) psd_bg_stop(q->bg);
 }
 
 void psd_ckptq_destroy(psd_ckptq *q) {
   if (!q) return;
-  psd_ckptq_stop(q);
-  for (result_node *n = q->rhead, *next; n; n = next) {
-    next = n->next;
-    free(n);
+  psd_bg_stop(q->bg);
+  psd_ckptq_result r;
+  while (psd_ckptq_next(q, &r)) {
   }
-  close(q->efd);
+  psd_bg_destroy(q->bg);
   pthread_mutex_destroy(&q->mu);
-  pthread_cond_destroy(&q->cv);
   free(q->bounce);
   free(q);
 }
