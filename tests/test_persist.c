@@ -503,7 +503,7 @@ START_TEST(restore_none_moves_the_old_run_aside) {
 }
 END_TEST
 
-#ifdef PS_SLOW_DISK_SO
+#ifdef PS_SLOWDOWN_SO
 /* A disk that takes 250 ms per write or fsync of a checkpoint file. The
  * checkpoint at step 10 then needs seconds; with writes on psd's event loop
  * the workers would wait for all of it. Off the loop they finish the 20
@@ -522,7 +522,7 @@ START_TEST(slow_disk_never_stalls_training) {
   snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", old ? old : "", old ? ":" : "");
   setenv("ASAN_OPTIONS", opts, 1);
 #endif
-  tu_psd_preload = PS_SLOW_DISK_SO;
+  tu_psd_preload = PS_SLOWDOWN_SO;
   job j;
   job_start_ps(&j, 2, d, every);
   tu_psd_preload = NULL;
@@ -571,7 +571,7 @@ Suite *suite_persist(void) {
   tcase_add_test(tc, stop_is_bounded_without_a_chief);
   tcase_add_test(tc, second_job_on_a_directory_is_refused);
   tcase_add_test(tc, restore_none_moves_the_old_run_aside);
-#ifdef PS_SLOW_DISK_SO
+#ifdef PS_SLOWDOWN_SO
   tcase_add_test(tc, slow_disk_never_stalls_training);
 #endif
   suite_add_tcase(s, tc);
