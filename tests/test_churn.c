@@ -512,7 +512,8 @@ static void start_psd(tu_psd *p) {
   /* --workers 2: a HELLO for another job size is refused before it could
    * pin the job. Short timeouts: a psd left behind by a failure goes away. */
   const char *args[] = {"--num-ps", "1", "--ps-index", "0", "--workers", "2",
-                        "--startup-timeout", "30", "--grace-period", "5", NULL};
+                        "--startup-timeout", "30", "--grace-period", "5",
+                        "--log-every", "10", NULL};
   ck_assert_msg(tu_psd_start(p, args) == 0, "psd did not start (log %s)", p->log_path);
 }
 
@@ -725,8 +726,11 @@ START_TEST(test_connection_churn) {
        p.pid && fd_count(p.pid) > base.fds && ps__now() < end;)
     sleep_ms(10);
   sample fin = *take(&ss, p.pid, total, pc.allow, "final");
-  /* The run was half way or further when churn stopped, and not over. */
-  int overlapped = tu_log_contains(&p, "step 100 applied") &&
+  /* The training made progress while the churn ran, and was not over.
+   * (Steps are released in proportion to the churn's connections, so on
+   * a slow machine whose churn stops at CHURN_MAX_S fewer are released:
+   * any progress counts, not a fixed half.) */
+  int overlapped = tu_log_contains(&p, "step 10 applied") &&
                    !tu_log_contains(&p, "step 200 applied");
 
   /* Let the training finish (or, after a failure, end it: a psd that
