@@ -243,6 +243,7 @@ static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   }
   c->handshaken = 1;
   r.protocol_version = PS__PROTOCOL_VERSION;
+  r.protocol_minor = PS__PROTOCOL_MINOR;
   r.ps_index = (uint32_t)h->cfg->ps_index;
   r.num_ps = (uint32_t)h->cfg->num_ps;
   r.num_workers = h->job->num_workers;

@@ -52,7 +52,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 0
+#define PS_VERSION_PATCH 1
 
 /* Error codes: one table generates the enum and ps_strerror(). The same
  * numbers travel on the wire in Error messages. */
@@ -98,13 +98,21 @@ PS_EXTERN const char *ps_err_name(int code);
 typedef enum ps_opt_kind {
   PS_OPT_SGD = 0,      /* w -= lr * g */
   PS_OPT_MOMENTUM = 1, /* v = m*v + g; w -= lr*v (Nesterov: w -= lr*(g + m*v)) */
-  PS_OPT_ADAM = 2      /* Kingma & Ba, bias-corrected, TF's epsilon-hat form */
+  PS_OPT_ADAM = 2,     /* Kingma & Ba, bias-corrected, TF's epsilon-hat form */
+  PS_OPT_NONE = 3      /* not trainable: no gradients, no learning rate; the
+                          values change only by ps_client_var_assign (batch-norm
+                          statistics, counters). Needs a psd of protocol 2.1. */
 } ps_opt_kind;
 
 typedef enum ps_lr_decay {
   PS_DECAY_NONE = 0,
   PS_DECAY_EXPONENTIAL = 1, /* lr * rate^(step / decay_steps) */
-  PS_DECAY_STEP = 2         /* lr * rate^floor(step / decay_steps) */
+  PS_DECAY_STEP = 2,        /* lr * rate^floor(step / decay_steps) */
+  PS_DECAY_COSINE = 3       /* lr * (f + (1 - f) * (1 + cos(pi * p)) / 2) with
+                               p = (step - warmup_steps) / (total_steps - warmup_steps)
+                               clamped to [0, 1] and f = min_lr_factor: from lr
+                               at the end of the warm-up down to lr * f at
+                               total_steps, constant after. Needs protocol 2.1. */
 } ps_lr_decay;
 
 typedef struct ps_optimizer {
@@ -121,6 +129,15 @@ typedef struct ps_optimizer {
   double decay_rate;    /* factor per decay_steps, in (0, 1] */
   uint64_t decay_steps; /* > 0 when decay != PS_DECAY_NONE */
   double weight_decay;  /* L2: the gradient gets weight_decay * w added */
+  /* Fields below were added in 0.2.1 (protocol 2.1); a server that speaks
+   * only 2.0 refuses a variable that sets them (PS_EUNSUPPORTED). */
+  uint64_t warmup_steps; /* linear warm-up: while step < warmup_steps the
+                            scheduled lr is scaled by (step + 1) / warmup_steps
+                            (any decay); 0: none */
+  uint64_t total_steps;  /* PS_DECAY_COSINE: the step at which the lr reaches
+                            lr * min_lr_factor; > warmup_steps */
+  double min_lr_factor;  /* PS_DECAY_COSINE: the final lr as a fraction of lr,
+                            in [0, 1]; default 0 */
 } ps_optimizer;
 
 /* Fills *opt (size bytes, struct_size included) with plain SGD at

@@ -140,6 +140,7 @@ typedef struct ps__conn {
   uint64_t data_req;           /* PullReply being received: request id */
   int data_items;              /* ... and the slices it completes */
   int stopped;                 /* this server wrote the stop checkpoint */
+  uint32_t minor;              /* its HelloReply.protocol_minor: what of 2.1 it knows */
   uint8_t *discard;            /* sink for data nobody wants */
   size_t discard_cap;          /* its size */
 } ps__conn;
@@ -284,6 +285,11 @@ int ps__pump(ps_client *c, ps_req *r, double deadline);
 int ps__req_wait_release(ps_client *c, ps_req *r);
 
 /* ---- var.c --------------------------------------------------------------- */
+
+/* 0 if every server speaks protocol 2.1 (PS__PROTOCOL_MINOR >= 1), else
+ * PS_EUNSUPPORTED with a message naming the first that does not and
+ * `what` (the feature the caller wanted). */
+int ps__need_minor(ps_client *c, const char *what);
 
 /* Frees every variable and the slice list (not the slice maps). */
 void ps__vars_free(ps_client *c);

@@ -26,6 +26,15 @@ const char *ps_var_name(const ps_var *v) { return v->name; }
 int ps_var_ndim(const ps_var *v) { return v->ndim; }
 const int64_t *ps_var_shape(const ps_var *v) { return v->shape; }
 
+int ps__need_minor(ps_client *c, const char *what) {
+  for (int p = 0; p < c->num_ps; p++)
+    if (c->conns[p].minor < 1)
+      return ps__seterr(c, PS_EUNSUPPORTED,
+                        "%s needs protocol 2.1, and ps %d at %s speaks only 2.0: upgrade psd",
+                        what, p, c->conns[p].addr);
+  return 0;
+}
+
 /* Name, rank and shape are acceptable; *numel gets the element count. */
 static int check_args(ps_client *c, const char *name, const int64_t *shape, int ndim,
                       uint64_t *numel) {
@@ -220,6 +229,10 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
   if (init && (rc = ps__sized_read(&in, sizeof in, init, PS__INIT_V1_SIZE, "ps_init", e,
                                    sizeof e)) != 0)
     return ps__seterr(c, rc, "variable '%s': %s", name, e);
+  if (ps__opt_needs_2_1(&o)) {
+    snprintf(e, sizeof e, "variable '%s': optimizer kind none, cosine decay or warm-up", name);
+    if ((rc = ps__need_minor(c, e)) != 0) return rc;
+  }
   /* Placement must stay identical on every worker: if this creation
    * fails, the loads are restored as if it never happened. */
   uint64_t *saved_load = malloc((size_t)c->num_ps * sizeof *saved_load);
