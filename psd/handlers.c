@@ -355,7 +355,7 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     psd_slice *sl = NULL;
     if (rc == 0)
       rc = psd_shard_register(h->shard, name, (uint32_t)sp->n_shape, sp->shape,
-                              sp->offset, sp->length, &opt, &sl, err, sizeof err);
+                              sp->offset, sp->length, &opt, c->worker, &sl, err, sizeof err);
     if (rc == 0) rc = psd_persist_restore_slice(h->persist, sl, err, sizeof err);
     if (rc == 0) {
       ps__slice_state__init(&states[i]);

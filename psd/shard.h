@@ -26,6 +26,8 @@ typedef struct psd_slice {
   uint64_t offset;         /* first element of this slice */
   uint64_t length;         /* elements in this slice */
   ps_optimizer opt;        /* update rule, agreed by all workers */
+  int32_t created_by;      /* worker whose Register created it (named in
+                              conflicts: "registered first by worker N") */
   float *param;            /* parameters, length floats */
   float *acc;              /* sum of this step's gradients so far */
   float *state;            /* optimizer state (0-2 x length floats) */
@@ -63,12 +65,14 @@ void psd_shard_init(psd_shard *s, uint32_t num_workers, uint32_t replicas,
                     int async_mode);
 void psd_shard_free(psd_shard *s);
 
-/* Looks up or creates the slice [offset, offset+length) of variable name.
- * An existing one must agree on shape and optimizer (else PS_ESHAPE or
- * PS_EMISMATCH, with err naming the variable). Returns 0 and *out. */
+/* Looks up or creates the slice [offset, offset+length) of variable name
+ * for `worker`. An existing one must agree on shape and optimizer (else
+ * PS_ESHAPE or PS_EMISMATCH, with err naming the variable, both shapes or
+ * the differing optimizer field with both values, and the worker that
+ * registered it first). Returns 0 and *out. */
 int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
                        const uint64_t *shape, uint64_t offset, uint64_t length,
-                       const ps_optimizer *opt, psd_slice **out, char *err,
+                       const ps_optimizer *opt, int worker, psd_slice **out, char *err,
                        size_t errlen);
 
 /* Sets initial values (length floats) of an uninitialized slice; a slice

@@ -310,7 +310,7 @@ static const hcase CASES[] = {
     {"register_9_dims", SETUP_HELLO, 0, X_NONFATAL, PS_EINVAL, "9 dimensions", 0},
     {"register_zero_dim", SETUP_HELLO, 0, X_NONFATAL, PS_ESHAPE, "zero", 0},
     {"register_size_overflow", SETUP_HELLO, 0, X_NONFATAL, PS_ESHAPE, "overflow", 0},
-    {"register_other_shape", SETUP_VAR, 0, X_NONFATAL, PS_ESHAPE, "different shape", 0},
+    {"register_other_shape", SETUP_VAR, 0, X_NONFATAL, PS_ESHAPE, "asks for shape [5]", 0},
     /* 2^62 elements: length * 4 wraps to 0, so only the placement check
      * stops it; either way nothing may be allocated */
     {"register_huge_slice", SETUP_HELLO, 0, X_NONFATAL, PS_ETOOBIG, "slice", PS_ESHAPE},

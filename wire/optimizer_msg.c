@@ -102,32 +102,48 @@ const char *ps__opt_decay_name(int decay) {
  * both values and makes the caller return 1. */
 #define DIFF_D(field)                                                              \
   if (a->field != b->field) {                                                      \
-    snprintf(buf, len, #field " %.17g vs %.17g", a->field, b->field);              \
+    diff_double(buf, len, #field, a->field, al, b->field, bl);                     \
     return 1;                                                                      \
   }
 #define DIFF_U(field)                                                              \
   if (a->field != b->field) {                                                      \
-    snprintf(buf, len, #field " %llu vs %llu", (unsigned long long)a->field,      \
-             (unsigned long long)b->field);                                        \
+    snprintf(buf, len, #field " %llu (%s) vs %llu (%s)", (unsigned long long)a->field, \
+             al, (unsigned long long)b->field, bl);                                \
     return 1;                                                                      \
   }
+
+/* "name A vs B", short when %g tells the values apart, else with every
+ * digit (0.1 vs 0.10000000000000002 must not read "0.1 vs 0.1"). */
+static void diff_double(char *buf, size_t len, const char *name, double a, const char *al,
+                        double b, const char *bl) {
+  char x[32], y[32];
+  snprintf(x, sizeof x, "%g", a);
+  snprintf(y, sizeof y, "%g", b);
+  if (strcmp(x, y) == 0) {
+    snprintf(x, sizeof x, "%.17g", a);
+    snprintf(y, sizeof y, "%.17g", b);
+  }
+  snprintf(buf, len, "%s %s (%s) vs %s (%s)", name, x, al, y, bl);
+}
 
 /* Names a kind or decay for ps__opt_diff: its name, or "unknown". */
 static const char *or_unknown(const char *name) { return name ? name : "unknown"; }
 
-int ps__opt_diff(const ps_optimizer *a, const ps_optimizer *b, char *buf, size_t len) {
+int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, const char *bl,
+                 char *buf, size_t len) {
   if (len) buf[0] = '\0';
   if (a->kind != b->kind) {
-    snprintf(buf, len, "kind %s (%d) vs %s (%d)", or_unknown(ps__opt_kind_name((int)a->kind)),
-             (int)a->kind, or_unknown(ps__opt_kind_name((int)b->kind)), (int)b->kind);
+    snprintf(buf, len, "kind %s=%d (%s) vs %s=%d (%s)",
+             or_unknown(ps__opt_kind_name((int)a->kind)), (int)a->kind, al,
+             or_unknown(ps__opt_kind_name((int)b->kind)), (int)b->kind, bl);
     return 1;
   }
   if (a->kind == PS_OPT_NONE) return 0; /* no update rule: nothing else is used */
   DIFF_D(lr)
   DIFF_D(weight_decay)
   if (a->decay != b->decay) {
-    snprintf(buf, len, "decay %s vs %s", or_unknown(ps__opt_decay_name((int)a->decay)),
-             or_unknown(ps__opt_decay_name((int)b->decay)));
+    snprintf(buf, len, "decay %s (%s) vs %s (%s)", or_unknown(ps__opt_decay_name((int)a->decay)),
+             al, or_unknown(ps__opt_decay_name((int)b->decay)), bl);
     return 1;
   }
   if (a->decay == PS_DECAY_EXPONENTIAL || a->decay == PS_DECAY_STEP) {
@@ -142,8 +158,8 @@ int ps__opt_diff(const ps_optimizer *a, const ps_optimizer *b, char *buf, size_t
   if (a->kind == PS_OPT_MOMENTUM) {
     DIFF_D(momentum)
     if (!a->nesterov != !b->nesterov) {
-      snprintf(buf, len, "nesterov %s vs %s", a->nesterov ? "yes" : "no",
-               b->nesterov ? "yes" : "no");
+      snprintf(buf, len, "nesterov %s (%s) vs %s (%s)", a->nesterov ? "yes" : "no", al,
+               b->nesterov ? "yes" : "no", bl);
       return 1;
     }
   }

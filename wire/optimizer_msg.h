@@ -23,9 +23,10 @@ const char *ps__opt_kind_name(int kind);
 const char *ps__opt_decay_name(int decay);
 /* Whether a and b are the same update rule, comparing exactly (==) only
  * the fields the rule uses (docs/protocol.md, section 7): 0 if they are,
- * else 1 with the first differing field and both values ("lr 0.1 vs
- * 0.2", a's first) in buf. Shared so that psd and the client name a
- * conflict the same way. */
-int ps__opt_diff(const ps_optimizer *a, const ps_optimizer *b, char *buf, size_t len);
+ * else 1 with the first differing field and both values, each followed by
+ * its label, in buf ("lr 0.1 (worker 1) vs 0.2 (worker 0)"). Shared so
+ * that psd and the client name a conflict the same way. */
+int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, const char *bl,
+                 char *buf, size_t len);
 
 #endif /* PS_WIRE_OPTIMIZER_MSG_H */

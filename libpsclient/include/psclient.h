@@ -7,6 +7,11 @@
  *    *_destroy releases it, and *_destroy(NULL) is a no-op.
  *  - Functions return 0 on success or a negative PS_E* code; ps_strerror()
  *    names a code and ps_client_errmsg() gives the details of the last error.
+ *    Every failing call on a client sets that message itself (a NULL client
+ *    has none to set), and leaves every output it was given untouched:
+ *    *step, *stale_out, *out keep what the caller had put there
+ *    (ps_client_create and ps_client_create_from_env excepted: on failure
+ *    they set *out to NULL, so destroying it is always safe).
  *  - Thread safety: a ps_client and everything created from it (variables,
  *    requests) must be used by one thread at a time. Different clients are
  *    independent. ps_strerror() is thread-safe.
@@ -265,9 +270,18 @@ PS_EXTERN int ps_client_num_ps(const ps_client *c);
  * The chief initializes it with `init`; every other worker blocks until the
  * chief has, then receives the values. If the variable already exists on
  * the servers (another worker or a restore created it) with the same shape
- * and optimizer, this attaches to it; a different shape is PS_ESHAPE.
- * `opt` may be NULL (SGD, lr 0.01). On success *out is owned by c and its
- * data holds the current parameters. Blocking. */
+ * and optimizer, this attaches to it; a different shape is PS_ESHAPE and a
+ * different optimizer PS_EMISMATCH, the message showing both shapes (or the
+ * differing optimizer field with both values) and which worker registered
+ * the variable first. `opt` may be NULL (SGD, lr 0.01); an optimizer of
+ * kind PS_OPT_NONE makes a variable that is not trainable (see
+ * ps_client_var_assign). On success *out is owned by c and its data holds
+ * the current parameters. Blocking.
+ * Creating a name this client already created is idempotent: with the same
+ * shape, optimizer and initializer (compared as the servers compare them:
+ * only the fields the rule or distribution uses) it returns the existing
+ * handle at once, without any I/O; otherwise it fails, PS_ESHAPE or
+ * PS_EMISMATCH, naming the property that differs and both values. */
 PS_EXTERN int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape,
                                    int ndim, const ps_init *init, const ps_optimizer *opt,
                                    ps_var **out);
@@ -283,22 +297,37 @@ PS_EXTERN const char *ps_var_name(const ps_var *v);
 PS_EXTERN int ps_var_ndim(const ps_var *v);
 PS_EXTERN const int64_t *ps_var_shape(const ps_var *v);
 
-/* Pushes the gradients of vars[0..n) (all variables when vars is NULL),
- * computed from parameters at `step`, to every ps concurrently. *out is a
- * request to wait on. Returns 0 or a negative code (nothing was sent). */
+/* The variable this client created under `name` (owned by c), or NULL
+ * (no such variable, or c or name NULL; the error message says which). */
+PS_EXTERN ps_var *ps_client_var_find(ps_client *c, const char *name);
+
+/* The step the last successful ps_client_step set *step to, or the last
+ * successful ps_client_pull set *step_out to; 0 before either (and for a
+ * NULL client). In async mode it is the worker's own count of pushes (see
+ * ps_client_step). Never waits, never fails. */
+PS_EXTERN uint64_t ps_client_step_current(const ps_client *c);
+
+/* Pushes the gradients of vars[0..n) (all trainable variables when vars is
+ * NULL), computed from parameters at `step`, to every ps concurrently. *out
+ * is a request to wait on. Returns 0 or a negative code (nothing was sent);
+ * listing a variable that is not trainable (PS_OPT_NONE) is PS_EINVAL. */
 PS_EXTERN int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars,
                                    size_t n, ps_req **out);
 
 /* Asks every ps for the parameters of vars (all when NULL) at a step >=
- * min_step; the values land in ps_var_data() as they arrive. */
+ * min_step; the values land in ps_var_data() as they arrive. With vars
+ * NULL, the variables that are not trainable are asked for at their
+ * latest values (min_step 0): their step counts the chief's assigns, not
+ * training steps (ps_client_var_assign); list them to wait for a step. */
 PS_EXTERN int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars,
                                    size_t n, ps_req **out);
 
 /* Waits for r (up to timeout_ms; < 0: the client's request timeout) while
  * driving all of c's I/O. Returns 0, or the request's error: a push whose
  * gradient came too late returns PS_ESTALE (not fatal: pull and go on).
- * *step_out (may be NULL) gets, for a pull, the smallest step among the
- * slices received. r stays valid until ps_req_destroy(). */
+ * On success *step_out (may be NULL) gets, for a pull, the smallest step
+ * among the slices of trainable variables received (of the others when
+ * it named none). r stays valid until ps_req_destroy(). */
 PS_EXTERN int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
 
 /* Releases a finished request (waiting first if it is still in flight, so
@@ -306,16 +335,25 @@ PS_EXTERN int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
 PS_EXTERN void ps_req_destroy(ps_req *r);
 
 /* One synchronous training step for every variable: pushes the gradients
- * computed at *step, pulls the parameters of the next step, and sets *step
- * to it. A stale push is not an error here: the client skips ahead to the
- * servers' step (*stale_out, if not NULL, is set to 1 when it happened).
- * The chief (worker 0) also arranges the checkpoints the servers ask for
- * here. Returns 0, PS_ESTOPPED when the job stops on request (see
- * ps_client_request_stop; *step then holds no meaning), or another PS_E*. */
+ * of the trainable variables computed at *step, pulls the parameters of
+ * the next step (and the latest values of the variables that are not
+ * trainable), and sets *step to it. A stale push is not an error here: the
+ * client skips ahead to the servers' step (*stale_out, if not NULL, is set
+ * to 1 when it happened, else 0). The chief (worker 0) also arranges the
+ * checkpoints the servers ask for here. Returns 0, PS_ESTOPPED when the
+ * job stops on request (see ps_client_request_stop), or another PS_E*; on
+ * any error *step and *stale_out keep their values.
+ * Async mode (ps_config.async_mode): each gradient is applied on its own
+ * as it arrives, and a slice's step counts the updates from every worker.
+ * *step is then this worker's own count of successful ps_client_step
+ * calls (the value given plus one), not the servers' step, and the pull
+ * returns the latest parameters without waiting. */
 PS_EXTERN int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
 
-/* Pulls every variable at step >= min_step (blocking); *step_out gets the
- * step received. Used to start or resume: ps_client_pull(c, 0, &s). */
+/* Pulls every variable at step >= min_step (blocking; the variables that
+ * are not trainable at their latest values); on success *step_out (may be
+ * NULL) gets the step received. Used to start or resume:
+ * ps_client_pull(c, 0, &s). */
 PS_EXTERN int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out);
 
 /* Tells every server this worker is done; they exit when all are. */

@@ -90,6 +90,10 @@ struct ps_var {
   size_t first_slice;            /* its slices are c->slices[first_slice..] */
   size_t n_slices;               /* ... this many */
   int mark;                      /* scratch: duplicate detection */
+  int trainable;                 /* opt.kind != PS_OPT_NONE: ps_client_step pushes it */
+  ps_optimizer opt;              /* as created (library layout): a second create
+                                    of the name must agree with it */
+  ps_init init;                  /* ... and with this initializer */
 };
 
 struct ps_req {
@@ -101,9 +105,15 @@ struct ps_req {
                             closing after its last answer fails only the
                             requests still waiting for it */
   int status;            /* first error, or 0 */
+  char msg[512];         /* status's message: ps_req_wait restores it, so a
+                            later error elsewhere cannot stand in for it */
   int stale;             /* some push item was stale */
   int done;              /* no more replies expected */
-  uint64_t step;         /* pull: smallest step received; hello: the ps */
+  uint64_t step;         /* pull: smallest step received among trainable
+                            variables' slices (UINT64_MAX: none yet) */
+  uint64_t step_nt;      /* ... and among the others' (their step is one past
+                            their last assign): the pull's step when it
+                            named no trainable variable */
   int refused;           /* checkpoint: some server said no */
   uint64_t max_step;     /* checkpoint: most advanced server's step */
   double first_reply_at; /* pull: when its first PullReply came (telemetry) */
@@ -190,6 +200,8 @@ struct ps_client {
   int stop_agreed;            /* chief: every server committed to a stop */
   volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
   ps__telem telem;            /* per-step records (telemetry.c) */
+  uint64_t cur_step;          /* the step last returned by ps_client_step or
+                                 ps_client_pull (ps_client_step_current) */
   char errmsg[1024];          /* last error */
 };
 

@@ -50,9 +50,82 @@ static int check_args(ps_client *c, const char *name, const int64_t *shape, int 
       return ps__seterr(c, PS_EINVAL,
                         "variable '%s': dimension %d (%lld) is not positive or the size overflows",
                         name, d, (long long)shape[d]);
+  return 0;
+}
+
+/* c's variable called name, or NULL. */
+static ps_var *find_var(const ps_client *c, const char *name) {
   for (size_t i = 0; i < c->nvars; i++)
-    if (strcmp(c->vars[i]->name, name) == 0)
-      return ps__seterr(c, PS_EINVAL, "variable '%s' was already created by this client", name);
+    if (strcmp(c->vars[i]->name, name) == 0) return c->vars[i];
+  return NULL;
+}
+
+ps_var *ps_client_var_find(ps_client *c, const char *name) {
+  if (!c) return NULL;
+  ps_var *v = name ? find_var(c, name) : NULL;
+  if (!v) ps__seterr(c, PS_ENOTFOUND, "this client has no variable '%s'", name ? name : "(null)");
+  return v;
+}
+
+/* "[3, 4]" into buf (PS_MAX_DIMS dims fit in 200 bytes). */
+static void fmt_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int d = 0; d < ndim && o < len; d++) {
+    int k = snprintf(buf + o, len - o, "%s%lld", d ? ", " : "[", (long long)shape[d]);
+    if (k < 0) return;
+    o += (size_t)k;
+  }
+  if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+/* Whether two initializers draw the same values: 0, or 1 with the first
+ * differing parameter and both values in buf (a first). Only what the
+ * kind uses is compared. */
+static int init_diff(const ps_init *a, const ps_init *b, char *buf, size_t len) {
+  if (a->kind != b->kind) {
+    snprintf(buf, len, "initializer kind %d (the first create) vs %d (this call)", (int)a->kind,
+             (int)b->kind);
+    return 1;
+  }
+  int uses_ab = a->kind == PS_INIT_UNIFORM || a->kind == PS_INIT_NORMAL ||
+                a->kind == PS_INIT_TRUNCATED_NORMAL;
+  int seeded = uses_ab || a->kind == PS_INIT_GLOROT_UNIFORM || a->kind == PS_INIT_GLOROT_NORMAL;
+  if ((uses_ab || a->kind == PS_INIT_CONSTANT) && a->a != b->a)
+    snprintf(buf, len, "initializer a %.17g (the first create) vs %.17g (this call)", a->a, b->a);
+  else if (uses_ab && a->b != b->b)
+    snprintf(buf, len, "initializer b %.17g (the first create) vs %.17g (this call)", a->b, b->b);
+  else if (seeded && a->seed != b->seed)
+    snprintf(buf, len, "initializer seed %llu (the first create) vs %llu (this call)",
+             (unsigned long long)a->seed, (unsigned long long)b->seed);
+  else
+    return 0;
+  return 1;
+}
+
+/* A second create of v's name: v itself when shape, optimizer and
+ * initializer agree, else an error naming the property and both values. */
+static int recreate(ps_client *c, ps_var *v, const int64_t *shape, int ndim,
+                    const ps_optimizer *o, const ps_init *in, ps_var **out) {
+  int same = v->ndim == ndim;
+  for (int d = 0; same && d < ndim; d++) same = v->shape[d] == shape[d];
+  char a[200], b[200], diff[400];
+  if (!same) {
+    fmt_shape(a, sizeof a, v->shape, v->ndim);
+    fmt_shape(b, sizeof b, shape, ndim);
+    return ps__seterr(c, PS_ESHAPE,
+                      "variable '%s' was already created by this client with shape %s; this "
+                      "call asks for %s", v->name, a, b);
+  }
+  if (ps__opt_diff(&v->opt, "the first create", o, "this call", diff, sizeof diff))
+    return ps__seterr(c, PS_EMISMATCH,
+                      "variable '%s' was already created by this client with another "
+                      "optimizer: %s", v->name, diff);
+  if (init_diff(&v->init, in, diff, sizeof diff))
+    return ps__seterr(c, PS_EMISMATCH,
+                      "variable '%s' was already created by this client with another %s",
+                      v->name, diff);
+  *out = v;
   return 0;
 }
 
@@ -211,8 +284,8 @@ static int var_initialize(ps_client *c, ps_var *v, const ps_init *init) {
 
 int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, int ndim,
                          const ps_init *init, const ps_optimizer *opt, ps_var **out) {
-  if (!c || !out) return PS_EINVAL;
-  *out = NULL;
+  if (!c) return PS_EINVAL;
+  if (!out) return ps__seterr(c, PS_EINVAL, "ps_client_var_create: out is NULL");
   uint64_t numel = 0;
   int rc = check_args(c, name, shape, ndim, &numel);
   if (rc) return rc;
@@ -229,6 +302,8 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
   if (init && (rc = ps__sized_read(&in, sizeof in, init, PS__INIT_V1_SIZE, "ps_init", e,
                                    sizeof e)) != 0)
     return ps__seterr(c, rc, "variable '%s': %s", name, e);
+  ps_var *had = find_var(c, name);
+  if (had) return recreate(c, had, shape, ndim, &o, &in, out);
   if (ps__opt_needs_2_1(&o)) {
     snprintf(e, sizeof e, "variable '%s': optimizer kind none, cosine decay or warm-up", name);
     if ((rc = ps__need_minor(c, e)) != 0) return rc;
@@ -243,6 +318,9 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
     goto fail;
   }
   memcpy(saved_load, c->placer.load, (size_t)c->num_ps * sizeof *saved_load);
+  v->opt = o;
+  v->init = in;
+  v->trainable = o.kind != PS_OPT_NONE;
   if ((rc = var_place(c, v)) != 0) {
     ps__seterr(c, rc, "out of memory creating '%s'", name);
     goto fail;
