@@ -213,8 +213,46 @@ static void before_update(psd_shard *s, psd_slice *sl) {
   if (sl->readers > 0 && s->detach) s->detach(s->detach_ctx, sl);
 }
 
+int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *values,
+                     char *err, size_t errlen) {
+  unsigned long long at = (unsigned long long)sl->step, want = (unsigned long long)step;
+  if (!sl->initialized) {
+    snprintf(err, errlen, "cannot assign '%s': it is not initialized yet", sl->name);
+    return PS_ESTATE;
+  }
+  if (sl->opt.kind == PS_OPT_NONE || s->async_mode) {
+    /* Nothing else changes these parameters at a step: replace them now. */
+    if (!s->async_mode && sl->step > step + 1) {
+      snprintf(err, errlen,
+               "cannot assign '%s' for step %llu: the chief already assigned it for step %llu",
+               sl->name, want, at - 1);
+      return PS_ESTALE;
+    }
+    before_update(s, sl);
+    memcpy(sl->param, values, sl->length * sizeof(float));
+    if (s->async_mode || sl->step == step + 1) return 0;
+    sl->step = step + 1;
+    return 1;
+  }
+  if (sl->step != step) {
+    snprintf(err, errlen,
+             sl->step > step
+                 ? "cannot assign '%s' (slice at %llu) for step %llu: it is at step %llu "
+                   "already (backup workers completed the step without the chief)"
+                 : "cannot assign '%s' (slice at %llu) for step %llu: it is only at step %llu",
+             sl->name, (unsigned long long)sl->offset, want, at);
+    return sl->step > step ? PS_ESTALE : PS_EINVAL;
+  }
+  /* This step's gradients would only be overwritten: acc now holds the
+   * values, and the step's last gradient installs them. */
+  memcpy(sl->acc, values, sl->length * sizeof(float));
+  sl->assign_pending = 1;
+  return 0;
+}
+
 int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
                    const float *grad, double now) {
+  if (sl->opt.kind == PS_OPT_NONE) return PS_EUNSUPPORTED;
   if (!sl->initialized) return PS_ESTATE;
   if (s->async_mode) {
     before_update(s, sl);
@@ -233,20 +271,27 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
   if (sl->count + 1 >= s->replicas) {
     /* Last gradient of the step: average and apply in one fused pass. */
     before_update(s, sl);
-    float scale = 1.0f / (float)(sl->count + 1);
-    psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad,
-                  sl->count ? sl->acc : NULL, scale, sl->length);
+    if (sl->assign_pending) {
+      /* The chief's values are the parameters of step + 1. */
+      memcpy(sl->param, sl->acc, sl->length * sizeof(float));
+      sl->assign_pending = 0;
+    } else {
+      float scale = 1.0f / (float)(sl->count + 1);
+      psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad,
+                    sl->count ? sl->acc : NULL, scale, sl->length);
+    }
     sl->count = 0;
     sl->step++;
     sl->stall_logged_at = 0;
     return 1;
   }
-  if (sl->count == 0) {
+  if (sl->count == 0) sl->first_grad_at = now;
+  if (sl->assign_pending)
+    ; /* acc holds the assigned values: this step's gradients are dropped */
+  else if (sl->count == 0)
     memcpy(sl->acc, grad, sl->length * sizeof(float));
-    sl->first_grad_at = now;
-  } else {
+  else
     add_into(sl->acc, grad, sl->length);
-  }
   sl->count++;
   return 0;
 }

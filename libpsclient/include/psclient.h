@@ -297,6 +297,34 @@ PS_EXTERN const char *ps_var_name(const ps_var *v);
 PS_EXTERN int ps_var_ndim(const ps_var *v);
 PS_EXTERN const int64_t *ps_var_shape(const ps_var *v);
 
+/* The chief (worker 0) sets the values of vars[0..n) (all variables when
+ * vars is NULL) to what their ps_var_data() holds: the caller writes the
+ * values there (pretrained weights, statistics computed outside training),
+ * then calls this with `step`, the step its last ps_client_step or
+ * ps_client_pull returned (ps_client_step_current(c)), before its next
+ * ps_client_step. Blocking: returns once every ps holding a slice has
+ * applied it. What every ps does, for every slice of the variables:
+ *  - sync mode, trainable variable: the values become the parameters of
+ *    step + 1, replacing that step's update (the step's gradients still
+ *    count to complete it, then are dropped; optimizer state is kept). So
+ *    every worker's pull of step + 1 (its next ps_client_step) receives
+ *    exactly these values, on every ps at the same step. To start from
+ *    loaded weights, assign right after creating the variables, at step 0
+ *    (or the step ps_client_pull returned on a resume).
+ *  - not trainable (PS_OPT_NONE): the values replace the parameters at
+ *    once and the variable's step becomes step + 1, so a pull of it with
+ *    min_step step + 1 (ps_client_pull_async with the variable listed)
+ *    waits for this assign; ps_client_step pulls its latest values.
+ *  - async mode: the values replace the parameters at once.
+ * Returns 0; PS_ESTATE from a worker that is not the chief (nothing is
+ * sent); PS_EUNSUPPORTED if a server speaks only protocol 2.0; PS_ESTALE
+ * when a slice is already past `step` (with backup workers the others can
+ * complete a step without the chief: the other slices did take the
+ * values, so assign again at the step ps_client_pull returns), PS_EINVAL
+ * for a step a slice has not reached, PS_ESTATE for a variable that is
+ * not initialized; the message names the variable and both steps. */
+PS_EXTERN int ps_client_var_assign(ps_client *c, ps_var *const *vars, size_t n, uint64_t step);
+
 /* The variable this client created under `name` (owned by c), or NULL
  * (no such variable, or c or name NULL; the error message says which). */
 PS_EXTERN ps_var *ps_client_var_find(ps_client *c, const char *name);

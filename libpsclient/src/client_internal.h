@@ -296,6 +296,13 @@ int ps__pump(ps_client *c, ps_req *r, double deadline);
 /* Waits for r, then releases it. */
 int ps__req_wait_release(ps_client *c, ps_req *r);
 
+/* ---- transfer.c (calls conn.c, request.c) -------------------------------- */
+
+/* The listed variables (none when vars is NULL) are c's, each listed once,
+ * and, for a push, trainable; every connection is up. 0 or PS_EINVAL /
+ * PS_ECLOSED with the message set. */
+int ps__check_vars(ps_client *c, ps_var *const *vars, size_t n, int push);
+
 /* ---- var.c --------------------------------------------------------------- */
 
 /* 0 if every server speaks protocol 2.1 (PS__PROTOCOL_MINOR >= 1), else

@@ -33,8 +33,7 @@ static int scratch_items(ps_client *c, size_t n) {
     }                                                                      \
   } while (0)
 
-/* The listed variables are c's, each once (and, for a push, trainable). */
-static int check_vars(ps_client *c, ps_var *const *vars, size_t n, int push) {
+int ps__check_vars(ps_client *c, ps_var *const *vars, size_t n, int push) {
   int rc = 0;
   for (size_t i = 0; vars && i < n && !rc; i++) {
     if (!vars[i] || vars[i]->c != c)
@@ -80,7 +79,7 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
                          ps_req **out) {
   if (!c) return PS_EINVAL;
   if (!out) return ps__seterr(c, PS_EINVAL, "ps_client_push_async: out is NULL");
-  int rc = check_vars(c, vars, n, 1);
+  int rc = ps__check_vars(c, vars, n, 1);
   if (rc) return rc;
   if (scratch_items(c, c->nslices)) return ps__seterr(c, PS_ENOMEM, "out of memory");
   ps_req *r = ps__req_new(c, PS__REQ_PUSH);
@@ -137,7 +136,7 @@ int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars, s
                          ps_req **out) {
   if (!c) return PS_EINVAL;
   if (!out) return ps__seterr(c, PS_EINVAL, "ps_client_pull_async: out is NULL");
-  int rc = check_vars(c, vars, n, 0);
+  int rc = ps__check_vars(c, vars, n, 0);
   if (rc) return rc;
   if (scratch_items(c, c->nslices)) return ps__seterr(c, PS_ENOMEM, "out of memory");
   ps_req *r = ps__req_new(c, PS__REQ_PULL);

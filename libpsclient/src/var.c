@@ -347,3 +347,49 @@ fail:
   free(saved_load);
   return rc;
 }
+
+/* Queues one assign Init frame per slice of v (data from ps_var_data) for
+ * r. 0 or <0 (message set; r is the caller's to release). */
+static int assign_var(ps_client *c, ps_var *v, uint64_t step, ps_req *r) {
+  for (size_t i = 0; i < v->n_slices; i++) {
+    const ps__slice *s = &c->slices[v->first_slice + i];
+    Ps__Item item = PS__ITEM__INIT, *ip = &item;
+    item.slice_id = s->remote_id;
+    item.count = s->length;
+    const float *dp = v->data + s->offset;
+    uint64_t dc = s->length;
+    Ps__Init in = PS__INIT__INIT;
+    in.request_id = r->id;
+    in.n_items = 1;
+    in.items = &ip;
+    in.assign = 1;
+    in.step = step;
+    int rc = ps__queue_frame(c, &c->conns[s->ps], PS__MSG_INIT, &in.base, &dp, &dc, 1);
+    if (rc) return rc;
+    ps__req_expect(r, (int)s->ps, 1);
+  }
+  return 0;
+}
+
+int ps_client_var_assign(ps_client *c, ps_var *const *vars, size_t n, uint64_t step) {
+  if (!c) return PS_EINVAL;
+  if (c->worker_index != 0)
+    return ps__seterr(c, PS_ESTATE,
+                      "ps_client_var_assign: only the chief (worker 0) assigns variables; "
+                      "this is worker %d", c->worker_index);
+  int rc = ps__need_minor(c, "ps_client_var_assign");
+  if (!rc) rc = ps__check_vars(c, vars, n, 0);
+  if (rc) return rc;
+  ps_req *r = ps__req_new(c, PS__REQ_INIT);
+  if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  size_t nv = vars ? n : c->nvars;
+  for (size_t i = 0; i < nv && rc == 0; i++)
+    rc = assign_var(c, vars ? vars[i] : c->vars[i], step, r);
+  if (rc) {
+    ps__req_release(c, r);
+    return rc;
+  }
+  for (int p = 0; p < c->num_ps; p++) ps__conn_flush(c, &c->conns[p]);
+  if (r->pending == 0) ps__req_finish(c, r);
+  return ps__req_wait_release(c, r);
+}
