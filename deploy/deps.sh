@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libevent-dev libprotobuf-c-dev
       protobuf-c-compiler libopenblas-dev check libslurm-dev libpmi2-0-dev libmunge-dev munge
-      libsodium-dev gnuplot-nox iproute2)
+      libsodium-dev gnuplot-nox jq iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

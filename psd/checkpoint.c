@@ -208,7 +208,7 @@ int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_met
   return 0;
 }
 
-int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen) {
+int psd_ckpt_add_header(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen) {
   if (w->written >= w->nslices) {
     snprintf(err, errlen, "checkpoint %s: more slices than the %u promised", w->tmp,
              w->nslices);
@@ -240,12 +240,22 @@ int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t er
   o += 4;
   put64(h + o, r->step);
   o += 8;
-  if (wr(w, h, o, err, errlen) != 0 ||
+  if (wr(w, h, o, err, errlen) != 0) return -1;
+  w->written++;
+  return 0;
+}
+
+int psd_ckpt_append(psd_ckpt_writer *w, const void *buf, size_t len, char *err,
+                    size_t errlen) {
+  return wr(w, buf, len, err, errlen);
+}
+
+int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen) {
+  if (psd_ckpt_add_header(w, r, err, errlen) != 0 ||
       wr(w, r->param, r->length * sizeof(float), err, errlen) != 0 ||
       (r->state_per &&
        wr(w, r->state, r->length * r->state_per * sizeof(float), err, errlen) != 0))
     return -1;
-  w->written++;
   return 0;
 }
 

@@ -88,6 +88,12 @@ int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_met
                    char *err, size_t errlen);
 /* Appends one record. 0 or -1 (err). */
 int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen);
+/* The same in pieces, for a writer that copies the data out in chunks
+ * (ckptq.c): the record's header (r->param and r->state are not read),
+ * then exactly length * (1 + state_per) floats through psd_ckpt_append. */
+int psd_ckpt_add_header(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen);
+int psd_ckpt_append(psd_ckpt_writer *w, const void *buf, size_t len, char *err,
+                    size_t errlen);
 /* Writes the trailer (CRC, then the MAC over the whole file), fsyncs,
  * renames into place (renameat in the step directory) and fsyncs it.
  * Every promised record must have been added. 0 or -1 (err; the

@@ -363,7 +363,7 @@ int psd_conn_write(psd_conn *c) {
   if (c->read_paused && c->state != PSD_CONN_CLOSING) {
     /* Replies drained: take requests again. */
     c->read_paused = 0;
-    if (!c->pace.paused) {
+    if (!c->pace.paused && !c->auth_wait) {
       event_add(c->rev, NULL);
       event_active(c->rev, EV_READ, 0); /* frames may be buffered already */
     }
@@ -389,6 +389,23 @@ void psd_conns_reap(psd_conns *cs) {
     psd_conn *c = cs->graveyard;
     cs->graveyard = c->next;
     conn_free(c);
+  }
+}
+
+psd_conn *psd_conns_find(psd_conns *cs, uint64_t seq) {
+  for (psd_conn *c = cs->head; c; c = c->next)
+    if (c->seq == seq && !c->dead) return c;
+  return NULL;
+}
+
+void psd_conn_auth_done(psd_conn *c) {
+  c->auth_wait = 0;
+  if (c->dead) return;
+  if (c->handshaken && !c->upgraded && conn_upgrade(c) != 0) return;
+  if (psd_conn_write(c) != 0) return;
+  if (c->state != PSD_CONN_CLOSING && !c->read_paused && !c->pace.paused) {
+    event_add(c->rev, NULL);
+    event_active(c->rev, EV_READ, 0); /* frames may be buffered already */
   }
 }
 
@@ -447,7 +464,7 @@ uint64_t psd_conn_pace_progress(const psd_pace_peer *p, uint64_t *step) {
 static void resume_paced(psd_conns *cs) {
   for (psd_pace_peer *p = psd_pace_resume(cs->pace); p; p = p->resume_next) {
     psd_conn *c = CONN_OF_PACE(p);
-    if (!c->dead && !c->read_paused) event_add(c->rev, NULL);
+    if (!c->dead && !c->read_paused && !c->auth_wait) event_add(c->rev, NULL);
   }
 }
 
@@ -575,9 +592,14 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
   while (!c->dead && c->state != PSD_CONN_CLOSING) {
     int r = 1;
     /* Buffered frames too wait while the output is over the mark. */
-    while (ps__outq_bytes(&c->out) <= PSD_OUT_HIGH_WATER && (r = step(c)) > 0 && !c->dead) {
+    while (!c->auth_wait && ps__outq_bytes(&c->out) <= PSD_OUT_HIGH_WATER &&
+           (r = step(c)) > 0 && !c->dead) {
     }
     if (r < 0 || c->dead) break;
+    if (c->auth_wait) {
+      event_del(c->rev); /* psd_conn_auth_done reads again */
+      break;
+    }
     if (ps__outq_bytes(&c->out) > PSD_OUT_HIGH_WATER) {
       /* The peer is not reading its replies: stop reading its requests
        * until they drain (bounds the memory one peer can make us use). */

@@ -117,6 +117,8 @@ typedef struct psd_conn {
   int finished;               /* the worker sent FINISH */
   int dead;                   /* closed; memory freed at the next reap */
   int read_paused;            /* requests not read until replies drain */
+  int auth_wait;              /* a Hello waits for its MUNGE verdict: nothing
+                                 more is read until psd_conn_auth_done */
   psd_pace_peer pace;         /* ingress pacing state (pace.c) */
   uint64_t pace_done;         /* DATA: bytes of this step's Push items done */
   uint64_t seq;               /* connection number, for logs */
@@ -175,6 +177,11 @@ void psd_conn_close(psd_conn *c, const char *why);
 /* Frees closed connections; called at the end of every event callback,
  * when nothing up the stack still refers to them. */
 void psd_conns_reap(psd_conns *cs);
+/* The open connection numbered seq, or NULL. */
+psd_conn *psd_conns_find(psd_conns *cs, uint64_t seq);
+/* c's Hello was answered after waiting for its MUNGE verdict: sends the
+ * answer and reads again (frames already buffered included). */
+void psd_conn_auth_done(psd_conn *c);
 /* Closes every connection (psd exits). */
 void psd_conns_close_all(psd_conns *cs);
 /* 1 if any connection has replies waiting to be written. */

@@ -30,10 +30,12 @@ static void check_done(psd_handlers *h) {
   h->finish(h->loop, code);
 }
 
-/* Shard hook: queued replies still send sl's parameters in place, and an
- * update is about to change them: give those replies their own copy. */
+/* Shard hook: queued replies or the checkpoint writer still read sl's
+ * parameters in place, and an update is about to change them: give them
+ * their own copy. */
 static void detach_slice(void *ctx, psd_slice *sl) {
   psd_handlers *h = ctx;
+  psd_persist_release(h->persist, sl);
   for (psd_conn *c = h->conns->head; c && sl->readers > 0; c = c->next)
     if (ps__outq_detach(&c->out, sl) < 0)
       psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory copying a reply");
@@ -55,9 +57,10 @@ static int pin(psd_handlers *h, const psd_job_terms *t) {
 
 /* Admits a Hello (job.c decides) and binds c to its worker. 0 or a PS_E*
  * code with err. */
-static int hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m, char *err, size_t errlen) {
+static int hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m, int munge_rc,
+                 const char *munge_err, char *err, size_t errlen) {
   psd_job_terms t;
-  int rc = psd_job_hello(h->job, m, c->nonce, &t, err, errlen);
+  int rc = psd_job_hello(h->job, m, c->nonce, munge_rc, munge_err, &t, err, errlen);
   if (rc) return rc;
   if (t.admin) {
     c->admin = 1; /* psctl: authenticated, may ask for Stats and nothing else */
@@ -203,10 +206,11 @@ void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w)
     return -1;                                                                \
   }
 
-/* Our proof and MUNGE credential into r, bound to the client's nonce:
- * the worker refuses a server that cannot give them. */
+/* Our proof and MUNGE credential (minted off the loop, in mr) into r,
+ * bound to the client's nonce: the worker refuses a server that cannot
+ * give them. */
 static int prove_server(psd_handlers *h, psd_conn *c, const Ps__Hello *m, Ps__HelloReply *r,
-                        uint8_t *proof, char **mcred, char *err, size_t errlen) {
+                        uint8_t *proof, const psd_munge_req *mr, char *err, size_t errlen) {
   const psd_config *cfg = h->cfg;
   if (cfg->secret_len) {
     if (ps__auth_proof(cfg->secret, cfg->secret_len, PS__AUTH_SERVER, c->nonce, m->nonce.data,
@@ -218,23 +222,26 @@ static int prove_server(psd_handlers *h, psd_conn *c, const Ps__Hello *m, Ps__He
     r->proof.len = PS__MAC_BYTES;
   }
   if (cfg->munge) {
-    int rc = ps__munge_mint(cfg->munge_socket, PS__AUTH_SERVER, (long long)cfg->job_id,
-                            (long long)cfg->step_id, m->nonce.data, mcred, err, errlen);
-    if (rc) return rc;
-    r->credential.data = (uint8_t *)*mcred;
-    r->credential.len = strlen(*mcred);
+    if (!mr || mr->mint_rc || !mr->mine) {
+      snprintf(err, errlen, "%s", mr && mr->mint_rc ? mr->mint_err : "no MUNGE credential minted");
+      return mr && mr->mint_rc ? mr->mint_rc : PS_EINTERNAL;
+    }
+    r->credential.data = (uint8_t *)mr->mine;
+    r->credential.len = strlen(mr->mine);
   }
   return 0;
 }
 
-static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
-  UNPACK(Ps__Hello, ps__hello__unpack);
+/* Admits or refuses a Hello, with the MUNGE verdict if one was reached
+ * (mr; else PSD_MUNGE_UNCHECKED), and answers it. 0 or -1 (CLOSING). */
+static int finish_hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m,
+                        const psd_munge_req *mr) {
   char err[512];
   Ps__HelloReply r = PS__HELLO_REPLY__INIT;
   uint8_t proof[PS__MAC_BYTES];
-  char *mcred = NULL;
-  int rc = hello(h, c, m, err, sizeof err);
-  if (rc == 0) rc = prove_server(h, c, m, &r, proof, &mcred, err, sizeof err);
+  int rc = hello(h, c, m, mr ? mr->rc : PSD_MUNGE_UNCHECKED, mr ? mr->err : "", err,
+                 sizeof err);
+  if (rc == 0) rc = prove_server(h, c, m, &r, proof, mr, err, sizeof err);
   if (rc != 0) {
     /* A worker admitted by hello() but not proven to stays bound to c and
      * is released when c closes, as any worker that leaves. */
@@ -252,8 +259,30 @@ static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   r.server_id = (char *)h->cfg->name;
   r.checkpoints = h->cfg->ckpt_dir[0] != '\0';
   psd_conn_send(c, PS__MSG_HELLO_REPLY, &r.base, NULL, NULL, NULL, 0);
-  free(mcred); /* packed by psd_conn_send */
   return 0;
+}
+
+static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
+  UNPACK(Ps__Hello, ps__hello__unpack);
+  if (!psd_job_wants_munge(h->job, m)) return finish_hello(h, c, m, NULL);
+  /* munged's round trips run on mungeq's thread; c reads nothing more
+   * until psd_handlers_munge_done replays this Hello with the verdict. */
+  if (psd_mungeq_submit(h->mungeq, c->seq, c->nonce, meta, c->hdr.meta_len) != 0) {
+    psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory checking a MUNGE credential");
+    return -1;
+  }
+  c->auth_wait = 1;
+  return 0;
+}
+
+void psd_handlers_munge_done(psd_handlers *h) {
+  for (psd_munge_req *r; (r = psd_mungeq_done(h->mungeq)); psd_munge_req_free(r)) {
+    psd_conn *c = psd_conns_find(h->conns, r->conn_seq);
+    if (!c || !c->auth_wait) continue; /* it closed (or was evicted) meanwhile */
+    finish_hello(h, c, r->unpacked, r);
+    psd_conn_auth_done(c);
+  }
+  psd_conns_reap(h->conns);
 }
 
 /* conn.c hook: a connection was accepted. The Challenge goes first, so the

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "conn.h"
 #include "job.h"
+#include "mungeq.h"
 #include "pace.h"
 #include "persist.h"
 #include "shard.h"
@@ -30,6 +31,7 @@ typedef struct psd_handlers {
   psd_telem *telem;         /* per-step telemetry */
   psd_pace *pace;           /* ingress pacing */
   psd_conns *conns;         /* every connection */
+  psd_mungeq *mungeq;       /* MUNGE checks off the loop (NULL without --munge) */
   /* Ends the loop with this exit status once queued replies drain. */
   void (*finish)(void *loop, int code);
   void *loop;               /* passed to finish */
@@ -42,6 +44,9 @@ typedef struct psd_handlers {
 void psd_handlers_hooks(psd_handlers *h, psd_conn_hooks *hooks);
 /* Builds and queues the replies of every connection with ready pulls. */
 void psd_handlers_flush(psd_handlers *h);
+/* MUNGE answers came back (psd_mungeq_fd readable): each waiting Hello is
+ * admitted or refused now. */
+void psd_handlers_munge_done(psd_handlers *h);
 /* Does what persistence asked for (PSD_PERSIST_* flags). */
 void psd_handlers_act(psd_handlers *h, unsigned actions);
 /* psd_waiters_expire callback (ctx: h): tells the owner of set that w's

@@ -73,12 +73,20 @@ typedef struct psd_job {
 void psd_job_init(psd_job *j, const psd_config *cfg, double now);
 void psd_job_free(psd_job *j);
 
-/* Checks a Hello: version, credentials (proof and MUNGE credential bound to
- * sn, the nonce of our Challenge on that connection), the job's terms and
- * the worker's state. Changes nothing. 0 (with *t filled) or a PS_E* code
+/* munge_rc of psd_job_hello when nobody checked a MUNGE credential. */
+#define PSD_MUNGE_UNCHECKED 1
+
+/* Checks a Hello: version, credentials (proof by the secret bound to sn,
+ * the nonce of our Challenge on that connection; the MUNGE credential's
+ * verdict, reached off the loop by mungeq.c: munge_rc 0 or a PS_E* code
+ * with munge_err, or PSD_MUNGE_UNCHECKED), the job's terms and the
+ * worker's state. Changes nothing. 0 (with *t filled) or a PS_E* code
  * with err. */
-int psd_job_hello(const psd_job *j, const Ps__Hello *h, const uint8_t *sn, psd_job_terms *t,
-                  char *err, size_t errlen);
+int psd_job_hello(const psd_job *j, const Ps__Hello *h, const uint8_t *sn, int munge_rc,
+                  const char *munge_err, psd_job_terms *t, char *err, size_t errlen);
+/* 1 if h is worth a MUNGE check: this server wants MUNGE and h gets past
+ * every cheaper check before it (version, nonce, a credential present). */
+int psd_job_wants_munge(const psd_job *j, const Ps__Hello *h);
 /* Pins the job to t (the first worker's Hello). 0 or PS_ENOMEM. */
 int psd_job_pin(psd_job *j, const psd_job_terms *t);
 /* Undoes psd_job_pin (something else failed to follow it). */

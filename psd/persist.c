@@ -20,14 +20,29 @@ static uint64_t max_step(const psd_persist *p) {
 
 /* ---- writing -------------------------------------------------------------- */
 
+/* A checkpoint at step is durable here (2) or on its way to the disk (1). */
+static int have_step(const psd_persist *p, uint64_t step) {
+  if (p->have_last && p->last_step == step) return 2;
+  return p->writing && p->writing_step == step;
+}
+
 static void abort_ckpt(psd_persist *p, const char *why) {
-  if (!psd_ckpt_active(&p->ck)) return;
-  psd_warn("checkpoint at step %" PRIu64 " (%s) abandoned: %s", p->ck.step, p->ck.tmp, why);
-  psd_ckpt_abort(&p->ck);
+  if (!p->cur) return;
+  psd_warn("checkpoint at step %" PRIu64 " abandoned: %s", p->cur_step, why);
+  psd_ckptq_abort(p->q, p->cur);
+  p->cur = NULL;
+}
+
+void psd_persist_release(psd_persist *p, psd_slice *sl) {
+  if (!sl->ck_hold) return;
+  if (psd_ckptq_release(p->q, sl->ck_hold) != 0)
+    psd_error("out of memory keeping slice '%s' for the checkpoint being written; that "
+              "checkpoint will fail", sl->name);
+  sl->ck_hold = NULL;
 }
 
 static void capture(psd_persist *p, psd_slice *sl) {
-  if (!psd_ckpt_active(&p->ck) || sl->ck_gen == p->gen || sl->id >= p->ck.nslices) return;
+  if (!p->cur || sl->ck_gen == p->gen || sl->id >= p->cur_nslices) return;
   psd_ckpt_rec r;
   memset(&r, 0, sizeof r);
   r.name = sl->name;
@@ -40,13 +55,17 @@ static void capture(psd_persist *p, psd_slice *sl) {
   r.step = sl->step;
   r.param = sl->param;
   r.state = sl->state;
-  char err[1200];
-  if (psd_ckpt_add(&p->ck, &r, err, sizeof err) != 0) {
-    psd_error("%s", err);
-    abort_ckpt(p, "write failed");
+  /* Still held by an earlier file (async mode captures slices that have
+   * not moved): that file takes its own copy of what it has not written. */
+  psd_persist_release(p, sl);
+  if (psd_ckptq_add(p->q, p->cur, &r, &sl->ck_hold) != 0) {
+    psd_error("out of memory queueing slice '%s' for checkpoint step %" PRIu64, sl->name,
+              p->cur_step);
+    abort_ckpt(p, "out of memory");
     return;
   }
   sl->ck_gen = p->gen;
+  p->cur_written++;
 }
 
 static void do_stop(psd_persist *p, uint64_t step) {
@@ -67,37 +86,42 @@ static unsigned take_actions(psd_persist *p) {
   return a;
 }
 
-/* Makes the file visible once every slice is in (and the chief agreed).
- * 0 (done, or not yet due), or -1 with err: the file could not be written. */
-static int maybe_finish(psd_persist *p, char *err, size_t errlen) {
-  if (!psd_ckpt_active(&p->ck) || p->ck.written != p->ck.nslices) return 0;
-  if (p->negotiated && !p->committed) return 0;
-  double t0 = ps__now();
-  uint64_t step = p->ck.step, bytes = p->ck.bytes + PSD_CKPT_END_BYTES;
-  char path[sizeof p->ck.path];
-  snprintf(path, sizeof path, "%s", p->ck.path);
-  if (psd_ckpt_commit(&p->ck, err, errlen) != 0) {
-    psd_error("%s", err);
-    return -1;
-  }
-  double now = ps__now();
-  psd_info("checkpoint at step %" PRIu64 " written to %s (%.1f MB, %.0f ms to flush)", step,
-           path, bytes / 1e6, (now - t0) * 1e3);
-  p->last_step = step;
-  p->have_last = 1;
-  p->last_at = now;
-  p->want_ckpt = 0;
-  psd_ckpt_prune(&p->dir, (uint32_t)p->cfg->ps_index,
-                 (uint32_t)p->cfg->num_ps, p->cfg->ckpt_keep);
-  if (p->stop_after && p->stop_step == step) do_stop(p, step);
-  return 0;
+/* Hands the file to the writer once every slice is in (and the chief
+ * agreed): the trailer, fsync and rename happen off the loop, and
+ * psd_persist_poll learns the outcome. */
+static void maybe_finish(psd_persist *p) {
+  if (!p->cur || p->cur_written != p->cur_nslices) return;
+  if (p->negotiated && !p->committed) return;
+  psd_ckptq_commit(p->q, p->cur);
+  p->cur = NULL;
+  p->writing++;
+  p->writing_step = p->cur_step;
 }
 
-/* maybe_finish where nobody waits for the answer (it logs failures). */
-static void finish_quietly(psd_persist *p) {
-  char err[1200];
-  maybe_finish(p, err, sizeof err);
+/* The writer finished a file. */
+static void finished(psd_persist *p, const psd_ckptq_result *r) {
+  if (r->aborted) return;
+  if (p->writing) p->writing--;
+  if (!r->ok) {
+    psd_error("checkpoint at step %" PRIu64 " failed: %s", r->step, r->err);
+    return;
+  }
+  psd_info("checkpoint at step %" PRIu64 " written to %s (%.1f MB, %.0f ms to flush)", r->step,
+           r->path, r->bytes / 1e6, r->flush_ms);
+  if (!p->have_last || r->step >= p->last_step) p->last_step = r->step;
+  p->have_last = 1;
+  p->last_at = ps__now();
+  p->want_ckpt = 0;
+  if (p->stop_after && p->stop_ready && p->stop_step == r->step) do_stop(p, r->step);
 }
+
+unsigned psd_persist_poll(psd_persist *p) {
+  psd_ckptq_result r;
+  while (p->q && psd_ckptq_next(p->q, &r)) finished(p, &r);
+  return take_actions(p);
+}
+
+int psd_persist_fd(const psd_persist *p) { return p->q ? psd_ckptq_fd(p->q) : -1; }
 
 /* Starts a checkpoint at step and captures every slice already there.
  * 0, or -1 with err (a slice is already past step). */
@@ -112,7 +136,15 @@ static int begin(psd_persist *p, uint64_t step, int negotiated, char *err, size_
       }
   psd_ckpt_meta m = {(uint32_t)p->cfg->ps_index, (uint32_t)p->cfg->num_ps,
                      p->shard->num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n};
-  if (psd_ckpt_begin(&p->ck, &p->dir, &m, err, errlen) != 0) return -1;
+  psd_ckptq_file *f = psd_ckptq_begin(p->q, &m);
+  if (!f) {
+    snprintf(err, errlen, "out of memory starting checkpoint step %" PRIu64, step);
+    return -1;
+  }
+  p->cur = f;
+  p->cur_step = step;
+  p->cur_nslices = sh->n;
+  p->cur_written = 0;
   p->gen++;
   p->negotiated = negotiated;
   p->committed = 0;
@@ -123,9 +155,9 @@ static int begin(psd_persist *p, uint64_t step, int negotiated, char *err, size_
 
 static void slice_advanced(psd_persist *p, psd_slice *sl) {
   if (!enabled(p) || !sl->initialized) return;
-  if (psd_ckpt_active(&p->ck) && sl->step == p->ck.step) {
+  if (p->cur && sl->step == p->cur_step) {
     capture(p, sl);
-    finish_quietly(p);
+    maybe_finish(p);
     return;
   }
   if (p->stopped) return; /* the job is over: no more checkpoints */
@@ -133,17 +165,26 @@ static void slice_advanced(psd_persist *p, psd_slice *sl) {
   if (!every || sl->step == 0 || sl->step % (uint64_t)every != 0) return;
   if (p->shard->async_mode && sl->id != 0) return; /* slice 0 paces async ones */
   if (p->have_last && p->last_step >= sl->step) return;
-  if (psd_ckpt_active(&p->ck)) {
-    if (p->ck.step > sl->step) return;
+  if (p->writing && p->writing_step >= sl->step) return;
+  if (p->cur) {
+    if (p->cur_step > sl->step) return;
     if (p->negotiated && p->committed) return; /* the chief's goes first */
     abort_ckpt(p, "a newer one is due and some slices never reached its step");
+  }
+  if (p->writing >= PSD_PERSIST_MAX_WRITING) {
+    /* Each file on its way may keep a copy of the slices that changed
+     * before their turn: a bound on files bounds that memory. The step
+     * stays incomplete here, so it is never restored. */
+    psd_warn("checkpoint at step %" PRIu64 " skipped: %u earlier ones are still being written "
+             "(the disk is slower than --checkpoint-every)", sl->step, p->writing);
+    return;
   }
   char err[1200];
   if (begin(p, sl->step, 0, err, sizeof err) != 0) {
     psd_warn("cannot checkpoint step %" PRIu64 ": %s", sl->step, err);
     return;
   }
-  finish_quietly(p);
+  maybe_finish(p);
 }
 
 unsigned psd_persist_slice_advanced(psd_persist *p, psd_slice *sl) {
@@ -165,28 +206,33 @@ static void request(psd_persist *p, uint64_t step, int stop, int commit,
     return;
   }
   if (!commit) {
-    if (psd_ckpt_active(&p->ck) && p->ck.step != step)
-      abort_ckpt(p, "the chief chose another step");
-    if (psd_ckpt_active(&p->ck)) {
+    if (p->cur && p->cur_step != step) abort_ckpt(p, "the chief chose another step");
+    if (p->cur) {
       /* A --checkpoint-every one at this step: it now waits for the
        * commit like the others, so no ps stops on a step another refused. */
       p->negotiated = 1;
       p->committed = 0;
-    } else if (!(p->have_last && p->last_step == step)) {
+    } else if (!have_step(p, step)) {
       if (begin(p, step, 1, msg, msglen) != 0) return;
     }
     p->stop_after = stop;
+    p->stop_ready = 0;
     p->stop_step = step;
     *ok = 1;
     return;
   }
-  if (psd_ckpt_active(&p->ck) && p->ck.step == step) {
+  if (p->cur && p->cur_step == step) {
+    /* Slices still short of the step (backup workers) are captured when
+     * they get there; the file then goes to the writer, and the workers
+     * learn it is on disk from the `stopped` flag. ok means accepted: a
+     * write that fails later is logged, and the stop then times out. */
     p->committed = 1;
-    /* Slices still short of the step (backup workers) are written when
-     * they get there; the workers learn it from the `stopped` flag. */
-    *ok = maybe_finish(p, msg, msglen) == 0;
-  } else if (p->have_last && p->last_step == step) {
-    if (p->stop_after && p->stop_step == step) do_stop(p, step);
+    p->stop_ready = 1;
+    maybe_finish(p);
+    *ok = 1;
+  } else if (have_step(p, step)) {
+    p->stop_ready = 1;
+    if (have_step(p, step) == 2 && p->stop_after && p->stop_step == step) do_stop(p, step);
     *ok = 1;
   } else {
     snprintf(msg, msglen, "no checkpoint at step %" PRIu64 " is prepared here", step);
@@ -201,7 +247,7 @@ unsigned psd_persist_request(psd_persist *p, uint64_t step, int stop, int commit
 }
 
 void psd_persist_chief_left(psd_persist *p) {
-  if (psd_ckpt_active(&p->ck) && p->negotiated && !p->committed)
+  if (p->cur && p->negotiated && !p->committed)
     abort_ckpt(p, "the chief left before committing it");
 }
 
@@ -243,23 +289,23 @@ unsigned psd_persist_final(psd_persist *p) {
   uint64_t s = sh->slices[0]->step;
   for (uint32_t i = 0; i < sh->n; i++)
     if (!sh->slices[i]->initialized || (!sh->async_mode && sh->slices[i]->step != s)) return 0;
-  if (p->have_last && p->last_step == s) return 0;
+  if (have_step(p, s)) return 0;
   abort_ckpt(p, "training ended first");
   char err[1200];
   if (begin(p, s, 0, err, sizeof err) != 0) {
     psd_warn("cannot write the final checkpoint: %s", err);
     return 0;
   }
-  finish_quietly(p);
+  maybe_finish(p);
   return take_actions(p);
 }
 
 void psd_persist_flags(const psd_persist *p, protobuf_c_boolean *want_ckpt,
                        protobuf_c_boolean *want_stop, uint64_t *stop_step,
                        protobuf_c_boolean *stopped) {
-    /* Once the chief committed a checkpoint, asking again would only make it
-   * start another one over the pending one. */
-  int pending = psd_ckpt_active(&p->ck) && p->negotiated && p->committed;
+  /* Once the chief committed a checkpoint (or one is on its way to the
+   * disk), asking again would only make it start another one. */
+  int pending = (p->cur && p->negotiated && p->committed) || p->writing;
   *want_ckpt = p->want_ckpt && !p->stopped && !pending;
   *want_stop = p->stop_wanted && !p->stopped && !(pending && p->stop_after);
   *stopped = p->stopped;
@@ -272,7 +318,6 @@ int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard) {
   memset(p, 0, sizeof *p);
   p->cfg = cfg;
   p->shard = shard;
-  psd_ckpt_writer_init(&p->ck);
   psd_ckpt_dir_init(&p->dir);
   p->last_at = ps__now();
   if (!enabled(p)) return 0;
@@ -284,6 +329,11 @@ int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard) {
     return -1;
   }
   if (moved[0]) psd_info("%s", moved);
+  if (psd_ckptq_create(&p->q, &p->dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps,
+                       cfg->ckpt_keep, err, sizeof err) != 0) {
+    psd_error("%s", err);
+    return -1;
+  }
   /* Keep the existing complete checkpoints; remove half-written files. */
   psd_ckpt_prune(&p->dir, (uint32_t)cfg->ps_index, (uint32_t)cfg->num_ps, 1 << 30);
   if (cfg->restore == PSD_RESTORE_NONE) {
@@ -314,7 +364,19 @@ int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard) {
 }
 
 void psd_persist_free(psd_persist *p) {
-  psd_ckpt_abort(&p->ck);
+  if (p->q) {
+    if (p->cur) {
+      psd_ckptq_abort(p->q, p->cur);
+      p->cur = NULL;
+    }
+    if (p->writing)
+      psd_info("waiting for %u checkpoint file(s) to reach the disk", p->writing);
+    psd_ckptq_stop(p->q); /* the writer finishes what it was given */
+    psd_persist_poll(p);  /* ... and says how it went */
+    for (uint32_t i = 0; i < p->shard->n; i++) psd_persist_release(p, p->shard->slices[i]);
+    psd_ckptq_destroy(p->q);
+    p->q = NULL;
+  }
   psd_ckpt_image_free(&p->restore);
   psd_ckpt_dir_close(&p->dir);
 }

@@ -4,8 +4,10 @@
  *
  * A checkpoint at step T captures each slice the moment it holds step T
  * (at once if it already does, else right after the update that brings it
- * there), writing it straight into the checkpoint file, so no copy of the
- * model is kept and a slice never waits. T is agreed either locally
+ * there) and queues it for the checkpoint writer thread (ckptq.h), which
+ * reads it in place: no copy of the model is kept unless a slice changes
+ * before its turn, a slice never waits, and no disk write, fsync or rename
+ * runs on the event loop. T is agreed either locally
  * (--checkpoint-every N: every multiple of N, the same on every ps) or by the
  * chief worker in two phases (prepare/commit, see proto/ps.proto
  * Checkpoint), which is how timed checkpoints and stops pick a step no ps
@@ -19,8 +21,13 @@
 #include <protobuf-c/protobuf-c.h>
 
 #include "checkpoint.h"
+#include "ckptq.h"
 #include "config.h"
 #include "shard.h"
+
+/* --checkpoint-every files that may be on their way to the disk at once;
+ * one more is skipped with a warning (see psd_persist_slice_advanced). */
+#define PSD_PERSIST_MAX_WRITING 4
 
 /* What the caller must do after a call (flags, 0: nothing). Persistence
  * never reaches into connections or the loop itself. */
@@ -34,12 +41,19 @@ typedef struct psd_persist {
   psd_shard *shard;         /* the slices to write and restore (not owned) */
   unsigned actions;         /* PSD_PERSIST_* gathered for the current call */
   psd_ckpt_dir dir;         /* the verified, locked --checkpoint-dir */
-  psd_ckpt_writer ck;       /* checkpoint being written */
+  psd_ckptq *q;             /* the writer thread (NULL without a directory) */
+  psd_ckptq_file *cur;      /* the file slices are being captured into, or NULL */
+  uint64_t cur_step;        /* its step */
+  uint32_t cur_nslices;     /* slices it promises */
+  uint32_t cur_written;     /* slices captured into it so far */
+  uint32_t writing;         /* files handed to the writer, not yet on disk */
+  uint64_t writing_step;    /* the newest of those's step */
   uint64_t gen;             /* attempt counter: a slice with ck_gen == gen
                                is in the file */
   int negotiated;           /* the chief asked for it (needs a commit) */
   int committed;            /* ... and every ps accepted */
   int stop_after;           /* the job stops once it is written */
+  int stop_ready;           /* ... and the chief committed that step */
   uint64_t last_step;       /* step of the newest checkpoint written */
   int have_last;            /* last_step is valid */
   double last_at;           /* when it was written (or psd started) */
@@ -75,6 +89,16 @@ unsigned psd_persist_slice_advanced(psd_persist *p, psd_slice *sl);
 unsigned psd_persist_request(psd_persist *p, uint64_t step, int stop, int commit,
                              protobuf_c_boolean *ok, uint64_t *max_step, char *msg,
                              size_t msglen);
+
+/* The writer finished files (psd_persist_fd became readable): logs them,
+ * and stops the job if a stop checkpoint is now on disk. Returns
+ * PSD_PERSIST_* actions. */
+unsigned psd_persist_poll(psd_persist *p);
+/* Readable while the writer has results (-1: no checkpoint directory). */
+int psd_persist_fd(const psd_persist *p);
+/* sl is about to change: a record of it still waiting for the writer takes
+ * its own copy of the unwritten part. */
+void psd_persist_release(psd_persist *p, psd_slice *sl);
 
 /* The chief's connection closed: drops a checkpoint it prepared but never
  * committed, so later ones are not blocked by it. */

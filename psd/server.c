@@ -159,6 +159,19 @@ static void on_tick(evutil_socket_t fd, short what, void *arg) {
   psd_conns_reap(&((psd_server *)arg)->conns);
 }
 
+static void on_munge(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  psd_handlers_munge_done(&((psd_server *)arg)->h);
+}
+
+static void on_ckpt(evutil_socket_t fd, short what, void *arg) {
+  (void)fd;
+  (void)what;
+  psd_server *srv = arg;
+  psd_handlers_act(&srv->h, psd_persist_poll(&srv->persist));
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg) {
   (void)what;
   psd_server *srv = arg;
@@ -297,11 +310,17 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
     psd_error("cannot create the event loop");
     return -1;
   }
+  char merr[300];
+  if (cfg->munge && psd_mungeq_create(&srv->mungeq, cfg, merr, sizeof merr) != 0) {
+    psd_error("%s", merr);
+    return -1;
+  }
   psd_pace_init(&srv->pace, cfg->pace_ahead, cfg->pace_loopback, cfg->recv_buf,
                 psd_conn_pace_progress);
   srv->h = (psd_handlers){.cfg = cfg, .shard = &srv->shard, .job = &srv->job,
                           .persist = &srv->persist, .waiters = &srv->waiters,
                           .telem = &srv->telem, .pace = &srv->pace, .conns = &srv->conns,
+                          .mungeq = srv->mungeq,
                           .finish = finish_hook, .loop = srv};
   psd_conn_hooks hooks;
   psd_handlers_hooks(&srv->h, &hooks);
@@ -312,6 +331,20 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   srv->sig_ev[0] = evsignal_new(srv->base, SIGTERM, on_signal, srv);
   srv->sig_ev[1] = evsignal_new(srv->base, SIGINT, on_signal, srv);
   srv->sig_ev[2] = evsignal_new(srv->base, SIGUSR1, on_signal, srv);
+  if (srv->mungeq &&
+      (!(srv->munge_ev = event_new(srv->base, psd_mungeq_fd(srv->mungeq), EV_READ | EV_PERSIST,
+                                   on_munge, srv)) ||
+       event_add(srv->munge_ev, NULL))) {
+    psd_error("cannot watch the MUNGE thread");
+    return -1;
+  }
+  int cfd = psd_persist_fd(&srv->persist);
+  if (cfd >= 0 && (!(srv->ckpt_ev = event_new(srv->base, cfd, EV_READ | EV_PERSIST, on_ckpt,
+                                               srv)) ||
+                   event_add(srv->ckpt_ev, NULL))) {
+    psd_error("cannot watch the checkpoint writer");
+    return -1;
+  }
   struct timeval tick = {0, PSD_TICK_MS * 1000};
   if (!srv->listen_ev || !srv->tick_ev || !srv->sig_ev[0] || !srv->sig_ev[1] ||
       !srv->sig_ev[2] || event_add(srv->listen_ev, NULL) || event_add(srv->tick_ev, &tick) ||
@@ -362,6 +395,9 @@ void psd_server_free(psd_server *srv) {
   if (srv->tick_ev) event_free(srv->tick_ev);
   for (int i = 0; i < 3; i++)
     if (srv->sig_ev[i]) event_free(srv->sig_ev[i]);
+  if (srv->ckpt_ev) event_free(srv->ckpt_ev);
+  if (srv->munge_ev) event_free(srv->munge_ev);
+  psd_mungeq_destroy(srv->mungeq);
   psd_persist_free(&srv->persist);
   if (srv->base) event_base_free(srv->base);
   if (srv->lfd >= 0) close(srv->lfd);

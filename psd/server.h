@@ -40,6 +40,9 @@ typedef struct psd_server {
   struct event *listen_ev;     /* accept readiness */
   struct event *tick_ev;       /* periodic timer for deadlines and stalls */
   struct event *sig_ev[3];     /* SIGTERM, SIGINT, SIGUSR1 */
+  struct event *ckpt_ev;       /* the checkpoint writer has results */
+  psd_mungeq *mungeq;          /* MUNGE checks off the loop (--munge) */
+  struct event *munge_ev;      /* ... which have answers */
   psd_shard shard;             /* variables held here */
   psd_telem telem;             /* per-step telemetry (telemetry.c) */
   psd_job job;                 /* admission, workers' states, exit decision */

@@ -208,9 +208,10 @@ static void add_into(float *restrict acc, const float *restrict g, uint64_t n) {
   for (uint64_t i = 0; i < n; i++) acc[i] += g[i];
 }
 
-/* Makes sure no queued reply still sends sl's parameters in place. */
+/* Makes sure no queued reply or checkpoint record still reads sl's
+ * parameters in place. */
 static void before_update(psd_shard *s, psd_slice *sl) {
-  if (sl->readers > 0 && s->detach) s->detach(s->detach_ctx, sl);
+  if ((sl->readers > 0 || sl->ck_hold) && s->detach) s->detach(s->detach_ctx, sl);
 }
 
 int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *values,

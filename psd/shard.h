@@ -17,6 +17,8 @@
 #include "psclient.h"
 
 
+struct psd_ckptq_rec;
+
 typedef struct psd_slice {
   uint32_t id;             /* index in the shard, used on the wire */
   char *name;              /* variable name */
@@ -41,6 +43,8 @@ typedef struct psd_slice {
   double stall_logged_at;  /* last stall log line for this step */
   uint32_t readers;        /* queued replies sending param in place */
   uint64_t ck_gen;         /* checkpoint attempt that holds it (persist.c) */
+  struct psd_ckptq_rec *ck_hold; /* its record the checkpoint writer has yet to
+                                    read in place (ckptq.h), or NULL */
   struct psd_slice *hnext; /* hash chain by (name, offset) */
 } psd_slice;
 
@@ -57,8 +61,9 @@ typedef struct psd_shard {
   uint64_t bytes_held;     /* parameter bytes in this shard */
   uint64_t bytes_alloc;    /* all tensor bytes: params, sums, optimizer state */
   /* Called before an update of a slice whose parameters queued replies
-   * still reference (readers > 0): the owner copies those bytes out so the
-   * replies stay consistent and the update never waits for a slow reader. */
+   * (readers > 0) or the checkpoint writer (ck_hold) still reference: the
+   * owner copies those bytes out so the replies and the file stay
+   * consistent and the update never waits for a slow reader or disk. */
   void (*detach)(void *ctx, psd_slice *sl);
   void *detach_ctx;
 } psd_shard;

@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
-# psplot - pictures of a training run, drawn by gnuplot:
+# psplot - pictures of a training run, drawn by gnuplot from JSON lines
+# parsed by jq:
 #   training.png   loss, test accuracy and images/s against step and wall
 #                  time (from cifar_worker --metrics, or any JSON lines with
-#                  "step", "wall_s", "loss", "images_per_sec", "test_accuracy")
+#                  some of "step", "wall_s", "loss", "images_per_sec",
+#                  "test_accuracy"; docs/telemetry.md, "Metrics lines")
 #   breakdown.png  per rank, the median step split into compute / push /
 #                  wait / pull, the straggler marked, and every rank's step
 #                  time over the run (from psrun --telemetry PREFIX: the
 #                  workers' PREFIX.w<i> and psd's PREFIX.ps0)
-# The record formats are in docs/telemetry.md.
+# The record formats are in docs/telemetry.md. A key missing from a file
+# leaves out the plots that need it, with a sentence naming key and file;
+# nothing to plot at all is an error (exit 2).
 set -euo pipefail
 
 usage() {
   cat <<EOF
 usage: psplot [--metrics FILE] [--telemetry PREFIX] [--out DIR] [--size WxH]
-  --metrics FILE      the chief's cifar_worker --metrics file -> DIR/training.png
+  --metrics FILE      JSON lines (cifar_worker --metrics) -> DIR/training.png
   --telemetry PREFIX  psrun --telemetry PREFIX files -> DIR/breakdown.png
   --out DIR           where the pictures go [.]
   --size WxH          pixels of each picture [1200x900]
-At least one of --metrics and --telemetry is needed.
+At least one of --metrics and --telemetry is needed. Needs gnuplot and jq.
 EOF
 }
 
 die() { echo "psplot: $*" >&2; exit 2; }
+say() { echo "psplot: $*" >&2; }
 
 metrics="" prefix="" out="." size="1200x900"
 while [ $# -gt 0 ]; do
@@ -37,67 +42,107 @@ done
 [ -n "$metrics$prefix" ] || die "nothing to plot: give --metrics FILE and/or --telemetry PREFIX"
 [[ "$size" =~ ^([0-9]{2,5})x([0-9]{2,5})$ ]] || die "--size must be WIDTHxHEIGHT in pixels, got '$size'"
 width=${BASH_REMATCH[1]} height=${BASH_REMATCH[2]}
-if ! command -v gnuplot >/dev/null 2>&1; then
-  echo "psplot: gnuplot is not installed; install it (Debian: apt-get install gnuplot-nox)" >&2
-  exit 3
-fi
+for tool in gnuplot:gnuplot-nox jq:jq; do
+  if ! command -v "${tool%%:*}" >/dev/null 2>&1; then
+    echo "psplot: ${tool%%:*} is not installed; install it (Debian: apt-get install ${tool#*:})" >&2
+    exit 3
+  fi
+done
 [ -z "$metrics" ] || [ -s "$metrics" ] || die "--metrics $metrics is missing or empty"
 mkdir -p "$out" || die "cannot create --out $out"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/psplot.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-# JSON lines -> whitespace-separated columns ("?" where a key is absent).
-# Numbers only; keys are matched as "key": so the records' field order is free.
-columns() { # file key...
-  local f=$1; shift
-  awk -v keys="$*" '
-    BEGIN { n = split(keys, k, " ") }
-    /^\{/ {
-      line = ""
-      for (i = 1; i <= n; i++) {
-        v = "?"
-        if (match($0, "\"" k[i] "\":-?[0-9.eE+-]+")) {
-          v = substr($0, RSTART + length(k[i]) + 3, RLENGTH - length(k[i]) - 3)
-        }
-        line = line (i > 1 ? " " : "") v
-      }
-      print line
-    }' "$f"
+# table FILE OUT KEY...: the JSON lines of FILE -> OUT, one line per JSON
+# object with the KEYs' values as whitespace-separated columns ("?" where a
+# key is absent or not a finite number). Any spacing and key order; blank
+# lines are ignored; other lines that are not JSON objects are skipped with
+# one sentence naming the file, how many and the first.
+table() {
+  local f=$1 dest=$2; shift 2
+  jq -R -r --arg keys "$*" '
+    ($keys | split(" ")) as $k
+    | (try fromjson catch null) as $o
+    | if ($o | type) == "object" then
+        [$k[] as $key | $o[$key]
+         | if type == "number" and (isnan | not) and (isinfinite | not) then tostring else "?" end]
+        | join(" ")
+      elif test("^\\s*$") then "#blank"
+      else "#bad" end' "$f" > "$tmp/raw" || die "jq could not read $f"
+  grep -v '^#' "$tmp/raw" > "$dest" || true
+  local bad first
+  bad=$(grep -c '^#bad$' "$tmp/raw" || true)
+  if [ "$bad" -gt 0 ]; then
+    first=$(grep -n -m1 '^#bad$' "$tmp/raw" | cut -d: -f1)
+    say "$f: skipped $bad line(s) that are not JSON objects (the first is line $first)"
+  fi
 }
+
+# present DAT COLUMN: whether any line of DAT has a value in that column.
+present() { awk -v c="$2" '$c != "?" { found = 1; exit } END { exit !found }' "$1"; }
+# together DAT C1 C2: whether some line has values in both columns.
+together() { awk -v a="$2" -v b="$3" '$a != "?" && $b != "?" { found = 1; exit } END { exit !found }' "$1"; }
 
 term="set terminal pngcairo size $width,$height font 'sans,10' noenhanced"
 
-if [ -n "$metrics" ]; then
-  columns "$metrics" step wall_s loss images_per_sec test_accuracy > "$tmp/m.dat"
-  [ -s "$tmp/m.dat" ] || die "--metrics $metrics holds no JSON lines"
+# training.png: a panel per y key (loss, test_accuracy, images_per_sec)
+# and x key (step, wall_s) that occur together in the file.
+training_plot() {
+  local f=$1 dat=$tmp/m.dat
+  table "$f" "$dat" step wall_s loss test_accuracy images_per_sec
+  [ -s "$dat" ] || die "--metrics $f holds no JSON objects (one per line, see docs/telemetry.md)"
+  local xkeys=(step wall_s) xlabels=("step" "wall time (s)") xnames=("step" "wall time")
+  local ykeys=(loss test_accuracy images_per_sec)
+  local ylabels=("loss" "test accuracy" "images/s (all workers)")
+  local ynames=("loss" "test-accuracy" "images/s")
+  local ystyles=("lines lw 2 lc rgb '#1f77b4'" "linespoints pt 7 lw 2 lc rgb '#2ca02c'"
+                 "lines lw 2 lc rgb '#d62728'")
+  local yranges=("set autoscale y" "set yrange [0:1]" "set yrange [0:*]")
+  local xs=() ys=() i j k
+  for i in 0 1; do
+    if present "$dat" $((i + 1)); then xs+=("$i")
+    else say "no line of $f has a numeric \"${xkeys[$i]}\": leaving out the plots against ${xnames[$i]}"; fi
+  done
+  for j in 0 1 2; do
+    if present "$dat" $((j + 3)); then ys+=("$j")
+    else say "no line of $f has a numeric \"${ykeys[$j]}\": leaving out the ${ynames[$j]} plots"; fi
+  done
+  [ ${#xs[@]} -gt 0 ] || die "nothing to plot from $f: no line has a numeric \"step\" or \"wall_s\" to plot against"
+  [ ${#ys[@]} -gt 0 ] || die "nothing to plot from $f: no line has a numeric \"loss\", \"test_accuracy\" or \"images_per_sec\""
+  local panels="" n=0
+  for j in "${ys[@]}"; do
+    for i in "${xs[@]}"; do
+      if ! together "$dat" $((i + 1)) $((j + 3)); then
+        say "no line of $f has both \"${xkeys[$i]}\" and \"${ykeys[$j]}\": leaving out that plot"
+        continue
+      fi
+      panels+="set xlabel '${xlabels[$i]}'
+set ylabel '${ylabels[$j]}'
+${yranges[$j]}
+plot '$dat' using $((i + 1)):$((j + 3)) with ${ystyles[$j]}
+"
+      n=$((n + 1))
+    done
+  done
+  [ "$n" -gt 0 ] || die "nothing to plot from $f: no line has a value to plot together with its step or wall time"
+  local cols=${#xs[@]}
+  [ "$n" -ge "$cols" ] || cols=$n
+  k=$(( (n + cols - 1) / cols ))
   gnuplot <<EOF || die "gnuplot failed on the training curve"
 $term
 set output '$out/training.png'
 set datafile missing '?'
 set grid
 set key off
-set multiplot layout 3,2 title 'training: $(basename "$metrics")'
-set xlabel 'step'
-set ylabel 'loss'
-plot '$tmp/m.dat' using 1:3 with lines lw 2 lc rgb '#1f77b4'
-set xlabel 'wall time (s)'
-plot '$tmp/m.dat' using 2:3 with lines lw 2 lc rgb '#1f77b4'
-set xlabel 'step'
-set ylabel 'test accuracy'
-set yrange [0:1]
-plot '$tmp/m.dat' using 1:5 with linespoints pt 7 lw 2 lc rgb '#2ca02c'
-set xlabel 'wall time (s)'
-plot '$tmp/m.dat' using 2:5 with linespoints pt 7 lw 2 lc rgb '#2ca02c'
-set autoscale y
-set yrange [0:*]
-set xlabel 'step'
-set ylabel 'images/s (all workers)'
-plot '$tmp/m.dat' using 1:4 with lines lw 2 lc rgb '#d62728'
-set xlabel 'wall time (s)'
-plot '$tmp/m.dat' using 2:4 with lines lw 2 lc rgb '#d62728'
+set multiplot layout $k,$cols title 'training: $(basename "$f")'
+$panels
 unset multiplot
 EOF
   echo "psplot: wrote $out/training.png"
+}
+
+if [ -n "$metrics" ]; then
+  training_plot "$metrics"
 fi
 
 median() { # column file -> median of that column
@@ -112,9 +157,10 @@ if [ -n "$prefix" ]; then
   # The straggler: most often last at ps0 (else the slowest median step).
   straggler="" share=""
   if [ -s "$prefix.ps0" ]; then
-    read -r cnt straggler < <(grep -o '"last":[0-9]*' "$prefix.ps0" | sed 's/.*://' | sort -n |
+    table "$prefix.ps0" "$tmp/ps0.dat" last
+    read -r cnt straggler < <(awk '$1 ~ /^[0-9]+$/ { print $1 }' "$tmp/ps0.dat" | sort -n |
                                uniq -c | sort -rn | head -1) || true
-    total=$(grep -c '"type":"ps"' "$prefix.ps0" || true)
+    total=$(wc -l < "$tmp/ps0.dat")
     [ -n "$straggler" ] && [ "${total:-0}" -gt 0 ] && share=$(( 100 * cnt / total ))
   fi
   : > "$tmp/bars.dat"
@@ -122,7 +168,7 @@ if [ -n "$prefix" ]; then
   for f in "${files[@]}"; do
     rank=${f##*.w}
     [[ "$rank" =~ ^[0-9]+$ ]] || continue
-    columns "$f" step compute_ms push_ms wait_ms pull_ms step_ms > "$tmp/w$rank.dat"
+    table "$f" "$tmp/w$rank.dat" step compute_ms push_ms wait_ms pull_ms step_ms
     [ -s "$tmp/w$rank.dat" ] || continue
     label="w$rank"
     [ "$rank" = "$straggler" ] && label="w$rank (straggler)"
@@ -138,6 +184,7 @@ if [ -n "$prefix" ]; then
   gnuplot <<EOF || die "gnuplot failed on the breakdown"
 $term
 set output '$out/breakdown.png'
+set datafile missing '?'
 set multiplot layout 2,1 title '$title'
 set style data histograms
 set style histogram rowstacked

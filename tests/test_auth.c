@@ -27,6 +27,7 @@
 #include "ps.pb-c.h"
 #include "wire.h"
 #include "testutil.h"
+#include "util.h"
 
 Suite *suite_auth(void);
 
@@ -576,6 +577,93 @@ START_TEST(test_munge_server_checked) {
 }
 END_TEST
 
+#ifdef PS_SLOWDOWN_SO
+/* A stranger's Hellos that each take munged 400 ms to decode. */
+typedef struct flood {
+  int port;      /* psd's port */
+  int n;         /* Hellos to send, each on its own connection */
+  int refused;   /* out: refusals that name the credential */
+} flood;
+
+static void *flood_main(void *arg) {
+  flood *f = arg;
+  int fds[8];
+  for (int i = 0; i < f->n; i++) {
+    uint8_t sn[PS__NONCE_BYTES], cn[PS__NONCE_BYTES] = {7}, buf[PS__MAX_PREAUTH_META];
+    fds[i] = raw_open(f->port, sn);
+    size_t n = hello_bytes(buf, "MUNGE:not-a-credential:", cn, NULL, sn);
+    if (tu_send_all(fds[i], buf, n) != 0) fds[i] = -1;
+  }
+  for (int i = 0; i < f->n; i++) {
+    uint8_t buf[PS__MAX_PREAUTH_META];
+    ps__frame_header fh;
+    char e[160];
+    if (fds[i] < 0 || recv_exact(fds[i], buf, PS__HEADER_SIZE, 10.0) != 0 ||
+        ps__header_decode(buf, 0, &fh, e, sizeof e) != 0 ||
+        recv_exact(fds[i], buf, fh.meta_len, 3.0) != 0 || fh.type != PS__MSG_ERROR)
+      continue;
+    Ps__Error *em = ps__error__unpack(NULL, fh.meta_len, buf);
+    if (em && em->code == PS_EAUTH) f->refused++;
+    if (em) ps__error__free_unpacked(em, NULL);
+    close(fds[i]);
+  }
+  return NULL;
+}
+
+/* munged answers slowly (400 ms per decode, through the slowdown shim).
+ * A stranger's 5 Hellos with bad credentials then keep MUNGE busy for 2 s;
+ * with the decoding on psd's event loop the job's worker would stall for
+ * all of it, off the loop its steps go on. The stranger is refused. */
+START_TEST(test_slow_munged_never_stalls_serving) {
+  START_MUNGED();
+  setenv("PS_SLOW_MUNGE_MS", "400", 1);
+#ifdef PS_TEST_SANITIZED
+  const char *old = getenv("ASAN_OPTIONS");
+  char opts[512];
+  snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", old ? old : "", old ? ":" : "");
+  setenv("ASAN_OPTIONS", opts, 1);
+#endif
+  tu_psd_preload = PS_SLOWDOWN_SO;
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  start_psd_munge(&ps, "3", hosts, hp);
+  tu_psd_preload = NULL;
+  unsetenv("PS_SLOW_MUNGE_MS");
+  char err[512];
+  int rc;
+  ps_client *c = munge_client(hp, 42, 3, &rc, err, sizeof err);
+  ck_assert_msg(rc == 0, "worker refused: %s", err);
+  int64_t shape[1] = {256};
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "w", shape, 1, NULL, NULL, &v), 0);
+  flood f = {atoi(strrchr(hp[0], ':') + 1), 5, 0};
+  pthread_t th;
+  pthread_create(&th, NULL, flood_main, &f);
+  uint64_t step = 0;
+  double t0 = ps__now(), worst = 0;
+  int steps = 0;
+  while (ps__now() - t0 < 2.5) {
+    double s0 = ps__now();
+    ck_assert_int_eq(ps_client_step(c, &step, NULL), 0);
+    double d = ps__now() - s0;
+    if (d > worst) worst = d;
+    steps++;
+    struct timespec ts = {0, 5 * 1000000};
+    nanosleep(&ts, NULL);
+  }
+  pthread_join(th, NULL);
+  printf("slow munged: %d steps in 2.5 s, slowest %.3f s; %d of 5 strangers refused\n", steps,
+         worst, f.refused);
+  ck_assert_msg(f.refused == 5, "%d of 5 bad credentials refused", f.refused);
+  ck_assert_msg(worst < 0.3, "a step waited %.3f s for munged", worst);
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+}
+END_TEST
+#endif
+
 static void teardown(void) { stop_munged(); }
 
 Suite *suite_auth(void) {
@@ -598,6 +686,9 @@ Suite *suite_auth(void) {
   tcase_add_test(tc, test_munge_replay);
   tcase_add_test(tc, test_munge_expired);
   tcase_add_test(tc, test_munge_server_checked);
+#ifdef PS_SLOWDOWN_SO
+  tcase_add_test(tc, test_slow_munged_never_stalls_serving);
+#endif
   suite_add_tcase(s, tc);
   return s;
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "util.h"
 
 #define MAXPS 2
 #define MAXW 3
@@ -502,6 +503,60 @@ START_TEST(restore_none_moves_the_old_run_aside) {
 }
 END_TEST
 
+#ifdef PS_SLOWDOWN_SO
+/* A disk that takes 250 ms per write or fsync of a checkpoint file. The
+ * checkpoint at step 10 then needs seconds; with writes on psd's event loop
+ * the workers would wait for all of it. Off the loop they finish the 20
+ * steps at once, while every slice of step 10 changes before the writer
+ * gets to it (each record is kept as it was at step 10); a job resumed
+ * from that checkpoint must end bit-identical to an uninterrupted one. */
+START_TEST(slow_disk_never_stalls_training) {
+  tu_train full = run_job(ckdir("slowfull"), 20, NULL);
+  const char *d = ckdir("slow");
+  const char *every[] = {"--checkpoint-every", "10", NULL};
+  setenv("PS_SLOW_DISK_MS", "250", 1);
+#ifdef PS_TEST_SANITIZED
+  /* The shim comes before ASan's runtime in the preload list. */
+  const char *old = getenv("ASAN_OPTIONS");
+  char opts[512];
+  snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", old ? old : "", old ? ":" : "");
+  setenv("ASAN_OPTIONS", opts, 1);
+#endif
+  tu_psd_preload = PS_SLOWDOWN_SO;
+  job j;
+  job_start_ps(&j, 2, d, every);
+  tu_psd_preload = NULL;
+  double t0 = ps__now();
+  job_start_workers(&j, 2, 20, 0);
+  job_join(&j);
+  double train_s = ps__now() - t0;
+  job_expect(&j, 0); /* psd exits once both files reached the disk */
+  double total_s = ps__now() - t0;
+  printf("slow disk: 20 steps in %.3f s; psd done after %.3f s\n", train_s, total_s);
+  /* Step 10's file alone is >= 6 slow calls (header, records, trailer,
+   * fsyncs): 1.5 s that the workers must not have waited for. */
+  ck_assert_msg(total_s >= 1.5, "the shim did not slow the disk (%.3f s)", total_s);
+  ck_assert_msg(train_s < 1.0, "training waited for the disk: %.3f s for 20 steps", train_s);
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(tu_log_contains(&j.ps[i], "checkpoint at step 10 written"), "ps %d", i);
+  /* Resume from step 10 (drop the final checkpoint) without the shim. */
+  char cmd[1400];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s/step-000000000020'", d);
+  ck_assert_int_eq(system(cmd), 0);
+  job r;
+  job_start_ps(&r, 2, d, every);
+  job_start_workers(&r, 2, 20, 0);
+  job_join(&r);
+  job_expect(&r, 0);
+  for (int i = 0; i < 2; i++)
+    ck_assert_msg(log_number(&r.ps[i], "restoring step ") == 10, "ps %d did not restore 10", i);
+  ck_assert_msg(tu_params_equal(&r.t[0], &full),
+                "resumed from the slow checkpoint, parameters differ (W[0] %.9g vs %.9g)",
+                r.t[0].W[0], full.W[0]);
+}
+END_TEST
+#endif
+
 Suite *suite_persist(void) {
   Suite *s = suite_create("persist");
   TCase *tc = tcase_create("core");
@@ -516,6 +571,9 @@ Suite *suite_persist(void) {
   tcase_add_test(tc, stop_is_bounded_without_a_chief);
   tcase_add_test(tc, second_job_on_a_directory_is_refused);
   tcase_add_test(tc, restore_none_moves_the_old_run_aside);
+#ifdef PS_SLOWDOWN_SO
+  tcase_add_test(tc, slow_disk_never_stalls_training);
+#endif
   suite_add_tcase(s, tc);
   return s;
 }

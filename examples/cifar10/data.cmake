@@ -9,7 +9,9 @@ target_include_directories(cifar_data PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})
 target_link_libraries(cifar_data PUBLIC Threads::Threads m)
 
 add_executable(cifar_synth ${CMAKE_CURRENT_SOURCE_DIR}/cifar_synth.c)
-install(TARGETS cifar_synth RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+if(PS_INSTALL_EXAMPLES) # -DPS_INSTALL_EXAMPLES=ON
+  install(TARGETS cifar_synth RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
 # The cifar_data tests run build/bin/cifar_synth: whatever links cifar_data
 # (the test runner) gets the tool built first.
 add_dependencies(cifar_data cifar_synth)

@@ -1,0 +1,83 @@
+/*
+ * ckptq.h - checkpoint files written on a thread of their own, so a slow
+ * or stalled file system never stops psd from serving.
+ *
+ * The event loop queues work in order (begin a file, add a slice's record,
+ * commit, abort); one writer thread does it: the writes, the CRC and MAC,
+ * fsync, rename and pruning. A record is read from the slice's memory in
+ * place, in chunks of PSD_CKPTQ_CHUNK bytes copied out under a lock, so no
+ * copy of the model is made. Before the loop changes a slice whose record
+ * is not yet written, psd_ckptq_release copies the part still to be
+ * written: the loop waits at most for one chunk's copy, never for the
+ * disk. Finished files come back as results the loop reads when
+ * psd_ckptq_fd is readable.
+ */
+#ifndef PSD_CKPTQ_H
+#define PSD_CKPTQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "checkpoint.h"
+#include "ckptdir.h"
+
+/* Bytes the writer copies out of a slice per lock hold: small enough that
+ * the loop never waits long for it (~0.1 ms), big enough for few writes. */
+#define PSD_CKPTQ_CHUNK (1u << 20)
+/* A failure's sentence: it names a path under the directory. */
+#define PSD_CKPTQ_ERR (1200 + PSD_CKPT_PATH_MAX)
+
+typedef struct psd_ckptq psd_ckptq;
+typedef struct psd_ckptq_file psd_ckptq_file; /* one file on its way */
+typedef struct psd_ckptq_rec psd_ckptq_rec;   /* a record still reading a slice */
+
+/* What became of a file (psd_ckptq_next). */
+typedef struct psd_ckptq_result {
+  psd_ckptq_file *file;   /* which one: the handle psd_ckptq_begin gave (now invalid) */
+  uint64_t step;          /* its checkpoint step */
+  int ok;                 /* 1: committed (durable, renamed into place) */
+  int aborted;            /* 1: dropped on request (not an error) */
+  uint64_t bytes;         /* file size (ok) */
+  double flush_ms;        /* trailer, fsync and rename (ok) */
+  int pruned;             /* older files removed after it (ok) */
+  char path[PSD_CKPT_PATH_MAX + 96]; /* the file (ok) */
+  char err[PSD_CKPTQ_ERR]; /* why it failed (!ok && !aborted) */
+} psd_ckptq_result;
+
+/* Starts the writer thread for files in d (not owned: it must outlive the
+ * queue), pruning to `keep` complete checkpoints after each commit. 0, or
+ * -1 with err. */
+int psd_ckptq_create(psd_ckptq **out, const psd_ckpt_dir *d, uint32_t ps_index,
+                     uint32_t num_ps, int keep, char *err, size_t errlen);
+/* Finishes every queued job (commits commit, aborted files go) and ends
+ * the thread; results and releases still work afterwards. Waits for the
+ * disk. NULL is a no-op. */
+void psd_ckptq_stop(psd_ckptq *q);
+/* Stops it, then frees it with the results nobody read. Every hold must
+ * have been released first (after psd_ckptq_stop that copies nothing).
+ * NULL is a no-op. */
+void psd_ckptq_destroy(psd_ckptq *q);
+/* Readable while results wait (an eventfd). */
+int psd_ckptq_fd(const psd_ckptq *q);
+
+/* Queues a new file; NULL when out of memory. */
+psd_ckptq_file *psd_ckptq_begin(psd_ckptq *q, const psd_ckpt_meta *m);
+/* Queues r (its param and state are read in place until written). *hold
+ * receives the record: the caller must psd_ckptq_release it before the
+ * slice's memory changes or goes. 0, or -1 (out of memory: the file will
+ * fail). */
+int psd_ckptq_add(psd_ckptq *q, psd_ckptq_file *f, const psd_ckpt_rec *r, psd_ckptq_rec **hold);
+/* The slice behind a hold is about to change: copies what the writer has
+ * not read yet and drops the hold. 0, or -1 (out of memory: the file will
+ * fail, and the hold is dropped all the same). NULL is a no-op. */
+int psd_ckptq_release(psd_ckptq *q, psd_ckptq_rec *hold);
+/* Queues the trailer, fsync and rename (then pruning) of f. */
+void psd_ckptq_commit(psd_ckptq *q, psd_ckptq_file *f);
+/* Queues dropping f (its temporary file is removed). */
+void psd_ckptq_abort(psd_ckptq *q, psd_ckptq_file *f);
+/* Takes one finished file's result: 1, or 0 when none waits. */
+int psd_ckptq_next(psd_ckptq *q, psd_ckptq_result *out);
+/* Files begun and not yet finished by the writer. */
+uint32_t psd_ckptq_busy(psd_ckptq *q);
+
+#endif
