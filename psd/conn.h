@@ -140,6 +140,9 @@ typedef struct psd_conn {
   float *stage;               /* where item data lands before use */
   uint64_t stage_cap;         /* floats in stage */
   int32_t *status;            /* per item result of the current Push */
+  int data_assign;            /* DATA: the Init is an assign (Init.assign) */
+  int data_rc;                /* DATA: the assign's first refusal (0: none) */
+  char data_err[256];         /* DATA: ... and its sentence, for the Error */
   uint64_t *seen;             /* per slice id: last frame that listed it */
   uint64_t seen_seq;          /* frames checked for duplicate slice ids */
   Ps__Item *reply_items;      /* reply building (one per slice, grow-only) */

@@ -250,6 +250,7 @@ static int finish_hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m,
   }
   c->handshaken = 1;
   r.protocol_version = PS__PROTOCOL_VERSION;
+  r.protocol_minor = PS__PROTOCOL_MINOR;
   r.ps_index = (uint32_t)h->cfg->ps_index;
   r.num_ps = (uint32_t)h->cfg->num_ps;
   r.num_workers = h->job->num_workers;
@@ -383,7 +384,7 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     psd_slice *sl = NULL;
     if (rc == 0)
       rc = psd_shard_register(h->shard, name, (uint32_t)sp->n_shape, sp->shape,
-                              sp->offset, sp->length, &opt, &sl, err, sizeof err);
+                              sp->offset, sp->length, &opt, c->worker, &sl, err, sizeof err);
     if (rc == 0) rc = psd_persist_restore_slice(h->persist, sl, err, sizeof err);
     if (rc == 0) {
       ps__slice_state__init(&states[i]);
@@ -510,10 +511,18 @@ static int handle_init(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   UNPACK(Ps__Init, ps__init__unpack);
   if (c->worker != 0) {
     psd_conn_error(c, m->request_id, PS_ESTATE, 1,
-                   "INIT from %s: only the chief (worker 0) initializes variables", c->name);
+                   m->assign ? "INIT with assign from %s: only the chief (worker 0) assigns "
+                               "variables"
+                             : "INIT from %s: only the chief (worker 0) initializes variables",
+                   c->worker < 0 ? "a connection that is not a worker" : c->name);
     return -1;
   }
-  return begin_data(h, c, m->request_id, 0, m->items, m->n_items);
+  /* Items and lengths are checked by begin_data before anything is read;
+   * each item's step rule when its values are in (item_done). */
+  c->data_assign = m->assign;
+  c->data_rc = 0;
+  c->data_err[0] = '\0';
+  return begin_data(h, c, m->request_id, m->assign ? m->step : 0, m->items, m->n_items);
 }
 
 static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
@@ -627,6 +636,17 @@ static void item_done(void *ctx, psd_conn *c) {
   psd_handlers *h = ctx;
   const Ps__Item *it = c->items[c->item];
   psd_slice *sl = h->shard->slices[it->slice_id];
+  if (c->hdr.type == PS__MSG_INIT && c->data_assign) {
+    char err[sizeof c->data_err];
+    int rc = psd_shard_assign(h->shard, sl, c->data_step, c->stage, err, sizeof err);
+    if (rc == 1) slice_advanced(h, sl);
+    if (rc < 0 && !c->data_rc) { /* the first refusal is the one reported */
+      c->data_rc = rc;
+      snprintf(c->data_err, sizeof c->data_err, "%s", err);
+      psd_warn("%s: %s", c->name, err);
+    }
+    return;
+  }
   if (c->hdr.type == PS__MSG_INIT) {
     int was = sl->initialized;
     psd_shard_init_values(h->shard, sl, c->stage);
@@ -649,7 +669,11 @@ static void item_done(void *ctx, psd_conn *c) {
 /* The last item of a Push/Init is in: reply and go back to HEADER. */
 static void frame_done(void *ctx, psd_conn *c) {
   psd_handlers *h = ctx;
-  if (c->hdr.type == PS__MSG_INIT) {
+  if (c->hdr.type == PS__MSG_INIT && c->data_rc) {
+    /* An assign some slice refused: the items before and after it are
+     * applied (each on its own, as a Push's). */
+    psd_conn_error(c, c->data_req, c->data_rc, 0, "%s", c->data_err);
+  } else if (c->hdr.type == PS__MSG_INIT) {
     Ps__Ack a = PS__ACK__INIT;
     a.request_id = c->data_req;
     psd_conn_send(c, PS__MSG_ACK, &a.base, NULL, NULL, NULL, 0);

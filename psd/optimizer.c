@@ -12,11 +12,13 @@
 #include "optimizer.h"
 
 #include "util.h"
+#include "wire.h"
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 /* Adam needs sqrtf in its inner loop. With the default -fmath-errno, gcc
  * treats sqrtf as a function that may write errno and will not vectorize a
@@ -32,23 +34,9 @@ float sqrtf(float x) __attribute__((const, nothrow));
 /* ---------------------------------------------------------------------- */
 /* Validation and description */
 
-static const char *kind_name(int kind) {
-  switch (kind) {
-    case PS_OPT_SGD: return "sgd";
-    case PS_OPT_MOMENTUM: return "momentum";
-    case PS_OPT_ADAM: return "adam";
-    default: return NULL;
-  }
-}
-
-static const char *decay_name(int decay) {
-  switch (decay) {
-    case PS_DECAY_NONE: return "none";
-    case PS_DECAY_EXPONENTIAL: return "exponential";
-    case PS_DECAY_STEP: return "step";
-    default: return NULL;
-  }
-}
+/* Names come from the wire layer, which the client shares. */
+#define kind_name ps__opt_kind_name
+#define decay_name ps__opt_decay_name
 
 /* x in [0, 1); false for NaN. */
 static int in_unit_halfopen(double x) { return x >= 0.0 && x < 1.0; }
@@ -56,14 +44,16 @@ static int in_unit_halfopen(double x) { return x >= 0.0 && x < 1.0; }
 int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (!o) return ps__errf(PS_EINVAL, err, errlen, "optimizer configuration is missing");
+  /* A variable that is not trained has no rule: nothing else is read. */
+  if (o->kind == PS_OPT_NONE) return 0;
   if (!(isfinite(o->lr) && o->lr > 0.0))
     return ps__errf(PS_EINVAL, err, errlen,
                 "optimizer lr must be a positive finite number, got %g", o->lr);
   if (!kind_name((int)o->kind))
     return ps__errf(PS_EINVAL, err, errlen,
-                "optimizer kind must be %d (sgd), %d (momentum) or %d (adam), "
-                "got %d",
-                PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, (int)o->kind);
+                "optimizer kind must be %d (sgd), %d (momentum), %d (adam) or %d "
+                "(none: not trainable), got %d",
+                PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_NONE, (int)o->kind);
   /* Fields of the other rules are ignored, so a config zeroed apart from
    * kind and lr is valid SGD. */
   if (o->kind == PS_OPT_MOMENTUM && !in_unit_halfopen(o->momentum))
@@ -83,11 +73,21 @@ int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
   }
   if (!decay_name((int)o->decay))
     return ps__errf(PS_EINVAL, err, errlen,
-                "optimizer decay must be %d (none), %d (exponential) or %d "
-                "(step), got %d",
+                "optimizer decay must be %d (none), %d (exponential), %d "
+                "(step) or %d (cosine), got %d",
                 PS_DECAY_NONE, PS_DECAY_EXPONENTIAL, PS_DECAY_STEP,
-                (int)o->decay);
-  if (o->decay != PS_DECAY_NONE) {
+                PS_DECAY_COSINE, (int)o->decay);
+  if (o->decay == PS_DECAY_COSINE) {
+    if (o->total_steps <= o->warmup_steps)
+      return ps__errf(PS_EINVAL, err, errlen,
+                      "optimizer total_steps must be > warmup_steps (%" PRIu64
+                      ") with cosine decay, got %" PRIu64,
+                      o->warmup_steps, o->total_steps);
+    if (!(o->min_lr_factor >= 0.0 && o->min_lr_factor <= 1.0))
+      return ps__errf(PS_EINVAL, err, errlen,
+                      "optimizer min_lr_factor must be in [0, 1] with cosine decay, got %g",
+                      o->min_lr_factor);
+  } else if (o->decay != PS_DECAY_NONE) {
     if (!(o->decay_rate > 0.0 && o->decay_rate <= 1.0))
       return ps__errf(PS_EINVAL, err, errlen,
                   "optimizer decay_rate must be in (0, 1] with %s decay, "
@@ -114,16 +114,36 @@ size_t psd_opt_state_per_elem(const ps_optimizer *o) {
   }
 }
 
+/* The cosine factor at step: 1 until the warm-up ends, then down to
+ * min_lr_factor at total_steps, which it keeps. */
+static double cosine_factor(const ps_optimizer *o, uint64_t step) {
+  if (o->total_steps <= o->warmup_steps) return 1.0; /* invalid; be safe */
+  double p = step <= o->warmup_steps ? 0.0
+                                     : (double)(step - o->warmup_steps) /
+                                           (double)(o->total_steps - o->warmup_steps);
+  if (p > 1.0) p = 1.0;
+  const double f = o->min_lr_factor;
+  return f + (1.0 - f) * 0.5 * (1.0 + cos(M_PI * p));
+}
+
 double psd_opt_lr(const ps_optimizer *o, uint64_t step) {
-  if (o->decay_steps == 0) return o->lr; /* invalid for decay; be safe */
+  double lr = o->lr;
   switch (o->decay) {
     case PS_DECAY_EXPONENTIAL:
-      return o->lr * pow(o->decay_rate, (double)step / (double)o->decay_steps);
+      if (o->decay_steps) lr *= pow(o->decay_rate, (double)step / (double)o->decay_steps);
+      break;
     case PS_DECAY_STEP:
-      return o->lr * pow(o->decay_rate, (double)(step / o->decay_steps));
+      if (o->decay_steps) lr *= pow(o->decay_rate, (double)(step / o->decay_steps));
+      break;
+    case PS_DECAY_COSINE:
+      lr *= cosine_factor(o, step);
+      break;
     default:
-      return o->lr;
+      break;
   }
+  /* Warm-up scales whatever the schedule gives, reaching it at the end. */
+  if (step < o->warmup_steps) lr *= (double)(step + 1) / (double)o->warmup_steps;
+  return lr;
 }
 
 void psd_opt_describe(const ps_optimizer *o, char *buf, size_t len) {
@@ -134,7 +154,11 @@ void psd_opt_describe(const ps_optimizer *o, char *buf, size_t len) {
   }
   const char *kn = kind_name((int)o->kind);
   const char *dn = decay_name((int)o->decay);
-  char head[160], tail[96];
+  char head[160], tail[160];
+  if (o->kind == PS_OPT_NONE) {
+    snprintf(buf, len, "none (not trainable)");
+    return;
+  }
   if (!kn)
     snprintf(head, sizeof head, "unknown-kind(%d) lr=%.9g", (int)o->kind,
              o->lr);
@@ -150,9 +174,16 @@ void psd_opt_describe(const ps_optimizer *o, char *buf, size_t len) {
     snprintf(tail, sizeof tail, "decay=unknown(%d)", (int)o->decay);
   else if (o->decay == PS_DECAY_NONE)
     snprintf(tail, sizeof tail, "decay=none");
+  else if (o->decay == PS_DECAY_COSINE)
+    snprintf(tail, sizeof tail, "decay=cosine total=%" PRIu64 " min_factor=%.9g",
+             o->total_steps, o->min_lr_factor);
   else
     snprintf(tail, sizeof tail, "decay=%s rate=%.9g steps=%" PRIu64, dn,
              o->decay_rate, o->decay_steps);
+  if (o->warmup_steps) {
+    size_t tl = strlen(tail);
+    snprintf(tail + tl, sizeof tail - tl, " warmup=%" PRIu64, o->warmup_steps);
+  }
   snprintf(buf, len, "%s wd=%.9g %s", head, o->weight_decay, tail);
 }
 

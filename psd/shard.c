@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "optimizer.h"
+#include "wire.h"
 
 /* Alignment of tensor buffers: whole cache lines, full-width vectors. */
 #define PSD_TENSOR_ALIGN 64
@@ -68,26 +69,38 @@ static int rehash(psd_shard *s, uint32_t ncap) {
   return 0;
 }
 
-/* Same update rule: compares only the fields the rule uses (the others are
- * ignored by validation too, so they may differ or even be NaN). */
-static int opt_equal(const ps_optimizer *a, const ps_optimizer *b) {
-  if (a->kind != b->kind || a->lr != b->lr || a->weight_decay != b->weight_decay ||
-      a->decay != b->decay)
-    return 0;
-  if (a->decay != PS_DECAY_NONE &&
-      (a->decay_rate != b->decay_rate || a->decay_steps != b->decay_steps))
-    return 0;
-  if (a->kind == PS_OPT_MOMENTUM && (a->momentum != b->momentum || !a->nesterov != !b->nesterov))
-    return 0;
-  if (a->kind == PS_OPT_ADAM &&
-      (a->beta1 != b->beta1 || a->beta2 != b->beta2 || a->epsilon != b->epsilon))
-    return 0;
-  return 1;
+/* "[3, 4]": a shape for conflict messages. */
+static void fmt_shape(char *buf, size_t len, uint32_t ndim, const uint64_t *shape) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (uint32_t d = 0; d < ndim && o < len; d++) {
+    int n = snprintf(buf + o, len - o, "%s%llu", d ? ", " : "[", (unsigned long long)shape[d]);
+    if (n < 0) return;
+    o += (size_t)n;
+  }
+  if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+/* PS_ESHAPE: name exists here as sl, with another shape than the one
+ * `worker` asks for; err shows both and who registered it first. */
+static int shape_conflict(const psd_slice *sl, const char *name, uint32_t ndim,
+                          const uint64_t *shape, uint64_t offset, uint64_t length, int worker,
+                          char *err, size_t errlen) {
+  char have[200], want[200];
+  fmt_shape(have, sizeof have, sl->ndim, sl->shape);
+  fmt_shape(want, sizeof want, ndim, shape);
+  snprintf(err, errlen,
+           "variable '%s' has shape %s here (slice at %llu of %llu elements), registered "
+           "first by worker %d; worker %d asks for shape %s (slice at %llu of %llu elements)",
+           name, have, (unsigned long long)sl->offset, (unsigned long long)sl->length,
+           (int)sl->created_by, worker, want, (unsigned long long)offset,
+           (unsigned long long)length);
+  return PS_ESHAPE;
 }
 
 int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
                        const uint64_t *shape, uint64_t offset, uint64_t length,
-                       const ps_optimizer *opt, psd_slice **out, char *err,
+                       const ps_optimizer *opt, int worker, psd_slice **out, char *err,
                        size_t errlen) {
   if (s->hcap) {
     uint32_t b = hash_key(name, offset) & (s->hcap - 1);
@@ -96,16 +109,13 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
       int same_shape = sl->ndim == ndim && sl->length == length;
       for (uint32_t d = 0; same_shape && d < ndim; d++)
         same_shape = sl->shape[d] == shape[d];
-      if (!same_shape) {
-        snprintf(err, errlen,
-                 "variable '%s' already exists with a different shape or slice "
-                 "(slice at %llu has %llu elements)",
-                 name, (unsigned long long)offset, (unsigned long long)sl->length);
-        return PS_ESHAPE;
-      }
-      if (!opt_equal(&sl->opt, opt)) {
-        snprintf(err, errlen, "variable '%s' already exists with a different optimizer",
-                 name);
+      if (!same_shape)
+        return shape_conflict(sl, name, ndim, shape, offset, length, worker, err, errlen);
+      char diff[300], la[48], lb[48];
+      snprintf(la, sizeof la, "worker %d, who registered it first", (int)sl->created_by);
+      snprintf(lb, sizeof lb, "worker %d", worker);
+      if (ps__opt_diff(&sl->opt, la, opt, lb, diff, sizeof diff)) {
+        snprintf(err, errlen, "variable '%s' has another optimizer here: %s", name, diff);
         return PS_EMISMATCH;
       }
       *out = sl;
@@ -119,10 +129,8 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
     if (strcmp(o->name, name) != 0) continue;
     int same_shape = o->ndim == ndim;
     for (uint32_t d = 0; same_shape && d < ndim; d++) same_shape = o->shape[d] == shape[d];
-    if (!same_shape) {
-      snprintf(err, errlen, "variable '%s' already exists with a different shape", name);
-      return PS_ESHAPE;
-    }
+    if (!same_shape)
+      return shape_conflict(o, name, ndim, shape, offset, length, worker, err, errlen);
     if (offset < o->offset + o->length && o->offset < offset + length) {
       snprintf(err, errlen,
                "slice [%llu, %llu) of variable '%s' overlaps the registered slice [%llu, %llu)",
@@ -148,6 +156,7 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
   sl->offset = offset;
   sl->length = length;
   sl->opt = *opt;
+  sl->created_by = worker;
   sl->param = alloc_floats(length);
   sl->acc = alloc_floats(length);
   size_t per = psd_opt_state_per_elem(opt);
@@ -205,8 +214,46 @@ static void before_update(psd_shard *s, psd_slice *sl) {
   if ((sl->readers > 0 || sl->ck_hold) && s->detach) s->detach(s->detach_ctx, sl);
 }
 
+int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *values,
+                     char *err, size_t errlen) {
+  unsigned long long at = (unsigned long long)sl->step, want = (unsigned long long)step;
+  if (!sl->initialized) {
+    snprintf(err, errlen, "cannot assign '%s': it is not initialized yet", sl->name);
+    return PS_ESTATE;
+  }
+  if (sl->opt.kind == PS_OPT_NONE || s->async_mode) {
+    /* Nothing else changes these parameters at a step: replace them now. */
+    if (!s->async_mode && sl->step > step + 1) {
+      snprintf(err, errlen,
+               "cannot assign '%s' for step %llu: the chief already assigned it for step %llu",
+               sl->name, want, at - 1);
+      return PS_ESTALE;
+    }
+    before_update(s, sl);
+    memcpy(sl->param, values, sl->length * sizeof(float));
+    if (s->async_mode || sl->step == step + 1) return 0;
+    sl->step = step + 1;
+    return 1;
+  }
+  if (sl->step != step) {
+    snprintf(err, errlen,
+             sl->step > step
+                 ? "cannot assign '%s' (slice at %llu) for step %llu: it is at step %llu "
+                   "already (backup workers completed the step without the chief)"
+                 : "cannot assign '%s' (slice at %llu) for step %llu: it is only at step %llu",
+             sl->name, (unsigned long long)sl->offset, want, at);
+    return sl->step > step ? PS_ESTALE : PS_EINVAL;
+  }
+  /* This step's gradients would only be overwritten: acc now holds the
+   * values, and the step's last gradient installs them. */
+  memcpy(sl->acc, values, sl->length * sizeof(float));
+  sl->assign_pending = 1;
+  return 0;
+}
+
 int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
                    const float *grad, double now) {
+  if (sl->opt.kind == PS_OPT_NONE) return PS_EUNSUPPORTED;
   if (!sl->initialized) return PS_ESTATE;
   if (s->async_mode) {
     before_update(s, sl);
@@ -225,20 +272,27 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
   if (sl->count + 1 >= s->replicas) {
     /* Last gradient of the step: average and apply in one fused pass. */
     before_update(s, sl);
-    float scale = 1.0f / (float)(sl->count + 1);
-    psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad,
-                  sl->count ? sl->acc : NULL, scale, sl->length);
+    if (sl->assign_pending) {
+      /* The chief's values are the parameters of step + 1. */
+      memcpy(sl->param, sl->acc, sl->length * sizeof(float));
+      sl->assign_pending = 0;
+    } else {
+      float scale = 1.0f / (float)(sl->count + 1);
+      psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad,
+                    sl->count ? sl->acc : NULL, scale, sl->length);
+    }
     sl->count = 0;
     sl->step++;
     sl->stall_logged_at = 0;
     return 1;
   }
-  if (sl->count == 0) {
+  if (sl->count == 0) sl->first_grad_at = now;
+  if (sl->assign_pending)
+    ; /* acc holds the assigned values: this step's gradients are dropped */
+  else if (sl->count == 0)
     memcpy(sl->acc, grad, sl->length * sizeof(float));
-    sl->first_grad_at = now;
-  } else {
+  else
     add_into(sl->acc, grad, sl->length);
-  }
   sl->count++;
   return 0;
 }

@@ -28,10 +28,14 @@ typedef struct psd_slice {
   uint64_t offset;         /* first element of this slice */
   uint64_t length;         /* elements in this slice */
   ps_optimizer opt;        /* update rule, agreed by all workers */
+  int32_t created_by;      /* worker whose Register created it (named in
+                              conflicts: "registered first by worker N") */
   float *param;            /* parameters, length floats */
   float *acc;              /* sum of this step's gradients so far */
   float *state;            /* optimizer state (0-2 x length floats) */
   int initialized;         /* the chief has sent initial values */
+  int assign_pending;      /* sync: acc holds the values the chief assigned at
+                              `step`; they replace this step's update */
   uint64_t step;           /* updates applied so far */
   uint32_t count;          /* gradients accumulated for `step` */
   uint64_t *pushed;        /* per worker: step+1 of its last accepted push */
@@ -68,22 +72,37 @@ void psd_shard_init(psd_shard *s, uint32_t num_workers, uint32_t replicas,
                     int async_mode);
 void psd_shard_free(psd_shard *s);
 
-/* Looks up or creates the slice [offset, offset+length) of variable name.
- * An existing one must agree on shape and optimizer (else PS_ESHAPE or
- * PS_EMISMATCH, with err naming the variable). Returns 0 and *out. */
+/* Looks up or creates the slice [offset, offset+length) of variable name
+ * for `worker`. An existing one must agree on shape and optimizer (else
+ * PS_ESHAPE or PS_EMISMATCH, with err naming the variable, both shapes or
+ * the differing optimizer field with both values, and the worker that
+ * registered it first). Returns 0 and *out. */
 int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
                        const uint64_t *shape, uint64_t offset, uint64_t length,
-                       const ps_optimizer *opt, psd_slice **out, char *err,
+                       const ps_optimizer *opt, int worker, psd_slice **out, char *err,
                        size_t errlen);
 
 /* Sets initial values (length floats) of an uninitialized slice; a slice
  * already initialized keeps its values (returns 0: the chief may restart). */
 int psd_shard_init_values(psd_shard *s, psd_slice *sl, const float *values);
 
+/* The chief's assign of values (length floats) at the boundary of its step
+ * (docs/protocol.md, "Assign"). Sync mode, trainable slice: the slice must
+ * be at `step`; the values become its parameters at step + 1, replacing
+ * that step's update (its gradients still count to complete it). Not
+ * trainable: the values replace the parameters now and the step becomes
+ * step + 1. Async mode: the values replace the parameters now. Returns 1
+ * if the slice's step changed (wake its pulls), 0, or PS_ESTATE (not
+ * initialized), PS_ESTALE (the slice is past the step), PS_EINVAL (a step
+ * the slice has not reached), with a sentence in err. */
+int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *values,
+                     char *err, size_t errlen);
+
 /* Offers worker's gradient (length floats) computed at step. Returns 1 if
  * the slice advanced, 0 if accumulated, or PS_ESTALE (too late: dropped),
  * PS_EDUPLICATE (worker already pushed this step), PS_ESTATE (slice not
- * initialized), PS_EINVAL (a step the slice has not reached). */
+ * initialized), PS_EINVAL (a step the slice has not reached),
+ * PS_EUNSUPPORTED (the variable is not trainable). */
 int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
                    const float *grad, double now);
 

@@ -246,6 +246,22 @@ static void put_push(hbuf *h, unsigned type, uint64_t req, uint64_t step, uint32
   }
 }
 
+/* An Init with assign (protocol 2.1): values for slice at the chief's step. */
+static void put_assign(hbuf *h, uint64_t req, uint64_t step, uint32_t slice, uint64_t count,
+                       const float *data, size_t dlen) {
+  Ps__Item it = PS__ITEM__INIT;
+  it.slice_id = slice;
+  it.count = count;
+  Ps__Item *its[1] = {&it};
+  Ps__Init m = PS__INIT__INIT;
+  m.request_id = req;
+  m.n_items = 1;
+  m.items = its;
+  m.assign = 1;
+  m.step = step;
+  put_msg(h, PS__MSG_INIT, &m.base, data, dlen);
+}
+
 static void put_pull(hbuf *h, uint64_t req, uint64_t min_step, const uint32_t *ids, size_t n) {
   Ps__Pull m = PS__PULL__INIT;
   m.request_id = req;
@@ -310,7 +326,7 @@ static const hcase CASES[] = {
     {"register_9_dims", SETUP_HELLO, 0, X_NONFATAL, PS_EINVAL, "9 dimensions", 0},
     {"register_zero_dim", SETUP_HELLO, 0, X_NONFATAL, PS_ESHAPE, "zero", 0},
     {"register_size_overflow", SETUP_HELLO, 0, X_NONFATAL, PS_ESHAPE, "overflow", 0},
-    {"register_other_shape", SETUP_VAR, 0, X_NONFATAL, PS_ESHAPE, "different shape", 0},
+    {"register_other_shape", SETUP_VAR, 0, X_NONFATAL, PS_ESHAPE, "asks for shape [5]", 0},
     /* 2^62 elements: length * 4 wraps to 0, so only the placement check
      * stops it; either way nothing may be allocated */
     {"register_huge_slice", SETUP_HELLO, 0, X_NONFATAL, PS_ETOOBIG, "slice", PS_ESHAPE},
@@ -325,8 +341,23 @@ static const hcase CASES[] = {
     {"push_after_finish", SETUP_INIT, 0, X_FATAL, PS_ESTATE, "after FINISH", 0},
     {"malformed_push", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "malformed PUSH", 0},
     {"error_from_client", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "unexpected ERROR", 0},
+    /* Protocol 2.1's assign (an Init with assign set). Listed last: the
+     * barrage below draws only from the cases before them, so its fixed
+     * pseudo-random sequence (and which rate-limited log lines come first,
+     * which it checks) stays what it was. */
+    {"assign_not_chief", SETUP_VAR, 1, X_FATAL, PS_ESTATE, "only the chief (worker 0) assigns", 0},
+    {"assign_wrong_count", SETUP_INIT, 0, X_FATAL, PS_ESHAPE, "the slice has 4", 0},
+    {"assign_data_len_mismatch", SETUP_INIT, 0, X_FATAL, PS_EPROTO, "add up to 16 bytes", 0},
+    {"assign_unknown_slice", SETUP_INIT, 0, X_FATAL, PS_ENOTFOUND, "unknown slice id 12345", 0},
+    {"assign_future_step", SETUP_INIT, 0, X_NONFATAL, PS_EINVAL, "only at step 0", 0},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
+/* The cases the barrage draws from: those before the first 2.1 case. */
+static int barrage_cases(void) {
+  for (int i = 0; i < NCASES; i++)
+    if (!strcmp(CASES[i].name, "assign_not_chief")) return i;
+  return NCASES;
+}
 
 /* The hostile bytes of case i, sent after its setup. slice is the id the
  * setup's REGISTER got. */
@@ -456,6 +487,16 @@ static void build_case(int i, hbuf *h, uint32_t slice) {
     put_pull(h, 5, 0, ids, 1);
   } else if (!strcmp(n, "init_not_chief")) {
     put_push(h, PS__MSG_INIT, 5, 0, slice, 4, 0, four, 16);
+  } else if (!strcmp(n, "assign_not_chief")) {
+    put_assign(h, 5, 0, slice, 4, four, 16);
+  } else if (!strcmp(n, "assign_wrong_count")) {
+    put_assign(h, 5, 0, slice, 3, four, 12);
+  } else if (!strcmp(n, "assign_data_len_mismatch")) {
+    put_assign(h, 5, 0, slice, 4, four, 8);
+  } else if (!strcmp(n, "assign_unknown_slice")) {
+    put_assign(h, 5, 0, 12345, 4, four, 16);
+  } else if (!strcmp(n, "assign_future_step")) {
+    put_assign(h, 77, 7, slice, 4, four, 16);
   } else if (!strcmp(n, "push_after_finish")) {
     put_finish(h, 4);
     put_push(h, PS__MSG_PUSH, 5, 0, slice, 4, 0, four, 16);
@@ -720,7 +761,7 @@ static void *barrage_main(void *arg) {
     /* Until told to stop, or psd has gone (after the real run ended). */
     if (__atomic_load_n(b->stop, __ATOMIC_SEQ_CST) || b->tolerated) break;
     x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    int ci = (int)((x >> 33) % (uint64_t)NCASES);
+    int ci = (int)((x >> 33) % (uint64_t)barrage_cases());
     const hcase *hc = &CASES[ci];
     held *slot = &ring[i % HOLD];
     if (slot->fd >= 0) finish_held(b, slot);

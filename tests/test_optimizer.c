@@ -328,6 +328,88 @@ START_TEST(lr_schedules) {
 }
 END_TEST
 
+/* Warm-up and cosine decay against values computed by hand in double
+ * precision: lr 0.1, warm-up 5 steps, cosine to 0.1 x lr at step 25, so
+ * lr(s) = 0.1 (s+1)/5 for s < 5, then 0.1 (0.1 + 0.9 (1 + cos(pi p)) / 2)
+ * with p = (s - 5) / 20, and 0.01 from step 25 on. */
+START_TEST(lr_warmup_cosine) {
+  ps_optimizer o = opt_base(PS_OPT_SGD, 0.1);
+  o.decay = PS_DECAY_COSINE;
+  o.warmup_steps = 5;
+  o.total_steps = 25;
+  o.min_lr_factor = 0.1;
+  char err[256];
+  ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), 0);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 0), 0.02, 1e-15);          /* 0.1 * 1/5 */
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 2), 0.06, 1e-15);          /* 0.1 * 3/5 */
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 4), 0.1, 1e-15);           /* warm-up done */
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 5), 0.1, 1e-15);           /* p = 0 */
+  /* p = 1/4: cos(pi/4) = 0.70710678118654752 */
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 10), 0.08681980515339464, 1e-15);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 15), 0.055, 1e-15);        /* p = 1/2 */
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 20), 0.02318019484660537, 1e-15);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 25), 0.01, 1e-15);         /* the floor */
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 1000000), 0.01, 1e-15);
+  /* Cosine without warm-up, down to 0: lr/2 half way, 0 at the end. */
+  o.warmup_steps = 0;
+  o.min_lr_factor = 0.0;
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 0), 0.1, 1e-15);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 12), 0.05 * (1 + cos(M_PI * 12 / 25.0)), 1e-15);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 25), 0.0, 1e-15);
+  /* Warm-up scales the other schedules too: exponential, lr 1, rate 0.5
+   * per 10 steps, 4 warm-up steps: 0.5^0.1 * 2/4 at step 1. */
+  o = opt_base(PS_OPT_SGD, 1.0);
+  o.decay = PS_DECAY_EXPONENTIAL;
+  o.decay_rate = 0.5;
+  o.decay_steps = 10;
+  o.warmup_steps = 4;
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 1), 0.4665164957684037, 1e-15);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 3), 0.8122523963562356, 1e-15);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 4), 0.757858283255199, 1e-15);
+  /* Warm-up alone: linear to lr, then constant. */
+  o.decay = PS_DECAY_NONE;
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 0), 0.25, 1e-15);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 3), 1.0, 1e-15);
+  ck_assert_double_eq_tol(psd_opt_lr(&o, 99), 1.0, 1e-15);
+}
+END_TEST
+
+/* The update uses the scheduled lr: SGD on w = 1 with g = 1 moves w by
+ * exactly lr(s) (float), at a warm-up step and a cosine step. */
+START_TEST(apply_uses_warmup_cosine) {
+  ps_optimizer o = opt_base(PS_OPT_SGD, 0.1);
+  o.decay = PS_DECAY_COSINE;
+  o.warmup_steps = 5;
+  o.total_steps = 25;
+  o.min_lr_factor = 0.1;
+  const float g = 1.0f;
+  float w = 1.0f;
+  psd_opt_apply(&o, 0, &w, NULL, &g, NULL, 1.0f, 1);
+  ck_assert_float_eq_tol(w, 0.98f, 1e-7f);
+  w = 1.0f;
+  psd_opt_apply(&o, 15, &w, NULL, &g, NULL, 1.0f, 1);
+  ck_assert_float_eq_tol(w, 0.945f, 1e-7f);
+  char buf[256];
+  psd_opt_describe(&o, buf, sizeof buf);
+  ck_assert_str_eq(buf, "sgd lr=0.1 wd=0 decay=cosine total=25 min_factor=0.1 warmup=5");
+}
+END_TEST
+
+/* PS_OPT_NONE: valid with any lr (0 included), no state, no update. */
+START_TEST(not_trainable_rule) {
+  ps_optimizer o = opt_base(PS_OPT_NONE, 0.0);
+  char err[256];
+  ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), 0);
+  ck_assert_uint_eq(psd_opt_state_per_elem(&o), 0);
+  float w = 2.0f;
+  const float g = 1.0f;
+  psd_opt_apply(&o, 3, &w, NULL, &g, NULL, 1.0f, 1);
+  ck_assert_float_eq(w, 2.0f);
+  psd_opt_describe(&o, err, sizeof err);
+  ck_assert_str_eq(err, "none (not trainable)");
+}
+END_TEST
+
 /* ---------------------------------------------------------------------- */
 /* Validation */
 
@@ -432,6 +514,18 @@ static int bad_config(int i, ps_optimizer *o, const char **field,
     case 24:
       o->weight_decay = INFINITY; *field = "weight_decay"; *got = "got inf";
       break;
+    case 25:
+      o->decay = PS_DECAY_COSINE; o->warmup_steps = 10; o->total_steps = 10;
+      *field = "total_steps"; *got = "got 10"; break;
+    case 26:
+      o->decay = PS_DECAY_COSINE; o->total_steps = 0;
+      *field = "total_steps"; *got = "got 0"; break;
+    case 27:
+      o->decay = PS_DECAY_COSINE; o->total_steps = 100; o->min_lr_factor = 1.5;
+      *field = "min_lr_factor"; *got = "got 1.5"; break;
+    case 28:
+      o->decay = PS_DECAY_COSINE; o->total_steps = 100; o->min_lr_factor = NAN;
+      *field = "min_lr_factor"; *got = "got nan"; break;
     default: return 0;
   }
   return 1;
@@ -465,7 +559,7 @@ END_TEST
 START_TEST(validate_table_is_complete) {
   ps_optimizer o;
   const char *field, *got;
-  ck_assert(!bad_config(25, &o, &field, &got));
+  ck_assert(!bad_config(29, &o, &field, &got));
 }
 END_TEST
 
@@ -533,11 +627,14 @@ Suite *suite_optimizer(void) {
 
   tc = tcase_create("schedule");
   tcase_add_test(tc, lr_schedules);
+  tcase_add_test(tc, lr_warmup_cosine);
+  tcase_add_test(tc, apply_uses_warmup_cosine);
+  tcase_add_test(tc, not_trainable_rule);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("validate");
   tcase_add_test(tc, validate_accepts_good_configs);
-  tcase_add_loop_test(tc, validate_rejects_bad_fields, 0, 25);
+  tcase_add_loop_test(tc, validate_rejects_bad_fields, 0, 29);
   tcase_add_test(tc, validate_table_is_complete);
   suite_add_tcase(s, tc);
 

@@ -14,5 +14,19 @@ void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m);
 /* Fills o (a full, sized struct) from m; a Register without an optimizer
  * (m NULL) gets the defaults: SGD at lr 0.01, as ps_optimizer_default. */
 void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o);
+/* 1 if o uses what protocol 2.0 lacks (PS_OPT_NONE, cosine decay,
+ * warm-up): a 2.0 server would refuse or, worse, ignore it. */
+int ps__opt_needs_2_1(const ps_optimizer *o);
+/* "sgd", "momentum", "adam", "none", or NULL for an unknown kind. */
+const char *ps__opt_kind_name(int kind);
+/* "none", "exponential", "step", "cosine", or NULL for an unknown decay. */
+const char *ps__opt_decay_name(int decay);
+/* Whether a and b are the same update rule, comparing exactly (==) only
+ * the fields the rule uses (docs/protocol.md, section 7): 0 if they are,
+ * else 1 with the first differing field and both values, each followed by
+ * its label, in buf ("lr 0.1 (worker 1) vs 0.2 (worker 0)"). Shared so
+ * that psd and the client name a conflict the same way. */
+int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, const char *bl,
+                 char *buf, size_t len);
 
 #endif /* PS_WIRE_OPTIMIZER_MSG_H */

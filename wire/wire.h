@@ -23,6 +23,10 @@
 
 #define PS__MAGIC 0x31445350u        /* "PSD1" as little-endian bytes */
 #define PS__PROTOCOL_VERSION 2u      /* bump on any incompatible change (2: Challenge, MACs) */
+/* Additions a peer of the same version may lack, announced in
+ * HelloReply.protocol_minor (1: Init.assign, OPT_NONE, warm-up and cosine
+ * schedules). A client uses them only with servers that announce them. */
+#define PS__PROTOCOL_MINOR 1u
 #define PS__HEADER_SIZE 24u          /* magic4 ver2 type2 meta4 flags4 data8 */
 
 /* Largest protobuf part of a frame. A Register of ~20k slices or a Pull of

@@ -7,6 +7,11 @@
  *    *_destroy releases it, and *_destroy(NULL) is a no-op.
  *  - Functions return 0 on success or a negative PS_E* code; ps_strerror()
  *    names a code and ps_client_errmsg() gives the details of the last error.
+ *    Every failing call on a client sets that message itself (a NULL client
+ *    has none to set), and leaves every output it was given untouched:
+ *    *step, *stale_out, *out keep what the caller had put there
+ *    (ps_client_create and ps_client_create_from_env excepted: on failure
+ *    they set *out to NULL, so destroying it is always safe).
  *  - Thread safety: a ps_client and everything created from it (variables,
  *    requests) must be used by one thread at a time. Different clients are
  *    independent. ps_strerror() is thread-safe.
@@ -52,7 +57,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 0
+#define PS_VERSION_PATCH 1
 
 /* Error codes: one table generates the enum and ps_strerror(). The same
  * numbers travel on the wire in Error messages. */
@@ -98,13 +103,21 @@ PS_EXTERN const char *ps_err_name(int code);
 typedef enum ps_opt_kind {
   PS_OPT_SGD = 0,      /* w -= lr * g */
   PS_OPT_MOMENTUM = 1, /* v = m*v + g; w -= lr*v (Nesterov: w -= lr*(g + m*v)) */
-  PS_OPT_ADAM = 2      /* Kingma & Ba, bias-corrected, TF's epsilon-hat form */
+  PS_OPT_ADAM = 2,     /* Kingma & Ba, bias-corrected, TF's epsilon-hat form */
+  PS_OPT_NONE = 3      /* not trainable: no gradients, no learning rate; the
+                          values change only by ps_client_var_assign (batch-norm
+                          statistics, counters). Needs a psd of protocol 2.1. */
 } ps_opt_kind;
 
 typedef enum ps_lr_decay {
   PS_DECAY_NONE = 0,
   PS_DECAY_EXPONENTIAL = 1, /* lr * rate^(step / decay_steps) */
-  PS_DECAY_STEP = 2         /* lr * rate^floor(step / decay_steps) */
+  PS_DECAY_STEP = 2,        /* lr * rate^floor(step / decay_steps) */
+  PS_DECAY_COSINE = 3       /* lr * (f + (1 - f) * (1 + cos(pi * p)) / 2) with
+                               p = (step - warmup_steps) / (total_steps - warmup_steps)
+                               clamped to [0, 1] and f = min_lr_factor: from lr
+                               at the end of the warm-up down to lr * f at
+                               total_steps, constant after. Needs protocol 2.1. */
 } ps_lr_decay;
 
 typedef struct ps_optimizer {
@@ -121,6 +134,15 @@ typedef struct ps_optimizer {
   double decay_rate;    /* factor per decay_steps, in (0, 1] */
   uint64_t decay_steps; /* > 0 when decay != PS_DECAY_NONE */
   double weight_decay;  /* L2: the gradient gets weight_decay * w added */
+  /* Fields below were added in 0.2.1 (protocol 2.1); a server that speaks
+   * only 2.0 refuses a variable that sets them (PS_EUNSUPPORTED). */
+  uint64_t warmup_steps; /* linear warm-up: while step < warmup_steps the
+                            scheduled lr is scaled by (step + 1) / warmup_steps
+                            (any decay); 0: none */
+  uint64_t total_steps;  /* PS_DECAY_COSINE: the step at which the lr reaches
+                            lr * min_lr_factor; > warmup_steps */
+  double min_lr_factor;  /* PS_DECAY_COSINE: the final lr as a fraction of lr,
+                            in [0, 1]; default 0 */
 } ps_optimizer;
 
 /* Fills *opt (size bytes, struct_size included) with plain SGD at
@@ -248,9 +270,18 @@ PS_EXTERN int ps_client_num_ps(const ps_client *c);
  * The chief initializes it with `init`; every other worker blocks until the
  * chief has, then receives the values. If the variable already exists on
  * the servers (another worker or a restore created it) with the same shape
- * and optimizer, this attaches to it; a different shape is PS_ESHAPE.
- * `opt` may be NULL (SGD, lr 0.01). On success *out is owned by c and its
- * data holds the current parameters. Blocking. */
+ * and optimizer, this attaches to it; a different shape is PS_ESHAPE and a
+ * different optimizer PS_EMISMATCH, the message showing both shapes (or the
+ * differing optimizer field with both values) and which worker registered
+ * the variable first. `opt` may be NULL (SGD, lr 0.01); an optimizer of
+ * kind PS_OPT_NONE makes a variable that is not trainable (see
+ * ps_client_var_assign). On success *out is owned by c and its data holds
+ * the current parameters. Blocking.
+ * Creating a name this client already created is idempotent: with the same
+ * shape, optimizer and initializer (compared as the servers compare them:
+ * only the fields the rule or distribution uses) it returns the existing
+ * handle at once, without any I/O; otherwise it fails, PS_ESHAPE or
+ * PS_EMISMATCH, naming the property that differs and both values. */
 PS_EXTERN int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape,
                                    int ndim, const ps_init *init, const ps_optimizer *opt,
                                    ps_var **out);
@@ -266,22 +297,65 @@ PS_EXTERN const char *ps_var_name(const ps_var *v);
 PS_EXTERN int ps_var_ndim(const ps_var *v);
 PS_EXTERN const int64_t *ps_var_shape(const ps_var *v);
 
-/* Pushes the gradients of vars[0..n) (all variables when vars is NULL),
- * computed from parameters at `step`, to every ps concurrently. *out is a
- * request to wait on. Returns 0 or a negative code (nothing was sent). */
+/* The chief (worker 0) sets the values of vars[0..n) (all variables when
+ * vars is NULL) to what their ps_var_data() holds: the caller writes the
+ * values there (pretrained weights, statistics computed outside training),
+ * then calls this with `step`, the step its last ps_client_step or
+ * ps_client_pull returned (ps_client_step_current(c)), before its next
+ * ps_client_step. Blocking: returns once every ps holding a slice has
+ * applied it. What every ps does, for every slice of the variables:
+ *  - sync mode, trainable variable: the values become the parameters of
+ *    step + 1, replacing that step's update (the step's gradients still
+ *    count to complete it, then are dropped; optimizer state is kept). So
+ *    every worker's pull of step + 1 (its next ps_client_step) receives
+ *    exactly these values, on every ps at the same step. To start from
+ *    loaded weights, assign right after creating the variables, at step 0
+ *    (or the step ps_client_pull returned on a resume).
+ *  - not trainable (PS_OPT_NONE): the values replace the parameters at
+ *    once and the variable's step becomes step + 1, so a pull of it with
+ *    min_step step + 1 (ps_client_pull_async with the variable listed)
+ *    waits for this assign; ps_client_step pulls its latest values.
+ *  - async mode: the values replace the parameters at once.
+ * Returns 0; PS_ESTATE from a worker that is not the chief (nothing is
+ * sent); PS_EUNSUPPORTED if a server speaks only protocol 2.0; PS_ESTALE
+ * when a slice is already past `step` (with backup workers the others can
+ * complete a step without the chief: the other slices did take the
+ * values, so assign again at the step ps_client_pull returns), PS_EINVAL
+ * for a step a slice has not reached, PS_ESTATE for a variable that is
+ * not initialized; the message names the variable and both steps. */
+PS_EXTERN int ps_client_var_assign(ps_client *c, ps_var *const *vars, size_t n, uint64_t step);
+
+/* The variable this client created under `name` (owned by c), or NULL
+ * (no such variable, or c or name NULL; the error message says which). */
+PS_EXTERN ps_var *ps_client_var_find(ps_client *c, const char *name);
+
+/* The step the last successful ps_client_step set *step to, or the last
+ * successful ps_client_pull set *step_out to; 0 before either (and for a
+ * NULL client). In async mode it is the worker's own count of pushes (see
+ * ps_client_step). Never waits, never fails. */
+PS_EXTERN uint64_t ps_client_step_current(const ps_client *c);
+
+/* Pushes the gradients of vars[0..n) (all trainable variables when vars is
+ * NULL), computed from parameters at `step`, to every ps concurrently. *out
+ * is a request to wait on. Returns 0 or a negative code (nothing was sent);
+ * listing a variable that is not trainable (PS_OPT_NONE) is PS_EINVAL. */
 PS_EXTERN int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars,
                                    size_t n, ps_req **out);
 
 /* Asks every ps for the parameters of vars (all when NULL) at a step >=
- * min_step; the values land in ps_var_data() as they arrive. */
+ * min_step; the values land in ps_var_data() as they arrive. With vars
+ * NULL, the variables that are not trainable are asked for at their
+ * latest values (min_step 0): their step counts the chief's assigns, not
+ * training steps (ps_client_var_assign); list them to wait for a step. */
 PS_EXTERN int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars,
                                    size_t n, ps_req **out);
 
 /* Waits for r (up to timeout_ms; < 0: the client's request timeout) while
  * driving all of c's I/O. Returns 0, or the request's error: a push whose
  * gradient came too late returns PS_ESTALE (not fatal: pull and go on).
- * *step_out (may be NULL) gets, for a pull, the smallest step among the
- * slices received. r stays valid until ps_req_destroy(). */
+ * On success *step_out (may be NULL) gets, for a pull, the smallest step
+ * among the slices of trainable variables received (of the others when
+ * it named none). r stays valid until ps_req_destroy(). */
 PS_EXTERN int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
 
 /* Releases a finished request (waiting first if it is still in flight, so
@@ -289,16 +363,25 @@ PS_EXTERN int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
 PS_EXTERN void ps_req_destroy(ps_req *r);
 
 /* One synchronous training step for every variable: pushes the gradients
- * computed at *step, pulls the parameters of the next step, and sets *step
- * to it. A stale push is not an error here: the client skips ahead to the
- * servers' step (*stale_out, if not NULL, is set to 1 when it happened).
- * The chief (worker 0) also arranges the checkpoints the servers ask for
- * here. Returns 0, PS_ESTOPPED when the job stops on request (see
- * ps_client_request_stop; *step then holds no meaning), or another PS_E*. */
+ * of the trainable variables computed at *step, pulls the parameters of
+ * the next step (and the latest values of the variables that are not
+ * trainable), and sets *step to it. A stale push is not an error here: the
+ * client skips ahead to the servers' step (*stale_out, if not NULL, is set
+ * to 1 when it happened, else 0). The chief (worker 0) also arranges the
+ * checkpoints the servers ask for here. Returns 0, PS_ESTOPPED when the
+ * job stops on request (see ps_client_request_stop), or another PS_E*; on
+ * any error *step and *stale_out keep their values.
+ * Async mode (ps_config.async_mode): each gradient is applied on its own
+ * as it arrives, and a slice's step counts the updates from every worker.
+ * *step is then this worker's own count of successful ps_client_step
+ * calls (the value given plus one), not the servers' step, and the pull
+ * returns the latest parameters without waiting. */
 PS_EXTERN int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
 
-/* Pulls every variable at step >= min_step (blocking); *step_out gets the
- * step received. Used to start or resume: ps_client_pull(c, 0, &s). */
+/* Pulls every variable at step >= min_step (blocking; the variables that
+ * are not trainable at their latest values); on success *step_out (may be
+ * NULL) gets the step received. Used to start or resume:
+ * ps_client_pull(c, 0, &s). */
 PS_EXTERN int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out);
 
 /* Tells every server this worker is done; they exit when all are. */

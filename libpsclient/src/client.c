@@ -205,6 +205,7 @@ static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
   int rc = ps__handshake(k->fd, &au, &h, who, deadline, &r, err, sizeof err);
   if (rc) return ps__seterr(c, rc, "%s", err);
   if (r->checkpoints) c->checkpoints = 1;
+  k->minor = r->protocol_minor;
   ps__hello_reply__free_unpacked(r, NULL);
   return 0;
 }

@@ -90,6 +90,10 @@ struct ps_var {
   size_t first_slice;            /* its slices are c->slices[first_slice..] */
   size_t n_slices;               /* ... this many */
   int mark;                      /* scratch: duplicate detection */
+  int trainable;                 /* opt.kind != PS_OPT_NONE: ps_client_step pushes it */
+  ps_optimizer opt;              /* as created (library layout): a second create
+                                    of the name must agree with it */
+  ps_init init;                  /* ... and with this initializer */
 };
 
 struct ps_req {
@@ -101,9 +105,15 @@ struct ps_req {
                             closing after its last answer fails only the
                             requests still waiting for it */
   int status;            /* first error, or 0 */
+  char msg[512];         /* status's message: ps_req_wait restores it, so a
+                            later error elsewhere cannot stand in for it */
   int stale;             /* some push item was stale */
   int done;              /* no more replies expected */
-  uint64_t step;         /* pull: smallest step received; hello: the ps */
+  uint64_t step;         /* pull: smallest step received among trainable
+                            variables' slices (UINT64_MAX: none yet) */
+  uint64_t step_nt;      /* ... and among the others' (their step is one past
+                            their last assign): the pull's step when it
+                            named no trainable variable */
   int refused;           /* checkpoint: some server said no */
   uint64_t max_step;     /* checkpoint: most advanced server's step */
   double first_reply_at; /* pull: when its first PullReply came (telemetry) */
@@ -140,6 +150,7 @@ typedef struct ps__conn {
   uint64_t data_req;           /* PullReply being received: request id */
   int data_items;              /* ... and the slices it completes */
   int stopped;                 /* this server wrote the stop checkpoint */
+  uint32_t minor;              /* its HelloReply.protocol_minor: what of 2.1 it knows */
   uint8_t *discard;            /* sink for data nobody wants */
   size_t discard_cap;          /* its size */
 } ps__conn;
@@ -189,6 +200,8 @@ struct ps_client {
   int stop_agreed;            /* chief: every server committed to a stop */
   volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
   ps__telem telem;            /* per-step records (telemetry.c) */
+  uint64_t cur_step;          /* the step last returned by ps_client_step or
+                                 ps_client_pull (ps_client_step_current) */
   char errmsg[1024];          /* last error */
 };
 
@@ -283,7 +296,19 @@ int ps__pump(ps_client *c, ps_req *r, double deadline);
 /* Waits for r, then releases it. */
 int ps__req_wait_release(ps_client *c, ps_req *r);
 
+/* ---- transfer.c (calls conn.c, request.c) -------------------------------- */
+
+/* The listed variables (none when vars is NULL) are c's, each listed once,
+ * and, for a push, trainable; every connection is up. 0 or PS_EINVAL /
+ * PS_ECLOSED with the message set. */
+int ps__check_vars(ps_client *c, ps_var *const *vars, size_t n, int push);
+
 /* ---- var.c --------------------------------------------------------------- */
+
+/* 0 if every server speaks protocol 2.1 (PS__PROTOCOL_MINOR >= 1), else
+ * PS_EUNSUPPORTED with a message naming the first that does not and
+ * `what` (the feature the caller wanted). */
+int ps__need_minor(ps_client *c, const char *what);
 
 /* Frees every variable and the slice list (not the slice maps). */
 void ps__vars_free(ps_client *c);

@@ -63,12 +63,19 @@ int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out) {
     int rc = ps__pump(c, r, deadline);
     if (rc) return rc;
   }
-  if (step_out) *step_out = r->step == UINT64_MAX ? 0 : r->step;
-  if (r->status) return r->status;
+  if (r->status) {
+    /* Its own message: another request may have failed since. */
+    if (r->msg[0]) snprintf(c->errmsg, sizeof c->errmsg, "%s", r->msg);
+    return r->status;
+  }
   if (r->stale) {
     snprintf(c->errmsg, sizeof c->errmsg, "gradient was stale: the servers had moved on");
     return PS_ESTALE;
   }
+  /* A pull's step is its trainable slices' (the training step), or the
+   * others' when it named only variables that are not trained. */
+  uint64_t st = r->step != UINT64_MAX ? r->step : r->step_nt;
+  if (step_out) *step_out = st == UINT64_MAX ? 0 : st;
   return 0;
 }
 

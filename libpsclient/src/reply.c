@@ -63,7 +63,8 @@ static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_
       k->dst[k->ndst].iov_base = s->var->data + s->offset;
       k->dst[k->ndst].iov_len = s->length * sizeof(float);
       k->ndst++;
-      if (it->step < r->step) r->step = it->step;
+      uint64_t *st = s->var->trainable ? &r->step : &r->step_nt;
+      if (it->step < *st) *st = it->step;
     }
   }
   if (total != k->hdr.data_len) {
@@ -167,8 +168,9 @@ static int on_push_reply(ps_client *c, ps__conn *k, const Ps__PushReply *m) {
     else if (st < 0 && !r->status) {
       ps__slice *s = ps__slice_by_remote(c, k->index, m->items[i]->slice_id);
       r->status = st;
-      snprintf(c->errmsg, sizeof c->errmsg, "ps %d at %s rejected the gradient of '%s': %s",
+      snprintf(r->msg, sizeof r->msg, "ps %d at %s rejected the gradient of '%s': %s",
                k->index, k->addr, s ? s->var->name : "?", ps_strerror(st));
+      snprintf(c->errmsg, sizeof c->errmsg, "%s", r->msg);
     }
   }
   ps__req_answered(c, r, k->index, 1);

@@ -58,6 +58,7 @@ ps_req *ps__req_new(ps_client *c, int type) {
   do r->id = ++c->next_id;
   while (!r->id || t->slot[r->id & (t->cap - 1)]);
   r->step = UINT64_MAX;
+  r->step_nt = UINT64_MAX;
   t->slot[r->id & (t->cap - 1)] = r;
   t->n++;
   return r;
@@ -76,6 +77,7 @@ void ps__req_fail(ps_client *c, ps_req *r, int code, const char *msg) {
   if (!r->status) {
     r->status = code;
     snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+    snprintf(r->msg, sizeof r->msg, "%s", msg);
   }
   ps__req_finish(c, r);
 }

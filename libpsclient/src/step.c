@@ -5,14 +5,21 @@
 #include "client_internal.h"
 
 int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out) {
+  if (!c) return PS_EINVAL;
   ps_req *r;
   int rc = ps_client_pull_async(c, min_step, NULL, 0, &r);
   if (rc) return rc;
-  rc = ps_req_wait(r, -1, step_out);
+  uint64_t got = 0;
+  rc = ps_req_wait(r, -1, &got);
   ps__req_release(c, r);
   ps__telem_idle(&c->telem, ps__now());
-  return rc;
+  if (rc) return rc;
+  c->cur_step = got;
+  if (step_out) *step_out = got;
+  return 0;
 }
+
+uint64_t ps_client_step_current(const ps_client *c) { return c ? c->cur_step : 0; }
 
 /* Every server has written its stop checkpoint: only then may the worker
  * leave (with backup workers a server can still need its gradients to
@@ -112,8 +119,8 @@ void ps_client_request_stop(ps_client *c) {
 }
 
 int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
-  if (!c || !step) return PS_EINVAL;
-  if (stale_out) *stale_out = 0;
+  if (!c) return PS_EINVAL;
+  if (!step) return ps__seterr(c, PS_EINVAL, "ps_client_step: step is NULL");
   /* The pull goes first, so the servers answer each slice the moment its
    * update is applied, while the rest of the push is still arriving. */
   ps_req *pull = NULL, *push = NULL;
@@ -142,10 +149,14 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
     return prc;
   }
   if (lrc) return lrc;
-  if (prc == PS_ESTALE && stale_out) *stale_out = 1;
   if (all_stopped(c)) return stopped_err(c);
-  *step = c->async_mode ? *step + 1 : got;
-  return after_step(c, *step);
+  uint64_t next = c->async_mode ? *step + 1 : got;
+  /* Outputs change only when the whole call succeeds. */
+  if ((rc = after_step(c, next)) != 0) return rc;
+  *step = next;
+  c->cur_step = next;
+  if (stale_out) *stale_out = prc == PS_ESTALE;
+  return 0;
 }
 
 int ps_client_finish(ps_client *c) {

@@ -33,11 +33,15 @@ static int scratch_items(ps_client *c, size_t n) {
     }                                                                      \
   } while (0)
 
-static int check_vars(ps_client *c, ps_var *const *vars, size_t n) {
+int ps__check_vars(ps_client *c, ps_var *const *vars, size_t n, int push) {
   int rc = 0;
   for (size_t i = 0; vars && i < n && !rc; i++) {
     if (!vars[i] || vars[i]->c != c)
       rc = ps__seterr(c, PS_EINVAL, "variable %zu does not belong to this client", i);
+    else if (push && !vars[i]->trainable)
+      rc = ps__seterr(c, PS_EINVAL,
+                      "variable '%s' is not trainable (PS_OPT_NONE): it takes no gradients; "
+                      "the chief sets its values with ps_client_var_assign", vars[i]->name);
     else if (vars[i]->mark)
       rc = ps__seterr(c, PS_EINVAL, "variable '%s' is listed twice", vars[i]->name);
     else
@@ -73,9 +77,9 @@ static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k,
 
 int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_t n,
                          ps_req **out) {
-  if (!c || !out) return PS_EINVAL;
-  *out = NULL;
-  int rc = check_vars(c, vars, n);
+  if (!c) return PS_EINVAL;
+  if (!out) return ps__seterr(c, PS_EINVAL, "ps_client_push_async: out is NULL");
+  int rc = ps__check_vars(c, vars, n, 1);
   if (rc) return rc;
   if (scratch_items(c, c->nslices)) return ps__seterr(c, PS_ENOMEM, "out of memory");
   ps_req *r = ps__req_new(c, PS__REQ_PUSH);
@@ -87,6 +91,7 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
     uint64_t bytes = 0;
     /* Slices of this ps, packed into frames of at most PS__MAX_DATA. */
     FOR_SLICES(c, vars, n, p, s, {
+      if (!s->var->trainable) continue; /* all variables: the trainable ones */
       if (k && (bytes + s->length * sizeof(float) > PS__MAX_DATA ||
                 k == PS__MAX_ITEMS_PER_FRAME)) {
         if ((rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
@@ -129,23 +134,30 @@ static int pull_frame(ps_client *c, ps_req *r, int p, uint64_t min_step, size_t 
 
 int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars, size_t n,
                          ps_req **out) {
-  if (!c || !out) return PS_EINVAL;
-  *out = NULL;
-  int rc = check_vars(c, vars, n);
+  if (!c) return PS_EINVAL;
+  if (!out) return ps__seterr(c, PS_EINVAL, "ps_client_pull_async: out is NULL");
+  int rc = ps__check_vars(c, vars, n, 0);
   if (rc) return rc;
   if (scratch_items(c, c->nslices)) return ps__seterr(c, PS_ENOMEM, "out of memory");
   ps_req *r = ps__req_new(c, PS__REQ_PULL);
   if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
   for (int p = 0; p < c->num_ps; p++) {
-    size_t k = 0;
-    FOR_SLICES(c, vars, n, p, s, {
-      c->ids[k++] = s->remote_id;
-      if (k == PS__MAX_ITEMS_PER_FRAME) {
-        if ((rc = pull_frame(c, r, p, min_step, k)) != 0) return rc;
-        k = 0;
-      }
-    });
-    if (k && (rc = pull_frame(c, r, p, min_step, k)) != 0) return rc;
+    /* All variables (vars NULL): the trainable ones at min_step, then the
+     * others at 0, their latest values (their step counts assigns, not
+     * training steps). Listed variables: all at min_step. */
+    for (int pass = 0; pass < 2; pass++) {
+      uint64_t ms = pass == 0 ? min_step : 0;
+      size_t k = 0;
+      FOR_SLICES(c, vars, n, p, s, {
+        if (vars ? pass != 0 : (pass == 0) != (s->var->trainable != 0)) continue;
+        c->ids[k++] = s->remote_id;
+        if (k == PS__MAX_ITEMS_PER_FRAME) {
+          if ((rc = pull_frame(c, r, p, ms, k)) != 0) return rc;
+          k = 0;
+        }
+      });
+      if (k && (rc = pull_frame(c, r, p, ms, k)) != 0) return rc;
+    }
     ps__conn_flush(c, &c->conns[p]);
   }
   if (r->pending == 0) ps__req_finish(c, r);

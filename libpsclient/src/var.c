@@ -26,6 +26,15 @@ const char *ps_var_name(const ps_var *v) { return v->name; }
 int ps_var_ndim(const ps_var *v) { return v->ndim; }
 const int64_t *ps_var_shape(const ps_var *v) { return v->shape; }
 
+int ps__need_minor(ps_client *c, const char *what) {
+  for (int p = 0; p < c->num_ps; p++)
+    if (c->conns[p].minor < 1)
+      return ps__seterr(c, PS_EUNSUPPORTED,
+                        "%s needs protocol 2.1, and ps %d at %s speaks only 2.0: upgrade psd",
+                        what, p, c->conns[p].addr);
+  return 0;
+}
+
 /* Name, rank and shape are acceptable; *numel gets the element count. */
 static int check_args(ps_client *c, const char *name, const int64_t *shape, int ndim,
                       uint64_t *numel) {
@@ -41,9 +50,82 @@ static int check_args(ps_client *c, const char *name, const int64_t *shape, int 
       return ps__seterr(c, PS_EINVAL,
                         "variable '%s': dimension %d (%lld) is not positive or the size overflows",
                         name, d, (long long)shape[d]);
+  return 0;
+}
+
+/* c's variable called name, or NULL. */
+static ps_var *find_var(const ps_client *c, const char *name) {
   for (size_t i = 0; i < c->nvars; i++)
-    if (strcmp(c->vars[i]->name, name) == 0)
-      return ps__seterr(c, PS_EINVAL, "variable '%s' was already created by this client", name);
+    if (strcmp(c->vars[i]->name, name) == 0) return c->vars[i];
+  return NULL;
+}
+
+ps_var *ps_client_var_find(ps_client *c, const char *name) {
+  if (!c) return NULL;
+  ps_var *v = name ? find_var(c, name) : NULL;
+  if (!v) ps__seterr(c, PS_ENOTFOUND, "this client has no variable '%s'", name ? name : "(null)");
+  return v;
+}
+
+/* "[3, 4]" into buf (PS_MAX_DIMS dims fit in 200 bytes). */
+static void fmt_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int d = 0; d < ndim && o < len; d++) {
+    int k = snprintf(buf + o, len - o, "%s%lld", d ? ", " : "[", (long long)shape[d]);
+    if (k < 0) return;
+    o += (size_t)k;
+  }
+  if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+/* Whether two initializers draw the same values: 0, or 1 with the first
+ * differing parameter and both values in buf (a first). Only what the
+ * kind uses is compared. */
+static int init_diff(const ps_init *a, const ps_init *b, char *buf, size_t len) {
+  if (a->kind != b->kind) {
+    snprintf(buf, len, "initializer kind %d (the first create) vs %d (this call)", (int)a->kind,
+             (int)b->kind);
+    return 1;
+  }
+  int uses_ab = a->kind == PS_INIT_UNIFORM || a->kind == PS_INIT_NORMAL ||
+                a->kind == PS_INIT_TRUNCATED_NORMAL;
+  int seeded = uses_ab || a->kind == PS_INIT_GLOROT_UNIFORM || a->kind == PS_INIT_GLOROT_NORMAL;
+  if ((uses_ab || a->kind == PS_INIT_CONSTANT) && a->a != b->a)
+    snprintf(buf, len, "initializer a %.17g (the first create) vs %.17g (this call)", a->a, b->a);
+  else if (uses_ab && a->b != b->b)
+    snprintf(buf, len, "initializer b %.17g (the first create) vs %.17g (this call)", a->b, b->b);
+  else if (seeded && a->seed != b->seed)
+    snprintf(buf, len, "initializer seed %llu (the first create) vs %llu (this call)",
+             (unsigned long long)a->seed, (unsigned long long)b->seed);
+  else
+    return 0;
+  return 1;
+}
+
+/* A second create of v's name: v itself when shape, optimizer and
+ * initializer agree, else an error naming the property and both values. */
+static int recreate(ps_client *c, ps_var *v, const int64_t *shape, int ndim,
+                    const ps_optimizer *o, const ps_init *in, ps_var **out) {
+  int same = v->ndim == ndim;
+  for (int d = 0; same && d < ndim; d++) same = v->shape[d] == shape[d];
+  char a[200], b[200], diff[400];
+  if (!same) {
+    fmt_shape(a, sizeof a, v->shape, v->ndim);
+    fmt_shape(b, sizeof b, shape, ndim);
+    return ps__seterr(c, PS_ESHAPE,
+                      "variable '%s' was already created by this client with shape %s; this "
+                      "call asks for %s", v->name, a, b);
+  }
+  if (ps__opt_diff(&v->opt, "the first create", o, "this call", diff, sizeof diff))
+    return ps__seterr(c, PS_EMISMATCH,
+                      "variable '%s' was already created by this client with another "
+                      "optimizer: %s", v->name, diff);
+  if (init_diff(&v->init, in, diff, sizeof diff))
+    return ps__seterr(c, PS_EMISMATCH,
+                      "variable '%s' was already created by this client with another %s",
+                      v->name, diff);
+  *out = v;
   return 0;
 }
 
@@ -202,8 +284,8 @@ static int var_initialize(ps_client *c, ps_var *v, const ps_init *init) {
 
 int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, int ndim,
                          const ps_init *init, const ps_optimizer *opt, ps_var **out) {
-  if (!c || !out) return PS_EINVAL;
-  *out = NULL;
+  if (!c) return PS_EINVAL;
+  if (!out) return ps__seterr(c, PS_EINVAL, "ps_client_var_create: out is NULL");
   uint64_t numel = 0;
   int rc = check_args(c, name, shape, ndim, &numel);
   if (rc) return rc;
@@ -220,6 +302,12 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
   if (init && (rc = ps__sized_read(&in, sizeof in, init, PS__INIT_V1_SIZE, "ps_init", e,
                                    sizeof e)) != 0)
     return ps__seterr(c, rc, "variable '%s': %s", name, e);
+  ps_var *had = find_var(c, name);
+  if (had) return recreate(c, had, shape, ndim, &o, &in, out);
+  if (ps__opt_needs_2_1(&o)) {
+    snprintf(e, sizeof e, "variable '%s': optimizer kind none, cosine decay or warm-up", name);
+    if ((rc = ps__need_minor(c, e)) != 0) return rc;
+  }
   /* Placement must stay identical on every worker: if this creation
    * fails, the loads are restored as if it never happened. */
   uint64_t *saved_load = malloc((size_t)c->num_ps * sizeof *saved_load);
@@ -230,6 +318,9 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
     goto fail;
   }
   memcpy(saved_load, c->placer.load, (size_t)c->num_ps * sizeof *saved_load);
+  v->opt = o;
+  v->init = in;
+  v->trainable = o.kind != PS_OPT_NONE;
   if ((rc = var_place(c, v)) != 0) {
     ps__seterr(c, rc, "out of memory creating '%s'", name);
     goto fail;
@@ -255,4 +346,50 @@ fail:
   var_free(v);
   free(saved_load);
   return rc;
+}
+
+/* Queues one assign Init frame per slice of v (data from ps_var_data) for
+ * r. 0 or <0 (message set; r is the caller's to release). */
+static int assign_var(ps_client *c, ps_var *v, uint64_t step, ps_req *r) {
+  for (size_t i = 0; i < v->n_slices; i++) {
+    const ps__slice *s = &c->slices[v->first_slice + i];
+    Ps__Item item = PS__ITEM__INIT, *ip = &item;
+    item.slice_id = s->remote_id;
+    item.count = s->length;
+    const float *dp = v->data + s->offset;
+    uint64_t dc = s->length;
+    Ps__Init in = PS__INIT__INIT;
+    in.request_id = r->id;
+    in.n_items = 1;
+    in.items = &ip;
+    in.assign = 1;
+    in.step = step;
+    int rc = ps__queue_frame(c, &c->conns[s->ps], PS__MSG_INIT, &in.base, &dp, &dc, 1);
+    if (rc) return rc;
+    ps__req_expect(r, (int)s->ps, 1);
+  }
+  return 0;
+}
+
+int ps_client_var_assign(ps_client *c, ps_var *const *vars, size_t n, uint64_t step) {
+  if (!c) return PS_EINVAL;
+  if (c->worker_index != 0)
+    return ps__seterr(c, PS_ESTATE,
+                      "ps_client_var_assign: only the chief (worker 0) assigns variables; "
+                      "this is worker %d", c->worker_index);
+  int rc = ps__need_minor(c, "ps_client_var_assign");
+  if (!rc) rc = ps__check_vars(c, vars, n, 0);
+  if (rc) return rc;
+  ps_req *r = ps__req_new(c, PS__REQ_INIT);
+  if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  size_t nv = vars ? n : c->nvars;
+  for (size_t i = 0; i < nv && rc == 0; i++)
+    rc = assign_var(c, vars ? vars[i] : c->vars[i], step, r);
+  if (rc) {
+    ps__req_release(c, r);
+    return rc;
+  }
+  for (int p = 0; p < c->num_ps; p++) ps__conn_flush(c, &c->conns[p]);
+  if (r->pending == 0) ps__req_finish(c, r);
+  return ps__req_wait_release(c, r);
 }

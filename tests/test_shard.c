@@ -1,0 +1,90 @@
+/* psd's shard rules for protocol 2.1, on the shard itself: the chief's
+ * assign at a step boundary (sync, trainable), at once (not trainable,
+ * async), the steps it refuses, and gradients refused for a variable that
+ * is not trained. */
+#include <check.h>
+#include <string.h>
+
+#include "shard.h"
+#include "testutil.h"
+
+/* One slice of 4 floats, initialized to 1, in a shard of 2 workers. */
+static psd_slice *one_slice(psd_shard *s, int async_mode, ps_opt_kind kind) {
+  psd_shard_init(s, 2, 2, async_mode);
+  ps_optimizer o;
+  ps_optimizer_default(&o, 0.5);
+  o.kind = kind;
+  const uint64_t shape[1] = {4};
+  psd_slice *sl = NULL;
+  char err[256];
+  ck_assert_int_eq(psd_shard_register(s, "v", 1, shape, 0, 4, &o, 0, &sl, err, sizeof err), 0);
+  const float ones[4] = {1, 1, 1, 1};
+  psd_shard_init_values(s, sl, ones);
+  return sl;
+}
+
+START_TEST(assign_sync_trainable) {
+  psd_shard s;
+  psd_slice *sl = one_slice(&s, 0, PS_OPT_SGD);
+  const float g[4] = {1, 1, 1, 1}, vals[4] = {7, 8, 9, 10};
+  char err[256];
+  /* Worker 1's gradient of step 0 is in; the chief assigns at step 0. */
+  ck_assert_int_eq(psd_shard_push(&s, sl, 1, 0, g, 0), 0);
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 0, vals, err, sizeof err), 0);
+  ck_assert_float_eq(sl->param[0], 1.0f); /* not before the step completes */
+  ck_assert_int_eq(psd_shard_push(&s, sl, 0, 0, g, 0), 1);
+  ck_assert_uint_eq(sl->step, 1);
+  ck_assert_mem_eq(sl->param, vals, sizeof vals); /* the step's update replaced */
+  /* The next step trains normally from the assigned values. */
+  ck_assert_int_eq(psd_shard_push(&s, sl, 0, 1, g, 0), 0);
+  ck_assert_int_eq(psd_shard_push(&s, sl, 1, 1, g, 0), 1);
+  ck_assert_float_eq(sl->param[0], 7.0f - 0.5f);
+  /* A step behind or ahead is refused, naming both steps. */
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 1, vals, err, sizeof err), PS_ESTALE);
+  ck_assert_msg(strstr(err, "at step 2 already"), "%s", err);
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 3, vals, err, sizeof err), PS_EINVAL);
+  ck_assert_msg(strstr(err, "only at step 2"), "%s", err);
+  ck_assert_float_eq(sl->param[0], 6.5f);
+  psd_shard_free(&s);
+}
+END_TEST
+
+START_TEST(assign_not_trainable_and_async) {
+  psd_shard s;
+  psd_slice *sl = one_slice(&s, 0, PS_OPT_NONE);
+  const float g[4] = {1, 1, 1, 1}, vals[4] = {7, 8, 9, 10};
+  char err[256];
+  ck_assert_int_eq(psd_shard_push(&s, sl, 0, 0, g, 0), PS_EUNSUPPORTED);
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 4, vals, err, sizeof err), 1); /* step moved */
+  ck_assert_uint_eq(sl->step, 5);
+  ck_assert_mem_eq(sl->param, vals, sizeof vals);
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 4, g, err, sizeof err), 0); /* again at 4 */
+  ck_assert_float_eq(sl->param[0], 1.0f);
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 2, vals, err, sizeof err), PS_ESTALE);
+  psd_shard_free(&s);
+
+  sl = one_slice(&s, 1, PS_OPT_SGD); /* async: at once, step unchanged */
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 99, vals, err, sizeof err), 0);
+  ck_assert_uint_eq(sl->step, 0);
+  ck_assert_mem_eq(sl->param, vals, sizeof vals);
+  psd_shard_free(&s);
+
+  /* An uninitialized slice cannot be assigned. */
+  psd_shard_init(&s, 2, 2, 0);
+  ps_optimizer o;
+  ps_optimizer_default(&o, 0.5);
+  const uint64_t shape[1] = {4};
+  ck_assert_int_eq(psd_shard_register(&s, "u", 1, shape, 0, 4, &o, 1, &sl, err, sizeof err), 0);
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 0, vals, err, sizeof err), PS_ESTATE);
+  psd_shard_free(&s);
+}
+END_TEST
+
+Suite *suite_shard(void) {
+  Suite *s = suite_create("shard");
+  TCase *tc = tcase_create("assign");
+  tcase_add_test(tc, assign_sync_trainable);
+  tcase_add_test(tc, assign_not_trainable_and_async);
+  suite_add_tcase(s, tc);
+  return s;
+}
