@@ -266,6 +266,39 @@ static int write_port_file(const char *path, const char *hostport) {
   return 0;
 }
 
+/* The loop's events: the listener (fd), the tick, signals, and the
+ * background threads' answers. 0 or -1 (logged). */
+static int add_events(psd_server *srv, int fd) {
+  srv->listen_ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, on_accept, srv);
+  srv->tick_ev = event_new(srv->base, -1, EV_PERSIST, on_tick, srv);
+  srv->sig_ev[0] = evsignal_new(srv->base, SIGTERM, on_signal, srv);
+  srv->sig_ev[1] = evsignal_new(srv->base, SIGINT, on_signal, srv);
+  srv->sig_ev[2] = evsignal_new(srv->base, SIGUSR1, on_signal, srv);
+  if (srv->mungeq &&
+      (!(srv->munge_ev = event_new(srv->base, psd_mungeq_fd(srv->mungeq), EV_READ | EV_PERSIST,
+                                   on_munge, srv)) ||
+       event_add(srv->munge_ev, NULL))) {
+    psd_error("cannot watch the MUNGE thread");
+    return -1;
+  }
+  int cfd = psd_persist_fd(&srv->persist);
+  if (cfd >= 0 && (!(srv->ckpt_ev = event_new(srv->base, cfd, EV_READ | EV_PERSIST, on_ckpt,
+                                               srv)) ||
+                   event_add(srv->ckpt_ev, NULL))) {
+    psd_error("cannot watch the checkpoint writer");
+    return -1;
+  }
+  struct timeval tick = {0, PSD_TICK_MS * 1000};
+  if (!srv->listen_ev || !srv->tick_ev || !srv->sig_ev[0] || !srv->sig_ev[1] ||
+      !srv->sig_ev[2] || event_add(srv->listen_ev, NULL) || event_add(srv->tick_ev, &tick) ||
+      event_add(srv->sig_ev[0], NULL) || event_add(srv->sig_ev[1], NULL) ||
+      event_add(srv->sig_ev[2], NULL)) {
+    psd_error("cannot set up the event loop");
+    return -1;
+  }
+  return 0;
+}
+
 int psd_server_init(psd_server *srv, psd_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->cfg = cfg;
@@ -326,33 +359,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   psd_handlers_hooks(&srv->h, &hooks);
   psd_conns_init(&srv->conns, srv->base, &srv->pace, &hooks);
   set_limits(srv);
-  srv->listen_ev = event_new(srv->base, fd, EV_READ | EV_PERSIST, on_accept, srv);
-  srv->tick_ev = event_new(srv->base, -1, EV_PERSIST, on_tick, srv);
-  srv->sig_ev[0] = evsignal_new(srv->base, SIGTERM, on_signal, srv);
-  srv->sig_ev[1] = evsignal_new(srv->base, SIGINT, on_signal, srv);
-  srv->sig_ev[2] = evsignal_new(srv->base, SIGUSR1, on_signal, srv);
-  if (srv->mungeq &&
-      (!(srv->munge_ev = event_new(srv->base, psd_mungeq_fd(srv->mungeq), EV_READ | EV_PERSIST,
-                                   on_munge, srv)) ||
-       event_add(srv->munge_ev, NULL))) {
-    psd_error("cannot watch the MUNGE thread");
-    return -1;
-  }
-  int cfd = psd_persist_fd(&srv->persist);
-  if (cfd >= 0 && (!(srv->ckpt_ev = event_new(srv->base, cfd, EV_READ | EV_PERSIST, on_ckpt,
-                                               srv)) ||
-                   event_add(srv->ckpt_ev, NULL))) {
-    psd_error("cannot watch the checkpoint writer");
-    return -1;
-  }
-  struct timeval tick = {0, PSD_TICK_MS * 1000};
-  if (!srv->listen_ev || !srv->tick_ev || !srv->sig_ev[0] || !srv->sig_ev[1] ||
-      !srv->sig_ev[2] || event_add(srv->listen_ev, NULL) || event_add(srv->tick_ev, &tick) ||
-      event_add(srv->sig_ev[0], NULL) || event_add(srv->sig_ev[1], NULL) ||
-      event_add(srv->sig_ev[2], NULL)) {
-    psd_error("cannot set up the event loop");
-    return -1;
-  }
+  if (add_events(srv, fd) != 0) return -1;
   char terr[1200];
   if (psd_telem_init(&srv->telem, cfg->ps_index, cfg->num_ps, cfg->telemetry, terr,
                      sizeof terr) != 0) {
