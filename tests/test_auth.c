@@ -617,18 +617,12 @@ static void *flood_main(void *arg) {
 START_TEST(test_slow_munged_never_stalls_serving) {
   START_MUNGED();
   setenv("PS_SLOW_MUNGE_MS", "400", 1);
-#ifdef PS_TEST_SANITIZED
-  const char *old = getenv("ASAN_OPTIONS");
-  char opts[512];
-  snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", old ? old : "", old ? ":" : "");
-  setenv("ASAN_OPTIONS", opts, 1);
-#endif
-  tu_psd_preload = PS_SLOWDOWN_SO;
+  tu_psd_set_preload(PS_SLOWDOWN_SO);
   tu_psd ps;
   char hosts[1][64];
   const char *hp[1];
   start_psd_munge(&ps, "3", hosts, hp);
-  tu_psd_preload = NULL;
+  tu_psd_set_preload(NULL);
   unsetenv("PS_SLOW_MUNGE_MS");
   char err[512];
   int rc;

@@ -515,17 +515,10 @@ START_TEST(slow_disk_never_stalls_training) {
   const char *d = ckdir("slow");
   const char *every[] = {"--checkpoint-every", "10", NULL};
   setenv("PS_SLOW_DISK_MS", "250", 1);
-#ifdef PS_TEST_SANITIZED
-  /* The shim comes before ASan's runtime in the preload list. */
-  const char *old = getenv("ASAN_OPTIONS");
-  char opts[512];
-  snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", old ? old : "", old ? ":" : "");
-  setenv("ASAN_OPTIONS", opts, 1);
-#endif
-  tu_psd_preload = PS_SLOWDOWN_SO;
+  tu_psd_set_preload(PS_SLOWDOWN_SO);
   job j;
   job_start_ps(&j, 2, d, every);
-  tu_psd_preload = NULL;
+  tu_psd_set_preload(NULL);
   double t0 = ps__now();
   job_start_workers(&j, 2, 20, 0);
   job_join(&j);

@@ -449,3 +449,12 @@ unsigned tu_seed(const char *what) {
   fprintf(stderr, "%s: seed %u (PS_TEST_SEED=%u replays it)\n", what, seed, seed);
   return seed;
 }
+
+void tu_psd_set_preload(const char *so) {
+  tu_psd_preload = so;
+  const char *old = getenv("ASAN_OPTIONS");
+  if (!so || (old && strstr(old, "verify_asan_link_order=0"))) return;
+  char opts[1024];
+  snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", old ? old : "", old ? ":" : "");
+  setenv("ASAN_OPTIONS", opts, 1);
+}

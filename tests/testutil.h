@@ -60,6 +60,10 @@ typedef struct tu_psd {
 
 /* If set, psd processes started afterwards get it as LD_PRELOAD. */
 extern const char *tu_psd_preload;
+/* Sets tu_psd_preload to a shim (NULL: none), telling a sanitized psd that
+ * the shim may come before ASan's runtime (verify_asan_link_order=0 in
+ * ASAN_OPTIONS, which other builds ignore). */
+void tu_psd_set_preload(const char *so);
 /* If set, psd processes started afterwards get it as PSD_SECRET. */
 extern const char *tu_psd_secret;
 /* Starts $PSD_BIN --host 127.0.0.1 --port 0 --port-file F plus args

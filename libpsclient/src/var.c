@@ -250,6 +250,31 @@ static int var_register(ps_client *c, ps_var *v, const ps_optimizer *opt) {
   return ps__req_wait_release(c, r);
 }
 
+/* Queues one Init frame per slice of v with v's data for r: the chief's
+ * initial values (assign 0: slices already initialized are skipped) or an
+ * assign for step. 0 or <0 (message set; r is the caller's to release). */
+static int queue_inits(ps_client *c, ps_var *v, ps_req *r, int assign, uint64_t step) {
+  for (size_t i = 0; i < v->n_slices; i++) {
+    const ps__slice *s = &c->slices[v->first_slice + i];
+    if (!assign && s->initialized) continue;
+    Ps__Item item = PS__ITEM__INIT, *ip = &item;
+    item.slice_id = s->remote_id;
+    item.count = s->length;
+    const float *dp = v->data + s->offset;
+    uint64_t dc = s->length;
+    Ps__Init in = PS__INIT__INIT;
+    in.request_id = r->id;
+    in.n_items = 1;
+    in.items = &ip;
+    in.assign = assign;
+    in.step = step;
+    int rc = ps__queue_frame(c, &c->conns[s->ps], PS__MSG_INIT, &in.base, &dp, &dc, 1);
+    if (rc) return rc;
+    ps__req_expect(r, (int)s->ps, 1);
+  }
+  return 0;
+}
+
 /* The chief fills the slices no server had initialized: one Init frame per
  * slice (each at most PS__MAX_SLICE_BYTES), all in flight at once. */
 static int var_initialize(ps_client *c, ps_var *v, const ps_init *init) {
@@ -260,21 +285,7 @@ static int var_initialize(ps_client *c, ps_var *v, const ps_init *init) {
   if (rc) return ps__seterr(c, rc, "variable '%s': bad initializer", v->name);
   ps_req *r = ps__req_new(c, PS__REQ_INIT);
   if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
-  for (size_t i = 0; rc == 0 && i < v->n_slices; i++) {
-    const ps__slice *s = &c->slices[v->first_slice + i];
-    if (s->initialized) continue;
-    Ps__Item item = PS__ITEM__INIT, *ip = &item;
-    item.slice_id = s->remote_id;
-    item.count = s->length;
-    const float *dp = v->data + s->offset;
-    uint64_t dc = s->length;
-    Ps__Init in = PS__INIT__INIT;
-    in.request_id = r->id;
-    in.n_items = 1;
-    in.items = &ip;
-    rc = ps__queue_frame(c, &c->conns[s->ps], PS__MSG_INIT, &in.base, &dp, &dc, 1);
-    if (rc == 0) ps__req_expect(r, (int)s->ps, 1);
-  }
+  rc = queue_inits(c, v, r, 0, 0);
   if (rc) {
     ps__req_release(c, r);
     return rc;
@@ -351,24 +362,7 @@ fail:
 /* Queues one assign Init frame per slice of v (data from ps_var_data) for
  * r. 0 or <0 (message set; r is the caller's to release). */
 static int assign_var(ps_client *c, ps_var *v, uint64_t step, ps_req *r) {
-  for (size_t i = 0; i < v->n_slices; i++) {
-    const ps__slice *s = &c->slices[v->first_slice + i];
-    Ps__Item item = PS__ITEM__INIT, *ip = &item;
-    item.slice_id = s->remote_id;
-    item.count = s->length;
-    const float *dp = v->data + s->offset;
-    uint64_t dc = s->length;
-    Ps__Init in = PS__INIT__INIT;
-    in.request_id = r->id;
-    in.n_items = 1;
-    in.items = &ip;
-    in.assign = 1;
-    in.step = step;
-    int rc = ps__queue_frame(c, &c->conns[s->ps], PS__MSG_INIT, &in.base, &dp, &dc, 1);
-    if (rc) return rc;
-    ps__req_expect(r, (int)s->ps, 1);
-  }
-  return 0;
+  return queue_inits(c, v, r, 1, step);
 }
 
 int ps_client_var_assign(ps_client *c, ps_var *const *vars, size_t n, uint64_t step) {
