@@ -184,7 +184,8 @@ void psd_conns_init(psd_conns *cs, struct event_base *base, psd_pace *pace,
   cs->hooks = *hooks;
   cs->lim = (psd_conn_limits){SIZE_MAX, SIZE_MAX, SIZE_MAX};
   static const char *const what[PSD_PLOG_KINDS_] = {
-      "protocol errors", "failed handshakes", "evictions", "refused connections"};
+      "protocol errors", "failed handshakes", "evictions", "refused connections",
+      "truncated frames"};
   for (int k = 0; k < PSD_PLOG_KINDS_; k++) {
     cs->plog[k].what = what[k];
     cs->plog[k].level = PSD_LOG_WARN;
@@ -640,9 +641,9 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
     }
     if (n == 0) {
       if (c->state != PSD_CONN_HEADER || c->in_len)
-        psd_ratelog_say(&cs->plog[c->handshaken ? PSD_PLOG_PROTOCOL : PSD_PLOG_HANDSHAKE],
-                    ps__now(), "%s (%s): connection closed in the middle of a frame", c->name,
-                    c->peer);
+        psd_ratelog_say(&cs->plog[PSD_PLOG_TRUNCATED], ps__now(),
+                        "%s (%s): connection closed in the middle of a frame", c->name,
+                        c->peer);
       psd_conn_close(c, "peer closed the connection");
       break;
     }

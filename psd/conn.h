@@ -80,6 +80,9 @@ enum {
   PSD_PLOG_HANDSHAKE, /* a fatal error before the handshake completed */
   PSD_PLOG_EVICT,     /* unauthenticated connections evicted for new ones */
   PSD_PLOG_REFUSED,   /* connections refused (every slot authenticated) */
+  PSD_PLOG_TRUNCATED, /* peers that closed in the middle of a frame: a kind
+                         of its own, so a flood of other failures cannot
+                         hide them */
   PSD_PLOG_KINDS_
 };
 
