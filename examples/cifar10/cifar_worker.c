@@ -37,6 +37,9 @@ typedef struct opts {
   double lr;           /* --lr: learning rate for the global batch */
   double decay_rate;   /* --lr-decay RATE:EPOCHS (staircase) */
   double decay_epochs;
+  double momentum;     /* --momentum (0: plain SGD) */
+  double warmup_epochs; /* --warmup-epochs: linear warm-up of the lr */
+  int cosine;          /* --cosine: lr follows a cosine to 0 at the last step */
   int threads;         /* --threads (0: SLURM_CPUS_PER_TASK or cores) */
   uint64_t seed;       /* --seed */
   char metrics[4096];  /* --metrics: JSON lines file */
@@ -68,7 +71,8 @@ static void die(const char *fmt, ...) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: cifar_worker --data DIR [--epochs E | --steps S] [--batch B] [--lr X]\n"
-          "                    [--lr-decay RATE:EPOCHS] [--threads T] [--seed N]\n"
+          "                    [--lr-decay RATE:EPOCHS | --cosine] [--momentum M]\n"
+          "                    [--warmup-epochs W] [--threads T] [--seed N]\n"
           "                    [--metrics FILE] [--eval-every N] [--no-lrn]\n"
           "                    [--device cpu|gpu|auto]\n"
           "       cifar_worker --bench [--batch B] [--threads T] [--bench-steps N] [--no-lrn]\n"
@@ -79,6 +83,9 @@ static void usage(FILE *f) {
           "  --batch B         images per worker per step; global batch = workers x B [128]\n"
           "  --lr X            learning rate (for the global batch) [0.1]\n"
           "  --lr-decay R:E    multiply the learning rate by R every E epochs [none]\n"
+          "  --momentum M      SGD with momentum M (server side) [0: plain SGD]\n"
+          "  --warmup-epochs W raise the learning rate linearly over W epochs [0]\n"
+          "  --cosine          cosine decay of the learning rate to 0 at the last step\n"
           "  --threads T       compute threads [SLURM_CPUS_PER_TASK, else cores/local workers]\n"
           "  --seed N          data order and augmentation [1]\n"
           "  --metrics FILE    one JSON line per progress report (worker i>0: FILE.w<i>)\n"
@@ -122,6 +129,10 @@ static void parse(opts *o, int argc, char **argv) {
       o->bench = 1;
       continue;
     }
+    if (!strcmp(f, "--cosine")) {
+      o->cosine = 1;
+      continue;
+    }
     if (a + 1 >= argc) die("option %s needs a value (see --help)", f);
     const char *v = argv[++a];
     if (!strcmp(f, "--data")) snprintf(o->data, sizeof o->data, "%s", v);
@@ -134,6 +145,8 @@ static void parse(opts *o, int argc, char **argv) {
     else if (!strcmp(f, "--metrics")) snprintf(o->metrics, sizeof o->metrics, "%s", v);
     else if (!strcmp(f, "--eval-every")) o->eval_every = (long)num(f, v, 0, 1e12);
     else if (!strcmp(f, "--bench-steps")) o->bench_steps = (int)num(f, v, 1, 1e6);
+    else if (!strcmp(f, "--momentum")) o->momentum = num(f, v, 0, 0.999);
+    else if (!strcmp(f, "--warmup-epochs")) o->warmup_epochs = num(f, v, 0, 1e6);
     else if (!strcmp(f, "--dump-params")) snprintf(o->dump, sizeof o->dump, "%s", v);
     else if (!strcmp(f, "--device")) {
       if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto"))
@@ -333,10 +346,21 @@ static void trainer_connect(trainer *t) {
     die("cannot create the model (out of memory?)");
   ps_optimizer opt;
   ps_optimizer_default(&opt, o->lr);
+  if (o->momentum > 0) {
+    opt.kind = PS_OPT_MOMENTUM;
+    opt.momentum = o->momentum;
+  }
+  if (o->decay_rate > 0 && o->cosine) die("--lr-decay and --cosine: choose one schedule");
   if (o->decay_rate > 0) {
     opt.decay = PS_DECAY_STEP;
     opt.decay_rate = o->decay_rate;
     opt.decay_steps = (uint64_t)fmax(1, round(o->decay_epochs * t->steps_per_epoch));
+  }
+  opt.warmup_steps = (uint64_t)round(o->warmup_epochs * t->steps_per_epoch);
+  if (o->cosine) {
+    opt.decay = PS_DECAY_COSINE;
+    opt.total_steps = (uint64_t)t->total;
+    if (opt.total_steps <= opt.warmup_steps) die("--cosine needs more steps than the warm-up");
   }
   for (int i = 0; i < cnn_num_params(); i++) {
     const cnn_param *p = cnn_param_info(i);
