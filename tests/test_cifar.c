@@ -114,6 +114,56 @@ static float *read_floats(const char *path, size_t *n) {
   return v;
 }
 
+/* Runs 30 steps (1 worker) with extra options; the chief's test accuracy,
+ * its parameters dumped to dump. */
+static double run_recipe(const char *const *extra, const char *dump) {
+  char *argv[40] = {(char *)bin("psrun"), "--local", "-n", "2", "--ps", "1", "--",
+                    (char *)bin("cifar_worker"), "--data", (char *)synth_dir(), "--steps", "30",
+                    "--batch", "32", "--lr", "0.02", "--threads", "1", "--no-lrn",
+                    "--dump-params", (char *)dump};
+  int a = 21;
+  for (int k = 0; extra[k]; k++) argv[a++] = (char *)extra[k];
+  argv[a] = NULL;
+  char *out;
+  int rc = run(argv, &out, 240);
+  ck_assert_msg(rc == 0, "psrun exited %d:\n%s", rc, tail_of(out));
+  const char *acc = strstr(out, "[w0] {\"test_accuracy\":");
+  ck_assert_msg(acc != NULL, "no summary from the chief:\n%s", tail_of(out));
+  double v = atof(acc + strlen("[w0] {\"test_accuracy\":"));
+  free(out);
+  return v;
+}
+
+/* The long-run recipe's options (momentum, warm-up, cosine) reach the
+ * server's update rule: the run learns, and its parameters differ from
+ * plain SGD's on the same data and seed. Contradictory or impossible
+ * schedules are refused with a sentence. */
+START_TEST(test_recipe_options) {
+  char plain[600], recipe[600];
+  snprintf(plain, sizeof plain, "%s/plain.f32", tu_tmpdir());
+  snprintf(recipe, sizeof recipe, "%s/recipe.f32", tu_tmpdir());
+  const char *none[] = {NULL};
+  const char *opts[] = {"--momentum", "0.9", "--warmup-epochs", "0.05", "--cosine", NULL};
+  run_recipe(none, plain);
+  double a = run_recipe(opts, recipe);
+  ck_assert_msg(a > 0.4, "test accuracy %.3f after 30 steps with the recipe", a);
+  size_t n1, n2;
+  float *p1 = read_floats(plain, &n1), *p2 = read_floats(recipe, &n2);
+  ck_assert_uint_eq(n1, n2);
+  size_t differ = 0;
+  for (size_t i = 0; i < n1; i++) differ += p1[i] != p2[i];
+  ck_assert_msg(differ > n1 / 2, "only %zu of %zu parameters differ from plain SGD", differ, n1);
+  free(p1);
+  free(p2);
+  char *argv[] = {(char *)bin("cifar_worker"), "--data", (char *)synth_dir(), "--cosine",
+                  "--lr-decay", "0.1:1", NULL};
+  char *out;
+  ck_assert_int_ne(run(argv, &out, 30), 0);
+  ck_assert_msg(out && strstr(out, "choose one schedule"), "%s", tail_of(out));
+  free(out);
+}
+END_TEST
+
 /* 2 workers x batch 16 and 1 worker x batch 32 see the same images each
  * step (the sampler deals each global batch out in slices), and the server
  * averages the two workers' mean gradients, which is the mean over 32: the
@@ -338,6 +388,7 @@ Suite *suite_cifar(void) {
   tcase_set_timeout(tc, 300);
   tcase_add_test(tc, test_learns_far_above_chance);
   tcase_add_test(tc, test_two_workers_equal_one_with_double_batch);
+  tcase_add_test(tc, test_recipe_options);
   tcase_add_test(tc, test_preempted_job_resumes_exactly);
   tcase_add_test(tc, test_killed_ps_fails_fast_and_relaunch_resumes);
   tcase_add_test(tc, test_device_gpu_or_clear_error);

@@ -162,6 +162,7 @@ static void parse(opts *o, int argc, char **argv) {
       o->decay_epochs = num("--lr-decay EPOCHS", colon + 1, 1e-6, 1e9);
     } else die("unknown option '%s' (see --help)", f);
   }
+  if (o->decay_rate > 0 && o->cosine) die("--lr-decay and --cosine: choose one schedule");
 }
 
 static int default_threads(void) {
@@ -350,7 +351,6 @@ static void trainer_connect(trainer *t) {
     opt.kind = PS_OPT_MOMENTUM;
     opt.momentum = o->momentum;
   }
-  if (o->decay_rate > 0 && o->cosine) die("--lr-decay and --cosine: choose one schedule");
   if (o->decay_rate > 0) {
     opt.decay = PS_DECAY_STEP;
     opt.decay_rate = o->decay_rate;
