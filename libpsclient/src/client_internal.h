@@ -108,6 +108,9 @@ struct ps_req {
   char msg[512];         /* status's message: ps_req_wait restores it, so a
                             later error elsewhere cannot stand in for it */
   int stale;             /* some push item was stale */
+  int duplicate;         /* some push item was a duplicate: the server already
+                            had this worker's gradient for that step (msg
+                            says which, unless status is set) */
   int done;              /* no more replies expected */
   uint64_t step;         /* pull: smallest step received among trainable
                             variables' slices (UINT64_MAX: none yet) */
