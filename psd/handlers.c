@@ -729,6 +729,7 @@ static void frame_done(void *ctx, psd_conn *c) {
 static int on_message(void *ctx, psd_conn *c, const uint8_t *meta) {
   psd_handlers *h = ctx;
   unsigned t = c->hdr.type;
+  if (c->worker >= 0) psd_job_active(h->job, (uint32_t)c->worker, ps__now());
   switch (t) {
   case PS__MSG_HELLO:
     return handle_hello(h, c, meta);
