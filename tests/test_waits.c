@@ -3,11 +3,15 @@
  * duplicate push counts as applied; psd names a worker that is connected
  * but silent after the others finished; a client that cannot connect says
  * which host it is still trying. */
+#include <arpa/inet.h>
 #include <check.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -190,6 +194,52 @@ START_TEST(silent_worker_is_named_then_psd_exits) {
 }
 END_TEST
 
+/* A client pointed at a port nobody listens on (5 s connect timeout)
+ * says on stderr, while it retries, which host it is still trying and for
+ * how long; the final error names it too. */
+START_TEST(connect_progress_names_the_host) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof a;
+  ck_assert(bind(fd, (struct sockaddr *)&a, sizeof a) == 0);
+  ck_assert(getsockname(fd, (struct sockaddr *)&a, &len) == 0);
+  close(fd); /* nothing listens there now: connects are refused */
+  char host[64], path[600];
+  snprintf(host, sizeof host, "127.0.0.1:%u", ntohs(a.sin_port));
+  snprintf(path, sizeof path, "%s/connect_stderr.txt", tu_tmpdir());
+  const char *hp[1] = {host};
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  cfg.connect_timeout_ms = 5000;
+  cfg.telemetry = "off";
+  fflush(stderr);
+  int saved = dup(2), out = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  ck_assert(saved >= 0 && out >= 0);
+  dup2(out, 2);
+  close(out);
+  ps_client *c = NULL;
+  char err[512] = "";
+  double t0 = now_s();
+  int rc = ps_client_create(&cfg, &c, err, sizeof err);
+  double took = now_s() - t0;
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char *said = tu_read_file(path);
+  ck_assert_msg(rc == PS_ECONNECT, "rc %d: %s", rc, err);
+  ck_assert_msg(took >= 4 && took < 8, "gave up after %.1f s", took);
+  ck_assert_msg(strstr(err, host), "the error names the host: %s", err);
+  char want[200];
+  snprintf(want, sizeof want, "still trying to reach ps 0 at %s after ", host);
+  ck_assert_msg(said && strstr(said, want) && strstr(said, "of the 5 s connect timeout"),
+                "a progress line names the host; stderr was:\n%s", said ? said : "(none)");
+  free(said);
+}
+END_TEST
+
 Suite *suite_waits(void) {
   Suite *s = suite_create("waits");
   TCase *tc = tcase_create("waits");
@@ -197,6 +247,7 @@ Suite *suite_waits(void) {
   tcase_add_test(tc, refused_push_fails_at_once);
   tcase_add_test(tc, restarted_worker_duplicate_is_applied);
   tcase_add_test(tc, silent_worker_is_named_then_psd_exits);
+  tcase_add_test(tc, connect_progress_names_the_host);
   suite_add_tcase(s, tc);
   return s;
 }

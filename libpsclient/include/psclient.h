@@ -235,7 +235,11 @@ PS_EXTERN void ps_config_init_sized(ps_config *cfg, size_t size);
 static inline void ps_config_init(ps_config *cfg) { ps_config_init_sized(cfg, sizeof *cfg); }
 
 /* Connects to every ps task (retrying with backoff up to
- * connect_timeout_ms) and performs the handshake. On success *out owns the
+ * connect_timeout_ms) and performs the handshake. While a ps cannot be
+ * reached it prints a line on stderr every 3 s naming it ("psclient:
+ * worker W: still trying to reach ps P at HOST:PORT after N s of the T s
+ * connect timeout: WHY"), so a wrong address is not silent for the whole
+ * timeout. On success *out owns the
  * connections; destroy it with ps_client_destroy(). On failure *out is NULL
  * and the return is negative; errmsg (if not NULL, errmsg_len bytes) gets
  * the reason, naming the host:port that failed. The config is copied. */

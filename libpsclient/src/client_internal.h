@@ -42,6 +42,9 @@
 #define PS__SOCK_BUF (4 << 20)
 /* Default waits. */
 #define PS__DEFAULT_CONNECT_MS 60000
+/* While a ps cannot be reached, a line on stderr this often (seconds)
+ * names it: a wrong PS_HOSTS is not silent for the whole connect timeout. */
+#define PS__CONNECT_LOG_S 3.0
 #define PS__DEFAULT_REQUEST_MS 600000
 /* A ps on a node that died sends no FIN: TCP keepalive probes after 5 s of
  * silence, every 2 s, 3 times, and unacknowledged data gives up after 15 s,
