@@ -30,9 +30,11 @@ static const ps__opt OPTIONS[] = {
     {"mode", 0, PS_OPT_CHOICE, F(mode), "auto", 0, 0, "auto|sync|async",
      "sync, async, or auto (as the workers say)"},
     {"grace-period", 0, PS_OPT_DOUBLE, F(grace_s), "60", 0, 1e9, NULL,
-     "seconds a lost worker has to rejoin before psd exits non-zero"},
+     "seconds a lost worker has to rejoin before psd exits 66, and a worker silent "
+     "after the others finished has to finish before psd exits 68"},
     {"stall-timeout", 0, PS_OPT_DOUBLE, F(stall_s), "30", 0.01, 1e9, NULL,
-     "log a step that has waited this many seconds for gradients"},
+     "log a step that has waited this many seconds for gradients, and a worker "
+     "silent this long after the others finished"},
     {"startup-timeout", 0, PS_OPT_DOUBLE, F(startup_timeout_s), "900", 0, 1e9, NULL,
      "exit non-zero if not every worker has joined by then (0: wait forever)"},
     {"pull-timeout", 0, PS_OPT_DOUBLE, F(pull_timeout_s), "600", 0.01, 1e9, NULL,

@@ -144,8 +144,10 @@ typedef struct psd_conn {
   uint64_t stage_cap;         /* floats in stage */
   int32_t *status;            /* per item result of the current Push */
   int data_assign;            /* DATA: the Init is an assign (Init.assign) */
-  int data_rc;                /* DATA: the assign's first refusal (0: none) */
-  char data_err[256];         /* DATA: ... and its sentence, for the Error */
+  int data_rc;                /* DATA: the first refused item of this Push or
+                                 assign (0: none; a stale Push item is no refusal) */
+  char data_err[256];         /* DATA: ... and its sentence, for the Error or
+                                 PushReply.message, so the worker sees psd's why */
   uint64_t *seen;             /* per slice id: last frame that listed it */
   uint64_t seen_seq;          /* frames checked for duplicate slice ids */
   Ps__Item *reply_items;      /* reply building (one per slice, grow-only) */

@@ -504,6 +504,8 @@ static int handle_push(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     snprintf(who, sizeof who, "worker %d", c->worker);
     psd_persist_stop_wanted(h->persist, who);
   }
+  c->data_rc = 0;
+  c->data_err[0] = '\0';
   return begin_data(h, c, m->request_id, m->step, m->items, m->n_items);
 }
 
@@ -631,6 +633,31 @@ static int handle_stats(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   return 0;
 }
 
+/* A Push item the slice refused (rc < 0, not stale): the first refusal's
+ * sentence goes back in PushReply.message, so the worker's call fails with
+ * what psd saw instead of a bare code; a future step is also logged here. */
+static void push_refused(psd_conn *c, const psd_slice *sl, int rc) {
+  char e[sizeof c->data_err];
+  unsigned long long s = c->data_step, at = sl->step;
+  if (rc == PS_EINVAL)
+    snprintf(e, sizeof e, "gradient of '%s' for step %llu, but the slice is only at step "
+             "%llu (push the step you last pulled)", sl->name, s, at);
+  else if (rc == PS_EDUPLICATE)
+    snprintf(e, sizeof e, "worker %d already pushed its gradient of '%s' for step %llu: "
+             "the server has it", c->worker, sl->name, s);
+  else if (rc == PS_ESTATE)
+    snprintf(e, sizeof e, "'%s' is not initialized yet", sl->name);
+  else if (rc == PS_EUNSUPPORTED)
+    snprintf(e, sizeof e, "'%s' is not trainable: it takes no gradients", sl->name);
+  else
+    snprintf(e, sizeof e, "gradient of '%s' for step %llu refused: %s", sl->name, s,
+             ps_strerror(rc));
+  if (rc == PS_EINVAL) psd_warn("%s: %s", c->name, e);
+  if (c->data_rc) return; /* the first refusal is the one reported */
+  c->data_rc = rc;
+  snprintf(c->data_err, sizeof c->data_err, "%s", e);
+}
+
 /* One Push/Init item has fully arrived in c->stage. */
 static void item_done(void *ctx, psd_conn *c) {
   psd_handlers *h = ctx;
@@ -659,10 +686,7 @@ static void item_done(void *ctx, psd_conn *c) {
   c->data_at = t0;
   c->agg_s += ps__now() - t0; /* accumulation and, for the last gradient, the optimizer */
   if (rc == 1) slice_advanced(h, sl);
-  if (rc == PS_EINVAL)
-    psd_warn("%s: gradient of '%s' for step %llu, but the slice is only at step %llu",
-             c->name, sl->name, (unsigned long long)c->data_step,
-             (unsigned long long)sl->step);
+  if (rc < 0 && rc != PS_ESTALE) push_refused(c, sl, rc);
   c->status[c->item] = rc > 0 ? 0 : rc;
 }
 
@@ -694,6 +718,7 @@ static void frame_done(void *ctx, psd_conn *c) {
     r.request_id = c->data_req;
     r.n_items = c->n_items;
     r.items = c->reply_ptrs;
+    r.message = c->data_rc ? c->data_err : (char *)"";
     psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
     psd_conn_send(c, PS__MSG_PUSH_REPLY, &r.base, NULL, NULL, NULL, 0);
   }
@@ -704,6 +729,7 @@ static void frame_done(void *ctx, psd_conn *c) {
 static int on_message(void *ctx, psd_conn *c, const uint8_t *meta) {
   psd_handlers *h = ctx;
   unsigned t = c->hdr.type;
+  if (c->worker >= 0) psd_job_active(h->job, (uint32_t)c->worker, ps__now());
   switch (t) {
   case PS__MSG_HELLO:
     return handle_hello(h, c, meta);

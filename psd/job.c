@@ -216,8 +216,18 @@ int psd_job_join(psd_job *j, uint32_t w, const char *peer) {
   wk->connected = 1;
   wk->joined = 1;
   wk->lost = 0;
+  wk->active_at = ps__now();
   snprintf(wk->peer, sizeof wk->peer, "%s", peer);
   return rejoin;
+}
+
+void psd_job_active(psd_job *j, uint32_t w, double now) {
+  j->workers[w].active_at = now;
+  if (!j->silent_since) return;
+  /* Named as silent, then spoke: the grace period starts over if it
+   * falls silent again. */
+  j->silent_since = 0;
+  psd_info("worker %u is active again", w);
 }
 
 void psd_job_finished(psd_job *j, uint32_t w) {
@@ -298,7 +308,58 @@ void psd_job_say_done(const psd_job *j) {
     psd_info("all %u workers finished; exiting", j->num_workers);
 }
 
+/* How many workers are connected but silent for --stall-timeout while
+ * every other one finished or was lost (and one finished): 0 when someone
+ * else is still working, or a connected worker spoke recently (it may be
+ * evaluating or saving between its last step and its finish). */
+static uint32_t silent_workers(const psd_job *j, double now) {
+  uint32_t silent = 0, finished = 0;
+  for (uint32_t w = 0; w < j->num_workers; w++) {
+    const psd_job_worker *k = &j->workers[w];
+    finished += k->finished;
+    if (k->finished || k->lost) continue;
+    if (!k->connected || now - k->active_at < j->cfg->stall_s) return 0;
+    silent++;
+  }
+  return finished ? silent : 0;
+}
+
+/* One line per silent worker, naming it: why the job is not over. */
+static void say_silent(const psd_job *j, double now, int exiting) {
+  for (uint32_t w = 0; w < j->num_workers; w++) {
+    const psd_job_worker *k = &j->workers[w];
+    if (k->finished || k->lost || !k->connected) continue;
+    if (exiting)
+      psd_error("worker %u (from %s) is still connected but has not pushed or finished for "
+                "%.0f s while the others finished; exiting with status %d after the %.0f s "
+                "grace period (did it skip ps_client_finish?)",
+                w, k->peer, now - k->active_at, PSD_EXIT_WORKER_SILENT, j->cfg->grace_s);
+    else
+      psd_warn("worker %u (from %s) is still connected but has not pushed or finished for "
+               "%.0f s while the others finished; exiting with status %d in %.0f s unless it "
+               "finishes (did it skip ps_client_finish?)",
+               w, k->peer, now - k->active_at, PSD_EXIT_WORKER_SILENT, j->cfg->grace_s);
+  }
+}
+
+/* The silent-worker rule of psd_job_tick. */
+static int check_silent(psd_job *j, double now) {
+  if (!j->pinned || !silent_workers(j, now)) {
+    j->silent_since = 0;
+    return PSD_JOB_GO_ON;
+  }
+  if (!j->silent_since) {
+    j->silent_since = now;
+    say_silent(j, now, 0);
+  }
+  if (now - j->silent_since < j->cfg->grace_s) return PSD_JOB_GO_ON;
+  say_silent(j, now, 1);
+  return PSD_EXIT_WORKER_SILENT;
+}
+
 int psd_job_tick(psd_job *j, double now, uint64_t step) {
+  int silent = check_silent(j, now);
+  if (silent != PSD_JOB_GO_ON) return silent;
   if (j->lost_since && now - j->lost_since >= j->cfg->grace_s) {
     char names[256];
     format_workers(j, 1, names, sizeof names);

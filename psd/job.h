@@ -22,6 +22,9 @@ enum {
   PSD_EXIT_STARTUP = 65,     /* could not listen, write the port file, ... */
   PSD_EXIT_WORKER_LOST = 66, /* a needed worker left and did not come back */
   PSD_EXIT_NO_WORKERS = 67,  /* not every worker joined before the timeout */
+  PSD_EXIT_WORKER_SILENT = 68, /* the others finished; a worker stayed
+                                connected but silent through the grace
+                                period (it never called ps_client_finish) */
   PSD_EXIT_STOPPED = 75,     /* stopped on request (SIGTERM/SIGUSR1) after
                                 checkpointing: run it again to resume
                                 (EX_TEMPFAIL: "try again later") */
@@ -36,6 +39,8 @@ typedef struct psd_job_worker {
   int lost;                 /* connection dropped before finishing */
   int connected;            /* has a live connection now */
   char peer[64];            /* address it connected from */
+  double active_at;         /* its last message (or join): how long a
+                               connected worker has been silent */
 } psd_job_worker;
 
 /* What one Hello asks for, normalized. */
@@ -68,6 +73,9 @@ typedef struct psd_job {
   psd_job_worker *workers;  /* num_workers entries once pinned */
   double started_at;        /* monotonic start time (startup timeout) */
   double lost_since;        /* when too many workers were lost (0: not) */
+  double silent_since;      /* when the others had finished and a connected
+                               worker was found silent, so named in the log
+                               (0: not): the grace period runs from here */
 } psd_job;
 
 void psd_job_init(psd_job *j, const psd_config *cfg, double now);
@@ -93,6 +101,8 @@ int psd_job_pin(psd_job *j, const psd_job_terms *t);
 void psd_job_unpin(psd_job *j);
 /* Worker w connected from peer. Returns 1 if it had been lost (rejoined). */
 int psd_job_join(psd_job *j, uint32_t w, const char *peer);
+/* Worker w sent a message at now: it is not silent. */
+void psd_job_active(psd_job *j, uint32_t w, double now);
 /* Worker w said it is done. */
 void psd_job_finished(psd_job *j, uint32_t w);
 /* Worker w's connection went away, at step; finished: it had said so. */
@@ -104,7 +114,10 @@ void psd_job_left(psd_job *j, uint32_t w, int finished, uint64_t step);
 int psd_job_check(psd_job *j, const psd_job_stop *st);
 /* Logs why psd exits with PSD_EXIT_OK. */
 void psd_job_say_done(const psd_job *j);
-/* Timers: the lost-worker grace period and the startup timeout (step: for
+/* Timers: the lost-worker grace period, the startup timeout, and a
+ * worker still connected but silent (no message for --stall-timeout) after
+ * every other worker finished or was lost: named in the log at once, and
+ * PSD_EXIT_WORKER_SILENT once --grace-period has passed since (step: for
  * the log). PSD_JOB_GO_ON or an exit status. */
 int psd_job_tick(psd_job *j, double now, uint64_t step);
 

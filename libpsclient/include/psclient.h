@@ -235,7 +235,11 @@ PS_EXTERN void ps_config_init_sized(ps_config *cfg, size_t size);
 static inline void ps_config_init(ps_config *cfg) { ps_config_init_sized(cfg, sizeof *cfg); }
 
 /* Connects to every ps task (retrying with backoff up to
- * connect_timeout_ms) and performs the handshake. On success *out owns the
+ * connect_timeout_ms) and performs the handshake. While a ps cannot be
+ * reached it prints a line on stderr every 3 s naming it ("psclient:
+ * worker W: still trying to reach ps P at HOST:PORT after N s of the T s
+ * connect timeout: WHY"), so a wrong address is not silent for the whole
+ * timeout. On success *out owns the
  * connections; destroy it with ps_client_destroy(). On failure *out is NULL
  * and the return is negative; errmsg (if not NULL, errmsg_len bytes) gets
  * the reason, naming the host:port that failed. The config is copied. */
@@ -352,7 +356,11 @@ PS_EXTERN int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *cons
 
 /* Waits for r (up to timeout_ms; < 0: the client's request timeout) while
  * driving all of c's I/O. Returns 0, or the request's error: a push whose
- * gradient came too late returns PS_ESTALE (not fatal: pull and go on).
+ * gradient came too late returns PS_ESTALE (not fatal: pull and go on);
+ * one a server already had from this worker for that step returns
+ * PS_EDUPLICATE (not fatal either: the server has the gradient; this takes
+ * precedence over PS_ESTALE); a refused push returns the server's code
+ * with its sentence in ps_client_errmsg.
  * On success *step_out (may be NULL) gets, for a pull, the smallest step
  * among the slices of trainable variables received (of the others when
  * it named none). r stays valid until ps_req_destroy(). */
@@ -367,7 +375,15 @@ PS_EXTERN void ps_req_destroy(ps_req *r);
  * the next step (and the latest values of the variables that are not
  * trainable), and sets *step to it. A stale push is not an error here: the
  * client skips ahead to the servers' step (*stale_out, if not NULL, is set
- * to 1 when it happened, else 0). The chief (worker 0) also arranges the
+ * to 1 when it happened, else 0). Nor is a duplicate push (PS_EDUPLICATE
+ * from a server: it already has this worker's gradient for that step, as
+ * when a restarted worker pushes the step its predecessor pushed before it
+ * died): that gradient counts as applied, the pull still happens and *step
+ * advances as usual. A push a server refuses (a step it has not reached,
+ * an uninitialized variable) fails the call as soon as the refusal comes,
+ * without waiting for the pull, with PS_EINVAL or PS_ESTATE and the
+ * server's own sentence in ps_client_errmsg (naming the server and the
+ * variable). The chief (worker 0) also arranges the
  * checkpoints the servers ask for here. Returns 0, PS_ESTOPPED when the
  * job stops on request (see ps_client_request_stop), or another PS_E*; on
  * any error *step and *stale_out keep their values.

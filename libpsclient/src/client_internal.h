@@ -42,6 +42,9 @@
 #define PS__SOCK_BUF (4 << 20)
 /* Default waits. */
 #define PS__DEFAULT_CONNECT_MS 60000
+/* While a ps cannot be reached, a line on stderr this often (seconds)
+ * names it: a wrong PS_HOSTS is not silent for the whole connect timeout. */
+#define PS__CONNECT_LOG_S 3.0
 #define PS__DEFAULT_REQUEST_MS 600000
 /* A ps on a node that died sends no FIN: TCP keepalive probes after 5 s of
  * silence, every 2 s, 3 times, and unacknowledged data gives up after 15 s,
@@ -108,6 +111,9 @@ struct ps_req {
   char msg[512];         /* status's message: ps_req_wait restores it, so a
                             later error elsewhere cannot stand in for it */
   int stale;             /* some push item was stale */
+  int duplicate;         /* some push item was a duplicate: the server already
+                            had this worker's gradient for that step (msg
+                            says which, unless status is set) */
   int done;              /* no more replies expected */
   uint64_t step;         /* pull: smallest step received among trainable
                             variables' slices (UINT64_MAX: none yet) */

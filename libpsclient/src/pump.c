@@ -68,6 +68,10 @@ int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out) {
     if (r->msg[0]) snprintf(c->errmsg, sizeof c->errmsg, "%s", r->msg);
     return r->status;
   }
+  if (r->duplicate) { /* before stale, as when it was an error status */
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", r->msg);
+    return PS_EDUPLICATE;
+  }
   if (r->stale) {
     snprintf(c->errmsg, sizeof c->errmsg, "gradient was stale: the servers had moved on");
     return PS_ESTALE;

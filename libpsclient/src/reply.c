@@ -165,13 +165,22 @@ static int on_push_reply(ps_client *c, ps__conn *k, const Ps__PushReply *m) {
   for (size_t i = 0; i < m->n_items; i++) {
     int st = m->items[i]->status;
     if (st == PS_ESTALE) r->stale = 1;
-    else if (st < 0 && !r->status) {
-      ps__slice *s = ps__slice_by_remote(c, k->index, m->items[i]->slice_id);
-      r->status = st;
-      snprintf(r->msg, sizeof r->msg, "ps %d at %s rejected the gradient of '%s': %s",
-               k->index, k->addr, s ? s->var->name : "?", ps_strerror(st));
-      snprintf(c->errmsg, sizeof c->errmsg, "%s", r->msg);
+    if (st >= 0 || st == PS_ESTALE || r->status) continue;
+    /* psd's own sentence when it sent one (2.1), else the code's name. */
+    ps__slice *s = ps__slice_by_remote(c, k->index, m->items[i]->slice_id);
+    char why[400];
+    if (m->message && m->message[0]) snprintf(why, sizeof why, "%.399s", m->message);
+    else snprintf(why, sizeof why, "%s", ps_strerror(st));
+    if (st == PS_EDUPLICATE) { /* not an error for a step: see ps_req_wait */
+      if (!r->duplicate)
+        snprintf(r->msg, sizeof r->msg, "ps %d at %.80s: %.399s", k->index, k->addr, why);
+      r->duplicate = 1;
+      continue;
     }
+    r->status = st;
+    snprintf(r->msg, sizeof r->msg, "ps %d at %.80s refused the gradient of '%.64s': %.300s",
+             k->index, k->addr, s ? s->var->name : "?", why);
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", r->msg);
   }
   ps__req_answered(c, r, k->index, 1);
   return 0;

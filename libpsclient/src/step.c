@@ -136,18 +136,23 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   }
   int prc = ps_req_wait(push, -1, NULL);
   double push_done = ps__now();
-  char pmsg[sizeof c->errmsg];
-  if (prc && prc != PS_ESTALE) snprintf(pmsg, sizeof pmsg, "%s", c->errmsg);
-  uint64_t got = 0;
-  int lrc = ps_req_wait(pull, -1, &got);
-  ps__telem_step_end(&c->telem, from, push_done, pull->first_reply_at, prc == PS_ESTALE,
-                     ps__now());
+  int stale = push->stale;
   ps__req_release(c, push);
-  ps__req_release(c, pull);
-  if (prc && prc != PS_ESTALE) {
-    snprintf(c->errmsg, sizeof c->errmsg, "%s", pmsg);
+  /* Stale: the servers moved on. Duplicate: they already have this
+   * worker's gradient for the step (a restarted worker pushing its
+   * predecessor's step again): as good as applied. Either way the pull
+   * decides the step. */
+  if (prc == PS_ESTALE || prc == PS_EDUPLICATE) prc = 0;
+  if (prc) {
+    /* Refused (errmsg has psd's sentence) or failed: the pull could only
+     * wait out the request timeout for an update that will not come. */
+    ps__req_release(c, pull); /* its answers, if any, are dropped on arrival */
     return prc;
   }
+  uint64_t got = 0;
+  int lrc = ps_req_wait(pull, -1, &got);
+  ps__telem_step_end(&c->telem, from, push_done, pull->first_reply_at, stale, ps__now());
+  ps__req_release(c, pull);
   if (lrc) return lrc;
   if (all_stopped(c)) return stopped_err(c);
   uint64_t next = c->async_mode ? *step + 1 : got;
@@ -155,7 +160,7 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   if ((rc = after_step(c, next)) != 0) return rc;
   *step = next;
   c->cur_step = next;
-  if (stale_out) *stale_out = prc == PS_ESTALE;
+  if (stale_out) *stale_out = stale;
   return 0;
 }
 
