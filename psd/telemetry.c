@@ -226,7 +226,9 @@ void psd_telem_print_summary(psd_telem *t, const psd_telem_view *v, FILE *f) {
     fflush(f);
     return;
   }
-  int sg = straggler(t);
+  /* In async mode nobody waits for anybody: "last" means nothing. */
+  int async = v->shard && v->shard->async_mode;
+  int sg = async ? -1 : straggler(t);
   fprintf(f, "%-6s %7s %9s %9s | %9s %9s %9s %9s | %6s %6s %9s %9s\n", "rank", "steps",
           "step p50", "step p95", "compute", "push", "wait", "pull", "stale", "last%",
           "lag ms", "state");
@@ -288,6 +290,9 @@ void psd_telem_print_summary(psd_telem *t, const psd_telem_view *v, FILE *f) {
             sg, (unsigned long long)s->last_count, (unsigned long long)t->closed,
             t->closed ? 100.0 * (double)s->last_count / (double)t->closed : 0,
             s->waited_for / (double)s->last_count * 1e3, s->waited_for);
+  } else if (async) {
+    fprintf(f, "straggler: none (async mode: every gradient is applied on arrival, no worker "
+               "waits for another)\n");
   } else {
     fprintf(f, "straggler: none (no step had two arrivals)\n");
   }

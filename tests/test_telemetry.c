@@ -25,6 +25,7 @@ typedef struct slow_worker {
   const char *telemetry; /* ps_config.telemetry */
   int rc;                /* first error */
   char err[300];
+  int async_mode;        /* ps_config.async_mode */
 } slow_worker;
 
 static void *slow_main(void *arg) {
@@ -39,6 +40,7 @@ static void *slow_main(void *arg) {
   cfg.credential = SECRET;
   cfg.credential_len = strlen(SECRET);
   cfg.telemetry = s->telemetry;
+  cfg.async_mode = s->async_mode;
   ps_client *c = NULL;
   s->rc = ps_client_create(&cfg, &c, s->err, sizeof s->err);
   if (s->rc) return NULL;
@@ -80,6 +82,37 @@ static double median_field(const char *path, const char *filter, const char *key
 /* Two workers, one 6 ms slower per step: psd's summary names it the
  * straggler, the other's records show it waiting for the aggregate, and
  * both files hold one record per step. */
+/* The same two workers in async mode: nobody waits, so the summary names
+ * no straggler (it did, from arrival order alone). */
+START_TEST(test_async_has_no_straggler) {
+  enum { STEPS = 30 };
+  char sum[600];
+  snprintf(sum, sizeof sum, "%s/summary-async.txt", tu_tmpdir());
+  tu_psd_secret = SECRET;
+  tu_psd ps;
+  const char *args[] = {"--workers", "2", "--summary", sum, NULL};
+  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  tu_psd_secret = NULL;
+  slow_worker w[2];
+  pthread_t th[2];
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < 2; i++) {
+    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 8 : 2, NULL, 0, "", 1};
+    pthread_create(&th[i], NULL, slow_main, &w[i]);
+  }
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
+  }
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+  char *s = tu_read_file(sum);
+  ck_assert_msg(s != NULL, "no summary at %s", sum);
+  ck_assert_msg(strstr(s, "straggler: none (async mode"), "async summary:\n%s", s);
+  ck_assert_msg(!strstr(s, "w1*") && !strstr(s, "w0*"), "a straggler is marked:\n%s", s);
+  free(s);
+}
+END_TEST
+
 START_TEST(test_straggler_summary) {
   enum { STEPS = 40 };
   char sum[600], pst[600], wt[2][600];
@@ -95,7 +128,7 @@ START_TEST(test_straggler_summary) {
   memset(w, 0, sizeof w);
   for (int i = 0; i < 2; i++) {
     snprintf(wt[i], sizeof wt[i], "%s/tel.w%d", tu_tmpdir(), i);
-    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 8 : 2, wt[i], 0, ""};
+    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 8 : 2, wt[i], 0, "", 0};
     pthread_create(&th[i], NULL, slow_main, &w[i]);
   }
   for (int i = 0; i < 2; i++) {
@@ -227,6 +260,7 @@ Suite *suite_telemetry(void) {
   TCase *tc = tcase_create("telemetry");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_straggler_summary);
+  tcase_add_test(tc, test_async_has_no_straggler);
   tcase_add_test(tc, test_stats);
   tcase_add_test(tc, test_stats_impostor);
   suite_add_tcase(s, tc);
