@@ -9,10 +9,11 @@
  * worker sends its per-step times to the parent through a pipe; the parent
  * reports the median over worker 0's timed steps.
  *
- *   name "pushpull": bytes ps workers steps step_ms gbps total_gbps
+ *   name "pushpull": bytes ps workers steps step_ms gbps total_gbps max_step_ms
  *     gbps       = 2 * bytes / median step seconds / 1e9 (push + pull bytes
  *                  one worker moves per step)
  *     total_gbps = gbps * workers
+ *     max_step_ms = worker 0's slowest timed step (a stall shows here)
  *
  * --tcp-baseline adds "tcp_stream" (one TCP connection over loopback, best
  * of 3 runs) and "tcp_rtt" (median round trip of 4-byte messages), then
@@ -58,6 +59,8 @@ static void usage(FILE *f) {
           "  --telemetry-cost       time 4-byte steps (1 ps, 1 worker) with the\n"
           "                         per-step telemetry off and on, alternating\n"
           "                         %d times, and print the ratio of the medians\n"
+          "  --psd-arg ARG          pass ARG to every psd (repeat for several,\n"
+          "                         e.g. --psd-arg=--checkpoint-every --psd-arg=4)\n"
           "  --no-pin               do not pin servers to the last CPUs and\n"
           "                         workers to the first ones (pinning makes the\n"
           "                         latency baseline comparable)\n"
@@ -145,7 +148,7 @@ static void parse_size_list(const char *flag, const char *val) {
 static int parse_value_option(int argc, char **argv, int a) {
   const char *arg = argv[a];
   static const char *const with_value[] = {"--ps", "--workers", "--sizes", "--steps",
-                                           "--psd"};
+                                           "--psd", "--psd-arg"};
   const char *flag = NULL, *val = NULL;
   char fbuf[32];
   for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) {
@@ -183,6 +186,9 @@ static int parse_value_option(int argc, char **argv, int a) {
   } else if (!strcmp(flag, "--psd")) {
     if (!*val || strlen(val) >= sizeof opt.psd) bad_value(fbuf, val, "expected a path");
     snprintf(opt.psd, sizeof opt.psd, "%s", val);
+  } else if (!strcmp(flag, "--psd-arg")) {
+    if (opt.n_psd_args >= MAX_PSD_ARGS) bad_value(fbuf, val, "given too many times");
+    opt.psd_args[opt.n_psd_args++] = val;
   }
   return a;
 }

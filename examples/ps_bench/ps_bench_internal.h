@@ -37,6 +37,9 @@
 /* ---------------------------------------------------------------------- */
 /* Options (ps_bench.c) */
 
+/* --psd-arg may be given this many times. */
+#define MAX_PSD_ARGS 16
+
 typedef struct options {
   int ps[MAX_LIST], n_ps;
   int workers[MAX_LIST], n_workers;
@@ -49,6 +52,8 @@ typedef struct options {
   int pin;   /* servers on the last CPUs, clients on the first ones */
   int telemetry_cost; /* --telemetry-cost: 4-byte steps, telemetry off vs on */
   char psd[PATH_MAX];
+  const char *psd_args[MAX_PSD_ARGS]; /* --psd-arg: extra psd arguments, in order */
+  int n_psd_args;
 } options;
 
 extern options opt;
@@ -98,6 +103,7 @@ typedef struct pp_result {
   uint64_t bytes;
   int ps, workers, steps;
   double step_ms, gbps, total_gbps;
+  double max_step_ms; /* worker 0's slowest timed step (a stall shows here) */
   int ok;  /* 1 measured, -1 measured but the values were wrong, 0 failed */
   char error[600];
 } pp_result;

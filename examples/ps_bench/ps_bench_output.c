@@ -89,6 +89,7 @@ static void print_pushpull_json(const pp_result *r) {
          "\"total_gbps\":%s",
          r->bytes, r->ps, r->workers, r->steps, jnum(r->step_ms, a, sizeof a),
          jnum(r->gbps, b, sizeof b), jnum(r->total_gbps, c, sizeof c));
+  printf(",\"max_step_ms\":%s", jnum(r->max_step_ms, a, sizeof a));
   if (r->ok < 0) {
     printf(",\"warning\":");
     print_json_string(r->error);

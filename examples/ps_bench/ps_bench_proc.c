@@ -267,10 +267,16 @@ int start_psd(proc *p, int run, int index, int nps, int nw, char *addr, size_t a
   snprintf(idx, sizeof idx, "%d", index);
   snprintf(nps_s, sizeof nps_s, "%d", nps);
   snprintf(nw_s, sizeof nw_s, "%d", nw);
-  const char *argv[] = {opt.psd, "--host", "127.0.0.1", "--port", "0", "--port-file", portf,
-                        "--ps-index", idx, "--num-ps", nps_s, "--workers", nw_s,
-                        "--log-level", "warn", g_telem_off ? "--telemetry" : NULL, "off",
-                        NULL};
+  const char *argv[20 + MAX_PSD_ARGS] = {
+      opt.psd, "--host", "127.0.0.1", "--port", "0", "--port-file", portf, "--ps-index", idx,
+      "--num-ps", nps_s, "--workers", nw_s, "--log-level", "warn"};
+  int a = 15;
+  for (int i = 0; i < opt.n_psd_args; i++) argv[a++] = opt.psd_args[i];
+  if (g_telem_off) {
+    argv[a++] = "--telemetry";
+    argv[a++] = "off";
+  }
+  argv[a] = NULL;
   pid_t pid = fork_child();
   if (pid < 0) {
     snprintf(err, errlen, "fork: %s", strerror(errno));

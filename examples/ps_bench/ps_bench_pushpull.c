@@ -238,7 +238,7 @@ static void pp_init(pp_run *r, int nps, int nw, uint64_t req_bytes, int steps, p
   res->ps = nps;
   res->workers = nw;
   res->steps = steps;
-  res->step_ms = res->gbps = res->total_gbps = NAN;
+  res->step_ms = res->gbps = res->total_gbps = res->max_step_ms = NAN;
 }
 
 static int pp_start_servers(pp_run *r) {
@@ -392,6 +392,9 @@ static void pp_measure(pp_run *r) {
   pp_result *res = r->res;
   double med = median(r->times[0], (size_t)r->reps[0].nsteps);
   res->step_ms = med * 1e3;
+  res->max_step_ms = 0;
+  for (int i = 0; i < r->reps[0].nsteps; i++)
+    if (r->times[0][i] * 1e3 > res->max_step_ms) res->max_step_ms = r->times[0][i] * 1e3;
   res->gbps = med > 0 ? 2.0 * (double)r->bytes / med / 1e9 : NAN;
   res->total_gbps = res->gbps * r->nw;
   if (r->nw > 1) {
