@@ -200,10 +200,13 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   }
   /* Whatever ended the job here, 75 only if this ps's stop checkpoint is
    * on disk: a launcher requeues on 75 trusting the job can resume. */
-  psd_info("received %s%s; exiting now", strsignal((int)sig),
-           srv->persist.stop_wanted ? " while stopping"
-           : graceful && srv->cfg->ckpt_dir[0] ? " with no chief to arrange a checkpoint"
-                                               : "");
+  if (!srv->cfg->ckpt_dir[0])
+    psd_info("received %s; shutting down", strsignal((int)sig));
+  else
+    psd_info("received %s%s; exiting now", strsignal((int)sig),
+             srv->persist.stop_wanted ? " while stopping"
+             : graceful               ? " with no chief to arrange a checkpoint"
+                                      : "");
   char why[64];
   snprintf(why, sizeof why, "SIG%s", sigabbrev_np((int)sig));
   psd_server_finish(srv, psd_persist_stop_status(&srv->persist, why));

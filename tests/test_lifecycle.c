@@ -217,6 +217,7 @@ START_TEST(test_sigterm) {
   kill(ps.pid, SIGTERM);
   ck_assert_msg(tu_psd_wait(&ps, 5) == 0, "psd ignored SIGTERM");
   ck_assert(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 69);
+  ck_assert(tu_log_contains(&ps, "shutting down"));
   ck_assert(tu_log_contains(&ps, "there is no --checkpoint-dir, so nothing was saved"));
 }
 END_TEST
