@@ -13,7 +13,8 @@
 void psd_handlers_act(psd_handlers *h, unsigned actions) {
   /* Parked pulls would wait for steps that will never come. */
   if (actions & PSD_PERSIST_WAKE_ALL) psd_waiters_wake_all(h->waiters);
-  if (actions & PSD_PERSIST_EXIT_STOPPED) h->finish(h->loop, PSD_EXIT_STOPPED);
+  if (actions & PSD_PERSIST_EXIT_UNSAVED)
+    h->finish(h->loop, psd_persist_stop_status(h->persist, "the stop timeout passed"));
 }
 
 /* Acts on the exit decision after a worker's state changed. */
@@ -23,6 +24,8 @@ static void check_done(psd_handlers *h) {
   psd_job_stop st = {p->stop_wanted, p->stopped, p->stop_step};
   int code = psd_job_check(h->job, &st);
   if (code == PSD_JOB_GO_ON) return;
+  if (code == PSD_EXIT_NO_CHECKPOINT)
+    code = psd_persist_stop_status(h->persist, "the chief left before the stop checkpoint");
   if (code == PSD_EXIT_OK) {
     psd_handlers_act(h, psd_persist_final(h->persist));
     psd_job_say_done(h->job);

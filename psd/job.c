@@ -281,9 +281,10 @@ int psd_job_check(psd_job *j, const psd_job_stop *st) {
     return PSD_EXIT_STOPPED;
   }
   if (st->wanted && !j->workers[0].connected) {
-    /* Only the chief arranges the stop checkpoint: nothing to wait for. */
+    /* Only the chief arranges the stop checkpoint: nothing to wait for,
+     * and nothing was saved (the caller logs the newest checkpoint). */
     psd_warn("the chief (worker 0) left before the stop checkpoint; exiting now");
-    return PSD_EXIT_STOPPED;
+    return PSD_EXIT_NO_CHECKPOINT;
   }
   if (lost > tolerated(j)) {
     if (j->lost_since == 0) {

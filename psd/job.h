@@ -17,7 +17,7 @@
 
 /* Exit statuses, so a launcher can tell why psd ended. */
 enum {
-  PSD_EXIT_OK = 0,           /* every worker finished (or a signal asked) */
+  PSD_EXIT_OK = 0,           /* every worker finished */
   PSD_EXIT_USAGE = 64,       /* bad command line */
   PSD_EXIT_STARTUP = 65,     /* could not listen, write the port file, ... */
   PSD_EXIT_WORKER_LOST = 66, /* a needed worker left and did not come back */
@@ -25,8 +25,15 @@ enum {
   PSD_EXIT_WORKER_SILENT = 68, /* the others finished; a worker stayed
                                 connected but silent through the grace
                                 period (it never called ps_client_finish) */
+  PSD_EXIT_NO_CHECKPOINT = 69, /* stopped (a signal, a worker's request, the
+                                chief gone) before this ps's stop checkpoint
+                                was on disk, or with no --checkpoint-dir: the
+                                job cannot resume from this stop, only from an
+                                older checkpoint (EX_UNAVAILABLE). A launcher
+                                must not requeue it as if it had been saved. */
   PSD_EXIT_STOPPED = 75,     /* stopped on request (SIGTERM/SIGUSR1) after
-                                checkpointing: run it again to resume
+                                this ps wrote its stop checkpoint (fsynced,
+                                renamed): run it again to resume there
                                 (EX_TEMPFAIL: "try again later") */
 };
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "job.h"
 #include "log.h"
 #include "optimizer.h"
 #include "wire.h"
@@ -269,18 +270,32 @@ unsigned psd_persist_tick(psd_persist *p, double now, int pinned) {
               now - p->last_at);
   }
   if (p->stop_wanted && !p->stopped && now - p->stop_wanted_at >= p->cfg->stop_timeout_s) {
-    if (p->have_last)
-      psd_error("no stop checkpoint within %.0f s (is the chief, worker 0, running?); exiting; "
-                "the newest checkpoint written here is step %" PRIu64,
-                p->cfg->stop_timeout_s, p->last_step);
-    else
-      psd_error("no stop checkpoint within %.0f s (is the chief, worker 0, running?); exiting "
-                "with no checkpoint written",
-                p->cfg->stop_timeout_s);
+    psd_error("no stop checkpoint within %.0f s (is the chief, worker 0, running?)",
+              p->cfg->stop_timeout_s);
     abort_ckpt(p, "stop timeout");
-    return PSD_PERSIST_EXIT_STOPPED;
+    return PSD_PERSIST_EXIT_UNSAVED;
   }
   return 0;
+}
+
+int psd_persist_stop_status(const psd_persist *p, const char *why) {
+  if (p->stopped) return PSD_EXIT_STOPPED;
+  /* Exit 75 would tell the launcher to requeue as if this stop had been
+   * saved: say what a rerun really resumes from. */
+  if (!enabled(p))
+    psd_error("stopped without a checkpoint (%s): there is no --checkpoint-dir, so nothing "
+              "was saved and the job cannot resume; exiting with status %d",
+              why, PSD_EXIT_NO_CHECKPOINT);
+  else if (p->have_last)
+    psd_error("stopped without a checkpoint (%s): the job cannot resume from this stop; the "
+              "newest complete checkpoint of this ps is step %" PRIu64 " in %s; exiting with "
+              "status %d",
+              why, p->last_step, p->cfg->ckpt_dir, PSD_EXIT_NO_CHECKPOINT);
+  else
+    psd_error("stopped without a checkpoint (%s): the job cannot resume from this stop; this "
+              "ps has no checkpoint in %s (a rerun starts from step 0); exiting with status %d",
+              why, p->cfg->ckpt_dir, PSD_EXIT_NO_CHECKPOINT);
+  return PSD_EXIT_NO_CHECKPOINT;
 }
 
 unsigned psd_persist_final(psd_persist *p) {

@@ -33,7 +33,8 @@
  * never reaches into connections or the loop itself. */
 enum {
   PSD_PERSIST_WAKE_ALL = 1,     /* the job stopped: answer every parked pull now */
-  PSD_PERSIST_EXIT_STOPPED = 2, /* no stop checkpoint in time: exit PSD_EXIT_STOPPED */
+  PSD_PERSIST_EXIT_UNSAVED = 2, /* no stop checkpoint in time: exit
+                                   PSD_EXIT_NO_CHECKPOINT */
 };
 
 typedef struct psd_persist {
@@ -106,6 +107,13 @@ void psd_persist_chief_left(psd_persist *p);
 
 /* A signal (SIGTERM/SIGUSR1) or a worker (who: "worker 3") asks to stop. */
 void psd_persist_stop_wanted(psd_persist *p, const char *who);
+
+/* The status psd exits with when a stop ends it (why: what ended it, for
+ * the log): PSD_EXIT_STOPPED only once this ps's stop checkpoint is on
+ * disk (p->stopped); else PSD_EXIT_NO_CHECKPOINT, logging that the job
+ * cannot resume from this stop and naming the newest checkpoint this ps
+ * has (written or restored), or that there is none. */
+int psd_persist_stop_status(const psd_persist *p, const char *why);
 
 /* Timers: --checkpoint-secs (once the job is pinned) and the stop
  * timeout. Returns PSD_PERSIST_* actions. */

@@ -198,14 +198,18 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
     psd_warn("received SIGUSR1 but there is no --checkpoint-dir to save to; going on");
     return;
   }
-  if (srv->persist.stop_wanted || (graceful && srv->cfg->ckpt_dir[0])) {
-    psd_info("received %s %s; exiting now", strsignal((int)sig),
-             srv->persist.stop_wanted ? "while stopping" : "with no chief to arrange a checkpoint");
-    psd_server_finish(srv, PSD_EXIT_STOPPED);
-  } else {
+  /* Whatever ended the job here, 75 only if this ps's stop checkpoint is
+   * on disk: a launcher requeues on 75 trusting the job can resume. */
+  if (!srv->cfg->ckpt_dir[0])
     psd_info("received %s; shutting down", strsignal((int)sig));
-    psd_server_finish(srv, PSD_EXIT_OK);
-  }
+  else
+    psd_info("received %s%s; exiting now", strsignal((int)sig),
+             srv->persist.stop_wanted ? " while stopping"
+             : graceful               ? " with no chief to arrange a checkpoint"
+                                      : "");
+  char why[64];
+  snprintf(why, sizeof why, "SIG%s", sigabbrev_np((int)sig));
+  psd_server_finish(srv, psd_persist_stop_status(&srv->persist, why));
   event_base_loopbreak(srv->base);
 }
 

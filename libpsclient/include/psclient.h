@@ -227,6 +227,16 @@ typedef struct ps_config {
                                  memory only (for the end-of-run summary),
                                  "off" disables it, anything else is a file
                                  the records go to as JSON lines */
+  /* Added in 0.2.1 after the first 0.2.1 layout (a program built before it
+   * gets 0: the handlers). */
+  int no_signal_handlers;     /* nonzero: leave SIGTERM and SIGUSR1 alone.
+                                 0 (default): ps_client_create installs a
+                                 handler for each of them that is still at
+                                 its default action, so that Slurm's
+                                 preemption or walltime signal stops the job
+                                 after a checkpoint (see ps_client_step and
+                                 "Signals" below) instead of killing the
+                                 worker; PS_SIGNALS=0 for create_from_env */
 } ps_config;
 
 /* Zeroes *cfg (size bytes: every field at its default) and sets
@@ -255,11 +265,14 @@ PS_EXTERN int ps_client_create(const ps_config *cfg, ps_client **out, char *errm
  *   PS_TELEMETRY (optional: ps_config.telemetry, "off" or a file)
  *   PS_MAX_SLICE_BYTES, PS_SPLIT_THRESHOLD (optional: placement; the same
  *   on every worker of a job)
+ *   PS_SIGNALS=0 (optional: ps_config.no_signal_handlers = 1; default 1)
  * A missing or malformed variable is PS_EINVAL with a message naming it. */
 PS_EXTERN int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
 
 /* Closes the connections (without ps_client_finish: servers see the worker
- * leave) and frees every variable and request. NULL is a no-op. */
+ * leave) and frees every variable and request. The last client holding the
+ * library's SIGTERM/SIGUSR1 handlers puts back the actions they replaced
+ * (unless the application changed them since). NULL is a no-op. */
 PS_EXTERN void ps_client_destroy(ps_client *c);
 
 /* Details of the last error on c; valid until the next call on c. */
@@ -403,7 +416,22 @@ PS_EXTERN int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out
 /* Tells every server this worker is done; they exit when all are. */
 PS_EXTERN int ps_client_finish(ps_client *c);
 
-/* Asks the job to stop after a checkpoint (preemption, walltime). Only sets
+/* Signals. Unless ps_config.no_signal_handlers is set (PS_SIGNALS=0),
+ * ps_client_create installs a handler for SIGTERM and for SIGUSR1 (each one
+ * that is still at its default action: a handler the application installed
+ * before, or SIG_IGN, is left as it is), shared by every client of the
+ * process. The handler only sets a flag; the next ps_client_step of each
+ * client then behaves as if ps_client_request_stop had been called, so a
+ * worker with no handler of its own stops after a checkpoint on Slurm's
+ * preemption or walltime signal and gets PS_ESTOPPED, instead of being
+ * killed with nothing saved. A second such signal while stopping puts the
+ * default action back, so the one after it kills the process (a launcher
+ * that repeats its signal once does not). The last ps_client_destroy
+ * restores the previous actions. With the handlers, a worker that blocks
+ * outside ps_client_step for long only notices the signal at its next
+ * step.
+ *
+ * Asks the job to stop after a checkpoint (preemption, walltime). Only sets
  * a flag, so it is safe to call from a signal handler (SIGTERM, SIGUSR1).
  * When the servers keep checkpoints (psd --checkpoint-dir), the chief and
  * the servers agree on a step, every server writes its checkpoint there,
@@ -411,7 +439,9 @@ PS_EXTERN int ps_client_finish(ps_client *c);
  * server has written its file; otherwise ps_client_step returns
  * PS_ESHUTDOWN at once (nothing could be saved). A worker seeing PS_ESTOPPED
  * calls ps_client_finish and exits (the examples use status 75); running
- * the job again resumes from the checkpoint. Servers that get the signal
+ * the job again resumes from the checkpoint. psd exits 75 only once it has
+ * written its file of the stop step, and 69 for a stop that saved nothing
+ * (no --checkpoint-dir, the chief gone first, the stop timeout). Servers that get the signal
  * themselves start the same protocol. NULL is a no-op. */
 PS_EXTERN void ps_client_request_stop(ps_client *c);
 

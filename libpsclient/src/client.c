@@ -69,6 +69,13 @@ int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
     return rc;
   }
   cfg.telemetry = getenv("PS_TELEMETRY"); /* psrun --telemetry */
+  int signals = 1;
+  rc = getenv_int("PS_SIGNALS", 0, 1, 0, 1, &signals, e, sizeof e);
+  if (rc) {
+    if (errmsg) snprintf(errmsg, errlen, "%s", e);
+    return rc;
+  }
+  cfg.no_signal_handlers = !signals; /* PS_SIGNALS=0: the application's choice */
   const char *secret = getenv("PS_SECRET"); /* psrun's per-run secret */
   if (secret && *secret) {
     cfg.credential = secret;
@@ -238,6 +245,12 @@ int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_
   for (int i = 0; i < c->num_ps; i++)
     if ((rc = conn_hello(c, &c->conns[i], deadline + 10.0)) != 0) goto fail;
   ps__telem_idle(&c->telem, ps__now());
+  /* Only a client that exists holds them: a failed create leaves the
+   * signals as they were. */
+  if (!cfg->no_signal_handlers) {
+    ps__signals_hold();
+    c->signals = 1;
+  }
   *out = c;
   return 0;
 fail:
@@ -248,6 +261,7 @@ fail:
 
 void ps_client_destroy(ps_client *c) {
   if (!c) return;
+  if (c->signals) ps__signals_release();
   for (int i = 0; c->conns && i < c->num_ps; i++) ps__conn_free(&c->conns[i]);
   free(c->conns);
   ps__vars_free(c);

@@ -17,9 +17,10 @@
  *   conn.c      sockets, connecting, queueing and flushing frames, breaking
  *   request.c   in-flight requests, looked up by id in a table
  *   errmsg.c    the last error's text
- *   init.c, sized.c, telemetry.c: helpers the files above use, calling
- *               none of them (initializers, the public structs that carry
- *               their size, per-step records)
+ *   init.c, sized.c, telemetry.c, signals.c: helpers the files above
+ *               use, calling none of them (initializers, the public structs
+ *               that carry their size, per-step records, the SIGTERM and
+ *               SIGUSR1 handlers that start a stop)
  */
 #ifndef PS_CLIENT_INTERNAL_H
 #define PS_CLIENT_INTERNAL_H
@@ -205,11 +206,24 @@ struct ps_client {
   uint64_t stop_step;         /* step of the stop checkpoint (servers say) */
   int stop_agreed;            /* chief: every server committed to a stop */
   volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
+  int signals;                /* holds the library's SIGTERM/SIGUSR1 handlers
+                                 (signals.c): a stop signal requests a stop */
   ps__telem telem;            /* per-step records (telemetry.c) */
   uint64_t cur_step;          /* the step last returned by ps_client_step or
                                  ps_client_pull (ps_client_step_current) */
   char errmsg[1024];          /* last error */
 };
+
+/* ---- signals.c: SIGTERM/SIGUSR1 start the stop protocol ------------------ */
+
+/* A client that wants the handlers (ps_config.no_signal_handlers 0): the
+ * first such client installs them for each of SIGTERM and SIGUSR1 still at
+ * its default action (the application's own handler is left alone). */
+void ps__signals_hold(void);
+/* The client is destroyed: the last one puts the previous actions back. */
+void ps__signals_release(void);
+/* 1 once a stop signal arrived through the handlers. */
+int ps__signals_stop(void);
 
 /* ---- sized.c: the public structs that carry their size ------------------- */
 

@@ -121,6 +121,10 @@ void ps_client_request_stop(ps_client *c) {
 int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   if (!c) return PS_EINVAL;
   if (!step) return ps__seterr(c, PS_EINVAL, "ps_client_step: step is NULL");
+  /* SIGTERM/SIGUSR1 through the library's handlers: as if the
+   * application had called ps_client_request_stop (this push tells the
+   * servers, and the chief arranges the stop checkpoint after it). */
+  if (c->signals && ps__signals_stop()) c->stop_requested = 1;
   /* The pull goes first, so the servers answer each slice the moment its
    * update is applied, while the rest of the push is still arriving. */
   ps_req *pull = NULL, *push = NULL;
