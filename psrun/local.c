@@ -154,7 +154,33 @@ static int supervise(psr_procs *procs, const psr_opts *o, int *status) {
   return 0;
 }
 
+/* --print-plan: the roles psr_run_local would give, as psrun prints them
+ * under Slurm, every task on the one node "localhost". Starts nothing. */
+static int print_plan(const psr_opts *o) {
+  int n = o->ntasks, rc = 0;
+  int *node_of = calloc((size_t)n, sizeof *node_of);
+  psr_role *roles = calloc((size_t)n, sizeof *roles);
+  char err[256];
+  if (!node_of || !roles) {
+    psr_log("out of memory");
+    rc = 1;
+  } else if (psr_plan(n, o->ps, PSR_PLACE_PACK, node_of, roles, err, sizeof err) != 0) {
+    psr_log("%s", err);
+    rc = 2;
+  } else {
+    for (int r = 0; r < n; r++)
+      printf("{\"rank\":%d,\"role\":\"%s\",\"index\":%d,\"node\":\"localhost\","
+             "\"local_rank\":%d}\n",
+             r, roles[r].is_ps ? "ps" : "worker", roles[r].index, roles[r].local_rank);
+    fflush(stdout);
+  }
+  free(node_of);
+  free(roles);
+  return rc;
+}
+
 int psr_run_local(const psr_opts *o) {
+  if (o->print_plan) return print_plan(o);
   psr_procs procs;
   if (psr_procs_init(&procs, 1) != 0) {
     psr_log("cannot set up signal handling: %s", strerror(errno));

@@ -253,6 +253,29 @@ START_TEST(test_print_plan_bad_env) {
 }
 END_TEST
 
+/* --local --print-plan prints the roles as under Slurm and starts nothing:
+ * the worker command would leave a file, and psd would log. */
+START_TEST(test_print_plan_local) {
+  char marker[1100];
+  snprintf(marker, sizeof marker, "%s/plan-ran.%d", tu_tmpdir(), (int)getpid());
+  unlink(marker);
+  char *argv[] = {(char *)bin("psrun"), "--local", "-n", "4", "--ps", "2", "--print-plan", "--",
+                  "/bin/sh", "-c", "touch \"$0\"", marker, NULL};
+  char out[1200];
+  int st;
+  pid_t pid = spawn(argv, NULL, out, sizeof out);
+  ck_assert_msg(wait_for(pid, 20, &st) == 0, "psrun --local --print-plan did not finish");
+  char *log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, log);
+  ck_assert_msg(count(log, "{\"rank\":") == 4 && count(log, "\n") == 4, "%s", log);
+  ck_assert(strstr(log, "{\"rank\":0,\"role\":\"ps\",\"index\":0,\"node\":\"localhost\",\"local_rank\":0}"));
+  ck_assert(strstr(log, "{\"rank\":1,\"role\":\"ps\",\"index\":1,\"node\":\"localhost\",\"local_rank\":1}"));
+  ck_assert(strstr(log, "{\"rank\":3,\"role\":\"worker\",\"index\":1,\"node\":\"localhost\",\"local_rank\":3}"));
+  ck_assert_msg(access(marker, F_OK) != 0, "the worker command ran: %s", log);
+  free(log);
+}
+END_TEST
+
 /* ---- the Slurm rendezvous under attack ------------------------------------------ */
 
 #define NOBODY 65534 /* the attacker's uid and gid */
@@ -494,6 +517,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_print_plan_uneven_block);
   tcase_add_test(tc, test_print_plan_cyclic);
   tcase_add_test(tc, test_print_plan_bad_env);
+  tcase_add_test(tc, test_print_plan_local);
   tcase_add_test(tc, test_slurm_forged_and_silent_checkins);
   tcase_add_test(tc, test_slurm_planted_directory);
   tcase_add_test(tc, test_slurm_stolen_port);
