@@ -13,6 +13,7 @@
 #include "launch.h"
 #include "proc.h"
 #include "psrun.h"
+#include "rdvdir.h"
 #include "util.h"
 
 /* Seconds the ps tasks have to exit after the last worker finished. */
@@ -62,9 +63,16 @@ static void report_other_failures(psr_procs *procs) {
 
 /* 1. The ps tasks, each on a free port of its choosing; 2. the workers,
  * with the environment libpsclient reads. 0, or -1 after logging why. */
-static int start_tasks(psr_procs *procs, psr_task *t) {
+static int start_tasks(psr_procs *procs, psr_task *t, char *cred, size_t credlen) {
   char hosts[16384] = "", err[512];
   size_t hlen = 0;
+  /* The secret exists only in the tasks' environment: psctl gets it from
+   * a file only this user can read, removed when the job ends. */
+  /* A squatted directory costs psctl, not the job. */
+  if (psr_admin_cred_write(t->secret, cred, credlen, err, sizeof err) != 0) {
+    psr_log("no credential for psctl: %s", err);
+    cred[0] = '\0';
+  }
   for (int i = 0; i < t->num_ps; i++) {
     t->index = i;
     char *hp = psr_start_psd(procs, t, err, sizeof err);
@@ -72,6 +80,7 @@ static int start_tasks(psr_procs *procs, psr_task *t) {
       psr_log("%s", err);
       return -1;
     }
+    if (cred[0]) psr_log("ps%d's counters: psctl stats %s --secret-file %s", i, hp, cred);
     hlen += (size_t)snprintf(hosts + hlen, sizeof hosts - hlen, "%s%s", i ? "," : "", hp);
     free(hp);
   }
@@ -209,12 +218,15 @@ int psr_run_local(const psr_opts *o) {
     t.summary = summary;
   }
   int status = 0;
-  if (start_tasks(&procs, &t) != 0) status = 1;
+  char cred[4300] = "";
+  if (start_tasks(&procs, &t, cred, sizeof cred) != 0) status = 1;
   else if (supervise(&procs, o, &status) == 0) {
+    unlink(cred);
     print_summary(t.summary);
     return status;
   }
   psr_teardown(&procs, o->grace_s);
+  if (cred[0]) unlink(cred);
   print_summary(t.summary);
   return status ? status : 1;
 }

@@ -120,6 +120,38 @@ static int write_atomic(const char *path, const char *text) {
 
 /* The first line of path, if it is a plain file of ours that nobody else
  * can read or write (never through a symbolic link). */
+/* psrun --local's admin credential: BASE/psrun-UID (BASE: $XDG_RUNTIME_DIR,
+ * else /tmp), created 0700 and checked like a rendezvous directory, so no
+ * other user can plant, swap or read what is in it; the file is 0600 and
+ * written like the key files. */
+int psr_admin_cred_write(const char *secret, char *path, size_t len, char *err, size_t errlen) {
+  const char *base = getenv("XDG_RUNTIME_DIR");
+  if (!base || !*base || access(base, W_OK) != 0) base = "/tmp";
+  errno = 0;
+  if (check_base(base, err, errlen) != 0) return -1;
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/psrun-%u", base, (unsigned)getuid());
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+    return -1;
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, errlen, "cannot open %s: %s%s", dir, strerror(errno),
+             errno == ELOOP || errno == ENOTDIR ? " (a symbolic link or a file: planted?)" : "");
+    return -1;
+  }
+  int rc = check_own_dir(fd, dir, err, errlen);
+  close(fd);
+  if (rc) return -1;
+  snprintf(path, len, "%s/job-%d.secret", dir, (int)getpid());
+  if (write_atomic(path, secret) != 0) {
+    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
 static char *slurp_line(const char *path) {
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   struct stat st;
