@@ -302,6 +302,31 @@ read -t 10 l <&5; echo \"forger answered: \$l\"; sleep 20" >"$out.forger" 2>&1 &
     ok "$mode: a forged check-in is refused, silent connections cost nothing (${took}s)"
   else bad "$mode: forged check-in (rc $rc, ${took}s)" "$out"; fi
 
+  # 10a. psctl reaches a running step with the line task 0 prints (its
+  # node is this machine in loopback mode); the credential is gone after.
+  if [ "$mode" = loopback ]; then
+    out=$WORK/$mode.psctl.log
+    timeout 120 srun -N2 -n3 "$BIN/psrun" --ps=1 -- "$BIN/tiny_worker" --steps 111 \
+      --sleep-ms 50 >"$out" 2>&1 &
+    local sp=$! line="" cred prc
+    for _ in $(seq 300); do
+      line=$(grep -o 'psctl stats .*' "$out" 2>/dev/null | head -1)
+      [ -n "$line" ] && break
+      sleep 0.1
+    done
+    cred=${line##*--secret-file }
+    # shellcheck disable=SC2086 # the printed line, split into its words
+    "$BIN/"$line >"$out.psctl" 2>&1
+    prc=$?
+    wait $sp
+    rc=$?
+    cat "$out.psctl" >>"$out"
+    if [ -n "$line" ] && [ $prc -eq 0 ] && grep -q "ps0 at .*ps 0 of 1" "$out.psctl" &&
+       [ $rc -eq 0 ] && [ ! -e "$cred" ]; then
+      ok "$mode: the psctl line psrun prints reaches the step (MUNGE, --job), credential removed"
+    else bad "$mode: psctl line (psctl $prc, srun $rc, '$line')" "$out"; fi
+  fi
+
   # 10. Preemption (loopback only: it is slow). The real template
   # deploy/slurm/train-cpu.sbatch trains the CIFAR-10 example; SIGUSR1 to its
   # batch shell (what --signal=B:USR1@T sends) makes every ps checkpoint one
