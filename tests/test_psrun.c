@@ -327,8 +327,17 @@ START_TEST(test_local_psctl_line) {
   *strrchr(dir, '/') = '\0';
   ck_assert(lstat(dir, &dst) == 0 && S_ISDIR(dst.st_mode) && (dst.st_mode & 0777) == 0700 &&
             dst.st_uid == getuid());
-  int rc = run_psctl(line + strlen("psctl "), po, sizeof po);
-  char *text = tu_read_file(po);
+  /* The workers may not have joined yet (sanitized builds start slowly). */
+  int rc = 0;
+  char *text = NULL;
+  for (int i = 0; i < 100; i++) {
+    free(text);
+    rc = run_psctl(line + strlen("psctl "), po, sizeof po);
+    text = tu_read_file(po);
+    if (rc != 0 || strstr(text, "2 workers")) break;
+    struct timespec ts = {0, 200000000};
+    nanosleep(&ts, NULL);
+  }
   ck_assert_msg(rc == 0 && strstr(text, "ps0 at ") && strstr(text, "2 workers"), "rc %d: %s",
                 rc, text);
   free(text);
