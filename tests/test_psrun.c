@@ -599,6 +599,35 @@ START_TEST(test_psctl_credential_others) {
 }
 END_TEST
 
+/* A psrun-UID directory planted by another user is not used: psrun says
+ * so, prints no psctl line and runs the job anyway (it costs psctl only). */
+START_TEST(test_psctl_planted_directory) {
+  need_root();
+  char base[1100], planted[1200], env0[1200], out[1200];
+  snprintf(base, sizeof base, "%s/xdg-planted", tu_tmpdir());
+  mkdir(base, 01777);
+  chmod(base, 01777);
+  snprintf(planted, sizeof planted, "%s/psrun-%u", base, (unsigned)getuid());
+  ck_assert(mkdir(planted, 0777) == 0 && chown(planted, NOBODY, NOBODY) == 0);
+  chmod(planted, 0777);
+  snprintf(env0, sizeof env0, "XDG_RUNTIME_DIR=%s", base);
+  char *env[] = {env0, NULL};
+  char *argv[] = {(char *)bin("psrun"), "--local", "-n", "3", "--ps", "1", "--",
+                  (char *)bin("tiny_worker"), "--steps", "20", NULL};
+  int st;
+  pid_t pid = spawn(argv, env, out, sizeof out);
+  ck_assert(wait_for(pid, 60, &st) == 0);
+  char *log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, log);
+  ck_assert_msg(strstr(log, "no credential for psctl") && strstr(log, "belongs to nobody") &&
+                    !strstr(log, "psctl stats"), "%s", log);
+  free(log);
+  char any[1300];
+  snprintf(any, sizeof any, "ls -A '%s' | grep -q .", planted);
+  ck_assert_msg(system(any) != 0, "psrun wrote into the planted directory");
+}
+END_TEST
+
 START_TEST(test_slurm_rank_claimed_twice) {
   need_root();
   char dir[1100], o0[1200], o1[1200], o2[1200];
@@ -637,6 +666,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_print_plan_local);
   tcase_add_test(tc, test_local_psctl_line);
   tcase_add_test(tc, test_psctl_credential_others);
+  tcase_add_test(tc, test_psctl_planted_directory);
   tcase_add_test(tc, test_slurm_forged_and_silent_checkins);
   tcase_add_test(tc, test_slurm_planted_directory);
   tcase_add_test(tc, test_slurm_stolen_port);
