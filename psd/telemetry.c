@@ -303,6 +303,38 @@ void psd_telem_print_summary(psd_telem *t, const psd_telem_view *v, FILE *f) {
   fflush(f);
 }
 
+/* Stats must be live, but a step's record closes only when its slot is
+ * reused (64 steps later) or at exit: until then the counters would read 0.
+ * An open step counts once it is over for sure: every worker has arrived,
+ * or a later step has begun. Tallied into copies; the slot stays open for
+ * a late backup worker. */
+static int slot_over(const psd_telem *t, const psd_telem_slot *s, uint64_t newest) {
+  return s->used && (s->arrivals >= t->num_workers || s->step < newest);
+}
+
+static void tally_open_slots(const psd_telem *t, Ps__WorkerStats *ws, uint64_t *lag_n,
+                             double *agg, size_t *nagg, uint64_t *steps) {
+  uint64_t newest = 0;
+  for (uint32_t i = 0; i < t->nslots; i++)
+    if (t->slots[i].used && t->slots[i].step > newest) newest = t->slots[i].step;
+  for (uint32_t i = 0; i < t->nslots; i++) {
+    const psd_telem_slot *s = &t->slots[i];
+    if (!slot_over(t, s, newest)) continue;
+    (*steps)++;
+    agg[(*nagg)++] = s->agg;
+    if (s->arrivals >= 2) {
+      ws[s->last_worker].last_count++;
+      ws[s->last_worker].waited_for_ms += (s->last - s->second) * 1e3;
+    }
+    for (uint32_t w = 0; w < t->num_workers; w++) {
+      if (s->arrive[w] < 0) continue;
+      /* arrive_mean_ms holds the sum here; divided by lag_n afterwards */
+      ws[w].arrive_mean_ms += (s->arrive[w] - s->first) * 1e3;
+      lag_n[w]++;
+    }
+  }
+}
+
 int psd_telem_stats(psd_telem *t, const psd_telem_view *v, Ps__StatsReply *r) {
   ps__stats_reply__init(r);
   const psd_shard *sh = v->shard;
@@ -327,11 +359,16 @@ int psd_telem_stats(psd_telem *t, const psd_telem_view *v, Ps__StatsReply *r) {
   r->steps_recorded = t->closed;
   r->agg_ms_p50 = agg_percentile(t, 50);
   if (!t->num_workers) return 0;
+  size_t hist = t->closed < PSD_TELEM_HIST ? (size_t)t->closed : PSD_TELEM_HIST, nagg = hist;
   Ps__WorkerStats *ws = calloc(t->num_workers, sizeof *ws);
   Ps__WorkerStats **wp = calloc(t->num_workers, sizeof *wp);
-  if (!ws || !wp) {
+  uint64_t *lag_n = calloc(t->num_workers, sizeof *lag_n);
+  double *agg = malloc((hist + t->nslots + 1) * sizeof *agg);
+  if (!ws || !wp || !lag_n || !agg) {
     free(ws);
     free(wp);
+    free(lag_n);
+    free(agg);
     return PS_ENOMEM;
   }
   for (uint32_t w = 0; w < t->num_workers; w++) {
@@ -344,9 +381,17 @@ int psd_telem_stats(psd_telem *t, const psd_telem_view *v, Ps__StatsReply *r) {
     ws[w].waited_for_ms = k->waited_for * 1e3;
     ws[w].bytes_in = k->bytes_in;
     ws[w].bytes_out = k->bytes_out;
-    ws[w].arrive_mean_ms = k->lag_n ? k->lag_sum / (double)k->lag_n * 1e3 : 0;
+    ws[w].arrive_mean_ms = k->lag_sum * 1e3;
+    lag_n[w] = k->lag_n;
     wp[w] = &ws[w];
   }
+  memcpy(agg, t->agg_hist, hist * sizeof *agg);
+  tally_open_slots(t, ws, lag_n, agg, &nagg, &r->steps_recorded);
+  for (uint32_t w = 0; w < t->num_workers; w++)
+    ws[w].arrive_mean_ms = lag_n[w] ? ws[w].arrive_mean_ms / (double)lag_n[w] : 0;
+  if (nagg) r->agg_ms_p50 = ps__percentile(agg, nagg, 50) * 1e3;
+  free(lag_n);
+  free(agg);
   r->n_workers = t->num_workers;
   r->workers = wp;
   return 0;

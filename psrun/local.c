@@ -13,6 +13,7 @@
 #include "launch.h"
 #include "proc.h"
 #include "psrun.h"
+#include "rdvdir.h"
 #include "util.h"
 
 /* Seconds the ps tasks have to exit after the last worker finished. */
@@ -62,9 +63,16 @@ static void report_other_failures(psr_procs *procs) {
 
 /* 1. The ps tasks, each on a free port of its choosing; 2. the workers,
  * with the environment libpsclient reads. 0, or -1 after logging why. */
-static int start_tasks(psr_procs *procs, psr_task *t) {
+static int start_tasks(psr_procs *procs, psr_task *t, char *cred, size_t credlen) {
   char hosts[16384] = "", err[512];
   size_t hlen = 0;
+  /* The secret exists only in the tasks' environment: psctl gets it from
+   * a file only this user can read, removed when the job ends. */
+  /* A squatted directory costs psctl, not the job. */
+  if (psr_admin_cred_write(t->secret, cred, credlen, err, sizeof err) != 0) {
+    psr_log("no credential for psctl: %s", err);
+    cred[0] = '\0';
+  }
   for (int i = 0; i < t->num_ps; i++) {
     t->index = i;
     char *hp = psr_start_psd(procs, t, err, sizeof err);
@@ -72,6 +80,7 @@ static int start_tasks(psr_procs *procs, psr_task *t) {
       psr_log("%s", err);
       return -1;
     }
+    if (cred[0]) psr_log("ps%d's counters: psctl stats %s --secret-file %s", i, hp, cred);
     hlen += (size_t)snprintf(hosts + hlen, sizeof hosts - hlen, "%s%s", i ? "," : "", hp);
     free(hp);
   }
@@ -154,7 +163,33 @@ static int supervise(psr_procs *procs, const psr_opts *o, int *status) {
   return 0;
 }
 
+/* --print-plan: the roles psr_run_local would give, as psrun prints them
+ * under Slurm, every task on the one node "localhost". Starts nothing. */
+static int print_plan(const psr_opts *o) {
+  int n = o->ntasks, rc = 0;
+  int *node_of = calloc((size_t)n, sizeof *node_of);
+  psr_role *roles = calloc((size_t)n, sizeof *roles);
+  char err[256];
+  if (!node_of || !roles) {
+    psr_log("out of memory");
+    rc = 1;
+  } else if (psr_plan(n, o->ps, PSR_PLACE_PACK, node_of, roles, err, sizeof err) != 0) {
+    psr_log("%s", err);
+    rc = 2;
+  } else {
+    for (int r = 0; r < n; r++)
+      printf("{\"rank\":%d,\"role\":\"%s\",\"index\":%d,\"node\":\"localhost\","
+             "\"local_rank\":%d}\n",
+             r, roles[r].is_ps ? "ps" : "worker", roles[r].index, roles[r].local_rank);
+    fflush(stdout);
+  }
+  free(node_of);
+  free(roles);
+  return rc;
+}
+
 int psr_run_local(const psr_opts *o) {
+  if (o->print_plan) return print_plan(o);
   psr_procs procs;
   if (psr_procs_init(&procs, 1) != 0) {
     psr_log("cannot set up signal handling: %s", strerror(errno));
@@ -183,12 +218,15 @@ int psr_run_local(const psr_opts *o) {
     t.summary = summary;
   }
   int status = 0;
-  if (start_tasks(&procs, &t) != 0) status = 1;
+  char cred[4300] = "";
+  if (start_tasks(&procs, &t, cred, sizeof cred) != 0) status = 1;
   else if (supervise(&procs, o, &status) == 0) {
+    unlink(cred);
     print_summary(t.summary);
     return status;
   }
   psr_teardown(&procs, o->grace_s);
+  if (cred[0]) unlink(cred);
   print_summary(t.summary);
   return status ? status : 1;
 }

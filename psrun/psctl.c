@@ -26,6 +26,7 @@ typedef struct psctl_opts {
   char munge_socket[1024];/* --munge-socket */
   int64_t job_id;         /* --job-id the credential names */
   int64_t step_id;        /* --step-id */
+  char job[64];           /* --job JOB.STEP: both at once, and --munge */
   double timeout_s;       /* --timeout: for the whole exchange */
 } psctl_opts;
 
@@ -42,6 +43,8 @@ static const ps__opt OPTS[] = {
      "Slurm job the MUNGE credential names (default $SLURM_JOB_ID)"},
     {"step-id", 0, PS_OPT_INT64, F(step_id), "-1", -1, 9.2e18, NULL,
      "Slurm step it names (default $SLURM_STEP_ID)"},
+    {"job", 0, PS_OPT_STR, F(job), "", 0, 0, NULL,
+     "JOB.STEP of the psrun step (implies --munge; default $SLURM_JOB_ID.$SLURM_STEP_ID)"},
     {"timeout", 0, PS_OPT_DOUBLE, F(timeout_s), "10", 0.1, 3600, NULL,
      "seconds for the whole exchange"},
 };
@@ -58,9 +61,21 @@ static int load_secret(const psctl_opts *o, char *buf, size_t cap, size_t *len, 
                        size_t errlen) {
   *len = 0;
   if (o->secret_file[0]) {
-    int fd = open(o->secret_file, O_RDONLY | O_CLOEXEC);
+    int fd = open(o->secret_file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
       snprintf(err, errlen, "cannot read --secret-file %s: %s", o->secret_file, strerror(errno));
+      return -1;
+    }
+    /* Someone else's file, or one others can read, is no secret of ours:
+     * a planted one would have us trust an impostor's psd. */
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != getuid() ||
+        (st.st_mode & 077)) {
+      snprintf(err, errlen,
+               "--secret-file %s is not a private file of yours (owner uid %u, mode 0%o): it "
+               "must belong to you and be readable by you alone",
+               o->secret_file, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+      close(fd);
       return -1;
     }
     ssize_t n = read(fd, buf, cap);
@@ -168,6 +183,17 @@ int main(int argc, char **argv) {
   if (load_secret(&o, secret, sizeof secret, &slen, err, sizeof err)) {
     fprintf(stderr, "psctl: %s\n", err);
     return 2;
+  }
+  if (o.job[0]) {
+    long long j, st;
+    char tail;
+    if (sscanf(o.job, "%lld.%lld%c", &j, &st, &tail) != 2 || j < 0 || st < 0) {
+      fprintf(stderr, "psctl: --job '%s': expected JOB.STEP, e.g. 1234.0\n", o.job);
+      return 2;
+    }
+    o.job_id = j;
+    o.step_id = st;
+    o.munge = 1;
   }
   if (o.munge) {
     const char *j = getenv("SLURM_JOB_ID"), *s = getenv("SLURM_STEP_ID");

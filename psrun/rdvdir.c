@@ -45,22 +45,23 @@ static int check_base(const char *base, char *err, size_t errlen) {
 }
 
 /* fd (an open directory) is ours and nobody else can write it. */
-static int check_own_dir(int fd, const char *path, char *err, size_t errlen) {
+static int check_own_dir(int fd, const char *path, const char *what, const char *fix, char *err,
+                         size_t errlen) {
   struct stat st;
   char who[128];
   if (fstat(fd, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    snprintf(err, errlen, "rendezvous directory %s is not a directory", path);
+    snprintf(err, errlen, "%s %s is not a directory", what, path);
     return -1;
   }
   if (st.st_uid != getuid()) {
-    snprintf(err, errlen, "rendezvous directory %s belongs to %s, not to you: someone else "
-                          "created it, and its files cannot be trusted; remove it or pass "
-                          "another --rendezvous", path, user_name(st.st_uid, who, sizeof who));
+    snprintf(err, errlen, "%s %s belongs to %s, not to you: someone else created it, and its "
+                          "files cannot be trusted; %s", what, path,
+             user_name(st.st_uid, who, sizeof who), fix);
     return -1;
   }
   if (st.st_mode & (S_IWGRP | S_IWOTH)) {
-    snprintf(err, errlen, "rendezvous directory %s is writable by other users (mode 0%o); "
-                          "chmod 700 it or remove it", path, (unsigned)(st.st_mode & 07777));
+    snprintf(err, errlen, "%s %s is writable by other users (mode 0%o); chmod 700 it or remove "
+                          "it", what, path, (unsigned)(st.st_mode & 07777));
     return -1;
   }
   return 0;
@@ -91,7 +92,8 @@ int psr_rdv_dir(const psr_opts *o, const psr_env *e, char *out, size_t len, char
              errno == ELOOP || errno == ENOTDIR ? " (a symbolic link or a file: planted?)" : "");
     return -1;
   }
-  int rc = check_own_dir(fd, out, err, errlen);
+  int rc = check_own_dir(fd, out, "rendezvous directory", "remove it or pass another --rendezvous",
+                         err, errlen);
   close(fd);
   return rc;
 }
@@ -120,6 +122,39 @@ static int write_atomic(const char *path, const char *text) {
 
 /* The first line of path, if it is a plain file of ours that nobody else
  * can read or write (never through a symbolic link). */
+/* psrun --local's admin credential: BASE/psrun-UID (BASE: $XDG_RUNTIME_DIR,
+ * else /tmp), created 0700 and checked like a rendezvous directory, so no
+ * other user can plant, swap or read what is in it; the file is 0600 and
+ * written like the key files. */
+int psr_admin_cred_write(const char *secret, char *path, size_t len, char *err, size_t errlen) {
+  const char *base = getenv("XDG_RUNTIME_DIR");
+  if (!base || !*base || access(base, W_OK) != 0) base = "/tmp";
+  errno = 0;
+  if (check_base(base, err, errlen) != 0) return -1;
+  char dir[4200];
+  snprintf(dir, sizeof dir, "%s/psrun-%u", base, (unsigned)getuid());
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    snprintf(err, errlen, "cannot create %s: %s", dir, strerror(errno));
+    return -1;
+  }
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(err, errlen, "cannot open %s: %s%s", dir, strerror(errno),
+             errno == ELOOP || errno == ENOTDIR ? " (a symbolic link or a file: planted?)" : "");
+    return -1;
+  }
+  int rc = check_own_dir(fd, dir, "psctl's credential directory",
+                         "remove it, or set XDG_RUNTIME_DIR to a directory of yours", err, errlen);
+  close(fd);
+  if (rc) return -1;
+  snprintf(path, len, "%s/job-%d.secret", dir, (int)getpid());
+  if (write_atomic(path, secret) != 0) {
+    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
 static char *slurp_line(const char *path) {
   int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
   struct stat st;

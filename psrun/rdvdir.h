@@ -24,6 +24,11 @@ int psr_rdv_key_read(const char *dir, long long step, uint8_t key[PSR_KEY_BYTES]
                      double deadline, char *err, size_t errlen);
 void psr_rdv_key_remove(const char *dir, long long step);
 
+/* psrun --local: the job's secret for psctl, in a 0600 file in a 0700
+ * directory of ours ($XDG_RUNTIME_DIR or /tmp, then psrun-UID); its path to
+ * path. The caller removes it when the job ends. 0 or -1 with err. */
+int psr_admin_cred_write(const char *secret, char *path, size_t len, char *err, size_t errlen);
+
 /* `srun -n P psrun --role=ps`: every task is a ps; addresses go to files.
  * Returns the exit status, or -1 with err. */
 int psr_run_ps_step(psr_step *s, char *err, size_t errlen);

@@ -509,14 +509,37 @@ static int stage_supervise(task0 *t) {
   return worst;
 }
 
+/* psctl can reach the step: the secret in a private file on task 0's node
+ * (psr_admin_cred_write), and the exact line to use, on stderr. A
+ * credential that cannot be written costs psctl, not the step. */
+static void admin_line(task0 *t, char *cred, size_t len) {
+  psr_step *s = t->s;
+  char err[512];
+  if (psr_admin_cred_write(s->secret, cred, len, err, sizeof err) != 0) {
+    psr_log("no credential for psctl: %s", err);
+    cred[0] = '\0';
+    return;
+  }
+  char job[200] = ""; /* psd wants a MUNGE credential for this step only under MUNGE */
+  if (s->munge)
+    snprintf(job, sizeof job, " --job %lld.%lld%s%.150s", s->env.job_id, s->env.step_id,
+             s->munge_socket[0] ? " --munge-socket " : "", s->munge_socket);
+  for (int i = 0; i < s->num_ps; i++)
+    psr_log("ps%d's counters, on %s: psctl stats %s%s --secret-file %s", i, s->env.nodename,
+            t->psaddr[i], job, cred);
+}
+
 int psr_run_task0(psr_step *s, char *err, size_t errlen) {
   task0 t;
+  char cred[4300] = "";
   int rc = stage_init(&t, s, err, errlen);
   if (rc == 0) rc = stage_listen(&t, err, errlen);
   if (rc == 0) rc = stage_checkin(&t, err, errlen);
   if (rc == 0) rc = stage_plan(&t, err, errlen);
   if (rc == 0) rc = stage_addresses(&t, err, errlen);
+  if (rc == 0) admin_line(&t, cred, sizeof cred);
   if (rc == 0) rc = stage_supervise(&t);
+  if (cred[0]) unlink(cred);
   task0_free(&t);
   return rc;
 }

@@ -9,7 +9,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CLUSTER="$HERE/../deploy/slurm/cluster.sh"
 export PS_SLURM_DIR=${PS_SLURM_DIR:-/tmp/ps-slurm-test-$$}
 export PS_SLURM_PORT_BASE=${PS_SLURM_PORT_BASE:-17200}
-export PS_SLURM_NETNS_PREFIX=pst- PS_SLURM_BRIDGE=pstbr0 PS_SLURM_SUBNET=10.77.2
+# Overridable, so that two checkouts can run this suite side by side.
+export PS_SLURM_NETNS_PREFIX=${PS_SLURM_NETNS_PREFIX:-pst-} PS_SLURM_BRIDGE=${PS_SLURM_BRIDGE:-pstbr0}
+export PS_SLURM_SUBNET=${PS_SLURM_SUBNET:-10.77.2}
 WORK=$(mktemp -d /tmp/slurm_test.XXXXXX)
 chmod 755 "$WORK"
 pass=0
@@ -42,6 +44,20 @@ no_leftovers() {
   return 0
 }
 
+# The requeued run has the same job id, and its step the same step id, as
+# the run before it: a node where the earlier run's step JOB.0 was still
+# ending (its slurmstepd reports the end to slurmctld last) when the new one
+# launched had two steps of that name, and the late report was taken for
+# the new step's. Prints the node where that happened, if any.
+step_overlap() {
+  local f
+  for f in "$PS_SLURM_DIR"/log/slurmd.n*.log; do
+    awk -v j="$1" -v n="$(basename "$f" .log)" '
+      index($0, "launch task StepId=" j ".0 ") { if (open) { print n ": step " j ".0 of the requeued run launched while the earlier run'"'"'s was still ending"; exit } open = 1 }
+      index($0, "[" j ".0] done with job") { open = 0 }' "$f"
+  done
+}
+
 preemption() {
   local out=$WORK/preempt.log synth=$WORK/synth
   local args="--steps 120 --batch 16 --threads 1 --lr 0.05"
@@ -63,40 +79,42 @@ preemption() {
     sleep 0.2
   done
   scancel --batch --signal=USR1 "$job"
-  # The job stops, requeues itself and runs again to the end. (Slurm holds
-  # a requeued job back for a while; the test lets it start at once.)
+  # The job stops, requeues itself and runs again to the end. Slurm holds
+  # a requeued job back (BeginTime) so that its earlier run is over on
+  # every node first: a node revokes the job's credential when it ends the
+  # run, and refuses a launch whose credential is not newer, to the second,
+  # than that revocation ("Killing non-startable batch JobId=N: Job
+  # credential revoked"; the job then ends with status 1 and leaves the
+  # queue). The test shortens the hold, but only once no slurmstepd of the
+  # job is left (it is requeued, so none of a new run can exist) and a
+  # second has passed since.
   for _ in $(seq 300); do
     grep -q "requeueing" "$out" 2>/dev/null && break
     sleep 0.2
   done
-  local resubmitted=0
-  for i in $(seq 900); do
-    squeue -h -j "$job" -t PD 2>/dev/null | grep -q . &&
-      scontrol update JobId="$job" StartTime=now >/dev/null 2>&1
+  local released=0
+  for _ in $(seq 900); do
+    if [ $released -eq 0 ] && squeue -h -j "$job" -t PD 2>/dev/null | grep -q . &&
+       ! pgrep -f "^slurmstepd: \[$job\." >/dev/null; then
+      sleep 1.1
+      scontrol update JobId="$job" StartTime=now >/dev/null 2>&1 && released=1
+    fi
     grep -q '"test_accuracy":[0-9]' "$out" 2>/dev/null &&
       [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] && break
-    # This private slurmctld sometimes drops a job requeued from its own
-    # batch script; then do what the requeue does: submit it again.
-    if [ $resubmitted -eq 0 ] && [ "$i" -gt 50 ] && [ -z "$(squeue -h -j "$job" 2>/dev/null)" ] &&
-       ! grep -q '"test_accuracy":[0-9]' "$out"; then
-      echo "    (the requeued job $job vanished; submitting it again)"
-      resubmitted=1
-      job=$(PSD_HOME=$BIN CKPT=$WORK/ck DATA=$synth CKPT_SECS=0 \
-        WORKER_ARGS="$args --dump-params $WORK/resumed.bin" \
-        sbatch --parsable -N2 -n3 --cpus-per-task=1 -o "$out" --open-mode=append \
-        "$HERE/../deploy/slurm/train-cpu.sbatch")
-    fi
     sleep 0.2
   done
-  local stop_step
+  local stop_step overlap
   stop_step=$(sed -n 's/.*checkpointed step \([0-9]*\);.*/\1/p' "$out" | head -1)
-  if grep -q "stopped after a checkpoint" "$out" && grep -q "requeueing" "$out" &&
+  overlap=$(step_overlap "$job")
+  [ -n "$overlap" ] && echo "    $overlap"
+  if [ -z "$overlap" ] && grep -q "stopped after a checkpoint" "$out" && grep -q "requeueing" "$out" &&
      grep -q "resuming at step $stop_step\$" "$out" && [ -n "$stop_step" ] &&
      cmp -s "$WORK/ref.bin" "$WORK/resumed.bin" && no_leftovers 0 &&
      ! pgrep -f "cifar_worke[r] --data $synth" >/dev/null; then
     ok "loopback: SIGUSR1 to the batch shell: checkpoint at step $stop_step, exit 75, requeue, resumed run equals the uninterrupted one"
   else
     scontrol show job "$job" 2>&1 | grep -E "JobState|Time=|Restarts" | sed 's/^/    /'
+    grep -h "JobId=$job[^0-9]" "$PS_SLURM_DIR/log/slurmctld.log" | sed 's/^/    slurmctld: /'
     scancel "$job" 2>/dev/null
     bad "loopback: preemption and requeue (stopped at '${stop_step}')" "$out"
   fi
@@ -283,6 +301,31 @@ read -t 10 l <&5; echo \"forger answered: \$l\"; sleep 20" >"$out.forger" 2>&1 &
      [ $took -lt 10 ] && no_leftovers 110; then
     ok "$mode: a forged check-in is refused, silent connections cost nothing (${took}s)"
   else bad "$mode: forged check-in (rc $rc, ${took}s)" "$out"; fi
+
+  # 10a. psctl reaches a running step with the line task 0 prints (its
+  # node is this machine in loopback mode); the credential is gone after.
+  if [ "$mode" = loopback ]; then
+    out=$WORK/$mode.psctl.log
+    timeout 120 srun -N2 -n3 "$BIN/psrun" --ps=1 -- "$BIN/tiny_worker" --steps 111 \
+      --sleep-ms 50 >"$out" 2>&1 &
+    local sp=$! line="" cred prc
+    for _ in $(seq 300); do
+      line=$(grep -o 'psctl stats .*' "$out" 2>/dev/null | head -1)
+      [ -n "$line" ] && break
+      sleep 0.1
+    done
+    cred=${line##*--secret-file }
+    # shellcheck disable=SC2086 # the printed line, split into its words
+    "$BIN/"$line >"$out.psctl" 2>&1
+    prc=$?
+    wait $sp
+    rc=$?
+    cat "$out.psctl" >>"$out"
+    if [ -n "$line" ] && [ $prc -eq 0 ] && grep -q "ps0 at .*ps 0 of 1" "$out.psctl" &&
+       [ $rc -eq 0 ] && [ ! -e "$cred" ]; then
+      ok "$mode: the psctl line psrun prints reaches the step (MUNGE, --job), credential removed"
+    else bad "$mode: psctl line (psctl $prc, srun $rc, '$line')" "$out"; fi
+  fi
 
   # 10. Preemption (loopback only: it is slow). The real template
   # deploy/slurm/train-cpu.sbatch trains the CIFAR-10 example; SIGUSR1 to its

@@ -253,6 +253,115 @@ START_TEST(test_print_plan_bad_env) {
 }
 END_TEST
 
+/* --local --print-plan prints the roles as under Slurm and starts nothing:
+ * the worker command would leave a file, and psd would log. */
+START_TEST(test_print_plan_local) {
+  char marker[1100];
+  snprintf(marker, sizeof marker, "%s/plan-ran.%d", tu_tmpdir(), (int)getpid());
+  unlink(marker);
+  char *argv[] = {(char *)bin("psrun"), "--local", "-n", "4", "--ps", "2", "--print-plan", "--",
+                  "/bin/sh", "-c", "touch \"$0\"", marker, NULL};
+  char out[1200];
+  int st;
+  pid_t pid = spawn(argv, NULL, out, sizeof out);
+  ck_assert_msg(wait_for(pid, 20, &st) == 0, "psrun --local --print-plan did not finish");
+  char *log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, log);
+  ck_assert_msg(count(log, "{\"rank\":") == 4 && count(log, "\n") == 4, "%s", log);
+  ck_assert(strstr(log, "{\"rank\":0,\"role\":\"ps\",\"index\":0,\"node\":\"localhost\",\"local_rank\":0}"));
+  ck_assert(strstr(log, "{\"rank\":1,\"role\":\"ps\",\"index\":1,\"node\":\"localhost\",\"local_rank\":1}"));
+  ck_assert(strstr(log, "{\"rank\":3,\"role\":\"worker\",\"index\":1,\"node\":\"localhost\",\"local_rank\":3}"));
+  ck_assert_msg(access(marker, F_OK) != 0, "the worker command ran: %s", log);
+  free(log);
+}
+END_TEST
+
+/* ---- psctl for a psrun --local job --------------------------------------------- */
+
+/* Starts a long psrun --local job; fills line with its "psctl stats ADDR
+ * --secret-file FILE" (from stderr), addr and file. Returns psrun's pid. */
+static pid_t local_job_for_psctl(char *out, size_t outlen, char *line, size_t linelen,
+                                 char *addr, char *file) {
+  char *argv[] = {(char *)bin("psrun"), "--local", "-n", "3", "--ps", "1", "--",
+                  (char *)bin("tiny_worker"), "--steps", "4000", "--sleep-ms", "5", NULL};
+  pid_t pid = spawn(argv, NULL, out, outlen);
+  for (int i = 0; i < 2000; i++) {
+    char *log = tu_read_file(out);
+    const char *p = log ? strstr(log, "psctl stats ") : NULL;
+    if (p && strchr(p, '\n')) {
+      snprintf(line, linelen, "%.*s", (int)(strchr(p, '\n') - p), p);
+      free(log);
+      ck_assert_msg(sscanf(line, "psctl stats %255s --secret-file %1023s", addr, file) == 2,
+                    "%s", line);
+      return pid;
+    }
+    free(log);
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  ck_abort_msg("psrun --local printed no psctl line");
+  return -1;
+}
+
+/* Runs psctl with args (a shell word list) and returns its exit status;
+ * output to out. */
+static int run_psctl(const char *args, char *out, size_t outlen) {
+  static int seq;
+  snprintf(out, outlen, "%s/psctl.%d.%d.out", tu_tmpdir(), (int)getpid(), ++seq);
+  char cmd[8000];
+  snprintf(cmd, sizeof cmd, "'%s' %s >'%s' 2>&1", bin("psctl"), args, out);
+  int st = system(cmd);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* The line psrun --local prints reaches the job; the credential is 0600 in
+ * a 0700 directory, a copy others can read is refused, and the file is
+ * gone when the job ends. */
+START_TEST(test_local_psctl_line) {
+  char out[1200], line[2400], addr[256], file[1024], po[1200];
+  pid_t pid = local_job_for_psctl(out, sizeof out, line, sizeof line, addr, file);
+  struct stat st, dst;
+  ck_assert(lstat(file, &st) == 0 && S_ISREG(st.st_mode) && (st.st_mode & 0777) == 0600);
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s", file);
+  *strrchr(dir, '/') = '\0';
+  ck_assert(lstat(dir, &dst) == 0 && S_ISDIR(dst.st_mode) && (dst.st_mode & 0777) == 0700 &&
+            dst.st_uid == getuid());
+  /* The workers may not have joined yet (sanitized builds start slowly). */
+  int rc = 0;
+  char *text = NULL;
+  for (int i = 0; i < 100; i++) {
+    free(text);
+    rc = run_psctl(line + strlen("psctl "), po, sizeof po);
+    text = tu_read_file(po);
+    if (rc != 0 || strstr(text, "2 workers")) break;
+    struct timespec ts = {0, 200000000};
+    nanosleep(&ts, NULL);
+  }
+  ck_assert_msg(rc == 0 && strstr(text, "ps0 at ") && strstr(text, "2 workers"), "rc %d: %s",
+                rc, text);
+  free(text);
+  char copy[1200], args[5000];
+  snprintf(copy, sizeof copy, "%s/readable.secret", tu_tmpdir());
+  snprintf(args, sizeof args, "cp '%s' '%s' && chmod 644 '%s'", file, copy, copy);
+  ck_assert_int_eq(system(args), 0);
+  snprintf(args, sizeof args, "stats %s --secret-file '%s'", addr, copy);
+  rc = run_psctl(args, po, sizeof po);
+  text = tu_read_file(po);
+  ck_assert_msg(rc != 0 && strstr(text, "not a private file of yours"), "rc %d: %s", rc, text);
+  free(text);
+  snprintf(args, sizeof args, "stats %s --job 12 --secret-file '%s'", addr, file);
+  rc = run_psctl(args, po, sizeof po);
+  text = tu_read_file(po);
+  ck_assert_msg(rc == 2 && strstr(text, "expected JOB.STEP"), "rc %d: %s", rc, text);
+  free(text);
+  kill(pid, SIGTERM);
+  int status;
+  ck_assert(wait_for(pid, 30, &status) == 0);
+  ck_assert_msg(access(file, F_OK) != 0, "%s is left after the job", file);
+}
+END_TEST
+
 /* ---- the Slurm rendezvous under attack ------------------------------------------ */
 
 #define NOBODY 65534 /* the attacker's uid and gid */
@@ -459,6 +568,66 @@ END_TEST
 
 /* Two tasks with valid proofs both claim rank 1 (a replay or a second
  * copy): task 0 stops the step, naming both peers. */
+/* Another user can neither read the credential nor make psctl use one of
+ * theirs (it would have psctl trust their psd). */
+START_TEST(test_psctl_credential_others) {
+  need_root();
+  char out[1200], line[2400], addr[256], file[1024], po[1200], args[5000], planted[1200];
+  pid_t pid = local_job_for_psctl(out, sizeof out, line, sizeof line, addr, file);
+  snprintf(args, sizeof args, "cat '%s'", file);
+  char *argv[] = {"/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                  "/bin/bash", "-c", args, NULL};
+  int st;
+  pid_t cat = spawn(argv, NULL, po, sizeof po);
+  ck_assert(wait_for(cat, 10, &st) == 0);
+  char *text = tu_read_file(po);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0 && strstr(text, "Permission denied"),
+                "nobody read the credential: %s", text);
+  free(text);
+  snprintf(planted, sizeof planted, "%s/planted.secret", tu_tmpdir());
+  snprintf(args, sizeof args, "cp '%s' '%s' && chown %d:%d '%s' && chmod 600 '%s'", file,
+           planted, NOBODY, NOBODY, planted, planted);
+  ck_assert_int_eq(system(args), 0);
+  snprintf(args, sizeof args, "stats %s --secret-file '%s'", addr, planted);
+  int rc = run_psctl(args, po, sizeof po);
+  text = tu_read_file(po);
+  ck_assert_msg(rc != 0 && strstr(text, "not a private file of yours") &&
+                    strstr(text, "uid 65534"), "rc %d: %s", rc, text);
+  free(text);
+  kill(pid, SIGTERM);
+  ck_assert(wait_for(pid, 30, &st) == 0);
+}
+END_TEST
+
+/* A psrun-UID directory planted by another user is not used: psrun says
+ * so, prints no psctl line and runs the job anyway (it costs psctl only). */
+START_TEST(test_psctl_planted_directory) {
+  need_root();
+  char base[1100], planted[1200], env0[1200], out[1200];
+  snprintf(base, sizeof base, "%s/xdg-planted", tu_tmpdir());
+  mkdir(base, 01777);
+  chmod(base, 01777);
+  snprintf(planted, sizeof planted, "%s/psrun-%u", base, (unsigned)getuid());
+  ck_assert(mkdir(planted, 0777) == 0 && chown(planted, NOBODY, NOBODY) == 0);
+  chmod(planted, 0777);
+  snprintf(env0, sizeof env0, "XDG_RUNTIME_DIR=%s", base);
+  char *env[] = {env0, NULL};
+  char *argv[] = {(char *)bin("psrun"), "--local", "-n", "3", "--ps", "1", "--",
+                  (char *)bin("tiny_worker"), "--steps", "20", NULL};
+  int st;
+  pid_t pid = spawn(argv, env, out, sizeof out);
+  ck_assert(wait_for(pid, 60, &st) == 0);
+  char *log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, log);
+  ck_assert_msg(strstr(log, "no credential for psctl") && strstr(log, "belongs to nobody") &&
+                    !strstr(log, "psctl stats"), "%s", log);
+  free(log);
+  char any[1300];
+  snprintf(any, sizeof any, "ls -A '%s' | grep -q .", planted);
+  ck_assert_msg(system(any) != 0, "psrun wrote into the planted directory");
+}
+END_TEST
+
 START_TEST(test_slurm_rank_claimed_twice) {
   need_root();
   char dir[1100], o0[1200], o1[1200], o2[1200];
@@ -494,6 +663,10 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_print_plan_uneven_block);
   tcase_add_test(tc, test_print_plan_cyclic);
   tcase_add_test(tc, test_print_plan_bad_env);
+  tcase_add_test(tc, test_print_plan_local);
+  tcase_add_test(tc, test_local_psctl_line);
+  tcase_add_test(tc, test_psctl_credential_others);
+  tcase_add_test(tc, test_psctl_planted_directory);
   tcase_add_test(tc, test_slurm_forged_and_silent_checkins);
   tcase_add_test(tc, test_slurm_planted_directory);
   tcase_add_test(tc, test_slurm_stolen_port);

@@ -238,6 +238,56 @@ START_TEST(test_stats) {
 }
 END_TEST
 
+/* psctl's counters are live from the first steps: a step whose record is
+ * still open (closed 64 steps later, or at exit) counts already once every
+ * worker has arrived or a later step has begun. */
+START_TEST(test_stats_live_from_step_one) {
+  enum { STEPS = 30 };
+  tu_psd_secret = SECRET;
+  tu_psd ps;
+  const char *args[] = {"--workers", "2", NULL};
+  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  tu_psd_secret = NULL;
+  slow_worker w[2];
+  pthread_t th[2];
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < 2; i++) {
+    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 30 : 1, NULL, 0, ""};
+    pthread_create(&th[i], NULL, slow_main, &w[i]);
+  }
+  ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, 0};
+  Ps__StatsReply *r = NULL;
+  char err[600];
+  uint64_t recorded = 0, last1 = 0, pushes1 = 0;
+  double lag1 = 0;
+  for (int k = 0; k < 500 && recorded < 5; k++) {
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+    int rc = ps__admin_stats(ps.addr, &au, 5000, &r, err, sizeof err);
+    ck_assert_msg(rc == 0, "stats: %s (%s)", ps_strerror(rc), err);
+    if (r->n_workers == 2 && r->step < 10) {
+      recorded = r->steps_recorded;
+      last1 = r->workers[1]->last_count;
+      lag1 = r->workers[1]->arrive_mean_ms;
+      pushes1 = r->workers[1]->pushes;
+    } else if (r->step >= 10) {
+      k = 500; /* past step 10 and still nothing: fail below */
+    }
+    ps__stats_reply__free_unpacked(r, NULL);
+  }
+  ck_assert_msg(recorded >= 5, "steps_recorded %llu before step 10 (w1 pushed %llu)",
+                (unsigned long long)recorded, (unsigned long long)pushes1);
+  ck_assert_msg(last1 >= recorded / 2, "w1 (30 ms a step) last in %llu of %llu steps",
+                (unsigned long long)last1, (unsigned long long)recorded);
+  ck_assert_msg(lag1 > 5.0, "w1's mean lag %.3f ms", lag1);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
+  }
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+}
+END_TEST
+
 /* psctl authenticates psd as a worker does: a psd that cannot prove our
  * secret (it has none) is refused, named, before any Stats go out. */
 START_TEST(test_stats_impostor) {
@@ -263,6 +313,7 @@ Suite *suite_telemetry(void) {
   tcase_add_test(tc, test_async_has_no_straggler);
   tcase_add_test(tc, test_stats);
   tcase_add_test(tc, test_stats_impostor);
+  tcase_add_test(tc, test_stats_live_from_step_one);
   suite_add_tcase(s, tc);
   return s;
 }
