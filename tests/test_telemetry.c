@@ -252,7 +252,7 @@ START_TEST(test_stats_live_from_step_one) {
   pthread_t th[2];
   memset(w, 0, sizeof w);
   for (int i = 0; i < 2; i++) {
-    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 30 : 1, NULL, 0, ""};
+    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 30 : 1, NULL, 0, "", 0};
     pthread_create(&th[i], NULL, slow_main, &w[i]);
   }
   ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, 0};
