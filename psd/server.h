@@ -12,8 +12,8 @@
  *   handlers    what each message does (admission via job, pulls via
  *               waiters, checkpoints via persist, stats via telemetry)
  *   conn        framing, the HEADER/META/DATA/CLOSING machine, replies out
- *   waiters  job  persist  pace  telemetry
- *   shard  checkpoint  optimizer  config  log   (and libpsclient)
+ *   waiters  job  persist  pace  telemetry  mungeq
+ *   shard  ckptq  checkpoint  optimizer  config  log  bg   (and the wire layer)
  */
 #ifndef PSD_SERVER_H
 #define PSD_SERVER_H
