@@ -25,7 +25,9 @@ field() { sed -n "s/.*\"$1\":\([0-9.]*\).*/\1/p"; }
 printf '%-40s %-16s %12s %12s\n' psd run "p50 step ms" "max step ms"
 for psd in "${psds[@]}"; do
   for run in plain checkpoint; do
-    args=(--psd "$psd" --sizes "$size" --workers 2 --steps "$steps" --json --no-pin)
+    # psd exits only once the checkpoints it accepted are on the slow disk.
+    args=(--psd "$psd" --sizes "$size" --workers 2 --steps "$steps" --json --no-pin
+          --psd-exit-wait 600)
     if [ $run = checkpoint ]; then
       rm -rf "$out/ck"
       args+=(--psd-arg=--checkpoint-dir "--psd-arg=$out/ck" --psd-arg=--checkpoint-every

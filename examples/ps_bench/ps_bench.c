@@ -61,6 +61,8 @@ static void usage(FILE *f) {
           "                         %d times, and print the ratio of the medians\n"
           "  --psd-arg ARG          pass ARG to every psd (repeat for several,\n"
           "                         e.g. --psd-arg=--checkpoint-every --psd-arg=4)\n"
+          "  --psd-exit-wait S      seconds psd may take to exit after the workers\n"
+          "                         finished (it writes accepted checkpoints) [15]\n"
           "  --no-pin               do not pin servers to the last CPUs and\n"
           "                         workers to the first ones (pinning makes the\n"
           "                         latency baseline comparable)\n"
@@ -148,7 +150,7 @@ static void parse_size_list(const char *flag, const char *val) {
 static int parse_value_option(int argc, char **argv, int a) {
   const char *arg = argv[a];
   static const char *const with_value[] = {"--ps", "--workers", "--sizes", "--steps",
-                                           "--psd", "--psd-arg"};
+                                           "--psd", "--psd-arg", "--psd-exit-wait"};
   const char *flag = NULL, *val = NULL;
   char fbuf[32];
   for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) {
@@ -186,6 +188,11 @@ static int parse_value_option(int argc, char **argv, int a) {
   } else if (!strcmp(flag, "--psd")) {
     if (!*val || strlen(val) >= sizeof opt.psd) bad_value(fbuf, val, "expected a path");
     snprintf(opt.psd, sizeof opt.psd, "%s", val);
+  } else if (!strcmp(flag, "--psd-exit-wait")) {
+    long v;
+    if (parse_int(val, 1, 100000, &v) != 0)
+      bad_value(fbuf, val, "expected seconds from 1 to 100000");
+    opt.psd_exit_s = (int)v;
   } else if (!strcmp(flag, "--psd-arg")) {
     if (opt.n_psd_args >= MAX_PSD_ARGS) bad_value(fbuf, val, "given too many times");
     opt.psd_args[opt.n_psd_args++] = val;
@@ -205,6 +212,7 @@ static void parse_args(int argc, char **argv) {
   opt.n_sizes = 3;
   opt.steps = 20;
   opt.pin = 1;
+  opt.psd_exit_s = 15;
   for (int a = 1; a < argc; a++) {
     const char *arg = argv[a];
     if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {

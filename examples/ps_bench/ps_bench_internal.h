@@ -54,6 +54,8 @@ typedef struct options {
   char psd[PATH_MAX];
   const char *psd_args[MAX_PSD_ARGS]; /* --psd-arg: extra psd arguments, in order */
   int n_psd_args;
+  int psd_exit_s; /* --psd-exit-wait: seconds psd may take to exit after the
+                     workers (it first writes the checkpoints it accepted) */
 } options;
 
 extern options opt;

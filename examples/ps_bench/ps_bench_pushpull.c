@@ -468,11 +468,12 @@ static int pp_wait_workers(pp_run *r) {
 
 /* psd: exits 0 once every worker has finished. */
 static int pp_wait_servers(pp_run *r) {
-  double deadline = now_s() + 15.0;
+  double deadline = now_s() + opt.psd_exit_s;
   for (int i = 0; i < r->nps; i++) {
     if (!wait_exit(&r->ps[i], deadline)) {
       snprintf(r->err, sizeof r->err,
-               "psd %d did not exit within 15 s after all workers finished (killed)", i);
+               "psd %d did not exit within %d s after all workers finished (killed; see "
+               "--psd-exit-wait)", i, opt.psd_exit_s);
       return pp_failed(r);
     }
     int st = r->ps[i].status;
