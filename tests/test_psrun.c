@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "step.h"
 
 Suite *suite_psrun(void);
 
@@ -651,6 +652,47 @@ START_TEST(test_slurm_rank_claimed_twice) {
 }
 END_TEST
 
+/* The rendezvous' authentication is decided from slurm.conf: when
+ * slurmctld cannot be asked (here none runs), "auto" stops the step with a
+ * sentence naming the choices; it never falls back to another mode on its
+ * own (a task that did would disagree with the others). */
+START_TEST(test_slurm_auth_never_downgrades) {
+  fake_env f;
+  fake_slurm(&f, 0, 5151, 2);
+  char out[1200];
+  char *argv[] = {(char *)bin("psrun"), "--ps", "1", "--rendezvous", (char *)tu_tmpdir(),
+                  "--", (char *)bin("tiny_worker"), "--steps", "2", NULL};
+  pid_t pid = spawn(argv, f.env, out, sizeof out);
+  int st;
+  ck_assert_msg(wait_for(pid, 60, &st) == 0, "psrun did not stop");
+  char *text = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "psrun went on: %s", text);
+  ck_assert_msg(text && strstr(text, "cannot tell whether this cluster uses MUNGE") &&
+                    strstr(text, "--rendezvous-auth"),
+                "no sentence naming the choice: %s", text);
+  ck_assert_msg(!strstr(text, "parameter servers:"), "the step started anyway: %s", text);
+  free(text);
+}
+END_TEST
+
+/* The derived rendezvous port stays below Linux's default ephemeral range
+ * (32768-60999) for any job and step, so an outgoing connection's port
+ * never takes it first. */
+START_TEST(test_derived_port_below_ephemeral) {
+  unsigned seed = tu_seed("derived ports");
+  srand(seed);
+  psr_env e;
+  memset(&e, 0, sizeof e);
+  for (int i = 0; i < 100000; i++) {
+    e.job_id = i < 1000 ? i : (long long)rand() * rand();
+    e.step_id = i % 7 == 0 ? -1 : rand() % 100;
+    int p = psr_derived_port(&e);
+    ck_assert_msg(p >= 12000 && p < 32768, "job %lld step %lld: port %d", (long long)e.job_id,
+                  (long long)e.step_id, p);
+  }
+}
+END_TEST
+
 Suite *suite_psrun(void) {
   Suite *s = suite_create("psrun");
   TCase *tc = tcase_create("psrun");
@@ -671,6 +713,8 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_slurm_planted_directory);
   tcase_add_test(tc, test_slurm_stolen_port);
   tcase_add_test(tc, test_slurm_rank_claimed_twice);
+  tcase_add_test(tc, test_slurm_auth_never_downgrades);
+  tcase_add_test(tc, test_derived_port_below_ephemeral);
   suite_add_tcase(s, tc);
   return s;
 }
