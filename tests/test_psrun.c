@@ -194,6 +194,116 @@ START_TEST(test_validation) {
 }
 END_TEST
 
+/* Runs psrun --local -n 4 --ps 1 OPTS... -- sh -c SCRIPT, tiny_worker in
+ * $TW, MARKER set to a fresh path; returns the log (status in *st). */
+static char *run_workers(const char *const *opts, const char *script, int *st) {
+  static char tw[1200], marker[1200];
+  snprintf(tw, sizeof tw, "TW=%s", bin("tiny_worker"));
+  snprintf(marker, sizeof marker, "MARKER=%s/marker.%d", tu_tmpdir(), (int)getpid());
+  unlink(marker + 7);
+  char *argv[24] = {(char *)bin("psrun"), "--local", "-n", "4", "--ps", "1"};
+  int a = 6;
+  for (int k = 0; opts[k] && a < 16; k++) argv[a++] = (char *)opts[k];
+  char *tail[] = {"--", "/bin/sh", "-c", (char *)script, NULL};
+  for (int k = 0; k < 5; k++) argv[a++] = tail[k];
+  char *env[] = {tw, marker, NULL};
+  char out[1200];
+  pid_t pid = spawn(argv, env, out, sizeof out);
+  ck_assert_msg(wait_for(pid, 100, st) == 0, "psrun did not finish");
+  return tu_read_file(out);
+}
+
+/* Worker 1 trains 20 steps, then is killed by SIGABRT; the others train 200. */
+#define ABORT_W1                                                                                \
+  "ulimit -c 0; if [ \"$PS_WORKER_INDEX\" = 1 ]; then \"$TW\" --steps 200 --sleep-ms 5 "       \
+  "--fail-at-step 20; kill -ABRT $$; fi; exec \"$TW\" --steps 200 --sleep-ms 5"
+
+/* Bug: psrun stopped the whole job when one worker died, although psd
+ * averages fewer gradients than there are workers and trains on. */
+START_TEST(test_local_backup_worker_lost) {
+  const char *opts[] = {"--backup-workers", "1", NULL};
+  int st;
+  char *log = run_workers(opts, ABORT_W1, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "psd averages 2 of 3 workers' gradients per step") &&
+                    strstr(log, "psrun: w1 was killed by SIGABRT; going on without it (1 of 1 "
+                                "backup worker(s) lost, 0 more may be lost)") &&
+                    strstr(log, "[w0] {\"worker\":0,\"steps\":200") &&
+                    strstr(log, "[w2] {\"worker\":2,\"steps\":200"),
+                "%s", log);
+  free(log);
+  /* No backups: the same loss stops the job, as before. */
+  const char *none[] = {"--backup-workers", "0", NULL};
+  log = run_workers(none, ABORT_W1, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGABRT, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "psrun: w1 was killed by SIGABRT; stopping all tasks"), "%s", log);
+  free(log);
+}
+END_TEST
+
+/* The README's own way, PS_REPLICAS_TO_AGGREGATE=2 for 3 workers, makes
+ * psrun tolerate the loss too (psd already did). */
+START_TEST(test_local_replicas_env_tolerates_loss) {
+  const char *opts[] = {NULL};
+  int st;
+  setenv("PS_REPLICAS_TO_AGGREGATE", "2", 1);
+  char *log = run_workers(opts, ABORT_W1, &st);
+  unsetenv("PS_REPLICAS_TO_AGGREGATE");
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "w1 was killed by SIGABRT; going on without it"), "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Worker 1 fails at step 20 the first time only (MARKER); every worker
+ * trains to step 200 of the job. */
+#define FAIL_W1_ONCE                                                                            \
+  "if [ \"$PS_WORKER_INDEX\" = 1 ] && ! [ -e \"$MARKER\" ]; then touch \"$MARKER\"; "          \
+  "exec \"$TW\" --steps 200 --sleep-ms 5 --fail-at-step 20; fi; "                              \
+  "exec \"$TW\" --steps 200 --sleep-ms 5"
+
+START_TEST(test_local_restart_worker) {
+  const char *opts[] = {"--restart-workers", "1", NULL};
+  int st;
+  char *log = run_workers(opts, FAIL_W1_ONCE, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "psrun: w1 exited with status 1; restarted it (0 restart(s) left)") &&
+                    strstr(log, "worker 1 rejoined") &&
+                    strstr(log, "[w1] {\"worker\":1,\"steps\":200") &&
+                    strstr(log, "all 3 workers finished"),
+                "%s", log);
+  free(log);
+  /* Restarts used up: the second death stops the job. */
+  const char *once[] = {"--restart-workers", "1", NULL};
+  log = run_workers(once, "exec \"$TW\" --steps 200 --sleep-ms 5 --fail-at-step 20", &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\n%s", st, log);
+  ck_assert_msg(count(log, "restarted it (0 restart(s) left)") == 1 &&
+                    strstr(log, "exited with status 1; stopping all tasks"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Bug: psrun ended with "ps0 exited with status 68; stopping all tasks",
+ * no word of what 68 means. Worker 1 stops (SIGSTOP) mid-run: connected,
+ * silent; the others finish (one backup), psd exits 68. */
+START_TEST(test_local_status_68_explained) {
+  const char *opts[] = {"--psd-arg=--stall-timeout=1", "--psd-arg=--grace-period=1", NULL};
+  int st;
+  setenv("PS_REPLICAS_TO_AGGREGATE", "2", 1); /* one backup: the others finish */
+  char *log = run_workers(opts,
+                          "if [ \"$PS_WORKER_INDEX\" = 1 ]; then (sleep 0.5; kill -STOP $$) & fi; "
+                          "exec \"$TW\" --steps 300 --sleep-ms 5",
+                          &st);
+  unsetenv("PS_REPLICAS_TO_AGGREGATE");
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 68, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "ps0 exited with status 68 (a worker stayed connected but silent "
+                            "after the others finished: it never called ps_client_finish"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
 /* --print-plan under a fake Slurm environment: the role table. */
 static char *plan(char *const *env, const char *placement, int *status) {
   char *argv[] = {(char *)bin("psrun"), "--print-plan", "--ps", "2", "--ps-placement",
@@ -660,6 +770,10 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_local_signal_forwarded);
   tcase_add_test(tc, test_local_killed_ps_is_named);
   tcase_add_test(tc, test_validation);
+  tcase_add_test(tc, test_local_backup_worker_lost);
+  tcase_add_test(tc, test_local_replicas_env_tolerates_loss);
+  tcase_add_test(tc, test_local_restart_worker);
+  tcase_add_test(tc, test_local_status_68_explained);
   tcase_add_test(tc, test_print_plan_uneven_block);
   tcase_add_test(tc, test_print_plan_cyclic);
   tcase_add_test(tc, test_print_plan_bad_env);

@@ -112,7 +112,10 @@ int main(int argc, char **argv) {
   uint64_t step = 0;
   float loss = 0;
   int correct = 0;
-  for (int i = 0; i < steps; i++) {
+  /* Until the job's step reaches --steps, not for --steps steps of its own:
+   * a worker restarted in place rejoins at the current step and must end
+   * with the others, not wait for steps they will never take. */
+  for (int i = 0; i < steps && (i == 0 || step < (uint64_t)steps); i++) {
     if (i == fail_at) {
       fprintf(stderr, "tiny_worker %d: failing at step %d as asked\n", w, i);
       return 1;
