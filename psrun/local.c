@@ -135,6 +135,22 @@ static int worker_lost(psr_sup *s, psr_procs *procs, psr_child *c) {
   return 1;
 }
 
+/* For psrun's message when psd outlives the workers: the workers psd never
+ * logged as finished, with what that means; "" when it logged them all. */
+static void unfinished(const psr_procs *procs, int num_workers, char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int w = 0; w < num_workers && w < PSR_MAX_CHILDREN && o + 16 < len; w++)
+    if (!procs->finished[w]) o += (size_t)snprintf(buf + o, len - o, "%sw%d", o ? "," : "", w);
+  if (!o) return;
+  char names[256];
+  snprintf(names, sizeof names, "%.200s", buf);
+  snprintf(buf, len,
+           ": psd never saw %s call ps_client_finish (a worker that exits without it counts as "
+           "lost, and psd waits its --grace-period for it to rejoin, then exits 66)",
+           names);
+}
+
 /* 3. Supervise: a failing task stops the job (unless a worker can be
  * restarted or spared); signals are forwarded. Returns 0 when every task is
  * done (status in *status), -1 when the rest must be torn down. */
@@ -193,8 +209,10 @@ static int supervise(psr_procs *procs, psr_sup *s, int *status) {
       return -1;
     }
     if (ps_deadline && ps__now() > ps_deadline) {
-      psr_log("parameter servers did not exit within %.0f s after the workers finished",
-              PSR_PSD_EXIT_S);
+      char names[512];
+      unfinished(procs, s->t->num_workers, names, sizeof names);
+      psr_log("parameter servers did not exit within %.0f s after the workers finished%s",
+              PSR_PSD_EXIT_S, names);
       *status = 1;
       return -1;
     }

@@ -304,6 +304,28 @@ START_TEST(test_local_status_68_explained) {
 }
 END_TEST
 
+/* Bug: "parameter servers did not exit within 30 s after the workers
+ * finished" gave no hint. Workers 1 and 2 exit 0 without ps_client_finish
+ * (2 losses, 1 backup): psd waits its 60 s grace period, psrun gives up
+ * after 30 s and names them. */
+START_TEST(test_local_psd_wait_names_workers) {
+  const char *opts[] = {NULL};
+  int st;
+  setenv("PS_REPLICAS_TO_AGGREGATE", "2", 1);
+  char *log = run_workers(opts,
+                          "case $PS_WORKER_INDEX in 1) \"$TW\" --steps 200 --sleep-ms 5 "
+                          "--fail-at-step 20; exit 0;; 2) \"$TW\" --steps 201 --sleep-ms 5 "
+                          "--fail-at-step 200; exit 0;; esac; exec \"$TW\" --steps 200",
+                          &st);
+  unsetenv("PS_REPLICAS_TO_AGGREGATE");
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "did not exit within 30 s after the workers finished: psd never saw "
+                            "w1,w2 call ps_client_finish"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
 /* --print-plan under a fake Slurm environment: the role table. */
 static char *plan(char *const *env, const char *placement, int *status) {
   char *argv[] = {(char *)bin("psrun"), "--print-plan", "--ps", "2", "--ps-placement",
@@ -774,6 +796,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_local_replicas_env_tolerates_loss);
   tcase_add_test(tc, test_local_restart_worker);
   tcase_add_test(tc, test_local_status_68_explained);
+  tcase_add_test(tc, test_local_psd_wait_names_workers);
   tcase_add_test(tc, test_print_plan_uneven_block);
   tcase_add_test(tc, test_print_plan_cyclic);
   tcase_add_test(tc, test_print_plan_bad_env);
