@@ -760,6 +760,58 @@ START_TEST(test_psctl_planted_directory) {
 }
 END_TEST
 
+/* The fake Slurm step of 4 tasks (ps0, w0-w2) running ABORT_W1 with
+ * --backup-workers K; returns task 0's log, every task's status in st. */
+static char *slurm_backup_step(const char *k, int st[4]) {
+  char dir[1100], out[4][1200], portbuf[16];
+  snprintf(dir, sizeof dir, "%s/rdv-backup-%s", tu_tmpdir(), k);
+  mkdir(dir, 0700);
+  snprintf(portbuf, sizeof portbuf, "%d", free_port());
+  int job = 9000 + (int)(getpid() % 500) + atoi(k);
+  fake_env f[4];
+  pid_t pid[4];
+  for (int r = 0; r < 4; r++) {
+    fake_slurm(&f[r], r, job, 4);
+    snprintf(f[r].v[11], sizeof f[r].v[11], "TW=%s", bin("tiny_worker"));
+    f[r].env[11] = f[r].v[11];
+    f[r].env[12] = NULL;
+    char *argv[] = {(char *)bin("psrun"), "--ps", "1", "--rendezvous-port", portbuf,
+                    "--rendezvous-auth", "key", "--rendezvous", dir, "--connect-timeout", "15",
+                    "--backup-workers", (char *)k, "--", "/bin/sh", "-c", ABORT_W1, NULL};
+    pid[r] = spawn(argv, f[r].env, out[r], sizeof out[r]);
+  }
+  for (int r = 0; r < 4; r++) ck_assert_msg(wait_for(pid[r], 60, &st[r]) == 0, "task %d hung", r);
+  char *log = tu_read_file(out[0]);
+  char *w1 = tu_read_file(out[2]);
+  size_t n = strlen(log) + strlen(w1) + 16;
+  char *both = malloc(n);
+  snprintf(both, n, "%s\n--- w1:\n%s", log, w1);
+  free(log);
+  free(w1);
+  return both;
+}
+
+/* Under Slurm too: task 0 spares a lost worker while the backups allow,
+ * and the lost worker's task exits 0 so that srun's status is the job's. */
+START_TEST(test_slurm_backup_worker_lost) {
+  int st[4];
+  char *log = slurm_backup_step("1", st);
+  for (int r = 0; r < 4; r++)
+    ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "task %d: status %d\n%s", r,
+                  st[r], log);
+  ck_assert_msg(strstr(log, "task 2 (w1) on localhost exited with status 134; going on without "
+                            "it (1 of 1 backup worker(s) lost, 0 more may be lost)") &&
+                    strstr(log, "the job goes on without this worker"),
+                "%s", log);
+  free(log);
+  log = slurm_backup_step("0", st);
+  ck_assert_msg(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 134, "status %d\n%s", st[0], log);
+  ck_assert_msg(strstr(log, "task 2 (w1) on localhost exited with status 134; stopping every task"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
 START_TEST(test_slurm_rank_claimed_twice) {
   need_root();
   char dir[1100], o0[1200], o1[1200], o2[1200];
@@ -808,6 +860,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_slurm_planted_directory);
   tcase_add_test(tc, test_slurm_stolen_port);
   tcase_add_test(tc, test_slurm_rank_claimed_twice);
+  tcase_add_test(tc, test_slurm_backup_worker_lost);
   suite_add_tcase(s, tc);
   return s;
 }
