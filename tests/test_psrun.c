@@ -314,8 +314,8 @@ START_TEST(test_local_psd_wait_names_workers) {
   setenv("PS_REPLICAS_TO_AGGREGATE", "2", 1);
   char *log = run_workers(opts,
                           "case $PS_WORKER_INDEX in 1) \"$TW\" --steps 200 --sleep-ms 5 "
-                          "--fail-at-step 20; exit 0;; 2) \"$TW\" --steps 201 --sleep-ms 5 "
-                          "--fail-at-step 200; exit 0;; esac; exec \"$TW\" --steps 200",
+                          "--fail-at-step 20; exit 0;; 2) exec \"$TW\" --steps 200 --sleep-ms 5 "
+                          "--skip-finish 1;; esac; exec \"$TW\" --steps 200",
                           &st);
   unsetenv("PS_REPLICAS_TO_AGGREGATE");
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\n%s", st, log);
