@@ -50,7 +50,8 @@ static const ps__opt OPTS[] = {
     {"backup-workers", 0, PS_OPT_INT, F(backup_workers), "0", 0, 65535, NULL,
      "workers the job may lose and go on: psd averages (workers - K) gradients per step"},
     {"restart-workers", 0, PS_OPT_INT, F(restart_workers), "0", 0, 1000000, NULL,
-     "restart a dead worker in place (same rank, same environment), up to N times in all"},
+     "restart a dead worker in place (same rank, same environment), up to N times in all "
+     "(--local) or per worker task (Slurm)"},
     {"telemetry", 0, PS_OPT_STR, F(telemetry), "", 0, 0, NULL,
      "per-step telemetry as JSON lines: worker i to FILE.w<i>, ps i to FILE.ps<i>"},
 };

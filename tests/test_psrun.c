@@ -760,14 +760,15 @@ START_TEST(test_psctl_planted_directory) {
 }
 END_TEST
 
-/* The fake Slurm step of 4 tasks (ps0, w0-w2) running ABORT_W1 with
- * --backup-workers K; returns task 0's log, every task's status in st. */
-static char *slurm_backup_step(const char *k, int st[4]) {
+/* The fake Slurm step of 4 tasks (ps0, w0-w2) running script with OPT K;
+ * returns task 0's log and w1's, every task's status in st. */
+static char *slurm_step_of(const char *opt, const char *k, const char *script, int st[4]) {
+  static int seq;
   char dir[1100], out[4][1200], portbuf[16];
-  snprintf(dir, sizeof dir, "%s/rdv-backup-%s", tu_tmpdir(), k);
+  snprintf(dir, sizeof dir, "%s/rdv-backup-%d", tu_tmpdir(), ++seq);
   mkdir(dir, 0700);
   snprintf(portbuf, sizeof portbuf, "%d", free_port());
-  int job = 9000 + (int)(getpid() % 500) + atoi(k);
+  int job = 9000 + (int)(getpid() % 500) + seq;
   fake_env f[4];
   pid_t pid[4];
   for (int r = 0; r < 4; r++) {
@@ -777,7 +778,7 @@ static char *slurm_backup_step(const char *k, int st[4]) {
     f[r].env[12] = NULL;
     char *argv[] = {(char *)bin("psrun"), "--ps", "1", "--rendezvous-port", portbuf,
                     "--rendezvous-auth", "key", "--rendezvous", dir, "--connect-timeout", "15",
-                    "--backup-workers", (char *)k, "--", "/bin/sh", "-c", ABORT_W1, NULL};
+                    (char *)opt, (char *)k, "--", "/bin/sh", "-c", (char *)script, NULL};
     pid[r] = spawn(argv, f[r].env, out[r], sizeof out[r]);
   }
   for (int r = 0; r < 4; r++) ck_assert_msg(wait_for(pid[r], 60, &st[r]) == 0, "task %d hung", r);
@@ -795,7 +796,7 @@ static char *slurm_backup_step(const char *k, int st[4]) {
  * and the lost worker's task exits 0 so that srun's status is the job's. */
 START_TEST(test_slurm_backup_worker_lost) {
   int st[4];
-  char *log = slurm_backup_step("1", st);
+  char *log = slurm_step_of("--backup-workers", "1", ABORT_W1, st);
   for (int r = 0; r < 4; r++)
     ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "task %d: status %d\n%s", r,
                   st[r], log);
@@ -804,9 +805,27 @@ START_TEST(test_slurm_backup_worker_lost) {
                     strstr(log, "the job goes on without this worker"),
                 "%s", log);
   free(log);
-  log = slurm_backup_step("0", st);
+  log = slurm_step_of("--backup-workers", "0", ABORT_W1, st);
   ck_assert_msg(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 134, "status %d\n%s", st[0], log);
   ck_assert_msg(strstr(log, "task 2 (w1) on localhost exited with status 134; stopping every task"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Under Slurm, --restart-workers restarts the dead worker in its own task
+ * (counted per task there). */
+START_TEST(test_slurm_restart_worker) {
+  char script[1500];
+  snprintf(script, sizeof script, "MARKER=%s/slurm-marker.%d; " FAIL_W1_ONCE, tu_tmpdir(),
+           (int)getpid());
+  int st[4];
+  char *log = slurm_step_of("--restart-workers", "1", script, st);
+  for (int r = 0; r < 4; r++)
+    ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "task %d: status %d\n%s", r,
+                  st[r], log);
+  ck_assert_msg(strstr(log, "w1 exited with status 1; restarted it (0 restart(s) left)") &&
+                    strstr(log, "worker 1 rejoined") && strstr(log, "{\"worker\":1,\"steps\":200"),
                 "%s", log);
   free(log);
 }
@@ -861,6 +880,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_slurm_stolen_port);
   tcase_add_test(tc, test_slurm_rank_claimed_twice);
   tcase_add_test(tc, test_slurm_backup_worker_lost);
+  tcase_add_test(tc, test_slurm_restart_worker);
   suite_add_tcase(s, tc);
   return s;
 }
