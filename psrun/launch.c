@@ -29,8 +29,10 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
   snprintf(label, sizeof label, "ps%d", t->index);
   snprintf(jid, sizeof jid, "%lld", t->job_id);
   snprintf(sid, sizeof sid, "%lld", t->step_id);
-  char tele[4100];
+  char tele[4100], rep[16];
   snprintf(tele, sizeof tele, "%s.ps%d", o->telemetry, t->index);
+  int backups, replicas = psr_replicas(o, t->num_workers, &backups);
+  snprintf(rep, sizeof rep, "%d", replicas);
   char *argv[96];
   int a = 0;
   char *fixed[] = {(char *)o->psd, "--host", (char *)t->host, "--port", "0", "--port-file",
@@ -39,6 +41,10 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
   if (t->num_workers > 0) {
     argv[a++] = "--workers";
     argv[a++] = nw;
+  }
+  if (replicas > 0) { /* psd then refuses a worker that disagrees */
+    argv[a++] = "--replicas-to-aggregate";
+    argv[a++] = rep;
   }
   if (t->munge) {
     argv[a++] = "--munge";
@@ -118,7 +124,7 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   }
   snprintf(e_hosts, hl, "PS_HOSTS=%s", hosts);
   char e_idx[64], e_nw[64], e_nps[64], e_local[64], e_lw[64], e_secret[300], e_job[64],
-      e_step[64], e_sock[1100], label[32];
+      e_step[64], e_sock[1100], e_rep[64], label[32];
   snprintf(e_idx, sizeof e_idx, "PS_WORKER_INDEX=%d", t->index);
   snprintf(e_nw, sizeof e_nw, "PS_NUM_WORKERS=%d", t->num_workers);
   snprintf(e_nps, sizeof e_nps, "PS_NUM_PS=%d", t->num_ps);
@@ -133,6 +139,9 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   snprintf(e_tele, sizeof e_tele, "PS_TELEMETRY=%s.w%d", t->o->telemetry, t->index);
   char *env[16] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker"};
   int ne = 6;
+  int backups, replicas = psr_replicas(t->o, t->num_workers, &backups);
+  snprintf(e_rep, sizeof e_rep, "PS_REPLICAS_TO_AGGREGATE=%d", replicas);
+  if (replicas > 0) env[ne++] = e_rep;
   /* Workers sharing this machine's cores size their thread pools by it. */
   if (t->local_workers > 0) env[ne++] = e_lw;
   if (t->secret && t->secret[0]) env[ne++] = e_secret;

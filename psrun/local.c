@@ -63,8 +63,9 @@ static void report_other_failures(psr_procs *procs) {
 
 /* 1. The ps tasks, each on a free port of its choosing; 2. the workers,
  * with the environment libpsclient reads. 0, or -1 after logging why. */
-static int start_tasks(psr_procs *procs, psr_task *t, char *cred, size_t credlen) {
-  char hosts[16384] = "", err[512];
+static int start_tasks(psr_procs *procs, psr_task *t, char *hosts, size_t hostslen, char *cred,
+                       size_t credlen) {
+  char err[512];
   size_t hlen = 0;
   /* The secret exists only in the tasks' environment: psctl gets it from
    * a file only this user can read, removed when the job ends. */
@@ -81,7 +82,7 @@ static int start_tasks(psr_procs *procs, psr_task *t, char *cred, size_t credlen
       return -1;
     }
     if (cred[0]) psr_log("ps%d's counters: psctl stats %s --secret-file %s", i, hp, cred);
-    hlen += (size_t)snprintf(hosts + hlen, sizeof hosts - hlen, "%s%s", i ? "," : "", hp);
+    hlen += (size_t)snprintf(hosts + hlen, hostslen - hlen, "%s%s", i ? "," : "", hp);
     free(hp);
   }
   for (int w = 0; w < t->num_workers; w++) {
@@ -95,11 +96,66 @@ static int start_tasks(psr_procs *procs, psr_task *t, char *cred, size_t credlen
   return 0;
 }
 
-/* 3. Supervise: a failing task stops the job; signals are forwarded.
- * Returns 0 when every task is done (status in *status), -1 when the rest
- * must be torn down. */
-static int supervise(psr_procs *procs, const psr_opts *o, int *status) {
-  int workers_left = o->ntasks - o->ps;
+/* What supervise knows besides the children: how to start a worker again,
+ * and how many losses and restarts are left. */
+typedef struct psr_sup {
+  const psr_opts *o;
+  psr_task *t;         /* the workers' settings, for a restart */
+  const char *hosts;   /* PS_HOSTS of this run */
+  int backups;         /* losses the job survives (psd averages W - backups) */
+  int lost;            /* workers lost so far */
+  int restarts_left;   /* --restart-workers still unused */
+  int workers_left;    /* workers still running (restarted ones count once) */
+} psr_sup;
+
+/* A worker died (c, not a stop on request): restart it in place while
+ * --restart-workers allows, else go on without it while the backups allow.
+ * 1: the job goes on; 0: it must stop. */
+static int worker_lost(psr_sup *s, psr_procs *procs, psr_child *c) {
+  char d[64], label[32], err[512];
+  psr_describe(c->status, d, sizeof d);
+  snprintf(label, sizeof label, "%s", c->label);
+  if (s->restarts_left > 0) {
+    /* Same rank and environment: psd takes it back at the current step. */
+    int w = atoi(label + 1);
+    s->t->index = w;
+    s->t->local_rank = s->t->num_ps + w;
+    s->restarts_left--;
+    if (psr_start_worker(procs, s->t, s->hosts, err, sizeof err) >= 0) {
+      psr_log("%s %s; restarted it (%d restart(s) left)", label, d, s->restarts_left);
+      return 1;
+    }
+    psr_log("cannot restart %s: %s", label, err);
+  }
+  if (s->lost >= s->backups) return 0;
+  s->lost++;
+  s->workers_left--;
+  psr_log("%s %s; going on without it (%d of %d backup worker(s) lost, %d more may be lost)",
+          label, d, s->lost, s->backups, s->backups - s->lost);
+  return 1;
+}
+
+/* For psrun's message when psd outlives the workers: the workers psd never
+ * logged as finished, with what that means; "" when it logged them all. */
+static void unfinished(const psr_procs *procs, int num_workers, char *buf, size_t len) {
+  size_t o = 0;
+  buf[0] = '\0';
+  for (int w = 0; w < num_workers && w < PSR_MAX_CHILDREN && o + 16 < len; w++)
+    if (!procs->finished[w]) o += (size_t)snprintf(buf + o, len - o, "%sw%d", o ? "," : "", w);
+  if (!o) return;
+  char names[256];
+  snprintf(names, sizeof names, "%.200s", buf);
+  snprintf(buf, len,
+           ": psd never saw %s call ps_client_finish (a worker that exits without it counts as "
+           "lost, and psd waits its --grace-period for it to rejoin, then exits 66)",
+           names);
+}
+
+/* 3. Supervise: a failing task stops the job (unless a worker can be
+ * restarted or spared); signals are forwarded. Returns 0 when every task is
+ * done (status in *status), -1 when the rest must be torn down. */
+static int supervise(psr_procs *procs, psr_sup *s, int *status) {
+  const psr_opts *o = s->o;
   double ps_deadline = 0, stop_deadline = 0;
   int stopped = 0; /* a task exited PSR_EXIT_STOPPED: the job stops on purpose */
   while (psr_alive(procs)) {
@@ -130,15 +186,20 @@ static int supervise(psr_procs *procs, const psr_opts *o, int *status) {
         if (!stop_deadline) stop_deadline = ps__now() + PSR_STOP_S;
         code = 0;
       }
+      if (code != 0 && !c->is_ps && !stopped && !stop_deadline && worker_lost(s, procs, c)) {
+        if (s->workers_left == 0) ps_deadline = ps__now() + PSR_PSD_EXIT_S;
+        continue;
+      }
       if (code != 0) {
         char d[64];
         psr_describe(c->status, d, sizeof d);
-        psr_log("%s %s; stopping all tasks", c->label, d);
+        psr_log("%s %s%s; stopping all tasks", c->label, d,
+                c->is_ps ? psr_psd_status_says(code) : "");
         if (code > *status) *status = code;
         report_other_failures(procs);
         return -1;
       }
-      if (!c->is_ps && --workers_left == 0) ps_deadline = ps__now() + PSR_PSD_EXIT_S;
+      if (!c->is_ps && --s->workers_left == 0) ps_deadline = ps__now() + PSR_PSD_EXIT_S;
       /* A ps that exits 0 has seen every worker finish: the workers are
        * only tidying up, so nothing to do. */
     }
@@ -148,8 +209,10 @@ static int supervise(psr_procs *procs, const psr_opts *o, int *status) {
       return -1;
     }
     if (ps_deadline && ps__now() > ps_deadline) {
-      psr_log("parameter servers did not exit within %.0f s after the workers finished",
-              PSR_PSD_EXIT_S);
+      char names[512];
+      unfinished(procs, s->t->num_workers, names, sizeof names);
+      psr_log("parameter servers did not exit within %.0f s after the workers finished%s",
+              PSR_PSD_EXIT_S, names);
       *status = 1;
       return -1;
     }
@@ -219,8 +282,14 @@ int psr_run_local(const psr_opts *o) {
   }
   int status = 0;
   char cred[4300] = "";
-  if (start_tasks(&procs, &t, cred, sizeof cred) != 0) status = 1;
-  else if (supervise(&procs, o, &status) == 0) {
+  static char hosts[16384]; /* kept for restarts */
+  psr_sup sup = {o, &t, hosts, 0, 0, o->restart_workers, t.num_workers};
+  if (psr_replicas(o, t.num_workers, &sup.backups) > 0)
+    psr_log("psd averages %d of %d workers' gradients per step: the job goes on after losing "
+            "up to %d worker(s)",
+            t.num_workers - sup.backups, t.num_workers, sup.backups);
+  if (start_tasks(&procs, &t, hosts, sizeof hosts, cred, sizeof cred) != 0) status = 1;
+  else if (supervise(&procs, &sup, &status) == 0) {
     unlink(cred);
     print_summary(t.summary);
     return status;

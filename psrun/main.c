@@ -47,6 +47,11 @@ static const ps__opt OPTS[] = {
      "checkpoint every N steps"},
     {"checkpoint-secs", 0, PS_OPT_DOUBLE, F(ckpt_secs), "0", 0, 1e9, NULL,
      "checkpoint every S seconds"},
+    {"backup-workers", 0, PS_OPT_INT, F(backup_workers), "0", 0, 65535, NULL,
+     "workers the job may lose and go on: psd averages (workers - K) gradients per step"},
+    {"restart-workers", 0, PS_OPT_INT, F(restart_workers), "0", 0, 1000000, NULL,
+     "restart a dead worker in place (same rank, same environment), up to N times in all "
+     "(--local) or per worker task (Slurm)"},
     {"telemetry", 0, PS_OPT_STR, F(telemetry), "", 0, 0, NULL,
      "per-step telemetry as JSON lines: worker i to FILE.w<i>, ps i to FILE.ps<i>"},
 };
@@ -122,6 +127,11 @@ int main(int argc, char **argv) {
     if (o.ps >= o.ntasks) {
       fprintf(stderr, "psrun: --ps=%d must be less than the number of tasks (%d)\n", o.ps,
               o.ntasks);
+      return 2;
+    }
+    if (o.backup_workers >= o.ntasks - o.ps) {
+      fprintf(stderr, "psrun: --backup-workers %d leaves no worker to train (%d workers)\n",
+              o.backup_workers, o.ntasks - o.ps);
       return 2;
     }
     return psr_run_local(&o);

@@ -120,6 +120,15 @@ int psr_spawn(psr_procs *p, const char *label, int is_ps, char *const *argv,
   return p->n++;
 }
 
+/* Notes a ps's "worker N finished" line (psd/job.c) in p->finished. */
+static void note_line(psr_procs *p, const psr_child *c, const char *line, size_t len) {
+  if (!c->is_ps || len < 16 || memcmp(line + len - 9, " finished", 9) != 0) return;
+  const char *w = NULL;
+  for (const char *q = line; (q = memmem(q, len - (size_t)(q - line), "] worker ", 9)); q++) w = q;
+  int n = w ? atoi(w + 9) : -1;
+  if (n >= 0 && n < PSR_MAX_CHILDREN) p->finished[n] = 1;
+}
+
 /* Prints complete lines of child c's stream s (0 out, 1 err), prefixed. */
 static void emit(psr_procs *p, psr_child *c, int s, const char *data, size_t len, int final) {
   FILE *f = s == 0 ? stdout : stderr;
@@ -132,6 +141,7 @@ static void emit(psr_procs *p, psr_child *c, int s, const char *data, size_t len
   for (size_t i = 0; i < total; i++) {
     if (buf[i] == '\n' || i - start >= PSR_LINE_MAX) {
       fprintf(f, "[%s] %.*s\n", c->label, (int)(i - start), buf + start);
+      note_line(p, c, buf + start, i - start);
       start = i + 1;
     }
   }
@@ -142,7 +152,6 @@ static void emit(psr_procs *p, psr_child *c, int s, const char *data, size_t len
   memmove(buf, buf + start, total - start);
   c->pend_len[s] = total - start;
   fflush(f);
-  (void)p;
 }
 
 static void drain_fd(psr_procs *p, psr_child *c, int s) {

@@ -31,11 +31,22 @@ typedef struct psr_opts {
   char ckpt_dir[4096];     /* --checkpoint-dir: psd checkpoints here */
   int ckpt_every;          /* --checkpoint-every N steps */
   double ckpt_secs;        /* --checkpoint-secs S */
+  int backup_workers;      /* --backup-workers K: worker losses the job survives */
+  int restart_workers;     /* --restart-workers N: dead workers restarted, in all */
   char telemetry[4000];    /* --telemetry: per-step records, FILE.w<i> / FILE.ps<i> */
   char **cmd;              /* worker command (points into argv) */
   int ncmd;
   ps__opt_list psd_args;   /* extra psd options (--psd-arg, repeatable) */
 } psr_opts;
+
+/* Replicas to aggregate per step for W workers: W - --backup-workers, or
+ * PS_REPLICAS_TO_AGGREGATE from psrun's own environment when the option is
+ * 0 (so the variable the README documents makes psrun tolerate losses too);
+ * 0 when every worker's gradient is needed. Sets *backups to W - R. */
+int psr_replicas(const psr_opts *o, int num_workers, int *backups);
+
+/* Why a psd exited with code, for psrun's messages ("" when nothing to add). */
+const char *psr_psd_status_says(int code);
 
 /* --local mode (local.c). Returns psrun's exit status. */
 int psr_run_local(const psr_opts *o);

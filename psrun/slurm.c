@@ -236,10 +236,20 @@ static int run_member(psr_step *s, char *err, size_t errlen) {
   int code = psr_supervise(s, &ctl, NULL, NULL, &aborted);
   if (!aborted) psr_send_exit(ctl.fd, code);
   else if (!code) code = 1;
-  /* Give task 0 a moment to read our report before the socket closes. */
+  /* Give task 0 a moment to read our report before the socket closes; it
+   * answers EXIT 0 when the job goes on without this worker (a backup),
+   * whose task then exits 0 too: srun's status is the job's, not the loss. */
   shutdown(ctl.fd, SHUT_WR);
   struct pollfd p = {ctl.fd, POLLIN, 0};
-  poll(&p, 1, 2000);
+  int eof = 0;
+  char *line = poll(&p, 1, 2000) > 0 ? psr_conn_read_line(&ctl, 0, &eof) : NULL;
+  psr_msg m;
+  if (code && !aborted && line && psr_msg_decode(line, &m) == 0 && m.type == PSR_MSG_EXIT &&
+      m.code == 0) {
+    psr_log("the job goes on without this worker (a backup worker); exiting 0");
+    code = 0;
+  }
+  free(line);
   psr_conn_close(&ctl);
   return code;
 }

@@ -136,8 +136,30 @@ char *psr_step_start_psd(psr_step *s, char *err, size_t errlen) {
 
 int psr_step_start_worker(psr_step *s, const char *hosts, char *err, size_t errlen) {
   psr_task t = task_of(s);
+  if (hosts != s->hosts) {
+    free(s->hosts);
+    s->hosts = strdup(hosts);
+  }
   s->child = psr_start_worker(&s->procs, &t, hosts, err, errlen);
   return s->child < 0 ? -1 : 0;
+}
+
+/* Our worker died (code): starts it again in place while --restart-workers
+ * allows (counted per task: each task's psrun knows only its own worker).
+ * 1 when restarted. */
+static int restart_worker(psr_step *s, int code) {
+  char err[512];
+  if (s->role.is_ps || !s->hosts || code == 0 || code == PSR_EXIT_STOPPED ||
+      s->restarts >= s->o->restart_workers)
+    return 0;
+  s->restarts++;
+  if (psr_step_start_worker(s, s->hosts, err, sizeof err) != 0) {
+    psr_log("cannot restart w%d: %s", s->role.index, err);
+    return 0;
+  }
+  psr_log("w%d exited with status %d; restarted it (%d restart(s) left)", s->role.index, code,
+          s->o->restart_workers - s->restarts);
+  return 1;
 }
 
 /* Stops everything: *aborted set, children torn down; returns code. */
@@ -165,8 +187,10 @@ static int control_says_stop(psr_conn *ctl) {
 int psr_supervise(psr_step *s, psr_conn *ctl, psr_peer_cb poll_peers, void *ctx, int *aborted) {
   for (;;) {
     int which = -1;
-    if (s->child >= 0 && s->procs.kids[s->child].exited)
-      return psr_exit_code(s->procs.kids[s->child].status);
+    if (s->child >= 0 && s->procs.kids[s->child].exited) {
+      int code = psr_exit_code(s->procs.kids[s->child].status);
+      if (!restart_worker(s, code)) return code;
+    }
     psr_event ev = psr_wait(&s->procs, poll_peers ? 100 : -1, ctl ? ctl->fd : -1, &which);
     if (ev == PSR_EV_EXIT) continue;
     if (ev == PSR_EV_SIGNAL) continue; /* forwarded; the child decides */

@@ -32,6 +32,8 @@ typedef struct psr_step {
   char secret[65];         /* shared secret of this step's psd and workers */
   int munge;               /* the cluster authenticates with MUNGE: so do we */
   char munge_socket[1024]; /* munged socket from Slurm's AuthInfo, or "" */
+  char *hosts;             /* PS_HOSTS our worker got, for a restart (malloc'd) */
+  int restarts;            /* restarts of our worker so far (--restart-workers) */
 } psr_step;
 
 /* Address of a Slurm node: its NodeAddr from slurmctld when it has one,

@@ -40,6 +40,7 @@ typedef struct peer {
   long long uid;           /* its uid as MUNGE vouched for it, -1 unknown */
   int exited;              /* sent EXIT */
   int code;                /* its exit code */
+  int spared;              /* a worker the job went on without (--backup-workers) */
 } peer;
 
 typedef struct task0 {
@@ -49,6 +50,8 @@ typedef struct task0 {
   int n;                   /* tasks in the step */
   peer *peers;             /* by rank; peers[0] is ourselves */
   int failed;              /* a task failed: ABORT sent (its code) */
+  int backups;             /* worker losses the job survives */
+  int lost;                /* workers lost so far */
   int lfd;                 /* rendezvous listener, -1 */
   char **hosts;            /* the step's nodes */
   int nhosts;
@@ -102,8 +105,21 @@ static void peer_said(task0 *t, int r, const char *line) {
   p->exited = 1;
   p->code = m.code;
   if (p->code != 0 && p->code != PSR_EXIT_STOPPED && !t->failed) {
+    const psr_role *role = &t->roles[r];
+    if (!role->is_ps && t->lost < t->backups) {
+      /* psd averages fewer gradients than there are workers: it trains on. */
+      p->spared = 1;
+      t->lost++;
+      psr_log("task %d (w%d) on %s exited with status %d; going on without it (%d of %d backup "
+              "worker(s) lost, %d more may be lost)",
+              r, role->index, p->hello.node, p->code, t->lost, t->backups, t->backups - t->lost);
+      psr_send_exit(p->c.fd, 0); /* its psrun then exits 0: srun's status is the job's */
+      return;
+    }
     char why[512];
-    snprintf(why, sizeof why, "task %d on %s exited with status %d", r, p->hello.node, p->code);
+    snprintf(why, sizeof why, "task %d (%s%d) on %s exited with status %d%s", r,
+             role->is_ps ? "ps" : "w", role->index, p->hello.node, p->code,
+             role->is_ps ? psr_psd_status_says(p->code) : "");
     fail(t, p->code, why);
   }
 }
@@ -484,6 +500,10 @@ static int stage_addresses(task0 *t, char *err, size_t errlen) {
 static int stage_supervise(task0 *t) {
   psr_step *s = t->s;
   int aborted = 0;
+  if (psr_replicas(t->o, s->num_workers, &t->backups) > 0)
+    psr_log("psd averages %d of %d workers' gradients per step: the job goes on after losing "
+            "up to %d worker(s)",
+            s->num_workers - t->backups, s->num_workers, t->backups);
   int code = psr_supervise(s, NULL, hub_poll, t, &aborted);
   if (code != 0 && code != PSR_EXIT_STOPPED && !t->failed && !aborted) {
     char why[128];
@@ -503,8 +523,9 @@ static int stage_supervise(task0 *t) {
     nanosleep(&ts, NULL);
   }
   int worst = code;
-  for (int r = 1; r < t->n; r++)
-    if (t->peers[r].exited && t->peers[r].code > worst) worst = t->peers[r].code;
+  for (int r = 1; r < t->n; r++) /* a spared worker's death is not the job's status */
+    if (t->peers[r].exited && !t->peers[r].spared && t->peers[r].code > worst)
+      worst = t->peers[r].code;
   if (t->failed && !worst) worst = t->failed;
   return worst;
 }

@@ -195,6 +195,138 @@ START_TEST(test_validation) {
 }
 END_TEST
 
+/* Runs psrun --local -n 4 --ps 1 OPTS... -- sh -c SCRIPT, tiny_worker in
+ * $TW, MARKER set to a fresh path; returns the log (status in *st). */
+static char *run_workers(const char *const *opts, const char *script, int *st) {
+  static char tw[1200], marker[1200];
+  snprintf(tw, sizeof tw, "TW=%s", bin("tiny_worker"));
+  snprintf(marker, sizeof marker, "MARKER=%s/marker.%d", tu_tmpdir(), (int)getpid());
+  unlink(marker + 7);
+  char *argv[24] = {(char *)bin("psrun"), "--local", "-n", "4", "--ps", "1"};
+  int a = 6;
+  for (int k = 0; opts[k] && a < 16; k++) argv[a++] = (char *)opts[k];
+  char *tail[] = {"--", "/bin/sh", "-c", (char *)script, NULL};
+  for (int k = 0; k < 5; k++) argv[a++] = tail[k];
+  char *env[] = {tw, marker, NULL};
+  char out[1200];
+  pid_t pid = spawn(argv, env, out, sizeof out);
+  ck_assert_msg(wait_for(pid, 100, st) == 0, "psrun did not finish");
+  return tu_read_file(out);
+}
+
+/* Worker 1 trains 20 steps, then is killed by SIGABRT; the others train 200. */
+#define ABORT_W1                                                                                \
+  "ulimit -c 0; if [ \"$PS_WORKER_INDEX\" = 1 ]; then \"$TW\" --steps 200 --sleep-ms 5 "       \
+  "--fail-at-step 20; kill -ABRT $$; fi; exec \"$TW\" --steps 200 --sleep-ms 5"
+
+/* Bug: psrun stopped the whole job when one worker died, although psd
+ * averages fewer gradients than there are workers and trains on. */
+START_TEST(test_local_backup_worker_lost) {
+  const char *opts[] = {"--backup-workers", "1", NULL};
+  int st;
+  char *log = run_workers(opts, ABORT_W1, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "psd averages 2 of 3 workers' gradients per step") &&
+                    strstr(log, "psrun: w1 was killed by SIGABRT; going on without it (1 of 1 "
+                                "backup worker(s) lost, 0 more may be lost)") &&
+                    strstr(log, "[w0] {\"worker\":0,\"steps\":200") &&
+                    strstr(log, "[w2] {\"worker\":2,\"steps\":200"),
+                "%s", log);
+  free(log);
+  /* No backups: the same loss stops the job, as before. */
+  const char *none[] = {"--backup-workers", "0", NULL};
+  log = run_workers(none, ABORT_W1, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 128 + SIGABRT, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "psrun: w1 was killed by SIGABRT; stopping all tasks"), "%s", log);
+  free(log);
+}
+END_TEST
+
+/* The README's own way, PS_REPLICAS_TO_AGGREGATE=2 for 3 workers, makes
+ * psrun tolerate the loss too (psd already did). */
+START_TEST(test_local_replicas_env_tolerates_loss) {
+  const char *opts[] = {NULL};
+  int st;
+  setenv("PS_REPLICAS_TO_AGGREGATE", "2", 1);
+  char *log = run_workers(opts, ABORT_W1, &st);
+  unsetenv("PS_REPLICAS_TO_AGGREGATE");
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "w1 was killed by SIGABRT; going on without it"), "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Worker 1 fails at step 20 the first time only (MARKER); every worker
+ * trains to step 200 of the job. */
+#define FAIL_W1_ONCE                                                                            \
+  "if [ \"$PS_WORKER_INDEX\" = 1 ] && ! [ -e \"$MARKER\" ]; then touch \"$MARKER\"; "          \
+  "exec \"$TW\" --steps 200 --sleep-ms 5 --fail-at-step 20; fi; "                              \
+  "exec \"$TW\" --steps 200 --sleep-ms 5"
+
+START_TEST(test_local_restart_worker) {
+  const char *opts[] = {"--restart-workers", "1", NULL};
+  int st;
+  char *log = run_workers(opts, FAIL_W1_ONCE, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "psrun: w1 exited with status 1; restarted it (0 restart(s) left)") &&
+                    strstr(log, "worker 1 rejoined") &&
+                    strstr(log, "[w1] {\"worker\":1,\"steps\":200") &&
+                    strstr(log, "all 3 workers finished"),
+                "%s", log);
+  free(log);
+  /* Restarts used up: the second death stops the job. */
+  const char *once[] = {"--restart-workers", "1", NULL};
+  log = run_workers(once, "exec \"$TW\" --steps 200 --sleep-ms 5 --fail-at-step 20", &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\n%s", st, log);
+  ck_assert_msg(count(log, "restarted it (0 restart(s) left)") == 1 &&
+                    strstr(log, "exited with status 1; stopping all tasks"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Bug: psrun ended with "ps0 exited with status 68; stopping all tasks",
+ * no word of what 68 means. Worker 1 stops (SIGSTOP) mid-run: connected,
+ * silent; the others finish (one backup), psd exits 68. */
+START_TEST(test_local_status_68_explained) {
+  const char *opts[] = {"--psd-arg=--stall-timeout=1", "--psd-arg=--grace-period=1", NULL};
+  int st;
+  setenv("PS_REPLICAS_TO_AGGREGATE", "2", 1); /* one backup: the others finish */
+  char *log = run_workers(opts,
+                          "if [ \"$PS_WORKER_INDEX\" = 1 ]; then (sleep 0.5; kill -STOP $$) & fi; "
+                          "exec \"$TW\" --steps 300 --sleep-ms 5",
+                          &st);
+  unsetenv("PS_REPLICAS_TO_AGGREGATE");
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 68, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "ps0 exited with status 68 (a worker stayed connected but silent "
+                            "after the others finished: it never called ps_client_finish"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Bug: "parameter servers did not exit within 30 s after the workers
+ * finished" gave no hint. Workers 1 and 2 exit 0 without ps_client_finish
+ * (2 losses, 1 backup): psd waits its 60 s grace period, psrun gives up
+ * after 30 s and names them. */
+START_TEST(test_local_psd_wait_names_workers) {
+  const char *opts[] = {NULL};
+  int st;
+  setenv("PS_REPLICAS_TO_AGGREGATE", "2", 1);
+  char *log = run_workers(opts,
+                          "case $PS_WORKER_INDEX in 1) \"$TW\" --steps 200 --sleep-ms 5 "
+                          "--fail-at-step 20; exit 0;; 2) exec \"$TW\" --steps 200 --sleep-ms 5 "
+                          "--skip-finish 1;; esac; exec \"$TW\" --steps 200",
+                          &st);
+  unsetenv("PS_REPLICAS_TO_AGGREGATE");
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\n%s", st, log);
+  ck_assert_msg(strstr(log, "did not exit within 30 s after the workers finished: psd never saw "
+                            "w1,w2 call ps_client_finish"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
 /* --print-plan under a fake Slurm environment: the role table. */
 static char *plan(char *const *env, const char *placement, int *status) {
   char *argv[] = {(char *)bin("psrun"), "--print-plan", "--ps", "2", "--ps-placement",
@@ -629,6 +761,77 @@ START_TEST(test_psctl_planted_directory) {
 }
 END_TEST
 
+/* The fake Slurm step of 4 tasks (ps0, w0-w2) running script with OPT K;
+ * returns task 0's log and w1's, every task's status in st. */
+static char *slurm_step_of(const char *opt, const char *k, const char *script, int st[4]) {
+  static int seq;
+  char dir[1100], out[4][1200], portbuf[16];
+  snprintf(dir, sizeof dir, "%s/rdv-backup-%d", tu_tmpdir(), ++seq);
+  mkdir(dir, 0700);
+  snprintf(portbuf, sizeof portbuf, "%d", free_port());
+  int job = 9000 + (int)(getpid() % 500) + seq;
+  fake_env f[4];
+  pid_t pid[4];
+  for (int r = 0; r < 4; r++) {
+    fake_slurm(&f[r], r, job, 4);
+    snprintf(f[r].v[11], sizeof f[r].v[11], "TW=%s", bin("tiny_worker"));
+    f[r].env[11] = f[r].v[11];
+    f[r].env[12] = NULL;
+    char *argv[] = {(char *)bin("psrun"), "--ps", "1", "--rendezvous-port", portbuf,
+                    "--rendezvous-auth", "key", "--rendezvous", dir, "--connect-timeout", "15",
+                    (char *)opt, (char *)k, "--", "/bin/sh", "-c", (char *)script, NULL};
+    pid[r] = spawn(argv, f[r].env, out[r], sizeof out[r]);
+  }
+  for (int r = 0; r < 4; r++) ck_assert_msg(wait_for(pid[r], 60, &st[r]) == 0, "task %d hung", r);
+  char *log = tu_read_file(out[0]);
+  char *w1 = tu_read_file(out[2]);
+  size_t n = strlen(log) + strlen(w1) + 16;
+  char *both = malloc(n);
+  snprintf(both, n, "%s\n--- w1:\n%s", log, w1);
+  free(log);
+  free(w1);
+  return both;
+}
+
+/* Under Slurm too: task 0 spares a lost worker while the backups allow,
+ * and the lost worker's task exits 0 so that srun's status is the job's. */
+START_TEST(test_slurm_backup_worker_lost) {
+  int st[4];
+  char *log = slurm_step_of("--backup-workers", "1", ABORT_W1, st);
+  for (int r = 0; r < 4; r++)
+    ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "task %d: status %d\n%s", r,
+                  st[r], log);
+  ck_assert_msg(strstr(log, "task 2 (w1) on localhost exited with status 134; going on without "
+                            "it (1 of 1 backup worker(s) lost, 0 more may be lost)") &&
+                    strstr(log, "the job goes on without this worker"),
+                "%s", log);
+  free(log);
+  log = slurm_step_of("--backup-workers", "0", ABORT_W1, st);
+  ck_assert_msg(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 134, "status %d\n%s", st[0], log);
+  ck_assert_msg(strstr(log, "task 2 (w1) on localhost exited with status 134; stopping every task"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Under Slurm, --restart-workers restarts the dead worker in its own task
+ * (counted per task there). */
+START_TEST(test_slurm_restart_worker) {
+  char script[1500];
+  snprintf(script, sizeof script, "MARKER=%s/slurm-marker.%d; " FAIL_W1_ONCE, tu_tmpdir(),
+           (int)getpid());
+  int st[4];
+  char *log = slurm_step_of("--restart-workers", "1", script, st);
+  for (int r = 0; r < 4; r++)
+    ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "task %d: status %d\n%s", r,
+                  st[r], log);
+  ck_assert_msg(strstr(log, "w1 exited with status 1; restarted it (0 restart(s) left)") &&
+                    strstr(log, "worker 1 rejoined") && strstr(log, "{\"worker\":1,\"steps\":200"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
 START_TEST(test_slurm_rank_claimed_twice) {
   need_root();
   char dir[1100], o0[1200], o1[1200], o2[1200];
@@ -702,6 +905,11 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_local_signal_forwarded);
   tcase_add_test(tc, test_local_killed_ps_is_named);
   tcase_add_test(tc, test_validation);
+  tcase_add_test(tc, test_local_backup_worker_lost);
+  tcase_add_test(tc, test_local_replicas_env_tolerates_loss);
+  tcase_add_test(tc, test_local_restart_worker);
+  tcase_add_test(tc, test_local_status_68_explained);
+  tcase_add_test(tc, test_local_psd_wait_names_workers);
   tcase_add_test(tc, test_print_plan_uneven_block);
   tcase_add_test(tc, test_print_plan_cyclic);
   tcase_add_test(tc, test_print_plan_bad_env);
@@ -715,6 +923,8 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_slurm_rank_claimed_twice);
   tcase_add_test(tc, test_slurm_auth_never_downgrades);
   tcase_add_test(tc, test_derived_port_below_ephemeral);
+  tcase_add_test(tc, test_slurm_backup_worker_lost);
+  tcase_add_test(tc, test_slurm_restart_worker);
   suite_add_tcase(s, tc);
   return s;
 }

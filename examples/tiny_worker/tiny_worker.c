@@ -5,10 +5,12 @@
  * Used by the launcher's tests and as an example of libpsclient.
  *
  *   tiny_worker [--steps N] [--batch B] [--fail-at-step K] [--sleep-ms MS]
+ *               [--skip-finish 1]
  *
  * Prints one JSON line at the end: {"worker":i,"steps":N,"loss":...,
  * "accuracy":...}. Exits 0 if training ran (and, with --fail-at-step, 1 at
- * that step: a worker that crashes mid-training).
+ * that step: a worker that crashes mid-training). --skip-finish 1 exits 0
+ * without ps_client_finish, as a worker that forgets it would.
  */
 #define _GNU_SOURCE
 #include <math.h>
@@ -76,13 +78,14 @@ static float grad(const float *W, const float *b, uint64_t first, uint64_t n, fl
 }
 
 int main(int argc, char **argv) {
-  int steps = 50, batch = 32, fail_at = -1, sleep_ms = 0;
+  int steps = 50, batch = 32, fail_at = -1, sleep_ms = 0, skip_finish = 0;
   for (int a = 1; a < argc; a++) {
     int *dst = NULL;
     if (!strcmp(argv[a], "--steps")) dst = &steps;
     else if (!strcmp(argv[a], "--batch")) dst = &batch;
     else if (!strcmp(argv[a], "--fail-at-step")) dst = &fail_at;
     else if (!strcmp(argv[a], "--sleep-ms")) dst = &sleep_ms;
+    else if (!strcmp(argv[a], "--skip-finish")) dst = &skip_finish;
     char *end = NULL;
     if (!dst || a + 1 >= argc || (*dst = (int)strtol(argv[a + 1], &end, 10), *end)) {
       fprintf(stderr, "tiny_worker: bad argument '%s' (--steps N --batch B --fail-at-step K "
@@ -112,7 +115,10 @@ int main(int argc, char **argv) {
   uint64_t step = 0;
   float loss = 0;
   int correct = 0;
-  for (int i = 0; i < steps; i++) {
+  /* Until the job's step reaches --steps, not for --steps steps of its own:
+   * a worker restarted in place rejoins at the current step and must end
+   * with the others, not wait for steps they will never take. */
+  for (int i = 0; i < steps && (i == 0 || step < (uint64_t)steps); i++) {
     if (i == fail_at) {
       fprintf(stderr, "tiny_worker %d: failing at step %d as asked\n", w, i);
       return 1;
@@ -132,6 +138,10 @@ int main(int argc, char **argv) {
   /* Held-out accuracy of the final parameters. */
   float gW[D * C], gb[C];
   grad(ps_var_data(vw), ps_var_data(vb), 1u << 30, 2000, gW, gb, &correct);
+  if (skip_finish) { /* a worker that forgets ps_client_finish, for psrun's tests */
+    fprintf(stderr, "tiny_worker %d: exiting without ps_client_finish as asked\n", w);
+    return 0;
+  }
   if ((rc = ps_client_finish(c)) != 0) {
     fprintf(stderr, "tiny_worker %d: finish failed: %s\n", w, ps_client_errmsg(c));
     return 1;
