@@ -350,5 +350,6 @@ int psr_run_slurm(const psr_opts *o) {
   }
   if (s.env.pmi2 && !split) PMI2_Finalize();
   psr_env_free(&s.env);
+  free(s.hosts); /* kept for --restart-workers */
   return rc;
 }
