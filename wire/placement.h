@@ -52,4 +52,12 @@ int ps__placement_check(uint32_t num_ps, uint32_t ps_index,
                         uint64_t numel, uint64_t offset, uint64_t length,
                         char *err, size_t errlen);
 
+/* Sparse tables: the ps that holds `key` of any table (every table the
+ * same): splitmix64's finalizer of the key modulo num_ps, so consecutive
+ * or patterned ids spread evenly. psd refuses a key that is not its own. */
+uint32_t ps__table_shard(uint64_t key, uint32_t num_ps);
+
+/* The 64-bit mix under ps__table_shard (splitmix64's finalizer). */
+uint64_t ps__mix64(uint64_t x);
+
 #endif /* PS_WIRE_PLACEMENT_H */

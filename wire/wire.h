@@ -26,7 +26,7 @@
 /* Additions a peer of the same version may lack, announced in
  * HelloReply.protocol_minor (1: Init.assign, OPT_NONE, warm-up and cosine
  * schedules). A client uses them only with servers that announce them. */
-#define PS__PROTOCOL_MINOR 1u
+#define PS__PROTOCOL_MINOR 2u /* 2: sparse tables (TABLE_* frames) */
 #define PS__HEADER_SIZE 24u          /* magic4 ver2 type2 meta4 flags4 data8 */
 
 /* Largest protobuf part of a frame. A Register of ~20k slices or a Pull of
@@ -52,6 +52,19 @@
 /* Most slices one server holds; bounds per-connection tables. */
 #define PS__MAX_SLICES (1u << 20)
 
+/* Sparse tables (2.2). Floats per row: far above any embedding (1024 is
+ * already large), and it bounds one row's optimizer work. */
+#define PS__MAX_TABLE_DIM 65536u
+/* Keys in one TablePull or TablePush frame: a batch touches thousands to
+ * a few hundred thousand distinct keys; clients split bigger pulls (a push
+ * of more is refused by the client with PS_ETOOBIG). */
+#define PS__MAX_TABLE_KEYS (1u << 22)
+/* Bytes of one TablePush frame's data (keys and gradients): what one
+ * connection can make psd stage at once. */
+#define PS__MAX_TABLE_PUSH_BYTES ((uint64_t)256 << 20)
+/* Tables one server holds. */
+#define PS__MAX_TABLES 4096u
+
 typedef enum ps__msg_type {
   PS__MSG_HELLO = 1,
   PS__MSG_HELLO_REPLY = 2,
@@ -70,7 +83,13 @@ typedef enum ps__msg_type {
   PS__MSG_STATS = 15,        /* admin: counters please */
   PS__MSG_STATS_REPLY = 16,  /* the counters */
   PS__MSG_CHALLENGE = 17,    /* psd's nonce, first frame on every connection */
-  PS__MSG_MAX_ = 18 /* one past the last valid type */
+  PS__MSG_TABLE_REGISTER = 18,       /* create or attach to a sparse table (2.2) */
+  PS__MSG_TABLE_REGISTER_REPLY = 19, /* its id on this server */
+  PS__MSG_TABLE_PULL = 20,           /* rows by key (data: keys) */
+  PS__MSG_TABLE_PULL_REPLY = 21,     /* the rows (data: floats) */
+  PS__MSG_TABLE_PUSH = 22,           /* row gradients (data: keys, floats) */
+  PS__MSG_TABLE_PUSH_REPLY = 23,     /* accepted, stale, duplicate or refused */
+  PS__MSG_MAX_ = 24 /* one past the last valid type */
 } ps__msg_type;
 
 typedef struct ps__frame_header {

@@ -57,7 +57,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 1
+#define PS_VERSION_PATCH 2
 
 /* Error codes: one table generates the enum and ps_strerror(). The same
  * numbers travel on the wire in Error messages. */
@@ -444,6 +444,142 @@ PS_EXTERN int ps_client_finish(ps_client *c);
  * (no --checkpoint-dir, the chief gone first, the stop timeout). Servers that get the signal
  * themselves start the same protocol. NULL is a no-op. */
 PS_EXTERN void ps_client_request_stop(ps_client *c);
+
+/* ---------------------------------------------------------------------- */
+/* Sparse embedding tables (protocol 2.2).
+ *
+ * A table maps uint64 keys (any value: hashed ids, feature crosses) to rows
+ * of `dim` floats. Rows live only on the servers, spread over every ps by a
+ * hash of the key (ps__table_shard in docs/protocol.md), and a step moves
+ * only the rows a batch touches. A key never stored reads as its
+ * initializer's values, drawn from (init.seed, table name, key), so it does
+ * not matter which worker touches a key first. The optimizer runs per row
+ * on the servers, its state stored beside the row.
+ *
+ * Sync semantics are the dense ones, per table and ps: a worker's push for
+ * step s counts once toward replicas_to_aggregate; when they are in, each
+ * row's gradient is the sum over the pushes divided by the number of
+ * pushes aggregated (2 workers x b equals 1 worker x 2b), the optimizer
+ * runs on every touched row and the table's step becomes s + 1. Stale and
+ * duplicate pushes are handled as for variables (PS_ESTALE, PS_EDUPLICATE);
+ * async mode applies each push at once.
+ *
+ * Memory is bounded: `capacity` rows in the whole table (each ps holds at
+ * most ceil(capacity / num_ps)), reserved against psd --max-memory when the
+ * table is created. A key becomes a stored row when admitted (admit_count,
+ * admit_prob); past capacity the least recently used row is evicted, and
+ * rows untouched for evict_after_steps steps are evicted too. A gradient
+ * for a key with no stored row is dropped (counted, TablePushReply.dropped).
+ */
+
+typedef struct ps_table ps_table; /* a table, owned by its client */
+
+typedef enum ps_table_opt {
+  PS_TOPT_SGD = 0,     /* w -= lr * g */
+  PS_TOPT_ADAGRAD = 1, /* a += g*g; w -= lr * g / (sqrt(a) + epsilon); a
+                          starts at initial_accumulator */
+  PS_TOPT_ADAM = 2,    /* lazy Adam: m, v and the step t per row, advanced
+                          only when the row gets a gradient; bias-corrected,
+                          TF's epsilon-hat form as PS_OPT_ADAM */
+  PS_TOPT_FTRL = 3     /* FTRL-proximal (McMahan et al. 2013) per element:
+                          n += g*g, z += g - (sqrt(n) - sqrt(n_old)) / lr * w,
+                          w = |z| <= l1 ? 0 : -(z - sign(z) l1) /
+                          ((ftrl_beta + sqrt(n)) / lr + l2). Rows start from
+                          the initializer; the first update replaces them
+                          by the FTRL solution (use zeros, as usual) */
+} ps_table_opt;
+
+typedef struct ps_table_config {
+  size_t struct_size;         /* sizeof(ps_table_config) as compiled by the
+                                 caller (ps_table_config_init sets it) */
+  uint32_t dim;               /* floats per row, 1..65536 */
+  uint64_t capacity;          /* most rows the whole table holds, > 0 */
+  ps_init init;               /* rows never stored: PS_INIT_ZEROS, CONSTANT,
+                                 UNIFORM, NORMAL or TRUNCATED_NORMAL (no
+                                 Glorot: a row has no fans); init.seed with
+                                 the table name and the key seed each row */
+  ps_table_opt opt;           /* update rule */
+  double lr;                  /* learning rate, > 0 (no schedule) */
+  double initial_accumulator; /* PS_TOPT_ADAGRAD: default 0.1 */
+  double beta1;               /* PS_TOPT_ADAM: default 0.9 */
+  double beta2;               /* PS_TOPT_ADAM: default 0.999 */
+  double epsilon;             /* PS_TOPT_ADAM (1e-8), PS_TOPT_ADAGRAD (1e-7) */
+  double l1;                  /* PS_TOPT_FTRL: L1 strength, >= 0 */
+  double l2;                  /* PS_TOPT_FTRL: L2 strength, >= 0 */
+  double ftrl_beta;           /* PS_TOPT_FTRL: beta of the per-element rate,
+                                 default 1 */
+  uint32_t admit_count;       /* a key is stored once it has been seen (pulled
+                                 without PS_TABLE_READ_ONLY) this many times;
+                                 0 or 1: at its first sighting. Counted in a
+                                 count-min sketch, so a key may be admitted a
+                                 little early, never late */
+  double admit_prob;          /* instead, admit with this probability at each
+                                 sighting, in (0, 1]; 0: use admit_count */
+  uint64_t evict_after_steps; /* evict rows not touched (pulled or updated)
+                                 for this many table steps; 0: never */
+} ps_table_config;
+
+/* Fills *cfg (size bytes): dim 0 and capacity 0 (the caller must set
+ * both), zeros init, SGD at lr 0.01 and the other defaults above. Call it
+ * through ps_table_config_init, which passes the size. */
+PS_EXTERN void ps_table_config_init_sized(ps_table_config *cfg, size_t size);
+static inline void ps_table_config_init(ps_table_config *cfg) {
+  ps_table_config_init_sized(cfg, sizeof *cfg);
+}
+
+/* Creates table `name` on every ps (each holds its share of the rows), or
+ * attaches to it if it exists with the same configuration (a different one
+ * is PS_EMISMATCH naming the field and both values). Names share no space
+ * with variables. Creating a name this client already created returns the
+ * same handle when the configuration is the same. Needs servers of
+ * protocol 2.2 (else PS_EUNSUPPORTED). A capacity the servers' --max-memory
+ * cannot hold is PS_ENOMEM with the server's sentence. Blocking. */
+PS_EXTERN int ps_client_table_create(ps_client *c, const char *name,
+                                     const ps_table_config *cfg, ps_table **out);
+
+/* The table this client created under `name`, or NULL. */
+PS_EXTERN ps_table *ps_client_table_find(ps_client *c, const char *name);
+PS_EXTERN const char *ps_table_name(const ps_table *t);
+PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
+
+/* Pull flag: keys with no stored row read as their initializer's values
+ * and are neither created nor counted as sightings (evaluation, serving). */
+#define PS_TABLE_READ_ONLY 1u
+
+/* Asks for the rows of keys[0..n) (any order, duplicates allowed) at a
+ * step >= min_step (sync mode: the call waits for the table there; async:
+ * the latest rows). out must hold n * dim floats: row i lands at
+ * out + i * dim when the request completes (ps_req_wait), in the caller's
+ * order. The library sorts and de-duplicates the keys and sends each ps
+ * only its own. Keys with no stored row are created on the way (subject to
+ * admission) unless flags has PS_TABLE_READ_ONLY. out and keys must stay
+ * valid until the request completes (keys only until this call returns).
+ * On success ps_req_wait's step_out gets the smallest table step among the
+ * servers asked. */
+PS_EXTERN int ps_table_pull_async(ps_table *t, uint64_t min_step, const uint64_t *keys,
+                                  size_t n, float *out, unsigned flags, ps_req **req);
+/* The same, waiting for it (the client's request timeout); *step_out (may
+ * be NULL) gets the step received. */
+PS_EXTERN int ps_table_pull(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t n,
+                            float *out, unsigned flags, uint64_t *step_out);
+
+/* Adds gradients for the next ps_client_step, which pushes every table's
+ * gradients with the dense ones (a table with none added still counts:
+ * an empty push, so the step completes). grads holds n * dim floats, row i
+ * for keys[i]; duplicate keys (in one call or across calls of one step)
+ * are summed. Copies what it is given. Returns 0, PS_EINVAL or PS_ENOMEM. */
+PS_EXTERN int ps_table_add_grad(ps_table *t, const uint64_t *keys, size_t n,
+                                const float *grads);
+
+/* Pushes gradients for keys[0..n) computed at `step` now, to every ps
+ * (each gets its keys, possibly none: the push still counts for the
+ * step), without ps_client_step: for training loops of their own. Do not
+ * also add gradients of that step with ps_table_add_grad. Duplicates are
+ * summed; keys and grads are copied before the call returns. ps_req_wait
+ * returns as for a variable's push (PS_ESTALE, PS_EDUPLICATE, a refusal
+ * with the server's sentence). */
+PS_EXTERN int ps_table_push_async(ps_table *t, uint64_t step, const uint64_t *keys,
+                                  size_t n, const float *grads, ps_req **req);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,169 @@
+/*
+ * table.h - this ps's part of one sparse embedding table: rows by uint64
+ * key, their per-row optimizer state, admission, eviction and the
+ * SyncReplicas rule for row gradients.
+ *
+ * Storage: an open-addressing (linear probing, backward-shift deletion)
+ * index of (key, row) pairs over contiguous, 64-byte aligned row storage:
+ * each row is `dim` values followed by the optimizer's state floats, with
+ * its key, last-touch step and LRU links in parallel arrays. No per-row
+ * malloc; storage grows by doubling up to `capacity` rows, which is
+ * reserved (psd_table_bytes) against psd --max-memory when the table is
+ * created.
+ *
+ * Steps: like a slice (shard.h), the table is at step s (updates applied).
+ * A worker's push computed at step t < s is stale; at t == s it is summed
+ * into this step's accumulator (a second index over the keys pushed this
+ * step, with its own contiguous storage), once per worker; when
+ * `replicas` pushes are in, every accumulated key's gradient is divided by
+ * the number of pushes aggregated and applied to its row, and the table
+ * moves to s+1. Async mode applies each push at once (no division) and
+ * advances the step per push. A pushed key with no stored row is dropped
+ * (counted): rows are created only by pulls (admission decides).
+ *
+ * Admission: a key pulled without read_only that has no row is a
+ * sighting; it becomes a row when its sightings (a count-min sketch of
+ * 4 x w saturating 8-bit counters, w a power of two >= capacity, min 1024)
+ * reach admit_count, or with probability admit_prob per sighting (a
+ * xorshift generator seeded from init_seed). Until then its pull reads the
+ * initializer's values. Eviction: a row created when the table is full
+ * evicts the least recently touched row (a pull or an update touches);
+ * when the step advances, rows untouched for evict_after_steps steps are
+ * evicted (oldest first, from the LRU tail).
+ *
+ * Initializer: row values for key k are a pure function of (init kind, a,
+ * b, seed, table name, k, element index): splitmix64 counters, so every ps
+ * and every worker computes the same values, and a read-only pull of an
+ * unknown key needs no storage.
+ *
+ * Everything runs on psd's event-loop thread.
+ */
+#ifndef PSD_TABLE_H
+#define PSD_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* What defines a table; every worker must send the same (psd_table_diff). */
+typedef struct psd_table_spec {
+  char name[256];             /* table name (PS_MAX_NAME bytes + NUL) */
+  uint32_t dim;               /* floats per row, 1..PS__MAX_TABLE_DIM */
+  uint64_t capacity;          /* most rows on THIS ps (>= 1) */
+  uint32_t init_kind;         /* ps_init_kind: ZEROS, CONSTANT, UNIFORM,
+                                 NORMAL, TRUNCATED_NORMAL */
+  double init_a, init_b;      /* the distribution's parameters (ps_init) */
+  uint64_t init_seed;         /* with name and key, seeds a row's values */
+  uint32_t opt;               /* ps_table_opt */
+  double lr;                  /* learning rate, > 0 */
+  double initial_accumulator; /* ADAGRAD: accumulator of a new row, >= 0 */
+  double beta1, beta2;        /* ADAM: moment decays in [0, 1) */
+  double epsilon;             /* ADAM, ADAGRAD: > 0 */
+  double l1, l2;              /* FTRL: regularization, >= 0 */
+  double ftrl_beta;           /* FTRL: beta, >= 0 */
+  uint32_t admit_count;       /* sightings before a key is stored (<= 1: first) */
+  double admit_prob;          /* or probability per sighting, in [0, 1] (0: off) */
+  uint64_t evict_after_steps; /* evict rows untouched this many steps (0: never) */
+} psd_table_spec;
+
+/* Counters (psctl, telemetry). */
+typedef struct psd_table_stats {
+  uint64_t rows;          /* stored rows now */
+  uint64_t keys_pulled;   /* keys in pulls, all time */
+  uint64_t keys_pushed;   /* keys in accepted pushes, all time */
+  uint64_t hits;          /* pulled keys that had a stored row */
+  uint64_t admissions;    /* rows created */
+  uint64_t evictions_lru; /* rows evicted to make room */
+  uint64_t evictions_ttl; /* rows evicted for age */
+  uint64_t dropped;       /* pushed keys with no stored row */
+  uint64_t stale;         /* pushes dropped as stale */
+} psd_table_stats;
+
+typedef struct psd_table psd_table; /* opaque: table.c */
+
+/* Checks a spec (ranges above); 0 or PS_EINVAL with a sentence naming the
+ * field and its value in err. */
+int psd_table_spec_check(const psd_table_spec *spec, char *err, size_t errlen);
+
+/* Bytes a table of this spec may take at capacity (rows, state, index,
+ * accumulator bound, sketch): what psd reserves against --max-memory.
+ * Saturates at UINT64_MAX on overflow. */
+uint64_t psd_table_bytes(const psd_table_spec *spec);
+
+/* Nonzero when a and b differ in a field that matters for their rule or
+ * initializer (as ps__opt_diff for variables): err gets "FIELD is X for
+ * who_a, Y for who_b". */
+int psd_table_diff(const psd_table_spec *a, const char *who_a, const psd_table_spec *b,
+                   const char *who_b, char *err, size_t errlen);
+
+/* Creates an empty table at step 0 (nothing allocated beyond the index's
+ * first small block). num_workers sizes the per-worker push record;
+ * replicas is the pushes per step (sync). Returns 0, PS_EINVAL (bad spec,
+ * err says why) or PS_ENOMEM. */
+int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t replicas,
+                     int async_mode, psd_table **out, char *err, size_t errlen);
+/* NULL is a no-op. */
+void psd_table_destroy(psd_table *t);
+
+const psd_table_spec *psd_table_spec_of(const psd_table *t);
+uint64_t psd_table_step(const psd_table *t);
+psd_table_stats psd_table_get_stats(const psd_table *t);
+/* Bytes allocated now (rows, state, index, accumulator, sketch). */
+uint64_t psd_table_bytes_now(const psd_table *t);
+
+/* Checks that keys[0..n) are strictly ascending; 0 or PS_EINVAL with the
+ * first offending position in err. (The ps-ownership check is the
+ * caller's: it knows num_ps and its index.) */
+int psd_table_keys_check(const uint64_t *keys, size_t n, char *err, size_t errlen);
+
+/* Rows of keys[0..n) (strictly ascending) into out[n * dim]. create: a key
+ * with no row is a sighting and may be admitted (a new row gets the
+ * initializer's values, evicting the LRU row if full); read_only (create
+ * 0): nothing changes but the counters. Every stored row read is touched
+ * at the current step. Returns 0 or PS_ENOMEM (growing the storage failed:
+ * out holds initializer values for the rows that could not be stored). */
+int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, float *out);
+
+/* Worker's gradients (grads[n * dim], row i for keys[i], keys strictly
+ * ascending) computed at step. Returns 1 if the table advanced (sync: this
+ * push completed the step; async: always), 0 if accumulated, or PS_ESTALE
+ * (step < table step: dropped), PS_EDUPLICATE (worker already pushed this
+ * step), PS_EINVAL (a step the table has not reached), PS_ENOMEM. *dropped
+ * (may be NULL) gets the keys that had no stored row. */
+int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
+                   size_t n, const float *grads, uint64_t *dropped);
+
+/* Workers that have not pushed for the current step (sync): fills
+ * missing[0..) up to cap and returns how many. */
+uint32_t psd_table_missing(const psd_table *t, uint32_t *missing, uint32_t cap);
+
+/* The initializer's values of `key` into out[dim] (what a never-stored
+ * key reads as). */
+void psd_table_init_row(const psd_table_spec *spec, uint64_t key, float *out);
+
+/* Checkpoints: calls fn for every stored row, least recently touched
+ * first, with its key, values (dim floats), optimizer state
+ * (psd_table_state_floats floats) and last-touch step. Restoring the rows
+ * in that order (psd_table_restore_row) rebuilds the same LRU order, so a
+ * resumed job evicts exactly what the original would have. Rows must not
+ * change during the walk. */
+typedef void (*psd_table_row_fn)(void *ctx, uint64_t key, const float *values,
+                                 const float *state, uint64_t touched);
+void psd_table_walk(const psd_table *t, psd_table_row_fn fn, void *ctx);
+/* Floats of optimizer state per row: 0 SGD, dim ADAGRAD, 2 dim + 1 ADAM
+ * (m, v, then the row's step t as the uint32 bits of one float slot),
+ * 2 dim FTRL (z, n). */
+uint32_t psd_table_state_floats(const psd_table_spec *spec);
+/* Admission state that is not rows (the sketch's counters and the
+ * generator's state), for checkpoints: *len gets its byte size and the
+ * return points at it (valid until the table changes). */
+const void *psd_table_aux(const psd_table *t, size_t *len);
+/* Restore, on a table just created (step 0, empty): the aux bytes (len
+ * must match), then each row (key not present, table not full), then the
+ * step and counters. 0, PS_EINVAL (wrong length, duplicate key, full) or
+ * PS_ENOMEM. */
+int psd_table_restore_aux(psd_table *t, const void *aux, size_t len);
+int psd_table_restore_row(psd_table *t, uint64_t key, const float *values,
+                          const float *state, uint64_t touched);
+void psd_table_restore_step(psd_table *t, uint64_t step, const psd_table_stats *counters);
+
+#endif
