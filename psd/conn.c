@@ -485,7 +485,8 @@ static void slice_release(void *ctx, void *ref) {
 /* A whole protobuf part is in; act on it. Returns 0 or -1 (CLOSING). */
 static int dispatch(psd_conn *c, const uint8_t *meta) {
   unsigned t = c->hdr.type;
-  if (t != PS__MSG_PUSH && t != PS__MSG_INIT && c->hdr.data_len != 0) {
+  if (t != PS__MSG_PUSH && t != PS__MSG_INIT && t != PS__MSG_TABLE_PULL &&
+      t != PS__MSG_TABLE_PUSH && c->hdr.data_len != 0) {
     psd_conn_error(c, 0, PS_EPROTO, 1, "%s frame carries %llu data bytes (it takes none)",
                    ps__msg_name(t), (unsigned long long)c->hdr.data_len);
     return -1;
@@ -515,8 +516,39 @@ static void frame_done(psd_conn *c) {
   k->frame(k->ctx, c);
   c->items = NULL;
   c->n_items = 0;
+  if (c->blob_len > PS__MAX_SLICE_BYTES) {
+    /* A big table frame: give the staging back rather than keep up to
+     * PS__MAX_TABLE_PUSH_BYTES per connection for good. */
+    free(c->stage);
+    c->stage = NULL;
+    c->stage_cap = 0;
+  }
+  c->blob_len = 0;
   c->state = PSD_CONN_HEADER;
   frame_reset(c);
+}
+
+/* Bytes of the DATA item being read. */
+static uint64_t item_len(const psd_conn *c) {
+  return c->blob_len ? c->blob_len : c->items[c->item]->count * sizeof(float);
+}
+
+int psd_conn_begin_blob(psd_conn *c, uint64_t bytes) {
+  uint64_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
+  if (floats > c->stage_cap) {
+    float *ns = NULL;
+    if (posix_memalign((void **)&ns, 64, floats * sizeof(float)) != 0) return PS_ENOMEM;
+    free(c->stage);
+    c->stage = ns;
+    c->stage_cap = floats;
+  }
+  c->items = NULL;
+  c->n_items = 1;
+  c->item = 0;
+  c->item_got = 0;
+  c->blob_len = bytes;
+  c->state = PSD_CONN_DATA;
+  return 0;
 }
 
 /* Makes progress on buffered input. Returns 1 if it did, 0 if it needs
@@ -564,14 +596,14 @@ static int step(psd_conn *c) {
     return 1;
   }
   case PSD_CONN_DATA: {
-    uint64_t need = c->items[c->item]->count * sizeof(float) - c->item_got;
+    uint64_t need = item_len(c) - c->item_got;
     uint64_t take = c->in_len < need ? c->in_len : need;
     if (take == 0 && need > 0) return 0;
     memcpy((char *)c->stage + c->item_got, c->in + c->in_off, take);
     c->in_off += take;
     c->in_len -= take;
     c->item_got += take;
-    if (c->item_got == c->items[c->item]->count * sizeof(float)) {
+    if (c->item_got == item_len(c)) {
       item_done(c);
       c->item++;
       c->item_got = 0;
@@ -615,13 +647,13 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
     }
     ssize_t n;
     if (c->state == PSD_CONN_DATA && c->in_len == 0 &&
-        c->items[c->item]->count * sizeof(float) - c->item_got >= PSD_DIRECT_READ_MIN) {
+        item_len(c) - c->item_got >= PSD_DIRECT_READ_MIN) {
       /* Big tensor: straight into the staging buffer. */
-      uint64_t need = c->items[c->item]->count * sizeof(float) - c->item_got;
+      uint64_t need = item_len(c) - c->item_got;
       n = read(fd, (char *)c->stage + c->item_got, need);
       if (n > 0) {
         c->item_got += (uint64_t)n;
-        if (c->item_got == c->items[c->item]->count * sizeof(float)) {
+        if (c->item_got == item_len(c)) {
           item_done(c);
           c->item++;
           c->item_got = 0;

@@ -141,6 +141,8 @@ typedef struct psd_conn {
   double data_at;             /* DATA: when the last item's bytes were in */
   double agg_s;               /* DATA: seconds spent aggregating its items */
   float *stage;               /* where item data lands before use */
+  uint64_t blob_len;          /* DATA of a TABLE_* frame: its whole data part
+                                 is one item of this many bytes (0: items) */
   uint64_t stage_cap;         /* floats in stage */
   int32_t *status;            /* per item result of the current Push */
   int data_assign;            /* DATA: the Init is an assign (Init.assign) */
@@ -219,6 +221,10 @@ static inline int psd_conn_send(psd_conn *c, unsigned type, const ProtobufCMessa
                                 void *const *refs, size_t nseg) {
   return ps__outq_frame(&c->out, type, msg, data, counts, refs, nseg);
 }
+/* Enters DATA for a frame whose whole data part (bytes > 0) is read as
+ * one item into c->stage (TABLE_* frames): the item hook gets it, then the
+ * frame hook. 0 or PS_ENOMEM (nothing changed). */
+int psd_conn_begin_blob(psd_conn *c, uint64_t bytes);
 /* Queues an Error reply; fatal ones put c in CLOSING. */
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));

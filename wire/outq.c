@@ -46,6 +46,26 @@ int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
   return 0;
 }
 
+void *ps__outq_frame_inline(ps__outq *q, unsigned type, const ProtobufCMessage *m,
+                            uint64_t data_len) {
+  size_t mlen = protobuf_c_message_get_packed_size(m);
+  if (mlen > PS__MAX_META || data_len > PS__MAX_DATA) return NULL;
+  size_t total = PS__HEADER_SIZE + mlen + (size_t)data_len;
+  if (ps__grow((void **)&q->buf, &q->bufcap, q->len + total, 1) ||
+      ps__grow((void **)&q->segs, &q->cap, q->n + 1, sizeof *q->segs))
+    return NULL;
+  size_t off = q->len;
+  ps__header_encode(q->buf + off, type, (uint32_t)mlen, data_len);
+  protobuf_c_message_pack(m, q->buf + off + PS__HEADER_SIZE);
+  q->len += total;
+  ps__outseg *last = q->n > q->first ? &q->segs[q->n - 1] : NULL;
+  if (last && !last->ext && last->off + last->len == off)
+    last->len += total; /* coalesce with the previous frame */
+  else
+    q->segs[q->n++] = (ps__outseg){NULL, off, total, NULL};
+  return q->buf + off + PS__HEADER_SIZE + mlen;
+}
+
 /* Drops the first segment (sent or abandoned). */
 static void pop_first(ps__outq *q) {
   ps__outseg *s = &q->segs[q->first++];

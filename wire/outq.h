@@ -38,6 +38,13 @@ typedef struct ps__outq {
 int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
                    const float *const *data, const uint64_t *counts, void *const *refs,
                    size_t nseg);
+/* Queues header + packed m + data_len bytes of data in the queue's own
+ * buffer, and returns where those data bytes go: the caller fills them
+ * before the next call on q (gathered rows, keys and gradients: one write,
+ * no copy of a scattered source). NULL: too big or out of memory (nothing
+ * queued). */
+void *ps__outq_frame_inline(ps__outq *q, unsigned type, const ProtobufCMessage *m,
+                            uint64_t data_len);
 /* Writes what the socket takes: 0 (done or would block) or PS_ECLOSED
  * (errno tells why). */
 int ps__outq_write(ps__outq *q, int fd);
