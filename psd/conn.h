@@ -143,6 +143,7 @@ typedef struct psd_conn {
   float *stage;               /* where item data lands before use */
   uint64_t blob_len;          /* DATA of a TABLE_* frame: its whole data part
                                  is one item of this many bytes (0: items) */
+  const void *blob_msg;       /* ... and its unpacked message (in arena) */
   uint64_t stage_cap;         /* floats in stage */
   int32_t *status;            /* per item result of the current Push */
   int data_assign;            /* DATA: the Init is an assign (Init.assign) */

@@ -99,6 +99,7 @@ uint64_t psd_handlers_step(const psd_handlers *h) {
 static void conn_closed(void *ctx, psd_conn *c) {
   psd_handlers *h = ctx;
   psd_waitset_free(h->waiters, &c->waits);
+  psd_tables_closed(h->tables, c);
   psd_pace_left(h->pace, &c->pace);
   if (c->worker < 0 || !h->job->pinned || !h->job->workers[c->worker].connected) return;
   if (c->worker == 0) psd_persist_chief_left(h->persist);
@@ -314,12 +315,14 @@ static int check_memory(const psd_handlers *h, const char *name, uint64_t length
                         size_t errlen) {
   uint64_t need = length * sizeof(float) * (2 + psd_opt_state_per_elem(opt));
   uint64_t tables = ((uint64_t)h->shard->n + 1) * per_slice;
-  if ((double)(h->shard->bytes_alloc + need + tables) <= h->cfg->max_memory) return 0;
+  uint64_t sparse = psd_tables_reserved(h->tables);
+  if ((double)(h->shard->bytes_alloc + need + tables + sparse) <= h->cfg->max_memory) return 0;
   snprintf(err, errlen,
            "variable '%s': %llu more bytes would take this server past --max-memory "
-           "(%.0f bytes; slices hold %llu, per-slice tables %llu)",
+           "(%.0f bytes; slices hold %llu, per-slice tables %llu, sparse tables reserve %llu)",
            name, (unsigned long long)need, h->cfg->max_memory,
-           (unsigned long long)h->shard->bytes_alloc, (unsigned long long)tables);
+           (unsigned long long)h->shard->bytes_alloc, (unsigned long long)tables,
+           (unsigned long long)sparse);
   return PS_ETOOBIG;
 }
 
@@ -630,8 +633,16 @@ static int handle_stats(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     return 0;
   }
   r.request_id = m->request_id;
+  if (psd_tables_stats(h->tables, &r.tables, &r.n_tables) != 0) {
+    psd_telem_stats_free(&r);
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory");
+    return 0;
+  }
   if (psd_conn_send(c, PS__MSG_STATS_REPLY, &r.base, NULL, NULL, NULL, 0) != 0)
     psd_conn_error(c, m->request_id, PS_ETOOBIG, 0, "the stats do not fit in one frame");
+  psd_tables_stats_free(r.tables, r.n_tables);
+  r.tables = NULL;
+  r.n_tables = 0;
   psd_telem_stats_free(&r);
   return 0;
 }
@@ -664,6 +675,10 @@ static void push_refused(psd_conn *c, const psd_slice *sl, int rc) {
 /* One Push/Init item has fully arrived in c->stage. */
 static void item_done(void *ctx, psd_conn *c) {
   psd_handlers *h = ctx;
+  if (c->blob_len) { /* a TABLE_* frame's keys (and gradients) */
+    psd_tables_data(h->tables, c);
+    return;
+  }
   const Ps__Item *it = c->items[c->item];
   psd_slice *sl = h->shard->slices[it->slice_id];
   if (c->hdr.type == PS__MSG_INIT && c->data_assign) {
@@ -696,6 +711,7 @@ static void item_done(void *ctx, psd_conn *c) {
 /* The last item of a Push/Init is in: reply and go back to HEADER. */
 static void frame_done(void *ctx, psd_conn *c) {
   psd_handlers *h = ctx;
+  if (c->blob_len) return; /* TABLE_* frames reply in item_done */
   if (c->hdr.type == PS__MSG_INIT && c->data_rc) {
     /* An assign some slice refused: the items before and after it are
      * applied (each on its own, as a Push's). */
@@ -733,6 +749,7 @@ static int on_message(void *ctx, psd_conn *c, const uint8_t *meta) {
   psd_handlers *h = ctx;
   unsigned t = c->hdr.type;
   if (c->worker >= 0) psd_job_active(h->job, (uint32_t)c->worker, ps__now());
+  if (psd_tables_is_table_msg(t)) return psd_tables_message(h->tables, c, meta);
   switch (t) {
   case PS__MSG_HELLO:
     return handle_hello(h, c, meta);

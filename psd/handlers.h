@@ -18,6 +18,7 @@
 #include "pace.h"
 #include "persist.h"
 #include "shard.h"
+#include "tables.h"
 #include "telemetry.h"
 #include "waiters.h"
 
@@ -25,6 +26,7 @@
 typedef struct psd_handlers {
   const psd_config *cfg;    /* options */
   psd_shard *shard;         /* variables held here */
+  psd_tables *tables;       /* sparse tables held here (TABLE_* frames) */
   psd_job *job;             /* admission and workers' states */
   psd_persist *persist;     /* checkpoints, restore, stop protocol */
   psd_waiters *waiters;     /* parked pulls */

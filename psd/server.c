@@ -143,6 +143,7 @@ static void tick(psd_server *srv) {
   }
   psd_conns_tick(&srv->conns, now);
   psd_waiters_expire(&srv->waiters, now, psd_handlers_pull_expired, &srv->h);
+  psd_tables_expire(&srv->tables, now);
   psd_handlers_flush(&srv->h);
   psd_conns_write_pending(&srv->conns);
   if (srv->job.pinned && !srv->shard.async_mode) check_stalls(srv, now);
@@ -354,7 +355,9 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   }
   psd_pace_init(&srv->pace, cfg->pace_ahead, cfg->pace_loopback, cfg->recv_buf,
                 psd_conn_pace_progress);
-  srv->h = (psd_handlers){.cfg = cfg, .shard = &srv->shard, .job = &srv->job,
+  psd_tables_init(&srv->tables, cfg, &srv->job, &srv->shard);
+  srv->h = (psd_handlers){.cfg = cfg, .shard = &srv->shard, .tables = &srv->tables,
+                          .job = &srv->job,
                           .persist = &srv->persist, .waiters = &srv->waiters,
                           .telem = &srv->telem, .pace = &srv->pace, .conns = &srv->conns,
                           .mungeq = srv->mungeq,
@@ -413,6 +416,7 @@ void psd_server_free(psd_server *srv) {
   if (srv->base) event_base_free(srv->base);
   if (srv->lfd >= 0) close(srv->lfd);
   psd_shard_free(&srv->shard);
+  psd_tables_free(&srv->tables);
   psd_waiters_free(&srv->waiters);
   psd_telem_free(&srv->telem);
   psd_job_free(&srv->job);

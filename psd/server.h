@@ -11,9 +11,10 @@
  *   server      loop, listener, signals, timers
  *   handlers    what each message does (admission via job, pulls via
  *               waiters, checkpoints via persist, stats via telemetry)
+ *   tables      TABLE_* frames: sparse tables (table.c), parked table pulls
  *   conn        framing, the HEADER/META/DATA/CLOSING machine, replies out
  *   waiters  job  persist  pace  telemetry  mungeq
- *   shard  ckptq  checkpoint  optimizer  config  log  bg   (and the wire layer)
+ *   shard  table  ckptq  checkpoint  optimizer  config  log  bg   (and the wire layer)
  */
 #ifndef PSD_SERVER_H
 #define PSD_SERVER_H
@@ -23,6 +24,7 @@
 #include "config.h"
 #include "conn.h"
 #include "handlers.h"
+#include "tables.h"
 #include "job.h"
 #include "pace.h"
 #include "persist.h"
@@ -44,6 +46,7 @@ typedef struct psd_server {
   psd_mungeq *mungeq;          /* MUNGE checks off the loop (--munge) */
   struct event *munge_ev;      /* ... which have answers */
   psd_shard shard;             /* variables held here */
+  psd_tables tables;           /* sparse tables held here */
   psd_telem telem;             /* per-step telemetry (telemetry.c) */
   psd_job job;                 /* admission, workers' states, exit decision */
   psd_waiters waiters;         /* parked pulls, deadlines, ready lists */

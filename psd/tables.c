@@ -1,0 +1,510 @@
+/* tables.c - TABLE_* frames: registration, pulls (parked until the
+ * table's step), pushes, deadlines and counters (docs/protocol.md 13c). */
+#include "tables.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "wire.h"
+
+/* Unpacks a TABLE_* message from the frame's arena; on failure the frame
+ * cannot be trusted, so the connection closes. */
+#define TUNPACK(T, fn)                                                        \
+  T *m = fn(&c->alloc, c->hdr.meta_len, meta);                                \
+  if (!m) {                                                                   \
+    psd_conn_error(c, 0, PS_EPROTO, 1, "malformed %s message (%u bytes)",     \
+                   ps__msg_name(c->hdr.type), c->hdr.meta_len);               \
+    return -1;                                                                \
+  }
+
+void psd_tables_init(psd_tables *ts, const psd_config *cfg, psd_job *job,
+                     const psd_shard *shard) {
+  memset(ts, 0, sizeof *ts);
+  ts->cfg = cfg;
+  ts->job = job;
+  ts->shard = shard;
+}
+
+static void tpull_free(psd_tables *ts, psd_tpull *p) {
+  ts->parked_bytes -= p->n * sizeof(uint64_t);
+  free(p->keys);
+  free(p);
+}
+
+void psd_tables_free(psd_tables *ts) {
+  for (uint32_t i = 0; i < ts->n; i++) {
+    for (psd_tpull *p = ts->v[i].parked, *nx; p; p = nx) {
+      nx = p->next;
+      tpull_free(ts, p);
+    }
+    psd_table_destroy(ts->v[i].t);
+  }
+  free(ts->v);
+  memset(ts, 0, sizeof *ts);
+}
+
+int psd_tables_is_table_msg(unsigned type) {
+  return type == PS__MSG_TABLE_REGISTER || type == PS__MSG_TABLE_PULL ||
+         type == PS__MSG_TABLE_PUSH;
+}
+
+/* ---- registration -------------------------------------------------------- */
+
+/* The wire spec as this ps holds it: capacity is the whole table's, a ps
+ * holds its share (keys spread evenly by ps__table_shard). */
+static int spec_from_msg(const psd_tables *ts, const Ps__TableSpec *w, psd_table_spec *sp,
+                         char *err, size_t errlen) {
+  memset(sp, 0, sizeof *sp);
+  size_t nl = w->name ? strlen(w->name) : 0;
+  if (nl == 0 || nl > PS_MAX_NAME) {
+    snprintf(err, errlen, "table name must be 1..%d bytes, got %zu", PS_MAX_NAME, nl);
+    return PS_EINVAL;
+  }
+  memcpy(sp->name, w->name, nl + 1);
+  uint64_t nps = ts->cfg->num_ps > 0 ? (uint64_t)ts->cfg->num_ps : 1;
+  sp->dim = w->dim;
+  sp->capacity = w->capacity / nps + (w->capacity % nps != 0);
+  sp->init_kind = w->init_kind;
+  sp->init_a = w->init_a;
+  sp->init_b = w->init_b;
+  sp->init_seed = w->init_seed;
+  sp->opt = (uint32_t)w->opt;
+  sp->lr = w->lr;
+  sp->initial_accumulator = w->initial_accumulator;
+  sp->beta1 = w->beta1;
+  sp->beta2 = w->beta2;
+  sp->epsilon = w->epsilon;
+  sp->l1 = w->l1;
+  sp->l2 = w->l2;
+  sp->ftrl_beta = w->ftrl_beta;
+  sp->admit_count = w->admit_count;
+  sp->admit_prob = w->admit_prob;
+  sp->evict_after_steps = w->evict_after_steps;
+  return psd_table_spec_check(sp, err, errlen);
+}
+
+static psd_tentry *find_by_name(psd_tables *ts, const char *name, uint32_t *id) {
+  for (uint32_t i = 0; i < ts->n; i++)
+    if (strcmp(psd_table_spec_of(ts->v[i].t)->name, name) == 0) {
+      *id = i;
+      return &ts->v[i];
+    }
+  return NULL;
+}
+
+/* Creates the table, its reservation checked against --max-memory. */
+static int create_table(psd_tables *ts, const psd_table_spec *sp, uint32_t *id, char *err,
+                        size_t errlen) {
+  if (ts->n >= PS__MAX_TABLES) {
+    snprintf(err, errlen, "table '%s': this server already holds %u tables, the most it "
+             "takes", sp->name, PS__MAX_TABLES);
+    return PS_ETOOBIG;
+  }
+  uint64_t need = psd_table_bytes(sp), have = ts->shard->bytes_alloc + ts->reserved;
+  if (need == UINT64_MAX || (double)have + (double)need > ts->cfg->max_memory) {
+    snprintf(err, errlen,
+             "table '%s': %llu rows of %u floats on this ps need %llu bytes at capacity, "
+             "which would take this server past --max-memory (%.0f bytes; %llu already "
+             "held or reserved): lower the capacity or raise --max-memory",
+             sp->name, (unsigned long long)sp->capacity, sp->dim, (unsigned long long)need,
+             ts->cfg->max_memory, (unsigned long long)have);
+    return PS_ENOMEM;
+  }
+  if (ts->n == ts->cap) {
+    size_t cap = ts->cap;
+    if (ps__grow((void **)&ts->v, &cap, (size_t)ts->n + 1, sizeof *ts->v)) return PS_ENOMEM;
+    ts->cap = (uint32_t)cap;
+  }
+  psd_table *t = NULL;
+  const psd_job *j = ts->job;
+  int rc = psd_table_create(sp, j->num_workers, j->replicas, j->async_mode, &t, err, errlen);
+  if (rc) return rc;
+  ts->v[ts->n] = (psd_tentry){t, NULL, need};
+  ts->reserved += need;
+  *id = ts->n++;
+  psd_info("table '%s' created: dim %u, up to %llu rows here (%llu bytes reserved)", sp->name,
+           sp->dim, (unsigned long long)sp->capacity, (unsigned long long)need);
+  return 0;
+}
+
+static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
+  TUNPACK(Ps__TableRegister, ps__table_register__unpack);
+  char err[512] = "";
+  psd_table_spec sp;
+  int rc = m->spec ? spec_from_msg(ts, m->spec, &sp, err, sizeof err) : PS_EINVAL;
+  if (!m->spec) snprintf(err, sizeof err, "TABLE_REGISTER without a spec");
+  uint32_t id = 0;
+  if (rc == 0) {
+    psd_tentry *e = find_by_name(ts, sp.name, &id);
+    char who[32], diff[400];
+    snprintf(who, sizeof who, "worker %d", c->worker);
+    if (e && psd_table_diff(psd_table_spec_of(e->t), "this server's table", &sp, who, diff,
+                            sizeof diff)) {
+      snprintf(err, sizeof err, "table '%s' exists with another configuration: %s", sp.name,
+               diff);
+      rc = PS_EMISMATCH;
+    } else if (!e) {
+      rc = create_table(ts, &sp, &id, err, sizeof err);
+    }
+  }
+  if (rc) {
+    psd_conn_error(c, m->request_id, rc, 0, "%s", err);
+    return 0;
+  }
+  Ps__TableRegisterReply r = PS__TABLE_REGISTER_REPLY__INIT;
+  r.request_id = m->request_id;
+  r.table_id = id;
+  r.step = psd_table_step(ts->v[id].t);
+  psd_conn_send(c, PS__MSG_TABLE_REGISTER_REPLY, &r.base, NULL, NULL, NULL, 0);
+  return 0;
+}
+
+/* ---- keys -------------------------------------------------------------- */
+
+/* Keys ascending and all this ps's; 0 or PS_EINVAL with err. */
+static int check_keys(const psd_tables *ts, const uint64_t *keys, size_t n, char *err,
+                      size_t errlen) {
+  int rc = psd_table_keys_check(keys, n, err, errlen);
+  if (rc) return rc;
+  uint32_t nps = ts->cfg->num_ps > 0 ? (uint32_t)ts->cfg->num_ps : 1;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t owner = ps__table_shard(keys[i], nps);
+    if (owner != (uint32_t)ts->cfg->ps_index) {
+      snprintf(err, errlen, "key %llu (position %zu) belongs to ps %u, not to this ps %d",
+               (unsigned long long)keys[i], i, owner, ts->cfg->ps_index);
+      return PS_EINVAL;
+    }
+  }
+  return 0;
+}
+
+/* ---- pulls ------------------------------------------------------------- */
+
+/* Queues the TablePullReply of keys[0..n) read now. */
+static void answer_pull(psd_tentry *e, uint32_t id, psd_conn *c, uint64_t req,
+                        const uint64_t *keys, size_t n, int read_only) {
+  const psd_table_spec *sp = psd_table_spec_of(e->t);
+  uint64_t bytes = (uint64_t)n * sp->dim * sizeof(float);
+  if (bytes > PS__MAX_DATA) {
+    psd_conn_error(c, req, PS_ETOOBIG, 0,
+                   "table '%s': %zu rows of %u floats do not fit one reply (%llu bytes at "
+                   "most): pull fewer keys at once", sp->name, n, sp->dim,
+                   (unsigned long long)PS__MAX_DATA);
+    return;
+  }
+  Ps__TablePullReply r = PS__TABLE_PULL_REPLY__INIT;
+  r.request_id = req;
+  r.table_id = id;
+  r.step = psd_table_step(e->t);
+  r.count = n;
+  float *dst = ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes);
+  if (!dst) {
+    psd_conn_error(c, req, PS_ENOMEM, 0, "out of memory for a %llu-byte reply of table '%s'",
+                   (unsigned long long)bytes, sp->name);
+    return;
+  }
+  /* PS_ENOMEM here leaves initializer values in the rows it could not
+   * store: the reply is still right for this step. */
+  psd_table_pull(e->t, keys, n, !read_only, dst);
+}
+
+static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__TablePull *m,
+                     const uint64_t *keys) {
+  for (psd_tpull *p = e->parked; p; p = p->next)
+    if (p->conn == c) {
+      psd_conn_error(c, m->request_id, PS_EBUSY, 0,
+                     "a pull of table '%s' is already waiting on this connection",
+                     psd_table_spec_of(e->t)->name);
+      return 0;
+    }
+  psd_tpull *p = calloc(1, sizeof *p);
+  uint64_t *k = m->count ? malloc(m->count * sizeof *k) : NULL;
+  if (!p || (m->count && !k)) {
+    free(p);
+    free(k);
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory parking a pull");
+    return 0;
+  }
+  if (m->count) memcpy(k, keys, m->count * sizeof *k);
+  double wait = m->timeout_ms ? m->timeout_ms / 1000.0 : ts->cfg->pull_timeout_s;
+  *p = (psd_tpull){c, m->request_id, m->min_step, ps__now() + wait, m->read_only, k,
+                   (size_t)m->count, e->parked};
+  e->parked = p;
+  ts->parked_bytes += m->count * sizeof *k;
+  return 0;
+}
+
+/* A TablePull whose keys (if any) are in `keys`. */
+static void do_pull(psd_tables *ts, psd_conn *c, const Ps__TablePull *m, const uint64_t *keys) {
+  char err[256];
+  if (m->table_id >= ts->n) {
+    psd_conn_error(c, m->request_id, PS_ENOTFOUND, 0, "TABLE_PULL names unknown table id %u",
+                   m->table_id);
+    return;
+  }
+  psd_tentry *e = &ts->v[m->table_id];
+  int rc = check_keys(ts, keys, (size_t)m->count, err, sizeof err);
+  if (rc) {
+    psd_conn_error(c, m->request_id, rc, 0, "TABLE_PULL of '%s': %s",
+                   psd_table_spec_of(e->t)->name, err);
+    return;
+  }
+  if (!ts->job->async_mode && psd_table_step(e->t) < m->min_step) {
+    park_pull(ts, e, c, m, keys);
+    return;
+  }
+  answer_pull(e, m->table_id, c, m->request_id, keys, (size_t)m->count, m->read_only);
+}
+
+static int handle_pull(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
+  TUNPACK(Ps__TablePull, ps__table_pull__unpack);
+  if (m->count > PS__MAX_TABLE_KEYS) {
+    psd_conn_error(c, m->request_id, PS_ETOOBIG, 1, "TABLE_PULL of %llu keys (at most %u)",
+                   (unsigned long long)m->count, PS__MAX_TABLE_KEYS);
+    return -1;
+  }
+  if (c->hdr.data_len != m->count * sizeof(uint64_t)) {
+    psd_conn_error(c, m->request_id, PS_EPROTO, 1,
+                   "TABLE_PULL of %llu keys carries %llu data bytes (expected %llu)",
+                   (unsigned long long)m->count, (unsigned long long)c->hdr.data_len,
+                   (unsigned long long)(m->count * sizeof(uint64_t)));
+    return -1;
+  }
+  if (m->count == 0) {
+    do_pull(ts, c, m, NULL);
+    return 0;
+  }
+  if (psd_conn_begin_blob(c, c->hdr.data_len) != 0) {
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory for %llu keys",
+                   (unsigned long long)m->count);
+    return -1;
+  }
+  c->blob_msg = m;
+  return 0;
+}
+
+/* Answers the pulls of table id that its new step satisfies. */
+static void wake(psd_tables *ts, uint32_t id) {
+  psd_tentry *e = &ts->v[id];
+  uint64_t step = psd_table_step(e->t);
+  psd_tpull *ready = NULL, **pp = &e->parked;
+  while (*pp) {
+    psd_tpull *p = *pp;
+    if (p->min_step <= step) {
+      *pp = p->next;
+      p->next = ready;
+      ready = p;
+    } else {
+      pp = &p->next;
+    }
+  }
+  /* Detached first: writing may close a connection, which edits the list. */
+  for (psd_tpull *p = ready, *nx; p; p = nx) {
+    nx = p->next;
+    if (!p->conn->dead) {
+      answer_pull(e, id, p->conn, p->req, p->keys, p->n, p->read_only);
+      psd_conn_write(p->conn);
+    }
+    tpull_free(ts, p);
+  }
+}
+
+/* ---- pushes ------------------------------------------------------------ */
+
+static void push_reply(psd_conn *c, uint64_t req, int status, const char *msg,
+                       uint64_t dropped, uint64_t step) {
+  Ps__TablePushReply r = PS__TABLE_PUSH_REPLY__INIT;
+  r.request_id = req;
+  r.status = status;
+  r.message = (char *)(msg ? msg : "");
+  r.dropped = dropped;
+  r.step = step;
+  psd_conn_send(c, PS__MSG_TABLE_PUSH_REPLY, &r.base, NULL, NULL, NULL, 0);
+}
+
+/* The sentence of a push's refusal (the client's ps_client_errmsg). */
+static void push_refusal(const psd_conn *c, const psd_table *t, uint64_t step, int rc,
+                         char *err, size_t errlen) {
+  const char *name = psd_table_spec_of(t)->name;
+  unsigned long long s = step, at = psd_table_step(t);
+  if (rc == PS_EINVAL)
+    snprintf(err, errlen, "gradient of table '%s' for step %llu, but the table is only at "
+             "step %llu (push the step you last pulled)", name, s, at);
+  else if (rc == PS_EDUPLICATE)
+    snprintf(err, errlen, "worker %d already pushed its gradient of table '%s' for step "
+             "%llu: the server has it", c->worker, name, s);
+  else if (rc == PS_ESTALE)
+    snprintf(err, errlen, "gradient of table '%s' for step %llu came after the table moved "
+             "to step %llu: dropped", name, s, at);
+  else
+    snprintf(err, errlen, "gradient of table '%s' for step %llu refused: %s", name, s,
+             ps_strerror(rc));
+}
+
+static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const uint8_t *data) {
+  char err[600] = "";
+  if (m->table_id >= ts->n) {
+    snprintf(err, sizeof err, "TABLE_PUSH names unknown table id %u", m->table_id);
+    push_reply(c, m->request_id, PS_ENOTFOUND, err, 0, 0);
+    return;
+  }
+  psd_tentry *e = &ts->v[m->table_id];
+  size_t n = (size_t)m->count;
+  const uint64_t *keys = (const uint64_t *)data;
+  const float *grads = data ? (const float *)(data + n * sizeof(uint64_t)) : NULL;
+  int rc = check_keys(ts, keys, n, err, sizeof err);
+  uint64_t dropped = 0;
+  if (rc == 0)
+    rc = psd_table_push(e->t, (uint32_t)c->worker, m->step, keys, n, grads, &dropped);
+  if (rc < 0 && !err[0]) push_refusal(c, e->t, m->step, rc, err, sizeof err);
+  if (rc == PS_EINVAL) psd_warn("%s: %s", c->name, err);
+  push_reply(c, m->request_id, rc > 0 ? 0 : rc, rc < 0 ? err : "", dropped,
+             psd_table_step(e->t));
+  if (rc == 1) wake(ts, m->table_id);
+}
+
+static int handle_push(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
+  TUNPACK(Ps__TablePush, ps__table_push__unpack);
+  if (c->finished) {
+    psd_conn_error(c, m->request_id, PS_ESTATE, 1, "TABLE_PUSH after FINISH");
+    return -1;
+  }
+  uint64_t want = c->hdr.data_len; /* an unknown table: read it whole, then refuse */
+  if (m->table_id < ts->n) {
+    uint64_t dim = psd_table_spec_of(ts->v[m->table_id].t)->dim;
+    want = m->count <= PS__MAX_TABLE_KEYS ? m->count * (sizeof(uint64_t) + dim * sizeof(float))
+                                          : UINT64_MAX;
+  }
+  if (m->count > PS__MAX_TABLE_KEYS || want != c->hdr.data_len ||
+      want > PS__MAX_TABLE_PUSH_BYTES) {
+    psd_conn_error(c, m->request_id, PS_EPROTO, 1,
+                   "TABLE_PUSH of %llu keys carries %llu data bytes (expected %llu, at most "
+                   "%u keys and %llu bytes)", (unsigned long long)m->count,
+                   (unsigned long long)c->hdr.data_len, (unsigned long long)want,
+                   PS__MAX_TABLE_KEYS, (unsigned long long)PS__MAX_TABLE_PUSH_BYTES);
+    return -1;
+  }
+  if (c->hdr.data_len == 0) {
+    do_push(ts, c, m, NULL);
+    return 0;
+  }
+  if (psd_conn_begin_blob(c, c->hdr.data_len) != 0) {
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory for a %llu-byte push",
+                   (unsigned long long)c->hdr.data_len);
+    return -1;
+  }
+  c->blob_msg = m;
+  return 0;
+}
+
+/* ---- entry points --------------------------------------------------------- */
+
+int psd_tables_message(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
+  if (c->worker < 0) {
+    psd_conn_error(c, 0, PS_ESTATE, 1, "%s from a connection that is not a worker",
+                   ps__msg_name(c->hdr.type));
+    return -1;
+  }
+  switch (c->hdr.type) {
+  case PS__MSG_TABLE_REGISTER: return handle_register(ts, c, meta);
+  case PS__MSG_TABLE_PULL: return handle_pull(ts, c, meta);
+  case PS__MSG_TABLE_PUSH: return handle_push(ts, c, meta);
+  default: return 0;
+  }
+}
+
+void psd_tables_data(psd_tables *ts, psd_conn *c) {
+  if (c->hdr.type == PS__MSG_TABLE_PULL)
+    do_pull(ts, c, c->blob_msg, (const uint64_t *)c->stage);
+  else if (c->hdr.type == PS__MSG_TABLE_PUSH)
+    do_push(ts, c, c->blob_msg, (const uint8_t *)c->stage);
+}
+
+void psd_tables_closed(psd_tables *ts, psd_conn *c) {
+  for (uint32_t i = 0; i < ts->n; i++)
+    for (psd_tpull **pp = &ts->v[i].parked; *pp;) {
+      psd_tpull *p = *pp;
+      if (p->conn != c) {
+        pp = &p->next;
+        continue;
+      }
+      *pp = p->next;
+      tpull_free(ts, p);
+    }
+}
+
+void psd_tables_expire(psd_tables *ts, double now) {
+  for (uint32_t i = 0; i < ts->n; i++) {
+    psd_tentry *e = &ts->v[i];
+    for (psd_tpull **pp = &e->parked; *pp;) {
+      psd_tpull *p = *pp;
+      if (p->deadline > now) {
+        pp = &p->next;
+        continue;
+      }
+      *pp = p->next;
+      uint32_t missing[8];
+      uint32_t nm = psd_table_missing(e->t, missing, 8);
+      char who[128] = "";
+      size_t o = 0;
+      for (uint32_t k = 0; k < nm && k < 8 && o + 16 < sizeof who; k++)
+        o += (size_t)snprintf(who + o, sizeof who - o, "%s%u", k ? ", " : "", missing[k]);
+      if (!p->conn->dead) {
+        psd_conn_error(p->conn, p->req, PS_ETIMEDOUT, 0,
+                       "pull of table '%s' for step %llu timed out at step %llu: waiting "
+                       "for the push of worker(s) %s%s", psd_table_spec_of(e->t)->name,
+                       (unsigned long long)p->min_step,
+                       (unsigned long long)psd_table_step(e->t), nm ? who : "(none)",
+                       nm > 8 ? " and more" : "");
+        psd_conn_write(p->conn);
+      }
+      tpull_free(ts, p);
+    }
+  }
+}
+
+/* ---- stats --------------------------------------------------------------- */
+
+int psd_tables_stats(const psd_tables *ts, Ps__TableStats ***out, size_t *n_out) {
+  *out = NULL;
+  *n_out = 0;
+  if (!ts->n) return 0;
+  Ps__TableStats **v = calloc(ts->n, sizeof *v);
+  if (!v) return PS_ENOMEM;
+  for (uint32_t i = 0; i < ts->n; i++) {
+    const psd_table *t = ts->v[i].t;
+    const psd_table_spec *sp = psd_table_spec_of(t);
+    psd_table_stats st = psd_table_get_stats(t);
+    Ps__TableStats *s = malloc(sizeof *s);
+    if (!s) {
+      psd_tables_stats_free(v, i);
+      return PS_ENOMEM;
+    }
+    ps__table_stats__init(s);
+    s->name = (char *)sp->name;
+    s->dim = sp->dim;
+    s->step = psd_table_step(t);
+    s->rows = st.rows;
+    s->capacity = sp->capacity;
+    s->keys_pulled = st.keys_pulled;
+    s->keys_pushed = st.keys_pushed;
+    s->hits = st.hits;
+    s->admissions = st.admissions;
+    s->evictions_lru = st.evictions_lru;
+    s->evictions_ttl = st.evictions_ttl;
+    s->dropped = st.dropped;
+    s->bytes = psd_table_bytes_now(t);
+    v[i] = s;
+  }
+  *out = v;
+  *n_out = ts->n;
+  return 0;
+}
+
+void psd_tables_stats_free(Ps__TableStats **v, size_t n) {
+  for (size_t i = 0; i < n; i++) free(v[i]);
+  free(v);
+}

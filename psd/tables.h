@@ -1,0 +1,74 @@
+/*
+ * tables.h - the sparse tables this ps holds, and what psd does with the
+ * TABLE_* frames (docs/protocol.md 13c): registration with the memory
+ * reservation, pulls (answered at once or parked until the table's step),
+ * pushes (into table.c's SyncReplicas rule), parked pulls' deadlines, and
+ * per-table counters for psctl. handlers.c hands TABLE_* frames here;
+ * this file never calls back into handlers.c.
+ */
+#ifndef PSD_TABLES_H
+#define PSD_TABLES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "conn.h"
+#include "job.h"
+#include "ps.pb-c.h"
+#include "shard.h"
+#include "table.h"
+
+/* A TablePull waiting for its table to reach min_step. */
+typedef struct psd_tpull {
+  psd_conn *conn;          /* who asked */
+  uint64_t req;            /* its request id */
+  uint64_t min_step;       /* answered once the table is there */
+  double deadline;         /* PS_ETIMEDOUT after this (ps__now clock) */
+  int read_only;           /* TablePull.read_only */
+  uint64_t *keys;          /* its keys (owned copy; checked already) */
+  size_t n;                /* how many */
+  struct psd_tpull *next;  /* the table's list of parked pulls */
+} psd_tpull;
+
+/* One table here. */
+typedef struct psd_tentry {
+  psd_table *t;            /* rows, state, step (table.c) */
+  psd_tpull *parked;       /* pulls waiting for a later step */
+  uint64_t reserved;       /* bytes reserved against --max-memory */
+} psd_tentry;
+
+typedef struct psd_tables {
+  psd_tentry *v;           /* by table id */
+  uint32_t n, cap;         /* used, allocated */
+  uint64_t reserved;       /* sum of the entries' reservations */
+  uint64_t parked_bytes;   /* keys held by parked pulls */
+  const psd_config *cfg;   /* options (--max-memory, --pull-timeout, ps index) */
+  psd_job *job;            /* workers, replicas and mode once pinned */
+  const psd_shard *shard;  /* the variables' bytes, for --max-memory */
+} psd_tables;
+
+void psd_tables_init(psd_tables *ts, const psd_config *cfg, psd_job *job,
+                     const psd_shard *shard);
+void psd_tables_free(psd_tables *ts);
+
+/* 1 if type is a TABLE_* request this file handles. */
+int psd_tables_is_table_msg(unsigned type);
+/* A TABLE_* frame's protobuf part arrived on worker connection c: act on
+ * it, or enter DATA for its keys (psd_conn_begin_blob). 0, or -1 if c
+ * entered CLOSING. */
+int psd_tables_message(psd_tables *ts, psd_conn *c, const uint8_t *meta);
+/* The data part of c's TABLE_PULL/TABLE_PUSH is in c->stage: reply. */
+void psd_tables_data(psd_tables *ts, psd_conn *c);
+/* c is closing: drop its parked pulls. */
+void psd_tables_closed(psd_tables *ts, psd_conn *c);
+/* Fails the parked pulls whose deadline passed. */
+void psd_tables_expire(psd_tables *ts, double now);
+/* Bytes reserved by the tables (for the variables' --max-memory check). */
+static inline uint64_t psd_tables_reserved(const psd_tables *ts) { return ts->reserved; }
+/* StatsReply.tables: fills *out (n_out entries, malloc'd array of
+ * malloc'd TableStats; psd_tables_stats_free) for psctl. 0 or PS_ENOMEM. */
+int psd_tables_stats(const psd_tables *ts, Ps__TableStats ***out, size_t *n_out);
+void psd_tables_stats_free(Ps__TableStats **v, size_t n);
+
+#endif
