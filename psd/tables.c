@@ -137,6 +137,14 @@ static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   int rc = m->spec ? spec_from_msg(ts, m->spec, &sp, err, sizeof err) : PS_EINVAL;
   if (!m->spec) snprintf(err, sizeof err, "TABLE_REGISTER without a spec");
   uint32_t id = 0;
+  if (rc == 0 && ts->cfg->ckpt_dir[0]) {
+    /* A checkpoint without the table's rows would resume with them lost:
+     * refuse rather than save half a model. */
+    snprintf(err, sizeof err, "table '%s': this server writes checkpoints (--checkpoint-dir) "
+             "and checkpoints do not hold sparse tables yet; run without "
+             "--checkpoint-dir to train with tables", sp.name);
+    rc = PS_EUNSUPPORTED;
+  }
   if (rc == 0) {
     psd_tentry *e = find_by_name(ts, sp.name, &id);
     char who[32], diff[400];

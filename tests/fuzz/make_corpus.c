@@ -228,6 +228,110 @@ static void session(buf *b, uint32_t worker, uint32_t replicas, int async) {
   pull(b, 5, 1, 2, 0);
 }
 
+/* ---- sparse tables (protocol 2.2) ---------------------------------------- */
+
+static void table_reg(buf *b, uint64_t req, const char *name, uint32_t dim, uint32_t opt) {
+  Ps__TableSpec sp = PS__TABLE_SPEC__INIT;
+  sp.name = (char *)name;
+  sp.dim = dim;
+  sp.capacity = 64;
+  sp.init_kind = 2; /* uniform */
+  sp.init_a = -0.1;
+  sp.init_b = 0.1;
+  sp.opt = opt;
+  sp.lr = 0.1;
+  sp.initial_accumulator = 0.1;
+  sp.beta1 = 0.9;
+  sp.beta2 = 0.999;
+  sp.epsilon = 1e-7;
+  sp.ftrl_beta = 1.0;
+  sp.admit_count = 2;
+  sp.evict_after_steps = 3;
+  Ps__TableRegister r = PS__TABLE_REGISTER__INIT;
+  r.request_id = req;
+  r.spec = &sp;
+  frame(b, PS__MSG_TABLE_REGISTER, &r.base, 0);
+}
+
+/* A TablePull of n keys (k0, k0+step, ...): data_len from the keys unless
+ * dlen != UINT64_MAX. */
+static void table_pull(buf *b, uint64_t req, uint64_t min_step, uint64_t k0, int64_t kstep,
+                       size_t n, int ro, uint64_t dlen) {
+  Ps__TablePull p = PS__TABLE_PULL__INIT;
+  p.request_id = req;
+  p.min_step = min_step;
+  p.count = n;
+  p.read_only = ro;
+  p.timeout_ms = 50;
+  buf meta = {0};
+  packed(&p.base, &meta);
+  uint8_t hdr[PS__HEADER_SIZE];
+  ps__header_encode(hdr, PS__MSG_TABLE_PULL, (uint32_t)meta.len,
+                    dlen != UINT64_MAX ? dlen : n * 8);
+  put(b, hdr, sizeof hdr);
+  put(b, meta.p, meta.len);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t k = k0 + (uint64_t)((int64_t)i * kstep);
+    put(b, &k, 8);
+  }
+  free(meta.p);
+}
+
+/* A TablePush of n keys k0.. (kstep apart) with dim-float gradients. */
+static void table_push(buf *b, uint64_t req, uint64_t step, uint64_t k0, int64_t kstep,
+                       size_t n, uint32_t dim) {
+  Ps__TablePush p = PS__TABLE_PUSH__INIT;
+  p.request_id = req;
+  p.step = step;
+  p.count = n;
+  buf meta = {0};
+  packed(&p.base, &meta);
+  uint8_t hdr[PS__HEADER_SIZE];
+  ps__header_encode(hdr, PS__MSG_TABLE_PUSH, (uint32_t)meta.len, n * (8 + 4 * (uint64_t)dim));
+  put(b, hdr, sizeof hdr);
+  put(b, meta.p, meta.len);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t k = k0 + (uint64_t)((int64_t)i * kstep);
+    put(b, &k, 8);
+  }
+  for (size_t i = 0; i < n * dim; i++) {
+    float f = 0.5f - 0.125f * (float)(i % 8);
+    put(b, &f, 4);
+  }
+  free(meta.p);
+}
+
+static void table_seeds(const char *T) {
+  buf b = {0};
+  hello(&b, 0, 0, 0);
+  table_reg(&b, 1, "emb", 4, 1);
+  table_pull(&b, 2, 0, 10, 3, 5, 0, UINT64_MAX);  /* sightings */
+  table_pull(&b, 3, 0, 10, 3, 5, 0, UINT64_MAX);  /* admitted */
+  table_push(&b, 4, 0, 10, 3, 5, 4);
+  table_pull(&b, 5, 1, 10, 3, 5, 1, UINT64_MAX);  /* parked for step 1 */
+  table_push(&b, 6, 0, 0, 1, 0, 4);               /* duplicate, empty */
+  save(T, "table_session", &b);
+  b.len = 0;
+  hello(&b, 0, 1, 0); /* replicas 1: each push completes a step */
+  for (uint32_t o = 0; o < 4; o++) table_reg(&b, 10 + o, o == 0 ? "s" : o == 1 ? "a" : o == 2 ? "m" : "f", 3, o);
+  for (uint64_t s = 0; s < 4; s++) {
+    table_pull(&b, 20 + s, s, 1, 1, 4, 0, UINT64_MAX);
+    table_push(&b, 30 + s, s, 1, 1, 4, 3);
+  }
+  save(T, "table_steps_opts", &b);
+  b.len = 0;
+  hello(&b, 0, 0, 0);
+  table_reg(&b, 1, "bad", 0, 0);                  /* dim 0 */
+  table_reg(&b, 2, "e", 4, 0);
+  table_reg(&b, 3, "e", 5, 0);                    /* mismatch */
+  table_pull(&b, 4, 0, 9, -1, 4, 0, UINT64_MAX);  /* descending keys */
+  table_pull(&b, 5, 0, 9, 0, 3, 0, UINT64_MAX);   /* duplicate keys */
+  table_push(&b, 6, 7, 1, 1, 2, 4);               /* a step not reached */
+  table_pull(&b, 7, 0, 1, 1, 2, 0, 12);           /* data length wrong */
+  save(T, "table_refusals", &b);
+  free(b.p);
+}
+
 /* ---- fuzz_frame: single frames -------------------------------------------- */
 
 static void frame_seeds(void) {
@@ -379,6 +483,7 @@ static void conn_seeds(void) {
   push(&b, 6, 0);       /* stale now */
   push(&b, 7, 5);       /* a step not reached */
   save(T, "session_backup", &b);
+  table_seeds(T);
 
   /* Protocol mistakes. */
   Ps__Error e = PS__ERROR__INIT;
