@@ -108,6 +108,46 @@ static void json_str(const char *s) {
   putchar('"');
 }
 
+/* Hit rate of a table's pulls, in percent (0 before any pull). */
+static double hit_pct(const Ps__TableStats *t) {
+  return t->keys_pulled ? 100.0 * (double)t->hits / (double)t->keys_pulled : 0.0;
+}
+
+static void print_tables_json(const Ps__StatsReply *r) {
+  printf(",\"tables\":[");
+  for (size_t i = 0; i < r->n_tables; i++) {
+    const Ps__TableStats *t = r->tables[i];
+    printf("%s{\"name\":", i ? "," : "");
+    json_str(t->name);
+    printf(",\"dim\":%u,\"step\":%llu,\"rows\":%llu,\"capacity\":%llu,\"keys_pulled\":%llu,"
+           "\"keys_pushed\":%llu,\"hits\":%llu,\"hit_rate\":%.4f,\"admissions\":%llu,"
+           "\"evictions_lru\":%llu,\"evictions_ttl\":%llu,\"dropped\":%llu,\"bytes\":%llu}",
+           t->dim, (unsigned long long)t->step, (unsigned long long)t->rows,
+           (unsigned long long)t->capacity, (unsigned long long)t->keys_pulled,
+           (unsigned long long)t->keys_pushed, (unsigned long long)t->hits, hit_pct(t) / 100.0,
+           (unsigned long long)t->admissions, (unsigned long long)t->evictions_lru,
+           (unsigned long long)t->evictions_ttl, (unsigned long long)t->dropped,
+           (unsigned long long)t->bytes);
+  }
+  printf("]");
+}
+
+static void print_tables_text(const Ps__StatsReply *r) {
+  if (!r->n_tables) return;
+  printf("%-16s %5s %8s %10s %10s %12s %12s %6s %10s %10s %10s %10s\n", "table", "dim",
+         "step", "rows", "capacity", "keys pulled", "keys pushed", "hit%", "admitted",
+         "evict lru", "evict ttl", "dropped");
+  for (size_t i = 0; i < r->n_tables; i++) {
+    const Ps__TableStats *t = r->tables[i];
+    printf("%-16s %5u %8llu %10llu %10llu %12llu %12llu %6.1f %10llu %10llu %10llu %10llu\n",
+           t->name ? t->name : "?", t->dim, (unsigned long long)t->step,
+           (unsigned long long)t->rows, (unsigned long long)t->capacity,
+           (unsigned long long)t->keys_pulled, (unsigned long long)t->keys_pushed, hit_pct(t),
+           (unsigned long long)t->admissions, (unsigned long long)t->evictions_lru,
+           (unsigned long long)t->evictions_ttl, (unsigned long long)t->dropped);
+  }
+}
+
 static void print_json(const char *addr, const Ps__StatsReply *r) {
   printf("{\"addr\":");
   json_str(addr);
@@ -132,7 +172,9 @@ static void print_json(const char *addr, const Ps__StatsReply *r) {
            (unsigned long long)w->bytes_in, (unsigned long long)w->bytes_out,
            w->arrive_mean_ms);
   }
-  printf("]}\n");
+  printf("]");
+  print_tables_json(r);
+  printf("}\n");
 }
 
 static void print_text(const char *addr, const Ps__StatsReply *r) {
@@ -145,6 +187,7 @@ static void print_text(const char *addr, const Ps__StatsReply *r) {
     printf("no worker has joined yet\n");
     return;
   }
+  print_tables_text(r);
   printf("%u workers, %s", r->num_workers, r->async_mode ? "async" : "sync");
   if (!r->async_mode) printf(" averaging %u per step", r->replicas_to_aggregate);
   printf("; %llu stale gradients dropped; %llu steps recorded, aggregation p50 %.3f ms\n",
