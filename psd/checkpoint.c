@@ -198,8 +198,10 @@ int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_met
   put64(h + 32, m->step);
   put64(h + 40, (uint64_t)time(NULL));
   put32(h + 48, m->nslices);
+  put32(h + 52, m->ntables);
   memcpy(h + HDR_RUN_AT, d->run_id, PSD_CKPT_RUN_BYTES);
   w->nslices = m->nslices;
+  w->ntables = m->ntables;
   w->step = m->step;
   if (wr(w, h, sizeof h, err, errlen) != 0) {
     psd_ckpt_abort(w);
@@ -250,6 +252,19 @@ int psd_ckpt_append(psd_ckpt_writer *w, const void *buf, size_t len, char *err,
   return wr(w, buf, len, err, errlen);
 }
 
+int psd_ckpt_add_table(psd_ckpt_writer *w, const void *rec, size_t len, char *err,
+                       size_t errlen) {
+  if (w->tables_written >= w->ntables || len < PSD_CKPT_TABLE_MIN_BYTES ||
+      memcmp(rec, PSD_CKPT_TABLE_MAGIC, 4) != 0) {
+    snprintf(err, errlen, "checkpoint %s: a table record past the %u promised, or not one",
+             w->tmp, w->ntables);
+    return -1;
+  }
+  if (wr(w, rec, len, err, errlen) != 0) return -1;
+  w->tables_written++;
+  return 0;
+}
+
 int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen) {
   if (psd_ckpt_add_header(w, r, err, errlen) != 0 ||
       wr(w, r->param, r->length * sizeof(float), err, errlen) != 0 ||
@@ -278,7 +293,7 @@ static int file_mac(psd_ckpt_writer *w, uint8_t mac[PS__MAC_BYTES], char *err, s
 static int write_trailer(psd_ckpt_writer *w, char *err, size_t errlen) {
   uint8_t t[END_SIZE];
   memcpy(t, END_MAGIC, 8);
-  put32(t + 8, w->nslices);
+  put32(t + 8, w->nslices + w->ntables);
   if (wr(w, t, 12, err, errlen) != 0) return -1;
   put32(t + 12, w->crc);
   if (wr(w, t + 12, 4, err, errlen) != 0 || file_mac(w, t + 16, err, errlen) != 0)
@@ -287,9 +302,9 @@ static int write_trailer(psd_ckpt_writer *w, char *err, size_t errlen) {
 }
 
 int psd_ckpt_commit(psd_ckpt_writer *w, char *err, size_t errlen) {
-  if (w->written != w->nslices) {
-    snprintf(err, errlen, "checkpoint %s: %u of %u slices written", w->tmp, w->written,
-             w->nslices);
+  if (w->written != w->nslices || w->tables_written != w->ntables) {
+    snprintf(err, errlen, "checkpoint %s: %u of %u slices and %u of %u tables written", w->tmp,
+             w->written, w->nslices, w->tables_written, w->ntables);
     psd_ckpt_abort(w);
     return -1;
   }
@@ -422,11 +437,11 @@ static int check_envelope(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err,
   if (memcmp(b, HDR_MAGIC, 8) != 0) return bad(img, err, errlen, "not a psd checkpoint");
   if (get32(b + 8) == 1)
     return bad(img, err, errlen, "format version 1, written by an older psd without a run id "
-               "and a MAC; this psd reads version %d only (start with --restore=none to move "
-               "it aside and start afresh)", PSD_CKPT_VERSION);
-  if (get32(b + 8) != PSD_CKPT_VERSION)
-    return bad(img, err, errlen, "format version %u, this psd reads version %d", get32(b + 8),
-               PSD_CKPT_VERSION);
+               "and a MAC; this psd reads versions 2 and %d only (start with --restore=none to "
+               "move it aside and start afresh)", PSD_CKPT_VERSION);
+  if (get32(b + 8) != 2 && get32(b + 8) != PSD_CKPT_VERSION)
+    return bad(img, err, errlen, "format version %u, this psd reads versions 2 and %d",
+               get32(b + 8), PSD_CKPT_VERSION);
   const uint8_t *t = b + img->len - END_SIZE;
   if (memcmp(t, END_MAGIC, 8) != 0)
     return bad(img, err, errlen, "no end marker (truncated or not finished)");
@@ -450,11 +465,85 @@ static int check_envelope(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err,
   return 0;
 }
 
+/* Slice record i at *o (its magic checked): fills img->recs[i] and moves
+ * *o past it. 0, or -1 (bad() was called). */
+static int parse_slice(psd_ckpt_image *img, size_t *at, size_t end, uint32_t i, char *err,
+                       size_t errlen) {
+  const uint8_t *b = img->buf;
+  psd_ckpt_rec *r = &img->recs[i];
+  size_t o = *at;
+  if (end - o < 8) return bad(img, err, errlen, "slice record %u is missing or malformed", i);
+  uint32_t nlen = get32(b + o + 4);
+  o += 8;
+  if (nlen == 0 || nlen > PS_MAX_NAME || end - o < nlen + 4)
+    return bad(img, err, errlen, "slice record %u has a bad name length %u", i, nlen);
+  /* Names are stored without a NUL: move each 4 bytes back, over its
+   * (already read) length field, to make room for one. */
+  memmove(img->buf + o - 4, b + o, nlen);
+  img->buf[o - 4 + nlen] = '\0';
+  r->name = (const char *)img->buf + o - 4;
+  o += nlen;
+  r->ndim = get32(b + o);
+  o += 4;
+  if (r->ndim < 1 || r->ndim > PS_MAX_DIMS || end - o < 8ull * r->ndim + 36)
+    return bad(img, err, errlen, "slice '%s' has %u dimensions", r->name, r->ndim);
+  uint64_t numel = 1;
+  for (uint32_t k = 0; k < r->ndim; k++, o += 8) {
+    r->shape[k] = get64(b + o);
+    if (r->shape[k] == 0 || ps__mul_u64(numel, r->shape[k], &numel))
+      return bad(img, err, errlen, "slice '%s' has a bad shape", r->name);
+  }
+  r->offset = get64(b + o);
+  r->length = get64(b + o + 8);
+  r->opt_kind = get32(b + o + 16);
+  r->state_per = get32(b + o + 20);
+  r->step = get64(b + o + 24);
+  o += 32;
+  if (r->length == 0 || r->offset > numel || r->length > numel - r->offset)
+    return bad(img, err, errlen, "slice '%s' [%" PRIu64 ", +%" PRIu64
+               ") lies outside its %" PRIu64 " elements", r->name, r->offset, r->length,
+               numel);
+  if (r->state_per > 2)
+    return bad(img, err, errlen, "slice '%s' has %u optimizer state floats per element",
+               r->name, r->state_per);
+  uint64_t need = r->length * (1 + r->state_per) * sizeof(float);
+  if (r->length > (uint64_t)1 << 40 || end - o < need)
+    return bad(img, err, errlen, "slice '%s' needs %" PRIu64 " bytes, %zu are left", r->name,
+               need, end - o);
+  r->param = b + o;
+  o += r->length * sizeof(float);
+  r->state = r->state_per ? b + o : NULL;
+  o += r->length * r->state_per * sizeof(float);
+  *at = o;
+  return 0;
+}
+
+/* The header's counts, checked against the trailer and the file size, and
+ * the record arrays sized by them. 0, or -1 (bad() was called). */
+static int parse_counts(psd_ckpt_image *img, char *err, size_t errlen) {
+  const uint8_t *b = img->buf, *t = b + img->len - END_SIZE;
+  psd_ckpt_meta *m = &img->meta;
+  m->nslices = get32(b + 48);
+  m->ntables = get32(b + 8) >= 3 ? get32(b + 52) : 0; /* version 2: no tables */
+  if (get32(t + 8) != (uint64_t)m->nslices + m->ntables)
+    return bad(img, err, errlen, "header says %u slices and %u tables, trailer %u records",
+               m->nslices, m->ntables, get32(t + 8));
+  /* Each record takes at least its fixed fields: bounds the counts. */
+  uint64_t room = img->len - HDR_SIZE - END_SIZE;
+  if ((uint64_t)m->nslices * 40 + (uint64_t)m->ntables * PSD_CKPT_TABLE_MIN_BYTES > room)
+    return bad(img, err, errlen, "%u slices and %u tables cannot fit in %zu bytes", m->nslices,
+               m->ntables, img->len);
+  img->recs = calloc(m->nslices ? m->nslices : 1, sizeof *img->recs);
+  img->tables = calloc(m->ntables ? m->ntables : 1, sizeof *img->tables);
+  if (!img->recs || !img->tables) return bad(img, err, errlen, "out of memory");
+  return 0;
+}
+
 int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err, size_t errlen) {
   const uint8_t *b = img->buf;
   img->recs = NULL;
+  img->tables = NULL;
   if (check_envelope(img, d, err, errlen) != 0) return -1;
-  const uint8_t *t = b + img->len - END_SIZE;
   psd_ckpt_meta *m = &img->meta;
   m->ps_index = get32(b + 12);
   m->num_ps = get32(b + 16);
@@ -462,70 +551,37 @@ int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err, size_t
   m->replicas = get32(b + 24);
   m->async_mode = get32(b + 28);
   m->step = get64(b + 32);
-  m->nslices = get32(b + 48);
-  if (get32(t + 8) != m->nslices)
-    return bad(img, err, errlen, "header says %u slices, trailer %u", m->nslices, get32(t + 8));
-  /* Each record takes at least its fixed fields: bounds the count. */
-  if (m->nslices > (img->len - HDR_SIZE - END_SIZE) / 40)
-    return bad(img, err, errlen, "%u slices cannot fit in %zu bytes", m->nslices, img->len);
-  img->recs = calloc(m->nslices ? m->nslices : 1, sizeof *img->recs);
-  if (!img->recs) return bad(img, err, errlen, "out of memory");
+  if (parse_counts(img, err, errlen) != 0) return -1;
+  /* Slices and tables in the order they were captured. */
   size_t o = HDR_SIZE, end = img->len - END_SIZE;
-  for (uint32_t i = 0; i < m->nslices; i++) {
-    psd_ckpt_rec *r = &img->recs[i];
-    if (end - o < 8 || memcmp(b + o, REC_MAGIC, 4) != 0)
-      return bad(img, err, errlen, "slice record %u is missing or malformed", i);
-    uint32_t nlen = get32(b + o + 4);
-    o += 8;
-    if (nlen == 0 || nlen > PS_MAX_NAME || end - o < nlen + 4)
-      return bad(img, err, errlen, "slice record %u has a bad name length %u", i, nlen);
-    /* Names are stored without a NUL: move each 4 bytes back, over its
-     * (already read) length field, to make room for one. */
-    memmove(img->buf + o - 4, b + o, nlen);
-    img->buf[o - 4 + nlen] = '\0';
-    r->name = (const char *)img->buf + o - 4;
-    o += nlen;
-    r->ndim = get32(b + o);
-    o += 4;
-    if (r->ndim < 1 || r->ndim > PS_MAX_DIMS || end - o < 8ull * r->ndim + 36)
-      return bad(img, err, errlen, "slice '%s' has %u dimensions", r->name, r->ndim);
-    uint64_t numel = 1;
-    for (uint32_t k = 0; k < r->ndim; k++, o += 8) {
-      r->shape[k] = get64(b + o);
-      if (r->shape[k] == 0 || ps__mul_u64(numel, r->shape[k], &numel))
-        return bad(img, err, errlen, "slice '%s' has a bad shape", r->name);
+  uint32_t ns = 0, nt = 0;
+  while (o < end) {
+    if (end - o >= 4 && memcmp(b + o, REC_MAGIC, 4) == 0 && ns < m->nslices) {
+      if (parse_slice(img, &o, end, ns++, err, errlen) != 0) return -1;
+    } else if (end - o >= 4 && memcmp(b + o, PSD_CKPT_TABLE_MAGIC, 4) == 0 && nt < m->ntables) {
+      char msg[400];
+      size_t used;
+      if (psd_ckpt_table_parse(b + o, end - o, &img->tables[nt++], &used, msg, sizeof msg))
+        return bad(img, err, errlen, "%s", msg);
+      o += used;
+    } else {
+      return bad(img, err, errlen, "record %u is not a slice or table the header promised",
+                 ns + nt);
     }
-    r->offset = get64(b + o);
-    r->length = get64(b + o + 8);
-    r->opt_kind = get32(b + o + 16);
-    r->state_per = get32(b + o + 20);
-    r->step = get64(b + o + 24);
-    o += 32;
-    if (r->length == 0 || r->offset > numel || r->length > numel - r->offset)
-      return bad(img, err, errlen, "slice '%s' [%" PRIu64 ", +%" PRIu64
-                 ") lies outside its %" PRIu64 " elements", r->name, r->offset, r->length,
-                 numel);
-    if (r->state_per > 2)
-      return bad(img, err, errlen, "slice '%s' has %u optimizer state floats per element",
-                 r->name, r->state_per);
-    uint64_t need = r->length * (1 + r->state_per) * sizeof(float);
-    if (r->length > (uint64_t)1 << 40 || end - o < need)
-      return bad(img, err, errlen, "slice '%s' needs %" PRIu64 " bytes, %zu are left", r->name,
-                 need, end - o);
-    r->param = b + o;
-    o += r->length * sizeof(float);
-    r->state = r->state_per ? b + o : NULL;
-    o += r->length * r->state_per * sizeof(float);
   }
-  if (o != end) return bad(img, err, errlen, "%zu stray bytes after the last slice", end - o);
+  if (ns != m->nslices || nt != m->ntables)
+    return bad(img, err, errlen, "%u of %u slice records and %u of %u table records are there",
+               ns, m->nslices, nt, m->ntables);
   return 0;
 }
 
 void psd_ckpt_image_free(psd_ckpt_image *img) {
   if (!img) return;
   free(img->recs);
+  free(img->tables);
   free(img->buf);
   img->recs = NULL;
+  img->tables = NULL;
   img->buf = NULL;
   img->len = 0;
 }

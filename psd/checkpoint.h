@@ -16,12 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ckpt_table.h"
 #include "ckptdir.h"
 #include "psclient.h"
 
-/* Format version written in every file; readers refuse other versions
- * (version 1 had no run id and no MAC: refused with a sentence saying so). */
-#define PSD_CKPT_VERSION 2
+/* Format version written in every file. Version 3 added table records
+ * (and their count in the header); readers also take version 2 (no
+ * tables) and refuse the others (version 1 had no run id and no MAC:
+ * refused with a sentence saying so). */
+#define PSD_CKPT_VERSION 3
 /* Trailer bytes: end magic (8), record count (4), CRC-32C (4), MAC (32). */
 #define PSD_CKPT_END_BYTES 48
 
@@ -33,7 +36,8 @@ typedef struct psd_ckpt_meta {
   uint32_t replicas;    /* gradients averaged per step */
   uint32_t async_mode;  /* 1: async training */
   uint64_t step;        /* global step of the checkpoint */
-  uint32_t nslices;     /* records in the file */
+  uint32_t nslices;     /* slice records in the file */
+  uint32_t ntables;     /* table records in the file (version 3) */
 } psd_ckpt_meta;
 
 /* One slice, as written or as read back. */
@@ -64,8 +68,10 @@ typedef struct psd_ckpt_writer {
   char tmp[PSD_CKPT_PATH_MAX + 104]; /* ... /ps-i-of-n.ckpt.tmp */
   uint32_t crc;                    /* CRC-32C of everything written so far */
   uint64_t bytes;                  /* bytes written so far */
-  uint32_t nslices;                /* records promised in the header */
-  uint32_t written;                /* records written */
+  uint32_t nslices;                /* slice records promised in the header */
+  uint32_t written;                /* slice records written */
+  uint32_t ntables;                /* table records promised */
+  uint32_t tables_written;         /* table records written */
   uint64_t step;                   /* the checkpoint's step */
 } psd_ckpt_writer;
 
@@ -74,6 +80,7 @@ typedef struct psd_ckpt_image {
   char path[PSD_CKPT_PATH_MAX + 96]; /* the file it came from */
   psd_ckpt_meta meta;                /* its header */
   psd_ckpt_rec *recs;                /* meta.nslices records */
+  psd_ckpt_table *tables;            /* meta.ntables table records */
   uint8_t *buf;                      /* the whole file; recs point into it */
   size_t len;                        /* bytes in buf */
 } psd_ckpt_image;
@@ -94,6 +101,10 @@ int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t er
 int psd_ckpt_add_header(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen);
 int psd_ckpt_append(psd_ckpt_writer *w, const void *buf, size_t len, char *err,
                     size_t errlen);
+/* Appends one table record, already encoded (psd_ckpt_table_encode: len
+ * bytes starting with its magic). 0 or -1 (err). */
+int psd_ckpt_add_table(psd_ckpt_writer *w, const void *rec, size_t len, char *err,
+                       size_t errlen);
 /* Writes the trailer (CRC, then the MAC over the whole file), fsyncs,
  * renames into place (renameat in the step directory) and fsyncs it.
  * Every promised record must have been added. 0 or -1 (err; the

@@ -29,6 +29,11 @@ struct psd_ckptq_file {
   int failed;             /* a step failed: the rest is skipped, commit reports err */
   char err[PSD_CKPTQ_ERR]; /* the first failure */
   psd_ckptq_result res;   /* the outcome, handed back with `end` */
+  uint64_t copy_bytes;    /* loop only: table records queued for it */
+  uint64_t copy_cap;      /* loop only: their buffers' sizes */
+  double copy_ms;         /* loop only: their encoding time */
+  psd_ckptq_rec *written_tables; /* writer: table records done, buffers to
+                                    hand back with the result */
   job begin, end;         /* JOB_BEGIN, and JOB_COMMIT or JOB_ABORT */
 };
 
@@ -44,6 +49,9 @@ struct psd_ckptq_rec {
   int held;                     /* a slice still points at it (under mu) */
   int done;                     /* the writer is finished with it (under mu) */
   int lost;                     /* a release could not copy: the file fails */
+  int table;                    /* own holds a whole table record (no slice) */
+  size_t cap;                   /* table: own's size (>= total) */
+  psd_ckptq_rec *next_spare;    /* table: in written_tables, then the pool */
   job j;                        /* its JOB_ADD */
 };
 
@@ -55,6 +63,8 @@ struct psd_ckptq {
   uint32_t ps_index, num_ps;    /* whose files, for pruning */
   int keep;                     /* complete checkpoints pruning keeps */
   uint8_t *bounce;              /* PSD_CKPTQ_CHUNK bytes: the writer's copy of a chunk */
+  psd_ckptq_rec *spares;        /* loop only: table buffers to reuse */
+  uint64_t spare_bytes;         /* loop only: their sizes */
 };
 
 static void run_job(psd_bg_job *bj);
@@ -120,6 +130,56 @@ static void copy_out(const psd_ckptq_rec *rec, size_t pos, uint8_t *dst, size_t 
   }
 }
 
+int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint8_t *buf, size_t cap, size_t len,
+                        double copy_ms) {
+  psd_ckptq_rec *rec = calloc(1, sizeof *rec);
+  if (!rec) {
+    free(buf);
+    return -1;
+  }
+  rec->own = buf;
+  rec->cap = cap;
+  rec->total = len;
+  rec->table = 1; /* no slice holds it: the writer hands it back with f */
+  f->copy_bytes += len;
+  f->copy_cap += cap;
+  f->copy_ms += copy_ms;
+  push_job(q, &rec->j, JOB_ADD, f, rec);
+  return 0;
+}
+
+uint8_t *psd_ckptq_spare(psd_ckptq *q, size_t len, size_t *cap) {
+  psd_ckptq_rec **best = NULL;
+  for (psd_ckptq_rec **pp = &q->spares; *pp; pp = &(*pp)->next_spare)
+    if ((*pp)->cap >= len && (!best || (*pp)->cap < (*best)->cap)) best = pp;
+  if (!best) return NULL;
+  psd_ckptq_rec *r = *best;
+  *best = r->next_spare;
+  q->spare_bytes -= r->cap;
+  uint8_t *b = r->own;
+  *cap = r->cap;
+  free(r);
+  return b;
+}
+
+uint64_t psd_ckptq_spare_bytes(const psd_ckptq *q) { return q->spare_bytes; }
+
+/* Frees the smallest spares until at most `keep` bytes are left. */
+static void trim_spares(psd_ckptq *q, uint64_t keep) {
+  while (q->spare_bytes > keep) {
+    psd_ckptq_rec **small = &q->spares;
+    for (psd_ckptq_rec **pp = &q->spares; *pp; pp = &(*pp)->next_spare)
+      if ((*pp)->cap < (*small)->cap) small = pp;
+    psd_ckptq_rec *r = *small;
+    *small = r->next_spare;
+    q->spare_bytes -= r->cap;
+    free(r->own);
+    free(r);
+  }
+}
+
+void psd_ckptq_drop_spares(psd_ckptq *q) { trim_spares(q, 0); }
+
 int psd_ckptq_release(psd_ckptq *q, psd_ckptq_rec *rec) {
   if (!rec) return 0;
   int rc = 0, free_it = 0;
@@ -160,6 +220,18 @@ int psd_ckptq_next(psd_ckptq *q, psd_ckptq_result *out) {
   if (!bj) return 0;
   psd_ckptq_file *f = ((job *)bj)->f;
   *out = f->res;
+  out->copy_bytes = f->copy_bytes;
+  out->copy_cap = f->copy_cap;
+  out->copy_ms = f->copy_ms;
+  /* Its table buffers become the spares; older ones beyond one file's
+   * worth go. */
+  for (psd_ckptq_rec *r = f->written_tables, *nx; r; r = nx) {
+    nx = r->next_spare;
+    r->next_spare = q->spares;
+    q->spares = r;
+    q->spare_bytes += r->cap;
+  }
+  trim_spares(q, f->copy_cap);
   free(f);
   q->busy--;
   return 1;
@@ -194,6 +266,13 @@ static void rec_done(psd_ckptq *q, psd_ckptq_rec *rec) {
  * what is still unread. */
 static void write_rec(psd_ckptq *q, psd_ckptq_file *f, psd_ckptq_rec *rec) {
   char err[PSD_CKPTQ_ERR];
+  if (rec->table) { /* owned by the queue: nothing else reads it */
+    if (!f->failed && psd_ckpt_add_table(&f->w, rec->own, rec->total, err, sizeof err) != 0)
+      fail(f, err);
+    rec->next_spare = f->written_tables; /* back to the loop with the result */
+    f->written_tables = rec;
+    return;
+  }
   if (!f->failed && psd_ckpt_add_header(&f->w, &rec->hdr, err, sizeof err) != 0)
     fail(f, err);
   while (!f->failed) {
@@ -290,6 +369,7 @@ void psd_ckptq_destroy(psd_ckptq *q) {
   while (psd_ckptq_next(q, &r)) {
   }
   psd_bg_destroy(q->bg);
+  psd_ckptq_drop_spares(q);
   pthread_mutex_destroy(&q->mu);
   free(q->bounce);
   free(q);

@@ -40,6 +40,9 @@ typedef struct psd_ckptq_result {
   uint64_t bytes;         /* file size (ok) */
   double flush_ms;        /* trailer, fsync and rename (ok) */
   int pruned;             /* older files removed after it (ok) */
+  uint64_t copy_bytes;    /* table records copied on the loop for it */
+  uint64_t copy_cap;      /* ... the buffers they took (now spare) */
+  double copy_ms;         /* ... and the loop's time to copy them */
   char path[PSD_CKPT_PATH_MAX + 96]; /* the file (ok) */
   char err[PSD_CKPTQ_ERR]; /* why it failed (!ok && !aborted) */
 } psd_ckptq_result;
@@ -67,6 +70,27 @@ psd_ckptq_file *psd_ckptq_begin(psd_ckptq *q, const psd_ckpt_meta *m);
  * slice's memory changes or goes. 0, or -1 (out of memory: the file will
  * fail). */
 int psd_ckptq_add(psd_ckptq *q, psd_ckptq_file *f, const psd_ckpt_rec *r, psd_ckptq_rec **hold);
+/* Table records are encoded on the loop (psd_ckpt_table_encode) into a
+ * buffer the queue then owns until the file is finished, so nothing on
+ * the loop waits for the disk. The buffers come back as spares when the
+ * file's result is taken, and the next copy reuses one: memory that is
+ * already mapped costs the loop no page faults (a fresh 150 MB buffer can
+ * cost more to fault in than to fill). The spares kept are at most one
+ * file's worth: those of the file finished last.
+ *
+ * A spare of at least len bytes (the smallest that fits), taken out of
+ * the pool, with *cap its size; NULL when none fits. */
+uint8_t *psd_ckptq_spare(psd_ckptq *q, size_t len, size_t *cap);
+/* Bytes of spare buffers held now (for --max-memory). */
+uint64_t psd_ckptq_spare_bytes(const psd_ckptq *q);
+/* Frees every spare. */
+void psd_ckptq_drop_spares(psd_ckptq *q);
+/* Queues a table record: rec (cap bytes, malloc'd) holds it in its first
+ * len bytes. The queue owns rec from now on. copy_ms (the loop's time to
+ * encode it), len and cap are reported with f's result. 0, or -1 (out of
+ * memory: rec is freed, the file will fail). */
+int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint8_t *rec, size_t cap, size_t len,
+                        double copy_ms);
 /* The slice behind a hold is about to change: copies what the writer has
  * not read yet and drops the hold. 0, or -1 (out of memory: the file will
  * fail, and the hold is dropped all the same). NULL is a no-op. */

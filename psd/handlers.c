@@ -315,11 +315,12 @@ static int check_memory(const psd_handlers *h, const char *name, uint64_t length
                         size_t errlen) {
   uint64_t need = length * sizeof(float) * (2 + psd_opt_state_per_elem(opt));
   uint64_t tables = ((uint64_t)h->shard->n + 1) * per_slice;
-  uint64_t sparse = psd_tables_reserved(h->tables);
+  uint64_t sparse = psd_tables_reserved(h->tables) + psd_persist_held_bytes(h->persist);
   if ((double)(h->shard->bytes_alloc + need + tables + sparse) <= h->cfg->max_memory) return 0;
   snprintf(err, errlen,
            "variable '%s': %llu more bytes would take this server past --max-memory "
-           "(%.0f bytes; slices hold %llu, per-slice tables %llu, sparse tables reserve %llu)",
+           "(%.0f bytes; slices hold %llu, per-slice tables %llu, sparse tables reserve %llu "
+           "with their checkpoint copies)",
            name, (unsigned long long)need, h->cfg->max_memory,
            (unsigned long long)h->shard->bytes_alloc, (unsigned long long)tables,
            (unsigned long long)sparse);
@@ -677,6 +678,7 @@ static void item_done(void *ctx, psd_conn *c) {
   psd_handlers *h = ctx;
   if (c->blob_len) { /* a TABLE_* frame's keys (and gradients) */
     psd_tables_data(h->tables, c);
+    psd_handlers_act(h, psd_tables_take_actions(h->tables));
     return;
   }
   const Ps__Item *it = c->items[c->item];
@@ -749,7 +751,11 @@ static int on_message(void *ctx, psd_conn *c, const uint8_t *meta) {
   psd_handlers *h = ctx;
   unsigned t = c->hdr.type;
   if (c->worker >= 0) psd_job_active(h->job, (uint32_t)c->worker, ps__now());
-  if (psd_tables_is_table_msg(t)) return psd_tables_message(h->tables, c, meta);
+  if (psd_tables_is_table_msg(t)) {
+    int rc = psd_tables_message(h->tables, c, meta);
+    psd_handlers_act(h, psd_tables_take_actions(h->tables));
+    return rc;
+  }
   switch (t) {
   case PS__MSG_HELLO:
     return handle_hello(h, c, meta);

@@ -3,8 +3,10 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "ckpt_table.h"
 #include "job.h"
 #include "log.h"
 #include "optimizer.h"
@@ -12,11 +14,38 @@
 
 static int enabled(const psd_persist *p) { return p->cfg->ckpt_dir[0] != '\0'; }
 
+/* Table i served pulls at its step since reaching it (sync mode): its
+ * rows are no longer exactly that step's, so the step it can be
+ * checkpointed at exactly is the next one. */
+static int table_read(const psd_persist *p, uint32_t i) {
+  return !p->shard->async_mode && p->tabs[i].read_at == psd_table_step(p->tabs[i].t) + 1;
+}
+
+/* The step table i can be checkpointed at exactly from now on. */
+static uint64_t table_ckpt_step(const psd_persist *p, uint32_t i) {
+  return psd_table_step(p->tabs[i].t) + (uint64_t)table_read(p, i);
+}
+
+/* The most advanced slice's step, or table's (its checkpoint step: a table
+ * that served pulls at step s counts as s + 1, so the chief, which
+ * prepares again at max_step + 1, lands on a step it can hold exactly). */
 static uint64_t max_step(const psd_persist *p) {
   uint64_t m = 0;
   for (uint32_t i = 0; i < p->shard->n; i++)
     if (p->shard->slices[i]->step > m) m = p->shard->slices[i]->step;
+  for (uint32_t i = 0; i < p->ntabs; i++)
+    if (table_ckpt_step(p, i) > m) m = table_ckpt_step(p, i);
   return m;
+}
+
+/* Bytes the tables reserve against --max-memory (as tables.c does). */
+static uint64_t tables_reserved(const psd_persist *p) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < p->ntabs; i++) {
+    uint64_t b = psd_table_bytes(psd_table_spec_of(p->tabs[i].t));
+    n = b > UINT64_MAX - n ? UINT64_MAX : n + b;
+  }
+  return n;
 }
 
 /* ---- writing -------------------------------------------------------------- */
@@ -69,6 +98,68 @@ static void capture(psd_persist *p, psd_slice *sl) {
   p->cur_written++;
 }
 
+/* A buffer of at least len bytes for a table's copy: a spare the writer
+ * handed back (no page faults), else a new one with some room to grow, if
+ * --max-memory allows it. NULL with a logged error otherwise. */
+static uint8_t *copy_buffer(psd_persist *p, const char *name, size_t len, size_t *cap) {
+  uint8_t *buf = psd_ckptq_spare(p->q, len, cap);
+  if (buf) return buf;
+  *cap = len + len / 8 < len ? len : len + len / 8; /* rows may grow by the next one */
+  uint64_t have = p->shard->bytes_alloc + tables_reserved(p) + psd_persist_held_bytes(p);
+  if ((double)have + (double)*cap > p->cfg->max_memory) {
+    psd_ckptq_drop_spares(p->q); /* too small anyway: make room */
+    *cap = len;
+    have = p->shard->bytes_alloc + tables_reserved(p) + psd_persist_held_bytes(p);
+  }
+  if ((double)have + (double)*cap > p->cfg->max_memory) {
+    /* The copy is real memory: past --max-memory it could get psd killed
+     * (a cgroup's OOM killer) with every step since the last checkpoint. */
+    psd_error("table '%s' needs a %zu-byte copy for checkpoint step %" PRIu64 ", which would "
+              "take this server past --max-memory (%.0f bytes; %" PRIu64 " held, reserved or "
+              "copied for earlier checkpoints): raise --max-memory or lower the capacity",
+              name, len, p->cur_step, p->cfg->max_memory, have);
+    return NULL;
+  }
+  buf = malloc(*cap);
+  if (!buf)
+    psd_error("out of memory copying table '%s' (%zu bytes) for checkpoint step %" PRIu64,
+              name, len, p->cur_step);
+  return buf;
+}
+
+/* Copies table id into the current file now: the writer gets the copy
+ * (and hands the buffer back once written), so later pulls and pushes
+ * never wait for the disk. */
+static void capture_table(psd_persist *p, uint32_t id) {
+  psd_persist_tab *tb = &p->tabs[id];
+  if (!p->cur || tb->ck_gen == p->gen || id >= p->cur_ntables) return;
+  const char *name = psd_table_spec_of(tb->t)->name;
+  double t0 = ps__now();
+  size_t len = psd_ckpt_table_size(tb->t), cap = 0;
+  uint8_t *buf = len ? copy_buffer(p, name, len, &cap) : NULL;
+  if (!buf) {
+    abort_ckpt(p, "no memory for a table's copy");
+    return;
+  }
+  psd_ckpt_table_encode(tb->t, buf, len);
+  double ms = (ps__now() - t0) * 1e3;
+  if (psd_ckptq_add_table(p->q, p->cur, buf, cap, len, ms) != 0) {
+    psd_error("out of memory queueing table '%s' for checkpoint step %" PRIu64, name,
+              p->cur_step);
+    abort_ckpt(p, "out of memory");
+    return;
+  }
+  p->copy_bytes += cap;
+  tb->ck_gen = p->gen;
+  p->cur_written++;
+  psd_debug("table '%s' copied for checkpoint step %" PRIu64 ": %" PRIu64 " rows, %zu bytes in "
+            "%.1f ms", name, p->cur_step, psd_table_get_stats(tb->t).rows, len, ms);
+}
+
+uint64_t psd_persist_held_bytes(const psd_persist *p) {
+  return p->copy_bytes + (p->q ? psd_ckptq_spare_bytes(p->q) : 0);
+}
+
 static void do_stop(psd_persist *p, uint64_t step) {
   if (p->stopped) return;
   p->stopped = 1;
@@ -91,7 +182,7 @@ static unsigned take_actions(psd_persist *p) {
  * agreed): the trailer, fsync and rename happen off the loop, and
  * psd_persist_poll learns the outcome. */
 static void maybe_finish(psd_persist *p) {
-  if (!p->cur || p->cur_written != p->cur_nslices) return;
+  if (!p->cur || p->cur_written != p->cur_nslices + p->cur_ntables) return;
   if (p->negotiated && !p->committed) return;
   psd_ckptq_commit(p->q, p->cur);
   p->cur = NULL;
@@ -101,14 +192,20 @@ static void maybe_finish(psd_persist *p) {
 
 /* The writer finished a file. */
 static void finished(psd_persist *p, const psd_ckptq_result *r) {
+  /* The file's table copies are spares now (psd_ckptq_spare_bytes). */
+  p->copy_bytes -= r->copy_cap <= p->copy_bytes ? r->copy_cap : p->copy_bytes;
   if (r->aborted) return;
   if (p->writing) p->writing--;
   if (!r->ok) {
     psd_error("checkpoint at step %" PRIu64 " failed: %s", r->step, r->err);
     return;
   }
-  psd_info("checkpoint at step %" PRIu64 " written to %s (%.1f MB, %.0f ms to flush)", r->step,
-           r->path, r->bytes / 1e6, r->flush_ms);
+  char tabs[96] = "";
+  if (r->copy_bytes)
+    snprintf(tabs, sizeof tabs, "; tables copied on the loop: %.1f MB in %.1f ms",
+             r->copy_bytes / 1e6, r->copy_ms);
+  psd_info("checkpoint at step %" PRIu64 " written to %s (%.1f MB, %.0f ms to flush%s)", r->step,
+           r->path, r->bytes / 1e6, r->flush_ms, tabs);
   if (!p->have_last || r->step >= p->last_step) p->last_step = r->step;
   p->have_last = 1;
   p->last_at = ps__now();
@@ -124,19 +221,45 @@ unsigned psd_persist_poll(psd_persist *p) {
 
 int psd_persist_fd(const psd_persist *p) { return p->q ? psd_ckptq_fd(p->q) : -1; }
 
-/* Starts a checkpoint at step and captures every slice already there.
- * 0, or -1 with err (a slice is already past step). */
-static int begin(psd_persist *p, uint64_t step, int negotiated, char *err, size_t errlen) {
+/* Whether every slice and table can still be captured at step (sync mode;
+ * the final checkpoint takes the tables as they are). 0, or -1 with err. */
+static int can_begin(const psd_persist *p, uint64_t step, int final, char *err,
+                     size_t errlen) {
+  const psd_shard *sh = p->shard;
+  if (sh->async_mode) return 0;
+  for (uint32_t i = 0; i < sh->n; i++)
+    if (sh->slices[i]->step > step) {
+      snprintf(err, errlen, "slice '%s' is already at step %" PRIu64, sh->slices[i]->name,
+               sh->slices[i]->step);
+      return -1;
+    }
+  for (uint32_t i = 0; i < p->ntabs; i++) {
+    const char *name = psd_table_spec_of(p->tabs[i].t)->name;
+    uint64_t at = psd_table_step(p->tabs[i].t);
+    if (at > step) {
+      snprintf(err, errlen, "table '%s' is already at step %" PRIu64, name, at);
+      return -1;
+    }
+    if (!final && at == step && table_read(p, i)) {
+      snprintf(err, errlen, "table '%s' has served pulls at step %" PRIu64 " since it reached "
+               "it, so its rows are no longer that step's (step %" PRIu64 " is the first it "
+               "can hold exactly)", name, at, at + 1);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* Starts a checkpoint at step and captures every slice and table already
+ * there (final: the checkpoint at the end, which takes the tables as they
+ * are). 0, or -1 with err (a slice or table is already past step). */
+static int begin(psd_persist *p, uint64_t step, int negotiated, int final, char *err,
+                 size_t errlen) {
   psd_shard *sh = p->shard;
-  if (!sh->async_mode)
-    for (uint32_t i = 0; i < sh->n; i++)
-      if (sh->slices[i]->step > step) {
-        snprintf(err, errlen, "slice '%s' is already at step %" PRIu64, sh->slices[i]->name,
-                 sh->slices[i]->step);
-        return -1;
-      }
+  if (can_begin(p, step, final, err, errlen) != 0) return -1;
   psd_ckpt_meta m = {(uint32_t)p->cfg->ps_index, (uint32_t)p->cfg->num_ps,
-                     p->shard->num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n};
+                     p->shard->num_workers, sh->replicas, (uint32_t)sh->async_mode, step, sh->n,
+                     p->ntabs};
   psd_ckptq_file *f = psd_ckptq_begin(p->q, &m);
   if (!f) {
     snprintf(err, errlen, "out of memory starting checkpoint step %" PRIu64, step);
@@ -145,13 +268,48 @@ static int begin(psd_persist *p, uint64_t step, int negotiated, char *err, size_
   p->cur = f;
   p->cur_step = step;
   p->cur_nslices = sh->n;
+  p->cur_ntables = p->ntabs;
   p->cur_written = 0;
   p->gen++;
   p->negotiated = negotiated;
   p->committed = 0;
   for (uint32_t i = 0; i < sh->n; i++)
     if (sh->async_mode || sh->slices[i]->step == step) capture(p, sh->slices[i]);
+  for (uint32_t i = 0; i < p->ntabs && p->cur; i++)
+    if (sh->async_mode || psd_table_step(p->tabs[i].t) == step) capture_table(p, i);
   return 0;
+}
+
+/* A slice or table reached step: starts the --checkpoint-every checkpoint
+ * of that step if one is due. In async mode only the pacer starts one (the
+ * first slice, or the first table when this ps holds no slice). */
+static void every_due(psd_persist *p, uint64_t step, int pacer) {
+  if (p->stopped) return; /* the job is over: no more checkpoints */
+  int every = p->cfg->ckpt_every;
+  if (!every || step == 0 || step % (uint64_t)every != 0) return;
+  if (p->shard->async_mode && !pacer) return;
+  if (p->have_last && p->last_step >= step) return;
+  if (p->writing && p->writing_step >= step) return;
+  if (p->cur) {
+    if (p->cur_step > step) return;
+    if (p->negotiated && p->committed) return; /* the chief's goes first */
+    abort_ckpt(p, "a newer one is due and some slices or tables never reached its step");
+  }
+  if (p->writing >= PSD_PERSIST_MAX_WRITING) {
+    /* Each file on its way may keep a copy of the slices that changed
+     * before their turn (and holds its tables' copies): a bound on files
+     * bounds that memory. The step stays incomplete here, so it is never
+     * restored. */
+    psd_warn("checkpoint at step %" PRIu64 " skipped: %u earlier ones are still being written "
+             "(the disk is slower than --checkpoint-every)", step, p->writing);
+    return;
+  }
+  char err[1200];
+  if (begin(p, step, 0, 0, err, sizeof err) != 0) {
+    psd_warn("cannot checkpoint step %" PRIu64 ": %s", step, err);
+    return;
+  }
+  maybe_finish(p);
 }
 
 static void slice_advanced(psd_persist *p, psd_slice *sl) {
@@ -161,36 +319,39 @@ static void slice_advanced(psd_persist *p, psd_slice *sl) {
     maybe_finish(p);
     return;
   }
-  if (p->stopped) return; /* the job is over: no more checkpoints */
-  int every = p->cfg->ckpt_every;
-  if (!every || sl->step == 0 || sl->step % (uint64_t)every != 0) return;
-  if (p->shard->async_mode && sl->id != 0) return; /* slice 0 paces async ones */
-  if (p->have_last && p->last_step >= sl->step) return;
-  if (p->writing && p->writing_step >= sl->step) return;
-  if (p->cur) {
-    if (p->cur_step > sl->step) return;
-    if (p->negotiated && p->committed) return; /* the chief's goes first */
-    abort_ckpt(p, "a newer one is due and some slices never reached its step");
-  }
-  if (p->writing >= PSD_PERSIST_MAX_WRITING) {
-    /* Each file on its way may keep a copy of the slices that changed
-     * before their turn: a bound on files bounds that memory. The step
-     * stays incomplete here, so it is never restored. */
-    psd_warn("checkpoint at step %" PRIu64 " skipped: %u earlier ones are still being written "
-             "(the disk is slower than --checkpoint-every)", sl->step, p->writing);
-    return;
-  }
-  char err[1200];
-  if (begin(p, sl->step, 0, err, sizeof err) != 0) {
-    psd_warn("cannot checkpoint step %" PRIu64 ": %s", sl->step, err);
-    return;
-  }
-  maybe_finish(p);
+  every_due(p, sl->step, sl->id == 0);
 }
 
 unsigned psd_persist_slice_advanced(psd_persist *p, psd_slice *sl) {
   slice_advanced(p, sl);
   return take_actions(p);
+}
+
+unsigned psd_persist_table_advanced(psd_persist *p, uint32_t id) {
+  if (!enabled(p) || id >= p->ntabs) return take_actions(p);
+  uint64_t step = psd_table_step(p->tabs[id].t);
+  if (p->cur && step == p->cur_step) {
+    capture_table(p, id);
+    maybe_finish(p);
+  } else {
+    every_due(p, step, p->shard->n == 0 && id == 0);
+  }
+  return take_actions(p);
+}
+
+void psd_persist_table_read(psd_persist *p, uint32_t id) {
+  if (id < p->ntabs) p->tabs[id].read_at = psd_table_step(p->tabs[id].t) + 1;
+}
+
+int psd_persist_table_added(psd_persist *p, psd_table *t) {
+  if (p->ntabs == p->tabs_cap) {
+    size_t cap = p->tabs_cap;
+    if (ps__grow((void **)&p->tabs, &cap, (size_t)p->ntabs + 1, sizeof *p->tabs) != 0)
+      return PS_ENOMEM;
+    p->tabs_cap = (uint32_t)cap;
+  }
+  p->tabs[p->ntabs++] = (psd_persist_tab){t, 0, 0};
+  return 0;
 }
 
 static void request(psd_persist *p, uint64_t step, int stop, int commit,
@@ -214,7 +375,7 @@ static void request(psd_persist *p, uint64_t step, int stop, int commit,
       p->negotiated = 1;
       p->committed = 0;
     } else if (!have_step(p, step)) {
-      if (begin(p, step, 1, msg, msglen) != 0) return;
+      if (begin(p, step, 1, 0, msg, msglen) != 0) return;
     }
     p->stop_after = stop;
     p->stop_ready = 0;
@@ -298,16 +459,27 @@ int psd_persist_stop_status(const psd_persist *p, const char *why) {
   return PSD_EXIT_NO_CHECKPOINT;
 }
 
-unsigned psd_persist_final(psd_persist *p) {
-  psd_shard *sh = p->shard;
-  if (!enabled(p) || sh->n == 0 || p->stopped) return 0;
-  uint64_t s = sh->slices[0]->step;
+/* The step every slice and table is at (sync; async: the first slice's,
+ * or the first table's): 0 and *s, or -1 when there is none (nothing
+ * here, an uninitialized slice, or steps that differ). */
+static int common_step(const psd_persist *p, uint64_t *s) {
+  const psd_shard *sh = p->shard;
+  if (sh->n == 0 && p->ntabs == 0) return -1;
+  *s = sh->n ? sh->slices[0]->step : psd_table_step(p->tabs[0].t);
   for (uint32_t i = 0; i < sh->n; i++)
-    if (!sh->slices[i]->initialized || (!sh->async_mode && sh->slices[i]->step != s)) return 0;
+    if (!sh->slices[i]->initialized || (!sh->async_mode && sh->slices[i]->step != *s)) return -1;
+  for (uint32_t i = 0; i < p->ntabs && !sh->async_mode; i++)
+    if (psd_table_step(p->tabs[i].t) != *s) return -1;
+  return 0;
+}
+
+unsigned psd_persist_final(psd_persist *p) {
+  uint64_t s;
+  if (!enabled(p) || p->stopped || common_step(p, &s) != 0) return 0;
   if (have_step(p, s)) return 0;
   abort_ckpt(p, "training ended first");
   char err[1200];
-  if (begin(p, s, 0, err, sizeof err) != 0) {
+  if (begin(p, s, 0, 1, err, sizeof err) != 0) {
     psd_warn("cannot write the final checkpoint: %s", err);
     return 0;
   }
@@ -371,10 +543,10 @@ int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard) {
   p->restoring = 1;
   p->last_step = p->restore.meta.step;
   p->have_last = 1;
-  psd_info("restoring step %" PRIu64 " from %s (%u slices, written by a job of %u workers; "
-           "run %s, MAC verified)",
+  psd_info("restoring step %" PRIu64 " from %s (%u slices, %u tables, written by a job of %u "
+           "workers; run %s, MAC verified)",
            p->restore.meta.step, p->restore.path, p->restore.meta.nslices,
-           p->restore.meta.num_workers, p->dir.run_hex);
+           p->restore.meta.ntables, p->restore.meta.num_workers, p->dir.run_hex);
   return 0;
 }
 
@@ -394,6 +566,20 @@ void psd_persist_free(psd_persist *p) {
   }
   psd_ckpt_image_free(&p->restore);
   psd_ckpt_dir_close(&p->dir);
+  free(p->tabs);
+  p->tabs = NULL;
+  p->ntabs = p->tabs_cap = 0;
+}
+
+/* One more record of the restored checkpoint went to a slice or table. */
+static void claimed_one(psd_persist *p) {
+  psd_ckpt_image *img = &p->restore;
+  if (++p->claimed < img->meta.nslices + img->meta.ntables) return;
+  /* Everything has its values: the file's copy is not needed any more. */
+  psd_info("all %u slices and %u tables of %s restored", img->meta.nslices, img->meta.ntables,
+           img->path);
+  psd_ckpt_image_free(img);
+  p->restoring = 0;
 }
 
 int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t errlen) {
@@ -436,11 +622,41 @@ int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t e
   sl->step = r->step;
   sl->initialized = 1;
   r->claimed = 1;
-  if (++p->claimed == img->meta.nslices) {
-    /* Every slice has its values: the file's copy is not needed any more. */
-    psd_info("all %u slices of %s restored", p->claimed, img->path);
-    psd_ckpt_image_free(img);
-    p->restoring = 0;
+  claimed_one(p);
+  return 0;
+}
+
+int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, char *err,
+                              size_t errlen) {
+  if (!p->restoring) return 0;
+  psd_ckpt_image *img = &p->restore;
+  const psd_table_spec *sp = psd_table_spec_of(t);
+  psd_ckpt_table *r = NULL;
+  for (uint32_t i = 0; !r && i < img->meta.ntables; i++)
+    if (!img->tables[i].claimed && strcmp(img->tables[i].spec.name, sp->name) == 0)
+      r = &img->tables[i];
+  if (!r) {
+    snprintf(err, errlen, "table '%s' is not in checkpoint %s: it was written for a different "
+             "model (start with --restore=none to move it aside and start afresh)", sp->name,
+             img->path);
+    return PS_EMISMATCH;
   }
+  char diff[400];
+  if (psd_table_diff(&r->spec, "the checkpoint", sp, who, diff, sizeof diff)) {
+    snprintf(err, errlen, "table '%s' differs from the one in checkpoint %s: %s (resume with "
+             "the same table configuration, or start afresh with --restore=none)", sp->name,
+             img->path, diff);
+    return PS_EMISMATCH;
+  }
+  char e[600];
+  int rc = psd_ckpt_table_restore(r, t, e, sizeof e);
+  if (rc) {
+    snprintf(err, errlen, "checkpoint %s: %s", img->path, e);
+    return rc;
+  }
+  r->claimed = 1;
+  psd_info("table '%s' restored from %s: %" PRIu64 " rows at step %" PRIu64, sp->name,
+           img->path, r->nrows, r->step);
+  claimed_one(p);
   return 0;
 }

@@ -7,7 +7,10 @@
  * there) and queues it for the checkpoint writer thread (ckptq.h), which
  * reads it in place: no copy of the model is kept unless a slice changes
  * before its turn, a slice never waits, and no disk write, fsync or rename
- * runs on the event loop. T is agreed either locally
+ * runs on the event loop. A sparse table is captured at the same moments,
+ * but copied at once (ckpt_table.h): its rows change on pulls too, so the
+ * writer could not read them later; the copy goes to the writer, which
+ * frees it once written. T is agreed either locally
  * (--checkpoint-every N: every multiple of N, the same on every ps) or by the
  * chief worker in two phases (prepare/commit, see proto/ps.proto
  * Checkpoint), which is how timed checkpoints and stops pick a step no ps
@@ -24,10 +27,21 @@
 #include "ckptq.h"
 #include "config.h"
 #include "shard.h"
+#include "table.h"
 
 /* --checkpoint-every files that may be on their way to the disk at once;
  * one more is skipped with a warning (see psd_persist_slice_advanced). */
 #define PSD_PERSIST_MAX_WRITING 4
+
+/* A sparse table as persistence sees it (tables.c owns the table; ids are
+ * tables.c's table ids, in creation order, never removed). */
+typedef struct psd_persist_tab {
+  psd_table *t;             /* the table */
+  uint64_t ck_gen;          /* == psd_persist.gen: in the current file */
+  uint64_t read_at;         /* 1 + the table's step when it last served a
+                               pull of keys (0: never): its rows are then
+                               no longer exactly that step's */
+} psd_persist_tab;
 
 /* What the caller must do after a call (flags, 0: nothing). Persistence
  * never reaches into connections or the loop itself. */
@@ -46,7 +60,12 @@ typedef struct psd_persist {
   psd_ckptq_file *cur;      /* the file slices are being captured into, or NULL */
   uint64_t cur_step;        /* its step */
   uint32_t cur_nslices;     /* slices it promises */
-  uint32_t cur_written;     /* slices captured into it so far */
+  uint32_t cur_ntables;     /* tables it promises */
+  uint32_t cur_written;     /* slices and tables captured into it so far */
+  psd_persist_tab *tabs;    /* the tables, by id */
+  uint32_t ntabs, tabs_cap; /* how many, allocated */
+  uint64_t copy_bytes;      /* table copies' buffers held by files not yet
+                               finished (then spares: psd_ckptq_spare) */
   uint32_t writing;         /* files handed to the writer, not yet on disk */
   uint64_t writing_step;    /* the newest of those's step */
   uint64_t gen;             /* attempt counter: a slice with ck_gen == gen
@@ -66,7 +85,7 @@ typedef struct psd_persist {
   uint64_t stop_step;       /* its step */
   psd_ckpt_image restore;   /* the checkpoint restored at start */
   int restoring;            /* restore holds one */
-  uint32_t claimed;         /* restore's records given to slices so far */
+  uint32_t claimed;         /* restore's records given to slices and tables */
 } psd_persist;
 
 /* At start: opens, verifies and locks the checkpoint directory (moving an
@@ -80,6 +99,30 @@ void psd_persist_free(psd_persist *p);
  * checkpoint. 0, or a PS_E* code with err (the variable is not in the
  * checkpoint, or differs from it). */
 int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t errlen);
+
+/* A table was just created by a TableRegister (t: psd_table_spec_of(t) is
+ * the spec the worker `who` sent, "worker 3"): fills it from the restored
+ * checkpoint (rows, admission state, step, counters). 0 (also when nothing
+ * is restored), or a PS_E* code with err: the table is not in the
+ * checkpoint or its spec differs (PS_EMISMATCH naming the field), or the
+ * record cannot be restored; the caller then destroys the table. */
+int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, char *err,
+                              size_t errlen);
+/* The table with the next id exists now (after restoring): checkpoints
+ * include it from the next one on. 0 or PS_ENOMEM. */
+int psd_persist_table_added(psd_persist *p, psd_table *t);
+/* Table id is about to answer a pull of keys (its rows may change: new
+ * rows, LRU order, admission counts). */
+void psd_persist_table_read(psd_persist *p, uint32_t id);
+/* Table id reached a new step (its push completed it): captures it if a
+ * checkpoint wants that step (before any pull changes it again), and
+ * starts a --checkpoint-every one. Returns PSD_PERSIST_* actions. */
+unsigned psd_persist_table_advanced(psd_persist *p, uint32_t id);
+
+/* Memory checkpoints hold beyond the model: the buffers of table copies on
+ * their way to the disk, and the spares kept for the next copy. Counted
+ * against --max-memory with the slices and the tables' reservations. */
+uint64_t psd_persist_held_bytes(const psd_persist *p);
 
 /* A slice reached a new step: captures it if a checkpoint wants that step,
  * and starts a --checkpoint-every one. Returns PSD_PERSIST_* actions. */

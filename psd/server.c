@@ -178,7 +178,8 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
   psd_server *srv = arg;
   int graceful = sig == SIGTERM || sig == SIGUSR1;
   if (graceful && srv->cfg->ckpt_dir[0] && !srv->persist.stop_wanted && srv->job.pinned &&
-      srv->shard.n > 0 && srv->job.workers[0].connected && !srv->exiting) {
+      (srv->shard.n > 0 || srv->tables.n > 0) && srv->job.workers[0].connected &&
+      !srv->exiting) {
     /* Preemption or walltime: checkpoint at a step every ps agrees on,
      * let the workers finish, exit with PSD_EXIT_STOPPED. Only the chief
      * can arrange that: without it (a launcher tearing a failed job down)
@@ -355,7 +356,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   }
   psd_pace_init(&srv->pace, cfg->pace_ahead, cfg->pace_loopback, cfg->recv_buf,
                 psd_conn_pace_progress);
-  psd_tables_init(&srv->tables, cfg, &srv->job, &srv->shard);
+  psd_tables_init(&srv->tables, cfg, &srv->job, &srv->shard, &srv->persist);
   srv->h = (psd_handlers){.cfg = cfg, .shard = &srv->shard, .tables = &srv->tables,
                           .job = &srv->job,
                           .persist = &srv->persist, .waiters = &srv->waiters,

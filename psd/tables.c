@@ -21,11 +21,18 @@
   }
 
 void psd_tables_init(psd_tables *ts, const psd_config *cfg, psd_job *job,
-                     const psd_shard *shard) {
+                     const psd_shard *shard, psd_persist *persist) {
   memset(ts, 0, sizeof *ts);
   ts->cfg = cfg;
   ts->job = job;
   ts->shard = shard;
+  ts->persist = persist;
+}
+
+unsigned psd_tables_take_actions(psd_tables *ts) {
+  unsigned a = ts->actions;
+  ts->actions = 0;
+  return a;
 }
 
 static void tpull_free(psd_tables *ts, psd_tpull *p) {
@@ -103,12 +110,14 @@ static int create_table(psd_tables *ts, const psd_table_spec *sp, uint32_t *id, 
              "takes", sp->name, PS__MAX_TABLES);
     return PS_ETOOBIG;
   }
-  uint64_t need = psd_table_bytes(sp), have = ts->shard->bytes_alloc + ts->reserved;
+  uint64_t need = psd_table_bytes(sp);
+  uint64_t have = ts->shard->bytes_alloc + ts->reserved + psd_persist_held_bytes(ts->persist);
   if (need == UINT64_MAX || (double)have + (double)need > ts->cfg->max_memory) {
     snprintf(err, errlen,
              "table '%s': %llu rows of %u floats on this ps need %llu bytes at capacity, "
              "which would take this server past --max-memory (%.0f bytes; %llu already "
-             "held or reserved): lower the capacity or raise --max-memory",
+             "held or reserved, checkpoint copies included): lower the capacity or raise "
+             "--max-memory",
              sp->name, (unsigned long long)sp->capacity, sp->dim, (unsigned long long)need,
              ts->cfg->max_memory, (unsigned long long)have);
     return PS_ENOMEM;
@@ -130,6 +139,24 @@ static int create_table(psd_tables *ts, const psd_table_spec *sp, uint32_t *id, 
   return 0;
 }
 
+/* The table just created as id gets its rows from the checkpoint being
+ * restored, if any, and joins the checkpoints; on failure it is gone
+ * again (err says why). */
+static int adopt(psd_tables *ts, uint32_t id, const char *who, char *err, size_t errlen) {
+  psd_tentry *e = &ts->v[id];
+  int rc = psd_persist_restore_table(ts->persist, e->t, who, err, errlen);
+  if (rc == 0 && psd_persist_table_added(ts->persist, e->t) != 0) {
+    snprintf(err, errlen, "out of memory registering table '%s'",
+             psd_table_spec_of(e->t)->name);
+    rc = PS_ENOMEM;
+  }
+  if (rc == 0) return 0;
+  psd_table_destroy(e->t);
+  ts->reserved -= e->reserved;
+  ts->n--; /* id was the last one */
+  return rc;
+}
+
 static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   TUNPACK(Ps__TableRegister, ps__table_register__unpack);
   char err[512] = "";
@@ -137,14 +164,6 @@ static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   int rc = m->spec ? spec_from_msg(ts, m->spec, &sp, err, sizeof err) : PS_EINVAL;
   if (!m->spec) snprintf(err, sizeof err, "TABLE_REGISTER without a spec");
   uint32_t id = 0;
-  if (rc == 0 && ts->cfg->ckpt_dir[0]) {
-    /* A checkpoint without the table's rows would resume with them lost:
-     * refuse rather than save half a model. */
-    snprintf(err, sizeof err, "table '%s': this server writes checkpoints (--checkpoint-dir) "
-             "and checkpoints do not hold sparse tables yet; run without "
-             "--checkpoint-dir to train with tables", sp.name);
-    rc = PS_EUNSUPPORTED;
-  }
   if (rc == 0) {
     psd_tentry *e = find_by_name(ts, sp.name, &id);
     char who[32], diff[400];
@@ -156,6 +175,7 @@ static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
       rc = PS_EMISMATCH;
     } else if (!e) {
       rc = create_table(ts, &sp, &id, err, sizeof err);
+      if (rc == 0) rc = adopt(ts, id, who, err, sizeof err);
     }
   }
   if (rc) {
@@ -192,8 +212,9 @@ static int check_keys(const psd_tables *ts, const uint64_t *keys, size_t n, char
 /* ---- pulls ------------------------------------------------------------- */
 
 /* Queues the TablePullReply of keys[0..n) read now. */
-static void answer_pull(psd_tentry *e, uint32_t id, psd_conn *c, uint64_t req,
+static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
                         const uint64_t *keys, size_t n, int read_only) {
+  psd_tentry *e = &ts->v[id];
   const psd_table_spec *sp = psd_table_spec_of(e->t);
   uint64_t bytes = (uint64_t)n * sp->dim * sizeof(float);
   if (bytes > PS__MAX_DATA) {
@@ -214,6 +235,9 @@ static void answer_pull(psd_tentry *e, uint32_t id, psd_conn *c, uint64_t req,
                    (unsigned long long)bytes, sp->name);
     return;
   }
+  /* Even a read-only pull touches rows (LRU order): a checkpoint of this
+   * step can no longer hold its exact state. */
+  if (n) psd_persist_table_read(ts->persist, id);
   /* PS_ENOMEM here leaves initializer values in the rows it could not
    * store: the reply is still right for this step. */
   psd_table_pull(e->t, keys, n, !read_only, dst);
@@ -264,7 +288,7 @@ static void do_pull(psd_tables *ts, psd_conn *c, const Ps__TablePull *m, const u
     park_pull(ts, e, c, m, keys);
     return;
   }
-  answer_pull(e, m->table_id, c, m->request_id, keys, (size_t)m->count, m->read_only);
+  answer_pull(ts, m->table_id, c, m->request_id, keys, (size_t)m->count, m->read_only);
 }
 
 static int handle_pull(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
@@ -313,7 +337,7 @@ static void wake(psd_tables *ts, uint32_t id) {
   for (psd_tpull *p = ready, *nx; p; p = nx) {
     nx = p->next;
     if (!p->conn->dead) {
-      answer_pull(e, id, p->conn, p->req, p->keys, p->n, p->read_only);
+      answer_pull(ts, id, p->conn, p->req, p->keys, p->n, p->read_only);
       psd_conn_write(p->conn);
     }
     tpull_free(ts, p);
@@ -371,7 +395,11 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
   if (rc == PS_EINVAL) psd_warn("%s: %s", c->name, err);
   push_reply(c, m->request_id, rc > 0 ? 0 : rc, rc < 0 ? err : "", dropped,
              psd_table_step(e->t));
-  if (rc == 1) wake(ts, m->table_id);
+  if (rc != 1) return;
+  /* A checkpoint may want this step: captured before any pull of the
+   * next step changes a row. */
+  ts->actions |= psd_persist_table_advanced(ts->persist, m->table_id);
+  wake(ts, m->table_id);
 }
 
 static int handle_push(psd_tables *ts, psd_conn *c, const uint8_t *meta) {

@@ -4,7 +4,10 @@
  * reservation, pulls (answered at once or parked until the table's step),
  * pushes (into table.c's SyncReplicas rule), parked pulls' deadlines, and
  * per-table counters for psctl. handlers.c hands TABLE_* frames here;
- * this file never calls back into handlers.c.
+ * this file never calls back into handlers.c. Checkpoints (persist.c):
+ * a table registered while a checkpoint is being restored gets its rows
+ * from it before the reply; a table reaching a new step is offered for
+ * capture before any parked pull is answered.
  */
 #ifndef PSD_TABLES_H
 #define PSD_TABLES_H
@@ -15,6 +18,7 @@
 #include "config.h"
 #include "conn.h"
 #include "job.h"
+#include "persist.h"
 #include "ps.pb-c.h"
 #include "shard.h"
 #include "table.h"
@@ -46,10 +50,13 @@ typedef struct psd_tables {
   const psd_config *cfg;   /* options (--max-memory, --pull-timeout, ps index) */
   psd_job *job;            /* workers, replicas and mode once pinned */
   const psd_shard *shard;  /* the variables' bytes, for --max-memory */
+  psd_persist *persist;    /* checkpoints: restore at registration, capture
+                              when a table reaches a checkpoint's step */
+  unsigned actions;        /* PSD_PERSIST_* gathered since the last take */
 } psd_tables;
 
 void psd_tables_init(psd_tables *ts, const psd_config *cfg, psd_job *job,
-                     const psd_shard *shard);
+                     const psd_shard *shard, psd_persist *persist);
 void psd_tables_free(psd_tables *ts);
 
 /* 1 if type is a TABLE_* request this file handles. */
@@ -64,6 +71,9 @@ void psd_tables_data(psd_tables *ts, psd_conn *c);
 void psd_tables_closed(psd_tables *ts, psd_conn *c);
 /* Fails the parked pulls whose deadline passed. */
 void psd_tables_expire(psd_tables *ts, double now);
+/* What persistence asked for during the last calls (PSD_PERSIST_* flags,
+ * for psd_handlers_act); clears them. */
+unsigned psd_tables_take_actions(psd_tables *ts);
 /* Bytes reserved by the tables (for the variables' --max-memory check). */
 static inline uint64_t psd_tables_reserved(const psd_tables *ts) { return ts->reserved; }
 /* StatsReply.tables: fills *out (n_out entries, malloc'd array of

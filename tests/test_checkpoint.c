@@ -55,7 +55,7 @@ static void write_one(const char *dir, uint32_t ps, uint32_t nps, uint64_t step,
   for (int i = 0; i < 6; i++) p1[i] = (float)step + 0.25f * (float)i + 100.0f * (float)ps;
   for (int i = 0; i < 4; i++) p2[i] = -(float)step - (float)i;
   for (int i = 0; i < 8; i++) s2[i] = 0.5f * (float)i;
-  psd_ckpt_meta m = {ps, nps, 2, 2, 0, step, 2};
+  psd_ckpt_meta m = {ps, nps, 2, 2, 0, step, 2, 0};
   psd_ckpt_writer w;
   char err[1200];
   ck_assert_msg(psd_ckpt_begin(&w, D(dir), &m, err, sizeof err) == 0, "%s", err);
@@ -325,7 +325,7 @@ END_TEST
 
 START_TEST(writer_counts_records) {
   const char *d = fresh_dir("cnt");
-  psd_ckpt_meta m = {0, 1, 1, 1, 0, 3, 1};
+  psd_ckpt_meta m = {0, 1, 1, 1, 0, 3, 1, 0};
   psd_ckpt_writer w;
   char err[1200];
   float x = 1;
@@ -370,7 +370,7 @@ START_TEST(planted_symlink_is_never_followed) {
   ck_assert_int_eq(mkdir(step, 0700), 0);
   snprintf(tmp, sizeof tmp, "%s/ps-0-of-1.ckpt.tmp", step);
   ck_assert_int_eq(symlink(victim, tmp), 0);
-  psd_ckpt_meta m = {0, 1, 1, 1, 0, 7, 0};
+  psd_ckpt_meta m = {0, 1, 1, 1, 0, 7, 0, 0};
   psd_ckpt_writer w;
   /* Our own leftover link is removed, never written through. */
   ck_assert_msg(psd_ckpt_begin(&w, D(d), &m, err, sizeof err) == 0, "%s", err);
@@ -417,7 +417,7 @@ START_TEST(others_symlink_is_refused) {
   ck_assert_int_eq(symlink(victim, tmp), 0);
   uid_t uid;
   gid_t gid;
-  psd_ckpt_meta m = {0, 1, 1, 1, 0, 7, 0};
+  psd_ckpt_meta m = {0, 1, 1, 1, 0, 7, 0, 0};
   psd_ckpt_writer w;
   ck_assert(nobody(&uid, &gid));
   {

@@ -38,6 +38,7 @@ Suite *suite_churn(void);
 Suite *suite_auth(void);
 Suite *suite_checkpoint(void);
 Suite *suite_checkpoint_users(void);
+Suite *suite_table_ckpt(void);
 Suite *suite_persist(void);
 Suite *suite_persist_users(void);
 Suite *suite_soak(void);

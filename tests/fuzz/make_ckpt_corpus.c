@@ -54,7 +54,7 @@ int main(int argc, char **argv) {
   memset(d.key, 0x5a, sizeof d.key);
   memset(d.run_id, 0x11, sizeof d.run_id);
   float p1[6] = {1, 2, 3, 4, 5, 6}, p2[4] = {-1, -2, -3, -4}, s2[8] = {0};
-  psd_ckpt_meta m = {0, 1, 2, 2, 0, 7, 2};
+  psd_ckpt_meta m = {0, 1, 2, 2, 0, 7, 2, 0};
   psd_ckpt_rec a = {.name = "conv1/w", .ndim = 2, .shape = {2, 3}, .length = 6,
                     .opt_kind = PS_OPT_SGD, .step = 7, .param = p1};
   psd_ckpt_rec b = {.name = "fc/b", .ndim = 1, .shape = {10}, .offset = 6, .length = 4,
