@@ -5,13 +5,14 @@
  *
  * The input is the whole file, checked against a fixed directory key and
  * run id (fuzz_dir below). Inputs that begin with "FIX" get the rest
- * wrapped into a valid format-2 header and trailer (magic, version, the
- * run id, the record count from the fourth byte, a correct CRC-32C and
- * HMAC-SHA-256 under the fixed key) so the fuzzer reaches the record
- * parser instead of stopping at the checksum or the MAC. Checked beyond
- * "no crash": a parse either fails with a message naming the file, or
- * yields records whose every byte lies inside the buffer and whose lengths
- * agree with the file size.
+ * wrapped into a valid header and trailer of the current format (magic,
+ * version, the run id, the record counts from the fourth byte: slices in
+ * its low 4 bits, tables in its high 4, a correct CRC-32C and HMAC-SHA-256
+ * under the fixed key) so the fuzzer reaches the record parsers (slices
+ * and tables) instead of stopping at the checksum or the MAC. Checked
+ * beyond "no crash": a parse either fails with a message naming the file,
+ * or yields records whose every byte lies inside the buffer and whose
+ * lengths agree with the file size.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -61,12 +62,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memcpy(img.buf, "PSDCKPT", 8);
     put32(img.buf + 8, PSD_CKPT_VERSION);
     put32(img.buf + 16, 1);
-    put32(img.buf + 48, data[3]);
+    put32(img.buf + 48, data[3] & 15u);
+    put32(img.buf + 52, data[3] >> 4);
     memcpy(img.buf + 56, dir.run_id, PSD_CKPT_RUN_BYTES);
     memcpy(img.buf + 80, data + 4, body);
     uint8_t *t = img.buf + 80 + body;
     memcpy(t, "PSDCKEND", 8);
-    put32(t + 8, data[3]);
+    put32(t + 8, (data[3] & 15u) + (data[3] >> 4));
     put32(t + 12, psd_crc32c(0, img.buf, img.len - 36));
     ps__mac_part part = {img.buf, img.len - 32};
     if (ps__hmac(dir.key, sizeof dir.key, &part, 1, t + 16) != 0) abort();
@@ -98,6 +100,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       CHECK(s >= lo && s + r->length * r->state_per * 4 <= hi, "record %u's state", i);
     }
     floats += r->length * (1 + r->state_per);
+  }
+  for (uint32_t i = 0; i < img.meta.ntables; i++) {
+    const psd_ckpt_table *t = &img.tables[i];
+    uint64_t row = 16 + 4 * ((uint64_t)t->spec.dim + t->state_floats);
+    CHECK(t->spec.dim >= 1 && t->nrows <= t->spec.capacity, "table %u", i);
+    CHECK(t->aux >= lo && t->aux_len <= (uint64_t)(hi - t->aux), "table %u's aux", i);
+    CHECK(t->rows >= lo && t->nrows * row <= (uint64_t)(hi - t->rows), "table %u's rows", i);
+    CHECK(strlen(t->spec.name) >= 1 && strlen(t->spec.name) <= PS_MAX_NAME, "table %u", i);
+    floats += t->nrows * row / 4;
   }
   CHECK(floats * 4 <= img.len, "more floats than bytes");
   psd_ckpt_image_free(&img);

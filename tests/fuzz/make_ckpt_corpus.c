@@ -2,11 +2,14 @@
  * make_ckpt_corpus - writes the seed corpus of fuzz_ckpt with psd's own
  * checkpoint writer (psd/checkpoint.c), so the seeds follow the format:
  *
- *   make_ckpt_corpus DIR   ->  DIR/fuzz_ckpt/valid_two_slices, truncated
+ *   make_ckpt_corpus DIR   ->  DIR/fuzz_ckpt/valid_two_slices, truncated,
+ *                              valid_slice_and_table, fix_one_table
  *
  * The files are signed with fuzz_ckpt's fixed key (bytes 0x5a) and run id
  * (bytes 0x11). The FIX* seeds are record bodies only and need no
- * rewriting when the header or trailer changes. Rerun after a format change.
+ * rewriting when the header or trailer changes (fix_one_table: "FIX", the
+ * count byte 0x10 for one table, then a table record of a small trained
+ * Adagrad table with an admission sketch). Rerun after a format change.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -16,6 +19,8 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "ckpt_table.h"
+#include "table.h"
 
 static int copy_out(const char *from, const char *to, size_t max) {
   FILE *i = fopen(from, "rb"), *o = fopen(to, "wb");
@@ -31,6 +36,52 @@ static int copy_out(const char *from, const char *to, size_t max) {
     total += n;
   }
   fclose(i);
+  return fclose(o) != 0;
+}
+
+/* A small trained table: rows, Adagrad state, a sketch (admit_count 2). */
+static psd_table *small_table(void) {
+  psd_table_spec s;
+  memset(&s, 0, sizeof s);
+  snprintf(s.name, sizeof s.name, "emb");
+  s.dim = 2;
+  s.capacity = 4;
+  s.init_kind = PS_INIT_UNIFORM;
+  s.init_a = -1;
+  s.init_b = 1;
+  s.opt = PS_TOPT_ADAGRAD;
+  s.lr = 0.1;
+  s.initial_accumulator = 0.1;
+  s.epsilon = 1e-7;
+  s.admit_count = 2;
+  char err[400];
+  psd_table *t = NULL;
+  if (psd_table_create(&s, 1, 1, 0, &t, err, sizeof err) != 0) {
+    fprintf(stderr, "%s\n", err);
+    exit(1);
+  }
+  uint64_t keys[3] = {1, 5, 9};
+  float rows[6], g[6] = {0.5f, -0.5f, 1, 1, -2, 0.25f};
+  for (uint64_t step = 0; step < 3; step++) {
+    psd_table_pull(t, keys, 3, 1, rows);
+    psd_table_push(t, 0, step, keys, 3, g, NULL);
+  }
+  return t;
+}
+
+/* psd's own record of the table t, as fuzz_ckpt's FIX input. */
+static int write_fix_table(const char *path, const psd_table *t) {
+  size_t len = psd_ckpt_table_size(t);
+  uint8_t *b = malloc(len);
+  FILE *o = fopen(path, "wb");
+  if (!b || !o) {
+    perror(path);
+    return 1;
+  }
+  psd_ckpt_table_encode(t, b, len);
+  fwrite("FIX\x10", 1, 4, o);
+  fwrite(b, 1, len, o);
+  free(b);
   return fclose(o) != 0;
 }
 
@@ -72,6 +123,26 @@ int main(int argc, char **argv) {
   int rc = copy_out(src, dst, (size_t)-1);
   snprintf(dst, sizeof dst, "%s/truncated", out);
   rc |= copy_out(src, dst, 100);
+  /* A slice and a table in one file (step 8), and the table alone. */
+  psd_table *t = small_table();
+  size_t tlen = psd_ckpt_table_size(t);
+  uint8_t *tb = malloc(tlen);
+  psd_ckpt_meta m2 = {0, 1, 2, 2, 0, 8, 1, 1};
+  a.step = 8;
+  psd_ckpt_table_encode(t, tb, tlen);
+  if (!tb || psd_ckpt_begin(&w, &d, &m2, err, sizeof err) ||
+      psd_ckpt_add(&w, &a, err, sizeof err) || psd_ckpt_add_table(&w, tb, tlen, err, sizeof err) ||
+      psd_ckpt_commit(&w, err, sizeof err)) {
+    fprintf(stderr, "%s\n", err);
+    return 1;
+  }
+  free(tb);
+  snprintf(src, sizeof src, "%s/step-000000000008/ps-0-of-1.ckpt", work);
+  snprintf(dst, sizeof dst, "%s/valid_slice_and_table", out);
+  rc |= copy_out(src, dst, (size_t)-1);
+  snprintf(dst, sizeof dst, "%s/fix_one_table", out);
+  rc |= write_fix_table(dst, t);
+  psd_table_destroy(t);
   psd_ckpt_dir_close(&d);
   char cmd[200];
   snprintf(cmd, sizeof cmd, "rm -rf %s", work);
