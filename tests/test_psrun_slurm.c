@@ -4,7 +4,9 @@
  * rendezvous under attack by another uid (nobody): forged check-ins,
  * silent connections, a planted rendezvous directory, a stolen port, a
  * rank claimed twice; backup workers and restarts in a step; psd outliving
- * the workers. The real Slurm cluster: tests/slurm_test.sh. */
+ * the workers; and psctl taking job and step from Slurm's environment,
+ * against psd processes that require MUNGE (a private munged). The real
+ * Slurm cluster: tests/slurm_test.sh. */
 #define _GNU_SOURCE
 #include <check.h>
 #include <arpa/inet.h>
@@ -366,6 +368,134 @@ START_TEST(test_slurm_psd_wait_names_workers) {
 }
 END_TEST
 
+/* ---- psctl under Slurm ------------------------------------------------------------- */
+
+static const char *g_sock; /* the private munged's socket */
+
+/* A psd as psrun starts one in a MUNGE step of job 4242 step 3 (the job's
+ * secret too when secret is not NULL). */
+static void munge_psd(tu_psd *ps, const char *secret) {
+  char why[4096];
+  g_sock = tu_munged_start(why, sizeof why);
+  ck_assert_msg(g_sock, "%s", why);
+  const char *args[] = {"--munge", "--munge-socket", g_sock, "--job-id", "4242", "--step-id",
+                        "3", NULL};
+  tu_psd_secret = secret;
+  ck_assert_int_eq(tu_psd_start(ps, args), 0);
+  tu_psd_secret = NULL;
+}
+
+/* psctl stats ADDR ARGS... (NULL-terminated) in an environment with
+ * nothing of Slurm's or psrun's but the assignments (NULL-terminated); its
+ * output in *text, its exit status returned. */
+static int psctl_env(const tu_psd *ps, const char *const *assign, const char *const *args,
+                     char **text) {
+  char *argv[40] = {"/usr/bin/env"};
+  int n = 1;
+  const char *unset[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "PSD_SECRET", "PS_SECRET", "PS_MUNGE",
+                         "PS_JOB_ID", "PS_STEP_ID", "PS_MUNGE_SOCKET"};
+  for (size_t i = 0; i < sizeof unset / sizeof unset[0]; i++) {
+    argv[n++] = "-u";
+    argv[n++] = (char *)unset[i];
+  }
+  for (int i = 0; assign[i] && n < 26; i++) argv[n++] = (char *)assign[i];
+  argv[n++] = (char *)tu_bin("psctl");
+  argv[n++] = "stats";
+  argv[n++] = (char *)ps->addr;
+  for (int i = 0; args[i] && n < 38; i++) argv[n++] = (char *)args[i];
+  argv[n] = NULL;
+  char out[1200];
+  int st;
+  ck_assert(tu_wait_pid(tu_spawn(argv, NULL, out, sizeof out), 20, &st) == 0);
+  *text = tu_read_file(out);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+#define JOB "SLURM_JOB_ID=4242"
+#define STEP "SLURM_STEP_ID=3"
+#define SECRET "s3cret-of-job-4242-0123456789abcdef"
+
+/* Bug: psctl used Slurm's job and step only with --munge or --job. With
+ * no secret under Slurm it presents MUNGE for the step in the environment
+ * (a psd started by hand with --munge and no secret); where the step is
+ * not in the environment (a batch script) it says --job is needed. */
+START_TEST(test_psctl_munge_from_slurm_env) {
+  tu_psd ps;
+  munge_psd(&ps, NULL);
+  char *text;
+  const char *sock[] = {"--munge-socket", g_sock, NULL};
+  const char *job_step[] = {JOB, STEP, NULL};
+  int rc = psctl_env(&ps, job_step, sock, &text);
+  ck_assert_msg(rc == 0 && strstr(text, "ps 0 of 1"), "rc %d: %s", rc, text);
+  free(text);
+  const char *none[] = {NULL};
+  rc = psctl_env(&ps, none, sock, &text);
+  ck_assert_msg(rc == 1 && strstr(text, "requires a MUNGE credential") &&
+                    strstr(text, "psctl presented no secret (none in --secret-file, $PSD_SECRET "
+                                 "or $PS_SECRET) and no MUNGE credential ($SLURM_JOB_ID is not "
+                                 "set)"),
+                "rc %d: %s", rc, text);
+  free(text);
+  const char *job_only[] = {JOB, NULL};
+  rc = psctl_env(&ps, job_only, sock, &text);
+  ck_assert_msg(rc == 2 && strstr(text, "$SLURM_STEP_ID is not set") &&
+                    strstr(text, "pass --job JOB.STEP"),
+                "rc %d: %s", rc, text);
+  free(text);
+  const char *with_job[] = {"--munge-socket", g_sock, "--job", "4242.3", NULL};
+  rc = psctl_env(&ps, job_only, with_job, &text);
+  ck_assert_msg(rc == 0 && strstr(text, "ps 0 of 1"), "rc %d: %s", rc, text);
+  free(text);
+  tu_psd_kill(&ps);
+}
+END_TEST
+
+/* psrun's psd under Slurm wants the job's secret and MUNGE: a psrun
+ * worker's environment (PS_SECRET, PS_MUNGE=1, PS_JOB_ID, PS_STEP_ID,
+ * PS_MUNGE_SOCKET) is enough; a credential that falls short is refused
+ * with what psctl presented. */
+START_TEST(test_psctl_secret_and_munge_from_env) {
+  tu_psd ps;
+  munge_psd(&ps, SECRET);
+  char sockvar[700], *text;
+  snprintf(sockvar, sizeof sockvar, "PS_MUNGE_SOCKET=%s", g_sock);
+  const char *worker[] = {"PS_SECRET=" SECRET, "PS_MUNGE=1", "PS_JOB_ID=4242", "PS_STEP_ID=3",
+                          sockvar, NULL};
+  const char *none[] = {NULL};
+  int rc = psctl_env(&ps, worker, none, &text);
+  ck_assert_msg(rc == 0 && strstr(text, "ps 0 of 1"), "rc %d: %s", rc, text);
+  free(text);
+  const char *sock[] = {"--munge-socket", g_sock, NULL};
+  const char *job_step[] = {JOB, STEP, NULL};
+  rc = psctl_env(&ps, job_step, sock, &text);
+  ck_assert_msg(rc == 1 && strstr(text, "authentication failed") &&
+                    strstr(text, "psctl presented no secret (none in --secret-file, $PSD_SECRET "
+                                 "or $PS_SECRET) and a MUNGE credential for job 4242 step 3 "
+                                 "(from $SLURM_JOB_ID and $SLURM_STEP_ID)"),
+                "rc %d: %s", rc, text);
+  free(text);
+  const char *secret_only[] = {JOB, STEP, "PS_SECRET=" SECRET, NULL};
+  rc = psctl_env(&ps, secret_only, sock, &text);
+  ck_assert_msg(rc == 1 && strstr(text, "requires a MUNGE credential") &&
+                    strstr(text, "psctl presented the secret from $PS_SECRET and no MUNGE "
+                                 "credential (with a secret, psctl takes --munge or --job "
+                                 "JOB.STEP to present one)"),
+                "rc %d: %s", rc, text);
+  free(text);
+  const char *other_step[] = {"PS_SECRET=" SECRET, "PS_MUNGE=1", "PS_JOB_ID=4242",
+                              "PS_STEP_ID=4", sockvar, NULL};
+  rc = psctl_env(&ps, other_step, none, &text);
+  ck_assert_msg(rc == 1 && strstr(text, "psctl presented the secret from $PS_SECRET and a "
+                                        "MUNGE credential for job 4242 step 4 (from $PS_JOB_ID "
+                                        "and $PS_STEP_ID)"),
+                "rc %d: %s", rc, text);
+  free(text);
+  tu_psd_kill(&ps);
+}
+END_TEST
+
+static void psctl_teardown(void) { tu_munged_stop(); }
+
 Suite *suite_psrun_slurm(void) {
   Suite *s = suite_create("psrun_slurm");
   TCase *tc = tcase_create("psrun_slurm");
@@ -379,6 +509,17 @@ Suite *suite_psrun_slurm(void) {
   tcase_add_test(tc, test_slurm_backup_worker_lost);
   tcase_add_test(tc, test_slurm_restart_worker);
   tcase_add_test(tc, test_slurm_psd_wait_names_workers);
+  suite_add_tcase(s, tc);
+  if (system("command -v munged >/dev/null 2>&1") != 0) {
+    printf("SKIP: psrun_slurm: the psctl MUNGE cases (munged is not installed: apt-get install "
+           "munge)\n");
+    return s;
+  }
+  tc = tcase_create("psctl");
+  tcase_set_timeout(tc, 60);
+  tcase_add_checked_fixture(tc, NULL, psctl_teardown);
+  tcase_add_test(tc, test_psctl_munge_from_slurm_env);
+  tcase_add_test(tc, test_psctl_secret_and_munge_from_env);
   suite_add_tcase(s, tc);
   return s;
 }
