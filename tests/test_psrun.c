@@ -219,6 +219,29 @@ START_TEST(test_local_restart_worker) {
 }
 END_TEST
 
+/* --grace G: when the job stops, a task that ignores SIGTERM is killed G s
+ * after it, not sooner. Worker 0 exits 3 at once; the others ignore
+ * SIGTERM: psrun exits 3 after G s, whatever G is. */
+START_TEST(test_local_grace) {
+  const char *script = "[ \"$PS_WORKER_INDEX\" = 0 ] && exit 3; trap '' TERM; exec sleep 60";
+  const char *g[] = {"1", "8"};
+  double took[2];
+  for (int i = 0; i < 2; i++) {
+    const char *opts[] = {"--grace", g[i], NULL};
+    int st;
+    double t0 = ps__now();
+    char *log = run_workers(opts, script, &st);
+    took[i] = ps__now() - t0;
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 3 &&
+                      strstr(log, "w0 exited with status 3; stopping all tasks"),
+                  "status %d\n%s", st, log);
+    free(log);
+  }
+  ck_assert_msg(took[0] >= 1 && took[0] < 6 && took[1] >= 8, "--grace 1: %.1f s, --grace 8: %.1f s",
+                took[0], took[1]);
+}
+END_TEST
+
 /* Bug: psrun ended with "ps0 exited with status 68; stopping all tasks",
  * no word of what 68 means. Worker 1 stops (SIGSTOP) mid-run: connected,
  * silent; the others finish (one backup), psd exits 68. */
@@ -497,6 +520,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_local_backup_worker_lost);
   tcase_add_test(tc, test_local_replicas_env_tolerates_loss);
   tcase_add_test(tc, test_local_restart_worker);
+  tcase_add_test(tc, test_local_grace);
   tcase_add_test(tc, test_local_status_68_explained);
   tcase_add_test(tc, test_local_psd_wait_names_workers);
   tcase_add_test(tc, test_print_plan_uneven_block);

@@ -119,6 +119,50 @@ static char *slurm_step_of(const char *opt, const char *k, const char *script, i
   return both;
 }
 
+/* psrun as task 0 of a 2-task fake step of job 5353 whose task 1 never
+ * comes, with OPT VAL; returns its log, its status in *st. */
+static char *task0_alone(const char *opt, const char *val, int *st) {
+  char dir[1100], out[1200], port[16];
+  snprintf(dir, sizeof dir, "%s/rdv-alone", tu_tmpdir());
+  mkdir(dir, 0700);
+  snprintf(port, sizeof port, "%d", free_port());
+  fake_env f;
+  fake_slurm(&f, 0, 5353, 2);
+  char *argv[] = {(char *)tu_bin("psrun"), "--ps", "1", "--rendezvous-port", port,
+                  "--rendezvous-auth", "key", "--rendezvous", dir, "--connect-timeout", "1",
+                  (char *)opt, (char *)val, "--", "true", NULL};
+  pid_t pid = tu_spawn(argv, f.env, out, sizeof out);
+  ck_assert_msg(tu_wait_pid(pid, 30, st) == 0, "psrun %s %s hung", opt, val);
+  return tu_read_file(out);
+}
+
+/* --iface and --addr choose this task's address, or stop the task with a
+ * sentence saying nothing matched; --connect-timeout bounds the check-ins
+ * and names the tasks that never came. */
+START_TEST(test_slurm_address_and_connect_timeout) {
+  int st;
+  char *log = task0_alone("--iface", "lo", &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 && strstr(log, "rendezvous on 127.0.0.1:") &&
+                    strstr(log, "tasks 1 did not check in within 1 s"),
+                "status %d: %s", st, log);
+  free(log);
+  log = task0_alone("--iface", "psrnone0", &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 &&
+                    strstr(log, "no IPv4 address on this node matches --iface psrnone0"),
+                "status %d: %s", st, log);
+  free(log);
+  /* Loopback's own address is 127.0.0.1; no interface holds this one. */
+  log = task0_alone("--addr", "127.255.255.254/32", &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 &&
+                    strstr(log, "no IPv4 address on this node matches --addr 127.255.255.254/32"),
+                "status %d: %s", st, log);
+  free(log);
+  log = task0_alone("--addr", "127.0.0.0/8", &st);
+  ck_assert_msg(strstr(log, "rendezvous on 127.0.0.1:"), "%s", log);
+  free(log);
+}
+END_TEST
+
 /* ---- the rendezvous under attack (nobody) ------------------------------------------ */
 
 /* bash as nobody (setpriv), its output to a file. */
@@ -505,6 +549,7 @@ Suite *suite_psrun_slurm(void) {
   tcase_add_test(tc, test_slurm_stolen_port);
   tcase_add_test(tc, test_slurm_rank_claimed_twice);
   tcase_add_test(tc, test_slurm_auth_never_downgrades);
+  tcase_add_test(tc, test_slurm_address_and_connect_timeout);
   tcase_add_test(tc, test_derived_port_below_ephemeral);
   tcase_add_test(tc, test_slurm_backup_worker_lost);
   tcase_add_test(tc, test_slurm_restart_worker);
