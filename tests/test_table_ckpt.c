@@ -2,13 +2,23 @@
  * a table's record through a real file and back (rows bit for bit, LRU
  * order, admission state, step, counters; the restored table then trains
  * exactly like the original), damaged table records refused, version 2
- * files still read. */
+ * files still read, the loop's copy time of a big table; and with real psd
+ * processes and libpsclient workers: a job with a table and a dense
+ * variable stopped by SIGTERM (exit 75) and resumed ends bit-identical to
+ * an uninterrupted run, every file of a step holds its tables at that step
+ * on both ps, a tables-only job checkpoints with --checkpoint-every and
+ * resumes exactly (LRU evictions, admission by probability), and a resume
+ * with a changed table spec is refused naming the field. */
 #define _GNU_SOURCE
 #include <check.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -365,6 +375,348 @@ START_TEST(big_table_copy_time) {
 }
 END_TEST
 
+
+/* ---- real psd processes --------------------------------------------------- */
+
+#define NKEYS 100 /* keys the workers use */
+#define DIM 4
+#define MAXPS 2
+#define MAXW 2
+
+/* One worker: a dense variable (optional) and table "emb". */
+typedef struct tworker {
+  const char *const *hosts;
+  int num_ps, num_workers, worker;
+  int dense;               /* also train variable "w" */
+  uint64_t capacity;       /* the whole table's */
+  uint32_t admit_count;
+  double admit_prob, lr;
+  uint64_t evict_after;
+  uint64_t until;          /* train until this step */
+  int delay_us;            /* per step */
+  /* results */
+  int rc, stopped;
+  char err[600];
+  uint64_t final_step;
+  float w[8];
+  float rows[NKEYS * DIM]; /* worker 0: every key's row at the end, read only */
+} tworker;
+
+static void tw_defaults(tworker *t) {
+  memset(t, 0, sizeof *t);
+  t->capacity = 512;
+  t->admit_count = 2;
+  t->lr = 0.1;
+  t->evict_after = 6;
+}
+
+/* Creates the client, the variable and the table; 0 or the error. */
+static int tw_setup(tworker *t, ps_client **c, ps_var **w, ps_table **tab) {
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = t->hosts;
+  cfg.num_ps = t->num_ps;
+  cfg.worker_index = t->worker;
+  cfg.num_workers = t->num_workers;
+  cfg.connect_timeout_ms = 10000;
+  cfg.request_timeout_ms = 30000;
+  cfg.no_signal_handlers = 1;
+  cfg.split_threshold = 16; /* the variable spreads over both ps */
+  cfg.max_slice_bytes = 16;
+  int rc = ps_client_create(&cfg, c, t->err, sizeof t->err);
+  if (rc) return rc;
+  if (t->dense) {
+    int64_t shape[1] = {8};
+    ps_init init = PS_SIZED(ps_init, .kind = PS_INIT_CONSTANT, .a = 0.5);
+    ps_optimizer o;
+    ps_optimizer_default(&o, 0.1);
+    if ((rc = ps_client_var_create(*c, "w", shape, 1, &init, &o, w)) != 0) return rc;
+  }
+  ps_table_config tc;
+  ps_table_config_init(&tc);
+  tc.dim = DIM;
+  tc.capacity = t->capacity;
+  tc.init = (ps_init)PS_SIZED(ps_init, .kind = PS_INIT_UNIFORM, .a = -0.5, .b = 0.5, .seed = 3);
+  tc.opt = PS_TOPT_ADAGRAD;
+  tc.lr = t->lr;
+  tc.admit_count = t->admit_count;
+  tc.admit_prob = t->admit_prob;
+  tc.evict_after_steps = t->evict_after;
+  return ps_client_table_create(*c, "emb", &tc, tab);
+}
+
+/* One step's work at `step`: pull this worker's keys, gradients from the
+ * rows (and the variable), step. */
+static int tw_step(tworker *t, ps_client *c, ps_var *w, ps_table *tab, uint64_t *step) {
+  uint64_t keys[8];
+  float rows[8 * DIM], g[8 * DIM];
+  for (int i = 0; i < 8; i++)
+    keys[i] = (*step * 13 + (uint64_t)t->worker * 29 + (uint64_t)i * 37) % NKEYS;
+  int rc = ps_table_pull(tab, *step, keys, 8, rows, 0, NULL);
+  if (rc) return rc;
+  for (int i = 0; i < 8 * DIM; i++)
+    g[i] = 0.5f * rows[i] + 0.01f * (float)(i % DIM) - 0.02f * (float)t->worker;
+  if ((rc = ps_table_add_grad(tab, keys, 8, g)) != 0) return rc;
+  if (w) {
+    const float *x = ps_var_data(w);
+    float *gw = ps_var_grad(w);
+    for (int j = 0; j < 8; j++) gw[j] = 0.1f * (x[j] - (float)j) + 0.001f * (float)*step;
+  }
+  return ps_client_step(c, step, NULL);
+}
+
+static void *tw_run(void *arg) {
+  tworker *t = arg;
+  ps_client *c = NULL;
+  ps_var *w = NULL;
+  ps_table *tab = NULL;
+  uint64_t step = 0;
+  int rc = tw_setup(t, &c, &w, &tab);
+  /* The step to start from: restored, or 0. */
+  if (!rc) rc = w ? ps_client_pull(c, 0, &step) : ps_table_pull(tab, 0, NULL, 0, NULL, 0, &step);
+  while (!rc && step < t->until) {
+    if (t->delay_us) {
+      struct timespec ts = {0, (long)t->delay_us * 1000};
+      nanosleep(&ts, NULL);
+    }
+    rc = tw_step(t, c, w, tab, &step);
+  }
+  if (rc == PS_ESTOPPED) {
+    t->stopped = 1;
+    rc = 0;
+  } else if (!rc && t->worker == 0) {
+    uint64_t keys[NKEYS];
+    for (int i = 0; i < NKEYS; i++) keys[i] = (uint64_t)i;
+    rc = ps_table_pull(tab, step, keys, NKEYS, t->rows, PS_TABLE_READ_ONLY, NULL);
+  }
+  if (!rc && w) memcpy(t->w, ps_var_data(w), sizeof t->w);
+  t->final_step = step;
+  if (!rc && c) rc = ps_client_finish(c);
+  if (rc && c) snprintf(t->err, sizeof t->err, "%s", ps_client_errmsg(c));
+  t->rc = rc;
+  ps_client_destroy(c);
+  return NULL;
+}
+
+typedef struct tjob {
+  int nps, nw;
+  tu_psd ps[MAXPS];
+  char hosts[MAXPS][64];
+  const char *hp[MAXPS];
+  tworker t[MAXW];
+  pthread_t th[MAXW];
+} tjob;
+
+static const char *ckdir(const char *name) {
+  static char buf[4][600];
+  static int k;
+  char *d = buf[k++ % 4];
+  snprintf(d, 600, "%s/ck-%s-%d", tu_tmpdir(), name, rand());
+  return d;
+}
+
+/* Starts nps psd (with --checkpoint-dir dir unless NULL, plus extra). */
+static void tjob_start_ps(tjob *j, int nps, const char *dir, const char *const *extra) {
+  j->nps = nps;
+  for (int i = 0; i < nps; i++) {
+    char idx[8], np[8];
+    snprintf(idx, sizeof idx, "%d", i);
+    snprintf(np, sizeof np, "%d", nps);
+    const char *args[32] = {"--ps-index", idx, "--num-ps", np, "--grace-period", "5"};
+    int a = 6;
+    if (dir) {
+      args[a++] = "--checkpoint-dir";
+      args[a++] = dir;
+    }
+    for (int k = 0; extra && extra[k] && a < 30; k++) args[a++] = extra[k];
+    args[a] = NULL;
+    ck_assert_msg(tu_psd_start(&j->ps[i], args) == 0, "psd %d did not start", i);
+  }
+  tu_hosts(j->ps, nps, j->hosts, j->hp);
+}
+
+/* Starts nw workers as `proto` says (their index, hosts and counts set here). */
+static void tjob_start_workers(tjob *j, int nw, const tworker *proto) {
+  j->nw = nw;
+  for (int i = 0; i < nw; i++) {
+    j->t[i] = *proto;
+    j->t[i].hosts = j->hp;
+    j->t[i].num_ps = j->nps;
+    j->t[i].num_workers = nw;
+    j->t[i].worker = i;
+    pthread_create(&j->th[i], NULL, tw_run, &j->t[i]);
+  }
+}
+
+/* Joins the workers; each must have succeeded and every psd exited `code`. */
+static void tjob_expect(tjob *j, int code) {
+  for (int i = 0; i < j->nw; i++) pthread_join(j->th[i], NULL);
+  for (int i = 0; i < j->nw; i++)
+    ck_assert_msg(j->t[i].rc == 0, "worker %d: %s (%d)", i, j->t[i].err, j->t[i].rc);
+  for (int i = 0; i < j->nps; i++) {
+    ck_assert_msg(tu_psd_wait(&j->ps[i], 20) == 0, "psd %d did not exit", i);
+    ck_assert_msg(WIFEXITED(j->ps[i].status) && WEXITSTATUS(j->ps[i].status) == code,
+                  "psd %d: status 0x%x, want exit %d", i, j->ps[i].status, code);
+  }
+}
+
+/* A whole job to `until` (no checkpoints unless dir); worker 0's result. */
+static tworker run_to(int nps, int nw, const char *dir, const tworker *proto,
+                      const char *const *extra) {
+  tjob j;
+  tjob_start_ps(&j, nps, dir, extra);
+  tjob_start_workers(&j, nw, proto);
+  tjob_expect(&j, 0);
+  ck_assert_uint_eq(j.t[0].final_step, proto->until);
+  return j.t[0];
+}
+
+/* The number after the first `needle` in a psd log (-1: none). */
+static long log_number(const tu_psd *p, const char *needle) {
+  char *s = tu_read_file(p->log_path);
+  long v = -1;
+  char *at = s ? strstr(s, needle) : NULL;
+  if (at) v = strtol(at + strlen(needle), NULL, 10);
+  free(s);
+  return v;
+}
+
+/* Both ps's files of every complete step in dir hold that step for every
+ * slice and for table "emb" (ntables 1). Returns the steps checked. */
+static int files_hold_their_step(const char *dir, int nps, int dense) {
+  psd_ckpt_dir d;
+  psd_ckpt_holder h = {2, 0, nps};
+  char moved[1200], err[1600];
+  ck_assert_msg(psd_ckpt_dir_open(&d, dir, &h, 0, moved, sizeof moved, err, sizeof err) == 0,
+                "%s", err);
+  int steps = 0;
+  for (long s = 1; s < 200; s++) {
+    char f[2][1200];
+    for (int i = 0; i < nps; i++)
+      snprintf(f[i], sizeof f[i], "%s/step-%012ld/ps-%d-of-%d.ckpt", dir, s, i, nps);
+    if (access(f[0], F_OK) != 0) continue;
+    for (int i = 0; i < nps; i++) {
+      psd_ckpt_image img;
+      ck_assert_msg(psd_ckpt_read(&d, f[i], MAXB, &img, err, sizeof err) == 0, "%s", err);
+      ck_assert_uint_eq(img.meta.step, (uint64_t)s);
+      ck_assert_msg(img.meta.ntables == 1 && strcmp(img.tables[0].spec.name, "emb") == 0,
+                    "%s: %u tables", f[i], img.meta.ntables);
+      ck_assert_msg(img.tables[0].step == (uint64_t)s, "%s: table at step %llu", f[i],
+                    (unsigned long long)img.tables[0].step);
+      ck_assert_msg(!dense || img.meta.nslices > 0, "%s: no slices", f[i]);
+      for (uint32_t k = 0; k < img.meta.nslices; k++)
+        ck_assert_uint_eq(img.recs[k].step, (uint64_t)s);
+      psd_ckpt_image_free(&img);
+    }
+    steps++;
+  }
+  psd_ckpt_dir_close(&d);
+  return steps;
+}
+
+START_TEST(sigterm_stop_and_resume_is_bit_identical) {
+  tworker proto;
+  tw_defaults(&proto);
+  proto.dense = 1;
+  proto.until = 1000000;
+  proto.delay_us = 10000;
+  const char *d = ckdir("stop");
+  tjob j;
+  tjob_start_ps(&j, 2, d, NULL);
+  tjob_start_workers(&j, 2, &proto);
+  struct timespec ts = {0, 500 * 1000000};
+  nanosleep(&ts, NULL);
+  kill(j.ps[1].pid, SIGTERM);
+  tjob_expect(&j, 75);
+  for (int i = 0; i < 2; i++) ck_assert_msg(j.t[i].stopped, "worker %d was not stopped", i);
+  long s0 = log_number(&j.ps[0], "stopping on request: checkpoint at step ");
+  long s1 = log_number(&j.ps[1], "stopping on request: checkpoint at step ");
+  ck_assert_msg(s0 > 0 && s0 == s1, "ps0 stopped at step %ld, ps1 at %ld", s0, s1);
+  /* The step's files hold the table at that step on both ps. */
+  ck_assert_int_ge(files_hold_their_step(d, 2, 1), 1);
+  /* Resumed to M, and a run never stopped to M: the same rows. */
+  uint64_t m = (uint64_t)s0 + 4;
+  proto.until = m;
+  proto.delay_us = 0;
+  tjob r;
+  tjob_start_ps(&r, 2, d, NULL);
+  tjob_start_workers(&r, 2, &proto);
+  tjob_expect(&r, 0);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_int_eq(log_number(&r.ps[i], "restoring step "), s0);
+    ck_assert_msg(tu_log_contains(&r.ps[i], "table 'emb' restored from"), "ps %d", i);
+  }
+  ck_assert_uint_eq(r.t[0].final_step, m);
+  tworker full = run_to(2, 2, NULL, &proto, NULL);
+  ck_assert_msg(memcmp(full.rows, r.t[0].rows, sizeof full.rows) == 0,
+                "resumed table rows differ from the uninterrupted run's");
+  ck_assert_msg(memcmp(full.w, r.t[0].w, sizeof full.w) == 0, "resumed variable differs");
+  /* ... and the rows did train: they are not the initializer's. */
+  tworker none = proto;
+  none.until = 0;
+  tworker fresh = run_to(2, 1, NULL, &none, NULL);
+  ck_assert_msg(memcmp(fresh.rows, full.rows, sizeof full.rows) != 0, "rows never changed");
+}
+END_TEST
+
+START_TEST(tables_only_job_checkpoints_every_n_and_resumes) {
+  /* One worker (its pulls in one order: LRU evictions are then exact),
+   * a table smaller than the keys (evictions), admission by probability
+   * (the generator's state), rows untouched for 4 steps evicted. */
+  tworker proto;
+  tw_defaults(&proto);
+  proto.capacity = 64;
+  proto.admit_count = 0;
+  proto.admit_prob = 0.7;
+  proto.evict_after = 4;
+  proto.until = 7;
+  const char *d = ckdir("every");
+  const char *every[] = {"--checkpoint-every", "3", NULL};
+  run_to(2, 1, d, &proto, every);
+  /* Steps 3 and 6 by --checkpoint-every (driven by the table alone: there
+   * is no variable), 7 at the end; the table at each step on both ps. */
+  ck_assert_int_eq(files_hold_their_step(d, 2, 0), 3);
+  proto.until = 12;
+  tjob r;
+  tjob_start_ps(&r, 2, d, every);
+  tjob_start_workers(&r, 1, &proto);
+  tjob_expect(&r, 0);
+  ck_assert_int_eq(log_number(&r.ps[0], "restoring step "), 7);
+  tworker full = run_to(2, 1, NULL, &proto, NULL);
+  ck_assert_msg(memcmp(full.rows, r.t[0].rows, sizeof full.rows) == 0,
+                "resumed table rows differ from the uninterrupted run's");
+}
+END_TEST
+
+START_TEST(changed_table_spec_is_refused) {
+  tworker proto;
+  tw_defaults(&proto);
+  proto.dense = 1;
+  proto.until = 3;
+  const char *d = ckdir("spec");
+  run_to(1, 1, d, &proto, NULL);
+  struct { double lr; uint64_t capacity; const char *want; } cases[] = {
+      {0.2, 512, "lr is 0.1 for the checkpoint, 0.2 for worker 0"},
+      {0.1, 1024, "capacity is 512 for the checkpoint, 1024 for worker 0"},
+  };
+  for (size_t k = 0; k < 2; k++) {
+    tjob j;
+    tjob_start_ps(&j, 1, d, NULL);
+    tworker t = proto;
+    t.lr = cases[k].lr;
+    t.capacity = cases[k].capacity;
+    tjob_start_workers(&j, 1, &t);
+    pthread_join(j.th[0], NULL);
+    ck_assert_int_eq(j.t[0].rc, PS_EMISMATCH);
+    ck_assert_msg(strstr(j.t[0].err, "differs from the one in checkpoint") &&
+                      strstr(j.t[0].err, cases[k].want),
+                  "%s", j.t[0].err);
+    ck_assert_msg(tu_log_contains(&j.ps[0], cases[k].want), "psd's log does not say why");
+    tu_psd_kill(&j.ps[0]);
+  }
+}
+END_TEST
+
 Suite *suite_table_ckpt(void) {
   Suite *s = suite_create("table_ckpt");
   TCase *tc = tcase_create("file");
@@ -376,5 +728,11 @@ Suite *suite_table_ckpt(void) {
   tcase_set_timeout(big, 300);
   tcase_add_test(big, big_table_copy_time);
   suite_add_tcase(s, big);
+  TCase *jobs = tcase_create("jobs");
+  tcase_set_timeout(jobs, 240);
+  tcase_add_test(jobs, sigterm_stop_and_resume_is_bit_identical);
+  tcase_add_test(jobs, tables_only_job_checkpoints_every_n_and_resumes);
+  tcase_add_test(jobs, changed_table_spec_is_refused);
+  suite_add_tcase(s, jobs);
   return s;
 }
