@@ -12,7 +12,10 @@
 
 void psd_handlers_act(psd_handlers *h, unsigned actions) {
   /* Parked pulls would wait for steps that will never come. */
-  if (actions & PSD_PERSIST_WAKE_ALL) psd_waiters_wake_all(h->waiters);
+  if (actions & PSD_PERSIST_WAKE_ALL) {
+    psd_waiters_wake_all(h->waiters);
+    psd_tables_wake_all(h->tables);
+  }
   if (actions & PSD_PERSIST_EXIT_UNSAVED)
     h->finish(h->loop, psd_persist_stop_status(h->persist, "the stop timeout passed"));
 }

@@ -375,7 +375,10 @@ static void request(psd_persist *p, uint64_t step, int stop, int commit,
       p->negotiated = 1;
       p->committed = 0;
     } else if (!have_step(p, step)) {
-      if (begin(p, step, 1, 0, msg, msglen) != 0) return;
+      if (begin(p, step, 1, 0, msg, msglen) != 0) {
+        psd_info("the chief's checkpoint at step %" PRIu64 " refused: %s", step, msg);
+        return;
+      }
     }
     p->stop_after = stop;
     p->stop_ready = 0;

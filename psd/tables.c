@@ -229,6 +229,7 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   r.table_id = id;
   r.step = psd_table_step(e->t);
   r.count = n;
+  psd_persist_flags(ts->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
   float *dst = ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes);
   if (!dst) {
     psd_conn_error(c, req, PS_ENOMEM, 0, "out of memory for a %llu-byte reply of table '%s'",
@@ -284,7 +285,8 @@ static void do_pull(psd_tables *ts, psd_conn *c, const Ps__TablePull *m, const u
                    psd_table_spec_of(e->t)->name, err);
     return;
   }
-  if (!ts->job->async_mode && psd_table_step(e->t) < m->min_step) {
+  /* Once the job stopped, no later step comes: answered at once. */
+  if (!ts->job->async_mode && psd_table_step(e->t) < m->min_step && !ts->persist->stopped) {
     park_pull(ts, e, c, m, keys);
     return;
   }
@@ -318,14 +320,15 @@ static int handle_pull(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   return 0;
 }
 
-/* Answers the pulls of table id that its new step satisfies. */
-static void wake(psd_tables *ts, uint32_t id) {
+/* Answers the pulls of table id that its new step satisfies (all: every
+ * parked pull, when the job stopped). */
+static void wake(psd_tables *ts, uint32_t id, int all) {
   psd_tentry *e = &ts->v[id];
   uint64_t step = psd_table_step(e->t);
   psd_tpull *ready = NULL, **pp = &e->parked;
   while (*pp) {
     psd_tpull *p = *pp;
-    if (p->min_step <= step) {
+    if (all || p->min_step <= step) {
       *pp = p->next;
       p->next = ready;
       ready = p;
@@ -346,14 +349,15 @@ static void wake(psd_tables *ts, uint32_t id) {
 
 /* ---- pushes ------------------------------------------------------------ */
 
-static void push_reply(psd_conn *c, uint64_t req, int status, const char *msg,
-                       uint64_t dropped, uint64_t step) {
+static void push_reply(psd_tables *ts, psd_conn *c, uint64_t req, int status,
+                       const char *msg, uint64_t dropped, uint64_t step) {
   Ps__TablePushReply r = PS__TABLE_PUSH_REPLY__INIT;
   r.request_id = req;
   r.status = status;
   r.message = (char *)(msg ? msg : "");
   r.dropped = dropped;
   r.step = step;
+  psd_persist_flags(ts->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
   psd_conn_send(c, PS__MSG_TABLE_PUSH_REPLY, &r.base, NULL, NULL, NULL, 0);
 }
 
@@ -380,7 +384,7 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
   char err[600] = "";
   if (m->table_id >= ts->n) {
     snprintf(err, sizeof err, "TABLE_PUSH names unknown table id %u", m->table_id);
-    push_reply(c, m->request_id, PS_ENOTFOUND, err, 0, 0);
+    push_reply(ts, c, m->request_id, PS_ENOTFOUND, err, 0, 0);
     return;
   }
   psd_tentry *e = &ts->v[m->table_id];
@@ -393,13 +397,13 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
     rc = psd_table_push(e->t, (uint32_t)c->worker, m->step, keys, n, grads, &dropped);
   if (rc < 0 && !err[0]) push_refusal(c, e->t, m->step, rc, err, sizeof err);
   if (rc == PS_EINVAL) psd_warn("%s: %s", c->name, err);
-  push_reply(c, m->request_id, rc > 0 ? 0 : rc, rc < 0 ? err : "", dropped,
+  push_reply(ts, c, m->request_id, rc > 0 ? 0 : rc, rc < 0 ? err : "", dropped,
              psd_table_step(e->t));
   if (rc != 1) return;
   /* A checkpoint may want this step: captured before any pull of the
    * next step changes a row. */
   ts->actions |= psd_persist_table_advanced(ts->persist, m->table_id);
-  wake(ts, m->table_id);
+  wake(ts, m->table_id, 0);
 }
 
 static int handle_push(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
@@ -407,6 +411,11 @@ static int handle_push(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   if (c->finished) {
     psd_conn_error(c, m->request_id, PS_ESTATE, 1, "TABLE_PUSH after FINISH");
     return -1;
+  }
+  if (m->want_stop && ts->cfg->ckpt_dir[0] && ts->job->pinned) {
+    char who[32];
+    snprintf(who, sizeof who, "worker %d", c->worker);
+    psd_persist_stop_wanted(ts->persist, who);
   }
   uint64_t want = c->hdr.data_len; /* an unknown table: read it whole, then refuse */
   if (m->table_id < ts->n) {
@@ -457,6 +466,10 @@ void psd_tables_data(psd_tables *ts, psd_conn *c) {
     do_pull(ts, c, c->blob_msg, (const uint64_t *)c->stage);
   else if (c->hdr.type == PS__MSG_TABLE_PUSH)
     do_push(ts, c, c->blob_msg, (const uint8_t *)c->stage);
+}
+
+void psd_tables_wake_all(psd_tables *ts) {
+  for (uint32_t i = 0; i < ts->n; i++) wake(ts, i, 1);
 }
 
 void psd_tables_closed(psd_tables *ts, psd_conn *c) {

@@ -67,6 +67,9 @@ int psd_tables_is_table_msg(unsigned type);
 int psd_tables_message(psd_tables *ts, psd_conn *c, const uint8_t *meta);
 /* The data part of c's TABLE_PULL/TABLE_PUSH is in c->stage: reply. */
 void psd_tables_data(psd_tables *ts, psd_conn *c);
+/* The job stopped (PSD_PERSIST_WAKE_ALL): answers every parked pull now,
+ * at its table's step. */
+void psd_tables_wake_all(psd_tables *ts);
 /* c is closing: drop its parked pulls. */
 void psd_tables_closed(psd_tables *ts, psd_conn *c);
 /* Fails the parked pulls whose deadline passed. */

@@ -393,7 +393,9 @@ typedef struct tworker {
   double admit_prob, lr;
   uint64_t evict_after;
   uint64_t until;          /* train until this step */
-  int delay_us;            /* per step */
+  int delay_us;            /* per step, between its pull and its push */
+  uint64_t stop_at;        /* nonzero: worker stop_by asks for a stop at */
+  int stop_by;             /* this step (as the library's SIGTERM handler would) */
   /* results */
   int rc, stopped;
   char err[600];
@@ -454,6 +456,10 @@ static int tw_step(tworker *t, ps_client *c, ps_var *w, ps_table *tab, uint64_t 
     keys[i] = (*step * 13 + (uint64_t)t->worker * 29 + (uint64_t)i * 37) % NKEYS;
   int rc = ps_table_pull(tab, *step, keys, 8, rows, 0, NULL);
   if (rc) return rc;
+  if (t->delay_us) { /* computing: the step's rows are pulled already */
+    struct timespec ts = {0, (long)t->delay_us * 1000};
+    nanosleep(&ts, NULL);
+  }
   for (int i = 0; i < 8 * DIM; i++)
     g[i] = 0.5f * rows[i] + 0.01f * (float)(i % DIM) - 0.02f * (float)t->worker;
   if ((rc = ps_table_add_grad(tab, keys, 8, g)) != 0) return rc;
@@ -475,10 +481,8 @@ static void *tw_run(void *arg) {
   /* The step to start from: restored, or 0. */
   if (!rc) rc = w ? ps_client_pull(c, 0, &step) : ps_table_pull(tab, 0, NULL, 0, NULL, 0, &step);
   while (!rc && step < t->until) {
-    if (t->delay_us) {
-      struct timespec ts = {0, (long)t->delay_us * 1000};
-      nanosleep(&ts, NULL);
-    }
+    if (t->stop_at && t->worker == t->stop_by && step == t->stop_at)
+      ps_client_request_stop(c);
     rc = tw_step(t, c, w, tab, &step);
   }
   if (rc == PS_ESTOPPED) {
@@ -688,6 +692,40 @@ START_TEST(tables_only_job_checkpoints_every_n_and_resumes) {
 }
 END_TEST
 
+START_TEST(tables_only_job_stops_on_request_and_resumes) {
+  /* No variable: the stop travels in TablePush.want_stop and the table
+   * replies' flags alone. */
+  tworker proto;
+  tw_defaults(&proto);
+  proto.until = 1000000;
+  proto.delay_us = 2000;
+  proto.stop_at = 6;
+  proto.stop_by = 1;
+  const char *d = ckdir("tstop");
+  tjob j;
+  tjob_start_ps(&j, 2, d, NULL);
+  tjob_start_workers(&j, 2, &proto);
+  tjob_expect(&j, 75);
+  for (int i = 0; i < 2; i++) ck_assert_msg(j.t[i].stopped, "worker %d was not stopped", i);
+  long s0 = log_number(&j.ps[0], "stopping on request: checkpoint at step ");
+  ck_assert_msg(s0 >= 6 && s0 == log_number(&j.ps[1], "stopping on request: checkpoint at step "),
+                "stop steps differ");
+  ck_assert_msg(tu_log_contains(&j.ps[0], "worker 1 asks to stop"), "ps0 never heard worker 1");
+  ck_assert_int_ge(files_hold_their_step(d, 2, 0), 1);
+  proto.until = (uint64_t)s0 + 3;
+  proto.delay_us = 0;
+  proto.stop_at = 0;
+  tjob r;
+  tjob_start_ps(&r, 2, d, NULL);
+  tjob_start_workers(&r, 2, &proto);
+  tjob_expect(&r, 0);
+  ck_assert_int_eq(log_number(&r.ps[1], "restoring step "), s0);
+  tworker full = run_to(2, 2, NULL, &proto, NULL);
+  ck_assert_msg(memcmp(full.rows, r.t[0].rows, sizeof full.rows) == 0,
+                "resumed table rows differ from the uninterrupted run's");
+}
+END_TEST
+
 START_TEST(changed_table_spec_is_refused) {
   tworker proto;
   tw_defaults(&proto);
@@ -732,6 +770,7 @@ Suite *suite_table_ckpt(void) {
   tcase_set_timeout(jobs, 240);
   tcase_add_test(jobs, sigterm_stop_and_resume_is_bit_identical);
   tcase_add_test(jobs, tables_only_job_checkpoints_every_n_and_resumes);
+  tcase_add_test(jobs, tables_only_job_stops_on_request_and_resumes);
   tcase_add_test(jobs, changed_table_spec_is_refused);
   suite_add_tcase(s, jobs);
   return s;

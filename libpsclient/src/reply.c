@@ -201,6 +201,7 @@ static int on_pull_reply(ps_client *c, ps__conn *k, const Ps__PullReply *m) {
 /* A TablePullReply: its rows go into the request's buffer (tablexfer.c),
  * or to the discard sink when nobody waits for them any more. */
 static int on_table_pull_reply(ps_client *c, ps__conn *k, const Ps__TablePullReply *m) {
+  note_flags(c, k, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
   ps_req *r = ps__req_find(c, m->request_id);
   ps__telem_bytes(&c->telem, k->index, 1, k->hdr.data_len);
   k->ndst = 0;
@@ -218,6 +219,12 @@ static int on_table_pull_reply(ps_client *c, ps__conn *k, const Ps__TablePullRep
   }
   k->rstate = PS__RD_DATA;
   return 0;
+}
+
+/* A TablePushReply: its flags, then the push's outcome (tablexfer.c). */
+static int on_table_push_reply(ps_client *c, ps__conn *k, const Ps__TablePushReply *m) {
+  note_flags(c, k, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
+  return ps__on_table_push_reply(c, k, m);
 }
 
 static int on_checkpoint_reply(ps_client *c, ps__conn *k, const Ps__CheckpointReply *m) {
@@ -270,7 +277,7 @@ int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
     PS__DISPATCH(on_table_pull_reply, ps__table_pull_reply__unpack,
                  ps__table_pull_reply__free_unpacked);
   case PS__MSG_TABLE_PUSH_REPLY:
-    PS__DISPATCH(ps__on_table_push_reply, ps__table_push_reply__unpack,
+    PS__DISPATCH(on_table_push_reply, ps__table_push_reply__unpack,
                  ps__table_push_reply__free_unpacked);
   default:
     break;

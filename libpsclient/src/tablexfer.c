@@ -336,6 +336,7 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
     m.table_id = t->ids[p];
     m.step = step;
     m.count = cnt;
+    m.want_stop = c->stop_requested != 0;
     uint8_t *d = ps__outq_frame_inline(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,
                                        cnt * per_key);
     if (!d) {
