@@ -32,8 +32,6 @@ struct psd_ckptq_file {
   uint64_t copy_bytes;    /* loop only: table records queued for it */
   uint64_t copy_cap;      /* loop only: their buffers' sizes */
   double copy_ms;         /* loop only: their encoding time */
-  psd_ckptq_rec *written_tables; /* writer: table records done, buffers to
-                                    hand back with the result */
   job begin, end;         /* JOB_BEGIN, and JOB_COMMIT or JOB_ABORT */
 };
 
@@ -51,7 +49,7 @@ struct psd_ckptq_rec {
   int lost;                     /* a release could not copy: the file fails */
   int table;                    /* own holds a whole table record (no slice) */
   size_t cap;                   /* table: own's size (>= total) */
-  psd_ckptq_rec *next_spare;    /* table: in written_tables, then the pool */
+  psd_ckptq_rec *next_spare;    /* table, once written: the spares' list */
   job j;                        /* its JOB_ADD */
 };
 
@@ -63,8 +61,10 @@ struct psd_ckptq {
   uint32_t ps_index, num_ps;    /* whose files, for pruning */
   int keep;                     /* complete checkpoints pruning keeps */
   uint8_t *bounce;              /* PSD_CKPTQ_CHUNK bytes: the writer's copy of a chunk */
-  psd_ckptq_rec *spares;        /* loop only: table buffers to reuse */
-  uint64_t spare_bytes;         /* loop only: their sizes */
+  psd_ckptq_rec *spares;        /* table buffers written out, to reuse (under mu) */
+  uint64_t spare_bytes;         /* their sizes (under mu) */
+  uint64_t table_bytes;         /* every table buffer the queue holds: on
+                                   their way and spare (under mu) */
 };
 
 static void run_job(psd_bg_job *bj);
@@ -140,32 +140,47 @@ int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint8_t *buf, size_t ca
   rec->own = buf;
   rec->cap = cap;
   rec->total = len;
-  rec->table = 1; /* no slice holds it: the writer hands it back with f */
+  rec->table = 1; /* no slice holds it: the writer makes it a spare */
   f->copy_bytes += len;
   f->copy_cap += cap;
   f->copy_ms += copy_ms;
+  pthread_mutex_lock(&q->mu);
+  q->table_bytes += cap;
+  pthread_mutex_unlock(&q->mu);
   push_job(q, &rec->j, JOB_ADD, f, rec);
   return 0;
 }
 
 uint8_t *psd_ckptq_spare(psd_ckptq *q, size_t len, size_t *cap) {
+  pthread_mutex_lock(&q->mu);
   psd_ckptq_rec **best = NULL;
   for (psd_ckptq_rec **pp = &q->spares; *pp; pp = &(*pp)->next_spare)
     if ((*pp)->cap >= len && (!best || (*pp)->cap < (*best)->cap)) best = pp;
-  if (!best) return NULL;
-  psd_ckptq_rec *r = *best;
-  *best = r->next_spare;
-  q->spare_bytes -= r->cap;
+  psd_ckptq_rec *r = best ? *best : NULL;
+  if (r) {
+    *best = r->next_spare;
+    q->spare_bytes -= r->cap;
+    q->table_bytes -= r->cap; /* the loop's now, until it queues it again */
+  }
+  pthread_mutex_unlock(&q->mu);
+  if (!r) return NULL;
   uint8_t *b = r->own;
   *cap = r->cap;
   free(r);
   return b;
 }
 
-uint64_t psd_ckptq_spare_bytes(const psd_ckptq *q) { return q->spare_bytes; }
+uint64_t psd_ckptq_table_bytes(psd_ckptq *q) {
+  pthread_mutex_lock(&q->mu);
+  uint64_t n = q->table_bytes;
+  pthread_mutex_unlock(&q->mu);
+  return n;
+}
 
 /* Frees the smallest spares until at most `keep` bytes are left. */
 static void trim_spares(psd_ckptq *q, uint64_t keep) {
+  psd_ckptq_rec *gone = NULL;
+  pthread_mutex_lock(&q->mu);
   while (q->spare_bytes > keep) {
     psd_ckptq_rec **small = &q->spares;
     for (psd_ckptq_rec **pp = &q->spares; *pp; pp = &(*pp)->next_spare)
@@ -173,6 +188,13 @@ static void trim_spares(psd_ckptq *q, uint64_t keep) {
     psd_ckptq_rec *r = *small;
     *small = r->next_spare;
     q->spare_bytes -= r->cap;
+    q->table_bytes -= r->cap;
+    r->next_spare = gone;
+    gone = r;
+  }
+  pthread_mutex_unlock(&q->mu);
+  for (psd_ckptq_rec *r = gone, *nx; r; r = nx) { /* freed outside the lock */
+    nx = r->next_spare;
     free(r->own);
     free(r);
   }
@@ -223,14 +245,7 @@ int psd_ckptq_next(psd_ckptq *q, psd_ckptq_result *out) {
   out->copy_bytes = f->copy_bytes;
   out->copy_cap = f->copy_cap;
   out->copy_ms = f->copy_ms;
-  /* Its table buffers become the spares; older ones beyond one file's
-   * worth go. */
-  for (psd_ckptq_rec *r = f->written_tables, *nx; r; r = nx) {
-    nx = r->next_spare;
-    r->next_spare = q->spares;
-    q->spares = r;
-    q->spare_bytes += r->cap;
-  }
+  /* Spares beyond one file's worth (this one's) go. */
   trim_spares(q, f->copy_cap);
   free(f);
   q->busy--;
@@ -269,8 +284,13 @@ static void write_rec(psd_ckptq *q, psd_ckptq_file *f, psd_ckptq_rec *rec) {
   if (rec->table) { /* owned by the queue: nothing else reads it */
     if (!f->failed && psd_ckpt_add_table(&f->w, rec->own, rec->total, err, sizeof err) != 0)
       fail(f, err);
-    rec->next_spare = f->written_tables; /* back to the loop with the result */
-    f->written_tables = rec;
+    /* In the file (the page cache holds it now): a spare from here on,
+     * while the MAC and fsync still run. */
+    pthread_mutex_lock(&q->mu);
+    rec->next_spare = q->spares;
+    q->spares = rec;
+    q->spare_bytes += rec->cap;
+    pthread_mutex_unlock(&q->mu);
     return;
   }
   if (!f->failed && psd_ckpt_add_header(&f->w, &rec->hdr, err, sizeof err) != 0)

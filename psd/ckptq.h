@@ -71,18 +71,20 @@ psd_ckptq_file *psd_ckptq_begin(psd_ckptq *q, const psd_ckpt_meta *m);
  * fail). */
 int psd_ckptq_add(psd_ckptq *q, psd_ckptq_file *f, const psd_ckpt_rec *r, psd_ckptq_rec **hold);
 /* Table records are encoded on the loop (psd_ckpt_table_encode) into a
- * buffer the queue then owns until the file is finished, so nothing on
- * the loop waits for the disk. The buffers come back as spares when the
- * file's result is taken, and the next copy reuses one: memory that is
- * already mapped costs the loop no page faults (a fresh 150 MB buffer can
- * cost more to fault in than to fill). The spares kept are at most one
- * file's worth: those of the file finished last.
+ * buffer the queue then owns, so nothing on the loop waits for the disk.
+ * Once the writer has written a record into its file (before the MAC and
+ * fsync), the buffer becomes a spare, and the next copy reuses one:
+ * memory that is already mapped costs the loop no page faults (a fresh
+ * 150 MB buffer can cost more to fault in than to fill). Spares beyond one
+ * file's worth (the tables of the file finished last) are freed when a
+ * file's result is taken.
  *
  * A spare of at least len bytes (the smallest that fits), taken out of
- * the pool, with *cap its size; NULL when none fits. */
+ * the pool (the caller owns it), with *cap its size; NULL when none fits. */
 uint8_t *psd_ckptq_spare(psd_ckptq *q, size_t len, size_t *cap);
-/* Bytes of spare buffers held now (for --max-memory). */
-uint64_t psd_ckptq_spare_bytes(const psd_ckptq *q);
+/* Bytes of the table buffers the queue holds now, on their way to the
+ * disk and spare (for --max-memory). */
+uint64_t psd_ckptq_table_bytes(psd_ckptq *q);
 /* Frees every spare. */
 void psd_ckptq_drop_spares(psd_ckptq *q);
 /* Queues a table record: rec (cap bytes, malloc'd) holds it in its first

@@ -101,8 +101,10 @@ static void capture(psd_persist *p, psd_slice *sl) {
 /* A buffer of at least len bytes for a table's copy: a spare the writer
  * handed back (no page faults), else a new one with some room to grow, if
  * --max-memory allows it. NULL with a logged error otherwise. */
-static uint8_t *copy_buffer(psd_persist *p, const char *name, size_t len, size_t *cap) {
+static uint8_t *copy_buffer(psd_persist *p, const char *name, size_t len, size_t *cap,
+                            int *reused) {
   uint8_t *buf = psd_ckptq_spare(p->q, len, cap);
+  *reused = buf != NULL;
   if (buf) return buf;
   *cap = len + len / 8 < len ? len : len + len / 8; /* rows may grow by the next one */
   uint64_t have = p->shard->bytes_alloc + tables_reserved(p) + psd_persist_held_bytes(p);
@@ -136,7 +138,8 @@ static void capture_table(psd_persist *p, uint32_t id) {
   const char *name = psd_table_spec_of(tb->t)->name;
   double t0 = ps__now();
   size_t len = psd_ckpt_table_size(tb->t), cap = 0;
-  uint8_t *buf = len ? copy_buffer(p, name, len, &cap) : NULL;
+  int reused = 0;
+  uint8_t *buf = len ? copy_buffer(p, name, len, &cap, &reused) : NULL;
   if (!buf) {
     abort_ckpt(p, "no memory for a table's copy");
     return;
@@ -149,15 +152,15 @@ static void capture_table(psd_persist *p, uint32_t id) {
     abort_ckpt(p, "out of memory");
     return;
   }
-  p->copy_bytes += cap;
   tb->ck_gen = p->gen;
   p->cur_written++;
   psd_debug("table '%s' copied for checkpoint step %" PRIu64 ": %" PRIu64 " rows, %zu bytes in "
-            "%.1f ms", name, p->cur_step, psd_table_get_stats(tb->t).rows, len, ms);
+            "%.1f ms (%s buffer)", name, p->cur_step, psd_table_get_stats(tb->t).rows, len, ms,
+            reused ? "a reused" : "a new");
 }
 
 uint64_t psd_persist_held_bytes(const psd_persist *p) {
-  return p->copy_bytes + (p->q ? psd_ckptq_spare_bytes(p->q) : 0);
+  return p->q ? psd_ckptq_table_bytes(p->q) : 0;
 }
 
 static void do_stop(psd_persist *p, uint64_t step) {
@@ -192,8 +195,6 @@ static void maybe_finish(psd_persist *p) {
 
 /* The writer finished a file. */
 static void finished(psd_persist *p, const psd_ckptq_result *r) {
-  /* The file's table copies are spares now (psd_ckptq_spare_bytes). */
-  p->copy_bytes -= r->copy_cap <= p->copy_bytes ? r->copy_cap : p->copy_bytes;
   if (r->aborted) return;
   if (p->writing) p->writing--;
   if (!r->ok) {

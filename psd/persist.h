@@ -64,8 +64,6 @@ typedef struct psd_persist {
   uint32_t cur_written;     /* slices and tables captured into it so far */
   psd_persist_tab *tabs;    /* the tables, by id */
   uint32_t ntabs, tabs_cap; /* how many, allocated */
-  uint64_t copy_bytes;      /* table copies' buffers held by files not yet
-                               finished (then spares: psd_ckptq_spare) */
   uint32_t writing;         /* files handed to the writer, not yet on disk */
   uint64_t writing_step;    /* the newest of those's step */
   uint64_t gen;             /* attempt counter: a slice with ck_gen == gen
