@@ -14,7 +14,7 @@
  *   tables      TABLE_* frames: sparse tables (table.c), parked table pulls
  *   conn        framing, the HEADER/META/DATA/CLOSING machine, replies out
  *   waiters  job  persist  pace  telemetry  mungeq
- *   shard  table  ckptq  checkpoint  optimizer  config  log  bg   (and the wire layer)
+ *   shard  ckptq  checkpoint  ckpt_table  table  optimizer  config  log  bg   (and the wire layer)
  */
 #ifndef PSD_SERVER_H
 #define PSD_SERVER_H

@@ -551,9 +551,12 @@ static inline void ps_table_config_init(ps_table_config *cfg) {
  * PS_EINVAL naming it (dim 1..65536, capacity > 0, lr > 0 and finite, no
  * Glorot init, admit_prob in [0, 1], no NaN). Needs servers of protocol
  * 2.2 (else PS_EUNSUPPORTED naming the server). A capacity the servers'
- * --max-memory cannot hold is PS_ENOMEM with the server's sentence; a
- * server that writes checkpoints (--checkpoint-dir) refuses tables for
- * now (PS_EUNSUPPORTED). Blocking. */
+ * --max-memory cannot hold is PS_ENOMEM with the server's sentence.
+ * Servers with --checkpoint-dir keep tables in their checkpoints: a
+ * resumed job's servers fill the table from the checkpoint (its rows,
+ * admission state and step), and a configuration that differs from the
+ * checkpoint's (or a table it does not hold) is PS_EMISMATCH naming the
+ * field. Blocking. */
 PS_EXTERN int ps_client_table_create(ps_client *c, const char *name,
                                      const ps_table_config *cfg, ps_table **out);
 
