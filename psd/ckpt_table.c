@@ -117,13 +117,19 @@ static void put_spec(wcur *w, const psd_table_spec *s) {
 /* psd_table_walk's callback: one row out. */
 typedef struct row_out {
   wcur w;
+  const uint8_t *end; /* the buffer's end */
   uint32_t dim, state_floats;
-  uint64_t rows; /* written */
+  uint64_t rows;      /* written */
+  int overflow;       /* more rows than the counters said: not written */
 } row_out;
 
 static void put_row(void *ctx, uint64_t key, const float *values, const float *state,
                     uint64_t touched) {
   row_out *o = ctx;
+  if ((size_t)(o->end - o->w.p) < row_bytes(o->dim, o->state_floats)) {
+    o->overflow = 1;
+    return;
+  }
   put64(&o->w, key);
   put64(&o->w, touched);
   putb(&o->w, values, (size_t)o->dim * sizeof(float));
@@ -131,7 +137,7 @@ static void put_row(void *ctx, uint64_t key, const float *values, const float *s
   o->rows++;
 }
 
-void psd_ckpt_table_encode(const psd_table *t, uint8_t *buf, size_t size) {
+int psd_ckpt_table_encode(const psd_table *t, uint8_t *buf, size_t size) {
   const psd_table_spec *sp = psd_table_spec_of(t);
   psd_table_stats st = psd_table_get_stats(t);
   size_t aux_len = 0, nlen = strlen(sp->name);
@@ -150,8 +156,9 @@ void psd_ckpt_table_encode(const psd_table *t, uint8_t *buf, size_t size) {
   put64(&w, aux_len);
   putb(&w, aux, aux_len);
   put64(&w, st.rows);
-  row_out o = {w, sp->dim, psd_table_state_floats(sp), 0};
+  row_out o = {w, buf + size, sp->dim, psd_table_state_floats(sp), 0, 0};
   psd_table_walk(t, put_row, &o);
+  return o.overflow || o.rows != st.rows || o.w.p != buf + size ? -1 : 0;
 }
 
 /* ---- reading ---------------------------------------------------------------- */

@@ -42,9 +42,11 @@ typedef struct psd_ckpt_table {
 /* Bytes t's record takes (what psd_ckpt_table_encode writes); 0 if it
  * would not fit in a size_t. */
 size_t psd_ckpt_table_size(const psd_table *t);
-/* Writes t's record into buf (exactly psd_ckpt_table_size(t) bytes). Rows
- * must not change meanwhile (the event loop's thread). */
-void psd_ckpt_table_encode(const psd_table *t, uint8_t *buf, size_t size);
+/* Writes t's record into buf (size: psd_ckpt_table_size(t) bytes). Rows
+ * must not change meanwhile (the event loop's thread). 0, or -1 if the
+ * rows walked do not match the table's row count (nothing is written past
+ * buf + size). */
+int psd_ckpt_table_encode(const psd_table *t, uint8_t *buf, size_t size);
 
 /* Parses the record at b (avail bytes left, starting at its magic): 0 with
  * *out and *used (the record's bytes), or -1 with a sentence in msg. No

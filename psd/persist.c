@@ -144,7 +144,13 @@ static void capture_table(psd_persist *p, uint32_t id) {
     abort_ckpt(p, "no memory for a table's copy");
     return;
   }
-  psd_ckpt_table_encode(tb->t, buf, len);
+  if (psd_ckpt_table_encode(tb->t, buf, len) != 0) {
+    free(buf);
+    psd_error("table '%s': its rows do not match its row count; checkpoint step %" PRIu64
+              " cannot hold it", name, p->cur_step);
+    abort_ckpt(p, "a table could not be copied");
+    return;
+  }
   double ms = (ps__now() - t0) * 1e3;
   if (psd_ckptq_add_table(p->q, p->cur, buf, cap, len, ms) != 0) {
     psd_error("out of memory queueing table '%s' for checkpoint step %" PRIu64, name,

@@ -78,7 +78,10 @@ static int write_fix_table(const char *path, const psd_table *t) {
     perror(path);
     return 1;
   }
-  psd_ckpt_table_encode(t, b, len);
+  if (psd_ckpt_table_encode(t, b, len) != 0) {
+    fprintf(stderr, "table encoding failed\n");
+    return 1;
+  }
   fwrite("FIX\x10", 1, 4, o);
   fwrite(b, 1, len, o);
   free(b);
@@ -129,8 +132,9 @@ int main(int argc, char **argv) {
   uint8_t *tb = malloc(tlen);
   psd_ckpt_meta m2 = {0, 1, 2, 2, 0, 8, 1, 1};
   a.step = 8;
-  psd_ckpt_table_encode(t, tb, tlen);
-  if (!tb || psd_ckpt_begin(&w, &d, &m2, err, sizeof err) ||
+  snprintf(err, sizeof err, "out of memory, or table encoding failed");
+  if (!tb || psd_ckpt_table_encode(t, tb, tlen) != 0 ||
+      psd_ckpt_begin(&w, &d, &m2, err, sizeof err) ||
       psd_ckpt_add(&w, &a, err, sizeof err) || psd_ckpt_add_table(&w, tb, tlen, err, sizeof err) ||
       psd_ckpt_commit(&w, err, sizeof err)) {
     fprintf(stderr, "%s\n", err);
