@@ -45,6 +45,7 @@ Suite *suite_telemetry(void);
 Suite *suite_pace(void);
 Suite *suite_waiters(void);
 Suite *suite_shard(void);
+Suite *suite_table(void);
 Suite *suite_memlimit(void);
 Suite *suite_bounds(void);
 Suite *suite_admission(void);

@@ -270,7 +270,7 @@ PS_EXTERN int ps_client_create(const ps_config *cfg, ps_client **out, char *errm
 PS_EXTERN int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
 
 /* Closes the connections (without ps_client_finish: servers see the worker
- * leave) and frees every variable and request. The last client holding the
+ * leave) and frees every variable, table and request. The last client holding the
  * library's SIGTERM/SIGUSR1 handlers puts back the actions they replaced
  * (unless the application changed them since). NULL is a no-op. */
 PS_EXTERN void ps_client_destroy(ps_client *c);
@@ -376,17 +376,23 @@ PS_EXTERN int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *cons
  * with its sentence in ps_client_errmsg.
  * On success *step_out (may be NULL) gets, for a pull, the smallest step
  * among the slices of trainable variables received (of the others when
- * it named none). r stays valid until ps_req_destroy(). */
+ * it named none; for a table pull, among the servers asked). r stays valid
+ * until ps_req_destroy(). */
 PS_EXTERN int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
 
 /* Releases a finished request (waiting first if it is still in flight, so
  * that no buffer is still in use). NULL is a no-op. */
 PS_EXTERN void ps_req_destroy(ps_req *r);
 
-/* One synchronous training step for every variable: pushes the gradients
- * of the trainable variables computed at *step, pulls the parameters of
+/* One synchronous training step for every variable and table: pushes the
+ * gradients of the trainable variables computed at *step, and every
+ * table's gradients added with ps_table_add_grad (to every ps, possibly
+ * none: the push counts toward the table's step), pulls the parameters of
  * the next step (and the latest values of the variables that are not
- * trainable), and sets *step to it. A stale push is not an error here: the
+ * trainable), waits until every table has reached it too (the tables'
+ * rows are not pulled: ps_table_pull the keys of the next batch), and
+ * sets *step to the smallest step received among variables and tables. A
+ * client may have tables and no variables. A stale push is not an error here: the
  * client skips ahead to the servers' step (*stale_out, if not NULL, is set
  * to 1 when it happened, else 0). Nor is a duplicate push (PS_EDUPLICATE
  * from a server: it already has this worker's gradient for that step, as
@@ -408,8 +414,9 @@ PS_EXTERN void ps_req_destroy(ps_req *r);
 PS_EXTERN int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
 
 /* Pulls every variable at step >= min_step (blocking; the variables that
- * are not trainable at their latest values); on success *step_out (may be
- * NULL) gets the step received. Used to start or resume:
+ * are not trainable at their latest values) and waits for every table to
+ * reach it; on success *step_out (may be NULL) gets the step received, the
+ * smallest among variables and tables. Used to start or resume:
  * ps_client_pull(c, 0, &s). */
 PS_EXTERN int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out);
 
@@ -503,14 +510,16 @@ typedef struct ps_table_config {
   double initial_accumulator; /* PS_TOPT_ADAGRAD: default 0.1 */
   double beta1;               /* PS_TOPT_ADAM: default 0.9 */
   double beta2;               /* PS_TOPT_ADAM: default 0.999 */
-  double epsilon;             /* PS_TOPT_ADAM (1e-8), PS_TOPT_ADAGRAD (1e-7) */
+  double epsilon;             /* PS_TOPT_ADAM, PS_TOPT_ADAGRAD: > 0; 0 (what
+                                 ps_table_config_init sets) takes the rule's
+                                 default: 1e-8 Adam, 1e-7 Adagrad */
   double l1;                  /* PS_TOPT_FTRL: L1 strength, >= 0 */
   double l2;                  /* PS_TOPT_FTRL: L2 strength, >= 0 */
   double ftrl_beta;           /* PS_TOPT_FTRL: beta of the per-element rate,
                                  default 1 */
   uint32_t admit_count;       /* a key is stored once it has been seen (pulled
                                  without PS_TABLE_READ_ONLY) this many times;
-                                 0 or 1: at its first sighting. Counted in a
+                                 0 or 1 (the same table): at its first sighting. Counted in a
                                  count-min sketch, so a key may be admitted a
                                  little early, never late */
   double admit_prob;          /* instead, admit with this probability at each
@@ -520,8 +529,10 @@ typedef struct ps_table_config {
 } ps_table_config;
 
 /* Fills *cfg (size bytes): dim 0 and capacity 0 (the caller must set
- * both), zeros init, SGD at lr 0.01 and the other defaults above. Call it
- * through ps_table_config_init, which passes the size. */
+ * both), zeros init (init.struct_size set: replace init only by a ps_init
+ * made with ps_init_init or PS_SIZED), SGD at lr 0.01 and the other
+ * defaults above. Call it through ps_table_config_init, which passes the
+ * size. */
 PS_EXTERN void ps_table_config_init_sized(ps_table_config *cfg, size_t size);
 static inline void ps_table_config_init(ps_table_config *cfg) {
   ps_table_config_init_sized(cfg, sizeof *cfg);
@@ -531,13 +542,21 @@ static inline void ps_table_config_init(ps_table_config *cfg) {
  * attaches to it if it exists with the same configuration (a different one
  * is PS_EMISMATCH naming the field and both values). Names share no space
  * with variables. Creating a name this client already created returns the
- * same handle when the configuration is the same. Needs servers of
- * protocol 2.2 (else PS_EUNSUPPORTED). A capacity the servers' --max-memory
- * cannot hold is PS_ENOMEM with the server's sentence. Blocking. */
+ * same handle when the configuration is the same (compared as the servers
+ * compare: only the fields the rule and the initializer use), without any
+ * I/O, and is PS_EMISMATCH naming the field and both values otherwise.
+ * The configuration is checked before anything is sent: a bad field is
+ * PS_EINVAL naming it (dim 1..65536, capacity > 0, lr > 0 and finite, no
+ * Glorot init, admit_prob in [0, 1], no NaN). Needs servers of protocol
+ * 2.2 (else PS_EUNSUPPORTED naming the server). A capacity the servers'
+ * --max-memory cannot hold is PS_ENOMEM with the server's sentence; a
+ * server that writes checkpoints (--checkpoint-dir) refuses tables for
+ * now (PS_EUNSUPPORTED). Blocking. */
 PS_EXTERN int ps_client_table_create(ps_client *c, const char *name,
                                      const ps_table_config *cfg, ps_table **out);
 
-/* The table this client created under `name`, or NULL. */
+/* The table this client created under `name`, or NULL (the error
+ * message says so). */
 PS_EXTERN ps_table *ps_client_table_find(ps_client *c, const char *name);
 PS_EXTERN const char *ps_table_name(const ps_table *t);
 PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
@@ -555,7 +574,15 @@ PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
  * admission) unless flags has PS_TABLE_READ_ONLY. out and keys must stay
  * valid until the request completes (keys only until this call returns).
  * On success ps_req_wait's step_out gets the smallest table step among the
- * servers asked. */
+ * servers asked. n == 0 (keys and out may be NULL) asks every ps for the
+ * table's step only: it waits for min_step there (sync mode).
+ * A server keeps one waiting pull per table and connection: a second pull
+ * of the same table with a min_step it has not reached, while the first
+ * still waits, fails with PS_EBUSY (ps_client_step's own pull counts).
+ * A server's error (PS_ETIMEDOUT, PS_EBUSY, PS_ENOMEM...) fails the request
+ * with the server's sentence in ps_client_errmsg; out is then left as it
+ * was. Releasing the request before it completes is safe: rows still
+ * arriving are discarded. */
 PS_EXTERN int ps_table_pull_async(ps_table *t, uint64_t min_step, const uint64_t *keys,
                                   size_t n, float *out, unsigned flags, ps_req **req);
 /* The same, waiting for it (the client's request timeout); *step_out (may
@@ -567,7 +594,10 @@ PS_EXTERN int ps_table_pull(ps_table *t, uint64_t min_step, const uint64_t *keys
  * gradients with the dense ones (a table with none added still counts:
  * an empty push, so the step completes). grads holds n * dim floats, row i
  * for keys[i]; duplicate keys (in one call or across calls of one step)
- * are summed. Copies what it is given. Returns 0, PS_EINVAL or PS_ENOMEM. */
+ * are summed (in the order added). Copies what it is given. Returns 0,
+ * PS_EINVAL or PS_ENOMEM. A ps_client_step that fails before its push is
+ * sent keeps the staged gradients for the next one; once sent, they are
+ * cleared. */
 PS_EXTERN int ps_table_add_grad(ps_table *t, const uint64_t *keys, size_t n,
                                 const float *grads);
 
@@ -575,9 +605,11 @@ PS_EXTERN int ps_table_add_grad(ps_table *t, const uint64_t *keys, size_t n,
  * (each gets its keys, possibly none: the push still counts for the
  * step), without ps_client_step: for training loops of their own. Do not
  * also add gradients of that step with ps_table_add_grad. Duplicates are
- * summed; keys and grads are copied before the call returns. ps_req_wait
- * returns as for a variable's push (PS_ESTALE, PS_EDUPLICATE, a refusal
- * with the server's sentence). */
+ * summed (in the caller's order); keys and grads are copied before the
+ * call returns. One ps's distinct keys must fit one frame (at most 2^22
+ * keys and 256 MiB of keys and gradients), else PS_ETOOBIG and nothing is
+ * sent. ps_req_wait returns as for a variable's push (PS_ESTALE,
+ * PS_EDUPLICATE, a refusal with the server's sentence). */
 PS_EXTERN int ps_table_push_async(ps_table *t, uint64_t step, const uint64_t *keys,
                                   size_t n, const float *grads, ps_req **req);
 

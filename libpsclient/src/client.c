@@ -265,6 +265,7 @@ void ps_client_destroy(ps_client *c) {
   for (int i = 0; c->conns && i < c->num_ps; i++) ps__conn_free(&c->conns[i]);
   free(c->conns);
   ps__vars_free(c);
+  ps__tables_free(c);
   ps__remote_free(c);
   ps__req_free_all(c);
   ps__placer_free(&c->placer);

@@ -9,10 +9,15 @@
  *   client.c    create (connect, handshake), destroy, configuration, accessors
  *   step.c      ps_client_step / pull / finish, the chief's checkpoints, stop
  *   var.c       variables: placement, registration, initialization, undo
+ *   table.c     sparse tables: config, create, find, add_grad, the public
+ *               pull and push calls, the step's table requests
  *   transfer.c  Push and Pull frames (never waits)
  *   pump.c      the poll loop, and every wait: ps_req_wait / destroy
  *   reader.c    a connection's frame reader (enum states, direct reads)
  *   reply.c     what each reply type does to requests and variables
+ *   tablexfer.c TABLE_* frames out (keys sorted, split by ps) and their
+ *               replies (rows read into the request, scattered at the end)
+ *   keysort.c   radix sort of (key, position) pairs, grouping by ps
  *   slicemap.c  per server: its slice id -> our slice
  *   conn.c      sockets, connecting, queueing and flushing frames, breaking
  *   request.c   in-flight requests, looked up by id in a table
@@ -62,7 +67,14 @@
 
 /* What a request is for (ps_req.type). */
 enum { PS__REQ_PUSH = 1, PS__REQ_PULL, PS__REQ_REGISTER, PS__REQ_INIT, PS__REQ_FINISH,
-       PS__REQ_CHECKPOINT };
+       PS__REQ_CHECKPOINT,
+       PS__REQ_TREGISTER, /* TableRegister to every ps (reg_table) */
+       PS__REQ_TPULL,     /* TablePull of keys (tp: the rows come into it) */
+       PS__REQ_TSTEP,     /* zero-key TablePulls: only waits for tables' steps */
+       PS__REQ_TPUSH };   /* TablePush frames (one or more tables) */
+
+/* What the data of the frame being read is (ps__conn.data_kind). */
+enum { PS__DATA_PULL = 0, PS__DATA_TABLE = 1 };
 
 /* Where the frame reader of a connection is. */
 typedef enum ps__rd_state {
@@ -125,7 +137,52 @@ struct ps_req {
   uint64_t max_step;     /* checkpoint: most advanced server's step */
   double first_reply_at; /* pull: when its first PullReply came (telemetry) */
   ps_var *reg_var;       /* register: the variable whose slices it names */
+  ps_table *reg_table;   /* table register: the table whose ids it collects */
+  struct ps__tpull *tp;  /* table pull of keys: one malloc'd block (keys,
+                            inverse map, rows), freed with the request */
+  uint64_t dropped;      /* table push: keys the servers had no row for */
   struct ps_req *next;   /* free list link */
+};
+
+/* A (key, position) pair: what a table's keys are sorted as (keysort.c). */
+typedef struct ps__kp {
+  uint64_t key;  /* the key */
+  uint64_t pos;  /* its position in the caller's list */
+} ps__kp;
+
+/* A table pull of keys in flight (PS__REQ_TPULL): the caller's keys sorted
+ * and de-duplicated, grouped by ps (each ps's keys ascending), the rows
+ * read straight into `rows`, scattered into `out` when the last arrives.
+ * One allocation: the struct, then its arrays. */
+typedef struct ps__tpull {
+  ps_table *t;        /* the table */
+  float *out;         /* the caller's n * dim floats */
+  size_t n;           /* the caller's keys */
+  size_t nu;          /* distinct keys */
+  uint32_t dim;       /* floats per row */
+  uint64_t min_step;  /* sent in every frame */
+  int read_only;      /* PS_TABLE_READ_ONLY */
+  size_t per_frame;   /* most keys in one TablePull (keys and rows limits) */
+  uint64_t *keys;     /* nu distinct keys, ps 0's first */
+  size_t *inv;        /* n: caller position -> index in keys (and rows) */
+  float *rows;        /* nu * dim: the rows as they arrive */
+  size_t *first;      /* num_ps + 1: ps p's keys are keys[first[p]..first[p+1]) */
+  size_t *sent;       /* num_ps: keys of ps p sent so far (the frame in
+                         flight included); one frame per ps in flight */
+  size_t *inflight;   /* num_ps: keys of the frame in flight to ps p */
+} ps__tpull;
+
+/* A sparse table (table.c). */
+struct ps_table {
+  ps_client *c;           /* owner */
+  char *name;             /* table name */
+  ps_table_config cfg;    /* as created (library layout, defaults resolved):
+                             a second create of the name must agree */
+  uint32_t *ids;          /* num_ps: each server's id for it */
+  uint64_t *skeys;        /* ps_table_add_grad's keys for the next step */
+  float *sgrads;          /* ... and their gradients (sn * dim floats) */
+  size_t sn;              /* keys staged */
+  size_t skcap, sgcap;    /* entries allocated in skeys, sgrads */
 };
 
 /* In-flight requests by id: slot id & (cap - 1). Ids are handed out so
@@ -156,6 +213,10 @@ typedef struct ps__conn {
   uint64_t dst_got;            /* bytes of dst[dst_i] received */
   uint64_t data_req;           /* PullReply being received: request id */
   int data_items;              /* ... and the slices it completes */
+  int data_kind;               /* PS__DATA_PULL or PS__DATA_TABLE */
+  int data_own;                /* dst points into the request's own memory
+                                  (a table pull's rows): if the request goes
+                                  away mid-frame, the rest is discarded */
   int stopped;                 /* this server wrote the stop checkpoint */
   uint32_t minor;              /* its HelloReply.protocol_minor: what of 2.1 it knows */
   uint8_t *discard;            /* sink for data nobody wants */
@@ -211,6 +272,13 @@ struct ps_client {
   ps__telem telem;            /* per-step records (telemetry.c) */
   uint64_t cur_step;          /* the step last returned by ps_client_step or
                                  ps_client_pull (ps_client_step_current) */
+  ps_table **tables;          /* sparse tables, in creation order */
+  size_t ntables;             /* entries used */
+  size_t captables;           /* entries allocated */
+  ps__kp *kp, *kp_tmp;        /* scratch: a table call's sorted keys */
+  size_t kp_cap;              /* entries of both */
+  size_t *kgrp;               /* scratch: a push's distinct keys' first pairs */
+  size_t kgrp_cap;            /* its entries */
   char errmsg[1024];          /* last error */
 };
 
@@ -283,6 +351,26 @@ int ps__conn_flush(ps_client *c, ps__conn *k);
 void ps__conn_break(ps_client *c, ps__conn *k, int code, const char *why);
 /* Frees k's buffers and closes its socket. */
 void ps__conn_free(ps__conn *k);
+/* Breaks k for a protocol violation described by msg ("ps P at ADDR broke
+ * the protocol: msg"); returns PS_EPROTO. */
+int ps__proto_err(ps_client *c, ps__conn *k, const char *msg);
+
+/* ---- keysort.c (calls no other file) ------------------------------------- */
+
+/* Fills pairs[i] = (keys[i], i) and sorts them by key, equal keys in
+ * position order (a stable LSD radix sort, passes over bytes all keys
+ * share skipped; tmp: n entries of scratch). */
+void ps__keysort(const uint64_t *keys, size_t n, ps__kp *pairs, ps__kp *tmp);
+/* Counts the distinct keys of sorted pairs[0..n) per ps (ps__table_shard)
+ * into first[0..nps] as offsets: ps p's are [first[p], first[p+1]) in the
+ * grouped order below. Returns the number of distinct keys. */
+size_t ps__key_split(const ps__kp *pairs, size_t n, uint32_t nps, size_t *first);
+/* Lays the distinct keys out grouped by ps (each ps's ascending), g being
+ * a key's index there: keys_out[g] = key, inv[pos] = g for every pair,
+ * grp[g] = index in pairs of its first pair (each may be NULL). next:
+ * nps entries of scratch. */
+void ps__key_layout(const ps__kp *pairs, size_t n, uint32_t nps, const size_t *first,
+                    size_t *next, uint64_t *keys_out, size_t *inv, size_t *grp);
 
 /* ---- slicemap.c (calls no other file) ------------------------------------ */
 
@@ -302,6 +390,43 @@ void ps__remote_free(ps_client *c);
 int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta);
 /* The data of k's PullReply is all in: its slices are received. */
 void ps__pull_data_done(ps_client *c, ps__conn *k);
+
+/* The request of k's frame data went away mid-frame (a table pull's rows
+ * point into its memory): the rest of the data goes to the discard sink. */
+void ps__data_abandon(ps_client *c, ps__conn *k);
+
+/* ---- tablexfer.c (calls keysort.c, conn.c, request.c) -------------------- */
+
+/* The client's sort scratch holds n pairs. 0 or PS_ENOMEM (message set). */
+int ps__tscratch(ps_client *c, size_t n);
+/* Queues t's TableRegister on every ps for r (r->reg_table = t). */
+int ps__treg_queue(ps_client *c, ps_table *t, ps_req *r);
+/* A TablePull request of keys[0..n) (n >= 1) of t into out (see
+ * ps_table_pull_async): sorted, de-duplicated, the first frame of each ps
+ * queued. 0 or <0 (message set, nothing in flight). */
+int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t n,
+                    float *out, int read_only, ps_req **out_req);
+/* Zero-key TablePulls of tables[0..n) to every ps at min_step: a request
+ * whose step is the smallest table step received. */
+int ps__tstep_start(ps_client *c, ps_table *const *tables, size_t n, uint64_t min_step,
+                    ps_req **out_req);
+/* The distinct keys of keys[0..n) that each ps gets fit in one TablePush:
+ * 0 or PS_ETOOBIG (message set). */
+int ps__tpush_check(ps_table *t, const uint64_t *keys, size_t n);
+/* Queues t's TablePush for step on every ps (each its distinct keys,
+ * ascending, duplicates' gradients summed; possibly none) for r. 0 or <0
+ * (message set; frames queued before the error stay queued). */
+int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys, size_t n,
+                    const float *grads);
+/* Replies (0, or <0 when k was broken). */
+int ps__on_table_register_reply(ps_client *c, ps__conn *k, const Ps__TableRegisterReply *m);
+int ps__on_table_push_reply(ps_client *c, ps__conn *k, const Ps__TablePushReply *m);
+/* A TablePullReply for r (in flight): checks it and aims k's dst at r's
+ * rows (k->data_own set); nothing for a step pull. */
+int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePullReply *m);
+/* Its data is in: the next frame of that ps goes out, and the request,
+ * if complete, scatters its rows into the caller's buffer. */
+void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r);
 
 /* ---- reader.c (calls reply.c, conn.c) ------------------------------------ */
 
@@ -332,5 +457,18 @@ int ps__need_minor(ps_client *c, const char *what);
 
 /* Frees every variable and the slice list (not the slice maps). */
 void ps__vars_free(ps_client *c);
+
+/* ---- table.c ------------------------------------------------------------- */
+
+/* Frees every table. */
+void ps__tables_free(ps_client *c);
+/* ps_client_step: every table's staged gradients fit in one push per ps
+ * (0, or PS_ETOOBIG before anything is sent). */
+int ps__tables_step_check(ps_client *c);
+/* ps_client_step: zero-key pulls of every table at min_step. */
+int ps__tables_step_pull(ps_client *c, uint64_t min_step, ps_req **out);
+/* ps_client_step: every table's staged gradients pushed for step (to
+ * every ps), the staging cleared once sent. */
+int ps__tables_step_push(ps_client *c, uint64_t step, ps_req **out);
 
 #endif /* PS_CLIENT_INTERNAL_H */

@@ -53,11 +53,19 @@ void ps__conn_break(ps_client *c, ps__conn *k, int code, const char *why) {
   close(k->fd);
   k->fd = -1;
   char msg[600];
-  snprintf(msg, sizeof msg, "connection to ps %d at %s lost: %s", k->index, k->addr, why);
+  snprintf(msg, sizeof msg, "connection to ps %d at %.200s lost: %.300s", k->index, k->addr,
+           why);
   /* Fail the requests still waiting for this server. */
   break_ctx b = {k->index, code, msg};
   ps__req_each(c, fail_if_waiting, &b);
   snprintf(c->errmsg, sizeof c->errmsg, "%s", msg);
+}
+
+int ps__proto_err(ps_client *c, ps__conn *k, const char *msg) {
+  char e[700];
+  snprintf(e, sizeof e, "ps %d at %s broke the protocol: %s", k->index, k->addr, msg);
+  ps__conn_break(c, k, PS_EPROTO, e);
+  return PS_EPROTO;
 }
 
 void ps__conn_free(ps__conn *k) {

@@ -13,16 +13,10 @@
 /* Sink size for PullReply data nobody waits for any more. */
 #define PS__DISCARD_BYTES 65536u
 
-/* Breaks k for a protocol violation described by msg (the sentence names
- * the server). Every id and size a server sends is checked before it
- * indexes or sizes anything here: a broken or hostile server fails its
- * connection, it never makes the client allocate or write out of place. */
-static int proto_err(ps_client *c, ps__conn *k, const char *msg) {
-  char e[700];
-  snprintf(e, sizeof e, "ps %d at %s broke the protocol: %s", k->index, k->addr, msg);
-  ps__conn_break(c, k, PS_EPROTO, e);
-  return PS_EPROTO;
-}
+/* Every id and size a server sends is checked before it indexes or sizes
+ * anything here: a broken or hostile server fails its connection
+ * (ps__proto_err), it never makes the client allocate or write out of
+ * place. */
 
 /* Aims the rest of the frame's data at a discard sink. */
 static int plan_discard(ps__conn *k, uint64_t total) {
@@ -56,7 +50,7 @@ static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_
       snprintf(e, sizeof e, "it sent %llu values for slice id %u, which %s",
                (unsigned long long)it->count, it->slice_id,
                s ? "has another length" : "we never registered with it");
-      return proto_err(c, k, e);
+      return ps__proto_err(c, k, e);
     }
     total += it->count * sizeof(float);
     if (r) {
@@ -71,7 +65,7 @@ static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_
     char e[200];
     snprintf(e, sizeof e, "a pull reply carries %llu data bytes but its items take %llu",
              (unsigned long long)k->hdr.data_len, (unsigned long long)total);
-    return proto_err(c, k, e);
+    return ps__proto_err(c, k, e);
   }
   /* Nobody waits for it any more (failed or abandoned): read and drop. */
   if (!r && total && plan_discard(k, total)) return PS_ENOMEM;
@@ -130,14 +124,14 @@ static int on_register_reply(ps_client *c, ps__conn *k, const Ps__RegisterReply 
   if (n != m->n_slices) {
     snprintf(e, sizeof e, "its register reply lists %zu slices, the request %zu", m->n_slices,
              n);
-    return proto_err(c, k, e);
+    return ps__proto_err(c, k, e);
   }
   for (size_t j = 0; j < n; j++)
     if (m->slices[j]->slice_id >= PS__MAX_SLICES) {
       /* Ids index the remote-id map: bounded before any use. */
       snprintf(e, sizeof e, "it named slice %zu of '%s' with id %u (ids are below %u)", j,
                v->name, m->slices[j]->slice_id, PS__MAX_SLICES);
-      return proto_err(c, k, e);
+      return ps__proto_err(c, k, e);
     }
   size_t j = 0;
   for (size_t i = 0; i < v->n_slices; i++) {
@@ -148,7 +142,7 @@ static int on_register_reply(ps_client *c, ps__conn *k, const Ps__RegisterReply 
     s->initialized = m->slices[j]->initialized;
     j++;
     int rc = ps__remote_set(c, k->index, s->remote_id, si);
-    if (rc == PS_EPROTO) return proto_err(c, k, "it sent an out-of-range slice id");
+    if (rc == PS_EPROTO) return ps__proto_err(c, k, "it sent an out-of-range slice id");
     if (rc) {
       ps__conn_break(c, k, rc, "out of memory");
       return rc;
@@ -189,13 +183,39 @@ static int on_push_reply(ps_client *c, ps__conn *k, const Ps__PushReply *m) {
 static int on_pull_reply(ps_client *c, ps__conn *k, const Ps__PullReply *m) {
   note_flags(c, k, m->want_checkpoint, m->want_stop, m->stopped, m->stop_step);
   ps_req *r = ps__req_find(c, m->request_id);
+  if (r && r->type != PS__REQ_PULL)
+    return ps__proto_err(c, k, "it answered a pull we never sent");
   if (r && !r->first_reply_at) r->first_reply_at = ps__now();
   ps__telem_bytes(&c->telem, k->index, 1, k->hdr.data_len);
+  k->data_kind = PS__DATA_PULL;
+  k->data_own = 0;
   int rc = plan_pull_data(c, k, m, r);
   k->data_req = m->request_id;
   k->data_items = (int)m->n_items;
   if (rc) return rc;
   /* The request's slices count as received once the data is in. */
+  k->rstate = PS__RD_DATA;
+  return 0;
+}
+
+/* A TablePullReply: its rows go into the request's buffer (tablexfer.c),
+ * or to the discard sink when nobody waits for them any more. */
+static int on_table_pull_reply(ps_client *c, ps__conn *k, const Ps__TablePullReply *m) {
+  ps_req *r = ps__req_find(c, m->request_id);
+  ps__telem_bytes(&c->telem, k->index, 1, k->hdr.data_len);
+  k->ndst = 0;
+  k->dst_i = 0;
+  k->dst_got = 0;
+  k->data_req = m->request_id;
+  k->data_items = 1;
+  k->data_kind = PS__DATA_TABLE;
+  k->data_own = 0;
+  int rc = r ? ps__table_pull_reply(c, k, r, m) : 0;
+  if (rc) return rc;
+  if (!k->ndst && k->hdr.data_len && plan_discard(k, k->hdr.data_len)) {
+    ps__conn_break(c, k, PS_ENOMEM, "out of memory");
+    return PS_ENOMEM;
+  }
   k->rstate = PS__RD_DATA;
   return 0;
 }
@@ -228,8 +248,8 @@ static int on_checkpoint_reply(ps_client *c, ps__conn *k, const Ps__CheckpointRe
 int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   unsigned t = k->hdr.type;
   size_t len = k->hdr.meta_len;
-  if (t != PS__MSG_PULL_REPLY && k->hdr.data_len)
-    return proto_err(c, k, "a reply other than a pull reply carries data");
+  if (t != PS__MSG_PULL_REPLY && t != PS__MSG_TABLE_PULL_REPLY && k->hdr.data_len)
+    return ps__proto_err(c, k, "a reply other than a pull reply carries data");
   switch (t) {
   case PS__MSG_ERROR: PS__DISPATCH(on_error, ps__error__unpack, ps__error__free_unpacked);
   case PS__MSG_ACK: PS__DISPATCH(on_ack, ps__ack__unpack, ps__ack__free_unpacked);
@@ -243,19 +263,42 @@ int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   case PS__MSG_CHECKPOINT_REPLY:
     PS__DISPATCH(on_checkpoint_reply, ps__checkpoint_reply__unpack,
                  ps__checkpoint_reply__free_unpacked);
+  case PS__MSG_TABLE_REGISTER_REPLY:
+    PS__DISPATCH(ps__on_table_register_reply, ps__table_register_reply__unpack,
+                 ps__table_register_reply__free_unpacked);
+  case PS__MSG_TABLE_PULL_REPLY:
+    PS__DISPATCH(on_table_pull_reply, ps__table_pull_reply__unpack,
+                 ps__table_pull_reply__free_unpacked);
+  case PS__MSG_TABLE_PUSH_REPLY:
+    PS__DISPATCH(ps__on_table_push_reply, ps__table_push_reply__unpack,
+                 ps__table_push_reply__free_unpacked);
   default:
     break;
   }
 bad:;
   char e[160];
   snprintf(e, sizeof e, "malformed or unexpected %s frame", ps__msg_name(t));
-  return proto_err(c, k, e);
+  return ps__proto_err(c, k, e);
 }
 
 void ps__pull_data_done(ps_client *c, ps__conn *k) {
   k->rstate = PS__RD_HEADER;
   ps_req *r = ps__req_find(c, k->data_req);
-  if (r) ps__req_answered(c, r, k->index, k->data_items);
+  if (r && k->data_kind == PS__DATA_TABLE) ps__table_pull_done(c, k, r);
+  else if (r) ps__req_answered(c, r, k->index, k->data_items);
   k->data_req = 0;
   k->data_items = 0;
+  k->data_kind = PS__DATA_PULL;
+  k->data_own = 0;
+}
+
+void ps__data_abandon(ps_client *c, ps__conn *k) {
+  uint64_t left = 0;
+  for (size_t i = k->dst_i; i < k->ndst; i++) left += k->dst[i].iov_len;
+  left -= k->dst_got;
+  k->ndst = 0;
+  k->dst_i = 0;
+  k->dst_got = 0;
+  k->data_own = 0;
+  if (left && plan_discard(k, left)) ps__conn_break(c, k, PS_ENOMEM, "out of memory");
 }

@@ -84,6 +84,10 @@ void ps__req_fail(ps_client *c, ps_req *r, int code, const char *msg) {
 
 void ps__req_release(ps_client *c, ps_req *r) {
   if (!r->done) ps__req_finish(c, r);
+  /* A table pull's rows: a connection still reading into them notices the
+   * request is gone and discards the rest (reader.c). */
+  free(r->tp);
+  r->tp = NULL;
   r->next = c->freelist;
   c->freelist = r;
 }
@@ -103,6 +107,7 @@ void ps__req_free_all(ps_client *c) {
   for (size_t i = 0; i < c->reqs.cap; i++) {
     ps_req *r = c->reqs.slot[i];
     if (!r) continue;
+    free(r->tp);
     free(r->pend_ps);
     free(r);
   }

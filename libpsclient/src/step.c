@@ -4,16 +4,30 @@
 
 #include "client_internal.h"
 
+/* The smaller of a variables' step and a tables' step (UINT64_MAX: that
+ * kind was not asked): the step every variable and table has reached. */
+static uint64_t min_step_of(uint64_t dense, uint64_t tables) {
+  return dense < tables ? dense : tables;
+}
+
 int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out) {
   if (!c) return PS_EINVAL;
-  ps_req *r;
+  ps_req *r, *tr = NULL;
   int rc = ps_client_pull_async(c, min_step, NULL, 0, &r);
   if (rc) return rc;
-  uint64_t got = 0;
+  /* Tables too: a worker that resumes learns their step as well. */
+  if (c->ntables && (rc = ps__tables_step_pull(c, min_step, &tr)) != 0) {
+    ps__req_release(c, r);
+    return rc;
+  }
+  uint64_t got = 0, tgot = UINT64_MAX;
   rc = ps_req_wait(r, -1, &got);
+  if (rc == 0 && tr) rc = ps_req_wait(tr, -1, &tgot);
   ps__req_release(c, r);
+  if (tr) ps__req_release(c, tr);
   ps__telem_idle(&c->telem, ps__now());
   if (rc) return rc;
+  got = min_step_of(c->nvars || !tr ? got : UINT64_MAX, tgot);
   c->cur_step = got;
   if (step_out) *step_out = got;
   return 0;
@@ -118,6 +132,50 @@ void ps_client_request_stop(ps_client *c) {
   if (c) c->stop_requested = 1;
 }
 
+/* The requests of one step: the variables' pull and push, and the
+ * tables' step pull and push (NULL when there is nothing of that kind). */
+typedef struct step_reqs {
+  ps_req *pull, *push, *tpull, *tpush;
+} step_reqs;
+
+/* Releases what is left of a step's requests (late answers are dropped
+ * on arrival). */
+static void step_release(ps_client *c, step_reqs *s) {
+  ps_req **v[] = {&s->pull, &s->push, &s->tpull, &s->tpush};
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+    if (*v[i]) {
+      ps__req_release(c, *v[i]);
+      *v[i] = NULL;
+    }
+}
+
+/* Sends a step's requests. The pulls go first, so the servers answer each
+ * slice (and table) the moment its update is applied, while the rest of
+ * the push is still arriving. A table push too big for its frames fails
+ * before anything is sent. */
+static int step_send(ps_client *c, uint64_t step, step_reqs *s) {
+  uint64_t want = c->async_mode ? 0 : step + 1;
+  int rc = ps__tables_step_check(c);
+  if (!rc) rc = ps_client_pull_async(c, want, NULL, 0, &s->pull);
+  /* Async mode waits for nothing: a table's zero-key pull would only say
+   * its step, which the worker does not use. */
+  if (!rc && c->ntables && !c->async_mode) rc = ps__tables_step_pull(c, want, &s->tpull);
+  if (!rc) rc = ps_client_push_async(c, step, NULL, 0, &s->push);
+  if (!rc && c->ntables) rc = ps__tables_step_push(c, step, &s->tpush);
+  if (rc) step_release(c, s);
+  return rc;
+}
+
+/* Waits for a push: 0 when applied, stale or a duplicate (the servers
+ * moved on, or already have this worker's gradient: either way the pull
+ * decides the step), else the refusal or failure. */
+static int push_result(ps_req *r, int *stale) {
+  if (!r) return 0;
+  int rc = ps_req_wait(r, -1, NULL);
+  if (r->stale) *stale = 1;
+  return rc == PS_ESTALE || rc == PS_EDUPLICATE ? 0 : rc;
+}
+
 int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   if (!c) return PS_EINVAL;
   if (!step) return ps__seterr(c, PS_EINVAL, "ps_client_step: step is NULL");
@@ -125,40 +183,33 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
    * application had called ps_client_request_stop (this push tells the
    * servers, and the chief arranges the stop checkpoint after it). */
   if (c->signals && ps__signals_stop()) c->stop_requested = 1;
-  /* The pull goes first, so the servers answer each slice the moment its
-   * update is applied, while the rest of the push is still arriving. */
-  ps_req *pull = NULL, *push = NULL;
+  step_reqs s = {NULL, NULL, NULL, NULL};
   uint64_t from = *step;
   ps__telem_step_begin(&c->telem, ps__now());
-  uint64_t want = c->async_mode ? 0 : *step + 1;
-  int rc = ps_client_pull_async(c, want, NULL, 0, &pull);
+  int rc = step_send(c, *step, &s);
   if (rc) return rc;
-  rc = ps_client_push_async(c, *step, NULL, 0, &push);
+  int stale = 0;
+  rc = push_result(s.push, &stale);
+  if (!rc) rc = push_result(s.tpush, &stale);
+  double push_done = ps__now();
   if (rc) {
-    ps__req_release(c, pull); /* its answers, if any, are dropped on arrival */
+    /* Refused (errmsg has psd's sentence) or failed: the pulls could only
+     * wait out the request timeout for an update that will not come. */
+    step_release(c, &s);
     return rc;
   }
-  int prc = ps_req_wait(push, -1, NULL);
-  double push_done = ps__now();
-  int stale = push->stale;
-  ps__req_release(c, push);
-  /* Stale: the servers moved on. Duplicate: they already have this
-   * worker's gradient for the step (a restarted worker pushing its
-   * predecessor's step again): as good as applied. Either way the pull
-   * decides the step. */
-  if (prc == PS_ESTALE || prc == PS_EDUPLICATE) prc = 0;
-  if (prc) {
-    /* Refused (errmsg has psd's sentence) or failed: the pull could only
-     * wait out the request timeout for an update that will not come. */
-    ps__req_release(c, pull); /* its answers, if any, are dropped on arrival */
-    return prc;
-  }
-  uint64_t got = 0;
-  int lrc = ps_req_wait(pull, -1, &got);
-  ps__telem_step_end(&c->telem, from, push_done, pull->first_reply_at, stale, ps__now());
-  ps__req_release(c, pull);
-  if (lrc) return lrc;
+  uint64_t got = 0, tgot = UINT64_MAX;
+  rc = ps_req_wait(s.pull, -1, &got);
+  if (!rc && s.tpull) rc = ps_req_wait(s.tpull, -1, &tgot);
+  int tables = s.tpull != NULL;
+  double first = s.pull->first_reply_at;
+  if (!first && tables) first = s.tpull->first_reply_at;
+  ps__telem_step_end(&c->telem, from, push_done, first, stale, ps__now());
+  step_release(c, &s);
+  if (rc) return rc;
   if (all_stopped(c)) return stopped_err(c);
+  /* Tables only: their step (the variables' pull received nothing). */
+  got = min_step_of(c->nvars || !tables ? got : UINT64_MAX, tgot);
   uint64_t next = c->async_mode ? *step + 1 : got;
   /* Outputs change only when the whole call succeeds. */
   if ((rc = after_step(c, next)) != 0) return rc;

@@ -1,0 +1,380 @@
+/* tablexfer.c - TABLE_* frames (docs/protocol.md 13c) and what their
+ * replies do. Keys go out sorted, de-duplicated and split by the ps that
+ * holds them (keysort.c); a pull's rows are read straight into the
+ * request's own buffer (reader.c's dst iovecs) and scattered into the
+ * caller's order when the last one is in; a push's gradients of duplicate
+ * keys are summed straight into the frame. Keys and gradients are copied
+ * into the output queue (ps__outq_frame_inline), so nothing queued points
+ * at memory a request or the caller may free. Nothing here waits. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client_internal.h"
+
+int ps__tscratch(ps_client *c, size_t n) {
+  const ps__array arrays[] = {
+      {(void **)&c->kp, sizeof *c->kp},
+      {(void **)&c->kp_tmp, sizeof *c->kp_tmp},
+  };
+  if (ps__grow_all(arrays, 2, &c->kp_cap, n ? n : 1))
+    return ps__seterr(c, PS_ENOMEM, "out of memory sorting %zu keys", n);
+  return 0;
+}
+
+/* ---- registration ---------------------------------------------------------- */
+
+static void spec_of(const ps_table *t, Ps__TableSpec *s) {
+  const ps_table_config *g = &t->cfg;
+  ps__table_spec__init(s);
+  s->name = t->name;
+  s->dim = g->dim;
+  s->capacity = g->capacity;
+  s->init_kind = (uint32_t)g->init.kind;
+  s->init_a = g->init.a;
+  s->init_b = g->init.b;
+  s->init_seed = g->init.seed;
+  s->opt = (Ps__TableOptKind)g->opt;
+  s->lr = g->lr;
+  s->initial_accumulator = g->initial_accumulator;
+  s->beta1 = g->beta1;
+  s->beta2 = g->beta2;
+  s->epsilon = g->epsilon;
+  s->l1 = g->l1;
+  s->l2 = g->l2;
+  s->ftrl_beta = g->ftrl_beta;
+  s->admit_count = g->admit_count;
+  s->admit_prob = g->admit_prob;
+  s->evict_after_steps = g->evict_after_steps;
+}
+
+int ps__treg_queue(ps_client *c, ps_table *t, ps_req *r) {
+  Ps__TableSpec spec;
+  spec_of(t, &spec);
+  Ps__TableRegister m = PS__TABLE_REGISTER__INIT;
+  m.request_id = r->id;
+  m.spec = &spec;
+  r->reg_table = t;
+  for (int p = 0; p < c->num_ps; p++) {
+    int rc = ps__queue_frame(c, &c->conns[p], PS__MSG_TABLE_REGISTER, &m.base, NULL, NULL, 0);
+    if (rc) return rc;
+    ps__req_expect(r, p, 1);
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  return 0;
+}
+
+int ps__on_table_register_reply(ps_client *c, ps__conn *k, const Ps__TableRegisterReply *m) {
+  ps_req *r = ps__req_find(c, m->request_id);
+  if (!r) return 0;
+  if (r->type != PS__REQ_TREGISTER || !r->reg_table)
+    return ps__proto_err(c, k, "it answered a table register we never sent");
+  r->reg_table->ids[k->index] = m->table_id;
+  if (m->step < r->step) r->step = m->step;
+  ps__req_answered(c, r, k->index, 1);
+  return 0;
+}
+
+/* ---- pulls ------------------------------------------------------------------- */
+
+/* Queues the next TablePull of r's keys on ps p (one frame in flight per
+ * ps: a later frame is sent when the previous one is answered, so a pull
+ * parked for its step is never a second one, which psd would refuse). */
+static int tpull_send(ps_client *c, ps_req *r, int p) {
+  ps__tpull *tp = r->tp;
+  size_t k = tp->first[p + 1] - tp->first[p] - tp->sent[p];
+  if (k > tp->per_frame) k = tp->per_frame;
+  Ps__TablePull m = PS__TABLE_PULL__INIT;
+  m.request_id = r->id;
+  m.table_id = tp->t->ids[p];
+  m.min_step = tp->min_step;
+  m.count = k;
+  m.read_only = tp->read_only;
+  m.timeout_ms = (uint32_t)c->request_timeout_ms;
+  void *d = ps__outq_frame_inline(&c->conns[p].out, PS__MSG_TABLE_PULL, &m.base,
+                                  (uint64_t)k * sizeof(uint64_t));
+  if (!d) return ps__seterr(c, PS_ENOMEM, "out of memory queueing a pull of %zu keys", k);
+  memcpy(d, tp->keys + tp->first[p] + tp->sent[p], k * sizeof(uint64_t));
+  tp->sent[p] += k;
+  tp->inflight[p] = k;
+  ps__req_expect(r, p, 1);
+  ps__telem_bytes(&c->telem, p, 0, (uint64_t)k * sizeof(uint64_t));
+  return 0;
+}
+
+/* Bytes of a pull's block: the struct, per-ps arrays, inverse map, keys
+ * and rows, each part 8-byte aligned. 0 on overflow. */
+static size_t tpull_bytes(size_t nps, size_t n, size_t nu, uint32_t dim) {
+  uint64_t per_ps = 0, inv = 0, keys = 0, rows = 0, total = sizeof(ps__tpull);
+  if (ps__mul_u64(4 * (uint64_t)nps + 1, sizeof(size_t), &per_ps) ||
+      ps__mul_u64(n, sizeof(size_t), &inv) || ps__mul_u64(nu, sizeof(uint64_t), &keys) ||
+      ps__mul_u64(nu, (uint64_t)dim * sizeof(float), &rows) ||
+      ps__add_u64(total, per_ps, &total) || ps__add_u64(total, inv, &total) ||
+      ps__add_u64(total, keys, &total) || ps__add_u64(total, rows, &total) ||
+      total > SIZE_MAX)
+    return 0;
+  return (size_t)total;
+}
+
+/* Carves r->tp's arrays out of its block (sizes as tpull_bytes). */
+static void tpull_carve(ps__tpull *tp, size_t nps) {
+  size_t *z = (size_t *)(tp + 1);
+  tp->first = z;
+  tp->sent = z + nps + 1;
+  tp->inflight = z + 2 * nps + 1;
+  tp->inv = z + 4 * nps + 1; /* [3 nps + 1, 4 nps + 1): the layout's scratch */
+  tp->keys = (uint64_t *)(tp->inv + tp->n);
+  tp->rows = (float *)(tp->keys + tp->nu);
+}
+
+int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t n,
+                    float *out, int read_only, ps_req **out_req) {
+  ps_client *c = t->c;
+  size_t nps = (size_t)c->num_ps;
+  if (ps__tscratch(c, n)) return PS_ENOMEM;
+  ps__keysort(keys, n, c->kp, c->kp_tmp);
+  size_t nu = 0;
+  for (size_t i = 0; i < n; i++) nu += i == 0 || c->kp[i].key != c->kp[i - 1].key;
+  size_t bytes = tpull_bytes(nps, n, nu, t->cfg.dim);
+  ps__tpull *tp = bytes ? malloc(bytes) : NULL;
+  if (!tp)
+    return ps__seterr(c, PS_ENOMEM, "table '%s': out of memory for the rows of %zu keys",
+                      t->name, nu);
+  *tp = (ps__tpull){.t = t, .out = out, .n = n, .nu = nu, .dim = t->cfg.dim,
+                    .min_step = min_step, .read_only = read_only};
+  uint64_t rows_per_frame = PS__MAX_DATA / ((uint64_t)t->cfg.dim * sizeof(float));
+  tp->per_frame = rows_per_frame < PS__MAX_TABLE_KEYS ? (size_t)rows_per_frame
+                                                      : PS__MAX_TABLE_KEYS;
+  tpull_carve(tp, nps);
+  memset(tp->sent, 0, 3 * nps * sizeof *tp->sent);
+  ps__key_split(c->kp, n, (uint32_t)nps, tp->first);
+  ps__key_layout(c->kp, n, (uint32_t)nps, tp->first, tp->inflight + nps, tp->keys, tp->inv,
+                 NULL);
+  ps_req *r = ps__req_new(c, PS__REQ_TPULL);
+  if (!r) {
+    free(tp);
+    return ps__seterr(c, PS_ENOMEM, "out of memory");
+  }
+  r->tp = tp; /* freed with the request */
+  for (int p = 0; p < c->num_ps; p++) {
+    if (tp->first[p + 1] == tp->first[p]) continue; /* no key of this ps */
+    int rc = tpull_send(c, r, p);
+    if (rc) {
+      ps__req_release(c, r);
+      return rc;
+    }
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  *out_req = r;
+  return 0;
+}
+
+int ps__tstep_start(ps_client *c, ps_table *const *tables, size_t n, uint64_t min_step,
+                    ps_req **out_req) {
+  ps_req *r = ps__req_new(c, PS__REQ_TSTEP);
+  if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  for (int p = 0; p < c->num_ps; p++) {
+    for (size_t i = 0; i < n; i++) {
+      Ps__TablePull m = PS__TABLE_PULL__INIT;
+      m.request_id = r->id;
+      m.table_id = tables[i]->ids[p];
+      m.min_step = min_step;
+      m.timeout_ms = (uint32_t)c->request_timeout_ms;
+      int rc = ps__queue_frame(c, &c->conns[p], PS__MSG_TABLE_PULL, &m.base, NULL, NULL, 0);
+      if (rc) {
+        ps__req_release(c, r);
+        return rc;
+      }
+      ps__req_expect(r, p, 1);
+    }
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  if (r->pending == 0) ps__req_finish(c, r);
+  *out_req = r;
+  return 0;
+}
+
+int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePullReply *m) {
+  int p = k->index;
+  if (!r->first_reply_at) r->first_reply_at = ps__now();
+  if (r->type == PS__REQ_TSTEP) {
+    if (m->count || k->hdr.data_len)
+      return ps__proto_err(c, k, "it sent rows for a table pull of no keys");
+    if (m->step < r->step) r->step = m->step;
+    return 0;
+  }
+  if (r->type != PS__REQ_TPULL || !r->tp)
+    return ps__proto_err(c, k, "it answered a table pull we never sent");
+  ps__tpull *tp = r->tp;
+  uint64_t want = (uint64_t)tp->inflight[p] * tp->dim * sizeof(float);
+  if (!tp->inflight[p] || m->count != tp->inflight[p] || m->table_id != tp->t->ids[p] ||
+      k->hdr.data_len != want) {
+    char e[300];
+    snprintf(e, sizeof e, "it answered a pull of %zu keys of table '%s' (id %u) with %llu "
+             "rows of table id %u in %llu data bytes", tp->inflight[p], tp->t->name,
+             tp->t->ids[p], (unsigned long long)m->count, m->table_id,
+             (unsigned long long)k->hdr.data_len);
+    return ps__proto_err(c, k, e);
+  }
+  if (m->step < r->step) r->step = m->step;
+  if (ps__grow((void **)&k->dst, &k->capdst, 1, sizeof *k->dst)) {
+    ps__conn_break(c, k, PS_ENOMEM, "out of memory");
+    return PS_ENOMEM;
+  }
+  size_t at = tp->first[p] + tp->sent[p] - tp->inflight[p];
+  k->dst[0].iov_base = tp->rows + at * tp->dim;
+  k->dst[0].iov_len = (size_t)want;
+  k->ndst = 1;
+  k->data_own = 1;
+  return 0;
+}
+
+/* Row i of the caller's keys into out + i * dim. */
+static void tpull_scatter(const ps__tpull *tp) {
+  size_t row = (size_t)tp->dim * sizeof(float);
+  for (size_t i = 0; i < tp->n; i++)
+    memcpy(tp->out + i * tp->dim, tp->rows + tp->inv[i] * tp->dim, row);
+}
+
+void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
+  int p = k->index;
+  if (r->type == PS__REQ_TPULL) {
+    ps__tpull *tp = r->tp;
+    tp->inflight[p] = 0;
+    if (tp->sent[p] < tp->first[p + 1] - tp->first[p] && tpull_send(c, r, p) != 0) {
+      char e[sizeof c->errmsg];
+      snprintf(e, sizeof e, "%s", c->errmsg);
+      ps__req_fail(c, r, PS_ENOMEM, e);
+      return;
+    }
+    if (r->pending == 1) tpull_scatter(tp); /* this was the last reply */
+  }
+  ps__req_answered(c, r, p, 1);
+}
+
+/* ---- pushes ------------------------------------------------------------------ */
+
+/* Distinct keys of the client's sorted pairs per ps into first (nps + 1):
+ * 0, or PS_ETOOBIG when one ps's would exceed a TablePush. */
+static int push_fits(ps_table *t, size_t n, size_t *first) {
+  ps_client *c = t->c;
+  ps__key_split(c->kp, n, (uint32_t)c->num_ps, first);
+  uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
+  for (int p = 0; p < c->num_ps; p++) {
+    uint64_t cnt = first[p + 1] - first[p];
+    if (cnt <= PS__MAX_TABLE_KEYS && cnt * per_key <= PS__MAX_TABLE_PUSH_BYTES) continue;
+    return ps__seterr(c, PS_ETOOBIG,
+                      "table '%s': the push for ps %d has %llu distinct keys (%llu bytes), "
+                      "more than one TablePush takes (%u keys, %llu bytes): push fewer keys "
+                      "per step", t->name, p, (unsigned long long)cnt,
+                      (unsigned long long)(cnt * per_key), PS__MAX_TABLE_KEYS,
+                      (unsigned long long)PS__MAX_TABLE_PUSH_BYTES);
+  }
+  return 0;
+}
+
+int ps__tpush_check(ps_table *t, const uint64_t *keys, size_t n) {
+  ps_client *c = t->c;
+  uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float), all;
+  if (n <= PS__MAX_TABLE_KEYS && !ps__mul_u64(n, per_key, &all) &&
+      all <= PS__MAX_TABLE_PUSH_BYTES)
+    return 0; /* even all of them on one ps fit */
+  size_t *first = malloc(((size_t)c->num_ps + 1) * sizeof *first);
+  int rc = first ? ps__tscratch(c, n) : ps__seterr(c, PS_ENOMEM, "out of memory");
+  if (!rc) {
+    ps__keysort(keys, n, c->kp, c->kp_tmp);
+    rc = push_fits(t, n, first);
+  }
+  free(first);
+  return rc;
+}
+
+/* Writes ps p's keys and summed gradients (first[p]..first[p+1] of the
+ * grouped layout, grp: their first pairs) into a frame's data d. acc:
+ * dim floats of scratch (d need not be aligned). */
+static void push_fill(const ps_table *t, const ps__kp *kp, size_t n, const size_t *grp,
+                      size_t lo, size_t hi, const float *grads, uint8_t *d, float *acc) {
+  uint32_t dim = t->cfg.dim;
+  size_t row = (size_t)dim * sizeof(float);
+  uint8_t *gd = d + (hi - lo) * sizeof(uint64_t);
+  for (size_t g = lo; g < hi; g++) {
+    size_t i = grp[g];
+    uint64_t key = kp[i].key;
+    memcpy(d + (g - lo) * sizeof(uint64_t), &key, sizeof key);
+    memcpy(acc, grads + kp[i].pos * dim, row);
+    /* Duplicates in the caller's order (the sort is stable). */
+    for (i++; i < n && kp[i].key == key; i++) {
+      const float *src = grads + kp[i].pos * dim;
+      for (uint32_t e = 0; e < dim; e++) acc[e] += src[e];
+    }
+    memcpy(gd + (g - lo) * row, acc, row);
+  }
+}
+
+int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys, size_t n,
+                    const float *grads) {
+  ps_client *c = t->c;
+  size_t nps = (size_t)c->num_ps;
+  size_t *first = malloc((2 * nps + 1) * sizeof *first);
+  float *acc = malloc((size_t)t->cfg.dim * sizeof *acc);
+  int rc = first && acc ? ps__tscratch(c, n) : ps__seterr(c, PS_ENOMEM, "out of memory");
+  if (!rc) {
+    ps__keysort(keys, n, c->kp, c->kp_tmp);
+    rc = push_fits(t, n, first);
+  }
+  if (!rc && ps__grow((void **)&c->kgrp, &c->kgrp_cap, first[nps] ? first[nps] : 1,
+                      sizeof *c->kgrp))
+    rc = ps__seterr(c, PS_ENOMEM, "out of memory");
+  if (!rc)
+    ps__key_layout(c->kp, n, (uint32_t)nps, first, first + nps + 1, NULL, NULL, c->kgrp);
+  uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
+  for (int p = 0; p < c->num_ps && !rc; p++) {
+    /* Every ps gets one, possibly empty: it counts toward the step. */
+    size_t cnt = first[p + 1] - first[p];
+    Ps__TablePush m = PS__TABLE_PUSH__INIT;
+    m.request_id = r->id;
+    m.table_id = t->ids[p];
+    m.step = step;
+    m.count = cnt;
+    uint8_t *d = ps__outq_frame_inline(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,
+                                       cnt * per_key);
+    if (!d) {
+      rc = ps__seterr(c, PS_ENOMEM, "table '%s': out of memory queueing a push of %zu keys",
+                      t->name, cnt);
+      break;
+    }
+    push_fill(t, c->kp, n, c->kgrp, first[p], first[p + 1], grads, d, acc);
+    ps__req_expect(r, p, 1);
+    ps__telem_bytes(&c->telem, p, 0, cnt * per_key);
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  free(first);
+  free(acc);
+  return rc;
+}
+
+int ps__on_table_push_reply(ps_client *c, ps__conn *k, const Ps__TablePushReply *m) {
+  ps_req *r = ps__req_find(c, m->request_id);
+  if (!r) return 0;
+  if (r->type != PS__REQ_TPUSH)
+    return ps__proto_err(c, k, "it answered a table push we never sent");
+  r->dropped += m->dropped;
+  int st = m->status;
+  char why[400];
+  if (m->message && m->message[0]) snprintf(why, sizeof why, "%.399s", m->message);
+  else snprintf(why, sizeof why, "%s", ps_strerror(st));
+  if (st == PS_ESTALE) {
+    r->stale = 1;
+  } else if (st == PS_EDUPLICATE) { /* not an error for a step: see ps_req_wait */
+    if (!r->duplicate && !r->status)
+      snprintf(r->msg, sizeof r->msg, "ps %d at %.80s: %.399s", k->index, k->addr, why);
+    r->duplicate = 1;
+  } else if (st != 0 && !r->status) {
+    r->status = st < 0 ? st : PS_EPROTO;
+    snprintf(r->msg, sizeof r->msg, "ps %d at %.80s refused a table gradient: %.380s",
+             k->index, k->addr, why);
+    snprintf(c->errmsg, sizeof c->errmsg, "%s", r->msg);
+  }
+  ps__req_answered(c, r, k->index, 1);
+  return 0;
+}
