@@ -280,7 +280,7 @@ typedef struct trainer {
   /* timing (steps after the warm-up) */
   double *t_pull, *t_compute, *t_push, *t_step;
   size_t ntimed;
-  uint64_t sent0, recv0, sent1, recv1, timed_first, timed_last;
+  uint64_t sent0, recv0, sent1, recv1;
   double unique_sum;
   long unique_n;
   double t0, wall, last_report, loss_sum, loss;
@@ -488,6 +488,10 @@ static void evaluate(trainer *t) {
 static int trainer_step(trainer *t) {
   const opts *o = &t->o;
   size_t n = (size_t)o->batch * (size_t)t->F;
+  uint64_t s = t->step;
+  int timed = s >= t->first_step + (uint64_t)o->warmup;
+  /* The bytes of the timed steps: from the first one's pull on. */
+  if (timed && !t->ntimed && t->c) tcp_bytes(&t->sent0, &t->recv0);
   double a = now_s();
   fill_batch(t, t->step);
   double b = now_s();
@@ -500,7 +504,6 @@ static int trainer_step(trainer *t) {
   if (ctr_emb_add_grad(t->emb, t->keys, n, demb) != 0)
     die("adding the rows' gradients: %s", t->c ? ps_client_errmsg(t->c) : "out of memory");
   double d = now_s();
-  uint64_t s = t->step;
   if (!t->c) {
     if (ctr_mlp_local_update(t->m, o->mlp_adam, o->mlp_lr, t->step) != 0) die("out of memory");
     ctr_emb_local_step(t->emb);
@@ -516,18 +519,12 @@ static int trainer_step(trainer *t) {
     ctr_emb_after_step(t->emb);
   }
   double e = now_s();
-  if (s >= t->first_step + (uint64_t)o->warmup) {
-    if (!t->ntimed) {
-      if (t->c) tcp_bytes(&t->sent0, &t->recv0);
-      t->timed_first = s;
-      /* the bytes of this step are counted from here: its push and pull */
-    }
+  if (timed) {
     t->t_pull[t->ntimed] = (c - b) * 1e3;
     t->t_compute[t->ntimed] = ((b - a) + (d - c)) * 1e3;
     t->t_push[t->ntimed] = (e - d) * 1e3;
     t->t_step[t->ntimed] = (e - a) * 1e3;
     t->ntimed++;
-    t->timed_last = s;
   }
   if (t->trace) fprintf(t->trace, "%llu %.9g\n", (unsigned long long)s, t->loss);
   if (s % 8 == 0) { /* sampled: sorting the keys every step would cost time */
