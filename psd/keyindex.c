@@ -66,6 +66,10 @@ uint64_t psd_kindex_home(const psd_kindex *x, uint64_t key) {
   return kindex_hash(key) >> x->shift;
 }
 
+void psd_kindex_prefetch(const psd_kindex *x, uint64_t key) {
+  __builtin_prefetch(&x->slots[kindex_hash(key) >> x->shift]);
+}
+
 uint32_t psd_kindex_find(const psd_kindex *x, uint64_t key) {
   const uint64_t mask = x->nslots - 1;
   const uint32_t gen = x->gen;

@@ -62,6 +62,10 @@ uint64_t psd_kindex_bytes(const psd_kindex *x);
 /* The key's home slot (tests build clusters that wrap around the end). */
 uint64_t psd_kindex_home(const psd_kindex *x, uint64_t key);
 
+/* Starts loading key's home slot into the cache (a batch looks keys up a
+ * few ahead of their use, so the misses overlap). */
+void psd_kindex_prefetch(const psd_kindex *x, uint64_t key);
+
 /* The value of key, or PSD_KINDEX_NONE. */
 uint32_t psd_kindex_find(const psd_kindex *x, uint64_t key);
 

@@ -36,6 +36,9 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
  * gets a sketch whose collisions are rare). */
 #define SKETCH_ROWS 4u
 #define SKETCH_MIN_WIDTH 1024u
+/* Keys a pull looks ahead to prefetch their index slots: enough to cover
+ * a memory latency with the work of the keys in between. */
+#define PREFETCH_AHEAD 8u
 /* Admission generator's state at the front of the aux bytes. */
 #define AUX_RNG_BYTES sizeof(uint64_t)
 /* Salts that make the admission generator and the sketch's two hashes
@@ -418,6 +421,7 @@ int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, flo
   t->st.keys_pulled += n;
   for (size_t i = 0; i < n; i++) {
     float *o = out + i * dim;
+    if (i + PREFETCH_AHEAD < n) psd_kindex_prefetch(&t->index, keys[i + PREFETCH_AHEAD]);
     uint32_t r = psd_kindex_find(&t->index, keys[i]);
     if (r != NIL) {
       t->st.hits++;
