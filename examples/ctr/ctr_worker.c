@@ -52,7 +52,7 @@ typedef struct opts {
   int mlp_adam;
   uint64_t capacity, hash_rows, seed;
   ctr_emb_kind embed;
-  int local, no_eval;
+  int local, no_eval, opt_given;
   long eval_every, eval_max, eval_batch;
   char metrics[4096], trace[4096];
 } opts;
@@ -86,7 +86,8 @@ static void usage(FILE *f) {
     "  --batch B          records per worker per step; global batch = workers x B [256]\n"
     "Embeddings:\n"
     "  --dim N            floats per embedding row [8]\n"
-    "  --opt R            the rows' update rule on psd: sgd, adagrad, adam, ftrl [adagrad]\n"
+    "  --opt R            the rows' update rule on psd: sgd, adagrad, adam, ftrl\n"
+    "                     [adagrad; sgd with --embed dense, which takes sgd or adam]\n"
     "  --lr X             its learning rate [sgd 0.5, adagrad 0.1, adam 0.002, ftrl 0.05]\n"
     "  --l1 X, --l2 X     ftrl's regularization [0, 0]\n"
     "  --init-scale X     rows start uniform in [-X, X) (ftrl: zeros) [0.05]\n"
@@ -162,7 +163,10 @@ static int parse_value(opts *o, const char *f, const char *v) {
   else if (!strcmp(f, "--steps")) o->steps = (long)num(f, v, 1, 1e12);
   else if (!strcmp(f, "--batch")) o->batch = (int)num(f, v, 1, 65536);
   else if (!strcmp(f, "--dim")) o->dim = (int)num(f, v, 1, 1024);
-  else if (!strcmp(f, "--opt")) o->opt = (ps_table_opt)choice(f, v, rules, 4);
+  else if (!strcmp(f, "--opt")) {
+    o->opt = (ps_table_opt)choice(f, v, rules, 4);
+    o->opt_given = 1;
+  }
   else if (!strcmp(f, "--lr")) o->lr = num(f, v, 1e-12, 1e3);
   else if (!strcmp(f, "--l1")) o->l1 = num(f, v, 0, 1e6);
   else if (!strcmp(f, "--l2")) o->l2 = num(f, v, 0, 1e6);
@@ -202,6 +206,9 @@ static void parse(opts *o, int argc, char **argv) {
     else if (parse_value(o, f, argv[++a]) != 0) die("unknown option '%s' (see --help)", f);
   }
   if (!o->data[0]) die("--data DIR is required (see --help; ctr_synth makes a data set)");
+  if (o->embed == CTR_EMB_DENSE && !o->opt_given) o->opt = PS_TOPT_SGD;
+  if (o->embed == CTR_EMB_DENSE && o->opt != PS_TOPT_SGD && o->opt != PS_TOPT_ADAM)
+    die("--embed dense takes --opt sgd or adam (psd's rules for variables) [sgd]");
   static const double lr_of[] = {0.5, 0.1, 0.002, 0.05};
   if (o->lr == 0) o->lr = lr_of[o->opt];
   if (o->mlp_lr == 0) o->mlp_lr = o->mlp_adam ? 0.003 : 0.1;
