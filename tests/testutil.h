@@ -53,6 +53,7 @@ Suite *suite_bounds(void);
 Suite *suite_admission(void);
 Suite *suite_cuda_ops(void);
 Suite *suite_prefetch(void);
+Suite *suite_ctr(void);
 
 /* A psd child process. */
 typedef struct tu_psd {
