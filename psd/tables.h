@@ -19,6 +19,13 @@
 #include "shard.h"
 #include "table.h"
 
+/* Keys all parked TablePulls of this psd may hold: each parked pull keeps
+ * its keys (up to PS__MAX_TABLE_KEYS x 8 bytes) until its step comes, one
+ * per table and connection; beyond this a pull for a future step is
+ * refused (PS_EBUSY), so waiting pulls cannot grow psd without bound. A
+ * sync job parks at most one pull per worker and table. */
+#define PSD_TABLES_MAX_PARKED_BYTES ((uint64_t)1 << 30)
+
 /* A TablePull waiting for its table to reach min_step. */
 typedef struct psd_tpull {
   psd_conn *conn;          /* who asked */
