@@ -345,6 +345,38 @@ START_TEST(duplicate_gradients_summed) {
   ck_assert(out[2] == -(1 + 8 + 0.25f) && out[3] == -(2 + 16 + 0.125f)); /* 7 */
   ck_assert(out[4] == -0.5f && out[5] == -4.0f);                     /* 3 */
   ck_assert(memcmp(out + 2, out + 6, 2 * sizeof(float)) == 0);
+  /* Many keys (the radix sort's path), 3000 of 500 distinct ones spread
+   * over both ps, through ps_client_step's staging in two calls. */
+  enum { N = 3000, U = 500 };
+  uint64_t *mk = malloc(N * sizeof *mk), uk[U];
+  float *mg = malloc(N * 2 * sizeof *mg), want[U * 2] = {0}, *mo = malloc(U * 2 * sizeof *mo);
+  ck_assert(mk && mg && mo);
+  for (int u = 0; u < U; u++) uk[u] = ps__mix64((uint64_t)u) ^ ((uint64_t)u << 40);
+  for (int i = 0; i < N; i++) {
+    int u = (int)(ps__mix64((uint64_t)i + 77) % U);
+    mk[i] = uk[u];
+    mg[2 * i] = (float)(i % 13) / 8.0f;
+    mg[2 * i + 1] = -(float)(i % 5) / 4.0f;
+    want[2 * u] -= mg[2 * i];
+    want[2 * u + 1] -= mg[2 * i + 1];
+  }
+  ps_table *m = create_ok(c, "many", &g);
+  ck_assert_int_eq(ps_table_pull(m, 0, uk, U, mo, 0, NULL), 0); /* stores them */
+  ck_assert_int_eq(ps_table_add_grad(m, mk, N / 3, mg), 0);
+  ck_assert_int_eq(ps_table_add_grad(m, mk + N / 3, N - N / 3, mg + 2 * (N / 3)), 0);
+  uint64_t step = 1; /* table "s" is at 1; "many" at 0: the step pushes 1 */
+  ps_req *pr = NULL;
+  ck_assert_int_eq(ps_table_push_async(m, 0, NULL, 0, NULL, &pr), 0); /* "many" to 1 */
+  ck_assert_int_eq(ps_req_wait(pr, -1, NULL), 0);
+  ps_req_destroy(pr);
+  int rc2 = ps_client_step(c, &step, NULL);
+  ck_assert_msg(rc2 == 0, "%s", ps_client_errmsg(c));
+  ck_assert_uint_eq(step, 2);
+  ck_assert_int_eq(ps_table_pull(m, 2, uk, U, mo, PS_TABLE_READ_ONLY, NULL), 0);
+  ck_assert(memcmp(mo, want, sizeof want) == 0); /* sums of eighths: exact */
+  free(mk);
+  free(mg);
+  free(mo);
   ps_client_destroy(c);
   stop_ps(ps, 2);
 }
