@@ -19,17 +19,27 @@
  * the number of pushes aggregated and applied to its row, and the table
  * moves to s+1. Async mode applies each push at once (no division) and
  * advances the step per push. A pushed key with no stored row is dropped
- * (counted): rows are created only by pulls (admission decides).
+ * (counted): rows are created only by pulls (admission decides). So is
+ * the sum of a key whose row is evicted before its step completes (at the
+ * eviction): the accumulator holds only keys with stored rows, never more
+ * than capacity.
  *
  * Admission: a key pulled without read_only that has no row is a
  * sighting; it becomes a row when its sightings (a count-min sketch of
  * 4 x w saturating 8-bit counters, w a power of two >= capacity, min 1024)
  * reach admit_count, or with probability admit_prob per sighting (a
- * xorshift generator seeded from init_seed). Until then its pull reads the
- * initializer's values. Eviction: a row created when the table is full
- * evicts the least recently touched row (a pull or an update touches);
- * when the step advances, rows untouched for evict_after_steps steps are
- * evicted (oldest first, from the LRU tail).
+ * splitmix64 generator seeded from init_seed and the name). Until then its
+ * pull reads the initializer's values. Eviction: a row created when the
+ * table is full evicts the least recently touched row (a pull or an update
+ * touches); when the step advances, rows untouched for evict_after_steps
+ * steps are evicted (oldest first, from the LRU tail). Precisely: a pull
+ * touches a row at the table's current step s, an update at the step it
+ * completes (sync: s, the step its gradients were computed at; async: the
+ * step before the push advanced it), and a row last touched at s is
+ * evicted when the table's step becomes s + evict_after_steps + 1 (it sat
+ * through steps s+1 .. s+evict_after_steps untouched). With
+ * evict_after_steps 1, a row pulled and updated at step 5 survives step 6
+ * and goes when the table reaches 7 unless step 6 touched it.
  *
  * Initializer: row values for key k are a pure function of (init kind, a,
  * b, seed, table name, k, element index): splitmix64 counters, so every ps
@@ -48,7 +58,7 @@
 typedef struct psd_table_spec {
   char name[256];             /* table name (PS_MAX_NAME bytes + NUL) */
   uint32_t dim;               /* floats per row, 1..PS__MAX_TABLE_DIM */
-  uint64_t capacity;          /* most rows on THIS ps (>= 1) */
+  uint64_t capacity;          /* most rows on THIS ps, 1..PSD_TABLE_MAX_ROWS */
   uint32_t init_kind;         /* ps_init_kind: ZEROS, CONSTANT, UNIFORM,
                                  NORMAL, TRUNCATED_NORMAL */
   double init_a, init_b;      /* the distribution's parameters (ps_init) */
@@ -60,10 +70,18 @@ typedef struct psd_table_spec {
   double epsilon;             /* ADAM, ADAGRAD: > 0 */
   double l1, l2;              /* FTRL: regularization, >= 0 */
   double ftrl_beta;           /* FTRL: beta, >= 0 */
-  uint32_t admit_count;       /* sightings before a key is stored (<= 1: first) */
+  uint32_t admit_count;       /* sightings before a key is stored (<= 1: first),
+                                 at most PSD_TABLE_MAX_ADMIT_COUNT */
   double admit_prob;          /* or probability per sighting, in [0, 1] (0: off) */
   uint64_t evict_after_steps; /* evict rows untouched this many steps (0: never) */
 } psd_table_spec;
+
+/* Most rows one ps holds of one table: row numbers are uint32 with
+ * UINT32_MAX as "no row", and 2^31 rows (32 GiB at dim 1 and up) is far
+ * beyond one server's memory at any useful dim. */
+#define PSD_TABLE_MAX_ROWS ((uint64_t)1 << 31)
+/* Largest admit_count: the sketch's counters are 8 bits and saturate. */
+#define PSD_TABLE_MAX_ADMIT_COUNT 255u
 
 /* Counters (psctl, telemetry). */
 typedef struct psd_table_stats {
@@ -95,8 +113,10 @@ uint64_t psd_table_bytes(const psd_table_spec *spec);
 int psd_table_diff(const psd_table_spec *a, const char *who_a, const psd_table_spec *b,
                    const char *who_b, char *err, size_t errlen);
 
-/* Creates an empty table at step 0 (nothing allocated beyond the index's
- * first small block). num_workers sizes the per-worker push record;
+/* Creates an empty table at step 0 (nothing allocated beyond the indexes'
+ * first small blocks, the per-worker record and the aux bytes: the
+ * sketch, zeroed by calloc, whose pages the kernel maps only as sightings
+ * touch them). num_workers sizes the per-worker push record;
  * replicas is the pushes per step (sync). Returns 0, PS_EINVAL (bad spec,
  * err says why) or PS_ENOMEM. */
 int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t replicas,
@@ -107,7 +127,9 @@ void psd_table_destroy(psd_table *t);
 const psd_table_spec *psd_table_spec_of(const psd_table *t);
 uint64_t psd_table_step(const psd_table *t);
 psd_table_stats psd_table_get_stats(const psd_table *t);
-/* Bytes allocated now (rows, state, index, accumulator, sketch). */
+/* Bytes allocated now (rows, state, index, accumulator, sketch); always
+ * <= psd_table_bytes. The per-worker record (8 bytes a worker) is the
+ * job's, not counted in either. */
 uint64_t psd_table_bytes_now(const psd_table *t);
 
 /* Checks that keys[0..n) are strictly ascending; 0 or PS_EINVAL with the
@@ -127,8 +149,10 @@ int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, flo
  * ascending) computed at step. Returns 1 if the table advanced (sync: this
  * push completed the step; async: always), 0 if accumulated, or PS_ESTALE
  * (step < table step: dropped), PS_EDUPLICATE (worker already pushed this
- * step), PS_EINVAL (a step the table has not reached), PS_ENOMEM. *dropped
- * (may be NULL) gets the keys that had no stored row. */
+ * step), PS_EINVAL (a step the table has not reached, or worker >=
+ * num_workers), PS_ENOMEM (nothing changed). Async mode, as for slices,
+ * applies every push whatever its step. *dropped (may be NULL) gets the
+ * keys that had no stored row. */
 int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
                    size_t n, const float *grads, uint64_t *dropped);
 

@@ -66,6 +66,13 @@ void psd_tables_closed(psd_tables *ts, psd_conn *c);
 void psd_tables_expire(psd_tables *ts, double now);
 /* Bytes reserved by the tables (for the variables' --max-memory check). */
 static inline uint64_t psd_tables_reserved(const psd_tables *ts) { return ts->reserved; }
+/* Lowest step of any table here (UINT64_MAX with no table). */
+static inline uint64_t psd_tables_min_step(const psd_tables *ts) {
+  uint64_t s = UINT64_MAX;
+  for (uint32_t i = 0; i < ts->n; i++)
+    if (psd_table_step(ts->v[i].t) < s) s = psd_table_step(ts->v[i].t);
+  return s;
+}
 /* StatsReply.tables: fills *out (n_out entries, malloc'd array of
  * malloc'd TableStats; psd_tables_stats_free) for psctl. 0 or PS_ENOMEM. */
 int psd_tables_stats(const psd_tables *ts, Ps__TableStats ***out, size_t *n_out);

@@ -1,7 +1,7 @@
 /* admin.c - one blocking request/reply exchange with a psd as an admin
  * peer (ROLE_ADMIN): connect, authenticate like a worker, send one
- * message, read its answer. Used by psctl; nothing here is on the
- * training path. */
+ * message, read its answer. Used by psctl, and by psrun when psd outlives
+ * the workers; nothing here is on the training path. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netdb.h>

@@ -1,7 +1,8 @@
 /*
- * admin.h - psctl's side of the admin protocol: one authenticated Stats
- * exchange with a running psd. Lives with psctl, not in the workers'
- * library: no worker ever asks a server for its counters.
+ * admin.h - the admin side of the protocol: one authenticated Stats
+ * exchange with a running psd, for psctl and for psrun (which workers psd
+ * never saw finish). Lives with them, not in the workers' library: no
+ * worker ever asks a server for its counters.
  */
 #ifndef PSR_ADMIN_H
 #define PSR_ADMIN_H

@@ -15,9 +15,8 @@
 #include "psrun.h"
 #include "rdvdir.h"
 #include "util.h"
+#include "wire.h"
 
-/* Seconds the ps tasks have to exit after the last worker finished. */
-#define PSR_PSD_EXIT_S 30.0
 /* After a stop request: psd waits up to its --stop-timeout (60 s) for the
  * stop checkpoint, so allow that and the exits before giving up. */
 #define PSR_STOP_S 90.0
@@ -135,20 +134,17 @@ static int worker_lost(psr_sup *s, psr_procs *procs, psr_child *c) {
   return 1;
 }
 
-/* For psrun's message when psd outlives the workers: the workers psd never
- * logged as finished, with what that means; "" when it logged them all. */
-static void unfinished(const psr_procs *procs, int num_workers, char *buf, size_t len) {
-  size_t o = 0;
-  buf[0] = '\0';
-  for (int w = 0; w < num_workers && w < PSR_MAX_CHILDREN && o + 16 < len; w++)
-    if (!procs->finished[w]) o += (size_t)snprintf(buf + o, len - o, "%sw%d", o ? "," : "", w);
-  if (!o) return;
-  char names[256];
-  snprintf(names, sizeof names, "%.200s", buf);
-  snprintf(buf, len,
-           ": psd never saw %s call ps_client_finish (a worker that exits without it counts as "
-           "lost, and psd waits its --grace-period for it to rejoin, then exits 66)",
-           names);
+/* For psrun's message when psd outlives the workers: the workers the ps
+ * tasks still up never saw finish, as they tell it (psr_unfinished). */
+static void unfinished(const psr_procs *procs, const psr_sup *s, char *buf, size_t len) {
+  int running[PSR_MAX_CHILDREN] = {0};
+  for (int i = 0; i < procs->n; i++) {
+    const psr_child *c = &procs->kids[i];
+    int ps = atoi(c->label + 2); /* "ps3" */
+    if (c->is_ps && ps >= 0 && ps < PSR_MAX_CHILDREN) running[ps] = !c->exited;
+  }
+  ps__auth auth = {s->t->secret, strlen(s->t->secret), 0, NULL, 0, -1};
+  psr_unfinished(s->hosts, running, s->t->num_workers, &auth, buf, len);
 }
 
 /* 3. Supervise: a failing task stops the job (unless a worker can be
@@ -209,8 +205,8 @@ static int supervise(psr_procs *procs, psr_sup *s, int *status) {
       return -1;
     }
     if (ps_deadline && ps__now() > ps_deadline) {
-      char names[512];
-      unfinished(procs, s->t->num_workers, names, sizeof names);
+      char names[1200];
+      unfinished(procs, s, names, sizeof names);
       psr_log("parameter servers did not exit within %.0f s after the workers finished%s",
               PSR_PSD_EXIT_S, names);
       *status = 1;

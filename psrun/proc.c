@@ -120,17 +120,8 @@ int psr_spawn(psr_procs *p, const char *label, int is_ps, char *const *argv,
   return p->n++;
 }
 
-/* Notes a ps's "worker N finished" line (psd/job.c) in p->finished. */
-static void note_line(psr_procs *p, const psr_child *c, const char *line, size_t len) {
-  if (!c->is_ps || len < 16 || memcmp(line + len - 9, " finished", 9) != 0) return;
-  const char *w = NULL;
-  for (const char *q = line; (q = memmem(q, len - (size_t)(q - line), "] worker ", 9)); q++) w = q;
-  int n = w ? atoi(w + 9) : -1;
-  if (n >= 0 && n < PSR_MAX_CHILDREN) p->finished[n] = 1;
-}
-
 /* Prints complete lines of child c's stream s (0 out, 1 err), prefixed. */
-static void emit(psr_procs *p, psr_child *c, int s, const char *data, size_t len, int final) {
+static void emit(psr_child *c, int s, const char *data, size_t len, int final) {
   FILE *f = s == 0 ? stdout : stderr;
   size_t total = c->pend_len[s] + len;
   char *buf = realloc(c->pend[s], total + 1);
@@ -141,7 +132,6 @@ static void emit(psr_procs *p, psr_child *c, int s, const char *data, size_t len
   for (size_t i = 0; i < total; i++) {
     if (buf[i] == '\n' || i - start >= PSR_LINE_MAX) {
       fprintf(f, "[%s] %.*s\n", c->label, (int)(i - start), buf + start);
-      note_line(p, c, buf + start, i - start);
       start = i + 1;
     }
   }
@@ -154,14 +144,14 @@ static void emit(psr_procs *p, psr_child *c, int s, const char *data, size_t len
   fflush(f);
 }
 
-static void drain_fd(psr_procs *p, psr_child *c, int s) {
+static void drain_fd(psr_child *c, int s) {
   int *fd = s == 0 ? &c->out_fd : &c->err_fd;
   char buf[16384];
   ssize_t n = read(*fd, buf, sizeof buf);
   if (n > 0) {
-    emit(p, c, s, buf, (size_t)n, 0);
+    emit(c, s, buf, (size_t)n, 0);
   } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-    emit(p, c, s, "", 0, 1);
+    emit(c, s, "", 0, 1);
     close(*fd);
     *fd = -1;
   }
@@ -176,8 +166,8 @@ static int reap(psr_procs *p, int *which) {
       psr_child *c = &p->kids[i];
       if (c->pid != pid) continue;
       /* Print what it wrote before dying. */
-      while (c->out_fd >= 0) drain_fd(p, c, 0);
-      while (c->err_fd >= 0) drain_fd(p, c, 1);
+      while (c->out_fd >= 0) drain_fd(c, 0);
+      while (c->err_fd >= 0) drain_fd(c, 1);
       c->status = st;
       c->exited = 1;
       c->pid = 0;
@@ -243,7 +233,7 @@ psr_event psr_wait(psr_procs *p, int timeout_ms, int extra_fd, int *which) {
       } else if (map[k] == -2) {
         return PSR_EV_FD;
       } else {
-        drain_fd(p, &p->kids[map[k] / 2], map[k] % 2);
+        drain_fd(&p->kids[map[k] / 2], map[k] % 2);
       }
     }
     if (timeout_ms < 0) continue;

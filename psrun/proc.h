@@ -30,9 +30,6 @@ typedef struct psr_procs {
   int prefix;                       /* prefix output lines with [label] */
   int sig_pipe[2];                  /* self-pipe: signal numbers */
   int stopping;                     /* teardown started */
-  /* Workers a ps logged as finished ("worker N finished"): what psrun can
-   * tell of psd's view when psd does not exit after the workers did. */
-  unsigned char finished[PSR_MAX_CHILDREN];
   double stop_deadline;             /* SIGKILL what is left after this */
 } psr_procs;
 

@@ -1,7 +1,8 @@
 /* psctl.c - `psctl stats HOST:PORT [--json]`: asks a running psd for its
  * counters and current step over the normal protocol, authenticated like
  * any peer (ROLE_ADMIN Hello with the job's shared secret, and a MUNGE
- * credential under Slurm), and prints them as text or one JSON object. */
+ * credential under Slurm), and prints them as text or one JSON object.
+ * Under Slurm the job and step come from the environment or --job. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -28,6 +29,7 @@ typedef struct psctl_opts {
   int64_t step_id;        /* --step-id */
   char job[64];           /* --job JOB.STEP: both at once, and --munge */
   double timeout_s;       /* --timeout: for the whole exchange */
+  const char *secret_src; /* where the secret came from, for sentences (NULL: none) */
 } psctl_opts;
 
 #define F(f) PS_OPT_FIELD(psctl_opts, f)
@@ -36,7 +38,8 @@ static const ps__opt OPTS[] = {
     {"secret-file", 0, PS_OPT_STR, F(secret_file), "", 0, 0, NULL,
      "file with the job's shared secret (else $PSD_SECRET, else $PS_SECRET)"},
     {"munge", 0, PS_OPT_FLAG, F(munge), "0", 0, 0, NULL,
-     "also present a MUNGE credential (psd --munge)"},
+     "also present a MUNGE credential (psd --munge); without it psctl does so when "
+     "$PS_MUNGE=1 (a psrun worker's environment) or, with no secret, $SLURM_JOB_ID is set"},
     {"munge-socket", 0, PS_OPT_STR, F(munge_socket), "", 0, 0, NULL,
      "munged socket (default: MUNGE's)"},
     {"job-id", 0, PS_OPT_INT64, F(job_id), "-1", -1, 9.2e18, NULL,
@@ -44,7 +47,8 @@ static const ps__opt OPTS[] = {
     {"step-id", 0, PS_OPT_INT64, F(step_id), "-1", -1, 9.2e18, NULL,
      "Slurm step it names (default $SLURM_STEP_ID)"},
     {"job", 0, PS_OPT_STR, F(job), "", 0, 0, NULL,
-     "JOB.STEP of the psrun step (implies --munge; default $SLURM_JOB_ID.$SLURM_STEP_ID)"},
+     "JOB.STEP of the psrun step (implies --munge; default $SLURM_JOB_ID.$SLURM_STEP_ID); "
+     "needed where $SLURM_STEP_ID is not that step's (a batch script, another step)"},
     {"timeout", 0, PS_OPT_DOUBLE, F(timeout_s), "10", 0.1, 3600, NULL,
      "seconds for the whole exchange"},
 };
@@ -53,13 +57,20 @@ static const ps__opt_parser PARSER = {
     OPTS, sizeof OPTS / sizeof OPTS[0],
     "usage: psctl stats HOST:PORT [OPTIONS]\n"
     "Asks a running psd for its counters, current step and per-worker\n"
-    "telemetry, authenticated like a worker.\n\n",
+    "telemetry, authenticated like a worker: with the job's secret\n"
+    "(--secret-file, else $PSD_SECRET, else $PS_SECRET) and a MUNGE\n"
+    "credential when --munge or --job JOB.STEP say so, or a psrun worker's\n"
+    "environment does ($PS_MUNGE=1, $PS_JOB_ID, $PS_STEP_ID), or, with no\n"
+    "secret under Slurm, for job $SLURM_JOB_ID step $SLURM_STEP_ID.\n"
+    "psrun prints the exact line for its job on stderr.\n\n",
     NULL, PS_OPT_POS_COLLECT, 2, 24};
 
-/* Reads the secret: --secret-file, else $PSD_SECRET, else $PS_SECRET. */
-static int load_secret(const psctl_opts *o, char *buf, size_t cap, size_t *len, char *err,
+/* Reads the secret: --secret-file, else $PSD_SECRET, else $PS_SECRET
+ * (o->secret_src says which, NULL when none has one). */
+static int load_secret(psctl_opts *o, char *buf, size_t cap, size_t *len, char *err,
                        size_t errlen) {
   *len = 0;
+  o->secret_src = NULL;
   if (o->secret_file[0]) {
     int fd = open(o->secret_file, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
@@ -87,13 +98,15 @@ static int load_secret(const psctl_opts *o, char *buf, size_t cap, size_t *len, 
     }
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r')) n--; /* as psd reads it */
     *len = (size_t)n;
+    o->secret_src = "--secret-file";
     return 0;
   }
-  const char *s = getenv("PSD_SECRET");
-  if (!s || !*s) s = getenv("PS_SECRET");
+  const char *s = getenv("PSD_SECRET"), *src = "$PSD_SECRET";
+  if (!s || !*s) s = getenv("PS_SECRET"), src = "$PS_SECRET";
   if (s && *s) {
     *len = strlen(s) < cap ? strlen(s) : cap - 1;
     memcpy(buf, s, *len);
+    o->secret_src = src;
   }
   return 0;
 }
@@ -204,6 +217,101 @@ static void print_text(const char *addr, const Ps__StatsReply *r) {
   }
 }
 
+/* --job JOB.STEP: both ids, and MUNGE. 0, or -1 with err. */
+static int parse_job(psctl_opts *o, char *err, size_t errlen) {
+  long long j, st;
+  char tail;
+  if (sscanf(o->job, "%lld.%lld%c", &j, &st, &tail) != 2 || j < 0 || st < 0) {
+    snprintf(err, errlen, "--job '%s': expected JOB.STEP, e.g. 1234.0", o->job);
+    return -1;
+  }
+  o->job_id = j;
+  o->step_id = st;
+  o->munge = 1;
+  return 0;
+}
+
+/* Whose word psctl presents MUNGE on: the options', psrun's (a worker's
+ * environment) or Slurm's. */
+typedef enum { MUNGE_OPTS, MUNGE_PSRUN, MUNGE_SLURM } munge_from;
+static const char *const MUNGE_VARS[] = {"", " (from $PS_JOB_ID and $PS_STEP_ID)",
+                                         " (from $SLURM_JOB_ID and $SLURM_STEP_ID)"};
+
+/* Sets o->munge, its job, step and socket where the options left them, and
+ * says whose word that is: --munge or --job; else psrun's worker
+ * environment (PS_MUNGE=1, as libpsclient reads it); else, with no secret,
+ * Slurm's ($SLURM_JOB_ID), whose step must then be known: a psrun psd
+ * takes credentials for its own step only. 0, or -1 with err. */
+static int choose_munge(psctl_opts *o, int have_secret, munge_from *from, char *err,
+                        size_t errlen) {
+  const char *pm = getenv("PS_MUNGE");
+  const char *j = getenv("SLURM_JOB_ID"), *st = getenv("SLURM_STEP_ID");
+  *from = MUNGE_OPTS;
+  if (!o->munge && pm && strcmp(pm, "1") == 0) {
+    *from = MUNGE_PSRUN;
+    j = getenv("PS_JOB_ID"), st = getenv("PS_STEP_ID");
+    const char *sock = getenv("PS_MUNGE_SOCKET");
+    if (!o->munge_socket[0] && sock) snprintf(o->munge_socket, sizeof o->munge_socket, "%s", sock);
+  } else if (!o->munge && !have_secret && j && *j) {
+    *from = MUNGE_SLURM;
+  } else if (!o->munge) {
+    return 0;
+  }
+  o->munge = 1;
+  if (o->job_id < 0 && j && *j) o->job_id = atoll(j);
+  if (o->step_id < 0 && st && *st) o->step_id = atoll(st);
+  if (o->job_id < 0) {
+    snprintf(err, errlen, "--munge needs --job-id (or $SLURM_JOB_ID)");
+    return -1;
+  }
+  if (*from == MUNGE_SLURM && o->step_id < 0) {
+    snprintf(err, errlen,
+             "no secret (--secret-file, $PSD_SECRET, $PS_SECRET) and $SLURM_STEP_ID is not set "
+             "(a batch script or salloc shell), so psctl cannot tell which step of job %lld the "
+             "psd serves: pass --job JOB.STEP, as in the line psrun printed",
+             (long long)o->job_id);
+    return -1;
+  }
+  return 0;
+}
+
+/* What psctl presented, for the sentence when psd refuses it. */
+static void tried(const psctl_opts *o, munge_from from, char *buf, size_t len) {
+  int n = o->secret_src ? snprintf(buf, len, "the secret from %s", o->secret_src)
+                        : snprintf(buf, len, "no secret (none in --secret-file, $PSD_SECRET or "
+                                             "$PS_SECRET)");
+  if (n < 0 || (size_t)n >= len) return;
+  if (o->munge)
+    snprintf(buf + n, len - (size_t)n, " and a MUNGE credential for job %lld step %lld%s",
+             (long long)o->job_id, (long long)o->step_id, MUNGE_VARS[from]);
+  else
+    snprintf(buf + n, len - (size_t)n, " and no MUNGE credential%s",
+             getenv("SLURM_JOB_ID") ? " (with a secret, psctl takes --munge or --job JOB.STEP "
+                                      "to present one)"
+                                    : " ($SLURM_JOB_ID is not set)");
+}
+
+/* Asks addr for Stats with the credentials the options and the environment
+ * give. 0, 2 (a usage error) or 1, each failure said in one sentence. */
+static int stats(psctl_opts *o, const char *addr, const char *secret, size_t slen,
+                 Ps__StatsReply **r) {
+  char err[1200], what[400];
+  munge_from from;
+  if (choose_munge(o, slen > 0, &from, err, sizeof err) != 0) {
+    fprintf(stderr, "psctl: %s\n", err);
+    return 2;
+  }
+  ps__auth au = {slen ? secret : NULL, slen, o->munge,
+                 o->munge_socket[0] ? o->munge_socket : NULL, o->job_id, o->step_id};
+  int rc = ps__admin_stats(addr, &au, (int)(o->timeout_s * 1000), r, err, sizeof err);
+  if (!rc) return 0;
+  tried(o, from, what, sizeof what);
+  if (rc == PS_EAUTH)
+    fprintf(stderr, "psctl: %s (%s); psctl presented %s\n", err, ps_err_name(rc), what);
+  else fprintf(stderr, "psctl: %s (%s)\n", err, ps_err_name(rc));
+  return 1;
+}
+
 int main(int argc, char **argv) {
   psctl_opts o;
   char err[1200];
@@ -223,38 +331,14 @@ int main(int argc, char **argv) {
   }
   char secret[PSCTL_MAX_SECRET + 2];
   size_t slen;
-  if (load_secret(&o, secret, sizeof secret, &slen, err, sizeof err)) {
+  if (load_secret(&o, secret, sizeof secret, &slen, err, sizeof err) != 0 ||
+      (o.job[0] && parse_job(&o, err, sizeof err) != 0)) {
     fprintf(stderr, "psctl: %s\n", err);
     return 2;
   }
-  if (o.job[0]) {
-    long long j, st;
-    char tail;
-    if (sscanf(o.job, "%lld.%lld%c", &j, &st, &tail) != 2 || j < 0 || st < 0) {
-      fprintf(stderr, "psctl: --job '%s': expected JOB.STEP, e.g. 1234.0\n", o.job);
-      return 2;
-    }
-    o.job_id = j;
-    o.step_id = st;
-    o.munge = 1;
-  }
-  if (o.munge) {
-    const char *j = getenv("SLURM_JOB_ID"), *s = getenv("SLURM_STEP_ID");
-    if (o.job_id < 0 && j) o.job_id = atoll(j);
-    if (o.step_id < 0 && s) o.step_id = atoll(s);
-    if (o.job_id < 0) {
-      fprintf(stderr, "psctl: --munge needs --job-id (or $SLURM_JOB_ID)\n");
-      return 2;
-    }
-  }
-  ps__auth au = {slen ? secret : NULL, slen, o.munge,
-                 o.munge_socket[0] ? o.munge_socket : NULL, o.job_id, o.step_id};
   Ps__StatsReply *r = NULL;
-  int rc = ps__admin_stats(pos[1], &au, (int)(o.timeout_s * 1000), &r, err, sizeof err);
-  if (rc) {
-    fprintf(stderr, "psctl: %s (%s)\n", err, ps_err_name(rc));
-    return 1;
-  }
+  int rc = stats(&o, pos[1], secret, slen, &r);
+  if (rc) return rc;
   if (o.json) print_json(pos[1], r);
   else print_text(pos[1], r);
   ps__stats_reply__free_unpacked(r, NULL);

@@ -11,6 +11,12 @@
  * others follow on their own, and psrun exits with it so a requeue can tell. */
 #define PSR_EXIT_STOPPED 75
 
+/* Seconds the ps tasks have to exit after the last worker did (--local and
+ * task 0 under Slurm): psd exits by itself once every worker finished, so
+ * a psd still up then waits for a worker that left without
+ * ps_client_finish (psd's own --grace-period is 60 s). */
+#define PSR_PSD_EXIT_S 30.0
+
 /* psrun's options (one table in main.c, parsed by common/opt.c, drives
  * parsing and --help). */
 typedef struct psr_opts {
@@ -47,6 +53,16 @@ int psr_replicas(const psr_opts *o, int num_workers, int *backups);
 
 /* Why a psd exited with code, for psrun's messages ("" when nothing to add). */
 const char *psr_psd_status_says(int code);
+
+struct ps__auth;
+/* For psrun's message when psd outlives the workers by PSR_PSD_EXIT_S: asks
+ * each running psd (hosts: "h:p,h:p" in ps order; running[i] set for ps i
+ * still up) for Stats, authenticated with auth, and writes into buf
+ * ": psd never saw w1 (lost), w2 (absent) call ps_client_finish (...)",
+ * with a clause for a psd that could not be asked; "" when every psd asked
+ * reports every worker finished. */
+void psr_unfinished(const char *hosts, const int *running, int num_workers,
+                    const struct ps__auth *auth, char *buf, size_t len);
 
 /* --local mode (local.c). Returns psrun's exit status. */
 int psr_run_local(const psr_opts *o);

@@ -24,6 +24,7 @@
 #include "rdvdir.h"
 #include "mac.h"
 #include "util.h"
+#include "wire.h"
 
 /* A connection has this long to send its check-in line after it is
  * accepted; a silent one is dropped then, without delaying the others. */
@@ -64,6 +65,7 @@ typedef struct task0 {
   peer *pending;           /* accepted connections awaiting their check-in */
   double *pend_deadline;   /* each one's deadline (ps__now() seconds) */
   int npending;
+  double ps_deadline;      /* every worker's task exited: ps tasks exit by then, 0 */
 } task0;
 
 static void task0_free(task0 *t) {
@@ -124,6 +126,47 @@ static void peer_said(task0 *t, int r, const char *line) {
   }
 }
 
+/* 1 while task r's child runs: ours as our procs tell, a peer's until it
+ * reports its exit (or goes away, which fails the step). */
+static int task_running(const task0 *t, int r) {
+  const psr_step *s = t->s;
+  if (r == 0) return s->child >= 0 && !s->procs.kids[s->child].exited;
+  return !t->peers[r].exited && t->peers[r].c.fd >= 0;
+}
+
+/* psd outliving the workers, as psrun --local handles it: once every
+ * worker's task has exited while a ps task runs, the ps tasks have
+ * PSR_PSD_EXIT_S; then the step stops, naming the workers the running psds
+ * never saw finish. Task 0 asks them itself (it has the step's secret,
+ * MUNGE identity and every psd's address): no ps task sees the workers'
+ * exits, and no new control message is needed. */
+static void psd_outlived(task0 *t) {
+  psr_step *s = t->s;
+  int workers_left = 0, ps_left = 0;
+  for (int r = 0; r < t->n; r++) {
+    if (t->roles[r].is_ps) ps_left += task_running(t, r);
+    else workers_left += task_running(t, r);
+  }
+  if (t->failed || workers_left || !ps_left || !t->hostlist) {
+    t->ps_deadline = 0; /* a restarted worker runs again */
+    return;
+  }
+  if (!t->ps_deadline) t->ps_deadline = ps__now() + PSR_PSD_EXIT_S;
+  if (ps__now() <= t->ps_deadline) return;
+  int *running = calloc((size_t)s->num_ps, sizeof *running);
+  char names[1200] = "", why[1400];
+  for (int r = 0; running && r < t->n; r++)
+    if (t->roles[r].is_ps) running[t->roles[r].index] = task_running(t, r);
+  ps__auth auth = {s->secret, strlen(s->secret), s->munge,
+                   s->munge_socket[0] ? s->munge_socket : NULL, s->env.job_id, s->env.step_id};
+  if (running) psr_unfinished(t->hostlist, running, s->num_workers, &auth, names, sizeof names);
+  free(running);
+  snprintf(why, sizeof why,
+           "parameter servers did not exit within %.0f s after the workers finished%s",
+           PSR_PSD_EXIT_S, names);
+  fail(t, 1, why);
+}
+
 /* Task 0's poll over every peer's control connection (psr_peer_cb). */
 static int hub_poll(psr_step *s, void *ctx) {
   task0 *t = ctx;
@@ -148,6 +191,7 @@ static int hub_poll(psr_step *s, void *ctx) {
       }
     }
   }
+  if (!t->failed) psd_outlived(t);
   return t->failed ? t->failed : 0;
 }
 
@@ -517,7 +561,9 @@ static int stage_supervise(task0 *t) {
   for (;;) {
     int left = 0;
     for (int r = 1; r < t->n; r++) left += t->peers[r].c.fd >= 0 && !t->peers[r].exited;
-    if (!left || ps__now() > deadline) break;
+    /* A psd outliving the workers is given its PSR_PSD_EXIT_S (hub_poll). */
+    double until = t->ps_deadline + 2 > deadline ? t->ps_deadline + 2 : deadline;
+    if (!left || ps__now() > until) break;
     hub_poll(s, t);
     struct timespec ts = {0, 20000000};
     nanosleep(&ts, NULL);

@@ -1,11 +1,18 @@
 /* util.c - helpers every psrun module shares: the log identity (lines are
- * written by common/log.c) and the job's random secret. */
+ * written by common/log.c), the job's random secret, backup workers, what
+ * psd's exit statuses mean, and which workers psd never saw finish. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/random.h>
 
+#include "ps.pb-c.h"
+#include "admin.h"
 #include "psrun.h"
+
+/* How long one psd has to answer psrun's Stats request (psr_unfinished). */
+#define PSR_STATS_MS 3000
 
 void psr_log_ident(int rank) {
   char ident[32];
@@ -52,4 +59,69 @@ const char *psr_psd_status_says(int code) {
   case 75: return " (stopped on request after its checkpoint)";
   default: return "";
   }
+}
+
+/* Worker states psr_unfinished names; index 0: finished, or not reported. */
+static const char *const UNFINISHED[] = {NULL, "connected", "lost", "absent"};
+
+/* Notes in st[] (an UNFINISHED index per worker) every worker r lists as
+ * not finished, keeping what an earlier psd said. A psd that no worker
+ * ever joined lists none: to it they are all absent. */
+static void note_states(const Ps__StatsReply *r, int num_workers, unsigned char *st) {
+  if (!r->num_workers)
+    for (int w = 0; w < num_workers; w++)
+      if (!st[w]) st[w] = 3;
+  for (size_t i = 0; i < r->n_workers; i++) {
+    const Ps__WorkerStats *k = r->workers[i];
+    if (k->worker >= (uint32_t)num_workers || st[k->worker] || !k->state) continue;
+    for (unsigned char j = 1; j < 4; j++)
+      if (strcmp(k->state, UNFINISHED[j]) == 0) st[k->worker] = j;
+  }
+}
+
+/* Asks psd's own view rather than reading its log: Stats names each
+ * worker's state ("lost": it left without ps_client_finish; "absent": it
+ * never joined; "connected"), and only the psrun that started a psd sees its
+ * log (under Slurm task 0 sees none); one way for --local and Slurm. */
+void psr_unfinished(const char *hosts, const int *running, int num_workers,
+                    const struct ps__auth *auth, char *buf, size_t len) {
+  buf[0] = '\0';
+  unsigned char *st = calloc(num_workers > 0 ? (size_t)num_workers : 1, 1);
+  char failed[600] = "";
+  size_t fl = 0;
+  int i = 0;
+  for (const char *h = hosts; st && h && *h; i++) {
+    size_t n = strcspn(h, ",");
+    char addr[256], err[400];
+    snprintf(addr, sizeof addr, "%.*s", (int)(n < 255 ? n : 255), h);
+    h += n + (h[n] == ',');
+    Ps__StatsReply *r = NULL;
+    if (!running[i]) continue;
+    if (ps__admin_stats(addr, auth, PSR_STATS_MS, &r, err, sizeof err) != 0) {
+      if (fl + 8 < sizeof failed)
+        fl += (size_t)snprintf(failed + fl, sizeof failed - fl, "; psrun could not ask ps%d: %s",
+                               i, err);
+      continue;
+    }
+    note_states(r, num_workers, st);
+    ps__stats_reply__free_unpacked(r, NULL);
+  }
+  char names[400] = "";
+  size_t o = 0;
+  for (int w = 0; st && w < num_workers; w++) {
+    if (!st[w]) continue;
+    if (o + 40 >= sizeof names) {
+      o += (size_t)snprintf(names + o, sizeof names - o, ", ...");
+      break;
+    }
+    o += (size_t)snprintf(names + o, sizeof names - o, "%sw%d (%s)", o ? ", " : "", w,
+                          UNFINISHED[st[w]]);
+  }
+  free(st);
+  if (o)
+    snprintf(buf, len,
+             ": psd never saw %s call ps_client_finish (a worker that exits without it counts "
+             "as lost, and psd waits its --grace-period for it to rejoin, then exits 66)%s",
+             names, failed);
+  else if (failed[0]) snprintf(buf, len, ": %s", failed + 2);
 }

@@ -58,6 +58,33 @@ step_overlap() {
   done
 }
 
+# psd outliving the workers, under MUNGE: workers 1 and 2 exit 0 without
+# ps_client_finish (2 losses, 1 backup); 30 s after the last worker task
+# ended, task 0 asks the running psd (secret and MUNGE) and names them, and
+# the step exits 1 before psd's own 60 s. Worker 0 first runs psctl with
+# nothing but its environment (PS_SECRET, PS_MUNGE, PS_JOB_ID, PS_STEP_ID,
+# PS_MUNGE_SOCKET), which reaches its psd.
+outlived_and_psctl() {
+  local out=$WORK/outlived.log rc
+  local t0=$SECONDS
+  TW="$BIN/tiny_worker" PSCTL="$BIN/psctl" timeout 120 srun -N2 -n4 "$BIN/psrun" --ps=1 \
+    --backup-workers 1 -- /bin/sh -c '
+    case $PS_WORKER_INDEX in
+      0) "$PSCTL" stats "${PS_HOSTS%%,*}" >"$0" 2>&1; echo "psctl: $?" >>"$0"
+         exec "$TW" --steps 113 ;;
+      1) "$TW" --steps 113 --sleep-ms 5 --fail-at-step 20; exit 0 ;;
+      2) exec "$TW" --steps 113 --sleep-ms 5 --skip-finish 1 ;;
+    esac' "$out.psctl" >"$out" 2>&1
+  rc=$?
+  local took=$((SECONDS - t0))
+  cat "$out.psctl" >>"$out" 2>/dev/null
+  if [ $rc -eq 1 ] && [ $took -lt 60 ] &&
+     grep -q "did not exit within 30 s after the workers finished: psd never saw w1 (lost), w2 (lost) call ps_client_finish" "$out" &&
+     grep -q "^psctl: 0$" "$out.psctl" && grep -q "ps 0 of 1" "$out.psctl" && no_leftovers 113; then
+    ok "loopback: psd outliving the workers is named by task 0 (MUNGE) in ${took}s; psctl from a worker's environment"
+  else bad "loopback: psd outliving the workers / psctl from the environment (rc $rc, ${took}s)" "$out"; fi
+}
+
 preemption() {
   local out=$WORK/preempt.log synth=$WORK/synth
   local args="--steps 120 --batch 16 --threads 1 --lr 0.05"
@@ -327,6 +354,11 @@ read -t 10 l <&5; echo \"forger answered: \$l\"; sleep 20" >"$out.forger" 2>&1 &
     else bad "$mode: psctl line (psctl $prc, srun $rc, '$line')" "$out"; fi
   fi
 
+  # 10b. psd outliving the workers, and psctl inside the step (loopback).
+  if [ "$mode" = loopback ]; then
+    outlived_and_psctl
+  fi
+
   # 10. Preemption (loopback only: it is slow). The real template
   # deploy/slurm/train-cpu.sbatch trains the CIFAR-10 example; SIGUSR1 to its
   # batch shell (what --signal=B:USR1@T sends) makes every ps checkpoint one
@@ -348,7 +380,8 @@ read -t 10 l <&5; echo \"forger answered: \$l\"; sleep 20" >"$out.forger" 2>&1 &
   fi
 }
 
-# PS_SLURM_ONLY=preemption runs just that scenario (loopback), for debugging.
+# PS_SLURM_ONLY=preemption (or outlived_and_psctl) runs just that scenario
+# (loopback), for debugging.
 modes="loopback netns"
 [ -n "${PS_SLURM_ONLY:-}" ] && modes=loopback
 for mode in $modes; do

@@ -32,54 +32,23 @@
 Suite *suite_auth(void);
 
 static char g_sock[600]; /* our munged's socket, "" if none */
-static pid_t g_munged;
 
 static int munged_installed(void) {
   return system("command -v munged >/dev/null 2>&1") == 0;
 }
 
-/* Starts a private munged (own key, socket, pid file). 0, or -1 with the
- * reason in why (the suite is skipped before this when munged is missing,
- * so any failure here is a broken installation). */
+/* Starts a private munged (tu_munged_start). 0, or -1 with the reason in
+ * why (the suite is skipped before this when munged is missing, so any
+ * failure here is a broken installation). */
 static int start_munged(char *why, size_t whylen) {
-  if (g_sock[0]) return 0;
-  char dir[512], cmd[8192];
-  snprintf(dir, sizeof dir, "%s/munge", tu_tmpdir());
-  mkdir(dir, 0700);
-  snprintf(cmd, sizeof cmd,
-           "dd if=/dev/urandom of=%s/key bs=1024 count=1 2>/dev/null && chmod 0400 %s/key && "
-           "chmod 0711 %s && munged %s --socket=%s/sock --key-file=%s/key --pid-file=%s/pid "
-           "--log-file=%s/log --seed-file=%s/seed >%s/out 2>&1",
-           dir, dir, dir, getuid() == 0 ? "--force" : "", dir, dir, dir, dir, dir, dir);
-  if (system(cmd) != 0) {
-    char outf[600];
-    snprintf(outf, sizeof outf, "%s/out", dir);
-    char *out = tu_read_file(outf);
-    snprintf(why, whylen, "munged did not start: %s", out ? out : "(no output)");
-    free(out);
-    return -1;
-  }
-  char pidf[600];
-  snprintf(pidf, sizeof pidf, "%s/pid", dir);
-  for (int i = 0; i < 100; i++) {
-    char *p = tu_read_file(pidf);
-    if (p && atoi(p) > 0) {
-      g_munged = atoi(p);
-      free(p);
-      snprintf(g_sock, sizeof g_sock, "%s/sock", dir);
-      return 0;
-    }
-    free(p);
-    struct timespec ts = {0, 20000000};
-    nanosleep(&ts, NULL);
-  }
-  snprintf(why, whylen, "munged wrote no pid file %s within 2 s", pidf);
-  return -1;
+  const char *sock = tu_munged_start(why, whylen);
+  if (!sock) return -1;
+  snprintf(g_sock, sizeof g_sock, "%s", sock);
+  return 0;
 }
 
 static void stop_munged(void) {
-  if (g_munged > 0) kill(g_munged, SIGTERM);
-  g_munged = 0;
+  tu_munged_stop();
   g_sock[0] = '\0';
 }
 

@@ -217,37 +217,19 @@ START_TEST(test_key_proofs) {
 }
 END_TEST
 
-/* A private munged (as tests/test_auth.c starts it); munged is a declared
- * dependency, so failing to start it fails the test. */
+/* A private munged (tu_munged_start); munged is a declared dependency, so
+ * failing to start it fails the test. */
 static char g_sock[600];
-static pid_t g_munged;
 
 static void start_munged(void) {
-  if (g_sock[0]) return;
-  char dir[512], cmd[8192], pidf[600];
-  snprintf(dir, sizeof dir, "%s/rdv-munge", tu_tmpdir());
-  mkdir(dir, 0700);
-  snprintf(cmd, sizeof cmd,
-           "dd if=/dev/urandom of=%s/key bs=1024 count=1 2>/dev/null && chmod 0400 %s/key && "
-           "chmod 0711 %s && munged %s --socket=%s/sock --key-file=%s/key --pid-file=%s/pid "
-           "--log-file=%s/log --seed-file=%s/seed >%s/out 2>&1",
-           dir, dir, dir, getuid() == 0 ? "--force" : "", dir, dir, dir, dir, dir, dir);
-  ck_assert_msg(system(cmd) == 0, "munged did not start (see %s/out)", dir);
-  snprintf(pidf, sizeof pidf, "%s/pid", dir);
-  for (int i = 0; i < 100 && !g_munged; i++) {
-    char *p = tu_read_file(pidf);
-    if (p && atoi(p) > 0) g_munged = atoi(p);
-    free(p);
-    struct timespec ts = {0, 20000000};
-    nanosleep(&ts, NULL);
-  }
-  ck_assert_msg(g_munged > 0, "munged wrote no pid file");
-  snprintf(g_sock, sizeof g_sock, "%s/sock", dir);
+  char why[4096];
+  const char *sock = tu_munged_start(why, sizeof why);
+  ck_assert_msg(sock, "%s", why);
+  snprintf(g_sock, sizeof g_sock, "%s", sock);
 }
 
 static void stop_munged(void) {
-  if (g_munged > 0) kill(g_munged, SIGTERM);
-  g_munged = 0;
+  tu_munged_stop();
   g_sock[0] = '\0';
 }
 

@@ -458,3 +458,110 @@ void tu_psd_set_preload(const char *so) {
   snprintf(opts, sizeof opts, "%s%sverify_asan_link_order=0", old ? old : "", old ? ":" : "");
   setenv("ASAN_OPTIONS", opts, 1);
 }
+
+/* ---- programs of the build, run for real (the psrun suites) ------------- */
+
+const char *tu_bin(const char *name) {
+  static char dir[1024], path[8][1100];
+  static int k;
+  if (!dir[0]) {
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    if (n > 0) dir[n] = '\0';
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+  }
+  k = (k + 1) % 8;
+  snprintf(path[k], sizeof path[k], "%s/%s", dir, name);
+  return path[k];
+}
+
+pid_t tu_spawn(char *const *argv, char *const *env, char *out, size_t outlen) {
+  static int seq;
+  snprintf(out, outlen, "%s/run.%d.%d.out", tu_tmpdir(), (int)getpid(), ++seq);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    for (int i = 0; env && env[i]; i++) putenv(env[i]);
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+int tu_wait_pid(pid_t pid, double timeout_s, int *status) {
+  double end = ps__now() + timeout_s;
+  while (ps__now() < end) {
+    if (waitpid(pid, status, WNOHANG) == pid) return 0;
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, status, 0);
+  return -1;
+}
+
+int tu_wait_text(const char *file, const char *needle, double timeout_s) {
+  for (double end = ps__now() + timeout_s; ps__now() < end;) {
+    char *t = tu_read_file(file);
+    int hit = t && strstr(t, needle);
+    free(t);
+    if (hit) return 0;
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+  }
+  return -1;
+}
+
+void tu_need_root(void) {
+  if (getuid() != 0 || access("/usr/bin/setpriv", X_OK) != 0) {
+    printf("SKIP: acting as another user needs root and setpriv\n");
+    exit(77);
+  }
+}
+
+/* ---- a private munged ---------------------------------------------------- */
+
+static char g_munge_sock[600]; /* its socket, "" when none runs */
+static pid_t g_munged;
+
+const char *tu_munged_start(char *why, size_t whylen) {
+  if (g_munge_sock[0]) return g_munge_sock;
+  char dir[512], cmd[8192], pidf[600];
+  snprintf(dir, sizeof dir, "%s/munge", tu_tmpdir());
+  mkdir(dir, 0700);
+  snprintf(cmd, sizeof cmd,
+           "rm -f %s/key %s/pid && dd if=/dev/urandom of=%s/key bs=1024 count=1 2>/dev/null && "
+           "chmod 0400 %s/key && chmod 0711 %s && munged %s --socket=%s/sock --key-file=%s/key "
+           "--pid-file=%s/pid --log-file=%s/log --seed-file=%s/seed >%s/out 2>&1",
+           dir, dir, dir, dir, dir, getuid() == 0 ? "--force" : "", dir, dir, dir, dir, dir, dir);
+  if (system(cmd) != 0) {
+    char outf[600];
+    snprintf(outf, sizeof outf, "%s/out", dir);
+    char *out = tu_read_file(outf);
+    snprintf(why, whylen, "munged did not start: %s", out ? out : "(no output)");
+    free(out);
+    return NULL;
+  }
+  snprintf(pidf, sizeof pidf, "%s/pid", dir);
+  for (int i = 0; i < 100 && !g_munged; i++) {
+    char *p = tu_read_file(pidf);
+    if (p && atoi(p) > 0) g_munged = atoi(p);
+    free(p);
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+  }
+  if (!g_munged) {
+    snprintf(why, whylen, "munged wrote no pid file %s within 2 s", pidf);
+    return NULL;
+  }
+  snprintf(g_munge_sock, sizeof g_munge_sock, "%s/sock", dir);
+  return g_munge_sock;
+}
+
+void tu_munged_stop(void) {
+  if (g_munged > 0) kill(g_munged, SIGTERM);
+  g_munged = 0;
+  g_munge_sock[0] = '\0';
+}

@@ -32,6 +32,7 @@ Suite *suite_lifecycle(void);
 Suite *suite_hostile(void);
 Suite *suite_layout(void);
 Suite *suite_psrun(void);
+Suite *suite_psrun_slurm(void);
 Suite *suite_cnn(void);
 Suite *suite_cifar_data(void);
 Suite *suite_cifar(void);
@@ -46,6 +47,7 @@ Suite *suite_telemetry(void);
 Suite *suite_pace(void);
 Suite *suite_waiters(void);
 Suite *suite_shard(void);
+Suite *suite_table(void);
 Suite *suite_memlimit(void);
 Suite *suite_bounds(void);
 Suite *suite_admission(void);
@@ -101,6 +103,47 @@ void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs);
  * drawn from the clock; printed as "<what>: seed N (PS_TEST_SEED=N replays
  * it)" so every run can be repeated. */
 unsigned tu_seed(const char *what);
+
+/* ---- programs of the build, run for real (the psrun suites) ------------- */
+
+/* Path of program name in the directory of the running test executable
+ * (build/bin); the last 8 results stay valid. */
+const char *tu_bin(const char *name);
+/* Runs argv with env entries ("NAME=value", NULL-terminated, may be NULL)
+ * added, stdout and stderr into a fresh file whose path goes to out.
+ * Returns the pid. */
+pid_t tu_spawn(char *const *argv, char *const *env, char *out, size_t outlen);
+/* Waits up to timeout_s for pid: 0 with *status, or -1 after killing it. */
+int tu_wait_pid(pid_t pid, double timeout_s, int *status);
+/* Waits up to timeout_s until file holds needle: 0, or -1. */
+int tu_wait_text(const char *file, const char *needle, double timeout_s);
+/* The uid and gid of the other user the tests act as (nobody). */
+#define TU_NOBODY 65534
+/* Exits 77 (skipped) unless this is root with setpriv, which the tests
+ * that act as another user (nobody) need. */
+void tu_need_root(void);
+
+/* Worker scripts (sh -c, tiny_worker in $TW) the psrun suites share.
+ * Worker 1 trains 20 steps, then is killed by SIGABRT; the others train 200. */
+#define TU_ABORT_W1                                                                             \
+  "ulimit -c 0; if [ \"$PS_WORKER_INDEX\" = 1 ]; then \"$TW\" --steps 200 --sleep-ms 5 "       \
+  "--fail-at-step 20; kill -ABRT $$; fi; exec \"$TW\" --steps 200 --sleep-ms 5"
+/* Worker 1 fails at step 20 the first time only ($MARKER); every worker
+ * trains to step 200 of the job. */
+#define TU_FAIL_W1_ONCE                                                                         \
+  "if [ \"$PS_WORKER_INDEX\" = 1 ] && ! [ -e \"$MARKER\" ]; then touch \"$MARKER\"; "          \
+  "exec \"$TW\" --steps 200 --sleep-ms 5 --fail-at-step 20; fi; "                              \
+  "exec \"$TW\" --steps 200 --sleep-ms 5"
+/* Workers 1 and 2 exit 0 without ps_client_finish (worker 1 at step 20,
+ * worker 2 after its 200 steps); worker 0 finishes. */
+#define TU_TWO_SKIP_FINISH                                                                      \
+  "case $PS_WORKER_INDEX in 1) \"$TW\" --steps 200 --sleep-ms 5 --fail-at-step 20; exit 0;; "  \
+  "2) exec \"$TW\" --steps 200 --sleep-ms 5 --skip-finish 1;; esac; exec \"$TW\" --steps 200"
+
+/* A private munged (own key and socket under tu_tmpdir()): its socket, or
+ * NULL with the reason in why. Started once per test process. */
+const char *tu_munged_start(char *why, size_t whylen);
+void tu_munged_stop(void);
 
 /* ---- a small real model: multinomial logistic regression ---------------- */
 #define TU_D 8 /* features */

@@ -518,14 +518,16 @@ typedef struct ps_table_config {
   double ftrl_beta;           /* PS_TOPT_FTRL: beta of the per-element rate,
                                  default 1 */
   uint32_t admit_count;       /* a key is stored once it has been seen (pulled
-                                 without PS_TABLE_READ_ONLY) this many times;
-                                 0 or 1 (the same table): at its first sighting. Counted in a
+                                 without PS_TABLE_READ_ONLY) this many times,
+                                 at most 255; 0 or 1 (the same table): at its
+                                 first sighting. Counted in a
                                  count-min sketch, so a key may be admitted a
                                  little early, never late */
   double admit_prob;          /* instead, admit with this probability at each
                                  sighting, in (0, 1]; 0: use admit_count */
-  uint64_t evict_after_steps; /* evict rows not touched (pulled or updated)
-                                 for this many table steps; 0: never */
+  uint64_t evict_after_steps; /* T: a row last touched (pulled, or updated) at
+                                 step s is evicted when the table reaches
+                                 step s + T + 1; 0: never */
 } ps_table_config;
 
 /* Fills *cfg (size bytes): dim 0 and capacity 0 (the caller must set

@@ -1,0 +1,53 @@
+/*
+ * rowopt.h - the per-row update rules of sparse tables (ps_table_opt):
+ * SGD, Adagrad, lazy Adam and FTRL-proximal, applied to one stored row
+ * (its dim values followed by the rule's state floats, psd_table_state_floats)
+ * with one gradient row. The constants of a table's rule are converted once
+ * (psd_rowopt_init); each kernel is one pass over the row with restrict
+ * pointers so gcc vectorizes it. Adam's bias correction uses the row's own
+ * step t (lazy Adam: a row's moments and t advance only when it gets a
+ * gradient) and is computed in double; FTRL runs in double per element
+ * (its sqrt(n) - sqrt(n_old) cancels badly in float), stored in float.
+ */
+#ifndef PSD_ROWOPT_H
+#define PSD_ROWOPT_H
+
+#include <stdint.h>
+
+#include "table.h"
+
+/* Rows start on a multiple of this many floats (16 bytes) from the 64-byte
+ * aligned storage: aligned SSE loads for every row without padding small
+ * rows to a whole cache line (a dim-8 SGD row stays 32 bytes). */
+#define PSD_ROW_ALIGN_FLOATS 4u
+
+/* A table's rule, converted once for the kernels. */
+typedef struct psd_rowopt {
+  uint32_t kind;            /* ps_table_opt */
+  uint32_t dim;             /* values per row */
+  float lr;                 /* learning rate in float (SGD, ADAGRAD loops) */
+  double lr_d;              /* learning rate in double (ADAM scalar, FTRL) */
+  float eps;                /* ADAGRAD, ADAM: epsilon */
+  float init_acc;           /* ADAGRAD: a new row's accumulator */
+  double beta1, beta2;      /* ADAM: decays, for the bias correction */
+  float b1, c1, b2, c2;     /* ADAM: beta1, 1 - beta1, beta2, 1 - beta2 */
+  double l1, l2, ftrl_beta; /* FTRL: regularization and rate beta */
+} psd_rowopt;
+
+/* Floats per stored row: dim values, then the state, rounded up to
+ * PSD_ROW_ALIGN_FLOATS. Saturates at UINT64_MAX for an unchecked spec. */
+uint64_t psd_rowopt_stride(const psd_table_spec *spec);
+
+/* The rule of a checked spec. */
+void psd_rowopt_init(psd_rowopt *o, const psd_table_spec *spec);
+
+/* A new row's state (psd_table_state_floats floats): zeros, Adagrad's
+ * accumulators at initial_accumulator, Adam's t at 0. */
+void psd_rowopt_new_state(const psd_rowopt *o, float *state);
+
+/* One update of row w (dim values) and its state with the gradient
+ * scale * g[0..dim). g does not overlap the row. */
+void psd_rowopt_apply(const psd_rowopt *o, float *w, float *state, const float *g,
+                      float scale);
+
+#endif

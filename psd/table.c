@@ -1,0 +1,623 @@
+/*
+ * table.c - one sparse embedding table on this ps (table.h): row storage
+ * with its LRU list, the key index, admission, eviction, the per-step
+ * accumulator and the SyncReplicas rule for row gradients.
+ *
+ * Rows live in one 64-byte aligned array of `stride` floats each (values,
+ * then the rule's state); keys, last-touch steps and the LRU links are
+ * parallel arrays indexed by the same uint32 row number. Rows freed by
+ * eviction go on a free list threaded through the LRU `newer` links. The
+ * storage doubles from TABLE_FIRST_ROWS up to the capacity and never
+ * beyond, so psd_table_bytes bounds every allocation.
+ */
+#include "table.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "keyindex.h"
+#include "rowinit.h"
+#include "rowopt.h"
+#include "wire.h"
+
+/* No row: the end of the LRU list and of the free list. Row numbers stay
+ * below it (capacity <= PSD_TABLE_MAX_ROWS < UINT32_MAX). */
+#define NIL UINT32_MAX
+_Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row value");
+/* Alignment of the row and accumulator storage: whole cache lines. */
+#define TABLE_ALIGN 64u
+/* Rows (and accumulator slots) of the first block: a table that holds a
+ * few rows stays small, and doubling from here to 2^31 rows is 25 copies. */
+#define TABLE_FIRST_ROWS 64u
+/* Per-row bytes besides the values and state: key, touched, two links. */
+#define ROW_META_BYTES (2 * sizeof(uint64_t) + 2 * sizeof(uint32_t))
+/* Count-min sketch: rows of counters (4: the estimate's error bound holds
+ * with probability 1 - e^-4), each at least this wide (a small table still
+ * gets a sketch whose collisions are rare). */
+#define SKETCH_ROWS 4u
+#define SKETCH_MIN_WIDTH 1024u
+/* Keys a pull looks ahead to prefetch their index slots: enough to cover
+ * a memory latency with the work of the keys in between. */
+#define PREFETCH_AHEAD 8u
+/* Admission generator's state at the front of the aux bytes. */
+#define AUX_RNG_BYTES sizeof(uint64_t)
+/* Salts that make the admission generator and the sketch's two hashes
+ * streams of their own (not the initializer's, not ps__table_shard's). */
+#define ADMIT_RNG_SALT 0x6a09e667f3bcc909ULL
+#define SKETCH_SALT_A 0xbb67ae8584caa73bULL
+#define SKETCH_SALT_B 0x3c6ef372fe94f82bULL
+
+struct psd_table {
+  psd_table_spec spec;  /* what defines it (checked) */
+  psd_rowopt opt;       /* the rule's constants for the kernels */
+  uint64_t init_salt;   /* the initializer's seed mixed with the name */
+  uint32_t num_workers; /* entries of pushed */
+  uint32_t replicas;    /* pushes per step (sync) */
+  int async_mode;       /* apply every push at once */
+  uint64_t step;        /* sync: steps completed; async: pushes applied */
+  uint32_t count;       /* pushes accumulated for `step` (sync) */
+  uint64_t *pushed;     /* per worker: step+1 of its last accepted push */
+  psd_table_stats st;   /* counters; st.rows is the stored rows */
+
+  uint32_t dim;          /* spec.dim */
+  uint32_t nstate;       /* state floats per row */
+  uint64_t stride;       /* floats per stored row (values, state, padding) */
+  uint32_t max_rows;     /* spec.capacity */
+  uint32_t rows_cap;     /* rows the arrays below hold */
+  uint32_t rows_hwm;     /* rows ever handed out: each is stored or free */
+  uint32_t free_head;    /* first free row (linked through newer), or NIL */
+  uint32_t lru_old;      /* least recently touched row, or NIL */
+  uint32_t lru_new;      /* most recently touched row, or NIL */
+  float *vals;           /* rows_cap * stride floats, TABLE_ALIGN aligned */
+  uint64_t *keys;        /* per row: its key */
+  uint64_t *touched;     /* per row: step of its last pull or update */
+  uint32_t *older;       /* per row: next row toward lru_old, or NIL */
+  uint32_t *newer;       /* per row: next row toward lru_new (free rows:
+                            the next free row), or NIL */
+  psd_kindex index;      /* key -> row */
+
+  psd_kindex acc_index;  /* key -> accumulator slot, this step's keys */
+  float *acc;            /* acc_cap * dim floats: sums of this step */
+  uint32_t *acc_rows;    /* per slot: the row it updates */
+  uint32_t acc_n;        /* slots in use this step */
+  uint32_t acc_cap;      /* slots allocated (<= max_rows) */
+
+  uint8_t *aux;          /* the generator's state, then the sketch */
+  size_t aux_len;        /* bytes of aux */
+  uint8_t *sketch;       /* SKETCH_ROWS rows of width counters, or NULL
+                            when admission does not count sightings */
+  uint64_t sketch_mask;  /* the sketch's width - 1 (a power of two) */
+};
+
+/* ---------------------------------------------------------------------- */
+/* Sizes */
+
+static uint64_t sat_add(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return ps__add_u64(a, b, &r) ? UINT64_MAX : r;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b) {
+  uint64_t r;
+  return ps__mul_u64(a, b, &r) ? UINT64_MAX : r;
+}
+
+/* Bytes of an aligned block of n floats (what alloc_floats takes). */
+static uint64_t aligned_bytes(uint64_t n) {
+  uint64_t b = sat_mul(n, sizeof(float));
+  return b > UINT64_MAX - TABLE_ALIGN ? UINT64_MAX
+                                      : (b + TABLE_ALIGN - 1) / TABLE_ALIGN * TABLE_ALIGN;
+}
+
+/* Sightings are counted only to admit at the N-th, N > 1. */
+static int counts_sightings(const psd_table_spec *s) {
+  return s->admit_prob == 0.0 && s->admit_count > 1;
+}
+
+/* The sketch's width: a power of two >= capacity, >= SKETCH_MIN_WIDTH. */
+static uint64_t sketch_width(const psd_table_spec *s) {
+  uint64_t w = SKETCH_MIN_WIDTH;
+  while (w < s->capacity && w <= UINT64_MAX / 2) w *= 2;
+  return w;
+}
+
+static uint64_t aux_bytes(const psd_table_spec *s) {
+  if (!counts_sightings(s)) return AUX_RNG_BYTES;
+  return sat_add(AUX_RNG_BYTES, sat_mul(SKETCH_ROWS, sketch_width(s)));
+}
+
+uint64_t psd_table_bytes(const psd_table_spec *s) {
+  const uint64_t c = s->capacity;
+  const uint64_t slots = psd_kindex_slots_for(c);
+  uint64_t b = sizeof(psd_table);
+  b = sat_add(b, aligned_bytes(sat_mul(c, psd_rowopt_stride(s)))); /* values, state */
+  b = sat_add(b, sat_mul(c, ROW_META_BYTES));                       /* keys, links */
+  b = sat_add(b, sat_mul(2, slots ? sat_mul(slots, sizeof(psd_kslot)) : UINT64_MAX));
+  b = sat_add(b, aligned_bytes(sat_mul(c, s->dim))); /* accumulator */
+  b = sat_add(b, sat_mul(c, sizeof(uint32_t)));      /* its rows */
+  return sat_add(b, aux_bytes(s));
+}
+
+uint64_t psd_table_bytes_now(const psd_table *t) {
+  uint64_t b = sizeof *t;
+  b += aligned_bytes((uint64_t)t->rows_cap * t->stride) * (t->rows_cap > 0);
+  b += (uint64_t)t->rows_cap * ROW_META_BYTES;
+  b += psd_kindex_bytes(&t->index) + psd_kindex_bytes(&t->acc_index);
+  b += aligned_bytes((uint64_t)t->acc_cap * t->dim) * (t->acc_cap > 0);
+  b += (uint64_t)t->acc_cap * sizeof(uint32_t);
+  return b + t->aux_len;
+}
+
+/* n floats, TABLE_ALIGN aligned, uninitialized; NULL when out of memory. */
+static float *alloc_floats(uint64_t n) {
+  uint64_t bytes = aligned_bytes(n);
+  void *p = NULL;
+  if (bytes == 0 || bytes > SIZE_MAX || posix_memalign(&p, TABLE_ALIGN, (size_t)bytes) != 0)
+    return NULL;
+  return p;
+}
+
+/* malloc of n elements of elem bytes, overflow-checked. */
+static void *alloc_array(uint64_t n, size_t elem) {
+  uint64_t bytes;
+  if (ps__mul_u64(n, elem, &bytes) != 0 || bytes > SIZE_MAX) return NULL;
+  return malloc(bytes ? (size_t)bytes : 1);
+}
+
+/* ---------------------------------------------------------------------- */
+/* Create, destroy, accessors */
+
+void psd_table_destroy(psd_table *t) {
+  if (!t) return;
+  free(t->pushed);
+  free(t->vals);
+  free(t->keys);
+  free(t->touched);
+  free(t->older);
+  free(t->newer);
+  psd_kindex_free(&t->index);
+  psd_kindex_free(&t->acc_index);
+  free(t->acc);
+  free(t->acc_rows);
+  free(t->aux);
+  free(t);
+}
+
+/* The admission generator: splitmix64 over the state in aux. */
+static uint64_t rng_next(psd_table *t) {
+  uint64_t x;
+  memcpy(&x, t->aux, sizeof x);
+  x += 0x9e3779b97f4a7c15ULL;
+  memcpy(t->aux, &x, sizeof x);
+  return ps__mix64(x);
+}
+
+/* Everything but the rows and accumulator storage, which come on demand. */
+static int table_alloc(psd_table *t) {
+  uint64_t aux = aux_bytes(&t->spec);
+  if (aux > SIZE_MAX) return PS_ENOMEM;
+  t->pushed = calloc(t->num_workers ? t->num_workers : 1, sizeof *t->pushed);
+  t->aux_len = (size_t)aux;
+  t->aux = calloc(1, t->aux_len);
+  if (!t->pushed || !t->aux) return PS_ENOMEM;
+  if (psd_kindex_init(&t->index) != 0 || psd_kindex_init(&t->acc_index) != 0)
+    return PS_ENOMEM;
+  if (counts_sightings(&t->spec)) {
+    t->sketch = t->aux + AUX_RNG_BYTES;
+    t->sketch_mask = sketch_width(&t->spec) - 1;
+  }
+  uint64_t seed = ps__mix64(t->init_salt ^ ADMIT_RNG_SALT);
+  memcpy(t->aux, &seed, sizeof seed);
+  return 0;
+}
+
+int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t replicas,
+                     int async_mode, psd_table **out, char *err, size_t errlen) {
+  *out = NULL;
+  int rc = psd_table_spec_check(spec, err, errlen);
+  if (rc != 0) return rc;
+  psd_table *t = calloc(1, sizeof *t);
+  if (!t)
+    return ps__errf(PS_ENOMEM, err, errlen, "out of memory creating table '%s'", spec->name);
+  t->spec = *spec;
+  psd_rowopt_init(&t->opt, spec);
+  t->init_salt = psd_rowinit_salt(spec);
+  t->num_workers = num_workers;
+  t->replicas = replicas;
+  t->async_mode = async_mode;
+  t->dim = spec->dim;
+  t->nstate = psd_table_state_floats(spec);
+  t->stride = psd_rowopt_stride(spec);
+  t->max_rows = (uint32_t)spec->capacity;
+  t->free_head = t->lru_old = t->lru_new = NIL;
+  if (table_alloc(t) != 0) {
+    psd_table_destroy(t);
+    return ps__errf(PS_ENOMEM, err, errlen, "out of memory creating table '%s'", spec->name);
+  }
+  *out = t;
+  return 0;
+}
+
+const psd_table_spec *psd_table_spec_of(const psd_table *t) { return &t->spec; }
+uint64_t psd_table_step(const psd_table *t) { return t->step; }
+psd_table_stats psd_table_get_stats(const psd_table *t) { return t->st; }
+
+uint32_t psd_table_missing(const psd_table *t, uint32_t *missing, uint32_t cap) {
+  uint32_t n = 0;
+  for (uint32_t w = 0; w < t->num_workers && n < cap; w++)
+    if (t->pushed[w] != t->step + 1) missing[n++] = w;
+  return n;
+}
+
+const void *psd_table_aux(const psd_table *t, size_t *len) {
+  *len = t->aux_len;
+  return t->aux;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Rows: storage, LRU list, eviction */
+
+static float *row_at(const psd_table *t, uint32_t r) { return t->vals + (size_t)r * t->stride; }
+
+/* Doubles the row storage (up to max_rows), all arrays or none. */
+static int grow_rows(psd_table *t) {
+  uint64_t ncap = t->rows_cap ? (uint64_t)t->rows_cap * 2 : TABLE_FIRST_ROWS;
+  if (ncap > t->max_rows) ncap = t->max_rows;
+  float *v = alloc_floats(ncap * t->stride);
+  uint64_t *k = alloc_array(ncap, sizeof *k), *tc = alloc_array(ncap, sizeof *tc);
+  uint32_t *o = alloc_array(ncap, sizeof *o), *nw = alloc_array(ncap, sizeof *nw);
+  if (!v || !k || !tc || !o || !nw) {
+    free(v), free(k), free(tc), free(o), free(nw);
+    return PS_ENOMEM;
+  }
+  const size_t h = t->rows_hwm;
+  if (h) {
+    memcpy(v, t->vals, h * t->stride * sizeof *v);
+    memcpy(k, t->keys, h * sizeof *k);
+    memcpy(tc, t->touched, h * sizeof *tc);
+    memcpy(o, t->older, h * sizeof *o);
+    memcpy(nw, t->newer, h * sizeof *nw);
+  }
+  free(t->vals), free(t->keys), free(t->touched), free(t->older), free(t->newer);
+  t->vals = v, t->keys = k, t->touched = tc, t->older = o, t->newer = nw;
+  t->rows_cap = (uint32_t)ncap;
+  return 0;
+}
+
+static void lru_unlink(psd_table *t, uint32_t r) {
+  const uint32_t o = t->older[r], n = t->newer[r];
+  if (o != NIL) t->newer[o] = n;
+  else t->lru_old = n;
+  if (n != NIL) t->older[n] = o;
+  else t->lru_new = o;
+}
+
+static void lru_push_new(psd_table *t, uint32_t r) {
+  t->older[r] = t->lru_new;
+  t->newer[r] = NIL;
+  if (t->lru_new != NIL) t->newer[t->lru_new] = r;
+  else t->lru_old = r;
+  t->lru_new = r;
+}
+
+/* A pull or an update of row r at the current step. */
+static void touch(psd_table *t, uint32_t r) {
+  t->touched[r] = t->step;
+  if (t->lru_new != r) {
+    lru_unlink(t, r);
+    lru_push_new(t, r);
+  }
+}
+
+/* Row r, evicted mid-step, had gradients summed this step: they are
+ * dropped (counted), and the last slot moves into the hole, so the
+ * accumulator only ever holds keys with stored rows (<= capacity). */
+static void acc_forget(psd_table *t, uint64_t key, uint32_t e) {
+  psd_kindex_remove(&t->acc_index, key);
+  const uint32_t last = --t->acc_n;
+  if (e != last) {
+    const uint32_t moved = t->acc_rows[last];
+    memcpy(t->acc + (size_t)e * t->dim, t->acc + (size_t)last * t->dim,
+           (size_t)t->dim * sizeof(float));
+    t->acc_rows[e] = moved;
+    psd_kindex_set(&t->acc_index, t->keys[moved], e);
+  }
+  t->st.dropped++;
+}
+
+/* Forgets row r: out of the index, the accumulator and the LRU list, onto
+ * the free list. */
+static void evict(psd_table *t, uint32_t r) {
+  psd_kindex_remove(&t->index, t->keys[r]);
+  if (t->acc_n > 0) {
+    const uint32_t e = psd_kindex_find(&t->acc_index, t->keys[r]);
+    if (e != NIL) acc_forget(t, t->keys[r], e);
+  }
+  lru_unlink(t, r);
+  t->newer[r] = t->free_head;
+  t->free_head = r;
+  t->st.rows--;
+}
+
+/* A row for a new key: the LRU row evicted when full, else a free row,
+ * else a fresh one (growing the storage). NIL when out of memory. */
+static uint32_t take_row(psd_table *t) {
+  if (t->st.rows >= t->max_rows) {
+    evict(t, t->lru_old);
+    t->st.evictions_lru++;
+  }
+  if (t->free_head != NIL) {
+    uint32_t r = t->free_head;
+    t->free_head = t->newer[r];
+    return r;
+  }
+  if (t->rows_hwm == t->rows_cap && grow_rows(t) != 0) return NIL;
+  return t->rows_hwm++;
+}
+
+/* Stores key as the most recently touched row (values left to the
+ * caller). The row, or NIL when out of memory (nothing changed then). */
+static uint32_t store_row(psd_table *t, uint64_t key) {
+  uint64_t need = t->st.rows < t->max_rows ? t->st.rows + 1 : t->max_rows;
+  if (psd_kindex_reserve(&t->index, need) != 0) return NIL;
+  uint32_t r = take_row(t);
+  if (r == NIL) return NIL;
+  psd_kindex_insert(&t->index, key, r);
+  t->keys[r] = key;
+  t->touched[r] = t->step;
+  lru_push_new(t, r);
+  t->st.rows++;
+  return r;
+}
+
+/* The step moved: rows touched at s are evicted once step > s + N
+ * (N = evict_after_steps), oldest first. The LRU list is ordered by touch
+ * step, so this stops at the first row young enough. */
+static void evict_expired(psd_table *t) {
+  const uint64_t ttl = t->spec.evict_after_steps;
+  if (ttl == 0) return;
+  while (t->lru_old != NIL) {
+    const uint64_t at = t->touched[t->lru_old];
+    if (at >= t->step || t->step - at <= ttl) break;
+    evict(t, t->lru_old);
+    t->st.evictions_ttl++;
+  }
+}
+
+/* ---------------------------------------------------------------------- */
+/* Admission and pulls */
+
+/* Counts a sighting of key (conservative update: only the counters at the
+ * minimum grow, so a key's estimate stays >= its true count and collisions
+ * inflate it less) and returns its estimated sightings, saturating. */
+static uint32_t sketch_sight(psd_table *t, uint64_t key) {
+  /* Double hashing gives SKETCH_ROWS independent-enough positions. */
+  const uint64_t h1 = ps__mix64(key ^ SKETCH_SALT_A);
+  const uint64_t h2 = ps__mix64(key ^ SKETCH_SALT_B) | 1;
+  const uint64_t w = t->sketch_mask + 1;
+  uint8_t *c[SKETCH_ROWS];
+  uint8_t min = UINT8_MAX;
+  for (uint32_t r = 0; r < SKETCH_ROWS; r++) {
+    c[r] = t->sketch + r * w + ((h1 + r * h2) & t->sketch_mask);
+    if (*c[r] < min) min = *c[r];
+  }
+  if (min == UINT8_MAX) return UINT8_MAX;
+  for (uint32_t r = 0; r < SKETCH_ROWS; r++)
+    if (*c[r] == min) (*c[r])++;
+  return (uint32_t)min + 1;
+}
+
+/* A sighting of a key with no row: whether to store it now. */
+static int admit(psd_table *t, uint64_t key) {
+  const psd_table_spec *s = &t->spec;
+  if (s->admit_prob > 0.0) return (double)(rng_next(t) >> 11) * 0x1p-53 < s->admit_prob;
+  if (!t->sketch) return 1;
+  return sketch_sight(t, key) >= s->admit_count;
+}
+
+int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, float *out) {
+  const size_t dim = t->dim;
+  int rc = 0;
+  t->st.keys_pulled += n;
+  for (size_t i = 0; i < n; i++) {
+    float *o = out + i * dim;
+    if (i + PREFETCH_AHEAD < n) psd_kindex_prefetch(&t->index, keys[i + PREFETCH_AHEAD]);
+    uint32_t r = psd_kindex_find(&t->index, keys[i]);
+    if (r != NIL) {
+      t->st.hits++;
+    } else if (create && rc == 0 && admit(t, keys[i])) {
+      r = store_row(t, keys[i]);
+      if (r == NIL) {
+        rc = PS_ENOMEM; /* no further admissions in this pull */
+      } else {
+        float *row = row_at(t, r);
+        psd_rowinit_fill(&t->spec, t->init_salt, keys[i], row);
+        psd_rowopt_new_state(&t->opt, row + dim);
+        t->st.admissions++;
+      }
+    }
+    if (r == NIL) {
+      psd_rowinit_fill(&t->spec, t->init_salt, keys[i], o);
+      continue;
+    }
+    memcpy(o, row_at(t, r), dim * sizeof(float));
+    touch(t, r);
+  }
+  return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Pushes: the accumulator and the SyncReplicas rule */
+
+/* acc += g over n floats (auto-vectorized). */
+static void add_into(float *restrict acc, const float *restrict g, size_t n) {
+  for (size_t i = 0; i < n; i++) acc[i] += g[i];
+}
+
+/* Room in the accumulator for `more` new keys (at most max_rows in all),
+ * so accumulating a push never fails halfway. 0 or PS_ENOMEM. */
+static int acc_reserve(psd_table *t, size_t more) {
+  uint64_t need = (uint64_t)t->acc_n + more;
+  if (need > t->max_rows) need = t->max_rows;
+  if (psd_kindex_reserve(&t->acc_index, need) != 0) return PS_ENOMEM;
+  if (need <= t->acc_cap) return 0;
+  uint64_t ncap = t->acc_cap ? t->acc_cap : TABLE_FIRST_ROWS;
+  while (ncap < need) ncap *= 2;
+  if (ncap > t->max_rows) ncap = t->max_rows;
+  float *a = alloc_floats(ncap * t->dim);
+  uint32_t *r = alloc_array(ncap, sizeof *r);
+  if (!a || !r) {
+    free(a), free(r);
+    return PS_ENOMEM;
+  }
+  if (t->acc_n) {
+    memcpy(a, t->acc, (size_t)t->acc_n * t->dim * sizeof *a);
+    memcpy(r, t->acc_rows, (size_t)t->acc_n * sizeof *r);
+  }
+  free(t->acc), free(t->acc_rows);
+  t->acc = a, t->acc_rows = r;
+  t->acc_cap = (uint32_t)ncap;
+  return 0;
+}
+
+/* Sums a push into the accumulator (room reserved). Keys with no stored
+ * row are dropped; returns how many. */
+static uint64_t accumulate(psd_table *t, const uint64_t *keys, size_t n, const float *grads) {
+  const size_t dim = t->dim;
+  uint64_t drops = 0;
+  for (size_t i = 0; i < n; i++) {
+    const float *g = grads + i * dim;
+    const uint32_t r = psd_kindex_find(&t->index, keys[i]);
+    if (r == NIL) {
+      drops++;
+      continue;
+    }
+    int added;
+    const uint32_t e = psd_kindex_upsert(&t->acc_index, keys[i], t->acc_n, &added);
+    float *a = t->acc + (size_t)e * dim;
+    if (added) {
+      t->acc_rows[t->acc_n++] = r;
+      memcpy(a, g, dim * sizeof *a);
+    } else {
+      add_into(a, g, dim);
+    }
+  }
+  return drops;
+}
+
+/* Applies scale * g to stored row r and touches it. */
+static void update_row(psd_table *t, uint32_t r, const float *g, float scale) {
+  float *row = row_at(t, r);
+  psd_rowopt_apply(&t->opt, row, row + t->dim, g, scale);
+  touch(t, r);
+}
+
+/* Applies a push's gradients directly (async, or a step of one push).
+ * Returns the keys dropped. */
+static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const float *grads) {
+  uint64_t drops = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint32_t r = psd_kindex_find(&t->index, keys[i]);
+    if (r == NIL) drops++;
+    else update_row(t, r, grads + i * t->dim, 1.0f);
+  }
+  return drops;
+}
+
+/* Applies the step's sums, scaled, slot by slot, and empties the
+ * accumulator. */
+static void apply_acc(psd_table *t, float scale) {
+  for (uint32_t e = 0; e < t->acc_n; e++)
+    update_row(t, t->acc_rows[e], t->acc + (size_t)e * t->dim, scale);
+  t->acc_n = 0;
+  psd_kindex_clear(&t->acc_index);
+}
+
+/* The table moves to the next step; rows too old go. */
+static void advance(psd_table *t) {
+  t->step++;
+  evict_expired(t);
+}
+
+/* Sync mode: the step rule of psd_shard_push, per table. */
+static int push_sync(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
+                     size_t n, const float *grads, uint64_t *drops) {
+  if (step < t->step) {
+    t->st.stale++;
+    return PS_ESTALE;
+  }
+  if (step > t->step) return PS_EINVAL;
+  if (t->pushed[worker] == step + 1) return PS_EDUPLICATE;
+  const int last = t->count + 1 >= t->replicas;
+  if (last && t->count == 0) {
+    *drops = apply_push(t, keys, n, grads); /* nothing to sum it with */
+  } else {
+    if (acc_reserve(t, n) != 0) return PS_ENOMEM;
+    *drops = accumulate(t, keys, n, grads);
+    if (last) apply_acc(t, 1.0f / (float)(t->count + 1));
+  }
+  t->pushed[worker] = step + 1;
+  if (!last) {
+    t->count++;
+    return 0;
+  }
+  t->count = 0;
+  advance(t);
+  return 1;
+}
+
+int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
+                   size_t n, const float *grads, uint64_t *dropped) {
+  uint64_t drops = 0;
+  if (dropped) *dropped = 0;
+  if (worker >= t->num_workers) return PS_EINVAL;
+  int rc;
+  if (t->async_mode) {
+    drops = apply_push(t, keys, n, grads);
+    advance(t);
+    rc = 1;
+  } else {
+    rc = push_sync(t, worker, step, keys, n, grads, &drops);
+    if (rc < 0) return rc;
+  }
+  t->st.keys_pushed += n;
+  t->st.dropped += drops;
+  if (dropped) *dropped = drops;
+  return rc;
+}
+
+/* ---------------------------------------------------------------------- */
+/* Checkpoints */
+
+void psd_table_walk(const psd_table *t, psd_table_row_fn fn, void *ctx) {
+  for (uint32_t r = t->lru_old; r != NIL; r = t->newer[r]) {
+    const float *row = row_at(t, r);
+    fn(ctx, t->keys[r], row, row + t->dim, t->touched[r]);
+  }
+}
+
+int psd_table_restore_aux(psd_table *t, const void *aux, size_t len) {
+  if (len != t->aux_len) return PS_EINVAL;
+  memcpy(t->aux, aux, len);
+  return 0;
+}
+
+int psd_table_restore_row(psd_table *t, uint64_t key, const float *values,
+                          const float *state, uint64_t touched) {
+  if (psd_kindex_find(&t->index, key) != NIL || t->st.rows >= t->max_rows) return PS_EINVAL;
+  uint32_t r = store_row(t, key);
+  if (r == NIL) return PS_ENOMEM;
+  float *row = row_at(t, r);
+  memcpy(row, values, (size_t)t->dim * sizeof *row);
+  if (t->nstate) memcpy(row + t->dim, state, (size_t)t->nstate * sizeof *row);
+  t->touched[r] = touched;
+  return 0;
+}
+
+void psd_table_restore_step(psd_table *t, uint64_t step, const psd_table_stats *counters) {
+  const uint64_t rows = t->st.rows;
+  t->step = step;
+  t->st = *counters;
+  t->st.rows = rows; /* what is stored, whatever the file says */
+  t->count = 0;
+}

@@ -1,0 +1,570 @@
+/* psrun in Slurm steps, run for real: every task a real psrun process
+ * with a fake Slurm environment on localhost (no slurmctld: the
+ * rendezvous uses the key mode), psd and tiny_worker under it. The
+ * rendezvous under attack by another uid (nobody): forged check-ins,
+ * silent connections, a planted rendezvous directory, a stolen port, a
+ * rank claimed twice; backup workers and restarts in a step; psd outliving
+ * the workers; and psctl taking job and step from Slurm's environment,
+ * against psd processes that require MUNGE (a private munged). The real
+ * Slurm cluster: tests/slurm_test.sh. */
+#define _GNU_SOURCE
+#include <check.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "step.h"
+#include "util.h"
+
+Suite *suite_psrun_slurm(void);
+
+/* ---- a fake Slurm step: real psrun tasks on localhost ----------------------------- */
+
+/* A port nothing listens on now. */
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t sl = sizeof sa;
+  ck_assert(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0);
+  getsockname(fd, (struct sockaddr *)&sa, &sl);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/* A fake Slurm environment for task `rank` of a 2-task step of job `job`
+ * on localhost; a slurm.conf naming a slurmctld that is not there (so
+ * libslurm fails at once instead of retrying). */
+typedef struct fake_env {
+  char v[12][1200]; /* the entries */
+  char *env[13];   /* NULL-terminated, for spawn */
+} fake_env;
+
+static void fake_slurm(fake_env *f, int rank, int job, int ntasks) {
+  static char conf[1100];
+  snprintf(conf, sizeof conf, "%s/slurm.conf", tu_tmpdir());
+  FILE *c = fopen(conf, "w");
+  fprintf(c, "ClusterName=psrtest\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n"
+             "NodeName=localhost\nPartitionName=p Nodes=localhost\nMessageTimeout=1\n");
+  fclose(c);
+  const char *fmt[] = {"SLURM_CONF=%s", "SLURM_PROCID=%d", "SLURM_LOCALID=%d", "SLURM_JOB_ID=%d",
+                       "SLURM_NTASKS=%d", "SLURM_STEP_ID=0", "SLURMD_NODENAME=localhost",
+                       "SLURM_STEP_NODELIST=localhost", "SLURM_STEP_NUM_NODES=1",
+                       "SLURM_STEP_TASKS_PER_NODE=%d", "SLURM_DISTRIBUTION=block"};
+  snprintf(f->v[0], sizeof f->v[0], fmt[0], conf);
+  snprintf(f->v[1], sizeof f->v[1], fmt[1], rank);
+  snprintf(f->v[2], sizeof f->v[2], fmt[2], rank);
+  snprintf(f->v[3], sizeof f->v[3], fmt[3], job);
+  for (int i = 4; i < 11; i++) snprintf(f->v[i], sizeof f->v[i], fmt[i], ntasks);
+  for (int i = 0; i < 11; i++) f->env[i] = f->v[i];
+  f->env[11] = NULL;
+}
+
+/* psrun as task `rank` of the fake step of ntasks, meeting on port in dir. */
+static pid_t slurm_task_of(fake_env *f, int rank, int ntasks, int job, int port, const char *dir,
+                           char *out, size_t outlen) {
+  static char portbuf[16];
+  snprintf(portbuf, sizeof portbuf, "%d", port);
+  fake_slurm(f, rank, job, ntasks);
+  char *argv[] = {(char *)tu_bin("psrun"), "--ps", "1", "--rendezvous-port", portbuf,
+                  "--rendezvous-auth", "key", "--rendezvous", (char *)dir, "--connect-timeout",
+                  "15", "--", (char *)tu_bin("tiny_worker"), "--steps", "20", NULL};
+  return tu_spawn(argv, f->env, out, outlen);
+}
+
+static pid_t slurm_task(fake_env *f, int rank, int job, int port, const char *dir, char *out,
+                        size_t outlen) {
+  return slurm_task_of(f, rank, 2, job, port, dir, out, outlen);
+}
+
+/* The fake Slurm step of 4 tasks (ps0, w0-w2) running script with OPT K;
+ * returns task 0's log and w1's, every task's status in st. */
+static char *slurm_step_of(const char *opt, const char *k, const char *script, int st[4]) {
+  static int seq;
+  char dir[1100], out[4][1200], portbuf[16];
+  snprintf(dir, sizeof dir, "%s/rdv-backup-%d", tu_tmpdir(), ++seq);
+  mkdir(dir, 0700);
+  snprintf(portbuf, sizeof portbuf, "%d", free_port());
+  int job = 9000 + (int)(getpid() % 500) + seq;
+  fake_env f[4];
+  pid_t pid[4];
+  for (int r = 0; r < 4; r++) {
+    fake_slurm(&f[r], r, job, 4);
+    snprintf(f[r].v[11], sizeof f[r].v[11], "TW=%s", tu_bin("tiny_worker"));
+    f[r].env[11] = f[r].v[11];
+    f[r].env[12] = NULL;
+    char *argv[] = {(char *)tu_bin("psrun"), "--ps", "1", "--rendezvous-port", portbuf,
+                    "--rendezvous-auth", "key", "--rendezvous", dir, "--connect-timeout", "15",
+                    (char *)opt, (char *)k, "--", "/bin/sh", "-c", (char *)script, NULL};
+    pid[r] = tu_spawn(argv, f[r].env, out[r], sizeof out[r]);
+  }
+  for (int r = 0; r < 4; r++) ck_assert_msg(tu_wait_pid(pid[r], 60, &st[r]) == 0, "task %d hung", r);
+  char *log = tu_read_file(out[0]);
+  char *w1 = tu_read_file(out[2]);
+  size_t n = strlen(log) + strlen(w1) + 16;
+  char *both = malloc(n);
+  snprintf(both, n, "%s\n--- w1:\n%s", log, w1);
+  free(log);
+  free(w1);
+  return both;
+}
+
+/* psrun as task 0 of a 2-task fake step of job 5353 whose task 1 never
+ * comes, with OPT VAL; returns its log, its status in *st. */
+static char *task0_alone(const char *opt, const char *val, int *st) {
+  char dir[1100], out[1200], port[16];
+  snprintf(dir, sizeof dir, "%s/rdv-alone", tu_tmpdir());
+  mkdir(dir, 0700);
+  snprintf(port, sizeof port, "%d", free_port());
+  fake_env f;
+  fake_slurm(&f, 0, 5353, 2);
+  char *argv[] = {(char *)tu_bin("psrun"), "--ps", "1", "--rendezvous-port", port,
+                  "--rendezvous-auth", "key", "--rendezvous", dir, "--connect-timeout", "1",
+                  (char *)opt, (char *)val, "--", "true", NULL};
+  pid_t pid = tu_spawn(argv, f.env, out, sizeof out);
+  ck_assert_msg(tu_wait_pid(pid, 30, st) == 0, "psrun %s %s hung", opt, val);
+  return tu_read_file(out);
+}
+
+/* --iface and --addr choose this task's address, or stop the task with a
+ * sentence saying nothing matched; --connect-timeout bounds the check-ins
+ * and names the tasks that never came. */
+START_TEST(test_slurm_address_and_connect_timeout) {
+  int st;
+  char *log = task0_alone("--iface", "lo", &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 && strstr(log, "rendezvous on 127.0.0.1:") &&
+                    strstr(log, "tasks 1 did not check in within 1 s"),
+                "status %d: %s", st, log);
+  free(log);
+  log = task0_alone("--iface", "psrnone0", &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 &&
+                    strstr(log, "no IPv4 address on this node matches --iface psrnone0"),
+                "status %d: %s", st, log);
+  free(log);
+  /* Loopback's own address is 127.0.0.1; no interface holds this one. */
+  log = task0_alone("--addr", "127.255.255.254/32", &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1 &&
+                    strstr(log, "no IPv4 address on this node matches --addr 127.255.255.254/32"),
+                "status %d: %s", st, log);
+  free(log);
+  log = task0_alone("--addr", "127.0.0.0/8", &st);
+  ck_assert_msg(strstr(log, "rendezvous on 127.0.0.1:"), "%s", log);
+  free(log);
+}
+END_TEST
+
+/* ---- the rendezvous under attack (nobody) ------------------------------------------ */
+
+/* bash as nobody (setpriv), its output to a file. */
+static pid_t as_nobody(const char *script, char *out, size_t outlen) {
+  char *argv[] = {"/usr/bin/setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                  "/bin/bash", "-c", (char *)script, NULL};
+  return tu_spawn(argv, NULL, out, outlen);
+}
+
+/* A nobody process opens two silent connections and forges a check-in
+ * claiming rank 1 before the real rank 1 arrives: the forgery is refused,
+ * the silent connections cost nothing, the real step completes. */
+START_TEST(test_slurm_forged_and_silent_checkins) {
+  tu_need_root();
+  char dir[1100], o0[1200], o1[1200], oa[1200], script[1200];
+  snprintf(dir, sizeof dir, "%s/rdv-forge", tu_tmpdir());
+  mkdir(dir, 0700);
+  int port = free_port(), job = 5000 + (int)(getpid() % 1000);
+  fake_env f0, f1;
+  pid_t t0 = slurm_task(&f0, 0, job, port, dir, o0, sizeof o0);
+  snprintf(script, sizeof script,
+           "for i in $(seq 100); do exec 3<>/dev/tcp/127.0.0.1/%d && break; sleep 0.1; done; "
+           "exec 4<>/dev/tcp/127.0.0.1/%d 5<>/dev/tcp/127.0.0.1/%d; read -t 5 l <&5; "
+           "echo \"greeting: $l\"; echo \"HELLO PSRUN2 %d 0 65534 2 1 localhost 1 %064d %064d\" >&5;"
+           " read -t 5 l <&5; echo \"reply: $l\"; sleep 14",
+           port, port, port, job, 7, 9);
+  pid_t att = as_nobody(script, oa, sizeof oa);
+  ck_assert_msg(tu_wait_text(oa, "reply:", 15) == 0, "the forger got no answer");
+  char *a = tu_read_file(oa);
+  ck_assert_msg(strstr(a, "greeting: RDV PSRUN2 key") && strstr(a, "reply: REJECT"), "%s", a);
+  ck_assert_msg(!strstr(a, "ROLE"), "the forger got a role: %s", a);
+  free(a);
+  double start = ps__now();
+  pid_t t1 = slurm_task(&f1, 1, job, port, dir, o1, sizeof o1);
+  int s0, s1;
+  int w1 = tu_wait_pid(t1, 30, &s1), w0 = tu_wait_pid(t0, 30, &s0);
+  double took = ps__now() - start;
+  kill(att, SIGKILL);
+  waitpid(att, NULL, 0);
+  char *l0 = tu_read_file(o0), *l1 = tu_read_file(o1);
+  ck_assert_msg(w0 == 0 && w1 == 0, "the step did not finish:\n%s\n%s", l0, l1);
+  ck_assert_msg(WIFEXITED(s0) && WEXITSTATUS(s0) == 0, "task 0: %s", l0);
+  ck_assert_msg(WIFEXITED(s1) && WEXITSTATUS(s1) == 0, "task 1: %s", l1);
+  ck_assert_msg(strstr(l0, "refused a check-in from 127.0.0.1:") &&
+                    strstr(l0, "claimed rank 1 (uid 65534), but its proof does not match"),
+                "%s", l0);
+  ck_assert_msg(strstr(l1, "{\"worker\":0,\"steps\":20") != NULL, "%s", l1);
+  /* Two silent connections, each allowed 10 s, delayed nothing. */
+  ck_assert_msg(took < 8, "the step took %.1f s after rank 1 started", took);
+  free(l0);
+  free(l1);
+}
+END_TEST
+
+/* A rendezvous directory planted by nobody is refused, by task 0 and by
+ * a --role=worker step, with a sentence naming its owner. */
+START_TEST(test_slurm_planted_directory) {
+  tu_need_root();
+  char dir[1100], planted[1200], out[1200];
+  snprintf(dir, sizeof dir, "%s/rdv-planted", tu_tmpdir());
+  mkdir(dir, 01777);
+  chmod(dir, 01777); /* like /tmp: others may create, the sticky bit protects ours */
+  int job = 6000 + (int)(getpid() % 1000);
+  snprintf(planted, sizeof planted, "%s/.psrun-%d.0", dir, job);
+  ck_assert(mkdir(planted, 0755) == 0 && chown(planted, TU_NOBODY, TU_NOBODY) == 0);
+  fake_env f;
+  pid_t t0 = slurm_task(&f, 0, job, free_port(), dir, out, sizeof out);
+  int st;
+  ck_assert(tu_wait_pid(t0, 20, &st) == 0);
+  char *log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s", log);
+  ck_assert_msg(strstr(log, "belongs to nobody (uid 65534), not to you"), "%s", log);
+  free(log);
+  char *argv[] = {(char *)tu_bin("psrun"), "--role=worker", "--rendezvous-auth", "key",
+                  "--rendezvous", dir, "--connect-timeout", "3", "--", "true", NULL};
+  pid_t w = tu_spawn(argv, f.env, out, sizeof out);
+  ck_assert(tu_wait_pid(w, 20, &st) == 0);
+  log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s", log);
+  ck_assert_msg(strstr(log, "belongs to nobody (uid 65534), not to you"), "%s", log);
+  free(log);
+}
+END_TEST
+
+/* A stranger (nobody) holding the rendezvous port and answering like task
+ * 0: task 0 says so and stops; the member refuses the stranger. */
+START_TEST(test_slurm_stolen_port) {
+  tu_need_root();
+  char dir[1100], o0[1200], o1[1200], oa[1200], script[600];
+  snprintf(dir, sizeof dir, "%s/rdv-stolen", tu_tmpdir());
+  mkdir(dir, 0700);
+  int port = free_port(), job = 7000 + (int)(getpid() % 1000);
+  /* socat-free listener: python is not assumed; bash cannot listen, so
+   * the stranger is a tiny nc-like loop in python only if present. */
+  if (access("/usr/bin/python3", X_OK) != 0) {
+    printf("SKIP: the stolen-port test needs python3 for the stranger's listener\n");
+    exit(77);
+  }
+  snprintf(script, sizeof script,
+           "exec /usr/bin/python3 -c \"import socket,time\ns=socket.socket()\n"
+           "s.bind(('127.0.0.1',%d)); s.listen(8); print('listening', flush=True)\n"
+           "c,_=s.accept(); c.sendall(b'RDV PSRUN2 key\\n'); print(c.recv(4096), flush=True)\n"
+           "c.sendall(b'ROLE worker 0 1 1 ' + b'ab'*32 + b'\\n'); time.sleep(20)\"",
+           port);
+  pid_t att = as_nobody(script, oa, sizeof oa);
+  ck_assert_msg(tu_wait_text(oa, "listening", 10) == 0, "the stranger did not listen");
+  fake_env f0, f1;
+  pid_t t0 = slurm_task(&f0, 0, job, port, dir, o0, sizeof o0);
+  pid_t t1 = slurm_task(&f1, 1, job, port, dir, o1, sizeof o1);
+  int s0, s1;
+  ck_assert(tu_wait_pid(t0, 30, &s0) == 0 && tu_wait_pid(t1, 30, &s1) == 0);
+  kill(att, SIGKILL);
+  waitpid(att, NULL, 0);
+  char *l0 = tu_read_file(o0), *l1 = tu_read_file(o1);
+  ck_assert_msg(WIFEXITED(s0) && WEXITSTATUS(s0) == 1, "task 0: %s", l0);
+  ck_assert_msg(strstr(l0, "Address already in use") && strstr(l0, "another process holds it"),
+                "%s", l0);
+  ck_assert_msg(WIFEXITED(s1) && WEXITSTATUS(s1) == 1, "task 1: %s", l1);
+  ck_assert_msg(strstr(l1, "did not prove itself, so this task does not trust it"), "%s", l1);
+  ck_assert_msg(!strstr(l1, "[w0]"), "a worker started: %s", l1);
+  free(l0);
+  free(l1);
+}
+END_TEST
+
+/* Two tasks with valid proofs both claim rank 1 (a replay or a second
+ * copy): task 0 stops the step, naming both peers. */
+START_TEST(test_slurm_rank_claimed_twice) {
+  tu_need_root();
+  char dir[1100], o0[1200], o1[1200], o2[1200];
+  snprintf(dir, sizeof dir, "%s/rdv-twice", tu_tmpdir());
+  mkdir(dir, 0700);
+  int port = free_port(), job = 8000 + (int)(getpid() % 1000);
+  fake_env f0, f1, f2;
+  pid_t t0 = slurm_task_of(&f0, 0, 3, job, port, dir, o0, sizeof o0);
+  pid_t a = slurm_task_of(&f1, 1, 3, job, port, dir, o1, sizeof o1);
+  pid_t b = slurm_task_of(&f2, 1, 3, job, port, dir, o2, sizeof o2);
+  int s0, sa, sb;
+  ck_assert(tu_wait_pid(t0, 30, &s0) == 0);
+  tu_wait_pid(a, 30, &sa);
+  tu_wait_pid(b, 30, &sb);
+  char *l0 = tu_read_file(o0);
+  ck_assert_msg(WIFEXITED(s0) && WEXITSTATUS(s0) == 1, "%s", l0);
+  ck_assert_msg(strstr(l0, "rank 1 was claimed twice, by 127.0.0.1:") &&
+                    strstr(l0, ") and by 127.0.0.1:"),
+                "%s", l0);
+  free(l0);
+}
+END_TEST
+
+/* The rendezvous' authentication is decided from slurm.conf: when
+ * slurmctld cannot be asked (here none runs), "auto" stops the step with a
+ * sentence naming the choices; it never falls back to another mode on its
+ * own (a task that did would disagree with the others). */
+START_TEST(test_slurm_auth_never_downgrades) {
+  fake_env f;
+  fake_slurm(&f, 0, 5151, 2);
+  char out[1200];
+  char *argv[] = {(char *)tu_bin("psrun"), "--ps", "1", "--rendezvous", (char *)tu_tmpdir(),
+                  "--", (char *)tu_bin("tiny_worker"), "--steps", "2", NULL};
+  pid_t pid = tu_spawn(argv, f.env, out, sizeof out);
+  int st;
+  ck_assert_msg(tu_wait_pid(pid, 60, &st) == 0, "psrun did not stop");
+  char *text = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "psrun went on: %s", text);
+  ck_assert_msg(text && strstr(text, "cannot tell whether this cluster uses MUNGE") &&
+                    strstr(text, "--rendezvous-auth"),
+                "no sentence naming the choice: %s", text);
+  ck_assert_msg(!strstr(text, "parameter servers:"), "the step started anyway: %s", text);
+  free(text);
+}
+END_TEST
+
+/* The derived rendezvous port stays below Linux's default ephemeral range
+ * (32768-60999) for any job and step, so an outgoing connection's port
+ * never takes it first. */
+START_TEST(test_derived_port_below_ephemeral) {
+  unsigned seed = tu_seed("derived ports");
+  srand(seed);
+  psr_env e;
+  memset(&e, 0, sizeof e);
+  for (int i = 0; i < 100000; i++) {
+    e.job_id = i < 1000 ? i : (long long)rand() * rand();
+    e.step_id = i % 7 == 0 ? -1 : rand() % 100;
+    int p = psr_derived_port(&e);
+    ck_assert_msg(p >= 12000 && p < 32768, "job %lld step %lld: port %d", (long long)e.job_id,
+                  (long long)e.step_id, p);
+  }
+}
+END_TEST
+/* ---- the step's workers ------------------------------------------------------------ */
+
+/* Under Slurm too: task 0 spares a lost worker while the backups allow,
+ * and the lost worker's task exits 0 so that srun's status is the job's. */
+START_TEST(test_slurm_backup_worker_lost) {
+  int st[4];
+  char *log = slurm_step_of("--backup-workers", "1", TU_ABORT_W1, st);
+  for (int r = 0; r < 4; r++)
+    ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "task %d: status %d\n%s", r,
+                  st[r], log);
+  ck_assert_msg(strstr(log, "task 2 (w1) on localhost exited with status 134; going on without "
+                            "it (1 of 1 backup worker(s) lost, 0 more may be lost)") &&
+                    strstr(log, "the job goes on without this worker"),
+                "%s", log);
+  free(log);
+  log = slurm_step_of("--backup-workers", "0", TU_ABORT_W1, st);
+  ck_assert_msg(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 134, "status %d\n%s", st[0], log);
+  ck_assert_msg(strstr(log, "task 2 (w1) on localhost exited with status 134; stopping every task"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Under Slurm, --restart-workers restarts the dead worker in its own task
+ * (counted per task there). */
+START_TEST(test_slurm_restart_worker) {
+  char script[1500];
+  snprintf(script, sizeof script, "MARKER=%s/slurm-marker.%d; " TU_FAIL_W1_ONCE, tu_tmpdir(),
+           (int)getpid());
+  int st[4];
+  char *log = slurm_step_of("--restart-workers", "1", script, st);
+  for (int r = 0; r < 4; r++)
+    ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "task %d: status %d\n%s", r,
+                  st[r], log);
+  ck_assert_msg(strstr(log, "w1 exited with status 1; restarted it (0 restart(s) left)") &&
+                    strstr(log, "worker 1 rejoined") && strstr(log, "{\"worker\":1,\"steps\":200"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
+/* Bug: under Slurm nothing named the workers a psd outliving them waits
+ * for (psd exited 66 after its 60 s grace period). Workers 1 and 2 exit 0
+ * without ps_client_finish (2 losses, 1 backup): 30 s after the last worker
+ * task exited, task 0 asks the running psd and names them with their
+ * state, and the step stops. */
+START_TEST(test_slurm_psd_wait_names_workers) {
+  int st[4];
+  char *log = slurm_step_of("--backup-workers", "1", TU_TWO_SKIP_FINISH, st);
+  ck_assert_msg(WIFEXITED(st[0]) && WEXITSTATUS(st[0]) == 1, "status %d\n%s", st[0], log);
+  ck_assert_msg(strstr(log, "psrun[0]: parameter servers did not exit within 30 s after the "
+                            "workers finished: psd never saw w1 (lost), w2 (lost) call "
+                            "ps_client_finish") &&
+                    !strstr(log, "exited with status 66"),
+                "%s", log);
+  free(log);
+}
+END_TEST
+
+/* ---- psctl under Slurm ------------------------------------------------------------- */
+
+static const char *g_sock; /* the private munged's socket */
+
+/* A psd as psrun starts one in a MUNGE step of job 4242 step 3 (the job's
+ * secret too when secret is not NULL). */
+static void munge_psd(tu_psd *ps, const char *secret) {
+  char why[4096];
+  g_sock = tu_munged_start(why, sizeof why);
+  ck_assert_msg(g_sock, "%s", why);
+  const char *args[] = {"--munge", "--munge-socket", g_sock, "--job-id", "4242", "--step-id",
+                        "3", NULL};
+  tu_psd_secret = secret;
+  ck_assert_int_eq(tu_psd_start(ps, args), 0);
+  tu_psd_secret = NULL;
+}
+
+/* psctl stats ADDR ARGS... (NULL-terminated) in an environment with
+ * nothing of Slurm's or psrun's but the assignments (NULL-terminated); its
+ * output in *text, its exit status returned. */
+static int psctl_env(const tu_psd *ps, const char *const *assign, const char *const *args,
+                     char **text) {
+  char *argv[40] = {"/usr/bin/env"};
+  int n = 1;
+  const char *unset[] = {"SLURM_JOB_ID", "SLURM_STEP_ID", "PSD_SECRET", "PS_SECRET", "PS_MUNGE",
+                         "PS_JOB_ID", "PS_STEP_ID", "PS_MUNGE_SOCKET"};
+  for (size_t i = 0; i < sizeof unset / sizeof unset[0]; i++) {
+    argv[n++] = "-u";
+    argv[n++] = (char *)unset[i];
+  }
+  for (int i = 0; assign[i] && n < 26; i++) argv[n++] = (char *)assign[i];
+  argv[n++] = (char *)tu_bin("psctl");
+  argv[n++] = "stats";
+  argv[n++] = (char *)ps->addr;
+  for (int i = 0; args[i] && n < 38; i++) argv[n++] = (char *)args[i];
+  argv[n] = NULL;
+  char out[1200];
+  int st;
+  ck_assert(tu_wait_pid(tu_spawn(argv, NULL, out, sizeof out), 20, &st) == 0);
+  *text = tu_read_file(out);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+#define JOB "SLURM_JOB_ID=4242"
+#define STEP "SLURM_STEP_ID=3"
+#define SECRET "s3cret-of-job-4242-0123456789abcdef"
+
+/* Bug: psctl used Slurm's job and step only with --munge or --job. With
+ * no secret under Slurm it presents MUNGE for the step in the environment
+ * (a psd started by hand with --munge and no secret); where the step is
+ * not in the environment (a batch script) it says --job is needed. */
+START_TEST(test_psctl_munge_from_slurm_env) {
+  tu_psd ps;
+  munge_psd(&ps, NULL);
+  char *text;
+  const char *sock[] = {"--munge-socket", g_sock, NULL};
+  const char *job_step[] = {JOB, STEP, NULL};
+  int rc = psctl_env(&ps, job_step, sock, &text);
+  ck_assert_msg(rc == 0 && strstr(text, "ps 0 of 1"), "rc %d: %s", rc, text);
+  free(text);
+  const char *none[] = {NULL};
+  rc = psctl_env(&ps, none, sock, &text);
+  ck_assert_msg(rc == 1 && strstr(text, "requires a MUNGE credential") &&
+                    strstr(text, "psctl presented no secret (none in --secret-file, $PSD_SECRET "
+                                 "or $PS_SECRET) and no MUNGE credential ($SLURM_JOB_ID is not "
+                                 "set)"),
+                "rc %d: %s", rc, text);
+  free(text);
+  const char *job_only[] = {JOB, NULL};
+  rc = psctl_env(&ps, job_only, sock, &text);
+  ck_assert_msg(rc == 2 && strstr(text, "$SLURM_STEP_ID is not set") &&
+                    strstr(text, "pass --job JOB.STEP"),
+                "rc %d: %s", rc, text);
+  free(text);
+  const char *with_job[] = {"--munge-socket", g_sock, "--job", "4242.3", NULL};
+  rc = psctl_env(&ps, job_only, with_job, &text);
+  ck_assert_msg(rc == 0 && strstr(text, "ps 0 of 1"), "rc %d: %s", rc, text);
+  free(text);
+  tu_psd_kill(&ps);
+}
+END_TEST
+
+/* psrun's psd under Slurm wants the job's secret and MUNGE: a psrun
+ * worker's environment (PS_SECRET, PS_MUNGE=1, PS_JOB_ID, PS_STEP_ID,
+ * PS_MUNGE_SOCKET) is enough; a credential that falls short is refused
+ * with what psctl presented. */
+START_TEST(test_psctl_secret_and_munge_from_env) {
+  tu_psd ps;
+  munge_psd(&ps, SECRET);
+  char sockvar[700], *text;
+  snprintf(sockvar, sizeof sockvar, "PS_MUNGE_SOCKET=%s", g_sock);
+  const char *worker[] = {"PS_SECRET=" SECRET, "PS_MUNGE=1", "PS_JOB_ID=4242", "PS_STEP_ID=3",
+                          sockvar, NULL};
+  const char *none[] = {NULL};
+  int rc = psctl_env(&ps, worker, none, &text);
+  ck_assert_msg(rc == 0 && strstr(text, "ps 0 of 1"), "rc %d: %s", rc, text);
+  free(text);
+  const char *sock[] = {"--munge-socket", g_sock, NULL};
+  const char *job_step[] = {JOB, STEP, NULL};
+  rc = psctl_env(&ps, job_step, sock, &text);
+  ck_assert_msg(rc == 1 && strstr(text, "authentication failed") &&
+                    strstr(text, "psctl presented no secret (none in --secret-file, $PSD_SECRET "
+                                 "or $PS_SECRET) and a MUNGE credential for job 4242 step 3 "
+                                 "(from $SLURM_JOB_ID and $SLURM_STEP_ID)"),
+                "rc %d: %s", rc, text);
+  free(text);
+  const char *secret_only[] = {JOB, STEP, "PS_SECRET=" SECRET, NULL};
+  rc = psctl_env(&ps, secret_only, sock, &text);
+  ck_assert_msg(rc == 1 && strstr(text, "requires a MUNGE credential") &&
+                    strstr(text, "psctl presented the secret from $PS_SECRET and no MUNGE "
+                                 "credential (with a secret, psctl takes --munge or --job "
+                                 "JOB.STEP to present one)"),
+                "rc %d: %s", rc, text);
+  free(text);
+  const char *other_step[] = {"PS_SECRET=" SECRET, "PS_MUNGE=1", "PS_JOB_ID=4242",
+                              "PS_STEP_ID=4", sockvar, NULL};
+  rc = psctl_env(&ps, other_step, none, &text);
+  ck_assert_msg(rc == 1 && strstr(text, "psctl presented the secret from $PS_SECRET and a "
+                                        "MUNGE credential for job 4242 step 4 (from $PS_JOB_ID "
+                                        "and $PS_STEP_ID)"),
+                "rc %d: %s", rc, text);
+  free(text);
+  tu_psd_kill(&ps);
+}
+END_TEST
+
+static void psctl_teardown(void) { tu_munged_stop(); }
+
+Suite *suite_psrun_slurm(void) {
+  Suite *s = suite_create("psrun_slurm");
+  TCase *tc = tcase_create("psrun_slurm");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_slurm_forged_and_silent_checkins);
+  tcase_add_test(tc, test_slurm_planted_directory);
+  tcase_add_test(tc, test_slurm_stolen_port);
+  tcase_add_test(tc, test_slurm_rank_claimed_twice);
+  tcase_add_test(tc, test_slurm_auth_never_downgrades);
+  tcase_add_test(tc, test_slurm_address_and_connect_timeout);
+  tcase_add_test(tc, test_derived_port_below_ephemeral);
+  tcase_add_test(tc, test_slurm_backup_worker_lost);
+  tcase_add_test(tc, test_slurm_restart_worker);
+  tcase_add_test(tc, test_slurm_psd_wait_names_workers);
+  suite_add_tcase(s, tc);
+  if (system("command -v munged >/dev/null 2>&1") != 0) {
+    printf("SKIP: psrun_slurm: the psctl MUNGE cases (munged is not installed: apt-get install "
+           "munge)\n");
+    return s;
+  }
+  tc = tcase_create("psctl");
+  tcase_set_timeout(tc, 60);
+  tcase_add_checked_fixture(tc, NULL, psctl_teardown);
+  tcase_add_test(tc, test_psctl_munge_from_slurm_env);
+  tcase_add_test(tc, test_psctl_secret_and_munge_from_env);
+  suite_add_tcase(s, tc);
+  return s;
+}
