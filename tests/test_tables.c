@@ -810,6 +810,9 @@ START_TEST(bad_configs_are_named) {
   g.admit_prob = 1.5;
   expect_bad(c, &g, PS_EINVAL, "admit_prob 1.5");
   g = tcfg(4, PS_TOPT_SGD, 0.1);
+  g.admit_count = 256;
+  expect_bad(c, &g, PS_EINVAL, "admit_count 256");
+  g = tcfg(4, PS_TOPT_SGD, 0.1);
   g.beta1 = NAN; /* unused by SGD, but NaN anywhere is refused */
   expect_bad(c, &g, PS_EINVAL, "beta1 is NaN");
   g = tcfg(4, PS_TOPT_ADAM, 0.1);
