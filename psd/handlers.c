@@ -92,7 +92,7 @@ static void worker_finished(psd_handlers *h, psd_conn *c) {
 }
 
 uint64_t psd_handlers_step(const psd_handlers *h) {
-  uint64_t s = UINT64_MAX;
+  uint64_t s = psd_tables_min_step(h->tables);
   for (uint32_t i = 0; i < h->shard->n; i++)
     if (h->shard->slices[i]->step < s) s = h->shard->slices[i]->step;
   return s == UINT64_MAX ? 0 : s;

@@ -54,7 +54,7 @@ void psd_handlers_act(psd_handlers *h, unsigned actions);
 /* psd_waiters_expire callback (ctx: h): tells the owner of set that w's
  * request timed out. */
 void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w);
-/* Lowest step of any slice (for logs). */
+/* Lowest step of any slice or table (for logs). */
 uint64_t psd_handlers_step(const psd_handlers *h);
 
 #endif

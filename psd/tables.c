@@ -246,6 +246,14 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
 
 static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__TablePull *m,
                      const uint64_t *keys) {
+  if (ts->parked_bytes + m->count * sizeof(uint64_t) > PSD_TABLES_MAX_PARKED_BYTES) {
+    psd_conn_error(c, m->request_id, PS_EBUSY, 0,
+                   "pull of table '%s' for step %llu refused: %llu bytes of keys already "
+                   "wait for later steps here (at most %llu)", psd_table_spec_of(e->t)->name,
+                   (unsigned long long)m->min_step, (unsigned long long)ts->parked_bytes,
+                   (unsigned long long)PSD_TABLES_MAX_PARKED_BYTES);
+    return 0;
+  }
   for (psd_tpull *p = e->parked; p; p = p->next)
     if (p->conn == c) {
       psd_conn_error(c, m->request_id, PS_EBUSY, 0,

@@ -23,6 +23,13 @@
 #include "shard.h"
 #include "table.h"
 
+/* Keys all parked TablePulls of this psd may hold: each parked pull keeps
+ * its keys (up to PS__MAX_TABLE_KEYS x 8 bytes) until its step comes, one
+ * per table and connection; beyond this a pull for a future step is
+ * refused (PS_EBUSY), so waiting pulls cannot grow psd without bound. A
+ * sync job parks at most one pull per worker and table. */
+#define PSD_TABLES_MAX_PARKED_BYTES ((uint64_t)1 << 30)
+
 /* A TablePull waiting for its table to reach min_step. */
 typedef struct psd_tpull {
   psd_conn *conn;          /* who asked */
@@ -79,6 +86,13 @@ void psd_tables_expire(psd_tables *ts, double now);
 unsigned psd_tables_take_actions(psd_tables *ts);
 /* Bytes reserved by the tables (for the variables' --max-memory check). */
 static inline uint64_t psd_tables_reserved(const psd_tables *ts) { return ts->reserved; }
+/* Lowest step of any table here (UINT64_MAX with no table). */
+static inline uint64_t psd_tables_min_step(const psd_tables *ts) {
+  uint64_t s = UINT64_MAX;
+  for (uint32_t i = 0; i < ts->n; i++)
+    if (psd_table_step(ts->v[i].t) < s) s = psd_table_step(ts->v[i].t);
+  return s;
+}
 /* StatsReply.tables: fills *out (n_out entries, malloc'd array of
  * malloc'd TableStats; psd_tables_stats_free) for psctl. 0 or PS_ENOMEM. */
 int psd_tables_stats(const psd_tables *ts, Ps__TableStats ***out, size_t *n_out);

@@ -148,14 +148,15 @@ static void print_tables_json(const Ps__StatsReply *r) {
 static void print_tables_text(const Ps__StatsReply *r) {
   if (!r->n_tables) return;
   printf("%-16s %5s %8s %10s %10s %12s %12s %6s %10s %10s %10s %10s\n", "table", "dim",
-         "step", "rows", "capacity", "keys pulled", "keys pushed", "hit%", "admitted",
+         "step", "rows", "capacity", "pulled/step", "pushed/step", "hit%", "admitted",
          "evict lru", "evict ttl", "dropped");
   for (size_t i = 0; i < r->n_tables; i++) {
     const Ps__TableStats *t = r->tables[i];
-    printf("%-16s %5u %8llu %10llu %10llu %12llu %12llu %6.1f %10llu %10llu %10llu %10llu\n",
+    double steps = t->step ? (double)t->step : 1.0; /* keys per step, on average */
+    printf("%-16s %5u %8llu %10llu %10llu %12.1f %12.1f %6.1f %10llu %10llu %10llu %10llu\n",
            t->name ? t->name : "?", t->dim, (unsigned long long)t->step,
            (unsigned long long)t->rows, (unsigned long long)t->capacity,
-           (unsigned long long)t->keys_pulled, (unsigned long long)t->keys_pushed, hit_pct(t),
+           (double)t->keys_pulled / steps, (double)t->keys_pushed / steps, hit_pct(t),
            (unsigned long long)t->admissions, (unsigned long long)t->evictions_lru,
            (unsigned long long)t->evictions_ttl, (unsigned long long)t->dropped);
   }

@@ -288,6 +288,65 @@ START_TEST(test_stats_live_from_step_one) {
 }
 END_TEST
 
+/* psctl's per-table counters (StatsReply.tables): rows, admissions,
+ * keys pulled and pushed, hits and dropped gradients, as one worker's
+ * pulls and step made them. */
+START_TEST(test_stats_tables) {
+  tu_psd_secret = SECRET;
+  tu_psd ps;
+  const char *args[] = {"--workers", "1", NULL};
+  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  tu_psd_secret = NULL;
+  const char *hosts[1] = {ps.addr};
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hosts;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  cfg.credential = SECRET;
+  cfg.credential_len = strlen(SECRET);
+  ps_client *c = NULL;
+  char err[600];
+  ck_assert_int_eq(ps_client_create(&cfg, &c, err, sizeof err), 0);
+  ps_table_config tc;
+  ps_table_config_init(&tc);
+  tc.dim = 2;
+  tc.capacity = 100;
+  tc.lr = 0.1;
+  ps_table *t;
+  ck_assert_int_eq(ps_client_table_create(c, "emb", &tc, &t), 0);
+  uint64_t keys[3] = {1, 2, 3}, ro[1] = {4}, pk[2] = {1, 5}, step = 0;
+  float rows[6], g[4] = {1, 1, 1, 1};
+  ck_assert_int_eq(ps_table_pull(t, 0, keys, 3, rows, 0, NULL), 0);
+  ck_assert_int_eq(ps_table_pull(t, 0, ro, 1, rows, PS_TABLE_READ_ONLY, NULL), 0);
+  ck_assert_int_eq(ps_table_pull(t, 0, keys, 2, rows, 0, NULL), 0);
+  ck_assert_int_eq(ps_table_add_grad(t, pk, 2, g), 0);
+  ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "%s", ps_client_errmsg(c));
+  ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, 0};
+  Ps__StatsReply *r = NULL;
+  int rc = ps__admin_stats(ps.addr, &au, 5000, &r, err, sizeof err);
+  ck_assert_msg(rc == 0, "stats: %s (%s)", ps_strerror(rc), err);
+  ck_assert_uint_eq(r->n_tables, 1);
+  const Ps__TableStats *ts = r->tables[0];
+  ck_assert_str_eq(ts->name, "emb");
+  ck_assert_uint_eq(ts->dim, 2);
+  ck_assert_uint_eq(ts->step, 1);
+  ck_assert_uint_eq(ts->rows, 3);        /* 1, 2, 3: 4 was read only */
+  ck_assert_uint_eq(ts->capacity, 100);
+  ck_assert_uint_eq(ts->admissions, 3);
+  ck_assert_uint_eq(ts->keys_pulled, 6); /* 3 + 1 + 2 */
+  ck_assert_uint_eq(ts->hits, 2);        /* the second pull of 1 and 2 */
+  ck_assert_uint_eq(ts->keys_pushed, 2);
+  ck_assert_uint_eq(ts->dropped, 1);     /* 5 has no row */
+  ck_assert_uint_eq(ts->evictions_lru + ts->evictions_ttl, 0);
+  ck_assert(ts->bytes > 0);
+  ps__stats_reply__free_unpacked(r, NULL);
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+}
+END_TEST
+
 /* psctl authenticates psd as a worker does: a psd that cannot prove our
  * secret (it has none) is refused, named, before any Stats go out. */
 START_TEST(test_stats_impostor) {
@@ -314,6 +373,7 @@ Suite *suite_telemetry(void) {
   tcase_add_test(tc, test_stats);
   tcase_add_test(tc, test_stats_impostor);
   tcase_add_test(tc, test_stats_live_from_step_one);
+  tcase_add_test(tc, test_stats_tables);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -20,6 +20,7 @@ Suite *suite_mac(void);
 Suite *suite_placement(void);
 Suite *suite_init(void);
 Suite *suite_api(void);
+Suite *suite_tables(void);
 Suite *suite_waits(void);
 Suite *suite_stop(void);
 Suite *suite_optimizer(void);
@@ -53,6 +54,7 @@ Suite *suite_bounds(void);
 Suite *suite_admission(void);
 Suite *suite_cuda_ops(void);
 Suite *suite_prefetch(void);
+Suite *suite_ctr(void);
 
 /* A psd child process. */
 typedef struct tu_psd {

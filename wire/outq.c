@@ -16,6 +16,10 @@
  * written; steady traffic (headers and protobuf) stays below and so
  * allocates nothing. */
 #define PS__OUTQ_KEEP ((size_t)1 << 20)
+/* Alignment of the data of frames written in place (ps__outq_frame_inline):
+ * malloc's, so floats and uint64 keys are aligned however long the
+ * protobuf part before them is. */
+#define PS__OUTQ_DATA_ALIGN 16u
 
 int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
                    const float *const *data, const uint64_t *counts, void *const *refs,
@@ -50,14 +54,18 @@ void *ps__outq_frame_inline(ps__outq *q, unsigned type, const ProtobufCMessage *
                             uint64_t data_len) {
   size_t mlen = protobuf_c_message_get_packed_size(m);
   if (mlen > PS__MAX_META || data_len > PS__MAX_DATA) return NULL;
-  size_t total = PS__HEADER_SIZE + mlen + (size_t)data_len;
-  if (ps__grow((void **)&q->buf, &q->bufcap, q->len + total, 1) ||
+  size_t head = PS__HEADER_SIZE + mlen, total = head + (size_t)data_len;
+  /* Start the frame so that its data lands PS__OUTQ_DATA_ALIGN-aligned in
+   * the buffer (floats and keys are written there in place); the gap
+   * before it is never sent (the frame gets a segment of its own). */
+  size_t off = (q->len + head + PS__OUTQ_DATA_ALIGN - 1) / PS__OUTQ_DATA_ALIGN *
+                   PS__OUTQ_DATA_ALIGN - head;
+  if (ps__grow((void **)&q->buf, &q->bufcap, off + total, 1) ||
       ps__grow((void **)&q->segs, &q->cap, q->n + 1, sizeof *q->segs))
     return NULL;
-  size_t off = q->len;
   ps__header_encode(q->buf + off, type, (uint32_t)mlen, data_len);
   protobuf_c_message_pack(m, q->buf + off + PS__HEADER_SIZE);
-  q->len += total;
+  q->len = off + total;
   ps__outseg *last = q->n > q->first ? &q->segs[q->n - 1] : NULL;
   if (last && !last->ext && last->off + last->len == off)
     last->len += total; /* coalesce with the previous frame */

@@ -41,8 +41,8 @@ int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
 /* Queues header + packed m + data_len bytes of data in the queue's own
  * buffer, and returns where those data bytes go: the caller fills them
  * before the next call on q (gathered rows, keys and gradients: one write,
- * no copy of a scattered source). NULL: too big or out of memory (nothing
- * queued). */
+ * no copy of a scattered source); they start 16-byte aligned. NULL: too
+ * big or out of memory (nothing queued). */
 void *ps__outq_frame_inline(ps__outq *q, unsigned type, const ProtobufCMessage *m,
                             uint64_t data_len);
 /* Writes what the socket takes: 0 (done or would block) or PS_ECLOSED

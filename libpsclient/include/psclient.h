@@ -579,7 +579,11 @@ PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
  * admission) unless flags has PS_TABLE_READ_ONLY. out and keys must stay
  * valid until the request completes (keys only until this call returns).
  * On success ps_req_wait's step_out gets the smallest table step among the
- * servers asked. n == 0 (keys and out may be NULL) asks every ps for the
+ * servers asked. The rows arrive in a buffer of the request (distinct keys
+ * x dim floats, plus 8 bytes per key and per distinct key), freed with
+ * it; a ps's keys beyond one frame (2^22 keys, or 1 GiB of rows) go out
+ * in several frames, each after the previous one's rows.
+ * n == 0 (keys and out may be NULL) asks every ps for the
  * table's step only: it waits for min_step there (sync mode).
  * A server keeps one waiting pull per table and connection: a second pull
  * of the same table with a min_step it has not reached, while the first

@@ -15,6 +15,8 @@
 /* Rule defaults of epsilon, which ps_table_config_init leaves at 0. */
 #define PS__TABLE_ADAM_EPSILON 1e-8
 #define PS__TABLE_ADAGRAD_EPSILON 1e-7
+/* Sightings a server counts before it admits a key (psclient.h). */
+#define PS__TABLE_MAX_ADMIT_COUNT 255u
 
 void ps_table_config_init_sized(ps_table_config *cfg, size_t size) {
   if (!cfg || size < sizeof cfg->struct_size) return;
@@ -131,6 +133,10 @@ static int check_config(ps_client *c, const char *name, const ps_table_config *g
   if (!rc) rc = check_num(c, name, "l2", g->l2, ftrl, 0, 0, inf, 1);
   if (!rc) rc = check_num(c, name, "ftrl_beta", g->ftrl_beta, ftrl, 0, 0, inf, 1);
   if (!rc) rc = check_num(c, name, "admit_prob", g->admit_prob, 1, 0, 0, 1, 0);
+  if (!rc && g->admit_count > PS__TABLE_MAX_ADMIT_COUNT)
+    rc = ps__seterr(c, PS_EINVAL, "table '%s': admit_count %u must be at most %u (the "
+                    "servers count sightings in 8 bits)", name, g->admit_count,
+                    PS__TABLE_MAX_ADMIT_COUNT);
   return rc;
 }
 
@@ -155,6 +161,19 @@ static int read_config(ps_client *c, const char *name, const ps_table_config *us
   return check_config(c, name, g);
 }
 
+/* "FIELD A (the first create) vs B (this call)": %g, or all 17 digits
+ * when %g shows the two alike. */
+static void diff_double(char *buf, size_t len, const char *field, double a, double b) {
+  char sa[40], sb[40];
+  snprintf(sa, sizeof sa, "%g", a);
+  snprintf(sb, sizeof sb, "%g", b);
+  if (strcmp(sa, sb) == 0) {
+    snprintf(sa, sizeof sa, "%.17g", a);
+    snprintf(sb, sizeof sb, "%.17g", b);
+  }
+  snprintf(buf, len, "%s %s (the first create) vs %s (this call)", field, sa, sb);
+}
+
 /* The first field two configs differ in, as the servers compare them
  * (only what the rule and the initializer use): 0, or 1 with "FIELD A
  * (the first create) vs B (this call)" in buf. */
@@ -168,7 +187,7 @@ static int config_diff(const ps_table_config *a, const ps_table_config *b, char 
   }
 #define DIFF_D(f, cond)                                                                   \
   if ((cond) && a->f != b->f) {                                                           \
-    snprintf(buf, len, #f " %.17g (the first create) vs %.17g (this call)", a->f, b->f);  \
+    diff_double(buf, len, #f, a->f, b->f);                                                \
     return 1;                                                                             \
   }
   int k = a->init.kind, ab = k == PS_INIT_UNIFORM || k == PS_INIT_NORMAL ||

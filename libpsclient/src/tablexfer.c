@@ -12,6 +12,25 @@
 
 #include "client_internal.h"
 
+/* Sort scratch kept between calls (pairs): a step's keys reuse it; a
+ * one-off pull of millions of keys does not pin its size. */
+#define PS__TSCRATCH_KEEP ((size_t)1 << 20)
+
+/* After a call: drops scratch grown past what is worth keeping. */
+static void tscratch_trim(ps_client *c) {
+  if (c->kp_cap > PS__TSCRATCH_KEEP) {
+    free(c->kp);
+    free(c->kp_tmp);
+    c->kp = c->kp_tmp = NULL;
+    c->kp_cap = 0;
+  }
+  if (c->kgrp_cap > PS__TSCRATCH_KEEP) {
+    free(c->kgrp);
+    c->kgrp = NULL;
+    c->kgrp_cap = 0;
+  }
+}
+
 int ps__tscratch(ps_client *c, size_t n) {
   const ps__array arrays[] = {
       {(void **)&c->kp, sizeof *c->kp},
@@ -150,6 +169,7 @@ int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t
   ps__key_split(c->kp, n, (uint32_t)nps, tp->first);
   ps__key_layout(c->kp, n, (uint32_t)nps, tp->first, tp->inflight + nps, tp->keys, tp->inv,
                  NULL);
+  tscratch_trim(c);
   ps_req *r = ps__req_new(c, PS__REQ_TPULL);
   if (!r) {
     free(tp);
@@ -286,6 +306,7 @@ int ps__tpush_check(ps_table *t, const uint64_t *keys, size_t n) {
     rc = push_fits(t, n, first);
   }
   free(first);
+  tscratch_trim(c);
   return rc;
 }
 
@@ -351,6 +372,7 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
   }
   free(first);
   free(acc);
+  tscratch_trim(c);
   return rc;
 }
 

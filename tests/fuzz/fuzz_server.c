@@ -241,6 +241,23 @@ static uint64_t check_reply(const ps__frame_header *h, const uint8_t *hdr, const
   case PS__MSG_STATS_REPLY:
     m = (ProtobufCMessage *)ps__stats_reply__unpack(NULL, h->meta_len, meta);
     break;
+  case PS__MSG_TABLE_REGISTER_REPLY:
+    m = (ProtobufCMessage *)ps__table_register_reply__unpack(NULL, h->meta_len, meta);
+    break;
+  case PS__MSG_TABLE_PUSH_REPLY:
+    m = (ProtobufCMessage *)ps__table_push_reply__unpack(NULL, h->meta_len, meta);
+    break;
+  case PS__MSG_TABLE_PULL_REPLY: {
+    /* count rows of a dim this checker does not know: whole rows of
+     * whole floats, none for none. */
+    Ps__TablePullReply *r = ps__table_pull_reply__unpack(NULL, h->meta_len, meta);
+    want_data = h->data_len;
+    if (r && (r->count ? h->data_len % sat_mul(r->count, sizeof(float)) != 0 || !h->data_len
+                       : h->data_len != 0))
+      bad_reply("TABLE_PULL_REPLY data is not count whole rows", hdr);
+    m = (ProtobufCMessage *)r;
+    break;
+  }
   default:
     bad_reply("a message type the server never sends", hdr);
   }
