@@ -72,29 +72,22 @@ uint64_t psd_rowinit_salt(const psd_table_spec *spec) {
   return ps__mix64(spec->init_seed ^ fnv1a(spec->name, sizeof spec->name));
 }
 
-/* out[i] = v through memcpy: out may be unaligned (a TablePullReply's rows
- * are written in place after the frame's protobuf part, at any offset). */
-static inline void put_float(float *out, uint32_t i, float v) {
-  memcpy((unsigned char *)out + (size_t)i * sizeof v, &v, sizeof v);
-}
-
 void psd_rowinit_fill(const psd_table_spec *spec, uint64_t salt, uint64_t key, float *out) {
   const uint32_t dim = spec->dim;
   const double a = spec->init_a, b = spec->init_b;
   row_rng r = {salt ^ ps__mix64(key), 0.0, 0};
   switch (spec->init_kind) {
     case PS_INIT_CONSTANT:
-      for (uint32_t i = 0; i < dim; i++) put_float(out, i, (float)a);
+      for (uint32_t i = 0; i < dim; i++) out[i] = (float)a;
       break;
     case PS_INIT_UNIFORM:
-      for (uint32_t i = 0; i < dim; i++) put_float(out, i, uniform_value(&r, a, b));
+      for (uint32_t i = 0; i < dim; i++) out[i] = uniform_value(&r, a, b);
       break;
     case PS_INIT_NORMAL:
-      for (uint32_t i = 0; i < dim; i++) put_float(out, i, (float)(a + b * rng_normal(&r)));
+      for (uint32_t i = 0; i < dim; i++) out[i] = (float)(a + b * rng_normal(&r));
       break;
     case PS_INIT_TRUNCATED_NORMAL:
-      for (uint32_t i = 0; i < dim; i++)
-        put_float(out, i, (float)(a + b * rng_trunc_normal(&r)));
+      for (uint32_t i = 0; i < dim; i++) out[i] = (float)(a + b * rng_trunc_normal(&r));
       break;
     default: /* PS_INIT_ZEROS; the spec check refuses the others */
       memset(out, 0, (size_t)dim * sizeof(float));
