@@ -368,6 +368,17 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
     return;
   }
   psd_tentry *e = &ts->v[m->table_id];
+  /* The frame was sized by the table as it was when its header came; a
+   * table registered since (by another connection, while this data was
+   * read) must not size it now: its data would be read past the end. */
+  uint64_t dim = psd_table_spec_of(e->t)->dim;
+  if (m->count > PS__MAX_TABLE_KEYS ||
+      c->hdr.data_len != m->count * (sizeof(uint64_t) + dim * sizeof(float))) {
+    snprintf(err, sizeof err, "TABLE_PUSH names table id %u, which did not exist when the "
+             "push arrived (register the table before pushing to it)", m->table_id);
+    push_reply(c, m->request_id, PS_ENOTFOUND, err, 0, 0);
+    return;
+  }
   size_t n = (size_t)m->count;
   const uint64_t *keys = (const uint64_t *)data;
   const float *grads = data ? (const float *)(data + n * sizeof(uint64_t)) : NULL;

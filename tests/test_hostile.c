@@ -1144,6 +1144,135 @@ START_TEST(test_descriptor_exhaustion) {
 }
 END_TEST
 
+/* ---- 5: TABLE_* frames from an authenticated worker ------------------------ */
+
+/* A TableSpec for the tests: SGD, zeros, the rest at 0 unless set after. */
+static Ps__TableSpec tspec(const char *name, uint32_t dim, uint64_t capacity) {
+  Ps__TableSpec s = PS__TABLE_SPEC__INIT;
+  s.name = (char *)name;
+  s.dim = dim;
+  s.capacity = capacity;
+  s.opt = PS__TABLE_OPT_KIND__TOPT_SGD;
+  s.lr = 0.5;
+  return s;
+}
+
+/* TABLE_REGISTER of spec; its reply: the table id, or -(error code). */
+static long table_register(int fd, Ps__TableSpec *spec, herr *e) {
+  static rframe f;
+  hbuf h = {{0}, 0};
+  Ps__TableRegister m = PS__TABLE_REGISTER__INIT;
+  m.request_id = 77;
+  m.spec = spec;
+  put_msg(&h, PS__MSG_TABLE_REGISTER, &m.base, NULL, 0);
+  ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
+  memset(e, 0, sizeof *e);
+  ck_assert_msg(read_frame(fd, &f, 5.0) == 0, "no reply to TABLE_REGISTER");
+  if (f.h.type == PS__MSG_ERROR) {
+    copy_error(f.meta, f.h.meta_len, e);
+    return e->code < 0 ? e->code : -1;
+  }
+  ck_assert_int_eq(f.h.type, PS__MSG_TABLE_REGISTER_REPLY);
+  Ps__TableRegisterReply *r = ps__table_register_reply__unpack(NULL, f.h.meta_len, f.meta);
+  ck_assert(r);
+  long id = r->table_id;
+  ps__table_register_reply__free_unpacked(r, NULL);
+  return id;
+}
+
+/* Header and protobuf of a TABLE_PUSH whose data (data_len bytes) the
+ * caller sends itself. */
+static void send_table_push_head(int fd, uint64_t req, uint32_t table, uint64_t step,
+                                 uint64_t count, uint64_t data_len) {
+  Ps__TablePush m = PS__TABLE_PUSH__INIT;
+  m.request_id = req;
+  m.table_id = table;
+  m.step = step;
+  m.count = count;
+  uint8_t b[256];
+  size_t ml = protobuf_c_message_get_packed_size(&m.base);
+  ps__header_encode(b, PS__MSG_TABLE_PUSH, (uint32_t)ml, data_len);
+  protobuf_c_message_pack(&m.base, b + PS__HEADER_SIZE);
+  ck_assert_int_eq(tu_send_all(fd, b, PS__HEADER_SIZE + ml), 0);
+}
+
+static void send_table_pull_head(int fd, uint64_t req, uint32_t table, uint64_t min_step,
+                                 uint64_t count, uint64_t data_len, int read_only) {
+  Ps__TablePull m = PS__TABLE_PULL__INIT;
+  m.request_id = req;
+  m.table_id = table;
+  m.min_step = min_step;
+  m.count = count;
+  m.read_only = read_only;
+  uint8_t b[256];
+  size_t ml = protobuf_c_message_get_packed_size(&m.base);
+  ps__header_encode(b, PS__MSG_TABLE_PULL, (uint32_t)ml, data_len);
+  protobuf_c_message_pack(&m.base, b + PS__HEADER_SIZE);
+  ck_assert_int_eq(tu_send_all(fd, b, PS__HEADER_SIZE + ml), 0);
+}
+
+/* The next frame's type (its data dropped; an ERROR is copied into e), or
+ * -1 on timeout or close. */
+static int table_reply(int fd, rframe *f, herr *e, double timeout_s) {
+  memset(e, 0, sizeof *e);
+  if (read_frame(fd, f, timeout_s) != 0) return -1;
+  if (f->h.type == PS__MSG_ERROR) copy_error(f->meta, f->h.meta_len, e);
+  return f->h.type;
+}
+
+/* A TABLE_PUSH naming a table id no table had when its frame began, with
+ * data_len sized for that (no table to size it by): the table is
+ * registered (by another worker) while psd still reads the data. psd must
+ * size the push by the data it read, not by the table that now exists:
+ * it used to read count * dim gradients from a keys-only buffer. */
+START_TEST(test_table_push_table_registered_midframe) {
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr), b = tu_connect(p.addr);
+  ck_assert(a >= 0 && b >= 0);
+  do_setup(a, SETUP_HELLO, 0, "midframe");
+  do_setup(b, SETUP_HELLO, 1, "midframe");
+  herr e;
+  Ps__TableSpec s0 = tspec("t0", 4, 16);
+  ck_assert_int_eq(table_register(a, &s0, &e), 0);
+  /* Table 1 does not exist yet: keys only, 2^20 of them (8 MiB). */
+  const uint64_t n = 1u << 20;
+  uint64_t *keys = malloc(n * sizeof *keys);
+  ck_assert(keys);
+  for (uint64_t i = 0; i < n; i++) keys[i] = i + 1;
+  send_table_push_head(a, 50, 1, 0, n, n * sizeof *keys);
+  ck_assert_int_eq(tu_send_all(a, keys, n * sizeof *keys / 2), 0);
+  usleep(200000);
+  /* Worker 1 creates table 1 (dim 64) and a row for the last key. */
+  Ps__TableSpec s1 = tspec("t1", 64, 16);
+  ck_assert_int_eq(table_register(b, &s1, &e), 1);
+  send_table_pull_head(b, 51, 1, 0, 1, sizeof(uint64_t), 0);
+  ck_assert_int_eq(tu_send_all(b, &keys[n - 1], sizeof(uint64_t)), 0);
+  static rframe f;
+  ck_assert_int_eq(table_reply(b, &f, &e, 5.0), PS__MSG_TABLE_PULL_REPLY);
+  /* The rest of the keys: psd now sees table 1 (dim 64). */
+  ck_assert_int_eq(tu_send_all(a, (uint8_t *)keys + n * sizeof *keys / 2,
+                               n * sizeof *keys / 2), 0);
+  free(keys);
+  int t = table_reply(a, &f, &e, 10.0);
+  Ps__TablePushReply *r = t == PS__MSG_TABLE_PUSH_REPLY
+                              ? ps__table_push_reply__unpack(NULL, f.h.meta_len, f.meta)
+                              : NULL;
+  int status = r ? r->status : 0;
+  char msg[1100];
+  snprintf(msg, sizeof msg, "%s", r && r->message ? r->message : e.msg);
+  if (r) ps__table_push_reply__free_unpacked(r, NULL);
+  close(a);
+  close(b);
+  expect_serving(&p, "a TABLE_PUSH whose table was registered while its data arrived");
+  tu_psd_kill(&p);
+  ck_assert_msg(t == PS__MSG_TABLE_PUSH_REPLY && status == PS_ENOTFOUND &&
+                    strstr(msg, "table id 1"),
+                "expected a TablePushReply PS_ENOTFOUND naming table id 1, got frame %d "
+                "status %d: %s", t, status, msg);
+}
+END_TEST
+
 Suite *suite_hostile(void) {
   Suite *s = suite_create("hostile");
   TCase *tc = tcase_create("cases");
@@ -1165,5 +1294,9 @@ Suite *suite_hostile(void) {
   tcase_add_test(to, test_pull_duplicate_slice_ids);
   tcase_add_test(to, test_pull_then_garbage_same_segment);
   suite_add_tcase(s, to);
+  TCase *tt = tcase_create("tables");
+  tcase_set_timeout(tt, 60);
+  tcase_add_test(tt, test_table_push_table_registered_midframe);
+  suite_add_tcase(s, tt);
   return s;
 }
