@@ -360,6 +360,29 @@ static void push_refusal(const psd_conn *c, const psd_table *t, uint64_t step, i
              ps_strerror(rc));
 }
 
+/* 0 if every one of the n floats at g is finite; else PS_EINVAL with err
+ * naming the first that is not (its key and element). The common case is
+ * one branch-free pass over the bits (vectorized). */
+static int grads_check(const psd_table *t, const uint64_t *keys, const float *g, size_t n,
+                       char *err, size_t errlen) {
+  const size_t dim = psd_table_spec_of(t)->dim, all = n * dim;
+  uint32_t bad = 0;
+  for (size_t i = 0; i < all; i++) {
+    uint32_t b;
+    memcpy(&b, g + i, sizeof b);
+    bad |= (b & 0x7f800000u) == 0x7f800000u;
+  }
+  if (!bad) return 0;
+  size_t i = 0;
+  while (isfinite(g[i])) i++;
+  snprintf(err, errlen, "gradient of table '%s' for key %llu (position %zu), element %zu, "
+           "is %s: the push is refused whole (a NaN or infinite gradient would make the "
+           "row NaN for every worker); nothing of it was applied", psd_table_spec_of(t)->name,
+           (unsigned long long)keys[i / dim], i / dim, i % dim,
+           isnan(g[i]) ? "NaN" : g[i] > 0 ? "+Inf" : "-Inf");
+  return PS_EINVAL;
+}
+
 static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const uint8_t *data) {
   char err[600] = "";
   if (m->table_id >= ts->n) {
@@ -383,6 +406,7 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
   const uint64_t *keys = (const uint64_t *)data;
   const float *grads = data ? (const float *)(data + n * sizeof(uint64_t)) : NULL;
   int rc = check_keys(ts, keys, n, err, sizeof err);
+  if (rc == 0) rc = grads_check(e->t, keys, grads, n, err, sizeof err);
   uint64_t dropped = 0;
   if (rc == 0)
     rc = psd_table_push(e->t, (uint32_t)c->worker, m->step, keys, n, grads, &dropped);

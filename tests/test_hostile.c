@@ -9,6 +9,7 @@
 #include <check.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <math.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -1273,6 +1274,63 @@ START_TEST(test_table_push_table_registered_midframe) {
 }
 END_TEST
 
+/* A TABLE_PUSH whose gradients hold NaN and Inf: refused whole, naming the
+ * key, and the row keeps its values (a NaN summed into a sync step's
+ * accumulator would make the row NaN for every worker, for good). */
+START_TEST(test_table_push_nonfinite_refused) {
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr);
+  ck_assert(a >= 0);
+  do_setup(a, SETUP_HELLO, 0, "nonfinite");
+  herr e;
+  Ps__TableSpec s0 = tspec("t0", 4, 16);
+  long id = table_register(a, &s0, &e);
+  ck_assert_msg(id == 0, "register: %ld %s", id, e.msg);
+  static rframe f;
+  uint64_t key = 12345;
+  send_table_pull_head(a, 60, 0, 0, 1, sizeof key, 0); /* creates the row (zeros) */
+  ck_assert_int_eq(tu_send_all(a, &key, sizeof key), 0);
+  ck_assert_int_eq(table_reply(a, &f, &e, 5.0), PS__MSG_TABLE_PULL_REPLY);
+  uint8_t d[8 + 16];
+  float g[4] = {NAN, 1.0f, INFINITY, 0.0f};
+  memcpy(d, &key, 8);
+  memcpy(d + 8, g, sizeof g);
+  send_table_push_head(a, 61, 0, 0, 1, sizeof d);
+  ck_assert_int_eq(tu_send_all(a, d, sizeof d), 0);
+  int t = table_reply(a, &f, &e, 5.0);
+  ck_assert_int_eq(t, PS__MSG_TABLE_PUSH_REPLY);
+  Ps__TablePushReply *r = ps__table_push_reply__unpack(NULL, f.h.meta_len, f.meta);
+  ck_assert(r);
+  int status = r->status;
+  uint64_t step = r->step;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", r->message ? r->message : "");
+  ps__table_push_reply__free_unpacked(r, NULL);
+  /* The row as it is now (read_only, at the current step). */
+  send_table_pull_head(a, 62, 0, 0, 1, sizeof key, 1);
+  ck_assert_int_eq(tu_send_all(a, &key, sizeof key), 0);
+  uint8_t hb[PS__HEADER_SIZE];
+  ps__frame_header h;
+  char herrs[256];
+  float row[4] = {0};
+  int got = recv_exact(a, hb, sizeof hb, ps__now() + 5) == 0 &&
+            ps__header_decode(hb, 1, &h, herrs, sizeof herrs) == 0 &&
+            h.type == PS__MSG_TABLE_PULL_REPLY && h.data_len == sizeof row &&
+            recv_exact(a, f.meta, h.meta_len, ps__now() + 5) == 0 &&
+            recv_exact(a, row, sizeof row, ps__now() + 5) == 0;
+  close(a);
+  expect_serving(&p, "a TABLE_PUSH of NaN and Inf gradients");
+  tu_psd_kill(&p);
+  ck_assert_msg(status == PS_EINVAL && strstr(msg, "12345") && strstr(msg, "NaN"),
+                "expected PS_EINVAL naming key 12345 and NaN, got status %d (step %llu): %s",
+                status, (unsigned long long)step, msg);
+  ck_assert_msg(got, "no TablePullReply with the row after the refused push");
+  for (int i = 0; i < 4; i++)
+    ck_assert_msg(row[i] == 0.0f, "row[%d] is %g after a refused push", i, row[i]);
+}
+END_TEST
+
 Suite *suite_hostile(void) {
   Suite *s = suite_create("hostile");
   TCase *tc = tcase_create("cases");
@@ -1297,6 +1355,7 @@ Suite *suite_hostile(void) {
   TCase *tt = tcase_create("tables");
   tcase_set_timeout(tt, 60);
   tcase_add_test(tt, test_table_push_table_registered_midframe);
+  tcase_add_test(tt, test_table_push_nonfinite_refused);
   suite_add_tcase(s, tt);
   return s;
 }

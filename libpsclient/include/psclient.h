@@ -611,7 +611,9 @@ PS_EXTERN int ps_table_add_grad(ps_table *t, const uint64_t *keys, size_t n,
  * call returns. One ps's distinct keys must fit one frame (at most 2^22
  * keys and 256 MiB of keys and gradients), else PS_ETOOBIG and nothing is
  * sent. ps_req_wait returns as for a variable's push (PS_ESTALE,
- * PS_EDUPLICATE, a refusal with the server's sentence). */
+ * PS_EDUPLICATE, a refusal with the server's sentence). A gradient that
+ * is NaN or infinite makes a server refuse that ps's push whole
+ * (PS_EINVAL naming the key): nothing of it is applied. */
 PS_EXTERN int ps_table_push_async(ps_table *t, uint64_t step, const uint64_t *keys,
                                   size_t n, const float *grads, ps_req **req);
 
