@@ -1331,6 +1331,45 @@ START_TEST(test_table_push_nonfinite_refused) {
 }
 END_TEST
 
+/* Specs whose lr or epsilon is a positive double that is 0 as a float (the
+ * kernels compute in float): Adagrad's and Adam's w -= lr g / (sqrt(a) + eps)
+ * is then 0/0 = NaN for every zero gradient element, and SGD never moves.
+ * Refused with PS_EINVAL naming the field. */
+START_TEST(test_table_register_float_zero_refused) {
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr);
+  ck_assert(a >= 0);
+  do_setup(a, SETUP_HELLO, 0, "float zero");
+  herr e;
+  Ps__TableSpec s = tspec("ada", 4, 16);
+  s.opt = PS__TABLE_OPT_KIND__TOPT_ADAGRAD;
+  s.initial_accumulator = 0;
+  s.epsilon = 1e-50;
+  long id = table_register(a, &s, &e);
+  Ps__TableSpec s2 = tspec("adam", 4, 16);
+  s2.opt = PS__TABLE_OPT_KIND__TOPT_ADAM;
+  s2.beta1 = 0.9;
+  s2.beta2 = 0.999;
+  s2.epsilon = 1e-46;
+  herr e2;
+  long id2 = table_register(a, &s2, &e2);
+  Ps__TableSpec s3 = tspec("sgd", 4, 16);
+  s3.lr = 1e-300;
+  herr e3;
+  long id3 = table_register(a, &s3, &e3);
+  close(a);
+  expect_serving(&p, "TABLE_REGISTERs with float-zero lr and epsilon");
+  tu_psd_kill(&p);
+  ck_assert_msg(id == PS_EINVAL && strstr(e.msg, "epsilon") && !e.fatal,
+                "adagrad epsilon 1e-50: got %ld (%s)", id, e.msg);
+  ck_assert_msg(id2 == PS_EINVAL && strstr(e2.msg, "epsilon"), "adam epsilon 1e-46: got %ld (%s)",
+                id2, e2.msg);
+  ck_assert_msg(id3 == PS_EINVAL && strstr(e3.msg, "lr"), "sgd lr 1e-300: got %ld (%s)", id3,
+                e3.msg);
+}
+END_TEST
+
 Suite *suite_hostile(void) {
   Suite *s = suite_create("hostile");
   TCase *tc = tcase_create("cases");
@@ -1356,6 +1395,7 @@ Suite *suite_hostile(void) {
   tcase_set_timeout(tt, 60);
   tcase_add_test(tt, test_table_push_table_registered_midframe);
   tcase_add_test(tt, test_table_push_nonfinite_refused);
+  tcase_add_test(tt, test_table_register_float_zero_refused);
   suite_add_tcase(s, tt);
   return s;
 }

@@ -548,8 +548,9 @@ static inline void ps_table_config_init(ps_table_config *cfg) {
  * compare: only the fields the rule and the initializer use), without any
  * I/O, and is PS_EMISMATCH naming the field and both values otherwise.
  * The configuration is checked before anything is sent: a bad field is
- * PS_EINVAL naming it (dim 1..65536, capacity > 0, lr > 0 and finite, no
- * Glorot init, admit_prob in [0, 1], no NaN). Needs servers of protocol
+ * PS_EINVAL naming it (dim 1..65536, capacity > 0, lr and epsilon in
+ * [FLT_MIN, FLT_MAX], no Glorot init, admit_prob in [0, 1], no NaN).
+ * Needs servers of protocol
  * 2.2 (else PS_EUNSUPPORTED naming the server). A capacity the servers'
  * --max-memory cannot hold is PS_ENOMEM with the server's sentence; a
  * server that writes checkpoints (--checkpoint-dir) refuses tables for
