@@ -29,7 +29,7 @@ void psd_tables_init(psd_tables *ts, const psd_config *cfg, psd_job *job,
 }
 
 static void tpull_free(psd_tables *ts, psd_tpull *p) {
-  ts->parked_bytes -= p->n * sizeof(uint64_t);
+  ts->parked_bytes -= p->n * sizeof(uint64_t) + sizeof *p;
   free(p->keys);
   free(p);
 }
@@ -191,18 +191,23 @@ static int check_keys(const psd_tables *ts, const uint64_t *keys, size_t n, char
 
 /* ---- pulls ------------------------------------------------------------- */
 
+/* 1 (and the Error queued) if n rows of e do not fit one reply. */
+static int reply_too_big(psd_tentry *e, psd_conn *c, uint64_t req, size_t n) {
+  const psd_table_spec *sp = psd_table_spec_of(e->t);
+  if ((uint64_t)n * sp->dim * sizeof(float) <= PS__MAX_DATA) return 0;
+  psd_conn_error(c, req, PS_ETOOBIG, 0,
+                 "table '%s': %zu rows of %u floats do not fit one reply (%llu bytes at "
+                 "most): pull fewer keys at once", sp->name, n, sp->dim,
+                 (unsigned long long)PS__MAX_DATA);
+  return 1;
+}
+
 /* Queues the TablePullReply of keys[0..n) read now. */
 static void answer_pull(psd_tentry *e, uint32_t id, psd_conn *c, uint64_t req,
                         const uint64_t *keys, size_t n, int read_only) {
   const psd_table_spec *sp = psd_table_spec_of(e->t);
   uint64_t bytes = (uint64_t)n * sp->dim * sizeof(float);
-  if (bytes > PS__MAX_DATA) {
-    psd_conn_error(c, req, PS_ETOOBIG, 0,
-                   "table '%s': %zu rows of %u floats do not fit one reply (%llu bytes at "
-                   "most): pull fewer keys at once", sp->name, n, sp->dim,
-                   (unsigned long long)PS__MAX_DATA);
-    return;
-  }
+  if (reply_too_big(e, c, req, n)) return;
   Ps__TablePullReply r = PS__TABLE_PULL_REPLY__INIT;
   r.request_id = req;
   r.table_id = id;
@@ -221,7 +226,9 @@ static void answer_pull(psd_tentry *e, uint32_t id, psd_conn *c, uint64_t req,
 
 static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__TablePull *m,
                      const uint64_t *keys) {
-  if (ts->parked_bytes + m->count * sizeof(uint64_t) > PSD_TABLES_MAX_PARKED_BYTES) {
+  /* Each costs its keys and its record (a pull of no keys is not free). */
+  if (ts->parked_bytes + m->count * sizeof(uint64_t) + sizeof(psd_tpull) >
+      PSD_TABLES_MAX_PARKED_BYTES) {
     psd_conn_error(c, m->request_id, PS_EBUSY, 0,
                    "pull of table '%s' for step %llu refused: %llu bytes of keys already "
                    "wait for later steps here (at most %llu)", psd_table_spec_of(e->t)->name,
@@ -249,7 +256,7 @@ static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__Table
   *p = (psd_tpull){c, m->request_id, m->min_step, ps__now() + wait, m->read_only, k,
                    (size_t)m->count, e->parked};
   e->parked = p;
-  ts->parked_bytes += m->count * sizeof *k;
+  ts->parked_bytes += m->count * sizeof *k + sizeof *p;
   return 0;
 }
 
@@ -269,7 +276,8 @@ static void do_pull(psd_tables *ts, psd_conn *c, const Ps__TablePull *m, const u
     return;
   }
   if (!ts->job->async_mode && psd_table_step(e->t) < m->min_step) {
-    park_pull(ts, e, c, m, keys);
+    /* Refused now, rather than holding its keys until its step. */
+    if (!reply_too_big(e, c, m->request_id, (size_t)m->count)) park_pull(ts, e, c, m, keys);
     return;
   }
   answer_pull(e, m->table_id, c, m->request_id, keys, (size_t)m->count, m->read_only);
@@ -302,14 +310,18 @@ static int handle_pull(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   return 0;
 }
 
-/* Answers the pulls of table id that its new step satisfies. */
+/* Answers the pulls of table id that its new step satisfies. A pull whose
+ * connection is backlogged (it does not read its replies) stays parked,
+ * due: psd_tables_expire answers it once that output drains, so parked
+ * pulls cannot queue one reply each (up to 1 GiB) for a peer that reads
+ * nothing. */
 static void wake(psd_tables *ts, uint32_t id) {
   psd_tentry *e = &ts->v[id];
   uint64_t step = psd_table_step(e->t);
   psd_tpull *ready = NULL, **pp = &e->parked;
   while (*pp) {
     psd_tpull *p = *pp;
-    if (p->min_step <= step) {
+    if (p->min_step <= step && !psd_conn_backlogged(p->conn)) {
       *pp = p->next;
       p->next = ready;
       ready = p;
@@ -492,11 +504,32 @@ void psd_tables_expire(psd_tables *ts, double now) {
     psd_tentry *e = &ts->v[i];
     for (psd_tpull **pp = &e->parked; *pp;) {
       psd_tpull *p = *pp;
+      const int due = p->min_step <= psd_table_step(e->t);
+      if (due && (p->conn->dead || !psd_conn_backlogged(p->conn))) { /* drained: answer */
+        *pp = p->next;
+        if (!p->conn->dead) {
+          answer_pull(e, i, p->conn, p->req, p->keys, p->n, p->read_only);
+          psd_conn_write(p->conn); /* may close it: p is off every list already */
+        }
+        tpull_free(ts, p);
+        continue;
+      }
       if (p->deadline > now) {
         pp = &p->next;
         continue;
       }
       *pp = p->next;
+      if (due) {
+        psd_conn_error(p->conn, p->req, PS_EBUSY, 0,
+                       "pull of table '%s' for step %llu: the table is at step %llu, but "
+                       "this connection has %llu bytes of replies it has not read",
+                       psd_table_spec_of(e->t)->name, (unsigned long long)p->min_step,
+                       (unsigned long long)psd_table_step(e->t),
+                       (unsigned long long)ps__outq_bytes(&p->conn->out));
+        psd_conn_write(p->conn);
+        tpull_free(ts, p);
+        continue;
+      }
       uint32_t missing[8];
       uint32_t nm = psd_table_missing(e->t, missing, 8);
       char who[128] = "";

@@ -1370,6 +1370,73 @@ START_TEST(test_table_register_float_zero_refused) {
 }
 END_TEST
 
+/* Reads and drops whole frames from fd until `want` TablePullReplies came
+ * (or timeout); returns how many did. */
+static int drain_pull_replies(int fd, int want, double timeout_s) {
+  static rframe f;
+  int got = 0;
+  double end = ps__now() + timeout_s;
+  while (got < want && ps__now() < end)
+    if (read_frame(fd, &f, end - ps__now()) == 0) got += f.h.type == PS__MSG_TABLE_PULL_REPLY;
+    else break;
+  return got;
+}
+
+/* A worker that parks a big pull on each of 8 tables and stops reading:
+ * when the other worker's pushes move the tables, psd must not queue all
+ * 8 replies (64 MiB each) for it; the reading stops at the 64 MiB mark
+ * for its requests, and answers to its parked pulls wait too (and come
+ * once it reads again). Used to grow psd by the sum of every reply. */
+START_TEST(test_table_parked_pulls_of_slow_reader_bounded) {
+  enum { K = 8, DIM = 4096, NK = 4096 }; /* a reply: 4096 x 4096 floats, 64 MiB */
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr), b = tu_connect(p.addr);
+  ck_assert(a >= 0 && b >= 0);
+  do_setup(a, SETUP_HELLO, 0, "slow reader");
+  do_setup(b, SETUP_HELLO, 1, "slow reader");
+  herr e;
+  static rframe f;
+  char name[K][8];
+  for (int i = 0; i < K; i++) {
+    snprintf(name[i], sizeof name[i], "t%d", i);
+    Ps__TableSpec s = tspec(name[i], DIM, 16);
+    ck_assert_int_eq(table_register(a, &s, &e), i);
+    send_table_push_head(a, 100 + (uint64_t)i, (uint32_t)i, 0, 0, 0); /* a's step 0 */
+    ck_assert_int_eq(table_reply(a, &f, &e, 5.0), PS__MSG_TABLE_PUSH_REPLY);
+  }
+  uint64_t *keys = malloc(NK * sizeof *keys);
+  ck_assert(keys);
+  for (int i = 0; i < NK; i++) keys[i] = (uint64_t)i + 1;
+  for (int i = 0; i < K; i++) { /* parked until step 1; read_only: no rows */
+    send_table_pull_head(a, 200 + (uint64_t)i, (uint32_t)i, 1, NK, NK * sizeof *keys, 1);
+    ck_assert_int_eq(tu_send_all(a, keys, NK * sizeof *keys), 0);
+  }
+  free(keys);
+  usleep(300000);
+  long before = vm_kib(p.pid, "VmRSS:");
+  /* b completes step 0 of every table: a's 8 pulls are due; a reads nothing. */
+  for (int i = 0; i < K; i++) {
+    send_table_push_head(b, 300 + (uint64_t)i, (uint32_t)i, 0, 0, 0);
+    ck_assert_int_eq(table_reply(b, &f, &e, 10.0), PS__MSG_TABLE_PUSH_REPLY);
+  }
+  usleep(500000);
+  long after = vm_kib(p.pid, "VmRSS:");
+  /* a reads again: every reply comes, late. */
+  int got = drain_pull_replies(a, K, 30.0);
+  close(a);
+  close(b);
+  expect_serving(&p, "parked pulls of a worker that reads nothing");
+  tu_psd_kill(&p);
+  long grew = (after - before) / 1024;
+  ck_assert_msg(grew < 200, "psd grew by %ld MiB queueing due pulls for a connection that "
+                "reads nothing (8 x 64 MiB replies; at most the 64 MiB mark and one reply "
+                "expected)", grew);
+  ck_assert_msg(got == K, "only %d of %d pull replies came once the worker read again", got,
+                K);
+}
+END_TEST
+
 Suite *suite_hostile(void) {
   Suite *s = suite_create("hostile");
   TCase *tc = tcase_create("cases");
@@ -1396,6 +1463,7 @@ Suite *suite_hostile(void) {
   tcase_add_test(tt, test_table_push_table_registered_midframe);
   tcase_add_test(tt, test_table_push_nonfinite_refused);
   tcase_add_test(tt, test_table_register_float_zero_refused);
+  tcase_add_test(tt, test_table_parked_pulls_of_slow_reader_bounded);
   suite_add_tcase(s, tt);
   return s;
 }
