@@ -304,6 +304,14 @@ static const hcase CASES[] = {
     {"type_zero", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "unknown message type", 0},
     {"nonzero_flags", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "flags", 0},
     {"push_before_hello", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "before the handshake", 0},
+    /* TABLE_* before the handshake: refused by the header alone (a 256 MiB
+     * data_len allocates nothing) */
+    {"table_register_before_hello", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "before the handshake", 0},
+    {"table_push_before_hello", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "before the handshake", 0},
+    /* framing of TABLE_* after it: fatal, naming the numbers */
+    {"table_pull_count_2p22_plus1", SETUP_HELLO, 0, X_FATAL, PS_ETOOBIG, "TABLE_PULL of", 0},
+    {"table_pull_data_mismatch", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "data bytes", 0},
+    {"table_push_count_overflow", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "data bytes", 0},
     {"hello_meta_4097", SETUP_NONE, 0, X_FATAL, PS_ETOOBIG, "too large", 0},
     {"hello_data_1g", SETUP_NONE, 0, X_FATAL, PS_ETOOBIG, "too large", 0},
     {"hello_reply_from_client", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "unexpected", 0},
@@ -389,6 +397,32 @@ static void build_case(int i, hbuf *h, uint32_t slice) {
     put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_HELLO, 0, 1, 0);
   } else if (!strcmp(n, "push_before_hello")) {
     put_push(h, PS__MSG_PUSH, 1, 0, 0, 4, 0, four, 16);
+  } else if (!strcmp(n, "table_register_before_hello")) {
+    Ps__TableSpec sp = PS__TABLE_SPEC__INIT;
+    sp.name = (char *)"t";
+    sp.dim = 4;
+    sp.capacity = 16;
+    sp.lr = 0.1;
+    Ps__TableRegister m = PS__TABLE_REGISTER__INIT;
+    m.request_id = 1;
+    m.spec = &sp;
+    put_msg(h, PS__MSG_TABLE_REGISTER, &m.base, NULL, 0);
+  } else if (!strcmp(n, "table_push_before_hello")) {
+    put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_TABLE_PUSH, 0, 0,
+                   PS__MAX_TABLE_PUSH_BYTES);
+  } else if (!strcmp(n, "table_pull_count_2p22_plus1") ||
+             !strcmp(n, "table_pull_data_mismatch")) {
+    Ps__TablePull m = PS__TABLE_PULL__INIT;
+    m.request_id = 1;
+    m.count = strstr(n, "count") ? (uint64_t)PS__MAX_TABLE_KEYS + 1 : 2;
+    put_msg(h, PS__MSG_TABLE_PULL, &m.base, NULL, m.count == 2 ? 8 : 0);
+  } else if (!strcmp(n, "table_push_count_overflow")) {
+    /* count * (8 + 4 dim) wraps for an unknown table's 16 bytes */
+    Ps__TablePush m = PS__TABLE_PUSH__INIT;
+    m.request_id = 1;
+    m.table_id = 0;
+    m.count = UINT64_MAX / 3;
+    put_msg(h, PS__MSG_TABLE_PUSH, &m.base, NULL, 16);
   } else if (!strcmp(n, "hello_meta_4097")) {
     /* header only: psd must refuse it without waiting for the 4097 bytes */
     put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_HELLO, PS__MAX_PREAUTH_META + 1, 0, 0);
