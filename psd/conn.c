@@ -350,6 +350,10 @@ static void conn_free(psd_conn *c) {
   free(c);
 }
 
+int psd_conn_backlogged(const psd_conn *c) {
+  return ps__outq_bytes(&c->out) > PSD_OUT_HIGH_WATER;
+}
+
 int psd_conn_write(psd_conn *c) {
   if (c->dead) return -1;
   if (ps__outq_write(&c->out, c->fd) != 0) {

@@ -231,6 +231,10 @@ void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* 1 if replies are waiting to be written. */
 static inline int psd_conn_pending(const psd_conn *c) { return ps__outq_pending(&c->out); }
+/* 1 if c's queued output is above the mark where psd stops reading its
+ * requests (the peer does not read its replies): answers due to c that
+ * were not asked for just now (parked TablePulls) wait while it is. */
+int psd_conn_backlogged(const psd_conn *c);
 /* Writes pending output; closes a CLOSING connection once drained. Returns
  * -1 if c is (now) closed. */
 int psd_conn_write(psd_conn *c);

@@ -36,7 +36,7 @@ unsigned psd_tables_take_actions(psd_tables *ts) {
 }
 
 static void tpull_free(psd_tables *ts, psd_tpull *p) {
-  ts->parked_bytes -= p->n * sizeof(uint64_t);
+  ts->parked_bytes -= p->n * sizeof(uint64_t) + sizeof *p;
   free(p->keys);
   free(p);
 }
@@ -211,19 +211,24 @@ static int check_keys(const psd_tables *ts, const uint64_t *keys, size_t n, char
 
 /* ---- pulls ------------------------------------------------------------- */
 
+/* 1 (and the Error queued) if n rows of e do not fit one reply. */
+static int reply_too_big(psd_tentry *e, psd_conn *c, uint64_t req, size_t n) {
+  const psd_table_spec *sp = psd_table_spec_of(e->t);
+  if ((uint64_t)n * sp->dim * sizeof(float) <= PS__MAX_DATA) return 0;
+  psd_conn_error(c, req, PS_ETOOBIG, 0,
+                 "table '%s': %zu rows of %u floats do not fit one reply (%llu bytes at "
+                 "most): pull fewer keys at once", sp->name, n, sp->dim,
+                 (unsigned long long)PS__MAX_DATA);
+  return 1;
+}
+
 /* Queues the TablePullReply of keys[0..n) read now. */
 static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
                         const uint64_t *keys, size_t n, int read_only) {
   psd_tentry *e = &ts->v[id];
   const psd_table_spec *sp = psd_table_spec_of(e->t);
   uint64_t bytes = (uint64_t)n * sp->dim * sizeof(float);
-  if (bytes > PS__MAX_DATA) {
-    psd_conn_error(c, req, PS_ETOOBIG, 0,
-                   "table '%s': %zu rows of %u floats do not fit one reply (%llu bytes at "
-                   "most): pull fewer keys at once", sp->name, n, sp->dim,
-                   (unsigned long long)PS__MAX_DATA);
-    return;
-  }
+  if (reply_too_big(e, c, req, n)) return;
   Ps__TablePullReply r = PS__TABLE_PULL_REPLY__INIT;
   r.request_id = req;
   r.table_id = id;
@@ -246,7 +251,9 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
 
 static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__TablePull *m,
                      const uint64_t *keys) {
-  if (ts->parked_bytes + m->count * sizeof(uint64_t) > PSD_TABLES_MAX_PARKED_BYTES) {
+  /* Each costs its keys and its record (a pull of no keys is not free). */
+  if (ts->parked_bytes + m->count * sizeof(uint64_t) + sizeof(psd_tpull) >
+      PSD_TABLES_MAX_PARKED_BYTES) {
     psd_conn_error(c, m->request_id, PS_EBUSY, 0,
                    "pull of table '%s' for step %llu refused: %llu bytes of keys already "
                    "wait for later steps here (at most %llu)", psd_table_spec_of(e->t)->name,
@@ -274,7 +281,7 @@ static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__Table
   *p = (psd_tpull){c, m->request_id, m->min_step, ps__now() + wait, m->read_only, k,
                    (size_t)m->count, e->parked};
   e->parked = p;
-  ts->parked_bytes += m->count * sizeof *k;
+  ts->parked_bytes += m->count * sizeof *k + sizeof *p;
   return 0;
 }
 
@@ -295,7 +302,8 @@ static void do_pull(psd_tables *ts, psd_conn *c, const Ps__TablePull *m, const u
   }
   /* Once the job stopped, no later step comes: answered at once. */
   if (!ts->job->async_mode && psd_table_step(e->t) < m->min_step && !ts->persist->stopped) {
-    park_pull(ts, e, c, m, keys);
+    /* Refused now, rather than holding its keys until its step. */
+    if (!reply_too_big(e, c, m->request_id, (size_t)m->count)) park_pull(ts, e, c, m, keys);
     return;
   }
   answer_pull(ts, m->table_id, c, m->request_id, keys, (size_t)m->count, m->read_only);
@@ -329,14 +337,18 @@ static int handle_pull(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
 }
 
 /* Answers the pulls of table id that its new step satisfies (all: every
- * parked pull, when the job stopped). */
+ * parked pull, when the job stopped). A pull whose connection is
+ * backlogged (it does not read its replies) stays parked, due:
+ * psd_tables_expire answers it once that output drains, so parked pulls
+ * cannot queue one reply each (up to 1 GiB) for a peer that reads
+ * nothing. */
 static void wake(psd_tables *ts, uint32_t id, int all) {
   psd_tentry *e = &ts->v[id];
   uint64_t step = psd_table_step(e->t);
   psd_tpull *ready = NULL, **pp = &e->parked;
   while (*pp) {
     psd_tpull *p = *pp;
-    if (all || p->min_step <= step) {
+    if ((all || p->min_step <= step) && !psd_conn_backlogged(p->conn)) {
       *pp = p->next;
       p->next = ready;
       ready = p;
@@ -388,6 +400,29 @@ static void push_refusal(const psd_conn *c, const psd_table *t, uint64_t step, i
              ps_strerror(rc));
 }
 
+/* 0 if every one of the n floats at g is finite; else PS_EINVAL with err
+ * naming the first that is not (its key and element). The common case is
+ * one branch-free pass over the bits (vectorized). */
+static int grads_check(const psd_table *t, const uint64_t *keys, const float *g, size_t n,
+                       char *err, size_t errlen) {
+  const size_t dim = psd_table_spec_of(t)->dim, all = n * dim;
+  uint32_t bad = 0;
+  for (size_t i = 0; i < all; i++) {
+    uint32_t b;
+    memcpy(&b, g + i, sizeof b);
+    bad |= (b & 0x7f800000u) == 0x7f800000u;
+  }
+  if (!bad) return 0;
+  size_t i = 0;
+  while (isfinite(g[i])) i++;
+  snprintf(err, errlen, "gradient of table '%s' for key %llu (position %zu), element %zu, "
+           "is %s: the push is refused whole (a NaN or infinite gradient would make the "
+           "row NaN for every worker); nothing of it was applied", psd_table_spec_of(t)->name,
+           (unsigned long long)keys[i / dim], i / dim, i % dim,
+           isnan(g[i]) ? "NaN" : g[i] > 0 ? "+Inf" : "-Inf");
+  return PS_EINVAL;
+}
+
 static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const uint8_t *data) {
   char err[600] = "";
   if (m->table_id >= ts->n) {
@@ -396,10 +431,22 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
     return;
   }
   psd_tentry *e = &ts->v[m->table_id];
+  /* The frame was sized by the table as it was when its header came; a
+   * table registered since (by another connection, while this data was
+   * read) must not size it now: its data would be read past the end. */
+  uint64_t dim = psd_table_spec_of(e->t)->dim;
+  if (m->count > PS__MAX_TABLE_KEYS ||
+      c->hdr.data_len != m->count * (sizeof(uint64_t) + dim * sizeof(float))) {
+    snprintf(err, sizeof err, "TABLE_PUSH names table id %u, which did not exist when the "
+             "push arrived (register the table before pushing to it)", m->table_id);
+    push_reply(c, m->request_id, PS_ENOTFOUND, err, 0, 0);
+    return;
+  }
   size_t n = (size_t)m->count;
   const uint64_t *keys = (const uint64_t *)data;
   const float *grads = data ? (const float *)(data + n * sizeof(uint64_t)) : NULL;
   int rc = check_keys(ts, keys, n, err, sizeof err);
+  if (rc == 0) rc = grads_check(e->t, keys, grads, n, err, sizeof err);
   uint64_t dropped = 0;
   if (rc == 0)
     rc = psd_table_push(e->t, (uint32_t)c->worker, m->step, keys, n, grads, &dropped);
@@ -498,11 +545,32 @@ void psd_tables_expire(psd_tables *ts, double now) {
     psd_tentry *e = &ts->v[i];
     for (psd_tpull **pp = &e->parked; *pp;) {
       psd_tpull *p = *pp;
+      const int due = p->min_step <= psd_table_step(e->t);
+      if (due && (p->conn->dead || !psd_conn_backlogged(p->conn))) { /* drained: answer */
+        *pp = p->next;
+        if (!p->conn->dead) {
+          answer_pull(e, i, p->conn, p->req, p->keys, p->n, p->read_only);
+          psd_conn_write(p->conn); /* may close it: p is off every list already */
+        }
+        tpull_free(ts, p);
+        continue;
+      }
       if (p->deadline > now) {
         pp = &p->next;
         continue;
       }
       *pp = p->next;
+      if (due) {
+        psd_conn_error(p->conn, p->req, PS_EBUSY, 0,
+                       "pull of table '%s' for step %llu: the table is at step %llu, but "
+                       "this connection has %llu bytes of replies it has not read",
+                       psd_table_spec_of(e->t)->name, (unsigned long long)p->min_step,
+                       (unsigned long long)psd_table_step(e->t),
+                       (unsigned long long)ps__outq_bytes(&p->conn->out));
+        psd_conn_write(p->conn);
+        tpull_free(ts, p);
+        continue;
+      }
       uint32_t missing[8];
       uint32_t nm = psd_table_missing(e->t, missing, 8);
       char who[128] = "";

@@ -14,6 +14,12 @@
 /* A double that converts to a finite float (the kernels compute in float). */
 static int float_finite(double v) { return isfinite(v) && fabs(v) <= FLT_MAX; }
 
+/* A double that is a positive normal float: the kernels divide by
+ * epsilon and multiply by lr in float, where a smaller positive double is
+ * 0 (or a denormal, 0 under flush-to-zero): epsilon 1e-50 made Adagrad's
+ * and Adam's 0 / (sqrt(0) + 0) a NaN row, lr 1e-50 an SGD that never moves. */
+static int float_positive(double v) { return float_finite(v) && v >= FLT_MIN; }
+
 /* x in [0, 1); false for NaN. */
 static int in_unit_halfopen(double x) { return x >= 0.0 && x < 1.0; }
 
@@ -87,8 +93,9 @@ static int field_bad(const psd_table_spec *s, int ok, const char *field, const c
 
 /* The update rule and the fields it reads (the others are ignored). */
 static int check_opt(const psd_table_spec *s, char *err, size_t errlen) {
-  if (field_bad(s, float_finite(s->lr) && s->lr > 0.0, "lr", "a positive finite number", s->lr,
-                err, errlen))
+  if (field_bad(s, float_positive(s->lr), "lr",
+                "a finite number >= 1.17549e-38 (FLT_MIN: a positive float)", s->lr, err,
+                errlen))
     return PS_EINVAL;
   switch (s->opt) {
     case PS_TOPT_SGD:
@@ -122,8 +129,9 @@ static int check_opt(const psd_table_spec *s, char *err, size_t errlen) {
                       s->name, PS_TOPT_SGD, PS_TOPT_ADAGRAD, PS_TOPT_ADAM, PS_TOPT_FTRL, s->opt);
   }
   /* adagrad and adam divide by sqrt(...) + epsilon */
-  if (field_bad(s, float_finite(s->epsilon) && s->epsilon > 0.0, "epsilon",
-                "a positive finite number", s->epsilon, err, errlen))
+  if (field_bad(s, float_positive(s->epsilon), "epsilon",
+                "a finite number >= 1.17549e-38 (FLT_MIN: a positive float)", s->epsilon, err,
+                errlen))
     return PS_EINVAL;
   return 0;
 }

@@ -9,6 +9,7 @@
 #include <check.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <math.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
@@ -303,6 +304,14 @@ static const hcase CASES[] = {
     {"type_zero", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "unknown message type", 0},
     {"nonzero_flags", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "flags", 0},
     {"push_before_hello", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "before the handshake", 0},
+    /* TABLE_* before the handshake: refused by the header alone (a 256 MiB
+     * data_len allocates nothing) */
+    {"table_register_before_hello", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "before the handshake", 0},
+    {"table_push_before_hello", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "before the handshake", 0},
+    /* framing of TABLE_* after it: fatal, naming the numbers */
+    {"table_pull_count_2p22_plus1", SETUP_HELLO, 0, X_FATAL, PS_ETOOBIG, "TABLE_PULL of", 0},
+    {"table_pull_data_mismatch", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "data bytes", 0},
+    {"table_push_count_overflow", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "data bytes", 0},
     {"hello_meta_4097", SETUP_NONE, 0, X_FATAL, PS_ETOOBIG, "too large", 0},
     {"hello_data_1g", SETUP_NONE, 0, X_FATAL, PS_ETOOBIG, "too large", 0},
     {"hello_reply_from_client", SETUP_NONE, 0, X_FATAL, PS_EPROTO, "unexpected", 0},
@@ -388,6 +397,32 @@ static void build_case(int i, hbuf *h, uint32_t slice) {
     put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_HELLO, 0, 1, 0);
   } else if (!strcmp(n, "push_before_hello")) {
     put_push(h, PS__MSG_PUSH, 1, 0, 0, 4, 0, four, 16);
+  } else if (!strcmp(n, "table_register_before_hello")) {
+    Ps__TableSpec sp = PS__TABLE_SPEC__INIT;
+    sp.name = (char *)"t";
+    sp.dim = 4;
+    sp.capacity = 16;
+    sp.lr = 0.1;
+    Ps__TableRegister m = PS__TABLE_REGISTER__INIT;
+    m.request_id = 1;
+    m.spec = &sp;
+    put_msg(h, PS__MSG_TABLE_REGISTER, &m.base, NULL, 0);
+  } else if (!strcmp(n, "table_push_before_hello")) {
+    put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_TABLE_PUSH, 0, 0,
+                   PS__MAX_TABLE_PUSH_BYTES);
+  } else if (!strcmp(n, "table_pull_count_2p22_plus1") ||
+             !strcmp(n, "table_pull_data_mismatch")) {
+    Ps__TablePull m = PS__TABLE_PULL__INIT;
+    m.request_id = 1;
+    m.count = strstr(n, "count") ? (uint64_t)PS__MAX_TABLE_KEYS + 1 : 2;
+    put_msg(h, PS__MSG_TABLE_PULL, &m.base, NULL, m.count == 2 ? 8 : 0);
+  } else if (!strcmp(n, "table_push_count_overflow")) {
+    /* count * (8 + 4 dim) wraps for an unknown table's 16 bytes */
+    Ps__TablePush m = PS__TABLE_PUSH__INIT;
+    m.request_id = 1;
+    m.table_id = 0;
+    m.count = UINT64_MAX / 3;
+    put_msg(h, PS__MSG_TABLE_PUSH, &m.base, NULL, 16);
   } else if (!strcmp(n, "hello_meta_4097")) {
     /* header only: psd must refuse it without waiting for the 4097 bytes */
     put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_HELLO, PS__MAX_PREAUTH_META + 1, 0, 0);
@@ -1144,6 +1179,298 @@ START_TEST(test_descriptor_exhaustion) {
 }
 END_TEST
 
+/* ---- 5: TABLE_* frames from an authenticated worker ------------------------ */
+
+/* A TableSpec for the tests: SGD, zeros, the rest at 0 unless set after. */
+static Ps__TableSpec tspec(const char *name, uint32_t dim, uint64_t capacity) {
+  Ps__TableSpec s = PS__TABLE_SPEC__INIT;
+  s.name = (char *)name;
+  s.dim = dim;
+  s.capacity = capacity;
+  s.opt = PS__TABLE_OPT_KIND__TOPT_SGD;
+  s.lr = 0.5;
+  return s;
+}
+
+/* TABLE_REGISTER of spec; its reply: the table id, or -(error code). */
+static long table_register(int fd, Ps__TableSpec *spec, herr *e) {
+  static rframe f;
+  hbuf h = {{0}, 0};
+  Ps__TableRegister m = PS__TABLE_REGISTER__INIT;
+  m.request_id = 77;
+  m.spec = spec;
+  put_msg(&h, PS__MSG_TABLE_REGISTER, &m.base, NULL, 0);
+  ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
+  memset(e, 0, sizeof *e);
+  ck_assert_msg(read_frame(fd, &f, 5.0) == 0, "no reply to TABLE_REGISTER");
+  if (f.h.type == PS__MSG_ERROR) {
+    copy_error(f.meta, f.h.meta_len, e);
+    return e->code < 0 ? e->code : -1;
+  }
+  ck_assert_int_eq(f.h.type, PS__MSG_TABLE_REGISTER_REPLY);
+  Ps__TableRegisterReply *r = ps__table_register_reply__unpack(NULL, f.h.meta_len, f.meta);
+  ck_assert(r);
+  long id = r->table_id;
+  ps__table_register_reply__free_unpacked(r, NULL);
+  return id;
+}
+
+/* Header and protobuf of a TABLE_PUSH whose data (data_len bytes) the
+ * caller sends itself. */
+static void send_table_push_head(int fd, uint64_t req, uint32_t table, uint64_t step,
+                                 uint64_t count, uint64_t data_len) {
+  Ps__TablePush m = PS__TABLE_PUSH__INIT;
+  m.request_id = req;
+  m.table_id = table;
+  m.step = step;
+  m.count = count;
+  uint8_t b[256];
+  size_t ml = protobuf_c_message_get_packed_size(&m.base);
+  ps__header_encode(b, PS__MSG_TABLE_PUSH, (uint32_t)ml, data_len);
+  protobuf_c_message_pack(&m.base, b + PS__HEADER_SIZE);
+  ck_assert_int_eq(tu_send_all(fd, b, PS__HEADER_SIZE + ml), 0);
+}
+
+static void send_table_pull_head(int fd, uint64_t req, uint32_t table, uint64_t min_step,
+                                 uint64_t count, uint64_t data_len, int read_only) {
+  Ps__TablePull m = PS__TABLE_PULL__INIT;
+  m.request_id = req;
+  m.table_id = table;
+  m.min_step = min_step;
+  m.count = count;
+  m.read_only = read_only;
+  uint8_t b[256];
+  size_t ml = protobuf_c_message_get_packed_size(&m.base);
+  ps__header_encode(b, PS__MSG_TABLE_PULL, (uint32_t)ml, data_len);
+  protobuf_c_message_pack(&m.base, b + PS__HEADER_SIZE);
+  ck_assert_int_eq(tu_send_all(fd, b, PS__HEADER_SIZE + ml), 0);
+}
+
+/* The next frame's type (its data dropped; an ERROR is copied into e), or
+ * -1 on timeout or close. */
+static int table_reply(int fd, rframe *f, herr *e, double timeout_s) {
+  memset(e, 0, sizeof *e);
+  if (read_frame(fd, f, timeout_s) != 0) return -1;
+  if (f->h.type == PS__MSG_ERROR) copy_error(f->meta, f->h.meta_len, e);
+  return f->h.type;
+}
+
+/* A TABLE_PUSH naming a table id no table had when its frame began, with
+ * data_len sized for that (no table to size it by): the table is
+ * registered (by another worker) while psd still reads the data. psd must
+ * size the push by the data it read, not by the table that now exists:
+ * it used to read count * dim gradients from a keys-only buffer. */
+START_TEST(test_table_push_table_registered_midframe) {
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr), b = tu_connect(p.addr);
+  ck_assert(a >= 0 && b >= 0);
+  do_setup(a, SETUP_HELLO, 0, "midframe");
+  do_setup(b, SETUP_HELLO, 1, "midframe");
+  herr e;
+  Ps__TableSpec s0 = tspec("t0", 4, 16);
+  ck_assert_int_eq(table_register(a, &s0, &e), 0);
+  /* Table 1 does not exist yet: keys only, 2^20 of them (8 MiB). */
+  const uint64_t n = 1u << 20;
+  uint64_t *keys = malloc(n * sizeof *keys);
+  ck_assert(keys);
+  for (uint64_t i = 0; i < n; i++) keys[i] = i + 1;
+  send_table_push_head(a, 50, 1, 0, n, n * sizeof *keys);
+  ck_assert_int_eq(tu_send_all(a, keys, n * sizeof *keys / 2), 0);
+  usleep(200000);
+  /* Worker 1 creates table 1 (dim 64) and a row for the last key. */
+  Ps__TableSpec s1 = tspec("t1", 64, 16);
+  ck_assert_int_eq(table_register(b, &s1, &e), 1);
+  send_table_pull_head(b, 51, 1, 0, 1, sizeof(uint64_t), 0);
+  ck_assert_int_eq(tu_send_all(b, &keys[n - 1], sizeof(uint64_t)), 0);
+  static rframe f;
+  ck_assert_int_eq(table_reply(b, &f, &e, 5.0), PS__MSG_TABLE_PULL_REPLY);
+  /* The rest of the keys: psd now sees table 1 (dim 64). */
+  ck_assert_int_eq(tu_send_all(a, (uint8_t *)keys + n * sizeof *keys / 2,
+                               n * sizeof *keys / 2), 0);
+  free(keys);
+  int t = table_reply(a, &f, &e, 10.0);
+  Ps__TablePushReply *r = t == PS__MSG_TABLE_PUSH_REPLY
+                              ? ps__table_push_reply__unpack(NULL, f.h.meta_len, f.meta)
+                              : NULL;
+  int status = r ? r->status : 0;
+  char msg[1100];
+  snprintf(msg, sizeof msg, "%s", r && r->message ? r->message : e.msg);
+  if (r) ps__table_push_reply__free_unpacked(r, NULL);
+  close(a);
+  close(b);
+  expect_serving(&p, "a TABLE_PUSH whose table was registered while its data arrived");
+  tu_psd_kill(&p);
+  ck_assert_msg(t == PS__MSG_TABLE_PUSH_REPLY && status == PS_ENOTFOUND &&
+                    strstr(msg, "table id 1"),
+                "expected a TablePushReply PS_ENOTFOUND naming table id 1, got frame %d "
+                "status %d: %s", t, status, msg);
+}
+END_TEST
+
+/* A TABLE_PUSH whose gradients hold NaN and Inf: refused whole, naming the
+ * key, and the row keeps its values (a NaN summed into a sync step's
+ * accumulator would make the row NaN for every worker, for good). */
+START_TEST(test_table_push_nonfinite_refused) {
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr);
+  ck_assert(a >= 0);
+  do_setup(a, SETUP_HELLO, 0, "nonfinite");
+  herr e;
+  Ps__TableSpec s0 = tspec("t0", 4, 16);
+  long id = table_register(a, &s0, &e);
+  ck_assert_msg(id == 0, "register: %ld %s", id, e.msg);
+  static rframe f;
+  uint64_t key = 12345;
+  send_table_pull_head(a, 60, 0, 0, 1, sizeof key, 0); /* creates the row (zeros) */
+  ck_assert_int_eq(tu_send_all(a, &key, sizeof key), 0);
+  ck_assert_int_eq(table_reply(a, &f, &e, 5.0), PS__MSG_TABLE_PULL_REPLY);
+  uint8_t d[8 + 16];
+  float g[4] = {NAN, 1.0f, INFINITY, 0.0f};
+  memcpy(d, &key, 8);
+  memcpy(d + 8, g, sizeof g);
+  send_table_push_head(a, 61, 0, 0, 1, sizeof d);
+  ck_assert_int_eq(tu_send_all(a, d, sizeof d), 0);
+  int t = table_reply(a, &f, &e, 5.0);
+  ck_assert_int_eq(t, PS__MSG_TABLE_PUSH_REPLY);
+  Ps__TablePushReply *r = ps__table_push_reply__unpack(NULL, f.h.meta_len, f.meta);
+  ck_assert(r);
+  int status = r->status;
+  uint64_t step = r->step;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", r->message ? r->message : "");
+  ps__table_push_reply__free_unpacked(r, NULL);
+  /* The row as it is now (read_only, at the current step). */
+  send_table_pull_head(a, 62, 0, 0, 1, sizeof key, 1);
+  ck_assert_int_eq(tu_send_all(a, &key, sizeof key), 0);
+  uint8_t hb[PS__HEADER_SIZE];
+  ps__frame_header h;
+  char herrs[256];
+  float row[4] = {0};
+  int got = recv_exact(a, hb, sizeof hb, ps__now() + 5) == 0 &&
+            ps__header_decode(hb, 1, &h, herrs, sizeof herrs) == 0 &&
+            h.type == PS__MSG_TABLE_PULL_REPLY && h.data_len == sizeof row &&
+            recv_exact(a, f.meta, h.meta_len, ps__now() + 5) == 0 &&
+            recv_exact(a, row, sizeof row, ps__now() + 5) == 0;
+  close(a);
+  expect_serving(&p, "a TABLE_PUSH of NaN and Inf gradients");
+  tu_psd_kill(&p);
+  ck_assert_msg(status == PS_EINVAL && strstr(msg, "12345") && strstr(msg, "NaN"),
+                "expected PS_EINVAL naming key 12345 and NaN, got status %d (step %llu): %s",
+                status, (unsigned long long)step, msg);
+  ck_assert_msg(got, "no TablePullReply with the row after the refused push");
+  for (int i = 0; i < 4; i++)
+    ck_assert_msg(row[i] == 0.0f, "row[%d] is %g after a refused push", i, row[i]);
+}
+END_TEST
+
+/* Specs whose lr or epsilon is a positive double that is 0 as a float (the
+ * kernels compute in float): Adagrad's and Adam's w -= lr g / (sqrt(a) + eps)
+ * is then 0/0 = NaN for every zero gradient element, and SGD never moves.
+ * Refused with PS_EINVAL naming the field. */
+START_TEST(test_table_register_float_zero_refused) {
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr);
+  ck_assert(a >= 0);
+  do_setup(a, SETUP_HELLO, 0, "float zero");
+  herr e;
+  Ps__TableSpec s = tspec("ada", 4, 16);
+  s.opt = PS__TABLE_OPT_KIND__TOPT_ADAGRAD;
+  s.initial_accumulator = 0;
+  s.epsilon = 1e-50;
+  long id = table_register(a, &s, &e);
+  Ps__TableSpec s2 = tspec("adam", 4, 16);
+  s2.opt = PS__TABLE_OPT_KIND__TOPT_ADAM;
+  s2.beta1 = 0.9;
+  s2.beta2 = 0.999;
+  s2.epsilon = 1e-46;
+  herr e2;
+  long id2 = table_register(a, &s2, &e2);
+  Ps__TableSpec s3 = tspec("sgd", 4, 16);
+  s3.lr = 1e-300;
+  herr e3;
+  long id3 = table_register(a, &s3, &e3);
+  close(a);
+  expect_serving(&p, "TABLE_REGISTERs with float-zero lr and epsilon");
+  tu_psd_kill(&p);
+  ck_assert_msg(id == PS_EINVAL && strstr(e.msg, "epsilon") && !e.fatal,
+                "adagrad epsilon 1e-50: got %ld (%s)", id, e.msg);
+  ck_assert_msg(id2 == PS_EINVAL && strstr(e2.msg, "epsilon"), "adam epsilon 1e-46: got %ld (%s)",
+                id2, e2.msg);
+  ck_assert_msg(id3 == PS_EINVAL && strstr(e3.msg, "lr"), "sgd lr 1e-300: got %ld (%s)", id3,
+                e3.msg);
+}
+END_TEST
+
+/* Reads and drops whole frames from fd until `want` TablePullReplies came
+ * (or timeout); returns how many did. */
+static int drain_pull_replies(int fd, int want, double timeout_s) {
+  static rframe f;
+  int got = 0;
+  double end = ps__now() + timeout_s;
+  while (got < want && ps__now() < end)
+    if (read_frame(fd, &f, end - ps__now()) == 0) got += f.h.type == PS__MSG_TABLE_PULL_REPLY;
+    else break;
+  return got;
+}
+
+/* A worker that parks a big pull on each of 8 tables and stops reading:
+ * when the other worker's pushes move the tables, psd must not queue all
+ * 8 replies (64 MiB each) for it; the reading stops at the 64 MiB mark
+ * for its requests, and answers to its parked pulls wait too (and come
+ * once it reads again). Used to grow psd by the sum of every reply. */
+START_TEST(test_table_parked_pulls_of_slow_reader_bounded) {
+  enum { K = 8, DIM = 4096, NK = 4096 }; /* a reply: 4096 x 4096 floats, 64 MiB */
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr), b = tu_connect(p.addr);
+  ck_assert(a >= 0 && b >= 0);
+  do_setup(a, SETUP_HELLO, 0, "slow reader");
+  do_setup(b, SETUP_HELLO, 1, "slow reader");
+  herr e;
+  static rframe f;
+  char name[K][8];
+  for (int i = 0; i < K; i++) {
+    snprintf(name[i], sizeof name[i], "t%d", i);
+    Ps__TableSpec s = tspec(name[i], DIM, 16);
+    ck_assert_int_eq(table_register(a, &s, &e), i);
+    send_table_push_head(a, 100 + (uint64_t)i, (uint32_t)i, 0, 0, 0); /* a's step 0 */
+    ck_assert_int_eq(table_reply(a, &f, &e, 5.0), PS__MSG_TABLE_PUSH_REPLY);
+  }
+  uint64_t *keys = malloc(NK * sizeof *keys);
+  ck_assert(keys);
+  for (int i = 0; i < NK; i++) keys[i] = (uint64_t)i + 1;
+  for (int i = 0; i < K; i++) { /* parked until step 1; read_only: no rows */
+    send_table_pull_head(a, 200 + (uint64_t)i, (uint32_t)i, 1, NK, NK * sizeof *keys, 1);
+    ck_assert_int_eq(tu_send_all(a, keys, NK * sizeof *keys), 0);
+  }
+  free(keys);
+  usleep(300000);
+  long before = vm_kib(p.pid, "VmRSS:");
+  /* b completes step 0 of every table: a's 8 pulls are due; a reads nothing. */
+  for (int i = 0; i < K; i++) {
+    send_table_push_head(b, 300 + (uint64_t)i, (uint32_t)i, 0, 0, 0);
+    ck_assert_int_eq(table_reply(b, &f, &e, 10.0), PS__MSG_TABLE_PUSH_REPLY);
+  }
+  usleep(500000);
+  long after = vm_kib(p.pid, "VmRSS:");
+  /* a reads again: every reply comes, late. */
+  int got = drain_pull_replies(a, K, 30.0);
+  close(a);
+  close(b);
+  expect_serving(&p, "parked pulls of a worker that reads nothing");
+  tu_psd_kill(&p);
+  long grew = (after - before) / 1024;
+  ck_assert_msg(grew < 200, "psd grew by %ld MiB queueing due pulls for a connection that "
+                "reads nothing (8 x 64 MiB replies; at most the 64 MiB mark and one reply "
+                "expected)", grew);
+  ck_assert_msg(got == K, "only %d of %d pull replies came once the worker read again", got,
+                K);
+}
+END_TEST
+
 Suite *suite_hostile(void) {
   Suite *s = suite_create("hostile");
   TCase *tc = tcase_create("cases");
@@ -1165,5 +1492,12 @@ Suite *suite_hostile(void) {
   tcase_add_test(to, test_pull_duplicate_slice_ids);
   tcase_add_test(to, test_pull_then_garbage_same_segment);
   suite_add_tcase(s, to);
+  TCase *tt = tcase_create("tables");
+  tcase_set_timeout(tt, 60);
+  tcase_add_test(tt, test_table_push_table_registered_midframe);
+  tcase_add_test(tt, test_table_push_nonfinite_refused);
+  tcase_add_test(tt, test_table_register_float_zero_refused);
+  tcase_add_test(tt, test_table_parked_pulls_of_slow_reader_bounded);
+  suite_add_tcase(s, tt);
   return s;
 }

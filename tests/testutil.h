@@ -21,6 +21,7 @@ Suite *suite_placement(void);
 Suite *suite_init(void);
 Suite *suite_api(void);
 Suite *suite_tables(void);
+Suite *suite_tables_hostile(void);
 Suite *suite_waits(void);
 Suite *suite_stop(void);
 Suite *suite_optimizer(void);

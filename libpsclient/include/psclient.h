@@ -548,8 +548,9 @@ static inline void ps_table_config_init(ps_table_config *cfg) {
  * compare: only the fields the rule and the initializer use), without any
  * I/O, and is PS_EMISMATCH naming the field and both values otherwise.
  * The configuration is checked before anything is sent: a bad field is
- * PS_EINVAL naming it (dim 1..65536, capacity > 0, lr > 0 and finite, no
- * Glorot init, admit_prob in [0, 1], no NaN). Needs servers of protocol
+ * PS_EINVAL naming it (dim 1..65536, capacity > 0, lr and epsilon in
+ * [FLT_MIN, FLT_MAX], no Glorot init, admit_prob in [0, 1], no NaN).
+ * Needs servers of protocol
  * 2.2 (else PS_EUNSUPPORTED naming the server). A capacity the servers'
  * --max-memory cannot hold is PS_ENOMEM with the server's sentence.
  * Servers with --checkpoint-dir keep tables in their checkpoints: a
@@ -618,7 +619,9 @@ PS_EXTERN int ps_table_add_grad(ps_table *t, const uint64_t *keys, size_t n,
  * call returns. One ps's distinct keys must fit one frame (at most 2^22
  * keys and 256 MiB of keys and gradients), else PS_ETOOBIG and nothing is
  * sent. ps_req_wait returns as for a variable's push (PS_ESTALE,
- * PS_EDUPLICATE, a refusal with the server's sentence). */
+ * PS_EDUPLICATE, a refusal with the server's sentence). A gradient that
+ * is NaN or infinite makes a server refuse that ps's push whole
+ * (PS_EINVAL naming the key): nothing of it is applied. */
 PS_EXTERN int ps_table_push_async(ps_table *t, uint64_t step, const uint64_t *keys,
                                   size_t n, const float *grads, ps_req **req);
 

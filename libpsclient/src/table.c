@@ -3,6 +3,7 @@
  * sent), creation on every ps at once, lookups, the gradients staged for
  * ps_client_step, and the public pull and push calls. The frames and their
  * replies are tablexfer.c's. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,11 +125,13 @@ static int check_config(ps_client *c, const char *name, const ps_table_config *g
   int ada = g->opt == PS_TOPT_ADAGRAD, adam = g->opt == PS_TOPT_ADAM,
       ftrl = g->opt == PS_TOPT_FTRL;
   const double inf = INFINITY;
-  if (!rc) rc = check_num(c, name, "lr", g->lr, 1, 0, 1, inf, 1);
+  /* lr and epsilon are used as floats: positive normal floats only (a
+   * smaller double is 0 there, and epsilon 0 makes 0/0 rows). */
+  if (!rc) rc = check_num(c, name, "lr", g->lr, 1, FLT_MIN, 0, FLT_MAX, 0);
   if (!rc) rc = check_num(c, name, "initial_accumulator", g->initial_accumulator, ada, 0, 0, inf, 1);
   if (!rc) rc = check_num(c, name, "beta1", g->beta1, adam, 0, 0, 1, 1);
   if (!rc) rc = check_num(c, name, "beta2", g->beta2, adam, 0, 0, 1, 1);
-  if (!rc) rc = check_num(c, name, "epsilon", g->epsilon, ada || adam, 0, 1, inf, 1);
+  if (!rc) rc = check_num(c, name, "epsilon", g->epsilon, ada || adam, FLT_MIN, 0, FLT_MAX, 0);
   if (!rc) rc = check_num(c, name, "l1", g->l1, ftrl, 0, 0, inf, 1);
   if (!rc) rc = check_num(c, name, "l2", g->l2, ftrl, 0, 0, inf, 1);
   if (!rc) rc = check_num(c, name, "ftrl_beta", g->ftrl_beta, ftrl, 0, 0, inf, 1);

@@ -1,0 +1,164 @@
+/* Sparse tables from the client's side, misused: sizes that overflow,
+ * NULL pointers, keys and rows in the same memory, configurations whose
+ * fields are valid doubles but not usable floats. Each must be refused
+ * (or answered right) with a sentence naming the problem, and leave the
+ * client working. (test_tables.c covers the tables' semantics.) */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static ps_client *th_connect(const char *addr) {
+  const char *hp[1] = {addr};
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.worker_index = 0;
+  cfg.num_workers = 1;
+  cfg.request_timeout_ms = 5000;
+  cfg.telemetry = "off";
+  cfg.no_signal_handlers = 1;
+  ps_client *c = NULL;
+  char err[512];
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "client: %s", err);
+  return c;
+}
+
+static void th_start(tu_psd *p) {
+  const char *args[] = {"--num-ps", "1", "--ps-index", "0", NULL};
+  ck_assert_msg(tu_psd_start(p, args) == 0, "psd did not start");
+}
+
+static ps_table_config th_cfg(uint32_t dim) {
+  ps_table_config g;
+  ps_table_config_init(&g);
+  g.dim = dim;
+  g.capacity = 1000;
+  g.init.kind = PS_INIT_NORMAL;
+  g.init.a = 0;
+  g.init.b = 1;
+  return g;
+}
+
+/* rc is PS_EINVAL (or want) and the client's sentence holds word. */
+static void expect_refused(ps_client *c, int rc, int want, const char *word, const char *what) {
+  ck_assert_msg(rc == want && strstr(ps_client_errmsg(c), word),
+                "%s: expected %s naming '%s', got %s: %s", what, ps_strerror(want), word,
+                ps_strerror(rc), ps_client_errmsg(c));
+}
+
+/* lr and epsilon are used as floats: a positive double below FLT_MIN is 0
+ * (or a denormal) there, and epsilon 0 makes Adagrad's and Adam's rows
+ * NaN on a zero gradient. Refused before anything is sent. */
+START_TEST(float_zero_config_refused) {
+  tu_psd p;
+  th_start(&p);
+  ps_client *c = th_connect(p.addr);
+  ps_table *t = NULL;
+  ps_table_config g = th_cfg(4);
+  g.opt = PS_TOPT_ADAGRAD;
+  g.initial_accumulator = 0;
+  g.epsilon = 1e-50;
+  expect_refused(c, ps_client_table_create(c, "ada", &g, &t), PS_EINVAL, "epsilon",
+                 "adagrad epsilon 1e-50");
+  g = th_cfg(4);
+  g.opt = PS_TOPT_ADAM;
+  g.epsilon = 1e-40; /* a float denormal */
+  expect_refused(c, ps_client_table_create(c, "adam", &g, &t), PS_EINVAL, "epsilon",
+                 "adam epsilon 1e-40");
+  g = th_cfg(4);
+  g.lr = 1e-300;
+  expect_refused(c, ps_client_table_create(c, "sgd", &g, &t), PS_EINVAL, "lr", "lr 1e-300");
+  g.lr = 1e300;
+  expect_refused(c, ps_client_table_create(c, "sgd", &g, &t), PS_EINVAL, "lr", "lr 1e300");
+  g.lr = 0.1;
+  ck_assert_int_eq(ps_client_table_create(c, "sgd", &g, &t), 0);
+  ps_client_destroy(c);
+  tu_psd_kill(&p);
+}
+END_TEST
+
+/* n = SIZE_MAX and other sizes whose bytes overflow, NULL pointers: each
+ * refused naming the problem, nothing sent, the client still works. */
+START_TEST(bad_sizes_and_pointers_refused) {
+  tu_psd p;
+  th_start(&p);
+  ps_client *c = th_connect(p.addr);
+  ps_table *t = NULL;
+  ps_table_config g = th_cfg(8);
+  ck_assert_int_eq(ps_client_table_create(c, "t", &g, &t), 0);
+  uint64_t k[2] = {1, 2};
+  float out[16], gr[16] = {0};
+  ps_req *r = NULL;
+  expect_refused(c, ps_table_pull(t, 0, k, SIZE_MAX, out, 0, NULL), PS_EINVAL, "overflows",
+                 "pull of SIZE_MAX keys");
+  expect_refused(c, ps_table_pull(t, 0, k, SIZE_MAX / 8, out, 0, NULL), PS_EINVAL,
+                 "overflows", "pull of SIZE_MAX/8 keys of 8 floats");
+  expect_refused(c, ps_table_pull(t, 0, NULL, 2, out, 0, NULL), PS_EINVAL, "NULL",
+                 "pull with keys NULL");
+  expect_refused(c, ps_table_pull(t, 0, k, 2, NULL, 0, NULL), PS_EINVAL, "NULL",
+                 "pull with out NULL");
+  expect_refused(c, ps_table_pull(t, 0, k, 2, out, 0x80, NULL), PS_EINVAL, "flags",
+                 "pull with unknown flags");
+  expect_refused(c, ps_table_pull_async(t, 0, k, 2, out, 0, NULL), PS_EINVAL, "req",
+                 "pull_async with req NULL");
+  expect_refused(c, ps_table_push_async(t, 0, k, SIZE_MAX, gr, &r), PS_EINVAL, "overflows",
+                 "push of SIZE_MAX keys");
+  expect_refused(c, ps_table_push_async(t, 0, k, 2, NULL, &r), PS_EINVAL, "NULL",
+                 "push with grads NULL");
+  expect_refused(c, ps_table_add_grad(t, k, SIZE_MAX, gr), PS_EINVAL, "overflows",
+                 "add_grad of SIZE_MAX keys");
+  ck_assert_int_eq(ps_table_add_grad(t, k, 1, gr), 0);
+  expect_refused(c, ps_table_add_grad(t, k, SIZE_MAX / 8 - 1, gr), PS_EINVAL, "overflow",
+                 "add_grad whose staged total overflows");
+  ck_assert_int_eq(ps_table_pull(NULL, 0, k, 2, out, 0, NULL), PS_EINVAL);
+  ck_assert_int_eq(ps_table_add_grad(NULL, k, 2, gr), PS_EINVAL);
+  ck_assert_int_eq(ps_table_push_async(NULL, 0, k, 2, gr, &r), PS_EINVAL);
+  ck_assert(ps_table_name(NULL) == NULL && ps_table_dim(NULL) == 0);
+  ck_assert(ps_client_table_find(c, NULL) == NULL);
+  /* Still working. */
+  uint64_t step = 99;
+  int rc = ps_table_pull(t, 0, k, 2, out, 0, &step);
+  ck_assert_msg(rc == 0 && step == 0, "pull after the refusals: %s", ps_client_errmsg(c));
+  ps_client_destroy(c);
+  tu_psd_kill(&p);
+}
+END_TEST
+
+/* keys and out in the same memory (n keys of 8 bytes, n rows of 2 floats):
+ * the rows are those of the keys as they were when the call began. */
+START_TEST(keys_and_out_aliased) {
+  tu_psd p;
+  th_start(&p);
+  ps_client *c = th_connect(p.addr);
+  ps_table *t = NULL;
+  ps_table_config g = th_cfg(2);
+  ck_assert_int_eq(ps_client_table_create(c, "t", &g, &t), 0);
+  enum { N = 100 };
+  uint64_t keys[N], buf[N];
+  float want[N * 2];
+  for (int i = 0; i < N; i++) keys[i] = buf[i] = (uint64_t)(N - i) * 7919u % 53u;
+  ck_assert_int_eq(ps_table_pull(t, 0, keys, N, want, PS_TABLE_READ_ONLY, NULL), 0);
+  int rc = ps_table_pull(t, 0, buf, N, (float *)buf, PS_TABLE_READ_ONLY, NULL);
+  ck_assert_msg(rc == 0, "aliased pull: %s", ps_client_errmsg(c));
+  ck_assert_msg(memcmp(buf, want, sizeof want) == 0, "aliased keys/out: other rows");
+  ps_client_destroy(c);
+  tu_psd_kill(&p);
+}
+END_TEST
+
+Suite *suite_tables_hostile(void) {
+  Suite *s = suite_create("tables_hostile");
+  TCase *tc = tcase_create("tables_hostile");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, float_zero_config_refused);
+  tcase_add_test(tc, bad_sizes_and_pointers_refused);
+  tcase_add_test(tc, keys_and_out_aliased);
+  suite_add_tcase(s, tc);
+  return s;
+}
