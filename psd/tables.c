@@ -439,7 +439,7 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
       c->hdr.data_len != m->count * (sizeof(uint64_t) + dim * sizeof(float))) {
     snprintf(err, sizeof err, "TABLE_PUSH names table id %u, which did not exist when the "
              "push arrived (register the table before pushing to it)", m->table_id);
-    push_reply(c, m->request_id, PS_ENOTFOUND, err, 0, 0);
+    push_reply(ts, c, m->request_id, PS_ENOTFOUND, err, 0, 0);
     return;
   }
   size_t n = (size_t)m->count;
@@ -545,11 +545,12 @@ void psd_tables_expire(psd_tables *ts, double now) {
     psd_tentry *e = &ts->v[i];
     for (psd_tpull **pp = &e->parked; *pp;) {
       psd_tpull *p = *pp;
-      const int due = p->min_step <= psd_table_step(e->t);
+      /* Its step came, or the job stopped (no later step comes). */
+      const int due = p->min_step <= psd_table_step(e->t) || ts->persist->stopped;
       if (due && (p->conn->dead || !psd_conn_backlogged(p->conn))) { /* drained: answer */
         *pp = p->next;
         if (!p->conn->dead) {
-          answer_pull(e, i, p->conn, p->req, p->keys, p->n, p->read_only);
+          answer_pull(ts, i, p->conn, p->req, p->keys, p->n, p->read_only);
           psd_conn_write(p->conn); /* may close it: p is off every list already */
         }
         tpull_free(ts, p);
