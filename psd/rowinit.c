@@ -4,6 +4,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "dist.h"
 #include "wire.h"
 
 /* One row's generator: a splitmix64 counter and Box-Muller's second value. */
@@ -19,25 +20,18 @@ static uint64_t rng_next(row_rng *r) {
   return ps__mix64(r->x);
 }
 
-/* Uniform in [0, 1) with 24 bits (exactly a float). */
-static double rng_u24(row_rng *r) { return (double)(rng_next(r) >> 40) * 0x1p-24; }
-
-/* Uniform in [0, 1) with 53 bits. */
-static double rng_u53(row_rng *r) { return (double)(rng_next(r) >> 11) * 0x1p-53; }
-
-/* Standard normal by Box-Muller; the second value of each pair is kept. */
+/* Standard normal (dist.h's Box-Muller); the second value of each pair
+ * is kept. */
 static double rng_normal(row_rng *r) {
   if (r->has_spare) {
     r->has_spare = 0;
     return r->spare;
   }
-  double u1 = 1.0 - rng_u53(r); /* (0, 1]: log is finite */
-  double u2 = rng_u53(r);
-  double rad = sqrt(-2.0 * log(u1));
-  double th = 6.283185307179586476925286766559 * u2; /* 2*pi*u2 */
-  r->spare = rad * sin(th);
+  uint64_t w1 = rng_next(r), w2 = rng_next(r);
+  double z;
+  ps__box_muller(w1, w2, &z, &r->spare);
   r->has_spare = 1;
-  return rad * cos(th);
+  return z;
 }
 
 /* Standard normal redrawn until |z| <= 2. */
@@ -48,28 +42,14 @@ static double rng_trunc_normal(row_rng *r) {
   }
 }
 
-/* a + u*(b-a) as a float strictly below b when possible (as init.c). */
+/* a + u*(b-a), a float below b (dist.h, as the dense init.c). */
 static float uniform_value(row_rng *r, double a, double b) {
-  float f = (float)(a + rng_u24(r) * (b - a));
-  if ((double)f >= b) {
-    float g = nextafterf(f, -INFINITY);
-    if ((double)g >= a) f = g;
-  }
-  return f;
+  return ps__uniform_float(rng_next(r), a, b);
 }
 
-/* FNV-1a over the NUL-terminated name (at most the spec's array). */
-static uint64_t fnv1a(const char *s, size_t max) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = 0; i < max && s[i]; i++) {
-    h ^= (unsigned char)s[i];
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 uint64_t psd_rowinit_salt(const psd_table_spec *spec) {
-  return ps__mix64(spec->init_seed ^ fnv1a(spec->name, sizeof spec->name));
+  return ps__mix64(spec->init_seed ^ ps__fnv1a(spec->name, sizeof spec->name));
 }
 
 void psd_rowinit_fill(const psd_table_spec *spec, uint64_t salt, uint64_t key, float *out) {

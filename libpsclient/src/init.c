@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "client_internal.h"
+#include "dist.h"
 
 void ps_init_init_sized(ps_init *init, size_t size) {
   if (!init || size < sizeof init->struct_size) return;
@@ -35,18 +36,9 @@ static uint64_t splitmix64(uint64_t *x) {
   return z ^ (z >> 31);
 }
 
-static uint64_t fnv1a(const char *s) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (; *s; s++) {
-    h ^= (unsigned char)*s;
-    h *= 0x100000001B3ull;
-  }
-  return h;
-}
-
 static void rng_seed(rng *r, uint64_t seed, const char *name) {
   uint64_t x = seed;
-  x = splitmix64(&x) ^ fnv1a(name ? name : "");
+  x = splitmix64(&x) ^ ps__fnv1a(name ? name : "", SIZE_MAX);
   for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
   r->has_spare = 0;
   r->spare = 0.0;
@@ -67,29 +59,18 @@ static uint64_t rng_next(rng *r) {
   return out;
 }
 
-/* Uniform in [0, 1) with 24 bits (exactly a float). */
-static double rng_u24(rng *r) {
-  return (double)(rng_next(r) >> 40) * 0x1p-24;
-}
-
-/* Uniform in [0, 1) with 53 bits. */
-static double rng_u53(rng *r) {
-  return (double)(rng_next(r) >> 11) * 0x1p-53;
-}
-
-/* Standard normal by Box-Muller; the second value of each pair is kept. */
+/* Standard normal (dist.h's Box-Muller); the second value of each pair
+ * is kept. */
 static double rng_normal(rng *r) {
   if (r->has_spare) {
     r->has_spare = 0;
     return r->spare;
   }
-  double u1 = 1.0 - rng_u53(r); /* (0, 1]: log is finite */
-  double u2 = rng_u53(r);
-  double rad = sqrt(-2.0 * log(u1));
-  double th = 6.283185307179586476925286766559 * u2; /* 2*pi*u2 */
-  r->spare = rad * sin(th);
+  uint64_t w1 = rng_next(r), w2 = rng_next(r);
+  double z;
+  ps__box_muller(w1, w2, &z, &r->spare);
   r->has_spare = 1;
-  return rad * cos(th);
+  return z;
 }
 
 /* Standard normal redrawn until |z| <= 2. */
@@ -100,15 +81,9 @@ static double rng_trunc_normal(rng *r) {
   }
 }
 
-/* a + u*(b-a) as a float strictly below b when possible. */
+/* a + u*(b-a), a float below b (dist.h). */
 static float uniform_value(rng *r, double a, double b) {
-  double x = a + rng_u24(r) * (b - a);
-  float f = (float)x;
-  if ((double)f >= b) {
-    float g = nextafterf(f, -INFINITY);
-    if ((double)g >= a) f = g;
-  }
-  return f;
+  return ps__uniform_float(rng_next(r), a, b);
 }
 
 /* ---- fill ------------------------------------------------------------- */
