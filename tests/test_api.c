@@ -2,7 +2,7 @@
  * processes: precise mismatch messages, idempotent create and lookup by
  * name, the current-step getter, failed calls that leave outputs and the
  * previous error's text alone, non-trainable variables and the chief's
- * assign. */
+ * assign, and early pushes of part of a step. */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -166,6 +166,63 @@ START_TEST(step_getter_and_untouched_outputs) {
   ck_assert_uint_eq(ps_client_step_current(c), 3);
   ps_client_destroy(c);
   stop_ps(ps, 1);
+}
+END_TEST
+
+/* ps_client_step_push sends part of a step's gradients early; the step
+ * pushes the rest and applies both, as one ps_client_step would. A
+ * variable pushed twice, one not trainable, or a step other than the
+ * early pushes' is refused with a sentence, and the client goes on. */
+START_TEST(step_push_early_then_rest) {
+  tu_psd ps[2];
+  char hosts[2][64];
+  const char *hp[2];
+  start_ps(ps, 2, hosts, hp, NULL);
+  ps_client *c = connect_worker(hp, 2, 0, 1, 0);
+  int64_t shape[1] = {5};
+  ps_init one = PS_SIZED(ps_init, .kind = PS_INIT_CONSTANT, .a = 1);
+  ps_optimizer sgd, none;
+  ps_optimizer_default(&sgd, 0.5);
+  ps_optimizer_default(&none, 0.5);
+  none.kind = PS_OPT_NONE;
+  ps_var *a, *b, *n;
+  ck_assert_int_eq(ps_client_var_create(c, "a", shape, 1, &one, &sgd, &a), 0);
+  ck_assert_int_eq(ps_client_var_create(c, "b", shape, 1, &one, &sgd, &b), 0);
+  ck_assert_int_eq(ps_client_var_create(c, "n", shape, 1, &one, &none, &n), 0);
+  for (int i = 0; i < 5; i++) {
+    ps_var_grad(a)[i] = 1;
+    ps_var_grad(b)[i] = 2;
+  }
+  uint64_t step = 0;
+  ck_assert_int_eq(ps_client_step_push(c, 0, &a, 1), 0);
+  int rc = ps_client_step_push(c, 0, &a, 1);
+  ck_assert_msg(rc == PS_EINVAL && strstr(ps_client_errmsg(c), "'a' was already pushed"), "%s",
+                ps_client_errmsg(c));
+  rc = ps_client_step_push(c, 0, &n, 1);
+  ck_assert_msg(rc == PS_EINVAL && strstr(ps_client_errmsg(c), "not trainable"), "%s",
+                ps_client_errmsg(c));
+  rc = ps_client_step_push(c, 1, &b, 1);
+  ck_assert_msg(rc == PS_EINVAL && strstr(ps_client_errmsg(c), "computed at step 0"), "%s",
+                ps_client_errmsg(c));
+  ck_assert_int_eq(ps_client_step(c, &step, NULL), 0);
+  ck_assert_uint_eq(step, 1);
+  for (int i = 0; i < 5; i++) {
+    ck_assert_float_eq(ps_var_data(a)[i], 0.5f); /* pushed early, once */
+    ck_assert_float_eq(ps_var_data(b)[i], 0.0f); /* pushed by the step */
+  }
+  /* A step other than the early pushes' fails; the next one works. */
+  ck_assert_int_eq(ps_client_step_push(c, 1, &b, 1), 0);
+  uint64_t wrong = 7;
+  rc = ps_client_step(c, &wrong, NULL);
+  ck_assert_msg(rc == PS_EINVAL && strstr(ps_client_errmsg(c), "computed at step 1"), "%s",
+                ps_client_errmsg(c));
+  ck_assert_uint_eq(wrong, 7);
+  ck_assert_int_eq(ps_client_step_push(c, 1, &a, 1), 0);
+  ck_assert_int_eq(ps_client_step(c, &step, NULL), 0);
+  ck_assert_uint_eq(step, 2);
+  for (int i = 0; i < 5; i++) ck_assert_float_eq(ps_var_data(a)[i], 0.0f);
+  ps_client_destroy(c);
+  stop_ps(ps, 2);
 }
 END_TEST
 
@@ -377,6 +434,7 @@ Suite *suite_api(void) {
   tcase_add_test(tc, shape_conflict_names_both_and_first);
   tcase_add_test(tc, create_idempotent_and_find);
   tcase_add_test(tc, step_getter_and_untouched_outputs);
+  tcase_add_test(tc, step_push_early_then_rest);
   tcase_add_test(tc, each_error_has_its_own_message);
   tcase_add_test(tc, assign_sync_two_ps);
   tcase_add_test(tc, assign_refused_and_async);

@@ -57,7 +57,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 2
+#define PS_VERSION_PATCH 3
 
 /* Error codes: one table generates the enum and ps_strerror(). The same
  * numbers travel on the wire in Error messages. */
@@ -412,6 +412,21 @@ PS_EXTERN void ps_req_destroy(ps_req *r);
  * calls (the value given plus one), not the servers' step, and the pull
  * returns the latest parameters without waiting. */
 PS_EXTERN int ps_client_step(ps_client *c, uint64_t *step, int *stale_out);
+
+/* Sends the gradients of vars[0..n) (trainable variables, each at most
+ * once per step) computed at `step` now, as part of the coming
+ * ps_client_step(c, &step, ...): that call then pushes only the trainable
+ * variables not sent this way, and waits for these pushes with its own. A
+ * framework calls it as its backward pass finishes a group of gradients,
+ * so the push of the last layers overlaps the backward of the first; the
+ * gradients must not change until ps_client_step returns. Does not wait.
+ * Returns 0, or PS_EINVAL (a variable listed twice in the step, not
+ * trainable or of another client, or a step different from the earlier
+ * calls': the message says which) and nothing is sent. If ps_client_step
+ * then gets a different step it fails with PS_EINVAL, and the pushes
+ * already sent are forgotten (the servers treat them as any push of that
+ * step). Added in 0.2.3. */
+PS_EXTERN int ps_client_step_push(ps_client *c, uint64_t step, ps_var *const *vars, size_t n);
 
 /* Pulls every variable at step >= min_step (blocking; the variables that
  * are not trainable at their latest values) and waits for every table to

@@ -269,6 +269,8 @@ void ps_client_destroy(ps_client *c) {
   ps__remote_free(c);
   ps__req_free_all(c);
   ps__placer_free(&c->placer);
+  free(c->early);
+  free(c->rest);
   free(c->ids);
   free(c->items);
   free(c->itemp);

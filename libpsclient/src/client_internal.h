@@ -107,6 +107,8 @@ struct ps_var {
   size_t n_slices;               /* ... this many */
   int mark;                      /* scratch: duplicate detection */
   int trainable;                 /* opt.kind != PS_OPT_NONE: ps_client_step pushes it */
+  int early;                     /* pushed by ps_client_step_push for the coming
+                                    step: ps_client_step leaves it out */
   ps_optimizer opt;              /* as created (library layout): a second create
                                     of the name must agree with it */
   ps_init init;                  /* ... and with this initializer */
@@ -279,6 +281,13 @@ struct ps_client {
   size_t kp_cap;              /* entries of both */
   size_t *kgrp;               /* scratch: a push's distinct keys' first pairs */
   size_t kgrp_cap;            /* its entries */
+  ps_req **early;             /* the coming step's pushes already sent by
+                                 ps_client_step_push (ps_client_step waits) */
+  size_t nearly;              /* entries used */
+  size_t capearly;            /* entries allocated */
+  uint64_t early_step;        /* the step they were computed at */
+  ps_var **rest;              /* scratch: the trainable variables not pushed early */
+  size_t caprest;             /* its entries */
   char errmsg[1024];          /* last error */
 };
 

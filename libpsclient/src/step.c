@@ -147,6 +147,54 @@ static void step_release(ps_client *c, step_reqs *s) {
       ps__req_release(c, *v[i]);
       *v[i] = NULL;
     }
+  for (size_t i = 0; i < c->nearly; i++) ps__req_release(c, c->early[i]);
+  c->nearly = 0;
+  for (size_t i = 0; i < c->nvars; i++) c->vars[i]->early = 0;
+}
+
+/* The trainable variables ps_client_step_push has not sent (c->rest,
+ * *n of them); 0 or PS_ENOMEM. */
+static int rest_of_push(ps_client *c, size_t *n) {
+  const ps__array a[] = {{(void **)&c->rest, sizeof *c->rest}};
+  if (ps__grow_all(a, 1, &c->caprest, c->nvars))
+    return ps__seterr(c, PS_ENOMEM, "out of memory");
+  *n = 0;
+  for (size_t i = 0; i < c->nvars; i++)
+    if (c->vars[i]->trainable && !c->vars[i]->early) c->rest[(*n)++] = c->vars[i];
+  return 0;
+}
+
+/* One variable of a ps_client_step_push call: errmsg names what is wrong. */
+static int check_early(ps_client *c, const ps_var *v, size_t i) {
+  if (!v || v->c != c)
+    return ps__seterr(c, PS_EINVAL, "variable %zu does not belong to this client", i);
+  if (v->early)
+    return ps__seterr(c, PS_EINVAL, "variable '%s' was already pushed for this step", v->name);
+  return 0;
+}
+
+int ps_client_step_push(ps_client *c, uint64_t step, ps_var *const *vars, size_t n) {
+  if (!c) return PS_EINVAL;
+  if (!vars || !n) return ps__seterr(c, PS_EINVAL, "ps_client_step_push: no variables listed");
+  if (c->nearly && step != c->early_step)
+    return ps__seterr(c, PS_EINVAL,
+                      "ps_client_step_push: step %llu, but this step's earlier pushes were "
+                      "computed at step %llu",
+                      (unsigned long long)step, (unsigned long long)c->early_step);
+  for (size_t i = 0; i < n; i++) {
+    int rc = check_early(c, vars[i], i);
+    if (rc) return rc;
+  }
+  const ps__array a[] = {{(void **)&c->early, sizeof *c->early}};
+  if (ps__grow_all(a, 1, &c->capearly, c->nearly + 1))
+    return ps__seterr(c, PS_ENOMEM, "out of memory");
+  ps_req *r;
+  int rc = ps_client_push_async(c, step, vars, n, &r);
+  if (rc) return rc;
+  for (size_t i = 0; i < n; i++) vars[i]->early = 1;
+  c->early[c->nearly++] = r;
+  c->early_step = step;
+  return 0;
 }
 
 /* Sends a step's requests. The pulls go first, so the servers answer each
@@ -160,7 +208,9 @@ static int step_send(ps_client *c, uint64_t step, step_reqs *s) {
   /* Async mode waits for nothing: a table's zero-key pull would only say
    * its step, which the worker does not use. */
   if (!rc && c->ntables && !c->async_mode) rc = ps__tables_step_pull(c, want, &s->tpull);
-  if (!rc) rc = ps_client_push_async(c, step, NULL, 0, &s->push);
+  size_t n = 0;
+  if (!rc && c->nearly) rc = rest_of_push(c, &n);
+  if (!rc) rc = ps_client_push_async(c, step, c->nearly ? c->rest : NULL, n, &s->push);
   if (!rc && c->ntables) rc = ps__tables_step_push(c, step, &s->tpush);
   if (rc) step_release(c, s);
   return rc;
@@ -185,11 +235,19 @@ int ps_client_step(ps_client *c, uint64_t *step, int *stale_out) {
   if (c->signals && ps__signals_stop()) c->stop_requested = 1;
   step_reqs s = {NULL, NULL, NULL, NULL};
   uint64_t from = *step;
+  if (c->nearly && from != c->early_step) {
+    step_release(c, &s);
+    return ps__seterr(c, PS_EINVAL,
+                      "ps_client_step: step %llu, but ps_client_step_push sent gradients "
+                      "computed at step %llu",
+                      (unsigned long long)from, (unsigned long long)c->early_step);
+  }
   ps__telem_step_begin(&c->telem, ps__now());
   int rc = step_send(c, *step, &s);
   if (rc) return rc;
   int stale = 0;
   rc = push_result(s.push, &stale);
+  for (size_t i = 0; i < c->nearly && !rc; i++) rc = push_result(c->early[i], &stale);
   if (!rc) rc = push_result(s.tpush, &stale);
   double push_done = ps__now();
   if (rc) {
