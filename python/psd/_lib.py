@@ -1,0 +1,153 @@
+"""The C library under the package: finding libpsclient, the ctypes
+layouts of its sized structs and the prototypes of its functions.
+
+Every struct here mirrors psclient.h field for field; the library reads
+only the bytes ``struct_size`` covers, so a library newer than this
+package still accepts them (docs/abi.md)."""
+import ctypes
+import os
+
+from ._version import SONAME
+
+_c = ctypes
+size_t, u32, u64, dbl, cint = _c.c_size_t, _c.c_uint32, _c.c_uint64, _c.c_double, _c.c_int
+
+
+class Config(_c.Structure):
+    """ps_config."""
+    _fields_ = [("struct_size", size_t), ("hosts", _c.POINTER(_c.c_char_p)),
+                ("num_ps", cint), ("worker_index", cint), ("num_workers", cint),
+                ("replicas_to_aggregate", cint), ("async_mode", cint),
+                ("connect_timeout_ms", cint), ("request_timeout_ms", cint),
+                ("split_threshold", u64), ("max_slice_bytes", u64),
+                ("credential", _c.c_void_p), ("credential_len", size_t),
+                ("munge", cint), ("munge_socket", _c.c_char_p),
+                ("job_id", _c.c_longlong), ("step_id", _c.c_longlong),
+                ("telemetry", _c.c_char_p), ("no_signal_handlers", cint)]
+
+
+class Optimizer(_c.Structure):
+    """ps_optimizer."""
+    _fields_ = [("struct_size", size_t), ("kind", cint), ("lr", dbl), ("momentum", dbl),
+                ("nesterov", cint), ("beta1", dbl), ("beta2", dbl), ("epsilon", dbl),
+                ("decay", cint), ("decay_rate", dbl), ("decay_steps", u64),
+                ("weight_decay", dbl), ("warmup_steps", u64), ("total_steps", u64),
+                ("min_lr_factor", dbl)]
+
+
+class Init(_c.Structure):
+    """ps_init."""
+    _fields_ = [("struct_size", size_t), ("kind", cint), ("a", dbl), ("b", dbl),
+                ("seed", u64)]
+
+
+class TableConfig(_c.Structure):
+    """ps_table_config."""
+    _fields_ = [("struct_size", size_t), ("dim", u32), ("capacity", u64), ("init", Init),
+                ("opt", cint), ("lr", dbl), ("initial_accumulator", dbl), ("beta1", dbl),
+                ("beta2", dbl), ("epsilon", dbl), ("l1", dbl), ("l2", dbl),
+                ("ftrl_beta", dbl), ("admit_count", u32), ("admit_prob", dbl),
+                ("evict_after_steps", u64)]
+
+
+P = _c.c_void_p  # every opaque handle (ps_client *, ps_var *, ps_req *, ps_table *)
+PP = _c.POINTER(_c.c_void_p)
+FP = _c.POINTER(_c.c_float)
+U64P = _c.POINTER(u64)
+
+# name: (restype, argtypes)
+_PROTOS = {
+    "ps_strerror": (_c.c_char_p, [cint]),
+    "ps_err_name": (_c.c_char_p, [cint]),
+    "ps_optimizer_default_sized": (None, [_c.POINTER(Optimizer), size_t, dbl]),
+    "ps_init_init_sized": (None, [_c.POINTER(Init), size_t]),
+    "ps_init_fill": (cint, [_c.POINTER(Init), _c.c_char_p, _c.POINTER(_c.c_int64), cint, FP,
+                            size_t]),
+    "ps_config_init_sized": (None, [_c.POINTER(Config), size_t]),
+    "ps_table_config_init_sized": (None, [_c.POINTER(TableConfig), size_t]),
+    "ps_client_create": (cint, [_c.POINTER(Config), PP, _c.c_char_p, size_t]),
+    "ps_client_create_from_env": (cint, [PP, _c.c_char_p, size_t]),
+    "ps_client_destroy": (None, [P]),
+    "ps_client_errmsg": (_c.c_char_p, [P]),
+    "ps_client_worker_index": (cint, [P]),
+    "ps_client_num_workers": (cint, [P]),
+    "ps_client_num_ps": (cint, [P]),
+    "ps_client_var_create": (cint, [P, _c.c_char_p, _c.POINTER(_c.c_int64), cint,
+                                    _c.POINTER(Init), _c.POINTER(Optimizer), PP]),
+    "ps_var_data": (FP, [P]),
+    "ps_var_grad": (FP, [P]),
+    "ps_var_numel": (size_t, [P]),
+    "ps_client_var_assign": (cint, [P, PP, size_t, u64]),
+    "ps_client_step_current": (u64, [P]),
+    "ps_client_push_async": (cint, [P, u64, PP, size_t, PP]),
+    "ps_client_pull_async": (cint, [P, u64, PP, size_t, PP]),
+    "ps_req_wait": (cint, [P, cint, U64P]),
+    "ps_req_destroy": (None, [P]),
+    "ps_client_step": (cint, [P, U64P, _c.POINTER(cint)]),
+    "ps_client_step_push": (cint, [P, u64, PP, size_t]),
+    "ps_client_pull": (cint, [P, u64, U64P]),
+    "ps_client_finish": (cint, [P]),
+    "ps_client_request_stop": (None, [P]),
+    "ps_client_table_create": (cint, [P, _c.c_char_p, _c.POINTER(TableConfig), PP]),
+    "ps_table_pull_async": (cint, [P, u64, U64P, size_t, FP, _c.c_uint, PP]),
+    "ps_table_add_grad": (cint, [P, U64P, size_t, FP]),
+    "ps_table_push_async": (cint, [P, u64, U64P, size_t, FP, PP]),
+}
+
+
+def _candidates():
+    """Where the library is looked for, in order: $PSD_LIBPSCLIENT, a copy
+    inside the package (pip install ./python after a build), PREFIX/lib of
+    a `cmake --install` (the package is in PREFIX/lib/pythonX.Y/...), then
+    the system's loader by its SONAME."""
+    env = os.environ.get("PSD_LIBPSCLIENT")
+    if env:
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, "_lib", SONAME),
+            os.path.normpath(os.path.join(here, "..", "..", "..", SONAME)), SONAME]
+
+
+def _load():
+    tried = []
+    for path in _candidates():
+        if os.sep in path and not os.path.exists(path):
+            tried.append(path + " (no such file)")
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+            continue
+        missing = [n for n in _PROTOS if not hasattr(lib, n)]
+        if missing:
+            raise ImportError("psd: %s is too old for this package: it lacks %s "
+                              "(rebuild libpsclient, or set PSD_LIBPSCLIENT)"
+                              % (path, ", ".join(missing)))
+        for name, (res, args) in _PROTOS.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        lib.path = path
+        return lib
+    raise ImportError("psd: cannot load libpsclient; tried " + "; ".join(tried) +
+                      ". Build it (bash deploy/build.sh) and pip install ./python again, "
+                      "install it (cmake --install), or set PSD_LIBPSCLIENT to its path")
+
+
+lib = _load()
+
+
+def sized(struct_type, init_fn, *args):
+    """A sized struct filled with the library's own defaults."""
+    s = struct_type()
+    init_fn(ctypes.byref(s), ctypes.sizeof(s), *args)
+    return s
+
+
+def handles(items):
+    """A C array of the handles of items (objects with ._h), or None."""
+    if items is None:
+        return None, 0
+    items = list(items)
+    arr = (ctypes.c_void_p * max(1, len(items)))(*[i._h for i in items])
+    return arr, len(items)

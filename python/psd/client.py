@@ -1,0 +1,351 @@
+"""Client, Variable and Request: the NumPy layer over ps_client, ps_var
+and ps_req. Variables' values and gradients are NumPy arrays over the
+library's own buffers (no copy). Every call that waits runs in C with the
+GIL released (ctypes does that), and each client serializes its calls
+with a lock, since a ps_client is used by one thread at a time."""
+import ctypes
+import threading
+from typing import Dict, Iterable, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _lib, config
+from ._lib import lib
+from .errors import Error, StateError, error_for
+
+_ERRLEN = 1024
+
+
+class _Handle:
+    """Owns one ps_client: ps_client_destroy runs when the last holder
+    goes. The client, its variables, tables, requests and every array over
+    its buffers hold it, so memory a NumPy array (or a tensor made from
+    one) still uses is never freed under it."""
+
+    def __init__(self, ptr: int):
+        self.ptr = ptr
+        self.lock = threading.RLock()
+
+    def __del__(self):
+        if self.ptr:
+            lib.ps_client_destroy(self.ptr)
+            self.ptr = None
+
+
+def _array(ptr, shape: Tuple[int, ...], holder) -> np.ndarray:
+    """A float32 array of ``shape`` over the library's buffer at ptr,
+    keeping ``holder`` alive as long as the array (or a view of it)."""
+    n = int(np.prod(shape))
+    buf = (ctypes.c_float * n).from_address(ctypes.cast(ptr, ctypes.c_void_p).value)
+    buf._holder = holder
+    return np.ctypeslib.as_array(buf).reshape(shape)
+
+
+class Variable:
+    """A dense variable (ps_var): ``data`` holds the parameters the last
+    pull received, ``grad`` the gradient the next push sends; both are
+    float32 arrays of ``shape`` sharing the library's memory. Owned by its
+    client."""
+
+    def __init__(self, client: "Client", h: int, name: str, shape: Tuple[int, ...],
+                 trainable: bool):
+        self._h, self.name, self.shape, self.trainable = h, name, shape, trainable
+        self.client = client
+        self.data = _array(lib.ps_var_data(h), shape, client._hd)
+        self.grad = _array(lib.ps_var_grad(h), shape, client._hd)
+        self.numel = int(self.data.size)
+
+    def __repr__(self):
+        return "<psd.Variable %r shape=%s%s>" % (self.name, self.shape,
+                                                 "" if self.trainable else " not trainable")
+
+
+class Request:
+    """An in-flight push or pull (ps_req). ``wait`` drives the client's I/O
+    until it completes; the request is released when this object goes."""
+
+    def __init__(self, client: "Client", h: int, keep=()):
+        self._client, self._h, self._keep = client, h, keep
+        self._hd = client._hd
+        self.step = None  # what a completed pull received
+
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        """Waits up to ``timeout`` seconds (None: the client's request
+        timeout). Returns the step received (a pull), or None (a push);
+        raises the request's error (psd.StaleError for a push that came too
+        late, psd.Timeout)."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        step = ctypes.c_uint64(0)
+        with self._hd.lock:
+            self._client._live()
+            rc = lib.ps_req_wait(self._h, ms, ctypes.byref(step))
+            self._client._check(rc)
+        self.step = step.value
+        return self.step
+
+    def release(self) -> None:
+        """Releases the request now (waiting first if it is in flight)."""
+        if self._h and self._hd.ptr:
+            with self._hd.lock:
+                lib.ps_req_destroy(self._h)
+        self._h, self._keep = None, ()
+
+    def __del__(self):
+        self.release()
+
+
+class Client:
+    """Connections to every parameter server of a job (ps_client).
+
+    ``Client(hosts=["h:p", ...], worker_index=0, num_workers=1, ...)`` takes
+    the fields of ps_config as keywords; ``Client.from_env()`` reads what
+    psrun sets (PS_HOSTS, PS_WORKER_INDEX, ...). Use it as a context
+    manager: leaving the block normally (or by psd.Stopped) calls
+    ``finish()``, then the connections close."""
+
+    def __init__(self, hosts: Sequence[str], worker_index: int = 0, num_workers: int = 1,
+                 replicas_to_aggregate: int = 0, async_mode: bool = False,
+                 connect_timeout_ms: int = 0, request_timeout_ms: int = 0,
+                 split_threshold: int = 0, max_slice_bytes: int = 0,
+                 credential: Optional[bytes] = None, munge: bool = False,
+                 munge_socket: Optional[str] = None, job_id: int = 0, step_id: int = 0,
+                 telemetry: Optional[str] = None, signal_handlers: bool = True, _ptr=None):
+        self._vars: Dict[str, Variable] = {}
+        self._tables: Dict[str, "Table"] = {}
+        self._finished = False
+        self.stale = False  # the last step() skipped ahead past a stale push
+        if _ptr is None:
+            _ptr = self._create(list(hosts), locals())
+        self._hd = _Handle(_ptr)
+        self._h = _ptr
+
+    @staticmethod
+    def _create(hosts, kw):
+        if isinstance(hosts, str):
+            hosts = hosts.split(",")
+        cfg = _lib.sized(_lib.Config, lib.ps_config_init_sized)
+        arr = (ctypes.c_char_p * max(1, len(hosts)))(*[h.encode() for h in hosts])
+        cfg.hosts, cfg.num_ps = arr, len(hosts)
+        for f in ("worker_index", "num_workers", "replicas_to_aggregate", "connect_timeout_ms",
+                  "request_timeout_ms"):
+            setattr(cfg, f, config.count(f, kw[f], 2**31 - 1))
+        cfg.split_threshold = config.count("split_threshold", kw["split_threshold"])
+        cfg.max_slice_bytes = config.count("max_slice_bytes", kw["max_slice_bytes"])
+        cfg.async_mode, cfg.munge = int(bool(kw["async_mode"])), int(bool(kw["munge"]))
+        cred = kw["credential"]
+        if cred is not None:
+            cred = bytes(cred)
+            cfg.credential = ctypes.cast(ctypes.c_char_p(cred), ctypes.c_void_p)
+            cfg.credential_len = len(cred)
+        cfg.munge_socket = kw["munge_socket"].encode() if kw["munge_socket"] else None
+        cfg.job_id, cfg.step_id = int(kw["job_id"]), int(kw["step_id"])
+        cfg.telemetry = kw["telemetry"].encode() if kw["telemetry"] is not None else None
+        cfg.no_signal_handlers = 0 if kw["signal_handlers"] else 1
+        out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERRLEN)
+        rc = lib.ps_client_create(ctypes.byref(cfg), ctypes.byref(out), err, _ERRLEN)
+        if rc:
+            raise error_for(rc, err.value.decode(errors="replace"))
+        return out.value
+
+    @classmethod
+    def from_env(cls) -> "Client":
+        """A client configured from the environment psrun sets (see
+        ps_client_create_from_env in psclient.h for every variable)."""
+        out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERRLEN)
+        rc = lib.ps_client_create_from_env(ctypes.byref(out), err, _ERRLEN)
+        if rc:
+            raise error_for(rc, err.value.decode(errors="replace"))
+        return cls(hosts=(), _ptr=out.value)
+
+    # ------------------------------------------------------------ plumbing
+
+    def _live(self):
+        if not self._hd.ptr or self._h is None:
+            raise StateError("the client is closed")
+
+    def _check(self, rc: int) -> None:
+        if rc < 0:
+            raise error_for(rc, lib.ps_client_errmsg(self._h).decode(errors="replace"))
+
+    def _call(self, fn, *args, on=None) -> None:
+        """fn(handle, *args) under the lock; handle: the client's, or
+        ``on`` (a table's). A negative return raises its exception."""
+        with self._hd.lock:
+            self._live()
+            self._check(fn(self._h if on is None else on, *args))
+
+    # ---------------------------------------------------------- properties
+
+    @property
+    def worker_index(self) -> int:
+        """This worker's index; 0 is the chief."""
+        self._live()
+        return lib.ps_client_worker_index(self._h)
+
+    @property
+    def is_chief(self) -> bool:
+        return self.worker_index == 0
+
+    @property
+    def num_workers(self) -> int:
+        self._live()
+        return lib.ps_client_num_workers(self._h)
+
+    @property
+    def num_ps(self) -> int:
+        self._live()
+        return lib.ps_client_num_ps(self._h)
+
+    @property
+    def current_step(self) -> int:
+        """The step the last step() or pull() returned (0 before)."""
+        return lib.ps_client_step_current(self._h) if self._hd.ptr else 0
+
+    @property
+    def variables(self) -> Dict[str, Variable]:
+        """The variables this client created, by name, in creation order."""
+        return dict(self._vars)
+
+    # ----------------------------------------------------------- variables
+
+    def variable(self, name: str, shape, init: Optional[config.Init] = None,
+                 optimizer: Optional[config.Optimizer] = None) -> Variable:
+        """Creates variable ``name`` on the servers or attaches to it
+        (ps_client_var_create): the chief initializes it with ``init``, the
+        others wait for its values. ``optimizer`` None is SGD at lr 0.01.
+        Creating a name again with the same settings returns the same
+        Variable; different ones raise ShapeError or ConfigMismatch."""
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+        if not 1 <= len(shape) <= 8 or min(shape) <= 0:
+            raise ValueError("variable %r: shape must have 1 to 8 dimensions, each > 0, got %r"
+                             % (name, shape))
+        dims = (ctypes.c_int64 * len(shape))(*shape)
+        ini, opt = config.init_struct(init), config.optimizer_struct(optimizer)
+        out = ctypes.c_void_p()
+        self._call(lib.ps_client_var_create, name.encode(), dims, len(shape),
+                   ctypes.byref(ini), ctypes.byref(opt), ctypes.byref(out))
+        if name in self._vars:
+            return self._vars[name]
+        v = Variable(self, out.value, name, shape, opt.kind != config._OPT_NONE)
+        self._vars[name] = v
+        return v
+
+    def table(self, name: str, dim: int, capacity: int,
+              optimizer: Optional[config.TableOptimizer] = None,
+              init: Optional[config.Init] = None, admit_count: int = 0,
+              admit_prob: float = 0.0, evict_after_steps: int = 0) -> "Table":
+        """Creates sparse table ``name`` (rows of ``dim`` floats, at most
+        ``capacity`` rows) or attaches to it; see psd.Table."""
+        from .table import Table
+        cfg = config.table_struct(dim, capacity, optimizer, init, admit_count, admit_prob,
+                                  evict_after_steps)
+        out = ctypes.c_void_p()
+        self._call(lib.ps_client_table_create, name.encode(), ctypes.byref(cfg),
+                   ctypes.byref(out))
+        if name not in self._tables:
+            self._tables[name] = Table(self, out.value, name, int(dim))
+        return self._tables[name]
+
+    def _list(self, vars: Optional[Iterable[Variable]]):
+        if vars is None:
+            return None, 0
+        vars = list(vars)
+        for v in vars:
+            if not isinstance(v, Variable) or v.client is not self:
+                raise ValueError("%r is not a variable of this client" % (v,))
+        return _lib.handles(vars)
+
+    # ---------------------------------------------------------------- steps
+
+    def pull(self, min_step: int = 0) -> int:
+        """Pulls every variable at a step >= min_step (and waits for every
+        table there); returns the step received. A resumed job starts
+        with ``step = client.pull()``."""
+        got = ctypes.c_uint64(0)
+        self._call(lib.ps_client_pull, config.count("min_step", min_step), ctypes.byref(got))
+        return got.value
+
+    def step(self) -> int:
+        """One synchronous step (ps_client_step) from ``current_step``:
+        pushes every trainable variable's ``grad`` and the tables' staged
+        gradients, pulls the next step's parameters into ``data``, and
+        returns the new step. ``stale`` tells whether the push came too
+        late (the client skipped ahead). Raises psd.Stopped when the job
+        stops on request."""
+        step, stale = ctypes.c_uint64(self.current_step), ctypes.c_int(0)
+        self._call(lib.ps_client_step, ctypes.byref(step), ctypes.byref(stale))
+        self.stale = bool(stale.value)
+        return step.value
+
+    def step_push(self, vars: Iterable[Variable]) -> None:
+        """Sends these variables' gradients now, as part of the coming
+        step() (ps_client_step_push): for pushes that overlap the rest of
+        a backward pass. Their ``grad`` must not change until step()."""
+        arr, n = self._list(vars)
+        self._call(lib.ps_client_step_push, self.current_step, arr, n)
+
+    def push_async(self, vars: Optional[Iterable[Variable]] = None,
+                   step: Optional[int] = None) -> Request:
+        """Pushes the gradients of ``vars`` (None: every trainable one)
+        computed at ``step`` (None: current_step)."""
+        arr, n = self._list(vars)
+        s = self.current_step if step is None else config.count("step", step)
+        out = ctypes.c_void_p()
+        self._call(lib.ps_client_push_async, s, arr, n, ctypes.byref(out))
+        return Request(self, out.value)
+
+    def pull_async(self, vars: Optional[Iterable[Variable]] = None,
+                   min_step: int = 0) -> Request:
+        """Asks for the parameters of ``vars`` (None: all) at a step >=
+        min_step; they land in ``data`` as they arrive."""
+        arr, n = self._list(vars)
+        out = ctypes.c_void_p()
+        self._call(lib.ps_client_pull_async, config.count("min_step", min_step), arr, n,
+                   ctypes.byref(out))
+        return Request(self, out.value)
+
+    def assign(self, vars: Optional[Iterable[Variable]] = None,
+               step: Optional[int] = None) -> None:
+        """The chief sets the values of ``vars`` (None: all) to what their
+        ``data`` holds (ps_client_var_assign), at ``step`` (None:
+        current_step): every worker's next step pulls them."""
+        arr, n = self._list(vars)
+        s = self.current_step if step is None else config.count("step", step)
+        self._call(lib.ps_client_var_assign, arr, n, s)
+
+    def request_stop(self) -> None:
+        """Asks the job to stop after a checkpoint; the next step() raises
+        psd.Stopped once every server has written it."""
+        if self._hd.ptr:
+            lib.ps_client_request_stop(self._h)
+
+    def finish(self) -> None:
+        """Tells every server this worker is done (once)."""
+        if not self._finished:
+            self._call(lib.ps_client_finish)
+            self._finished = True
+
+    def close(self) -> None:
+        """Closes the connections (without finish). Arrays over the
+        variables' buffers stay valid: the memory is freed with the last of
+        them."""
+        self._vars.clear()
+        self._tables.clear()
+        self._h = None
+        self._hd = _Handle(0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None or (isinstance(exc, Error) and exc.name == "PS_ESTOPPED"):
+                self.finish()
+        finally:
+            self.close()
+
+    def __repr__(self):
+        if self._h is None:
+            return "<psd.Client closed>"
+        return "<psd.Client worker %d of %d, %d ps, step %d>" % (
+            self.worker_index, self.num_workers, self.num_ps, self.current_step)

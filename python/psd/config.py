@@ -1,0 +1,300 @@
+"""Optimizers, learning-rate schedules and initializers: small classes
+that fill the C library's sized structs (ps_optimizer, ps_init,
+ps_table_config). Defaults come from the library's own init functions, so
+there is one place that decides them."""
+from typing import Optional
+
+from . import _lib
+from ._lib import lib
+
+# Enum values of psclient.h.
+_OPT_SGD, _OPT_MOMENTUM, _OPT_ADAM, _OPT_NONE = 0, 1, 2, 3
+_DECAY_NONE, _DECAY_EXP, _DECAY_STEP, _DECAY_COSINE = 0, 1, 2, 3
+_TOPT = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}
+
+
+def count(name: str, value, limit: int = 2**64 - 1) -> int:
+    """``value`` as an integer in [0, limit]; ValueError naming ``name``
+    otherwise (ctypes would wrap a negative number silently)."""
+    v = int(value)
+    if v != value or not 0 <= v <= limit:
+        raise ValueError("%s must be an integer in [0, %d], got %r" % (name, limit, value))
+    return v
+
+
+# ---------------------------------------------------------------- schedules
+
+class Schedule:
+    """A learning-rate schedule run on the servers (ps_optimizer.decay).
+    ``warmup_steps``: linear warm-up first, with any schedule."""
+
+    def __init__(self, warmup_steps: int = 0):
+        self.warmup_steps = count("warmup_steps", warmup_steps)
+
+    def _fill(self, o):
+        o.warmup_steps = self.warmup_steps
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__,
+                           ", ".join("%s=%r" % kv for kv in vars(self).items()))
+
+
+class Warmup(Schedule):
+    """Only the linear warm-up: lr * (step + 1) / steps until ``steps``."""
+
+    def __init__(self, steps: int):
+        super().__init__(steps)
+
+
+class ExponentialDecay(Schedule):
+    """lr * rate ** (step / steps)."""
+    _kind = _DECAY_EXP
+
+    def __init__(self, rate: float, steps: int, warmup_steps: int = 0):
+        super().__init__(warmup_steps)
+        self.rate, self.steps = float(rate), count("steps", steps)
+
+    def _fill(self, o):
+        super()._fill(o)
+        o.decay, o.decay_rate, o.decay_steps = self._kind, self.rate, self.steps
+
+
+class StepDecay(ExponentialDecay):
+    """lr * rate ** floor(step / steps) (staircase)."""
+    _kind = _DECAY_STEP
+
+
+class Cosine(Schedule):
+    """From lr at the end of the warm-up down to lr * min_lr_factor at
+    ``total_steps`` along a half cosine, constant after."""
+
+    def __init__(self, total_steps: int, warmup_steps: int = 0, min_lr_factor: float = 0.0):
+        super().__init__(warmup_steps)
+        self.total_steps = count("total_steps", total_steps)
+        self.min_lr_factor = float(min_lr_factor)
+
+    def _fill(self, o):
+        super()._fill(o)
+        o.decay, o.total_steps, o.min_lr_factor = _DECAY_COSINE, self.total_steps, \
+            self.min_lr_factor
+
+
+# --------------------------------------------------------------- optimizers
+
+class Optimizer:
+    """An update rule the servers run per variable (ps_optimizer). The
+    library checks the values when the variable is created."""
+    _kind = _OPT_SGD
+
+    def __init__(self, lr: float, weight_decay: float = 0.0,
+                 schedule: Optional[Schedule] = None):
+        self.lr, self.weight_decay, self.schedule = float(lr), float(weight_decay), schedule
+
+    def _struct(self):
+        o = _lib.sized(_lib.Optimizer, lib.ps_optimizer_default_sized, self.lr)
+        o.kind, o.weight_decay = self._kind, self.weight_decay
+        if self.schedule is not None:
+            self.schedule._fill(o)
+        return o
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__,
+                           ", ".join("%s=%r" % kv for kv in vars(self).items()))
+
+
+class SGD(Optimizer):
+    """w -= lr * g; with momentum m: v = m*v + g, w -= lr * v (Nesterov:
+    w -= lr * (g + m*v))."""
+
+    def __init__(self, lr: float, momentum: float = 0.0, nesterov: bool = False,
+                 weight_decay: float = 0.0, schedule: Optional[Schedule] = None):
+        super().__init__(lr, weight_decay, schedule)
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+
+    def _struct(self):
+        o = super()._struct()
+        if self.momentum or self.nesterov:
+            o.kind, o.momentum, o.nesterov = _OPT_MOMENTUM, self.momentum, int(self.nesterov)
+        return o
+
+
+class Adam(Optimizer):
+    """Adam, bias-corrected (TensorFlow's epsilon-hat form)."""
+    _kind = _OPT_ADAM
+
+    def __init__(self, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, weight_decay: float = 0.0,
+                 schedule: Optional[Schedule] = None):
+        super().__init__(lr, weight_decay, schedule)
+        self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+
+    def _struct(self):
+        o = super()._struct()
+        o.beta1, o.beta2, o.epsilon = self.beta1, self.beta2, self.epsilon
+        return o
+
+
+class NotTrainable(Optimizer):
+    """No gradients: the values change only by the chief's assign
+    (batch-norm statistics, counters)."""
+    _kind = _OPT_NONE
+
+    def __init__(self):
+        super().__init__(1.0)
+
+
+# ------------------------------------------------------------- initializers
+
+class Init:
+    """How the chief initializes a variable (or a table row), seeded:
+    the seed is combined with the variable's name."""
+    _kind = 0
+
+    def __init__(self, a: float = 0.0, b: float = 0.0, seed: int = 0):
+        self.a, self.b, self.seed = float(a), float(b), count("seed", seed)
+
+    def _struct(self):
+        s = _lib.sized(_lib.Init, lib.ps_init_init_sized)
+        s.kind, s.a, s.b, s.seed = self._kind, self.a, self.b, self.seed
+        return s
+
+    def __repr__(self):
+        return "%s(a=%r, b=%r, seed=%r)" % (type(self).__name__, self.a, self.b, self.seed)
+
+
+class Zeros(Init):
+    """Every element 0."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed=seed)
+
+
+class Constant(Init):
+    """Every element ``value``."""
+    _kind = 1
+
+    def __init__(self, value: float, seed: int = 0):
+        super().__init__(value, 0.0, seed)
+
+
+class Uniform(Init):
+    """U[low, high)."""
+    _kind = 2
+
+    def __init__(self, low: float = -0.05, high: float = 0.05, seed: int = 0):
+        super().__init__(low, high, seed)
+
+
+class Normal(Init):
+    """N(mean, std)."""
+    _kind = 3
+
+    def __init__(self, mean: float = 0.0, std: float = 0.05, seed: int = 0):
+        super().__init__(mean, std, seed)
+
+
+class TruncatedNormal(Normal):
+    """N(mean, std), redrawn beyond two standard deviations."""
+    _kind = 4
+
+
+class GlorotUniform(Init):
+    """U(+-sqrt(6 / (fan_in + fan_out))); fans from the shape (last dim is
+    fan_out), as TensorFlow does."""
+    _kind = 5
+
+    def __init__(self, seed: int = 0):
+        super().__init__(seed=seed)
+
+
+class GlorotNormal(GlorotUniform):
+    """Truncated N(0, sqrt(2 / (fan_in + fan_out)))."""
+    _kind = 6
+
+
+# ------------------------------------------------------------ table rules
+
+class TableOptimizer:
+    """A per-row update rule of a sparse table (ps_table_config.opt)."""
+    _rule = "sgd"
+
+    def __init__(self, lr: float, **fields):
+        self.lr, self.fields = float(lr), {k: float(v) for k, v in fields.items()}
+
+    def _fill(self, cfg):
+        cfg.opt, cfg.lr = _TOPT[self._rule], self.lr
+        for k, v in self.fields.items():
+            setattr(cfg, k, v)
+
+    def __repr__(self):
+        extra = "".join(", %s=%r" % kv for kv in self.fields.items())
+        return "%s(lr=%r%s)" % (type(self).__name__, self.lr, extra)
+
+
+class TableSGD(TableOptimizer):
+    """w -= lr * g, per row."""
+
+
+class TableAdagrad(TableOptimizer):
+    """Adagrad per row; ``initial_accumulator`` (0.1), ``epsilon``."""
+    _rule = "adagrad"
+
+    def __init__(self, lr: float, initial_accumulator: float = 0.1, epsilon: float = 0.0):
+        super().__init__(lr, initial_accumulator=initial_accumulator, epsilon=epsilon)
+
+
+class TableAdam(TableOptimizer):
+    """Lazy Adam: a row's moments advance only when it gets a gradient."""
+    _rule = "adam"
+
+    def __init__(self, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 0.0):
+        super().__init__(lr, beta1=beta1, beta2=beta2, epsilon=epsilon)
+
+
+class TableFTRL(TableOptimizer):
+    """FTRL-proximal per element (l1, l2, ftrl_beta)."""
+    _rule = "ftrl"
+
+    def __init__(self, lr: float, l1: float = 0.0, l2: float = 0.0, ftrl_beta: float = 1.0):
+        super().__init__(lr, l1=l1, l2=l2, ftrl_beta=ftrl_beta)
+
+
+def init_struct(init: Optional[Init]):
+    """The ps_init of ``init`` (None: the library's default, zeros)."""
+    if init is None:
+        return _lib.sized(_lib.Init, lib.ps_init_init_sized)
+    if not isinstance(init, Init):
+        raise TypeError("init must be a psd initializer (psd.Zeros(), psd.Normal(...)), "
+                        "got %r" % (init,))
+    return init._struct()
+
+
+def optimizer_struct(opt: Optional[Optimizer]):
+    """The ps_optimizer of ``opt`` (None: SGD at lr 0.01, as in C)."""
+    if opt is None:
+        return _lib.sized(_lib.Optimizer, lib.ps_optimizer_default_sized, 0.01)
+    if not isinstance(opt, Optimizer):
+        raise TypeError("optimizer must be a psd optimizer (psd.SGD(lr), psd.Adam()), "
+                        "got %r" % (opt,))
+    return opt._struct()
+
+
+def table_struct(dim, capacity, optimizer, init, admit_count, admit_prob,
+                 evict_after_steps):
+    """The ps_table_config of a table (the library checks the values)."""
+    cfg = _lib.sized(_lib.TableConfig, lib.ps_table_config_init_sized)
+    cfg.dim = count("dim", dim, 2**32 - 1)
+    cfg.capacity = count("capacity", capacity)
+    if init is not None:
+        cfg.init = init_struct(init)
+    if optimizer is not None:
+        if not isinstance(optimizer, TableOptimizer):
+            raise TypeError("a table's optimizer is a psd.TableSGD, TableAdagrad, TableAdam "
+                            "or TableFTRL, got %r" % (optimizer,))
+        optimizer._fill(cfg)
+    cfg.admit_count = count("admit_count", admit_count, 2**32 - 1)
+    cfg.admit_prob = float(admit_prob)
+    cfg.evict_after_steps = count("evict_after_steps", evict_after_steps)
+    return cfg
+

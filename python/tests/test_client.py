@@ -1,0 +1,105 @@
+"""The NumPy layer against real psd processes: variables as views of the
+library's buffers, steps, tables, early pushes and the error mapping."""
+import gc
+
+import numpy as np
+import pytest
+
+import psd
+from conftest import hosts
+
+
+def client(tasks, **kw):
+    kw.setdefault("telemetry", "off")
+    return psd.Client(hosts=hosts(tasks), **kw)
+
+
+def test_variable_views_and_step(start_psd):
+    ps = start_psd(2)
+    with client(ps) as c:
+        w = c.variable("w", (3, 4), init=psd.Constant(1.0), optimizer=psd.SGD(lr=0.5))
+        assert w.data.shape == (3, 4) and w.data.dtype == np.float32
+        assert np.all(w.data == 1)
+        assert c.pull() == 0
+        w.grad[:] = np.arange(12, dtype=np.float32).reshape(3, 4)
+        assert c.step() == 1 and c.current_step == 1
+        np.testing.assert_allclose(w.data, 1 - 0.5 * np.arange(12).reshape(3, 4))
+        assert c.variable("w", (3, 4), init=psd.Constant(1.0),
+                          optimizer=psd.SGD(lr=0.5)) is w
+    for p in ps:
+        assert p.wait() == 0
+
+
+def test_errors_carry_code_name_and_message(start_psd):
+    ps = start_psd(1)
+    with client(ps) as c:
+        c.variable("w", (3, 4))
+        with pytest.raises(psd.ShapeError) as e:
+            c.variable("w", (3, 5))
+        assert e.value.code == -12 and e.value.name == "PS_ESHAPE"
+        assert "3" in e.value.message and "5" in e.value.message
+        with pytest.raises(psd.ConfigMismatch):
+            c.variable("w", (3, 4), optimizer=psd.Adam())
+        with pytest.raises(ValueError):
+            c.variable("bad", (0, 3))
+        with pytest.raises(ValueError):
+            psd.Cosine(total_steps=-1)
+    with pytest.raises(psd.ConnectError) as e:
+        psd.Client(hosts=["127.0.0.1:1"], connect_timeout_ms=300, telemetry="off")
+    assert "127.0.0.1:1" in str(e.value)
+
+
+def test_every_library_code_has_its_class():
+    code = -1
+    while psd._clib.ps_err_name(code).decode() != "PS_UNKNOWN":
+        cls = psd.errors._BY_CODE.get(code)
+        assert cls is not None, "no class for %s" % psd._clib.ps_err_name(code)
+        assert cls(message="x").name == psd._clib.ps_err_name(code).decode()
+        code -= 1
+    assert len(psd.errors._BY_CODE) == -code - 1
+    assert issubclass(psd.Stopped, psd.Error)
+
+
+def test_step_push_sends_part_early(start_psd):
+    ps = start_psd(2)
+    with client(ps) as c:
+        a = c.variable("a", (5,), init=psd.Constant(1), optimizer=psd.SGD(lr=0.5))
+        b = c.variable("b", (5,), init=psd.Constant(1), optimizer=psd.SGD(lr=0.5))
+        a.grad[:] = 1
+        b.grad[:] = 2
+        c.step_push([a])
+        with pytest.raises(psd.InvalidArgument, match="already pushed"):
+            c.step_push([a])
+        assert c.step() == 1
+        assert np.all(a.data == 0.5) and np.all(b.data == 0)
+
+
+def test_table_pull_add_grad(start_psd):
+    ps = start_psd(2)
+    with client(ps) as c:
+        t = c.table("emb", dim=4, capacity=100, optimizer=psd.TableSGD(0.5),
+                    init=psd.Constant(2.0))
+        rows = t.pull([1, 2, 2, -5])
+        assert rows.shape == (4, 4) and np.all(rows == 2)
+        t.add_grad(np.array([1, -5, 1]), np.ones((3, 4)))
+        assert c.step() == 1
+        rows = t.pull([1, -5, 3])
+        np.testing.assert_allclose(rows, [[1] * 4, [1.5] * 4, [2] * 4])
+        with pytest.raises(ValueError, match="gradient values"):
+            t.add_grad([1], np.ones(3))
+        with pytest.raises(TypeError):
+            t.pull([1.5])
+
+
+def test_arrays_outlive_close(start_psd):
+    ps = start_psd(1)
+    c = client(ps)
+    w = c.variable("w", (1000,), init=psd.Constant(3.0))
+    view = w.data[10:20]
+    c.finish()
+    c.close()
+    del w
+    gc.collect()
+    assert np.all(view == 3)  # the buffer lives as long as a view of it
+    with pytest.raises(psd.StateError, match="closed"):
+        c.step()
