@@ -2,7 +2,8 @@
  * processes: precise mismatch messages, idempotent create and lookup by
  * name, the current-step getter, failed calls that leave outputs and the
  * previous error's text alone, non-trainable variables and the chief's
- * assign, and early pushes of part of a step. */
+ * assign, early pushes of part of a step, and the chief's own initial
+ * values. */
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
@@ -226,6 +227,44 @@ START_TEST(step_push_early_then_rest) {
 }
 END_TEST
 
+/* ps_client_var_create_values: the chief's own values reach every worker;
+ * a non-finite value or a chief without values is refused naming it, and
+ * creating the name again with an initializer is a mismatch. */
+START_TEST(create_with_values) {
+  tu_psd ps[2];
+  char hosts[2][64];
+  const char *hp[2];
+  start_ps(ps, 2, hosts, hp, NULL);
+  ps_client *w0 = connect_worker(hp, 2, 0, 2, 0);
+  ps_client *w1 = connect_worker(hp, 2, 1, 2, 0);
+  int64_t shape[2] = {3, 700}; /* 8400 bytes: split over both ps */
+  enum { N = 3 * 700 };
+  static float vals[N];
+  for (int i = 0; i < N; i++) vals[i] = (float)i * 0.25f;
+  ps_var *v0, *v1, *again;
+  vals[5] = NAN;
+  int rc = ps_client_var_create_values(w0, "w", shape, 2, vals, NULL, &v0);
+  ck_assert_msg(rc == PS_EINVAL && strstr(ps_client_errmsg(w0), "initial value 5 is nan"), "%s",
+                ps_client_errmsg(w0));
+  vals[5] = 1.25f;
+  rc = ps_client_var_create_values(w0, "w", shape, 2, NULL, NULL, &v0);
+  ck_assert_msg(rc == PS_EINVAL && strstr(ps_client_errmsg(w0), "chief must give"), "%s",
+                ps_client_errmsg(w0));
+  ck_assert_int_eq(ps_client_var_create_values(w0, "w", shape, 2, vals, NULL, &v0), 0);
+  ck_assert_int_eq(ps_client_var_create_values(w1, "w", shape, 2, NULL, NULL, &v1), 0);
+  ck_assert_int_eq(memcmp(ps_var_data(v0), vals, sizeof vals), 0);
+  ck_assert_int_eq(memcmp(ps_var_data(v1), vals, sizeof vals), 0);
+  ck_assert_int_eq(ps_client_var_create_values(w1, "w", shape, 2, NULL, NULL, &again), 0);
+  ck_assert_ptr_eq(again, v1);
+  rc = ps_client_var_create(w0, "w", shape, 2, NULL, NULL, &again);
+  ck_assert_msg(rc == PS_EMISMATCH && strstr(ps_client_errmsg(w0), "the caller's values"), "%s",
+                ps_client_errmsg(w0));
+  ps_client_destroy(w0);
+  ps_client_destroy(w1);
+  stop_ps(ps, 2);
+}
+END_TEST
+
 /* Every failing call sets its own message, never showing the previous
  * error's text. */
 START_TEST(each_error_has_its_own_message) {
@@ -435,6 +474,7 @@ Suite *suite_api(void) {
   tcase_add_test(tc, create_idempotent_and_find);
   tcase_add_test(tc, step_getter_and_untouched_outputs);
   tcase_add_test(tc, step_push_early_then_rest);
+  tcase_add_test(tc, create_with_values);
   tcase_add_test(tc, each_error_has_its_own_message);
   tcase_add_test(tc, assign_sync_two_ps);
   tcase_add_test(tc, assign_refused_and_async);

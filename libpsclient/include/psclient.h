@@ -303,6 +303,18 @@ PS_EXTERN int ps_client_var_create(ps_client *c, const char *name, const int64_t
                                    int ndim, const ps_init *init, const ps_optimizer *opt,
                                    ps_var **out);
 
+/* As ps_client_var_create, but the chief's initial values are
+ * values[0..numel) (pretrained weights, or a framework's own
+ * initialization: the PyTorch wrapper sends the module's parameters) instead
+ * of an initializer's draws; they must be finite, else PS_EINVAL naming the
+ * first one that is not. The chief must give values (PS_EINVAL); another
+ * worker may pass NULL, and receives the chief's values as with
+ * ps_client_var_create. Creating the name again in this client must also
+ * use this function. Added in 0.2.3. */
+PS_EXTERN int ps_client_var_create_values(ps_client *c, const char *name, const int64_t *shape,
+                                          int ndim, const float *values,
+                                          const ps_optimizer *opt, ps_var **out);
+
 /* Parameter values (numel floats), owned by the variable. Pulls overwrite
  * them: do not read while a pull is in flight. */
 PS_EXTERN float *ps_var_data(ps_var *v);

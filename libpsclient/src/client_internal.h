@@ -95,6 +95,10 @@ typedef struct ps__slice {
   int initialized;      /* as the server reported at registration */
 } ps__slice;
 
+/* ps_var.init.kind of a variable made by ps_client_var_create_values: the
+ * chief's own values, no initializer (never a public ps_init_kind). */
+#define PS__INIT_VALUES ((ps_init_kind)1000)
+
 struct ps_var {
   ps_client *c;                  /* owner */
   char *name;                    /* variable name */

@@ -2,6 +2,7 @@
  * the servers that hold them (all at once), the chief's initialization,
  * and the one undo path when a creation fails. The servers' slice ids are
  * recorded in slicemap.c (by reply.c, as RegisterReplies arrive). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +84,12 @@ static void fmt_shape(char *buf, size_t len, const int64_t *shape, int ndim) {
  * differing parameter and both values in buf (a first). Only what the
  * kind uses is compared. */
 static int init_diff(const ps_init *a, const ps_init *b, char *buf, size_t len) {
+  if (a->kind != b->kind && (a->kind == PS__INIT_VALUES || b->kind == PS__INIT_VALUES)) {
+    snprintf(buf, len, "initialization: %s (the first create) vs %s (this call)",
+             a->kind == PS__INIT_VALUES ? "the caller's values" : "an initializer",
+             b->kind == PS__INIT_VALUES ? "the caller's values" : "an initializer");
+    return 1;
+  }
   if (a->kind != b->kind) {
     snprintf(buf, len, "initializer kind %d (the first create) vs %d (this call)", (int)a->kind,
              (int)b->kind);
@@ -277,11 +284,15 @@ static int queue_inits(ps_client *c, ps_var *v, ps_req *r, int assign, uint64_t 
 
 /* The chief fills the slices no server had initialized: one Init frame per
  * slice (each at most PS__MAX_SLICE_BYTES), all in flight at once. */
-static int var_initialize(ps_client *c, ps_var *v, const ps_init *init) {
+static int var_initialize(ps_client *c, ps_var *v, const ps_init *init, const float *values) {
   int any = 0;
   for (size_t i = 0; i < v->n_slices; i++) any |= !c->slices[v->first_slice + i].initialized;
   if (!any) return 0;
-  int rc = ps_init_fill(init, v->name, v->shape, v->ndim, v->data, v->numel);
+  int rc = 0;
+  if (values)
+    memcpy(v->data, values, v->numel * sizeof *values);
+  else
+    rc = ps_init_fill(init, v->name, v->shape, v->ndim, v->data, v->numel);
   if (rc) return ps__seterr(c, rc, "variable '%s': bad initializer", v->name);
   ps_req *r = ps__req_new(c, PS__REQ_INIT);
   if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
@@ -293,13 +304,27 @@ static int var_initialize(ps_client *c, ps_var *v, const ps_init *init) {
   return ps__req_wait_release(c, r);
 }
 
-int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, int ndim,
-                         const ps_init *init, const ps_optimizer *opt, ps_var **out) {
+/* The first value of values[0..n) that is NaN or infinite, or n. */
+static size_t first_nonfinite(const float *values, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (!isfinite(values[i])) return i;
+  return n;
+}
+
+/* ps_client_var_create, with the chief's initial values taken from
+ * `values` when it is not NULL (in->kind PS__INIT_VALUES). */
+static int var_create(ps_client *c, const char *name, const int64_t *shape, int ndim,
+                      const ps_init *init, const float *values, const ps_optimizer *opt,
+                      ps_var **out) {
   if (!c) return PS_EINVAL;
   if (!out) return ps__seterr(c, PS_EINVAL, "ps_client_var_create: out is NULL");
   uint64_t numel = 0;
   int rc = check_args(c, name, shape, ndim, &numel);
   if (rc) return rc;
+  size_t bad = values ? first_nonfinite(values, numel) : numel;
+  if (bad < numel)
+    return ps__seterr(c, PS_EINVAL, "variable '%s': initial value %zu is %g (values must be "
+                      "finite)", name, bad, (double)values[bad]);
   /* The library's layouts, defaulted past the caller's struct_size (and
    * wholly when NULL: SGD lr 0.01, zeros). */
   ps_optimizer o;
@@ -313,6 +338,7 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
   if (init && (rc = ps__sized_read(&in, sizeof in, init, PS__INIT_V1_SIZE, "ps_init", e,
                                    sizeof e)) != 0)
     return ps__seterr(c, rc, "variable '%s': %s", name, e);
+  if (values) in.kind = PS__INIT_VALUES;
   ps_var *had = find_var(c, name);
   if (had) return recreate(c, had, shape, ndim, &o, &in, out);
   if (ps__opt_needs_2_1(&o)) {
@@ -339,7 +365,7 @@ int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, i
   placed = 1;
   if ((rc = var_register(c, v, &o)) != 0) goto fail;
   /* The chief initializes what is not yet initialized. */
-  if (c->worker_index == 0 && (rc = var_initialize(c, v, &in)) != 0) goto fail;
+  if (c->worker_index == 0 && (rc = var_initialize(c, v, &in, values)) != 0) goto fail;
   /* Everyone (the chief too, in case a restore initialized some slices)
    * pulls the values at the current step. */
   ps_req *r = NULL;
@@ -357,6 +383,20 @@ fail:
   var_free(v);
   free(saved_load);
   return rc;
+}
+
+int ps_client_var_create(ps_client *c, const char *name, const int64_t *shape, int ndim,
+                         const ps_init *init, const ps_optimizer *opt, ps_var **out) {
+  return var_create(c, name, shape, ndim, init, NULL, opt, out);
+}
+
+int ps_client_var_create_values(ps_client *c, const char *name, const int64_t *shape, int ndim,
+                                const float *values, const ps_optimizer *opt, ps_var **out) {
+  if (c && !values && c->worker_index == 0)
+    return ps__seterr(c, PS_EINVAL, "variable '%s': the chief must give its initial values",
+                      name ? name : "(null)");
+  static const ps_init marker = {sizeof(ps_init), PS__INIT_VALUES, 0, 0, 0};
+  return var_create(c, name, shape, ndim, values ? NULL : &marker, values, opt, out);
 }
 
 /* Queues one assign Init frame per slice of v (data from ps_var_data) for
