@@ -74,6 +74,8 @@ _PROTOS = {
     "ps_client_num_ps": (cint, [P]),
     "ps_client_var_create": (cint, [P, _c.c_char_p, _c.POINTER(_c.c_int64), cint,
                                     _c.POINTER(Init), _c.POINTER(Optimizer), PP]),
+    "ps_client_var_create_values": (cint, [P, _c.c_char_p, _c.POINTER(_c.c_int64), cint, FP,
+                                           _c.POINTER(Optimizer), PP]),
     "ps_var_data": (FP, [P]),
     "ps_var_grad": (FP, [P]),
     "ps_var_numel": (size_t, [P]),

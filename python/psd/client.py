@@ -209,21 +209,41 @@ class Client:
     # ----------------------------------------------------------- variables
 
     def variable(self, name: str, shape, init: Optional[config.Init] = None,
-                 optimizer: Optional[config.Optimizer] = None) -> Variable:
+                 optimizer: Optional[config.Optimizer] = None,
+                 values: Optional[np.ndarray] = None,
+                 from_chief: bool = False) -> Variable:
         """Creates variable ``name`` on the servers or attaches to it
         (ps_client_var_create): the chief initializes it with ``init``, the
         others wait for its values. ``optimizer`` None is SGD at lr 0.01.
-        Creating a name again with the same settings returns the same
-        Variable; different ones raise ShapeError or ConfigMismatch."""
+        ``values`` (an array of ``shape``): the chief's initial values
+        instead of an initializer (ps_client_var_create_values; pretrained
+        weights); the other workers pass ``from_chief=True`` (or their own
+        values, ignored) to receive them. Creating a name again with the
+        same settings returns the same Variable; different ones raise
+        ShapeError or ConfigMismatch."""
         shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
         if not 1 <= len(shape) <= 8 or min(shape) <= 0:
             raise ValueError("variable %r: shape must have 1 to 8 dimensions, each > 0, got %r"
                              % (name, shape))
         dims = (ctypes.c_int64 * len(shape))(*shape)
-        ini, opt = config.init_struct(init), config.optimizer_struct(optimizer)
+        opt = config.optimizer_struct(optimizer)
         out = ctypes.c_void_p()
-        self._call(lib.ps_client_var_create, name.encode(), dims, len(shape),
-                   ctypes.byref(ini), ctypes.byref(opt), ctypes.byref(out))
+        if values is not None or from_chief:
+            if init is not None:
+                raise ValueError("variable %r: give init or values, not both" % name)
+            vals = None
+            if values is not None:
+                vals = np.ascontiguousarray(values, dtype=np.float32)
+                if vals.size != int(np.prod(shape)):
+                    raise ValueError("variable %r: values have %d elements, shape %r needs %d"
+                                     % (name, vals.size, shape, int(np.prod(shape))))
+            self._call(lib.ps_client_var_create_values, name.encode(), dims, len(shape),
+                       None if vals is None else vals.ctypes.data_as(_lib.FP),
+                       ctypes.byref(opt), ctypes.byref(out))
+        else:
+            ini = config.init_struct(init)
+            self._call(lib.ps_client_var_create, name.encode(), dims, len(shape),
+                       ctypes.byref(ini), ctypes.byref(opt), ctypes.byref(out))
         if name in self._vars:
             return self._vars[name]
         v = Variable(self, out.value, name, shape, opt.kind != config._OPT_NONE)

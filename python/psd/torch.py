@@ -1,0 +1,278 @@
+"""PyTorch front end: any torch.nn.Module trained through psd, and an
+embedding over a sparse table.
+
+DistributedModule turns the module's parameters into psd variables. On the
+CPU, in float32, the parameters *are* the variables' buffers: a pull writes
+straight into the tensors the module computes with, and autograd
+accumulates gradients straight into the buffers the push sends (no copy).
+Other parameters (another dtype or device) are mirrored: their gradient is
+copied into the buffer when backward finishes it, and the pulled values
+are copied back after each step.
+
+Backward hooks group the gradients into buckets (late layers first, as
+backward produces them) and push a bucket as soon as all of its gradients
+are final (Client.step_push), so the push of the last layers overlaps the
+backward of the first; step() pushes what is left and pulls.
+"""
+import contextlib
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+from .client import Client, Variable
+from .config import Init, Optimizer, TableOptimizer
+
+__all__ = ["DistributedModule", "Embedding"]
+
+DEFAULT_BUCKET_BYTES = 4 << 20  # DDP's first bucket is 1 MiB, later 25 MiB;
+# 4 MiB keeps the CIFAR-10 net at a few buckets, each a few frames
+
+
+def _shared(p: torch.Tensor) -> bool:
+    """Whether p can be a view of a variable's float32 host buffer."""
+    return p.device.type == "cpu" and p.dtype == torch.float32
+
+
+class _Param:
+    """One parameter and its variable."""
+
+    def __init__(self, name: str, p: torch.Tensor, var: Variable):
+        self.name, self.p, self.var = name, p, var
+        self.shared = _shared(p)
+        self.grad_view = torch.from_numpy(var.grad).view(p.shape)
+        self.data_view = torch.from_numpy(var.data).view(p.shape)
+        self.bucket = -1  # index of its bucket
+        self.counted = False  # its gradient was finished in this step
+
+    def bind(self) -> None:
+        """Makes the parameter (and its gradient) views of the buffers."""
+        if self.shared:
+            self.p.data = self.data_view
+            self.p.grad = self.grad_view
+        else:
+            with torch.no_grad():
+                self.p.copy_(self.data_view)
+
+    def collect(self) -> None:
+        """The gradient is final: make sure it is in the push buffer (it is
+        unless the parameter is mirrored or its .grad was replaced, as by
+        zero_grad(set_to_none=True))."""
+        g = self.p.grad
+        if g is None:
+            self.grad_view.zero_()
+        elif not self.shared or g.data_ptr() != self.grad_view.data_ptr():
+            self.grad_view.copy_(g.detach().reshape(self.p.shape))
+            if self.shared:
+                self.p.grad = self.grad_view
+
+
+class DistributedModule(torch.nn.Module):
+    """Trains ``module`` through psd: its parameters become variables
+    (``prefix`` + parameter name), created by the chief from the module's
+    own values and received by the others, updated on the servers by
+    ``optimizer`` (a psd.Optimizer; None: SGD at lr 0.01).
+
+    Typical loop::
+
+        model = psd.torch.DistributedModule(net, client, optimizer=psd.SGD(0.05))
+        step = model.start()
+        while step < steps:
+            loss = loss_fn(model(x(step)), y(step))
+            loss.backward()
+            step = model.step()
+
+    Floating-point buffers (batch-norm statistics) become variables that
+    are not trainable: the chief assigns its values at each step and every
+    worker's step pulls them."""
+
+    def __init__(self, module: torch.nn.Module, client: Client,
+                 optimizer: Optional[Optimizer] = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "",
+                 overlap: bool = True):
+        super().__init__()
+        self.module = module
+        self.client = client
+        self.overlap = overlap
+        self._params: List[_Param] = []
+        self._buffers_vars: List[tuple] = []
+        chief = client.is_chief
+        with torch.no_grad():
+            for name, p in module.named_parameters():
+                if not p.requires_grad:
+                    continue
+                v = client.variable(prefix + name, tuple(p.shape) or (1,), optimizer=optimizer,
+                                    values=p.detach().cpu().float().numpy() if chief else None,
+                                    from_chief=not chief)
+                self._params.append(_Param(name, p, v))
+            self._register_buffers(module, client, prefix, chief)
+        self._make_buckets(int(bucket_bytes))
+        self._accumulating = False
+        self._hooks = []
+        for i, pp in enumerate(self._params):
+            pp.bind()
+            self._hooks.append(self._hook(i))
+
+    # --------------------------------------------------------------- setup
+
+    def _register_buffers(self, module, client, prefix, chief):
+        from .config import NotTrainable
+        for name, b in module.named_buffers():
+            if not b.is_floating_point():
+                continue  # counters such as num_batches_tracked stay local
+            v = client.variable(prefix + name, tuple(b.shape) or (1,), optimizer=NotTrainable(),
+                                values=b.detach().cpu().float().numpy() if chief else None,
+                                from_chief=not chief)
+            self._buffers_vars.append((b, v, torch.from_numpy(v.data).view(b.shape)))
+
+    def _make_buckets(self, bucket_bytes: int) -> None:
+        """Buckets in reverse registration order, each at most bucket_bytes
+        (one parameter larger than that is a bucket of its own)."""
+        self._buckets: List[List[_Param]] = []
+        size = 0
+        for pp in reversed(self._params):
+            nbytes = pp.var.numel * 4
+            if not self._buckets or size + nbytes > bucket_bytes:
+                self._buckets.append([])
+                size = 0
+            self._buckets[-1].append(pp)
+            pp.bucket = len(self._buckets) - 1
+            size += nbytes
+        self._pending = [len(b) for b in self._buckets]
+
+    def _hook(self, i: int):
+        """A hook on the parameter's AccumulateGrad node: it runs once per
+        backward, after the gradient is accumulated (however many times the
+        parameter was used)."""
+        pp = self._params[i]
+        acc = pp.p.expand_as(pp.p).grad_fn.next_functions[0][0]
+
+        def ready(*_):
+            if self._accumulating:
+                return  # no_sync(): the gradient is not final yet
+            if pp.counted:
+                raise RuntimeError(
+                    "psd.torch: the gradient of %r was finished twice in one step (backward "
+                    "called again before step()); run all but the last backward of an "
+                    "accumulated step inside model.no_sync()" % pp.name)
+            pp.collect()
+            pp.counted = True
+            b = pp.bucket
+            self._pending[b] -= 1
+            if self._pending[b] == 0 and self.overlap:
+                self.client.step_push([q.var for q in self._buckets[b]])
+
+        return acc, acc.register_hook(ready)
+
+    # ------------------------------------------------------------ training
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate gradients without pushing them
+        (gradient accumulation over micro-batches): the next backward
+        outside finishes the step's gradients."""
+        self._accumulating = True
+        try:
+            yield
+        finally:
+            self._accumulating = False
+
+    def start(self) -> int:
+        """Pulls the current parameters (a resumed job's too) into the
+        module and returns the step to start from."""
+        step = self.client.pull()
+        self._after_pull()
+        return step
+
+    def step(self) -> int:
+        """Pushes what backward has not pushed yet, pulls the next step's
+        parameters into the module, zeroes the gradients and returns the
+        new step. Raises psd.Stopped when the job stops on request."""
+        for pp in self._unfinished():
+            pp.collect()
+        if self.client.is_chief and self._buffers_vars:
+            for b, v, view in self._buffers_vars:
+                view.copy_(b.detach().reshape(view.shape))
+            self.client.assign([v for _, v, _ in self._buffers_vars])
+        try:
+            return self.client.step()
+        finally:
+            self._pending = [len(b) for b in self._buckets]
+            for pp in self._params:
+                pp.grad_view.zero_()
+                pp.counted = False
+                if not pp.shared and pp.p.grad is not None:
+                    pp.p.grad.zero_()
+            self._after_pull()
+
+    def _unfinished(self):
+        """Parameters whose bucket was not pushed (some gradient in it was
+        not produced, or overlap is off)."""
+        for b, bucket in enumerate(self._buckets):
+            if self._pending[b] > 0 or not self.overlap:
+                yield from bucket
+
+    def _after_pull(self) -> None:
+        with torch.no_grad():
+            for pp in self._params:
+                if not pp.shared:
+                    pp.p.copy_(pp.data_view)
+                elif pp.p.data_ptr() != pp.data_view.data_ptr():
+                    pp.bind()  # something replaced .data: point it back
+            for b, _, view in self._buffers_vars:
+                b.copy_(view.reshape(b.shape))
+
+    @property
+    def variables(self) -> Dict[str, Variable]:
+        """The parameters' variables, by parameter name."""
+        return {pp.name: pp.var for pp in self._params}
+
+
+class _TableRows(torch.autograd.Function):
+    """rows[inverse]: the batch's embeddings from its distinct rows;
+    backward stages the distinct rows' gradients for the next step."""
+
+    @staticmethod
+    def forward(ctx, rows, inverse, table, keys):
+        ctx.save_for_backward(inverse)
+        ctx.table, ctx.keys, ctx.n = table, keys, rows.shape[0]
+        return rows[inverse]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (inverse,) = ctx.saved_tensors
+        g = torch.zeros((ctx.n, grad.shape[-1]), dtype=torch.float32)
+        g.index_add_(0, inverse, grad.reshape(-1, grad.shape[-1]).float())
+        ctx.table.add_grad(ctx.keys, g.numpy())
+        return None, None, None, None
+
+
+class Embedding(torch.nn.Module):
+    """An embedding over a psd sparse table: forward pulls the rows of the
+    batch's distinct ids (any int64 values: hashed ids need no vocabulary),
+    backward stages their gradients, which the next step pushes. In eval
+    mode pulls are read-only (unknown ids read as the initializer's values
+    and are not stored). Keyword arguments go to Client.table."""
+
+    def __init__(self, client: Client, name: str, dim: int, capacity: int,
+                 optimizer: Optional[TableOptimizer] = None, init: Optional[Init] = None,
+                 **table_kw):
+        super().__init__()
+        self.table = client.table(name, dim, capacity, optimizer=optimizer, init=init,
+                                  **table_kw)
+        self.dim = dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).to("cpu", torch.int64)
+        uniq, inverse = torch.unique(flat, return_inverse=True)
+        keys = uniq.numpy().view(np.uint64)
+        rows = torch.from_numpy(self.table.pull(keys, read_only=not self.training))
+        if self.training:
+            rows.requires_grad_(True)
+            out = _TableRows.apply(rows, inverse, self.table, keys)
+        else:
+            out = rows[inverse]
+        return out.reshape(*ids.shape, self.dim).to(ids.device)

@@ -1,0 +1,89 @@
+"""psd.torch against real psd processes and real worker processes: two
+workers x b equal one worker x 2b equal plain local PyTorch; buckets
+pushed during backward; mirrored (float64) parameters; the sparse
+Embedding; stop and resume."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import hosts
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "torch_worker.py")
+sys.path.insert(0, HERE)
+import torch_worker  # noqa: E402
+
+
+def run_workers(ps, nw, b, steps, tmp, *opts, expect=0):
+    procs, outs = [], []
+    for w in range(nw):
+        out = os.path.join(tmp, "w%d.%d.npz" % (w, nw))
+        procs.append(subprocess.Popen([sys.executable, WORKER, ",".join(hosts(ps)), str(w),
+                                       str(nw), str(b), str(steps), out] + list(opts),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs.append(out)
+    for p in procs:
+        text = p.communicate(timeout=120)[0].decode()
+        assert p.returncode == expect, text
+    return [dict(np.load(o)) for o in outs]
+
+
+def local_reference(steps, dtype=torch.float32):
+    """The same training with torch.optim.SGD in one process, batch 2b=64."""
+    net = torch_worker.Net(None, dtype)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y, ids = torch_worker.batch(step, 0, 64, dtype)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x, ids), y).backward()
+        opt.step()
+    return {k: v.detach().double().numpy() for k, v in net.named_parameters()}
+
+
+def assert_close(a, b, keys, tol=1e-5):
+    for k in keys:
+        np.testing.assert_allclose(a[k], b[k], atol=tol, rtol=0, err_msg=k)
+
+
+@pytest.mark.parametrize("opts", [("bucket=256",), ("overlap=0",)])
+def test_two_workers_equal_one_and_local_torch(start_psd, tmpdir_short, opts):
+    ref = local_reference(8)
+    one = run_workers(start_psd(1), 1, 64, 8, tmpdir_short, *opts)[0]
+    two = run_workers(start_psd(2), 2, 32, 8, tmpdir_short, *opts)
+    assert one["step"] == 8 and two[0]["step"] == 8
+    assert_close(one, ref, ref.keys())
+    assert_close(two[0], one, ref.keys())
+    assert_close(two[1], one, ref.keys())
+
+
+def test_mirrored_float64_parameters(start_psd, tmpdir_short):
+    ref = local_reference(5, torch.float64)
+    two = run_workers(start_psd(1), 2, 32, 5, tmpdir_short, "float64=1")
+    assert_close(two[0], ref, ref.keys(), tol=1e-4)  # float32 on the servers
+
+
+def test_embedding_two_workers_equal_one(start_psd, tmpdir_short):
+    one = run_workers(start_psd(1), 1, 64, 6, tmpdir_short, "embed=1")[0]
+    two = run_workers(start_psd(2), 2, 32, 6, tmpdir_short, "embed=1")
+    assert_close(two[0], one, [k for k in one if k != "step"])
+    initial = torch_worker.Net  # rows moved away from their initial values
+    assert initial and np.abs(one["emb_rows"]).sum() > 0
+
+
+def test_stop_and_resume(start_psd, tmpdir_short):
+    ckpt = os.path.join(tmpdir_short, "ckpt")
+    os.mkdir(ckpt, 0o700)
+    ps = start_psd(1, "--checkpoint-dir", ckpt)
+    stopped = run_workers(ps, 2, 32, 30, tmpdir_short, "stop_at=3", expect=75)
+    assert ps[0].wait() == 75
+    stop_step = int(stopped[0]["step"])
+    assert 3 <= stop_step < 30 and int(stopped[1]["step"]) == stop_step
+    ps = start_psd(1, "--checkpoint-dir", ckpt)
+    resumed = run_workers(ps, 2, 32, 30, tmpdir_short)
+    ref = run_workers(start_psd(1), 2, 32, 30, tmpdir_short)
+    keys = [k for k in ref[0] if k != "step"]
+    assert_close(resumed[0], ref[0], keys, tol=0)  # bit-identical

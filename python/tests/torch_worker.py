@@ -1,0 +1,81 @@
+"""A PyTorch worker the tests start as a process: trains a small model
+through psd.torch.DistributedModule on a deterministic batch and saves the
+final parameters (and its step) to an .npz file.
+
+usage: torch_worker.py HOSTS WORKER NUM_WORKERS BATCH STEPS OUT [opts]
+  opts: bucket=BYTES  overlap=0|1  embed=1  float64=1  stop_at=STEP  ckpt=1"""
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # python/
+import psd  # noqa: E402
+import psd.torch  # noqa: E402
+
+SEED = 1234
+
+
+class Net(torch.nn.Module):
+    def __init__(self, embed_client=None, dtype=torch.float32):
+        super().__init__()
+        torch.manual_seed(SEED)
+        self.conv = torch.nn.Conv2d(2, 3, 3, padding=1).to(dtype)
+        self.fc1 = torch.nn.Linear(3 * 4 * 4 + (4 if embed_client else 0), 16).to(dtype)
+        self.fc2 = torch.nn.Linear(16, 5).to(dtype)
+        self.emb = None
+        if embed_client is not None:
+            self.emb = psd.torch.Embedding(embed_client, "emb", 4, 1000,
+                                           optimizer=psd.TableSGD(0.1),
+                                           init=psd.Normal(0, 0.1, seed=3))
+
+    def forward(self, x, ids):
+        h = torch.relu(self.conv(x)).flatten(1)
+        if self.emb is not None:
+            h = torch.cat([h, self.emb(ids).sum(1).to(h.dtype)], 1)
+        return self.fc2(torch.relu(self.fc1(h)))
+
+
+def batch(step, lo, hi, dtype):
+    """Rows lo..hi of step's global batch: the same data however split."""
+    g = torch.Generator().manual_seed(SEED + step)
+    x = torch.randn(64, 2, 4, 4, generator=g).to(dtype)
+    y = torch.randint(0, 5, (64,), generator=g)
+    ids = torch.randint(-50, 50, (64, 3), generator=g)
+    return x[lo:hi], y[lo:hi], ids[lo:hi]
+
+
+def main():
+    hosts, w, nw, b, steps, out = sys.argv[1:7]
+    opts = dict(a.split("=") for a in sys.argv[7:])
+    w, nw, b, steps = int(w), int(nw), int(b), int(steps)
+    dtype = torch.float64 if opts.get("float64") == "1" else torch.float32
+    client = psd.Client(hosts=hosts.split(","), worker_index=w, num_workers=nw,
+                        telemetry="off")
+    net = Net(client if opts.get("embed") == "1" else None, dtype)
+    model = psd.torch.DistributedModule(
+        net, client, optimizer=psd.SGD(lr=0.1, momentum=0.9),
+        bucket_bytes=int(opts.get("bucket", 1 << 20)), overlap=opts.get("overlap", "1") == "1")
+    step = model.start()
+    try:
+        while step < steps:
+            if opts.get("stop_at") and step == int(opts["stop_at"]) and w == 0:
+                client.request_stop()
+            x, y, ids = batch(step, w * b, (w + 1) * b, dtype)
+            loss = torch.nn.functional.cross_entropy(model(x, ids), y)
+            loss.backward()
+            step = model.step()
+    except psd.Stopped:
+        client.finish()
+        np.savez(out, step=step)
+        sys.exit(psd.EXIT_STOPPED)
+    params = {k: v.detach().double().numpy() for k, v in net.named_parameters()}
+    if net.emb is not None:
+        params["emb_rows"] = net.emb.table.pull(np.arange(-50, 50), read_only=True)
+    client.finish()
+    np.savez(out, step=step, **params)
+
+
+if __name__ == "__main__":
+    main()
