@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libevent-dev libprotobuf-c-dev
       protobuf-c-compiler libopenblas-dev check libslurm-dev libpmi2-0-dev libmunge-dev munge
-      libsodium-dev gnuplot-nox jq iproute2)
+      libsodium-dev gnuplot-nox jq iproute2
+      python3-numpy python3-pytest python3-torch python3-venv python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -174,8 +174,31 @@ needs_shared "$tmp/proj/build/hello_static" NO
 run_worker cmake-shared "$tmp/proj/build/hello"
 run_worker cmake-static "$tmp/proj/build/hello_static"
 
+# The Python package cmake --install put beside the library: it loads
+# PREFIX/lib's libpsclient (no LD_LIBRARY_PATH, no PSD_LIBPSCLIENT).
+if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+  pydir=$(find "$prefix" -path '*dist-packages/psd/__init__.py' | head -1)
+  [ -n "$pydir" ] || fail "the psd Python package was not installed"
+  cat > "$tmp/hello.py" <<'PY'
+import psd
+assert psd.library_path.startswith(__import__("os").environ["PREFIX"] + "/lib/"), psd.library_path
+with psd.Client.from_env() as c:
+    w = c.variable("w", 4, init=psd.Constant(1.0), optimizer=psd.SGD(lr=0.5))
+    w.grad[:] = 1
+    step = c.step()
+    assert (w.data == 0.5).all(), w.data
+    print("ok %s step %d" % (".".join(psd.__version__.split(".")[:2]), step))
+PY
+  printf '#!/bin/sh\nPREFIX=%s PYTHONPATH=%s PSD_LIBPSCLIENT= exec /usr/bin/python3 %s\n' \
+    "$prefix" "$(dirname "$(dirname "$pydir")")" "$tmp/hello.py" > "$tmp/hello_py"
+  chmod +x "$tmp/hello_py"
+  run_worker python "$tmp/hello_py"
+else
+  echo "install test: /usr/bin/python3 has no numpy: the Python package's run is skipped"
+fi
+
 # A client of a psd that is not there fails cleanly, with a sentence.
 out=$(PS_HOSTS=127.0.0.1:1 PS_WORKER_INDEX=0 PS_NUM_WORKERS=1 PS_CONNECT_TIMEOUT_MS=500 \
       timeout 30 "$tmp/hello_pc_static" 2>&1) && fail "a worker without psd succeeded: $out"
 grep -q '127.0.0.1:1' <<<"$out" || fail "a failed connection does not name the address: $out"
-echo "install test: pkg-config (shared, static) and find_package (shared, static) workers ran against the installed psd"
+echo "install test: pkg-config (shared, static), find_package (shared, static) and Python workers ran against the installed psd"

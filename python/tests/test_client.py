@@ -103,3 +103,75 @@ def test_arrays_outlive_close(start_psd):
     assert np.all(view == 3)  # the buffer lives as long as a view of it
     with pytest.raises(psd.StateError, match="closed"):
         c.step()
+
+
+def rss_kib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4
+
+
+def test_memory_flat_over_10k_steps(start_psd):
+    """No reference or buffer leaks per step: resident memory after 10k
+    steps (with a table, early pushes and async requests) within 2 MiB of
+    where it was after 1k."""
+    ps = start_psd(1)
+    with client(ps) as c:
+        w = c.variable("w", (256,), optimizer=psd.SGD(lr=0.001))
+        t = c.table("t", dim=8, capacity=1000, optimizer=psd.TableSGD(0.01))
+        keys = np.arange(16)
+        g = np.full((16, 8), 1e-3, np.float32)
+        step = c.pull()
+        for i in range(10000):
+            if i == 1000:
+                gc.collect()
+                base = rss_kib()
+            w.grad[:] = 1e-3
+            if i % 2:
+                c.step_push([w])
+            t.add_grad(keys, g)
+            rows = t.pull(keys)
+            step = c.step()
+            r = c.pull_async([w], step)
+            assert r.wait() == step and rows.shape == (16, 8)
+        gc.collect()
+        grown = rss_kib() - base
+        assert grown < 2048, "resident memory grew %d KiB over 9000 steps" % grown
+
+
+def test_gil_released_while_waiting(start_psd):
+    """A thread blocked in a psd wait lets other Python threads run."""
+    import threading
+    import time
+    ps = start_psd(1)
+    c0 = client(ps, worker_index=0, num_workers=2)
+    c1 = client(ps, worker_index=1, num_workers=2)
+    v0 = c0.variable("w", (4,))
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    th = threading.Thread(target=spin)
+    th.start()
+    t0 = time.time()
+    done = threading.Thread(target=lambda: c1.variable("w", (4,)))
+    done.start()
+    v0.grad[:] = 1
+    stepper = threading.Thread(target=c0.step)  # waits for worker 1's push
+    stepper.start()
+    time.sleep(0.3)
+    assert stepper.is_alive()
+    n = len(ticks)
+    done.join()
+    c1.step()
+    stepper.join()
+    stop.set()
+    th.join()
+    assert n > 50, "only %d ticks in %.2f s while a call waited" % (n, time.time() - t0)
+    c0.finish()
+    c1.finish()
+    c0.close()
+    c1.close()

@@ -1,0 +1,61 @@
+"""The package as users get it: its version is the C library's, and
+`pip install ./python` works offline in a fresh venv, bundling the built
+library, and the installed package talks to a real psd."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BIN, ROOT, hosts
+
+import psd
+
+
+def header_version():
+    with open(os.path.join(ROOT, "libpsclient", "include", "psclient.h")) as f:
+        text = f.read()
+    return ".".join(re.search(r"#define PS_VERSION_%s (\d+)" % k, text).group(1)
+                    for k in ("MAJOR", "MINOR", "PATCH"))
+
+
+def test_version_is_the_library_s():
+    assert psd.__version__ == header_version()
+    major, minor, _ = psd.__version__.split(".")
+    assert psd._version.SONAME == "libpsclient.so.%s.%s" % (major, minor)
+
+
+def test_pip_install_offline_in_a_venv(tmpdir_short, start_psd):
+    venv = os.path.join(tmpdir_short, "venv")
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True)
+    env = dict(os.environ, PSD_BUILD_DIR=os.path.dirname(BIN), PIP_NO_INDEX="1",
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PSD_LIBPSCLIENT", None)
+    r = subprocess.run([os.path.join(venv, "bin", "pip"), "install", "--no-cache-dir",
+                        os.path.join(ROOT, "python")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ps = start_psd(1)
+    code = ("import psd; c = psd.Client(hosts=%r, telemetry='off'); "
+            "v = c.variable('w', 3, init=psd.Constant(2)); print(psd.library_path, v.data.sum()); "
+            "c.finish()" % hosts(ps))
+    r = subprocess.run([os.path.join(venv, "bin", "python"), "-c", code], env=env,
+                       capture_output=True, text=True, cwd=tmpdir_short)
+    assert r.returncode == 0, r.stdout + r.stderr
+    path, total = r.stdout.split()
+    assert path.startswith(venv) and path.endswith("/psd/_lib/" + psd._version.SONAME)
+    assert float(total) == 6.0
+    assert ps[0].wait() == 0
+
+
+def test_missing_library_names_what_was_tried(tmpdir_short):
+    env = dict(os.environ, PSD_LIBPSCLIENT=os.path.join(tmpdir_short, "nope.so"))
+    r = subprocess.run([sys.executable, "-c", "import psd"], env=env, capture_output=True,
+                       text=True, cwd=os.path.join(ROOT, "python"))
+    assert r.returncode != 0 and "nope.so (no such file)" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["Client", "Stopped", "SGD", "Table"])
+def test_help_reads_well(name):
+    doc = getattr(psd, name).__doc__
+    assert doc and len(doc.split()) > 5
