@@ -265,6 +265,32 @@ START_TEST(create_with_values) {
 }
 END_TEST
 
+/* ps_client_close: the connections close at once (psd sees the worker
+ * leave), the buffers stay readable, later calls fail with PS_ECLOSED. */
+START_TEST(close_keeps_buffers) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  start_ps(ps, 1, hosts, hp, "--grace-period=1");
+  ps_client *c = connect_worker(hp, 1, 0, 1, 0);
+  int64_t shape[1] = {4};
+  ps_init two = PS_SIZED(ps_init, .kind = PS_INIT_CONSTANT, .a = 2);
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "w", shape, 1, &two, NULL, &v), 0);
+  ps_client_close(c);
+  ps_client_close(c); /* twice is harmless */
+  ck_assert_float_eq(ps_var_data(v)[3], 2.0f);
+  uint64_t step = 0;
+  int rc = ps_client_step(c, &step, NULL);
+  ck_assert_msg(rc == PS_ECLOSED, "rc %d: %s", rc, ps_client_errmsg(c));
+  /* The worker left without finishing: psd gives up after the grace period. */
+  ck_assert_msg(tu_psd_wait(&ps[0], 20) == 0, "psd did not notice the closed connection");
+  ck_assert_int_ne(WEXITSTATUS(ps[0].status), 0);
+  ps_client_close(NULL);
+  ps_client_destroy(c);
+}
+END_TEST
+
 /* Every failing call sets its own message, never showing the previous
  * error's text. */
 START_TEST(each_error_has_its_own_message) {
@@ -475,6 +501,7 @@ Suite *suite_api(void) {
   tcase_add_test(tc, step_getter_and_untouched_outputs);
   tcase_add_test(tc, step_push_early_then_rest);
   tcase_add_test(tc, create_with_values);
+  tcase_add_test(tc, close_keeps_buffers);
   tcase_add_test(tc, each_error_has_its_own_message);
   tcase_add_test(tc, assign_sync_two_ps);
   tcase_add_test(tc, assign_refused_and_async);

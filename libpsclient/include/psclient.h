@@ -275,6 +275,13 @@ PS_EXTERN int ps_client_create_from_env(ps_client **out, char *errmsg, size_t er
  * (unless the application changed them since). NULL is a no-op. */
 PS_EXTERN void ps_client_destroy(ps_client *c);
 
+/* Closes the connections now, as ps_client_destroy would (servers see the
+ * worker leave), but keeps the client: variables' buffers stay valid until
+ * ps_client_destroy, and every later call that needs a server fails with
+ * PS_ECLOSED. For bindings whose arrays over those buffers may outlive the
+ * client (the Python package). NULL is a no-op. Added in 0.2.3. */
+PS_EXTERN void ps_client_close(ps_client *c);
+
 /* Details of the last error on c; valid until the next call on c. */
 PS_EXTERN const char *ps_client_errmsg(const ps_client *c);
 

@@ -259,6 +259,12 @@ fail:
   return rc;
 }
 
+void ps_client_close(ps_client *c) {
+  if (!c) return;
+  for (int i = 0; c->conns && i < c->num_ps; i++)
+    ps__conn_break(c, &c->conns[i], PS_ECLOSED, "closed by ps_client_close");
+}
+
 void ps_client_destroy(ps_client *c) {
   if (!c) return;
   if (c->signals) ps__signals_release();

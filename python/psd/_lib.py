@@ -68,6 +68,7 @@ _PROTOS = {
     "ps_client_create": (cint, [_c.POINTER(Config), PP, _c.c_char_p, size_t]),
     "ps_client_create_from_env": (cint, [PP, _c.c_char_p, size_t]),
     "ps_client_destroy": (None, [P]),
+    "ps_client_close": (None, [P]),
     "ps_client_errmsg": (_c.c_char_p, [P]),
     "ps_client_worker_index": (cint, [P]),
     "ps_client_num_workers": (cint, [P]),

@@ -113,6 +113,7 @@ class Client:
         self._vars: Dict[str, Variable] = {}
         self._tables: Dict[str, "Table"] = {}
         self._finished = False
+        self._deferred: Optional[BaseException] = None  # raised by the next step()
         self.stale = False  # the last step() skipped ahead past a stale push
         if _ptr is None:
             _ptr = self._create(list(hosts), locals())
@@ -166,6 +167,17 @@ class Client:
     def _check(self, rc: int) -> None:
         if rc < 0:
             raise error_for(rc, lib.ps_client_errmsg(self._h).decode(errors="replace"))
+
+    def _defer(self, exc: BaseException) -> None:
+        """Keeps the first error of a callback that must not raise (an
+        autograd hook) for the next step() to raise."""
+        if self._deferred is None:
+            self._deferred = exc
+
+    def _raise_deferred(self) -> None:
+        if self._deferred is not None:
+            exc, self._deferred = self._deferred, None
+            raise exc
 
     def _call(self, fn, *args, on=None) -> None:
         """fn(handle, *args) under the lock; handle: the client's, or
@@ -291,7 +303,9 @@ class Client:
         gradients, pulls the next step's parameters into ``data``, and
         returns the new step. ``stale`` tells whether the push came too
         late (the client skipped ahead). Raises psd.Stopped when the job
-        stops on request."""
+        stops on request, and first of all an error a backward hook kept
+        (psd.torch), without pushing."""
+        self._raise_deferred()
         step, stale = ctypes.c_uint64(self.current_step), ctypes.c_int(0)
         self._call(lib.ps_client_step, ctypes.byref(step), ctypes.byref(stale))
         self.stale = bool(stale.value)
@@ -346,9 +360,12 @@ class Client:
             self._finished = True
 
     def close(self) -> None:
-        """Closes the connections (without finish). Arrays over the
-        variables' buffers stay valid: the memory is freed with the last of
-        them."""
+        """Closes the connections now (without finish: the servers see the
+        worker leave). Arrays over the variables' buffers (and a
+        DistributedModule's parameters) stay valid: that memory is freed
+        with the last of them."""
+        if self._hd.ptr:
+            lib.ps_client_close(self._hd.ptr)
         self._vars.clear()
         self._tables.clear()
         self._h = None

@@ -83,8 +83,8 @@ class DistributedModule(torch.nn.Module):
             step = model.step()
 
     Floating-point buffers (batch-norm statistics) become variables that
-    are not trainable: the chief assigns its values at each step and every
-    worker's step pulls them."""
+    are not trainable: the chief assigns its values at each step, and
+    every worker's step() returns with them."""
 
     def __init__(self, module: torch.nn.Module, client: Client,
                  optimizer: Optional[Optimizer] = None,
@@ -148,19 +148,27 @@ class DistributedModule(torch.nn.Module):
         acc = pp.p.expand_as(pp.p).grad_fn.next_functions[0][0]
 
         def ready(*_):
+            # Nothing may raise inside autograd's engine: an exception there
+            # leaves the graph in a thread-local that torch 1.13 frees only
+            # after the interpreter has gone, and the process then hangs at
+            # exit. Errors are kept for step() to raise.
             if self._accumulating:
                 return  # no_sync(): the gradient is not final yet
             if pp.counted:
-                raise RuntimeError(
+                self.client._defer(RuntimeError(
                     "psd.torch: the gradient of %r was finished twice in one step (backward "
                     "called again before step()); run all but the last backward of an "
-                    "accumulated step inside model.no_sync()" % pp.name)
+                    "accumulated step inside model.no_sync()" % pp.name))
+                return
             pp.collect()
             pp.counted = True
             b = pp.bucket
             self._pending[b] -= 1
             if self._pending[b] == 0 and self.overlap:
-                self.client.step_push([q.var for q in self._buckets[b]])
+                try:
+                    self.client.step_push([q.var for q in self._buckets[b]])
+                except Exception as e:  # noqa: BLE001 (raised by step())
+                    self.client._defer(e)
 
         return acc, acc.register_hook(ready)
 
@@ -190,15 +198,22 @@ class DistributedModule(torch.nn.Module):
     def step(self) -> int:
         """Pushes what backward has not pushed yet, pulls the next step's
         parameters into the module, zeroes the gradients and returns the
-        new step. Raises psd.Stopped when the job stops on request."""
-        for pp in self._unfinished():
-            pp.collect()
-        if self.client.is_chief and self._buffers_vars:
-            for b, v, view in self._buffers_vars:
-                view.copy_(b.detach().reshape(view.shape))
-            self.client.assign([v for _, v, _ in self._buffers_vars])
+        new step. Raises psd.Stopped when the job stops on request, and an
+        error a backward hook kept (without pushing the rest)."""
         try:
-            return self.client.step()
+            self.client._raise_deferred()
+            for pp in self._unfinished():
+                pp.collect()
+            if self.client.is_chief and self._buffers_vars:
+                for b, v, view in self._buffers_vars:
+                    view.copy_(b.detach().reshape(view.shape))
+                self.client.assign([v for _, v, _ in self._buffers_vars])
+            step = self.client.step()
+            if not self.client.is_chief and self._buffers_vars:
+                # The chief's assign of this step made the buffers' step
+                # `step`: wait for it, so every worker holds its values.
+                self.client.pull_async([v for _, v, _ in self._buffers_vars], step).wait()
+            return step
         finally:
             self._pending = [len(b) for b in self._buckets]
             for pp in self._params:
@@ -246,7 +261,10 @@ class _TableRows(torch.autograd.Function):
         (inverse,) = ctx.saved_tensors
         g = torch.zeros((ctx.n, grad.shape[-1]), dtype=torch.float32)
         g.index_add_(0, inverse, grad.reshape(-1, grad.shape[-1]).float())
-        ctx.table.add_grad(ctx.keys, g.numpy())
+        try:
+            ctx.table.add_grad(ctx.keys, g.numpy())
+        except Exception as e:  # noqa: BLE001 (see DistributedModule._hook)
+            ctx.table.client._defer(e)
         return None, None, None, None
 
 

@@ -1,6 +1,7 @@
 """The NumPy layer against real psd processes: variables as views of the
 library's buffers, steps, tables, early pushes and the error mapping."""
 import gc
+import os
 
 import numpy as np
 import pytest
@@ -91,13 +92,25 @@ def test_table_pull_add_grad(start_psd):
             t.pull([1.5])
 
 
+def sockets():
+    n = 0
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink("/proc/self/fd/" + f).startswith("socket:")
+        except FileNotFoundError:  # listdir's own descriptor, closed since
+            pass
+    return n
+
+
 def test_arrays_outlive_close(start_psd):
     ps = start_psd(1)
     c = client(ps)
     w = c.variable("w", (1000,), init=psd.Constant(3.0))
     view = w.data[10:20]
     c.finish()
+    before = sockets()
     c.close()
+    assert sockets() == before - 1  # closed now, although a view is alive
     del w
     gc.collect()
     assert np.all(view == 3)  # the buffer lives as long as a view of it

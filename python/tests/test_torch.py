@@ -87,3 +87,38 @@ def test_stop_and_resume(start_psd, tmpdir_short):
     ref = run_workers(start_psd(1), 2, 32, 30, tmpdir_short)
     keys = [k for k in ref[0] if k != "step"]
     assert_close(resumed[0], ref[0], keys, tol=0)  # bit-identical
+
+
+def local_accumulated(steps):
+    """Local PyTorch with two backward passes per step (gradients summed)."""
+    net = torch_worker.Net(None)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    for step in range(steps):
+        x, y, ids = torch_worker.batch(step, 0, 64, torch.float32)
+        opt.zero_grad()
+        for lo, hi in ((0, 32), (32, 64)):
+            torch.nn.functional.cross_entropy(net(x[lo:hi], ids[lo:hi]), y[lo:hi]).backward()
+        opt.step()
+    return {k: v.detach().double().numpy() for k, v in net.named_parameters()}
+
+
+def test_no_sync_accumulates_micro_batches(start_psd, tmpdir_short):
+    ref = local_accumulated(5)
+    one = run_workers(start_psd(1), 1, 64, 5, tmpdir_short, "accum=1", "bucket=256")[0]
+    assert_close(one, ref, ref.keys())
+
+
+def test_second_backward_without_no_sync_is_an_error(start_psd, tmpdir_short):
+    ps = start_psd(1)
+    out = os.path.join(tmpdir_short, "x.npz")
+    p = subprocess.run([sys.executable, WORKER, ",".join(hosts(ps)), "0", "1", "8", "3", out,
+                        "twice=1"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "no_sync" in p.stderr, p.stderr
+
+
+def test_batchnorm_buffers_follow_the_chief(start_psd, tmpdir_short):
+    two = run_workers(start_psd(1), 2, 32, 6, tmpdir_short, "bn=1")
+    for k in ("buf.bn.running_mean", "buf.bn.running_var"):
+        assert np.abs(two[0][k]).sum() > 0, k
+        np.testing.assert_array_equal(two[1][k], two[0][k], err_msg=k)
+    assert_close(two[1], two[0], [k for k in two[0] if not k.startswith("buf.")], tol=0)

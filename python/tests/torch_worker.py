@@ -3,7 +3,9 @@ through psd.torch.DistributedModule on a deterministic batch and saves the
 final parameters (and its step) to an .npz file.
 
 usage: torch_worker.py HOSTS WORKER NUM_WORKERS BATCH STEPS OUT [opts]
-  opts: bucket=BYTES  overlap=0|1  embed=1  float64=1  stop_at=STEP  ckpt=1"""
+  opts: bucket=BYTES  overlap=0|1  embed=1  float64=1  stop_at=STEP  bn=1 (a batch
+        norm)  accum=1 (two micro-batches per step, the first in no_sync)
+        twice=1 (a second backward outside no_sync: an error)"""
 import os
 import sys
 
@@ -24,6 +26,7 @@ class Net(torch.nn.Module):
         self.conv = torch.nn.Conv2d(2, 3, 3, padding=1).to(dtype)
         self.fc1 = torch.nn.Linear(3 * 4 * 4 + (4 if embed_client else 0), 16).to(dtype)
         self.fc2 = torch.nn.Linear(16, 5).to(dtype)
+        self.bn = None
         self.emb = None
         if embed_client is not None:
             self.emb = psd.torch.Embedding(embed_client, "emb", 4, 1000,
@@ -34,7 +37,10 @@ class Net(torch.nn.Module):
         h = torch.relu(self.conv(x)).flatten(1)
         if self.emb is not None:
             h = torch.cat([h, self.emb(ids).sum(1).to(h.dtype)], 1)
-        return self.fc2(torch.relu(self.fc1(h)))
+        h = self.fc1(h)
+        if self.bn is not None:
+            h = self.bn(h)
+        return self.fc2(torch.relu(h))
 
 
 def batch(step, lo, hi, dtype):
@@ -54,6 +60,8 @@ def main():
     client = psd.Client(hosts=hosts.split(","), worker_index=w, num_workers=nw,
                         telemetry="off")
     net = Net(client if opts.get("embed") == "1" else None, dtype)
+    if opts.get("bn") == "1":
+        net.bn = torch.nn.BatchNorm1d(16).to(dtype)
     model = psd.torch.DistributedModule(
         net, client, optimizer=psd.SGD(lr=0.1, momentum=0.9),
         bucket_bytes=int(opts.get("bucket", 1 << 20)), overlap=opts.get("overlap", "1") == "1")
@@ -63,14 +71,22 @@ def main():
             if opts.get("stop_at") and step == int(opts["stop_at"]) and w == 0:
                 client.request_stop()
             x, y, ids = batch(step, w * b, (w + 1) * b, dtype)
+            if opts.get("accum") == "1":  # two micro-batches, one step
+                h = b // 2
+                with model.no_sync():
+                    torch.nn.functional.cross_entropy(model(x[:h], ids[:h]), y[:h]).backward()
+                x, y, ids = x[h:], y[h:], ids[h:]
             loss = torch.nn.functional.cross_entropy(model(x, ids), y)
             loss.backward()
+            if opts.get("twice") == "1":
+                torch.nn.functional.cross_entropy(model(x, ids), y).backward()
             step = model.step()
     except psd.Stopped:
         client.finish()
         np.savez(out, step=step)
         sys.exit(psd.EXIT_STOPPED)
     params = {k: v.detach().double().numpy() for k, v in net.named_parameters()}
+    params.update({"buf." + k: v.detach().double().numpy() for k, v in net.named_buffers()})
     if net.emb is not None:
         params["emb_rows"] = net.emb.table.pull(np.arange(-50, 50), read_only=True)
     client.finish()
