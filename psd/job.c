@@ -386,7 +386,9 @@ int psd_job_tick(psd_job *j, double now, uint64_t step) {
 
 const char *psd_job_worker_state(const psd_job *j, uint32_t w) {
   const psd_job_worker *k = &j->workers[w];
-  return k->connected ? "connected" : k->finished ? "finished" : k->lost ? "lost" : "absent";
+  /* Finished first: a worker that finished may keep its connection open a
+   * while (an interpreter exiting), and it owes nothing more. */
+  return k->finished ? "finished" : k->connected ? "connected" : k->lost ? "lost" : "absent";
 }
 
 uint32_t psd_job_live(const psd_job *j) {

@@ -247,33 +247,31 @@ class DistributedModule(torch.nn.Module):
 
 
 class _TableRows(torch.autograd.Function):
-    """rows[inverse]: the batch's embeddings from its distinct rows;
-    backward stages the distinct rows' gradients for the next step."""
+    """The batch's rows as pulled (one per id, in the ids' order); backward
+    stages one gradient per id, and the library sums those of duplicate
+    ids (it also de-duplicates the pull's keys: no torch.unique here)."""
 
     @staticmethod
-    def forward(ctx, rows, inverse, table, keys):
-        ctx.save_for_backward(inverse)
-        ctx.table, ctx.keys, ctx.n = table, keys, rows.shape[0]
-        return rows[inverse]
+    def forward(ctx, rows, table, keys):
+        ctx.table, ctx.keys = table, keys
+        return rows.view_as(rows)
 
     @staticmethod
     def backward(ctx, grad):
-        (inverse,) = ctx.saved_tensors
-        g = torch.zeros((ctx.n, grad.shape[-1]), dtype=torch.float32)
-        g.index_add_(0, inverse, grad.reshape(-1, grad.shape[-1]).float())
         try:
+            g = grad.reshape(-1, grad.shape[-1]).to("cpu", torch.float32).contiguous()
             ctx.table.add_grad(ctx.keys, g.numpy())
         except Exception as e:  # noqa: BLE001 (see DistributedModule._hook)
             ctx.table.client._defer(e)
-        return None, None, None, None
+        return None, None, None
 
 
 class Embedding(torch.nn.Module):
     """An embedding over a psd sparse table: forward pulls the rows of the
-    batch's distinct ids (any int64 values: hashed ids need no vocabulary),
-    backward stages their gradients, which the next step pushes. In eval
-    mode pulls are read-only (unknown ids read as the initializer's values
-    and are not stored). Keyword arguments go to Client.table."""
+    batch's ids (any int64 values: hashed ids need no vocabulary), backward
+    stages their gradients, which the next step pushes. In eval mode pulls
+    are read-only (unknown ids read as the initializer's values and are not
+    stored). Keyword arguments go to Client.table."""
 
     def __init__(self, client: Client, name: str, dim: int, capacity: int,
                  optimizer: Optional[TableOptimizer] = None, init: Optional[Init] = None,
@@ -284,13 +282,8 @@ class Embedding(torch.nn.Module):
         self.dim = dim
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        flat = ids.reshape(-1).to("cpu", torch.int64)
-        uniq, inverse = torch.unique(flat, return_inverse=True)
-        keys = uniq.numpy().view(np.uint64)
+        keys = ids.reshape(-1).to("cpu", torch.int64).numpy().view(np.uint64).copy()
         rows = torch.from_numpy(self.table.pull(keys, read_only=not self.training))
         if self.training:
-            rows.requires_grad_(True)
-            out = _TableRows.apply(rows, inverse, self.table, keys)
-        else:
-            out = rows[inverse]
-        return out.reshape(*ids.shape, self.dim).to(ids.device)
+            rows = _TableRows.apply(rows.requires_grad_(True), self.table, keys)
+        return rows.reshape(*ids.shape, self.dim).to(ids.device)
