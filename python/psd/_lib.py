@@ -100,22 +100,48 @@ _PROTOS = {
 
 def _candidates():
     """Where the library is looked for, in order: $PSD_LIBPSCLIENT, a copy
-    inside the package (pip install ./python after a build), PREFIX/lib of
-    a `cmake --install` (the package is in PREFIX/lib/pythonX.Y/...), then
-    the system's loader by its SONAME."""
+    inside the package (pip install ./python after a build), build/lib of
+    the checkout the package is in (python/psd), PREFIX/lib when the package
+    sits in PREFIX/lib/pythonX.Y/{dist,site}-packages (cmake --install),
+    then the system's loader by its SONAME."""
     env = os.environ.get("PSD_LIBPSCLIENT")
     if env:
         return [env]
     here = os.path.dirname(os.path.abspath(__file__))
-    return [os.path.join(here, "_lib", SONAME),
-            os.path.normpath(os.path.join(here, "..", "..", "..", SONAME)), SONAME]
+    out = [os.path.join(here, "_lib", SONAME)]
+    parent = os.path.dirname(here)
+    if os.path.basename(parent) == "python":  # a checkout: python/psd
+        out.append(os.path.join(os.path.dirname(parent), "build", "lib", SONAME))
+    if os.path.basename(parent) in ("dist-packages", "site-packages") and \
+            os.path.basename(os.path.dirname(parent)).startswith("python"):
+        out.append(os.path.join(os.path.dirname(os.path.dirname(parent)), SONAME))
+    return out + [SONAME]
+
+
+def _untrusted(path):
+    """Why a library file found by a relative path must not be loaded, or
+    None: on a shared node another user could plant one (a checkout in
+    /tmp), so the file and its folder must belong to root or to us and be
+    writable by no one else."""
+    for p in (path, os.path.dirname(path)):
+        st = os.stat(p)
+        if st.st_uid not in (0, os.getuid()):
+            return "%s belongs to uid %d" % (p, st.st_uid)
+        if st.st_mode & 0o022 and not (os.path.isdir(p) and st.st_mode & 0o1000):
+            return "%s is writable by others" % p
+    return None
 
 
 def _load():
     tried = []
+    explicit = bool(os.environ.get("PSD_LIBPSCLIENT"))
     for path in _candidates():
         if os.sep in path and not os.path.exists(path):
             tried.append(path + " (no such file)")
+            continue
+        why = None if explicit or os.sep not in path else _untrusted(os.path.realpath(path))
+        if why:
+            tried.append("%s (not loaded: %s)" % (path, why))
             continue
         try:
             lib = ctypes.CDLL(path)

@@ -59,3 +59,25 @@ def test_missing_library_names_what_was_tried(tmpdir_short):
 def test_help_reads_well(name):
     doc = getattr(psd, name).__doc__
     assert doc and len(doc.split()) > 5
+
+
+def test_planted_library_is_not_loaded(tmpdir_short):
+    """A package installed under PREFIX/lib/python3.X/dist-packages loads
+    PREFIX/lib's library only if no one else can have put it there."""
+    import shutil
+    prefix = os.path.join(tmpdir_short, "prefix")
+    pkg = os.path.join(prefix, "lib", "python3.11", "dist-packages", "psd")
+    shutil.copytree(os.path.join(ROOT, "python", "psd"), pkg,
+                    ignore=shutil.ignore_patterns("_lib", "__pycache__"))
+    lib = os.path.join(prefix, "lib", psd._version.SONAME)
+    shutil.copy(psd.library_path, lib)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(pkg), PSD_LIBPSCLIENT="",
+               LD_LIBRARY_PATH="")
+    code = "import psd; print(psd.library_path)"
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=tmpdir_short)
+    assert r.returncode == 0 and r.stdout.strip() == lib, r.stderr
+    os.chmod(lib, 0o666)  # as a planted file would be: writable by others
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=tmpdir_short)
+    assert r.returncode != 0 and "is writable by others" in r.stderr, r.stdout + r.stderr
