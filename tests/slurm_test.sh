@@ -170,6 +170,22 @@ preemption() {
   else bad "loopback: scancel --signal=USR1 (exit $rc1 then $rc2)" "$out"; fi
 }
 
+python_torch_job() {
+  local out=$WORK/python.log
+  if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
+    echo "SKIP: loopback: the PyTorch example (python3-torch or python3-numpy not installed)"
+    return
+  fi
+  "$BIN/cifar_synth" --out "$WORK/pysynth" --train 640 --test 100 --seed 4 >/dev/null
+  if timeout 180 srun -N2 -n3 "$BIN/psrun" --ps=1 -- /usr/bin/python3 \
+      "$HERE/../examples/python/cifar10_torch.py" --data "$WORK/pysynth" --steps 6 --batch 16 \
+      >"$out" 2>&1 &&
+     [ "$(grep -c '"steps": *6' "$out")" -eq 2 ] && sleep 1 &&
+     ! pgrep -f "cifar10_torc[h]\.py|$BIN/ps[d] " >/dev/null; then
+    ok "loopback: srun psrun --ps=1 python3 examples/python/cifar10_torch.py trains and exits 0"
+  else bad "loopback: the PyTorch example under Slurm" "$out"; fi
+}
+
 scenarios() {
   local mode=$1 out
   cd "$WORK" || exit 1
@@ -357,6 +373,12 @@ read -t 10 l <&5; echo \"forger answered: \$l\"; sleep 20" >"$out.forger" 2>&1 &
   # 10b. psd outliving the workers, and psctl inside the step (loopback).
   if [ "$mode" = loopback ]; then
     outlived_and_psctl
+  fi
+
+  # 10c. The PyTorch example under Slurm (loopback): one srun line, two
+  # Python workers through psd.torch, each exits 0 with its summary line.
+  if [ "$mode" = loopback ]; then
+    python_torch_job
   fi
 
   # 10. Preemption (loopback only: it is slow). The real template
