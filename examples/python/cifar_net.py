@@ -12,13 +12,20 @@ train one model on one stream of batches:
   from where its step says.
 - lr_factor: psd's learning-rate schedule (psd/optimizer.c), for runs that
   do not go through psd.
+- options / Progress: cifar_worker's options, its progress lines, its
+  --metrics JSON lines (docs/telemetry.md) and its closing summary line,
+  shared by the psd and the DDP trainers.
 
 Layouts are PyTorch's (OIHW convolutions, [out, in] linear weights, local3
 input flattened in (c, h, w) order), not the C model's TF layouts: the
 distributions are the same, the values are not interchangeable.
 """
+import argparse
+import json
 import math
 import os
+import sys
+import time
 
 import numpy as np
 import torch
@@ -272,3 +279,102 @@ class Sampler:
         crops = _crop(self.set.pixels, rec, dy, dx, flip)
         x, y = _to_torch(_standardize(crops), self.set.labels[rec])
         return x, y, gfirst // n + (gfirst % n) / n
+
+
+# --------------------------------------------------- runs: options, reports
+
+
+def options(doc):
+    """cifar_worker's training options (its defaults too)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", required=True, help="CIFAR-10 binary files (cifar_synth makes small ones)")
+    ap.add_argument("--epochs", type=float, default=1.0, help="epochs over the training set [1]")
+    ap.add_argument("--steps", type=int, default=0, help="steps instead of epochs")
+    ap.add_argument("--batch", type=int, default=128, help="images per worker per step [128]")
+    ap.add_argument("--lr", type=float, default=0.1, help="learning rate for the global batch [0.1]")
+    ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum [0: plain SGD]")
+    ap.add_argument("--warmup-epochs", type=float, default=0.0, help="linear warm-up of the lr [0]")
+    ap.add_argument("--cosine", action="store_true", help="cosine decay of the lr to 0 at the last step")
+    ap.add_argument("--eval-every", type=int, default=0, help="chief evaluates every N steps [0: at the end]")
+    ap.add_argument("--metrics", help="JSON lines of progress (worker i>0: FILE.w<i>)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads [SLURM_CPUS_PER_TASK, else cores/local workers]")
+    ap.add_argument("--seed", type=int, default=1, help="initial values, data order and augmentation [1]")
+    ap.add_argument("--no-lrn", action="store_true", help="drop both LRN layers")
+    return ap
+
+
+def default_threads(local_workers):
+    """As cifar_worker: SLURM_CPUS_PER_TASK, else this process's share of
+    the cores it may run on."""
+    v = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if v.isdigit() and int(v) > 0:
+        return int(v)
+    return max(1, len(os.sched_getaffinity(0)) // max(1, local_workers))
+
+
+def schedule(a, n_train, num_workers):
+    """(steps per epoch, total steps, warm-up steps) as cifar_worker counts
+    them: every worker sees its shard once per epoch."""
+    per_epoch = n_train / (num_workers * a.batch)
+    total = a.steps or math.ceil(a.epochs * per_epoch)
+    warmup = round(a.warmup_epochs * per_epoch)
+    if a.cosine and total <= warmup:
+        sys.exit("--cosine needs more steps than the warm-up")
+    return per_epoch, total, warmup
+
+
+class Progress:
+    """cifar_worker's reports: a line on stderr and in --metrics about once
+    a second and after each evaluation, then one JSON summary on stdout."""
+
+    def __init__(self, a, worker, num_workers, total, per_epoch, first_step):
+        self.a, self.w, self.nw, self.total, self.per_epoch = a, worker, num_workers, total, per_epoch
+        path = a.metrics if worker == 0 else f"{a.metrics}.w{worker}"
+        self.metrics = open(path, "w") if a.metrics else None
+        self.t0 = self.last = self.end = time.perf_counter()
+        self.first = self.mark = self.step = first_step
+        self.loss_sum, self.loss_n, self.loss, self.epoch = 0.0, 0, float("nan"), 0.0
+
+    def _line(self, wall, ips, loss, acc):
+        d = {"worker": self.w, "wall_s": round(wall, 3), "step": self.step,
+             "epoch": round(self.epoch, 4), "loss": round(loss, 5), "images_per_sec": round(ips, 2)}
+        if acc is not None:
+            d["test_accuracy"] = round(acc, 5)
+        if self.metrics:
+            self.metrics.write(json.dumps(d, separators=(",", ":")) + "\n")
+            self.metrics.flush()
+
+    def record(self, step, epoch, loss, acc=None):
+        """After a step: step is the next one, epoch and loss the batch's."""
+        self.step, self.epoch, self.loss = step, epoch, loss
+        self.loss_sum += loss
+        self.loss_n += 1
+        now = self.end = time.perf_counter()
+        if now - self.last < 1.0 and acc is None:
+            return
+        ips = (step - self.mark) * self.a.batch * self.nw / (now - self.last)
+        eta = (self.total - step) * self.a.batch * self.nw / ips if ips > 0 else 0
+        loss = self.loss_sum / self.loss_n
+        print(f"w{self.w} step {step} epoch {epoch:.2f} loss {loss:.4f} images/s {ips:.1f} eta {eta:.0f}s",
+              file=sys.stderr, flush=True)
+        if acc is not None:
+            print(f"w{self.w} step {step} test accuracy {acc:.4f}", file=sys.stderr, flush=True)
+        self._line(now - self.t0, ips, loss, acc)
+        self.last, self.mark, self.loss_sum, self.loss_n = now, step, 0.0, 0
+
+    def finish(self, acc=None, stopped=False):
+        """The last metrics line and the summary (neither when the job
+        stopped: it goes on when run again). acc: the chief's."""
+        wall = self.end - self.t0  # the training loop's, as cifar_worker
+        ips = (self.step - self.first) * self.a.batch * self.nw / wall if wall > 0 else 0.0
+        if not stopped:
+            self.epoch = self.step / self.per_epoch
+            self._line(wall, ips, self.loss, acc if self.w == 0 else None)
+            out = {"test_accuracy": None if acc is None else round(acc, 4),
+                   "images_per_sec": round(ips, 1), "steps": self.step,
+                   "epochs": round(self.epoch, 3), "wall_s": round(wall, 2)}
+            out.update({"workers": self.nw, "batch": self.a.batch} if self.w == 0 else {"worker": self.w})
+            out["loss"] = round(self.loss, 4)
+            print(json.dumps(out), flush=True)
+        if self.metrics:
+            self.metrics.close()
