@@ -7,6 +7,9 @@ cifar_net.py). Run it under psrun:
   build/bin/psrun --local -n 3 --ps 1 -- /usr/bin/python3 \\
       examples/python/cifar10_torch.py --data DIR --epochs 1 --momentum 0.9 --cosine
 
+(the psd package: pip install ./python, docs/python.md; or, from a build
+tree, PYTHONPATH=python PSD_LIBPSCLIENT=build/lib/libpsclient.so).
+
 The servers run the optimizer (SGD, momentum and schedule as
 cifar_worker's: psd.SGD, psd.Cosine, psd.Warmup); the workers push the
 gradient of the loss with its L2 term. The chief (worker 0) evaluates the
@@ -40,8 +43,8 @@ def optimizer(a, total, warmup):
 
 
 def train(a, client, train_set, test_set):
-    """The training loop; returns the chief's test accuracy, raises
-    psd.Stopped when the job stops."""
+    """The training loop; returns its Progress and the chief's final test
+    accuracy (None on the others); psd.Stopped when the job stops."""
     w, nw = client.worker_index, client.num_workers
     per_epoch, total, warmup = cn.schedule(a, train_set.n, nw)
     torch.manual_seed(a.seed)  # the chief's initial values; the others attach
@@ -58,7 +61,8 @@ def train(a, client, train_set, test_set):
             loss = cn.loss(net, model(x), y)
             loss.backward()  # gradients go out bucket by bucket
             step = model.step()
-            due = test_set is not None and a.eval_every > 0 and step % a.eval_every == 0 and step < total
+            due = (test_set is not None and a.eval_every > 0 and step % a.eval_every == 0
+                   and step < total)
             prog.record(step, epoch, float(loss), cn.accuracy(net, test_set) if due else None)
     except psd.Stopped:
         prog.finish(stopped=True)
@@ -72,7 +76,8 @@ def main():
     train_set = cn.load_train(a.data)
     client = psd.Client.from_env()
     test_set = cn.load_test(a.data) if client.worker_index == 0 else None
-    torch.set_num_threads(a.threads or cn.default_threads(int(os.environ.get("PS_LOCAL_WORKERS", "1"))))
+    local = int(os.environ.get("PS_LOCAL_WORKERS", "1"))  # psrun --local: workers share cores
+    torch.set_num_threads(a.threads or cn.default_threads(local))
     try:
         prog, acc = train(a, client, train_set, test_set)
     except psd.Stopped as e:

@@ -286,20 +286,23 @@ class Sampler:
 
 def options(doc):
     """cifar_worker's training options (its defaults too)."""
-    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", required=True, help="CIFAR-10 binary files (cifar_synth makes small ones)")
-    ap.add_argument("--epochs", type=float, default=1.0, help="epochs over the training set [1]")
-    ap.add_argument("--steps", type=int, default=0, help="steps instead of epochs")
-    ap.add_argument("--batch", type=int, default=128, help="images per worker per step [128]")
-    ap.add_argument("--lr", type=float, default=0.1, help="learning rate for the global batch [0.1]")
-    ap.add_argument("--momentum", type=float, default=0.0, help="SGD momentum [0: plain SGD]")
-    ap.add_argument("--warmup-epochs", type=float, default=0.0, help="linear warm-up of the lr [0]")
-    ap.add_argument("--cosine", action="store_true", help="cosine decay of the lr to 0 at the last step")
-    ap.add_argument("--eval-every", type=int, default=0, help="chief evaluates every N steps [0: at the end]")
-    ap.add_argument("--metrics", help="JSON lines of progress (worker i>0: FILE.w<i>)")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads [SLURM_CPUS_PER_TASK, else cores/local workers]")
-    ap.add_argument("--seed", type=int, default=1, help="initial values, data order and augmentation [1]")
-    ap.add_argument("--no-lrn", action="store_true", help="drop both LRN layers")
+    ap = argparse.ArgumentParser(description=doc,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    opt = ap.add_argument
+    opt("--data", required=True, help="CIFAR-10 binary files (cifar_synth makes small ones)")
+    opt("--epochs", type=float, default=1.0, help="epochs over the training set [1]")
+    opt("--steps", type=int, default=0, help="steps instead of epochs")
+    opt("--batch", type=int, default=128, help="images per worker per step [128]")
+    opt("--lr", type=float, default=0.1, help="learning rate for the global batch [0.1]")
+    opt("--momentum", type=float, default=0.0, help="SGD momentum [0: plain SGD]")
+    opt("--warmup-epochs", type=float, default=0.0, help="linear warm-up of the lr [0]")
+    opt("--cosine", action="store_true", help="cosine decay of the lr to 0 at the last step")
+    opt("--eval-every", type=int, default=0, help="chief evaluates every N steps [0: at the end]")
+    opt("--metrics", help="JSON lines of progress (worker i>0: FILE.w<i>)")
+    opt("--threads", type=int, default=0,
+        help="torch threads [SLURM_CPUS_PER_TASK, else cores/local workers]")
+    opt("--seed", type=int, default=1, help="initial values, data order and augmentation [1]")
+    opt("--no-lrn", action="store_true", help="drop both LRN layers")
     return ap
 
 
@@ -328,7 +331,8 @@ class Progress:
     a second and after each evaluation, then one JSON summary on stdout."""
 
     def __init__(self, a, worker, num_workers, total, per_epoch, first_step):
-        self.a, self.w, self.nw, self.total, self.per_epoch = a, worker, num_workers, total, per_epoch
+        self.a, self.w, self.nw = a, worker, num_workers
+        self.total, self.per_epoch = total, per_epoch
         path = a.metrics if worker == 0 else f"{a.metrics}.w{worker}"
         self.metrics = open(path, "w") if a.metrics else None
         self.t0 = self.last = self.end = time.perf_counter()
@@ -355,8 +359,8 @@ class Progress:
         ips = (step - self.mark) * self.a.batch * self.nw / (now - self.last)
         eta = (self.total - step) * self.a.batch * self.nw / ips if ips > 0 else 0
         loss = self.loss_sum / self.loss_n
-        print(f"w{self.w} step {step} epoch {epoch:.2f} loss {loss:.4f} images/s {ips:.1f} eta {eta:.0f}s",
-              file=sys.stderr, flush=True)
+        print(f"w{self.w} step {step} epoch {epoch:.2f} loss {loss:.4f} images/s {ips:.1f} "
+              f"eta {eta:.0f}s", file=sys.stderr, flush=True)
         if acc is not None:
             print(f"w{self.w} step {step} test accuracy {acc:.4f}", file=sys.stderr, flush=True)
         self._line(now - self.t0, ips, loss, acc)
@@ -373,7 +377,8 @@ class Progress:
             out = {"test_accuracy": None if acc is None else round(acc, 4),
                    "images_per_sec": round(ips, 1), "steps": self.step,
                    "epochs": round(self.epoch, 3), "wall_s": round(wall, 2)}
-            out.update({"workers": self.nw, "batch": self.a.batch} if self.w == 0 else {"worker": self.w})
+            out.update({"workers": self.nw, "batch": self.a.batch} if self.w == 0
+                       else {"worker": self.w})
             out["loss"] = round(self.loss, 4)
             print(json.dumps(out), flush=True)
         if self.metrics:
