@@ -15,10 +15,19 @@
 # chief's summary line; start-up, loading and the final evaluation are not
 # in it) as median [min-max] over the rounds, the ratios psd/DDP (and
 # C/psd) of the medians and per round, and the test accuracy after each run.
+# A psd chief starts its clock at its first pull, before the other worker
+# has started: its first step carries that wait (1-2 s here), which weighs
+# on short runs (STEPS) and not on epochs (well under 1% of one). DDP's
+# ranks start together (the DDP constructor is a barrier).
 #
 #   deploy/bench/torch_ddp_vs_psd.sh [DATA_DIR]     (default: $DATA)
 #   ROUNDS=3 EPOCHS=1 C=1 deploy/bench/torch_ddp_vs_psd.sh /work/shared/cifar10
 #   STEPS=20 deploy/bench/torch_ddp_vs_psd.sh DIR    # a quick look (no epochs)
+#
+# The final evaluation (10000 test images, outside the timing) takes tens of
+# seconds a run on one thread; when only images/s matter, a DATA_DIR whose
+# test_batch.bin is the first records of the real one (head -c $((1000 * 3073)))
+# with the training files linked in makes the rounds quicker.
 #
 # Environment: ROUNDS (1), EPOCHS (2), STEPS (instead of EPOCHS), BATCH (128
 # per worker), THREADS (torch threads per process, 1), CPUS (taskset list;
