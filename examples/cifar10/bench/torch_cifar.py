@@ -13,41 +13,15 @@ usage: torch_cifar.py [--device cpu|cuda] [--threads T] [--batch B] [--steps N]
 """
 import argparse
 import json
+import os
+import sys
 import time
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
-
-class Net(nn.Module):
-    def __init__(self, lrn=True):
-        super().__init__()
-        self.lrn = lrn
-        self.conv1 = nn.Conv2d(3, 64, 5, padding=2)
-        self.conv2 = nn.Conv2d(64, 64, 5, padding=2)
-        self.local3 = nn.Linear(6 * 6 * 64, 384)
-        self.local4 = nn.Linear(384, 192)
-        self.softmax_linear = nn.Linear(192, 10)
-        # TF: out = in / (1 + 0.001/9 * sum_{9 channels} in^2)^0.75;
-        # torch divides alpha by size, so alpha = 0.001/9 * 9.
-        self.norm = nn.LocalResponseNorm(size=9, alpha=0.001, beta=0.75, k=1.0)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        # TF SAME max-pool k3 s2 (24->12, 12->6) pads one column/row at the
-        # end only: that is ceil_mode=True with no padding.
-        x = F.max_pool2d(x, 3, 2, ceil_mode=True)
-        if self.lrn:
-            x = self.norm(x)
-        x = F.relu(self.conv2(x))
-        if self.lrn:
-            x = self.norm(x)
-        x = F.max_pool2d(x, 3, 2, ceil_mode=True)
-        x = torch.flatten(x, 1)
-        x = F.relu(self.local3(x))
-        x = F.relu(self.local4(x))
-        return self.softmax_linear(x)
+# The network is the Python examples' (examples/python/cifar_net.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+from cifar_net import Net, loss as cifar_loss  # noqa: E402
 
 
 def main():
@@ -79,10 +53,7 @@ def main():
     def step():
         opt.zero_grad(set_to_none=True)
         logits = net(x)
-        loss = F.cross_entropy(logits, y)
-        # TF tutorial weight decay on the two hidden FC layers
-        loss = loss + 0.004 * 0.5 * (net.local3.weight.pow(2).sum() +
-                                     net.local4.weight.pow(2).sum())
+        loss = cifar_loss(net, logits, y)  # with the tutorial's weight decay
         loss.backward()
         opt.step()
         return loss
