@@ -20,7 +20,8 @@ need numpy python3-numpy
 need pytest python3-pytest
 case "$what" in
   core) files=(test_client.py test_package.py) ;;
-  torch) need torch python3-torch; files=(test_torch.py test_readme.py test_ctr_example.py) ;;
+  torch) need torch python3-torch
+    files=(test_torch.py test_readme.py test_ctr_example.py test_examples.py) ;;
   *) echo "python_test.sh: unknown suite '$what'" >&2; exit 2 ;;
 esac
 export PSD_BIN_DIR=$bin

@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cifar_net as cn  # noqa: E402
+import psd_path  # noqa: E402,F401  (the checkout's psd when not installed)
 
 import psd  # noqa: E402
 import psd.torch  # noqa: E402

@@ -29,8 +29,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import psd
-import psd.torch
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import psd_path  # noqa: E402,F401  (the checkout's psd when not installed)
+
+import psd  # noqa: E402
+import psd.torch  # noqa: E402
 
 MAGIC, VERSION, HEADER_FIXED = b"PSDCTR01", 1, 64
 TABLE_LR = {"sgd": 0.5, "adagrad": 0.1, "adam": 0.002, "ftrl": 0.05}  # ctr_worker's
