@@ -116,14 +116,13 @@ class Client:
         self._deferred: Optional[BaseException] = None  # raised by the next step()
         self.stale = False  # the last step() skipped ahead past a stale push
         if _ptr is None:
-            _ptr = self._create(list(hosts), locals())
+            _ptr = self._create(hosts, locals())
         self._hd = _Handle(_ptr)
         self._h = _ptr
 
     @staticmethod
     def _create(hosts, kw):
-        if isinstance(hosts, str):
-            hosts = hosts.split(",")
+        hosts = hosts.split(",") if isinstance(hosts, str) else list(hosts)
         cfg = _lib.sized(_lib.Config, lib.ps_config_init_sized)
         arr = (ctypes.c_char_p * max(1, len(hosts)))(*[h.encode() for h in hosts])
         cfg.hosts, cfg.num_ps = arr, len(hosts)

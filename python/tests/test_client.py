@@ -188,3 +188,12 @@ def test_gil_released_while_waiting(start_psd):
     c1.finish()
     c0.close()
     c1.close()
+
+
+def test_hosts_as_one_comma_separated_string(start_psd):
+    """hosts="h:p,h:p" is the same as a list (it was split into characters)."""
+    ps = start_psd(2)
+    c = psd.Client(hosts=",".join(hosts(ps)), telemetry="off")
+    assert c.num_ps == 2
+    c.finish()
+    c.close()
