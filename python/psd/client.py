@@ -41,6 +41,31 @@ def _array(ptr, shape: Tuple[int, ...], holder) -> np.ndarray:
     return np.ctypeslib.as_array(buf).reshape(shape)
 
 
+def _cname(what: str, name) -> bytes:
+    """``name`` for C: a str without NUL (C would end it there)."""
+    if not isinstance(name, str):
+        raise TypeError("a %s name must be a str, got %r" % (what, name))
+    if "\0" in name:
+        raise ValueError("%s name %r contains a NUL character" % (what, name))
+    return name.encode()
+
+
+def _shape(name: str, shape) -> Tuple[int, ...]:
+    """``shape`` as a tuple of 1 to 8 integers in [1, 2**63) (ctypes would
+    wrap a larger one into int64 silently), or ValueError."""
+    dims = [shape] if np.ndim(shape) == 0 else list(shape)
+    out = []
+    for d in dims:
+        try:
+            out.append(config.count("shape", d, 2**63 - 1))
+        except (TypeError, ValueError):
+            break
+    if len(out) != len(dims) or not 1 <= len(out) <= 8 or min(out) <= 0:
+        raise ValueError("variable %r: shape must have 1 to 8 dimensions, each an integer "
+                         "in [1, 2**63), got %r" % (name, shape))
+    return tuple(out)
+
+
 class Variable:
     """A dense variable (ps_var): ``data`` holds the parameters the last
     pull received, ``grad`` the gradient the next push sends; both are
@@ -232,10 +257,8 @@ class Client:
         values, ignored) to receive them. Creating a name again with the
         same settings returns the same Variable; different ones raise
         ShapeError or ConfigMismatch."""
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
-        if not 1 <= len(shape) <= 8 or min(shape) <= 0:
-            raise ValueError("variable %r: shape must have 1 to 8 dimensions, each > 0, got %r"
-                             % (name, shape))
+        cname = _cname("variable", name)
+        shape = _shape(name, shape)
         dims = (ctypes.c_int64 * len(shape))(*shape)
         opt = config.optimizer_struct(optimizer)
         out = ctypes.c_void_p()
@@ -248,12 +271,12 @@ class Client:
                 if vals.size != int(np.prod(shape)):
                     raise ValueError("variable %r: values have %d elements, shape %r needs %d"
                                      % (name, vals.size, shape, int(np.prod(shape))))
-            self._call(lib.ps_client_var_create_values, name.encode(), dims, len(shape),
+            self._call(lib.ps_client_var_create_values, cname, dims, len(shape),
                        None if vals is None else vals.ctypes.data_as(_lib.FP),
                        ctypes.byref(opt), ctypes.byref(out))
         else:
             ini = config.init_struct(init)
-            self._call(lib.ps_client_var_create, name.encode(), dims, len(shape),
+            self._call(lib.ps_client_var_create, cname, dims, len(shape),
                        ctypes.byref(ini), ctypes.byref(opt), ctypes.byref(out))
         if name in self._vars:
             return self._vars[name]
@@ -268,10 +291,11 @@ class Client:
         """Creates sparse table ``name`` (rows of ``dim`` floats, at most
         ``capacity`` rows) or attaches to it; see psd.Table."""
         from .table import Table
+        cname = _cname("table", name)
         cfg = config.table_struct(dim, capacity, optimizer, init, admit_count, admit_prob,
                                   evict_after_steps)
         out = ctypes.c_void_p()
-        self._call(lib.ps_client_table_create, name.encode(), ctypes.byref(cfg),
+        self._call(lib.ps_client_table_create, cname, ctypes.byref(cfg),
                    ctypes.byref(out))
         if name not in self._tables:
             self._tables[name] = Table(self, out.value, name, int(dim))

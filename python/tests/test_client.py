@@ -197,3 +197,23 @@ def test_hosts_as_one_comma_separated_string(start_psd):
     assert c.num_ps == 2
     c.finish()
     c.close()
+
+
+def test_bad_shapes_and_names_stop_before_c(start_psd):
+    """A dimension past int64 used to wrap in ctypes (2**64 + 1 created a
+    variable of 1 element on the servers, then failed), 2.7 became 2, and
+    a NUL in a name cut it short in C ('a\\0b' attached to 'a')."""
+    ps = start_psd(1)
+    with client(ps) as c:
+        for shape in [(2**64 + 1,), (2**63,), (4, 2.7), ("3",)]:
+            with pytest.raises(ValueError, match="shape"):
+                c.variable("v", shape)
+        with pytest.raises(ValueError, match="NUL"):
+            c.variable("a\0b", 3)
+        with pytest.raises(ValueError, match="NUL"):
+            c.table("t\0u", 4, 10)
+        with pytest.raises(TypeError, match="name"):
+            c.variable(None, 3)
+        assert c.variables == {}
+        a = c.variable("a", 3, init=psd.Constant(1))
+        assert a.shape == (3,) and np.all(a.data == 1)
