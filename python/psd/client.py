@@ -85,6 +85,15 @@ class Variable:
                                                  "" if self.trainable else " not trainable")
 
 
+def _ms(timeout) -> int:
+    """``timeout`` seconds as C's int of milliseconds, clamped to [0,
+    2**31 - 1] (ctypes would wrap a larger one silently)."""
+    t = float(timeout)
+    if t != t:
+        raise ValueError("timeout must be a number of seconds or None, got %r" % (timeout,))
+    return int(min(max(t, 0.0) * 1000, 2**31 - 1))
+
+
 class Request:
     """An in-flight push or pull (ps_req). ``wait`` drives the client's I/O
     until it completes; the request is released when this object goes."""
@@ -98,11 +107,14 @@ class Request:
         """Waits up to ``timeout`` seconds (None: the client's request
         timeout). Returns the step received (a pull), or None (a push);
         raises the request's error (psd.StaleError for a push that came too
-        late, psd.Timeout)."""
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        late, psd.Timeout). A timeout is capped at 2**31 - 1 ms (24.8 days):
+        C takes an int."""
+        ms = -1 if timeout is None else _ms(timeout)
         step = ctypes.c_uint64(0)
         with self._hd.lock:
             self._client._live()
+            if not self._h:
+                raise StateError("the request was released")
             rc = lib.ps_req_wait(self._h, ms, ctypes.byref(step))
             self._client._check(rc)
         self.step = step.value

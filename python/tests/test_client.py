@@ -217,3 +217,34 @@ def test_bad_shapes_and_names_stop_before_c(start_psd):
         assert c.variables == {}
         a = c.variable("a", 3, init=psd.Constant(1))
         assert a.shape == (3,) and np.all(a.data == 1)
+
+
+def test_request_wait_timeouts_and_after_release(start_psd):
+    """wait(timeout) past 2**31 ms wrapped in ctypes (4294968 s waited
+    0.7 s), inf raised OverflowError, and a released request raised an
+    InvalidArgument carrying an earlier call's message."""
+    import threading
+    import time
+    ps = start_psd(1)
+    c0 = client(ps, worker_index=0, num_workers=2)
+    c1 = client(ps, worker_index=1, num_workers=2)
+    w0 = c0.variable("w", 3)
+    c1.variable("w", 3)
+    r = c0.pull_async()
+    assert r.wait(timeout=float("inf")) == 0
+    r.release()
+    with pytest.raises(psd.StateError, match="released"):
+        r.wait()
+    with pytest.raises(ValueError, match="timeout"):
+        c0.pull_async().wait(timeout=float("nan"))
+    w0.grad[:] = 1
+    c0.push_async().wait()
+    late = threading.Timer(1.5, c1.step)  # completes step 1 in 1.5 s
+    late.start()
+    t0 = time.time()
+    assert c0.pull_async([w0], min_step=1).wait(timeout=2**32 / 1000 + 0.704) == 1
+    assert time.time() - t0 > 1
+    late.join()
+    for c in (c0, c1):
+        c.finish()
+        c.close()
