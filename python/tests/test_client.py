@@ -248,3 +248,20 @@ def test_request_wait_timeouts_and_after_release(start_psd):
     for c in (c0, c1):
         c.finish()
         c.close()
+
+
+def test_table_pull_out_must_be_writable(start_psd):
+    """A read-only out (an array over a bytes object) was written into by
+    C: the 'immutable' bytes changed under Python."""
+    ps = start_psd(1)
+    with client(ps) as c:
+        t = c.table("t", 2, 10, init=psd.Constant(5.0))
+        frozen = bytes(16)
+        ro = np.frombuffer(frozen, dtype=np.float32).reshape(2, 2)
+        with pytest.raises(ValueError, match="writable"):
+            t.pull([1, 2], out=ro)
+        assert frozen == bytes(16)
+        with pytest.raises(ValueError, match="out must"):
+            t.pull([1], out=[0.0, 0.0])
+        out = np.zeros((2, 2), np.float32)
+        assert t.pull([1, 2], out=out) is out and np.all(out == 5)
