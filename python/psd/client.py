@@ -398,13 +398,16 @@ class Client:
         """Closes the connections now (without finish: the servers see the
         worker leave). Arrays over the variables' buffers (and a
         DistributedModule's parameters) stay valid: that memory is freed
-        with the last of them."""
-        if self._hd.ptr:
-            lib.ps_client_close(self._hd.ptr)
-        self._vars.clear()
-        self._tables.clear()
-        self._h = None
-        self._hd = _Handle(0)
+        with the last of them. A call another thread has in flight
+        finishes first (the lock: a ps_client is used by one thread at a
+        time)."""
+        with self._hd.lock:
+            if self._hd.ptr:
+                lib.ps_client_close(self._hd.ptr)
+            self._vars.clear()
+            self._tables.clear()
+            self._h = None
+            self._hd = _Handle(0)
 
     def __enter__(self) -> "Client":
         return self

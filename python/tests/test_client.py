@@ -265,3 +265,32 @@ def test_table_pull_out_must_be_writable(start_psd):
             t.pull([1], out=[0.0, 0.0])
         out = np.zeros((2, 2), np.float32)
         assert t.pull([1, 2], out=out) is out and np.all(out == 5)
+
+
+def test_close_waits_for_another_thread_s_call(start_psd):
+    """close() from another thread ran ps_client_close while a wait was
+    driving the same connections (a ps_client is not thread-safe): it
+    now takes the client's lock like every other call."""
+    import threading
+    import time
+    ps = start_psd(1)
+    c = client(ps, worker_index=0, num_workers=2)
+    w = c.variable("w", 3)
+    got = []
+
+    def waiter():
+        try:
+            c.pull_async([w], min_step=1).wait(timeout=1.0)  # nobody steps
+        except psd.Error as e:
+            got.append(e)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.3)
+    t0 = time.time()
+    c.close()
+    th.join()
+    assert time.time() - t0 > 0.4
+    assert len(got) == 1 and isinstance(got[0], psd.Timeout), got
+    with pytest.raises(psd.StateError, match="closed"):
+        c.pull()
