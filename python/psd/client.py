@@ -76,9 +76,31 @@ class Variable:
                  trainable: bool):
         self._h, self.name, self.shape, self.trainable = h, name, shape, trainable
         self.client = client
-        self.data = _array(lib.ps_var_data(h), shape, client._hd)
-        self.grad = _array(lib.ps_var_grad(h), shape, client._hd)
-        self.numel = int(self.data.size)
+        self._data = _array(lib.ps_var_data(h), shape, client._hd)
+        self._grad = _array(lib.ps_var_grad(h), shape, client._hd)
+        self.numel = int(self._data.size)
+
+    # Read-only attributes: `v.grad = g` would only rebind the name, and the
+    # push would send the library's buffer, not g. Fill them: v.grad[:] = g.
+    @property
+    def data(self) -> np.ndarray:
+        return self._data
+
+    @data.setter
+    def data(self, _):
+        raise AttributeError("%s.data is a view of the library's buffer: fill it "
+                             "(%s.data[:] = values) instead of replacing it" % (self.name,
+                                                                               self.name))
+
+    @property
+    def grad(self) -> np.ndarray:
+        return self._grad
+
+    @grad.setter
+    def grad(self, _):
+        raise AttributeError("%s.grad is a view of the library's buffer, which the push "
+                             "sends: fill it (%s.grad[:] = gradient) instead of replacing "
+                             "it" % (self.name, self.name))
 
     def __repr__(self):
         return "<psd.Variable %r shape=%s%s>" % (self.name, self.shape,

@@ -294,3 +294,19 @@ def test_close_waits_for_another_thread_s_call(start_psd):
     assert len(got) == 1 and isinstance(got[0], psd.Timeout), got
     with pytest.raises(psd.StateError, match="closed"):
         c.pull()
+
+
+def test_assigning_grad_instead_of_filling_it_raises(start_psd):
+    """`w.grad = g` replaced the attribute and step() silently pushed the
+    library's buffer (zeros) instead of g."""
+    ps = start_psd(1)
+    with client(ps) as c:
+        w = c.variable("w", 3, init=psd.Constant(1), optimizer=psd.SGD(lr=1))
+        c.pull()
+        with pytest.raises(AttributeError, match=r"w\.grad\[:\]"):
+            w.grad = np.ones(3, np.float32)
+        with pytest.raises(AttributeError, match=r"w\.data\[:\]"):
+            w.data = np.ones(3, np.float32)
+        w.grad[:] = 1
+        c.step()
+        assert np.all(w.data == 0)
