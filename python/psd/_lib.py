@@ -119,11 +119,20 @@ def _candidates():
 
 
 def _untrusted(path):
-    """Why a library file found by a relative path must not be loaded, or
-    None: on a shared node another user could plant one (a checkout in
-    /tmp), so the file and its folder must belong to root or to us and be
-    writable by no one else."""
-    for p in (path, os.path.dirname(path)):
+    """Why a library file found by a relative path (resolved: no links)
+    must not be loaded, or None: on a shared node another user could plant
+    one (a checkout in /tmp), so the file and every folder above it up to
+    / must belong to root or to us and be writable by no one else (sticky
+    folders such as /tmp excepted): a folder others can write anywhere
+    above lets them swap the subtree, even between this check and the
+    load."""
+    chain, p = [path], os.path.dirname(path)
+    while True:
+        chain.append(p)
+        if os.path.dirname(p) == p:
+            break
+        p = os.path.dirname(p)
+    for p in chain:
         st = os.stat(p)
         if st.st_uid not in (0, os.getuid()):
             return "%s belongs to uid %d" % (p, st.st_uid)
@@ -139,12 +148,15 @@ def _load():
         if os.sep in path and not os.path.exists(path):
             tried.append(path + " (no such file)")
             continue
-        why = None if explicit or os.sep not in path else _untrusted(os.path.realpath(path))
-        if why:
-            tried.append("%s (not loaded: %s)" % (path, why))
-            continue
+        load = path
+        if not explicit and os.sep in path:
+            load = os.path.realpath(path)  # the file checked is the file loaded
+            why = _untrusted(load)
+            if why:
+                tried.append("%s (not loaded: %s)" % (path, why))
+                continue
         try:
-            lib = ctypes.CDLL(path)
+            lib = ctypes.CDLL(load)
         except OSError as e:
             tried.append("%s (%s)" % (path, e))
             continue

@@ -41,6 +41,31 @@ def _array(ptr, shape: Tuple[int, ...], holder) -> np.ndarray:
     return np.ctypeslib.as_array(buf).reshape(shape)
 
 
+def _cname(what: str, name) -> bytes:
+    """``name`` for C: a str without NUL (C would end it there)."""
+    if not isinstance(name, str):
+        raise TypeError("a %s name must be a str, got %r" % (what, name))
+    if "\0" in name:
+        raise ValueError("%s name %r contains a NUL character" % (what, name))
+    return name.encode()
+
+
+def _shape(name: str, shape) -> Tuple[int, ...]:
+    """``shape`` as a tuple of 1 to 8 integers in [1, 2**63) (ctypes would
+    wrap a larger one into int64 silently), or ValueError."""
+    dims = [shape] if np.ndim(shape) == 0 else list(shape)
+    out = []
+    for d in dims:
+        try:
+            out.append(config.count("shape", d, 2**63 - 1))
+        except (TypeError, ValueError):
+            break
+    if len(out) != len(dims) or not 1 <= len(out) <= 8 or min(out) <= 0:
+        raise ValueError("variable %r: shape must have 1 to 8 dimensions, each an integer "
+                         "in [1, 2**63), got %r" % (name, shape))
+    return tuple(out)
+
+
 class Variable:
     """A dense variable (ps_var): ``data`` holds the parameters the last
     pull received, ``grad`` the gradient the next push sends; both are
@@ -51,13 +76,44 @@ class Variable:
                  trainable: bool):
         self._h, self.name, self.shape, self.trainable = h, name, shape, trainable
         self.client = client
-        self.data = _array(lib.ps_var_data(h), shape, client._hd)
-        self.grad = _array(lib.ps_var_grad(h), shape, client._hd)
-        self.numel = int(self.data.size)
+        self._data = _array(lib.ps_var_data(h), shape, client._hd)
+        self._grad = _array(lib.ps_var_grad(h), shape, client._hd)
+        self.numel = int(self._data.size)
+
+    # Read-only attributes: `v.grad = g` would only rebind the name, and the
+    # push would send the library's buffer, not g. Fill them: v.grad[:] = g.
+    @property
+    def data(self) -> np.ndarray:
+        return self._data
+
+    @data.setter
+    def data(self, _):
+        raise AttributeError("%s.data is a view of the library's buffer: fill it "
+                             "(%s.data[:] = values) instead of replacing it" % (self.name,
+                                                                               self.name))
+
+    @property
+    def grad(self) -> np.ndarray:
+        return self._grad
+
+    @grad.setter
+    def grad(self, _):
+        raise AttributeError("%s.grad is a view of the library's buffer, which the push "
+                             "sends: fill it (%s.grad[:] = gradient) instead of replacing "
+                             "it" % (self.name, self.name))
 
     def __repr__(self):
         return "<psd.Variable %r shape=%s%s>" % (self.name, self.shape,
                                                  "" if self.trainable else " not trainable")
+
+
+def _ms(timeout) -> int:
+    """``timeout`` seconds as C's int of milliseconds, clamped to [0,
+    2**31 - 1] (ctypes would wrap a larger one silently)."""
+    t = float(timeout)
+    if t != t:
+        raise ValueError("timeout must be a number of seconds or None, got %r" % (timeout,))
+    return int(min(max(t, 0.0) * 1000, 2**31 - 1))
 
 
 class Request:
@@ -73,11 +129,14 @@ class Request:
         """Waits up to ``timeout`` seconds (None: the client's request
         timeout). Returns the step received (a pull), or None (a push);
         raises the request's error (psd.StaleError for a push that came too
-        late, psd.Timeout)."""
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        late, psd.Timeout). A timeout is capped at 2**31 - 1 ms (24.8 days):
+        C takes an int."""
+        ms = -1 if timeout is None else _ms(timeout)
         step = ctypes.c_uint64(0)
         with self._hd.lock:
             self._client._live()
+            if not self._h:
+                raise StateError("the request was released")
             rc = lib.ps_req_wait(self._h, ms, ctypes.byref(step))
             self._client._check(rc)
         self.step = step.value
@@ -116,14 +175,13 @@ class Client:
         self._deferred: Optional[BaseException] = None  # raised by the next step()
         self.stale = False  # the last step() skipped ahead past a stale push
         if _ptr is None:
-            _ptr = self._create(list(hosts), locals())
+            _ptr = self._create(hosts, locals())
         self._hd = _Handle(_ptr)
         self._h = _ptr
 
     @staticmethod
     def _create(hosts, kw):
-        if isinstance(hosts, str):
-            hosts = hosts.split(",")
+        hosts = hosts.split(",") if isinstance(hosts, str) else list(hosts)
         cfg = _lib.sized(_lib.Config, lib.ps_config_init_sized)
         arr = (ctypes.c_char_p * max(1, len(hosts)))(*[h.encode() for h in hosts])
         cfg.hosts, cfg.num_ps = arr, len(hosts)
@@ -233,10 +291,8 @@ class Client:
         values, ignored) to receive them. Creating a name again with the
         same settings returns the same Variable; different ones raise
         ShapeError or ConfigMismatch."""
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
-        if not 1 <= len(shape) <= 8 or min(shape) <= 0:
-            raise ValueError("variable %r: shape must have 1 to 8 dimensions, each > 0, got %r"
-                             % (name, shape))
+        cname = _cname("variable", name)
+        shape = _shape(name, shape)
         dims = (ctypes.c_int64 * len(shape))(*shape)
         opt = config.optimizer_struct(optimizer)
         out = ctypes.c_void_p()
@@ -249,12 +305,12 @@ class Client:
                 if vals.size != int(np.prod(shape)):
                     raise ValueError("variable %r: values have %d elements, shape %r needs %d"
                                      % (name, vals.size, shape, int(np.prod(shape))))
-            self._call(lib.ps_client_var_create_values, name.encode(), dims, len(shape),
+            self._call(lib.ps_client_var_create_values, cname, dims, len(shape),
                        None if vals is None else vals.ctypes.data_as(_lib.FP),
                        ctypes.byref(opt), ctypes.byref(out))
         else:
             ini = config.init_struct(init)
-            self._call(lib.ps_client_var_create, name.encode(), dims, len(shape),
+            self._call(lib.ps_client_var_create, cname, dims, len(shape),
                        ctypes.byref(ini), ctypes.byref(opt), ctypes.byref(out))
         if name in self._vars:
             return self._vars[name]
@@ -269,10 +325,11 @@ class Client:
         """Creates sparse table ``name`` (rows of ``dim`` floats, at most
         ``capacity`` rows) or attaches to it; see psd.Table."""
         from .table import Table
+        cname = _cname("table", name)
         cfg = config.table_struct(dim, capacity, optimizer, init, admit_count, admit_prob,
                                   evict_after_steps)
         out = ctypes.c_void_p()
-        self._call(lib.ps_client_table_create, name.encode(), ctypes.byref(cfg),
+        self._call(lib.ps_client_table_create, cname, ctypes.byref(cfg),
                    ctypes.byref(out))
         if name not in self._tables:
             self._tables[name] = Table(self, out.value, name, int(dim))
@@ -363,13 +420,16 @@ class Client:
         """Closes the connections now (without finish: the servers see the
         worker leave). Arrays over the variables' buffers (and a
         DistributedModule's parameters) stay valid: that memory is freed
-        with the last of them."""
-        if self._hd.ptr:
-            lib.ps_client_close(self._hd.ptr)
-        self._vars.clear()
-        self._tables.clear()
-        self._h = None
-        self._hd = _Handle(0)
+        with the last of them. A call another thread has in flight
+        finishes first (the lock: a ps_client is used by one thread at a
+        time)."""
+        with self._hd.lock:
+            if self._hd.ptr:
+                lib.ps_client_close(self._hd.ptr)
+            self._vars.clear()
+            self._tables.clear()
+            self._h = None
+            self._hd = _Handle(0)
 
     def __enter__(self) -> "Client":
         return self

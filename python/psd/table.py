@@ -57,10 +57,11 @@ class Table:
         k = keys_array(keys)
         if out is None:
             out = np.empty((k.size, self.dim), dtype=np.float32)
-        elif (out.dtype != np.float32 or not out.flags.c_contiguous or
+        elif (not isinstance(out, np.ndarray) or out.dtype != np.float32 or
+              not out.flags.c_contiguous or not out.flags.writeable or
               out.size != k.size * self.dim):
-            raise ValueError("table %r: out must be a C-contiguous float32 array of %d x %d"
-                             % (self.name, k.size, self.dim))
+            raise ValueError("table %r: out must be a writable C-contiguous float32 array "
+                             "of %d x %d" % (self.name, k.size, self.dim))
         ms = config.count("min_step", min_step)
         req = ctypes.c_void_p()
         self.client._call(lib.ps_table_pull_async, ms, _ptr(k, ctypes.c_uint64),

@@ -282,6 +282,9 @@ class Embedding(torch.nn.Module):
         self.dim = dim
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise TypeError("psd.torch.Embedding %r: ids must be an integer tensor, got %s"
+                            % (self.table.name, ids.dtype))
         keys = ids.reshape(-1).to("cpu", torch.int64).numpy().view(np.uint64).copy()
         rows = torch.from_numpy(self.table.pull(keys, read_only=not self.training))
         if self.training:

@@ -188,3 +188,125 @@ def test_gil_released_while_waiting(start_psd):
     c1.finish()
     c0.close()
     c1.close()
+
+
+def test_hosts_as_one_comma_separated_string(start_psd):
+    """hosts="h:p,h:p" is the same as a list (it was split into characters)."""
+    ps = start_psd(2)
+    c = psd.Client(hosts=",".join(hosts(ps)), telemetry="off")
+    assert c.num_ps == 2
+    c.finish()
+    c.close()
+
+
+def test_bad_shapes_and_names_stop_before_c(start_psd):
+    """A dimension past int64 used to wrap in ctypes (2**64 + 1 created a
+    variable of 1 element on the servers, then failed), 2.7 became 2, and
+    a NUL in a name cut it short in C ('a\\0b' attached to 'a')."""
+    ps = start_psd(1)
+    with client(ps) as c:
+        for shape in [(2**64 + 1,), (2**63,), (4, 2.7), ("3",)]:
+            with pytest.raises(ValueError, match="shape"):
+                c.variable("v", shape)
+        with pytest.raises(ValueError, match="NUL"):
+            c.variable("a\0b", 3)
+        with pytest.raises(ValueError, match="NUL"):
+            c.table("t\0u", 4, 10)
+        with pytest.raises(TypeError, match="name"):
+            c.variable(None, 3)
+        assert c.variables == {}
+        a = c.variable("a", 3, init=psd.Constant(1))
+        assert a.shape == (3,) and np.all(a.data == 1)
+
+
+def test_request_wait_timeouts_and_after_release(start_psd):
+    """wait(timeout) past 2**31 ms wrapped in ctypes (4294968 s waited
+    0.7 s), inf raised OverflowError, and a released request raised an
+    InvalidArgument carrying an earlier call's message."""
+    import threading
+    import time
+    ps = start_psd(1)
+    c0 = client(ps, worker_index=0, num_workers=2)
+    c1 = client(ps, worker_index=1, num_workers=2)
+    w0 = c0.variable("w", 3)
+    c1.variable("w", 3)
+    r = c0.pull_async()
+    assert r.wait(timeout=float("inf")) == 0
+    r.release()
+    with pytest.raises(psd.StateError, match="released"):
+        r.wait()
+    with pytest.raises(ValueError, match="timeout"):
+        c0.pull_async().wait(timeout=float("nan"))
+    w0.grad[:] = 1
+    c0.push_async().wait()
+    late = threading.Timer(1.5, c1.step)  # completes step 1 in 1.5 s
+    late.start()
+    t0 = time.time()
+    assert c0.pull_async([w0], min_step=1).wait(timeout=2**32 / 1000 + 0.704) == 1
+    assert time.time() - t0 > 1
+    late.join()
+    for c in (c0, c1):
+        c.finish()
+        c.close()
+
+
+def test_table_pull_out_must_be_writable(start_psd):
+    """A read-only out (an array over a bytes object) was written into by
+    C: the 'immutable' bytes changed under Python."""
+    ps = start_psd(1)
+    with client(ps) as c:
+        t = c.table("t", 2, 10, init=psd.Constant(5.0))
+        frozen = bytes(16)
+        ro = np.frombuffer(frozen, dtype=np.float32).reshape(2, 2)
+        with pytest.raises(ValueError, match="writable"):
+            t.pull([1, 2], out=ro)
+        assert frozen == bytes(16)
+        with pytest.raises(ValueError, match="out must"):
+            t.pull([1], out=[0.0, 0.0])
+        out = np.zeros((2, 2), np.float32)
+        assert t.pull([1, 2], out=out) is out and np.all(out == 5)
+
+
+def test_close_waits_for_another_thread_s_call(start_psd):
+    """close() from another thread ran ps_client_close while a wait was
+    driving the same connections (a ps_client is not thread-safe): it
+    now takes the client's lock like every other call."""
+    import threading
+    import time
+    ps = start_psd(1)
+    c = client(ps, worker_index=0, num_workers=2)
+    w = c.variable("w", 3)
+    got = []
+
+    def waiter():
+        try:
+            c.pull_async([w], min_step=1).wait(timeout=1.0)  # nobody steps
+        except psd.Error as e:
+            got.append(e)
+
+    th = threading.Thread(target=waiter)
+    th.start()
+    time.sleep(0.3)
+    t0 = time.time()
+    c.close()
+    th.join()
+    assert time.time() - t0 > 0.4
+    assert len(got) == 1 and isinstance(got[0], psd.Timeout), got
+    with pytest.raises(psd.StateError, match="closed"):
+        c.pull()
+
+
+def test_assigning_grad_instead_of_filling_it_raises(start_psd):
+    """`w.grad = g` replaced the attribute and step() silently pushed the
+    library's buffer (zeros) instead of g."""
+    ps = start_psd(1)
+    with client(ps) as c:
+        w = c.variable("w", 3, init=psd.Constant(1), optimizer=psd.SGD(lr=1))
+        c.pull()
+        with pytest.raises(AttributeError, match=r"w\.grad\[:\]"):
+            w.grad = np.ones(3, np.float32)
+        with pytest.raises(AttributeError, match=r"w\.data\[:\]"):
+            w.data = np.ones(3, np.float32)
+        w.grad[:] = 1
+        c.step()
+        assert np.all(w.data == 0)

@@ -81,3 +81,23 @@ def test_planted_library_is_not_loaded(tmpdir_short):
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        cwd=tmpdir_short)
     assert r.returncode != 0 and "is writable by others" in r.stderr, r.stdout + r.stderr
+
+
+def test_library_under_a_folder_others_can_write_is_not_loaded(tmpdir_short):
+    """Only the library's own folder was checked: with a folder above it
+    writable by others, another user can swap that subtree (between the
+    check and the load, too). Every folder up to / must be safe (sticky
+    ones such as /tmp are)."""
+    import shutil
+    prefix = os.path.join(tmpdir_short, "prefix")
+    pkg = os.path.join(prefix, "lib", "python3.11", "dist-packages", "psd")
+    shutil.copytree(os.path.join(ROOT, "python", "psd"), pkg,
+                    ignore=shutil.ignore_patterns("_lib", "__pycache__"))
+    shutil.copy(psd.library_path, os.path.join(prefix, "lib", psd._version.SONAME))
+    os.chmod(prefix, 0o777)
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(pkg), PSD_LIBPSCLIENT="",
+               LD_LIBRARY_PATH="")
+    r = subprocess.run([sys.executable, "-c", "import psd; print(psd.library_path)"], env=env,
+                       capture_output=True, text=True, cwd=tmpdir_short)
+    assert r.returncode != 0 and prefix + " is writable by others" in r.stderr, \
+        r.stdout + r.stderr

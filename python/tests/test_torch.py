@@ -147,3 +147,19 @@ def test_module_memory_flat_over_3k_steps(start_psd):
         gc.collect()
         grown = rss_kib() - base
         assert step == 3000 and grown < 2048, "grew %d KiB over 2500 steps" % grown
+
+
+def test_embedding_rejects_float_ids(start_psd):
+    """Float ids were truncated to int64 silently (1.7 read row 1), where
+    Table.pull and torch.nn.Embedding refuse them."""
+    import psd
+    import psd.torch
+    ps = start_psd(1)
+    c = psd.Client(hosts=hosts(ps), telemetry="off")
+    emb = psd.torch.Embedding(c, "e", 4, 100, init=psd.Constant(1.0))
+    for ids in (torch.tensor([1.7, 2.2]), torch.tensor([True])):
+        with pytest.raises(TypeError, match="integer"):
+            emb(ids)
+    assert emb(torch.tensor([[1, 2]], dtype=torch.int32)).shape == (1, 2, 4)
+    c.finish()
+    c.close()
