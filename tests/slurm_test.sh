@@ -36,9 +36,14 @@ bad() {
 }
 # Nothing of ours may survive a job: psd or workers with this marker.
 no_leftovers() {
+  no_leftovers_of "tiny_worke[r] --steps $1 "
+}
+# no_leftovers_of PATTERN: no process matching PATTERN (pgrep -f) nor a psd
+# of this build is left; names them otherwise.
+no_leftovers_of() {
   sleep 1
-  if pgrep -f "tiny_worke[r] --steps $1 " >/dev/null || pgrep -f "$BIN/ps[d] " >/dev/null; then
-    pgrep -af "tiny_worke[r]|$BIN/ps[d] "
+  if pgrep -f "$1" >/dev/null || pgrep -f "$BIN/ps[d] " >/dev/null; then
+    pgrep -af "$1|$BIN/ps[d] "
     return 1
   fi
   return 0
@@ -180,8 +185,7 @@ python_torch_job() {
   if timeout 180 srun -N2 -n3 "$BIN/psrun" --ps=1 -- /usr/bin/python3 \
       "$HERE/../examples/python/cifar10_torch.py" --data "$WORK/pysynth" --steps 6 --batch 16 \
       >"$out" 2>&1 &&
-     [ "$(grep -c '"steps": *6' "$out")" -eq 2 ] && sleep 1 &&
-     ! pgrep -f "cifar10_torc[h]\.py|$BIN/ps[d] " >/dev/null; then
+     [ "$(grep -c '"steps": *6' "$out")" -eq 2 ] && no_leftovers_of "cifar10_torc[h]\.py"; then
     ok "loopback: srun psrun --ps=1 python3 examples/python/cifar10_torch.py trains and exits 0"
   else bad "loopback: the PyTorch example under Slurm" "$out"; fi
 }

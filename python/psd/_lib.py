@@ -136,9 +136,22 @@ def _untrusted(path):
         st = os.stat(p)
         if st.st_uid not in (0, os.getuid()):
             return "%s belongs to uid %d" % (p, st.st_uid)
-        if st.st_mode & 0o022 and not (os.path.isdir(p) and st.st_mode & 0o1000):
+        others = st.st_mode & 0o002 or (st.st_mode & 0o020 and not _own_group(st.st_gid))
+        if others and not (os.path.isdir(p) and st.st_mode & 0o1000):
             return "%s is writable by others" % p
     return None
+
+
+def _own_group(gid):
+    """Whether gid is the user's private group (Debian's umask 002 makes
+    one's own files group-writable): named as the user, no other member."""
+    import grp
+    import pwd
+    try:
+        g, me = grp.getgrgid(gid), pwd.getpwuid(os.getuid())
+    except KeyError:
+        return False
+    return gid == me.pw_gid and g.gr_name == me.pw_name and set(g.gr_mem) <= {me.pw_name}
 
 
 def _load():

@@ -436,8 +436,9 @@ class Client:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if exc_type is None or (isinstance(exc, Error) and exc.name == "PS_ESTOPPED"):
-                self.finish()
+            stopped = isinstance(exc, Error) and exc.name == "PS_ESTOPPED"
+            if (exc_type is None or stopped) and self._h is not None:
+                self.finish()  # (unless the block closed the client itself)
         finally:
             self.close()
 

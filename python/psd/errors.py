@@ -1,7 +1,8 @@
 """Exceptions: one class per PS_E* code of the C library, all under
 psd.Error, each carrying the code, its symbolic name and the library's
 message (which names the server, the variable and the values).
-python/tests/test_errors.py checks this list against the library's."""
+python/tests/test_client.py (test_every_library_code_has_its_class) checks
+this list against the library's."""
 from ._lib import lib
 
 

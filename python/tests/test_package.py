@@ -101,3 +101,30 @@ def test_library_under_a_folder_others_can_write_is_not_loaded(tmpdir_short):
                        capture_output=True, text=True, cwd=tmpdir_short)
     assert r.returncode != 0 and prefix + " is writable by others" in r.stderr, \
         r.stdout + r.stderr
+
+
+def test_group_writable_only_by_ones_own_private_group(tmpdir_short):
+    """Debian's umask 002 makes one's files writable by one's private
+    group: that group is no one else, so the library is loaded; a folder
+    writable by another group is refused."""
+    import grp
+    import pwd
+    from psd import _lib
+    d = os.path.join(tmpdir_short, "lib")
+    os.mkdir(d)
+    lib = os.path.join(d, "libx.so")
+    open(lib, "w").close()
+    me = pwd.getpwuid(os.getuid())
+    try:
+        private = grp.getgrgid(me.pw_gid).gr_name == me.pw_name
+    except KeyError:
+        private = False
+    if not private:
+        pytest.skip("this user has no private group")
+    os.chmod(d, 0o775)
+    assert _lib._untrusted(lib) is None
+    other = next((g.gr_gid for g in grp.getgrall() if g.gr_gid != me.pw_gid), None)
+    if other is None or os.getuid() != 0:
+        return  # chown to another group needs root
+    os.chown(d, -1, other)
+    assert "is writable by others" in _lib._untrusted(lib)
