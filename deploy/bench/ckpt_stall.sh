@@ -26,7 +26,7 @@ printf '%-40s %-16s %12s %12s\n' psd run "p50 step ms" "max step ms"
 for psd in "${psds[@]}"; do
   for run in plain checkpoint; do
     # psd exits only once the checkpoints it accepted are on the slow disk.
-    args=(--psd "$psd" --sizes "$size" --workers 2 --steps "$steps" --json --no-pin
+    args=(--psd "$psd" --rounds 1 --sizes "$size" --workers 2 --steps "$steps" --json --no-pin
           --psd-exit-wait 600)
     if [ $run = checkpoint ]; then
       rm -rf "$out/ck"
