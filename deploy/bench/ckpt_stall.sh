@@ -34,7 +34,7 @@ for psd in "${psds[@]}"; do
              "--psd-arg=$every")
     fi
     line=$(LD_PRELOAD="$shim" PS_SLOW_DISK_MS="$ms" "$build/bin/ps_bench" "${args[@]}" \
-             2>"$out/err" | grep '"pushpull"' || true)
+             2>"$out/err" | grep '"name":"pushpull"' || true)
     [ -n "$line" ] || { cat "$out/err" >&2; echo "ckpt_stall: $psd $run failed" >&2; exit 1; }
     printf '%-40s %-16s %12s %12s\n' "$psd" "$run" "$(echo "$line" | field step_ms)" \
       "$(echo "$line" | field max_step_ms)"
