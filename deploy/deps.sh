@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libevent-dev libprotobuf-c-dev
       protobuf-c-compiler libopenblas-dev check libslurm-dev libpmi2-0-dev libmunge-dev munge
-      libsodium-dev gnuplot-nox jq iproute2
+      libsodium-dev gnuplot-nox jq iproute2 openmpi-bin libopenmpi-dev
       python3-numpy python3-pytest python3-torch python3-venv python3-pip)
 missing=()
 for p in "${pkgs[@]}"; do

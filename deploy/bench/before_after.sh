@@ -18,7 +18,7 @@ out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 for r in $(seq 1 "$rounds"); do
   for side in A B; do
     bin=$a; [ $side = B ] && bin=$b
-    "$bin/ps_bench" --tcp-baseline --sizes "$sizes" --json --psd "$bin/psd" \
+    "$bin/ps_bench" --rounds 1 --tcp-baseline --sizes "$sizes" --json --psd "$bin/psd" \
       >>"$out/bench.$side" 2>/dev/null
     if [ -f "$data/data_batch_1.bin" ]; then
       "$bin/psrun" --local -n 3 --ps 1 -- "$bin/cifar_worker" --data "$data" --steps "$steps" \

@@ -26,7 +26,7 @@ printf '%-40s %-16s %12s %12s\n' psd run "p50 step ms" "max step ms"
 for psd in "${psds[@]}"; do
   for run in plain checkpoint; do
     # psd exits only once the checkpoints it accepted are on the slow disk.
-    args=(--psd "$psd" --sizes "$size" --workers 2 --steps "$steps" --json --no-pin
+    args=(--psd "$psd" --rounds 1 --sizes "$size" --workers 2 --steps "$steps" --json --no-pin
           --psd-exit-wait 600)
     if [ $run = checkpoint ]; then
       rm -rf "$out/ck"
@@ -34,7 +34,7 @@ for psd in "${psds[@]}"; do
              "--psd-arg=$every")
     fi
     line=$(LD_PRELOAD="$shim" PS_SLOW_DISK_MS="$ms" "$build/bin/ps_bench" "${args[@]}" \
-             2>"$out/err" | grep '"pushpull"' || true)
+             2>"$out/err" | grep '"name":"pushpull"' || true)
     [ -n "$line" ] || { cat "$out/err" >&2; echo "ckpt_stall: $psd $run failed" >&2; exit 1; }
     printf '%-40s %-16s %12s %12s\n' "$psd" "$run" "$(echo "$line" | field step_ms)" \
       "$(echo "$line" | field max_step_ms)"

@@ -1,5 +1,5 @@
-/* ps_bench.c - push/pull throughput and latency of psd, with raw TCP
- * baselines to compare against.
+/* ps_bench.c - push/pull throughput and latency of psd, with baselines to
+ * compare against (raw TCP, memcpy, MPI_Allreduce) taken in the same run.
  *
  * For every combination of --ps, --workers and --sizes, ps_bench starts the
  * psd processes (found next to this executable, or --psd PATH) on 127.0.0.1
@@ -9,15 +9,22 @@
  * worker sends its per-step times to the parent through a pipe; the parent
  * reports the median over worker 0's timed steps.
  *
- *   name "pushpull": bytes ps workers steps step_ms gbps total_gbps max_step_ms
+ *   name "pushpull": round bytes ps workers steps step_ms gbps total_gbps
+ *                    max_step_ms
  *     gbps       = 2 * bytes / median step seconds / 1e9 (push + pull bytes
  *                  one worker moves per step)
  *     total_gbps = gbps * workers
  *     max_step_ms = worker 0's slowest timed step (a stall shows here)
  *
- * --tcp-baseline adds "tcp_stream" (one TCP connection over loopback, best
- * of 3 runs) and "tcp_rtt" (median round trip of 4-byte messages), then
- * "ratio" lines for the ps=1 workers=1 results.
+ * All of it runs --rounds times, interleaved: each round takes every
+ * baseline asked for and then every psd configuration (ps_bench_rounds.c).
+ * --tcp-baseline adds "tcp_stream" (one TCP connection over loopback) and
+ * "tcp_rtt" (median round trip of 4-byte messages), --memcpy-baseline
+ * "memcpy" (one thread), --mpi-baseline "mpi_allreduce_shm" and
+ * "mpi_allreduce_tcp" (Open MPI, as many ranks as workers). After the
+ * rounds: a "summary" per figure (the per-round values, their median and
+ * range) and "ratio" lines (psd against each baseline: the ratio of the
+ * medians, and the range of the per-round ratios).
  *
  * Logs of psd and of the workers go to a temporary directory that is
  * removed when everything succeeded and kept (and named) otherwise.
@@ -33,6 +40,9 @@
 #include <unistd.h>
 
 #include "ps_bench_internal.h"
+
+#define PS_BENCH_STR_(x) #x
+#define PS_BENCH_STR(x) PS_BENCH_STR_(x)
 
 /* The files: see ps_bench_internal.h. */
 
@@ -53,8 +63,16 @@ static void usage(FILE *f) {
           "                         [4,1M,64M]\n"
           "  --steps N              timed steps per run [20; sizes >= 64M run at\n"
           "                         most 10 unless --steps is given]\n"
+          "  --rounds N             interleaved rounds: each takes every baseline,\n"
+          "                         then every psd run; medians, ranges and\n"
+          "                         ratios of medians follow [%d]\n"
           "  --tcp-baseline         also measure a raw TCP stream and 4-byte TCP\n"
           "                         round trips, and print ratios against them\n"
+          "  --memcpy-baseline      also time memcpy of each size (one thread)\n"
+          "  --mpi-baseline         also time MPI_Allreduce (Open MPI, as many\n"
+          "                         ranks as --workers) over shared memory and\n"
+          "                         over TCP; \"MPI baseline: not built\" when\n"
+          "                         ps_bench was built without Open MPI\n"
           "  --json                 one JSON object per line on stdout\n"
           "  --telemetry-cost       time 4-byte steps (1 ps, 1 worker) with the\n"
           "                         per-step telemetry off and on, alternating\n"
@@ -67,7 +85,7 @@ static void usage(FILE *f) {
           "                         workers to the first ones (pinning makes the\n"
           "                         latency baseline comparable)\n"
           "  --psd PATH             psd binary [next to this executable]\n"
-          "  --help                 print this and exit\n", TELEM_ROUNDS);
+          "  --help                 print this and exit\n", DEFAULT_ROUNDS, TELEM_ROUNDS);
 }
 
 static void bad_value(const char *flag, const char *val, const char *what) {
@@ -150,7 +168,8 @@ static void parse_size_list(const char *flag, const char *val) {
 static int parse_value_option(int argc, char **argv, int a) {
   const char *arg = argv[a];
   static const char *const with_value[] = {"--ps", "--workers", "--sizes", "--steps",
-                                           "--psd", "--psd-arg", "--psd-exit-wait"};
+                                           "--psd", "--psd-arg", "--psd-exit-wait",
+                                           "--rounds"};
   const char *flag = NULL, *val = NULL;
   char fbuf[32];
   for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) {
@@ -193,6 +212,11 @@ static int parse_value_option(int argc, char **argv, int a) {
     if (parse_int(val, 1, 100000, &v) != 0)
       bad_value(fbuf, val, "expected seconds from 1 to 100000");
     opt.psd_exit_s = (int)v;
+  } else if (!strcmp(flag, "--rounds")) {
+    long v;
+    if (parse_int(val, 1, MAX_ROUNDS, &v) != 0)
+      bad_value(fbuf, val, "expected an integer from 1 to " PS_BENCH_STR(MAX_ROUNDS));
+    opt.rounds = (int)v;
   } else if (!strcmp(flag, "--psd-arg")) {
     if (opt.n_psd_args >= MAX_PSD_ARGS) bad_value(fbuf, val, "given too many times");
     opt.psd_args[opt.n_psd_args++] = val;
@@ -213,6 +237,7 @@ static void parse_args(int argc, char **argv) {
   opt.steps = 20;
   opt.pin = 1;
   opt.psd_exit_s = 15;
+  opt.rounds = DEFAULT_ROUNDS;
   for (int a = 1; a < argc; a++) {
     const char *arg = argv[a];
     if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
@@ -223,6 +248,8 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(arg, "--json")) opt.json = 1;
     else if (!strcmp(arg, "--telemetry-cost")) opt.telemetry_cost = 1;
     else if (!strcmp(arg, "--no-pin")) opt.pin = 0;
+    else if (!strcmp(arg, "--memcpy-baseline")) opt.memcpy_baseline = 1;
+    else if (!strcmp(arg, "--mpi-baseline")) opt.mpi_baseline = 1;
     else a = parse_value_option(argc, argv, a);
   }
 }
@@ -274,36 +301,9 @@ static int run_telemetry_cost(void) {
   return 0;
 }
 
-/* Every combination of --ps, --workers and --sizes, into res; *k: the
- * results there. Returns the failures. */
-static int run_matrix(pp_result *res, int *k) {
-  int failures = 0;
-  *k = 0;
-  for (int i = 0; i < opt.n_ps && !g_interrupted; i++)
-    for (int j = 0; j < opt.n_workers && !g_interrupted; j++)
-      for (int s = 0; s < opt.n_sizes && !g_interrupted; s++) {
-        uint64_t bytes = opt.sizes[s];
-        int steps = opt.steps;
-        if (bytes >= BIG_SIZE && !opt.steps_given && steps > BIG_STEPS) steps = BIG_STEPS;
-        if (run_pushpull(opt.ps[i], opt.workers[j], bytes, steps, &res[*k]) != 0) failures++;
-        if (g_interrupted) break;
-        print_pushpull(&res[*k]);
-        (*k)++;
-      }
-  return failures;
-}
-
-/* The ps=1 workers=1 results against the TCP baselines. */
-static void print_ratios(const pp_result *res, int k, double stream_gbps, double rtt_us) {
-  for (int i = 0; i < k; i++) {
-    const pp_result *r = &res[i];
-    if (r->ok == 0 || r->ps != 1 || r->workers != 1) continue;
-    if (r->bytes >= (1ULL << 20) && isfinite(stream_gbps))
-      print_ratio(r, "tcp_stream", r->gbps / stream_gbps);
-    else if (r->bytes == 4 && isfinite(rtt_us))
-      print_ratio(r, "tcp_rtt", r->step_ms * 1000.0 / rtt_us);
-  }
-  fflush(stdout);
+int steps_for(uint64_t bytes) {
+  if (bytes >= BIG_SIZE && !opt.steps_given && opt.steps > BIG_STEPS) return BIG_STEPS;
+  return opt.steps;
 }
 
 /* Kills what is left; the exit status, and the logs kept or removed. */
@@ -328,24 +328,7 @@ int main(int argc, char **argv) {
   if (make_tmpdir() != 0) return 1;
 
   int failures = 0;
-  double stream_gbps = NAN, rtt_us = NAN;
-  if (!opt.json) print_table_header();
-  if (opt.tcp_baseline && !g_interrupted) {
-    stream_gbps = tcp_stream_baseline(&failures);
-    if (!g_interrupted) rtt_us = tcp_rtt_baseline(&failures);
-  }
   if (opt.telemetry_cost && !g_interrupted) failures += run_telemetry_cost();
-
-  int nres = opt.n_ps * opt.n_workers * opt.n_sizes;
-  pp_result *res = calloc((size_t)nres, sizeof *res);
-  if (!res) {
-    fprintf(stderr, "ps_bench: out of memory\n");
-    remove_tmpdir();
-    return 1;
-  }
-  int k;
-  failures += run_matrix(res, &k);
-  if (opt.tcp_baseline && !g_interrupted) print_ratios(res, k, stream_gbps, rtt_us);
-  free(res);
+  if (!g_interrupted) failures += run_rounds();
   return finish(failures);
 }

@@ -7,7 +7,13 @@
  *                        the parent's stages (servers, workers, reports,
  *                        exits) with one teardown
  *   ps_bench_tcp.c       the raw TCP baselines (stream and round trip)
+ *   ps_bench_memcpy.c    the memcpy baseline (one thread)
+ *   ps_bench_mpi.c       the MPI_Allreduce baseline: mpirun of
+ *                        mpi_allreduce_bench, its lines read back
+ *   ps_bench_rounds.c    the interleaved rounds: every figure once a round,
+ *                        then medians, ranges and ratios of medians
  *   ps_bench_output.c    numbers and labels, the table and JSON lines
+ *   mpi_allreduce_bench.c  the MPI program itself (built with Open MPI only)
  */
 #ifndef PS_BENCH_INTERNAL_H
 #define PS_BENCH_INTERNAL_H
@@ -33,6 +39,17 @@
 /* --telemetry-cost: off/on pairs; alternating cancels drift of the machine. */
 #define TELEM_ROUNDS 5
 #define LEARNING_RATE 0.01
+/* --rounds: each round takes every figure once (baselines, then psd), so
+ * that a baseline and the psd figure it is compared with are minutes apart
+ * at most one round; 7 rounds make a median that one slow round cannot
+ * move. More than MAX_ROUNDS gains nothing and each round restarts psd. */
+#define DEFAULT_ROUNDS 7
+#define MAX_ROUNDS 101
+/* memcpy baseline: MEMCPY_SAMPLES timed samples a round, each of enough
+ * copies to move at least MEMCPY_SAMPLE_BYTES (a 4-byte copy alone is
+ * below the clock's resolution); the round's figure is their median. */
+#define MEMCPY_SAMPLES 5
+#define MEMCPY_SAMPLE_BYTES (64ULL << 20)
 
 /* ---------------------------------------------------------------------- */
 /* Options (ps_bench.c) */
@@ -56,6 +73,9 @@ typedef struct options {
   int n_psd_args;
   int psd_exit_s; /* --psd-exit-wait: seconds psd may take to exit after the
                      workers (it first writes the checkpoints it accepted) */
+  int rounds;          /* --rounds: interleaved rounds of every figure */
+  int memcpy_baseline; /* --memcpy-baseline: one-thread memcpy of each size */
+  int mpi_baseline;    /* --mpi-baseline: MPI_Allreduce over shm and TCP */
 } options;
 
 extern options opt;
@@ -112,12 +132,54 @@ typedef struct pp_result {
 
 int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, pp_result *res);
 
-/* ---------------------------------------------------------------------- */
-/* TCP baselines (ps_bench_tcp.c): measure, print, and return the value
- * (NAN when the measurement failed, which adds to *failures). */
+/* Steps of a run of `bytes`: --steps, or at most BIG_STEPS for big sizes. */
+int steps_for(uint64_t bytes);
 
-double tcp_stream_baseline(int *failures);
-double tcp_rtt_baseline(int *failures);
+/* ---------------------------------------------------------------------- */
+/* Baselines, one round's figure each; they print nothing but progress.
+ * TCP (ps_bench_tcp.c): one stream of tcp_stream_bytes() over loopback,
+ * gbps (and *ms, its time), NAN on failure (said on stderr); the median
+ * of RTT_ITERS 4-byte round trips in ms, NAN on failure. */
+
+uint64_t tcp_stream_bytes(void);
+double tcp_stream_round(double *ms);
+double tcp_rtt_round(void);
+
+/* memcpy (ps_bench_memcpy.c): ms per copy of `bytes` on one thread, and
+ * *gbps = bytes copied per second / 1e9; NAN when there is no memory. */
+double memcpy_round(uint64_t bytes, double *gbps);
+
+/* MPI (ps_bench_mpi.c). mpi_built: 1 when ps_bench was built with the MPI
+ * baseline and mpi_allreduce_bench is there, 0 "not built", -1 built but
+ * missing (why says which). mpi_round: one mpirun of `ranks` ranks over
+ * the shared-memory BTL (tcp 0) or TCP over loopback (tcp 1), every size
+ * of --sizes; step_ms[s] and max_ms[s] per size, NAN where it failed.
+ * 0, or -1 when the run failed (said on stderr, logs kept). */
+int mpi_built(char *why, size_t len);
+int mpi_round(int ranks, int tcp, double *step_ms, double *max_ms);
+
+/* ---------------------------------------------------------------------- */
+/* Rounds (ps_bench_rounds.c) */
+
+/* Which figure a series holds. */
+typedef enum {
+  FIG_PUSHPULL, FIG_TCP_STREAM, FIG_TCP_RTT, FIG_MEMCPY, FIG_MPI_SHM, FIG_MPI_TCP
+} figure;
+
+/* One figure's value in every round. */
+typedef struct series {
+  figure fig;
+  uint64_t bytes;
+  int ps;       /* pushpull: servers; 0 otherwise */
+  int workers;  /* pushpull: workers; MPI: ranks; 0 otherwise */
+  double step_ms[MAX_ROUNDS]; /* per round (tcp_stream: the stream's time;
+                                 tcp_rtt: one round trip); NAN: failed */
+  double gbps[MAX_ROUNDS];    /* per round; NAN: failed or not defined */
+} series;
+
+/* Runs opt.rounds rounds, then prints the summaries and ratios; returns
+ * the failures. */
+int run_rounds(void);
 
 /* ---------------------------------------------------------------------- */
 /* Output (ps_bench_output.c) */
@@ -127,11 +189,20 @@ double median(const double *v, size_t n);
 const char *size_label(uint64_t b, char *buf, size_t len);
 /* A JSON number, or null where the value is not finite. */
 const char *jnum(double v, char *buf, size_t len);
+/* The round being measured (1-based; 0 outside the rounds), in the lines. */
+extern int g_round;
+const char *figure_name(figure f);
 void print_table_header(void);
 void print_pushpull(const pp_result *r);
-void print_tcp_stream(uint64_t total, double best_s, double gbps);
-void print_tcp_rtt(double rtt_s);
+/* One baseline's figure of round g_round (max_ms: MPI's slowest call). */
+void print_baseline(const series *s, double max_ms);
 void print_telemetry_cost(double m_on, double m_off);
-void print_ratio(const pp_result *r, const char *vs, double value);
+/* After the rounds: the median and range of every figure ... */
+void print_summary_header(void);
+void print_summary(const series *s);
+/* ... and psd against a baseline: the ratio of the medians of `metric`
+ * (step_ms or gbps) and the per-round ratios' range. */
+void print_ratio(const series *psd, const series *base, int use_gbps);
+void print_note(const char *key, const char *text);
 
 #endif

@@ -67,27 +67,41 @@ static void print_json_string(const char *s) {
 }
 
 /* ---------------------------------------------------------------------- */
-/* Rows */
+/* Rows of one round */
+
+int g_round;
+
+const char *figure_name(figure f) {
+  switch (f) {
+  case FIG_PUSHPULL: return "pushpull";
+  case FIG_TCP_STREAM: return "tcp_stream";
+  case FIG_TCP_RTT: return "tcp_rtt";
+  case FIG_MEMCPY: return "memcpy";
+  case FIG_MPI_SHM: return "mpi_allreduce_shm";
+  case FIG_MPI_TCP: return "mpi_allreduce_tcp";
+  }
+  return "?";
+}
 
 void print_table_header(void) {
-  printf("%-11s %10s %4s %8s %6s %12s %10s %11s\n", "name", "size", "ps", "workers", "steps",
-         "step_ms", "gbps", "total_gbps");
+  printf("%5s %-17s %10s %4s %8s %6s %12s %10s %11s\n", "round", "name", "size", "ps",
+         "workers", "steps", "step_ms", "gbps", "total_gbps");
 }
 
 static void print_pushpull_json(const pp_result *r) {
   char a[32], b[32], c[32];
   if (r->ok == 0) {
-    printf("{\"name\":\"pushpull\",\"bytes\":%" PRIu64
+    printf("{\"name\":\"pushpull\",\"round\":%d,\"bytes\":%" PRIu64
            ",\"ps\":%d,\"workers\":%d,\"steps\":%d,\"error\":",
-           r->bytes, r->ps, r->workers, r->steps);
+           g_round, r->bytes, r->ps, r->workers, r->steps);
     print_json_string(r->error);
     printf("}\n");
     return;
   }
-  printf("{\"name\":\"pushpull\",\"bytes\":%" PRIu64
+  printf("{\"name\":\"pushpull\",\"round\":%d,\"bytes\":%" PRIu64
          ",\"ps\":%d,\"workers\":%d,\"steps\":%d,\"step_ms\":%s,\"gbps\":%s,"
          "\"total_gbps\":%s",
-         r->bytes, r->ps, r->workers, r->steps, jnum(r->step_ms, a, sizeof a),
+         g_round, r->bytes, r->ps, r->workers, r->steps, jnum(r->step_ms, a, sizeof a),
          jnum(r->gbps, b, sizeof b), jnum(r->total_gbps, c, sizeof c));
   printf(",\"max_step_ms\":%s", jnum(r->max_step_ms, a, sizeof a));
   if (r->ok < 0) {
@@ -104,38 +118,46 @@ void print_pushpull(const pp_result *r) {
   } else {
     size_label(r->bytes, label, sizeof label);
     if (r->ok == 0)
-      printf("%-11s %10s %4d %8d %6d  FAILED: %s\n", "pushpull", label, r->ps, r->workers,
-             r->steps, r->error);
+      printf("%5d %-17s %10s %4d %8d %6d  FAILED: %s\n", g_round, "pushpull", label, r->ps,
+             r->workers, r->steps, r->error);
     else
-      printf("%-11s %10s %4d %8d %6d %12.3f %10.4f %11.4f%s\n", "pushpull", label, r->ps,
-             r->workers, r->steps, r->step_ms, r->gbps, r->total_gbps,
+      printf("%5d %-17s %10s %4d %8d %6d %12.3f %10.4f %11.4f%s\n", g_round, "pushpull", label,
+             r->ps, r->workers, r->steps, r->step_ms, r->gbps, r->total_gbps,
              r->ok < 0 ? "  (wrong values)" : "");
   }
   fflush(stdout);
 }
 
-/* Best of 3 streams of `total` bytes: best_s seconds, gbps. */
-void print_tcp_stream(uint64_t total, double best_s, double gbps) {
-  char a[32], label[32];
-  if (opt.json)
-    printf("{\"name\":\"tcp_stream\",\"bytes\":%" PRIu64 ",\"gbps\":%s}\n", total,
-           jnum(gbps, a, sizeof a));
-  else
-    printf("%-11s %10s %4s %8s %6s %12.3f %10.4f %11s\n", "tcp_stream",
-           size_label(total, label, sizeof label), "-", "-", "3", best_s * 1e3, gbps, "-");
-  fflush(stdout);
+static void print_baseline_json(const series *s, int r, double max_ms) {
+  char a[32], b[32];
+  printf("{\"name\":\"%s\",\"round\":%d,\"bytes\":%" PRIu64, figure_name(s->fig), g_round,
+         s->bytes);
+  if (s->fig == FIG_TCP_RTT)
+    printf(",\"rtt_us\":%s", jnum(s->step_ms[r] * 1e3, a, sizeof a));
+  if (s->fig == FIG_MEMCPY) printf(",\"threads\":1");
+  if (s->fig == FIG_MPI_SHM || s->fig == FIG_MPI_TCP) printf(",\"workers\":%d", s->workers);
+  printf(",\"step_ms\":%s", jnum(s->step_ms[r], a, sizeof a));
+  if (s->fig != FIG_TCP_RTT) printf(",\"gbps\":%s", jnum(s->gbps[r], b, sizeof b));
+  if (isfinite(max_ms)) printf(",\"max_step_ms\":%s", jnum(max_ms, a, sizeof a));
+  printf("}\n");
 }
 
-/* Median round trip of 4-byte messages, in seconds. */
-void print_tcp_rtt(double rtt_s) {
-  char a[32], b[32];
-  double rtt_us = rtt_s * 1e6;
-  if (opt.json)
-    printf("{\"name\":\"tcp_rtt\",\"bytes\":4,\"rtt_us\":%s,\"step_ms\":%s}\n",
-           jnum(rtt_us, a, sizeof a), jnum(rtt_s * 1e3, b, sizeof b));
-  else
-    printf("%-11s %10s %4s %8s %6d %12.4f %10s %11s   (rtt %.2f us)\n", "tcp_rtt", "4 B", "-",
-           "-", RTT_ITERS, rtt_s * 1e3, "-", "-", rtt_us);
+void print_baseline(const series *s, double max_ms) {
+  int r = g_round - 1;
+  char label[32], w[16] = "-", steps[16] = "-";
+  if (opt.json) {
+    print_baseline_json(s, r, max_ms);
+  } else {
+    if (s->workers) snprintf(w, sizeof w, "%d", s->workers);
+    if (s->fig == FIG_TCP_RTT) snprintf(steps, sizeof steps, "%d", RTT_ITERS);
+    if (s->fig == FIG_MEMCPY) snprintf(steps, sizeof steps, "%d", MEMCPY_SAMPLES);
+    if (s->fig == FIG_MPI_SHM || s->fig == FIG_MPI_TCP)
+      snprintf(steps, sizeof steps, "%d", steps_for(s->bytes));
+    printf("%5d %-17s %10s %4s %8s %6s %12.4f", g_round, figure_name(s->fig),
+           size_label(s->bytes, label, sizeof label), "-", w, steps, s->step_ms[r]);
+    if (isfinite(s->gbps[r])) printf(" %10.4f %11s\n", s->gbps[r], "-");
+    else printf(" %10s %11s   (rtt %.2f us)\n", "-", "-", s->step_ms[r] * 1e3);
+  }
   fflush(stdout);
 }
 
@@ -154,18 +176,108 @@ void print_telemetry_cost(double m_on, double m_off) {
   fflush(stdout);
 }
 
-/* One ps=1 workers=1 result against a baseline (vs: "tcp_stream" or
- * "tcp_rtt"). The caller flushes. */
-void print_ratio(const pp_result *r, const char *vs, double value) {
+/* ---------------------------------------------------------------------- */
+/* After the rounds */
+
+/* Median, min and max of the finite values among v[0..n); their count. */
+static int stats(const double *v, int n, double *med, double *lo, double *hi) {
+  double f[MAX_ROUNDS] = {0};
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    if (isfinite(v[i])) f[k++] = v[i];
+  *med = median(f, (size_t)k);
+  *lo = *hi = NAN;
+  for (int i = 0; i < k; i++) {
+    if (i == 0 || f[i] < *lo) *lo = f[i];
+    if (i == 0 || f[i] > *hi) *hi = f[i];
+  }
+  return k;
+}
+
+/* ,"key":[v...],"key_median":m,"key_min":lo,"key_max":hi */
+static void print_json_stats(const char *key, const double *v, int n) {
+  char a[32];
+  double med, lo, hi;
+  stats(v, n, &med, &lo, &hi);
+  printf(",\"%s\":[", key);
+  for (int i = 0; i < n; i++) printf("%s%s", i ? "," : "", jnum(v[i], a, sizeof a));
+  printf("],\"%s_median\":%s", key, jnum(med, a, sizeof a));
+  printf(",\"%s_min\":%s", key, jnum(lo, a, sizeof a));
+  printf(",\"%s_max\":%s", key, jnum(hi, a, sizeof a));
+}
+
+void print_summary_header(void) {
+  printf("\n%-17s %10s %4s %8s %6s %30s %30s\n", "median of", "size", "ps", "workers",
+         "rounds", "step_ms median [min-max]", "gbps median [min-max]");
+}
+
+/* "median [min-max]" of the finite values, or "-". */
+static const char *range_text(const double *v, int n, char *buf, size_t len) {
+  double med, lo, hi;
+  if (!stats(v, n, &med, &lo, &hi)) snprintf(buf, len, "-");
+  else snprintf(buf, len, "%.4g [%.4g-%.4g]", med, lo, hi);
+  return buf;
+}
+
+void print_summary(const series *s) {
+  int n = opt.rounds;
+  double med, lo, hi;
+  int ok = stats(s->step_ms, n, &med, &lo, &hi);
+  if (opt.json) {
+    printf("{\"name\":\"summary\",\"of\":\"%s\",\"bytes\":%" PRIu64
+           ",\"ps\":%d,\"workers\":%d,\"rounds\":%d,\"ok_rounds\":%d",
+           figure_name(s->fig), s->bytes, s->ps, s->workers, n, ok);
+    print_json_stats("step_ms", s->step_ms, n);
+    print_json_stats("gbps", s->gbps, n);
+    printf("}\n");
+  } else {
+    char label[32], ps[16] = "-", w[16] = "-", rounds[24], a[80], b[80];
+    if (s->ps) snprintf(ps, sizeof ps, "%d", s->ps);
+    if (s->workers) snprintf(w, sizeof w, "%d", s->workers);
+    snprintf(rounds, sizeof rounds, ok == n ? "%d" : "%d of %d", ok, n);
+    printf("%-17s %10s %4s %8s %6s %30s %30s\n", figure_name(s->fig),
+           size_label(s->bytes, label, sizeof label), ps, w, rounds,
+           range_text(s->step_ms, n, a, sizeof a), range_text(s->gbps, n, b, sizeof b));
+  }
+}
+
+void print_ratio(const series *psd, const series *base, int use_gbps) {
+  int n = opt.rounds;
+  const double *x = use_gbps ? psd->gbps : psd->step_ms;
+  const double *y = use_gbps ? base->gbps : base->step_ms;
+  const char *metric = use_gbps ? "gbps" : "step_ms";
+  double per[MAX_ROUNDS], mx, my, med, lo, hi, ignore;
+  for (int r = 0; r < n; r++) per[r] = x[r] / y[r];
+  stats(x, n, &mx, &ignore, &ignore);
+  stats(y, n, &my, &ignore, &ignore);
+  stats(per, n, &med, &lo, &hi);
+  double value = mx / my; /* the ratio of the medians */
   char a[32], label[32];
-  if (opt.json)
-    printf("{\"name\":\"ratio\",\"bytes\":%" PRIu64
-           ",\"ps\":1,\"workers\":1,\"vs\":\"%s\",\"value\":%s}\n",
-           r->bytes, vs, jnum(value, a, sizeof a));
-  else if (!strcmp(vs, "tcp_stream"))
-    printf("%-15s %10s  pushpull gbps / tcp_stream gbps = %.4f\n", "ratio_vs_stream",
-           size_label(r->bytes, label, sizeof label), value);
-  else
-    printf("%-15s %10s  pushpull step / tcp round trip  = %.2f\n", "ratio_vs_rtt",
-           size_label(r->bytes, label, sizeof label), value);
+  if (opt.json) {
+    printf("{\"name\":\"ratio\",\"of\":\"%s\",\"bytes\":%" PRIu64
+           ",\"ps\":%d,\"workers\":%d,\"vs\":\"%s\",\"value\":%s",
+           metric, psd->bytes, psd->ps, psd->workers, figure_name(base->fig),
+           jnum(value, a, sizeof a));
+    printf(",\"psd_median\":%s", jnum(mx, a, sizeof a));
+    printf(",\"vs_median\":%s", jnum(my, a, sizeof a));
+    print_json_stats("per_round", per, n);
+    printf("}\n");
+  } else {
+    printf("ratio %s ps=%d workers=%d: pushpull %s / %s %s = %.4f (medians %.4g / %.4g; "
+           "per round %.4g-%.4g)\n",
+           size_label(psd->bytes, label, sizeof label), psd->ps, psd->workers, metric,
+           figure_name(base->fig), metric, value, mx, my, lo, hi);
+  }
+}
+
+/* A line that says something about the run (e.g. a baseline not built). */
+void print_note(const char *key, const char *text) {
+  if (opt.json) {
+    printf("{\"name\":\"note\",\"%s\":", key);
+    print_json_string(text);
+    printf("}\n");
+  } else {
+    printf("note: %s: %s\n", key, text);
+  }
+  fflush(stdout);
 }

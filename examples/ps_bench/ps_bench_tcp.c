@@ -1,5 +1,5 @@
-/* ps_bench_tcp.c - the raw TCP baselines of --tcp-baseline, over loopback:
- * "tcp_stream" (one connection streaming, best of 3 runs) and "tcp_rtt"
+/* ps_bench_tcp.c - the raw TCP baselines of --tcp-baseline, over loopback,
+ * once a round: "tcp_stream" (one connection streaming) and "tcp_rtt"
  * (median round trip of 4-byte messages, client and server pinned where
  * worker 0 and psd 0 run). */
 #define _GNU_SOURCE
@@ -155,32 +155,30 @@ static double stream_once(uint64_t total, char *err, size_t errlen) {
   return secs;
 }
 
-double tcp_stream_baseline(int *failures) {
+/* Four times the largest size, at least 256 MiB (a shorter stream is
+ * dominated by its start), at most 1 GiB. */
+uint64_t tcp_stream_bytes(void) {
   uint64_t largest = 0;
   for (int i = 0; i < opt.n_sizes; i++)
     if (opt.sizes[i] > largest) largest = opt.sizes[i];
   uint64_t total = 256ULL << 20;
   if (largest * 4 > total) total = largest * 4;
   if (total > (1ULL << 30)) total = 1ULL << 30;
+  return total;
+}
+
+double tcp_stream_round(double *ms) {
   char err[512], label[32];
-  progress("tcp_stream %s x3", size_label(total, label, sizeof label));
-  double best = -1;
-  for (int r = 0; r < 3 && !g_interrupted; r++) {
-    double s = stream_once(total, err, sizeof err);
-    if (s < 0) {
-      progress("tcp_stream failed: %s", err);
-      best = -1;
-      break;
-    }
-    if (best < 0 || s < best) best = s;
-  }
-  if (!(best > 0)) {
-    (*failures)++;
+  uint64_t total = tcp_stream_bytes();
+  progress("tcp_stream %s", size_label(total, label, sizeof label));
+  double s = stream_once(total, err, sizeof err);
+  *ms = NAN;
+  if (!(s > 0)) {
+    progress("tcp_stream failed: %s", err);
     return NAN;
   }
-  double gbps = (double)total / best / 1e9;
-  print_tcp_stream(total, best, gbps);
-  return gbps;
+  *ms = s * 1e3;
+  return (double)total / s / 1e9;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -260,15 +258,13 @@ static double rtt_measure(char *err, size_t errlen) {
   return result;
 }
 
-double tcp_rtt_baseline(int *failures) {
+double tcp_rtt_round(void) {
   char err[512];
   progress("tcp_rtt %d round trips", RTT_ITERS);
   double rtt = rtt_measure(err, sizeof err);
   if (!(rtt > 0)) {
     progress("tcp_rtt failed: %s", err);
-    (*failures)++;
     return NAN;
   }
-  print_tcp_rtt(rtt);
-  return rtt * 1e6;
+  return rtt * 1e3;
 }
