@@ -380,6 +380,7 @@ static void *cu_alloc(const cnn_backend *be, size_t bytes) {
 
 static void cu_free(const cnn_backend *be, void *p) {
   if (!p) return;
+  CB(be)->kept_col = NULL; /* a new buffer may get a kept input's address */
   cudaSetDevice(CB(be)->dev);
   cudaFree(p);
 }
