@@ -59,21 +59,34 @@ static void near(const char *what, const float *a, const float *b, size_t n,
  * smaller here so that the cap on slices is exercised too). */
 #define CAP (1 << 14)
 
-/* nn_cuda.cu colsum(): out[k] = scale * column sums of x [n][K], in
- * levels of k_colsum over J*K indices. */
-static void g_colsum(const float *x, int n, int K, float scale, float *out) {
+/* nn_cuda.cu colsum_masked(): out[k] = scale * column sums of x [n][K],
+ * in levels of k_colsum over J*K indices; if relu_y is not NULL the first
+ * level is k_colsum_relu (masks x in place). */
+static void g_colsum_masked(float *x, const float *relu_y, int n, int K,
+                            float scale, float *out) {
   float *reg[2] = {zeros(CAP), zeros(CAP)};
+  const float *src = x;
   for (int level = 0;; level++) {
     int J = cnn_red_slices(n, K, CAP);
     float *dst = J == 1 ? out : reg[level % 2];
+    float sc = J == 1 ? scale : 1.0f;
     for (int i = 0; i < J * K; i++)
-      dst[i] = (J == 1 ? scale : 1.0f) * cnn_e_colsum(i, x, n, K, J);
+      dst[i] = sc * (level == 0 && relu_y ? cnn_e_colsum_relu(i, relu_y, x, n, K, J)
+                                          : cnn_e_colsum(i, src, n, K, J));
     if (J == 1) break;
-    x = dst;
+    src = dst;
     n = J;
   }
   free(reg[0]);
   free(reg[1]);
+}
+
+static void g_colsum(const float *x, int n, int K, float scale, float *out) {
+  g_colsum_masked((float *)x, NULL, n, K, scale, out);
+}
+
+static void g_relu_bwd_bias(const float *y, float *dy, int n, int K, float *db) {
+  g_colsum_masked(dy, y, n, K, 1.0f, db);
 }
 
 /* C[M][N] = A[M][K] B[K][N] with op transposes, in double: what cuBLAS
@@ -90,58 +103,153 @@ static void mm(int ta, int tb, int M, int N, int K, const float *A,
     }
 }
 
-/* nn_cuda.cu conv_fwd_impl: im2col (chunks of `chunk` images) + GEMM, then
- * k_bias_act. */
+/* nn_cuda.cu im2col(): the col matrix of images [b0, b0 + nb) as its
+ * kernels write it, cnn_e_im2col4 per float4 where C % 4 == 0 (vector
+ * path), cnn_e_im2col1 per float otherwise (or when vec is 0). */
+static void g_im2col(const cnn_conv_geom *g, int nb, const float *x, int vec,
+                     float *col) {
+  size_t n = (size_t)nb * g->H * g->W * cnn_col_ld(g->R, g->C);
+  if (vec && g->C % 4 == 0) {
+    for (size_t v = 0; v < n / 4; v++)
+      ((cnn_f4 *)col)[v] = cnn_e_im2col4((int)v, g->H, g->W, g->C, g->R,
+                                         (const cnn_f4 *)x);
+  } else {
+    for (size_t i = 0; i < n; i++)
+      col[i] = cnn_e_im2col1((int)i, g->H, g->W, g->C, g->R, x);
+  }
+}
+
+/* The col matrix from its definition (nn_cuda_ops.h), loop by loop. */
+static void ref_im2col(const cnn_conv_geom *g, int nb, const float *x,
+                       float *col) {
+  int H = g->H, W = g->W, C = g->C, R = g->R, p = (R - 1) / 2;
+  int ld = cnn_col_ld(R, C), RRC = R * R * C;
+  ck_assert_int_eq(ld % 4, 0);
+  ck_assert(ld > RRC && ld <= RRC + 4);
+  for (int n = 0; n < nb; n++)
+    for (int h = 0; h < H; h++)
+      for (int w = 0; w < W; w++) {
+        float *row = col + (((size_t)n * H + h) * W + w) * ld;
+        for (int kh = 0; kh < R; kh++)
+          for (int kw = 0; kw < R; kw++)
+            for (int c = 0; c < C; c++) {
+              int ih = h + kh - p, iw = w + kw - p;
+              int in = ih >= 0 && ih < H && iw >= 0 && iw < W;
+              row[(kh * R + kw) * C + c] =
+                  in ? x[(((size_t)n * H + ih) * W + iw) * C + c] : 0.0f;
+            }
+        for (int e = RRC; e < ld; e++) row[e] = e == RRC ? 1.0f : 0.0f;
+      }
+}
+
+/* nn_cuda.cu conv_fwd_impl: im2col (chunks of `chunk` images) + GEMM over
+ * the first R*R*C columns, then the epilogue (bias_act: float4 bodies
+ * where K % 4 == 0). col is left holding the last chunk, as on the GPU. */
 static void g_conv_fwd(const cnn_conv_geom *g, int chunk, const float *x,
-                       const float *w, const float *bias, int relu, float *y) {
-  int RRC = g->R * g->R * g->C, K = g->K, HW = g->H * g->W;
-  float *col = zeros((size_t)chunk * HW * RRC);
+                       const float *w, const float *bias, int relu, float *y,
+                       float *col) {
+  int RRC = g->R * g->R * g->C, ld = cnn_col_ld(g->R, g->C), K = g->K,
+      HW = g->H * g->W;
+  float *a = zeros((size_t)RRC);
   for (int b0 = 0; b0 < g->B; b0 += chunk) {
     int nb = g->B - b0 < chunk ? g->B - b0 : chunk, rows = nb * HW;
-    for (int i = 0; i < rows * RRC; i++)
-      col[i] = cnn_e_im2col(i, g->H, g->W, g->C, g->R, x + (size_t)b0 * HW * g->C);
-    mm(0, 0, rows, K, RRC, col, w, 0.0f, y + (size_t)b0 * HW * K);
+    g_im2col(g, nb, x + (size_t)b0 * HW * g->C, 1, col);
+    for (int r = 0; r < rows; r++) { /* A = col[:, :RRC] (lda = ld) */
+      memcpy(a, col + (size_t)r * ld, RRC * sizeof(float));
+      mm(0, 0, 1, K, RRC, a, w, 0.0f, y + ((size_t)b0 * HW + r) * K);
+    }
   }
-  if (bias || relu)
-    for (int i = 0; i < g->B * HW * K; i++) y[i] = cnn_e_bias_act(i, K, y, bias, relu);
-  free(col);
+  size_t n = (size_t)g->B * HW * K;
+  if ((bias || relu) && K % 4 == 0) {
+    for (size_t v = 0; v < n / 4; v++)
+      ((cnn_f4 *)y)[v] = cnn_e_bias_act4((int)v, K, (const cnn_f4 *)y,
+                                         (const cnn_f4 *)bias, relu);
+  } else if (bias || relu) {
+    for (size_t i = 0; i < n; i++) y[i] = cnn_e_bias_act((int)i, K, y, bias, relu);
+  }
+  free(a);
 }
+
+/* nn_cuda.cu cu_conv_bwd_filter: chunks last first, the last one reusing
+ * the forward's col; the GEMM over R*R*C + 1 columns of col gives dw and,
+ * from the ones column, db. */
+static void g_conv_bwd_filter(const cnn_conv_geom *g, int chunk,
+                              const float *x, const float *dy, float *col,
+                              float *dw, float *db) {
+  int RRC = g->R * g->R * g->C, ld = cnn_col_ld(g->R, g->C), K = g->K,
+      HW = g->H * g->W;
+  float *dwx = zeros((size_t)(RRC + 1) * K), *a = zeros((size_t)HW * chunk * (RRC + 1));
+  for (int b0 = (g->B - 1) / chunk * chunk, first = 1; b0 >= 0; b0 -= chunk, first = 0) {
+    int nb = g->B - b0 < chunk ? g->B - b0 : chunk, rows = nb * HW;
+    if (!first) g_im2col(g, nb, x + (size_t)b0 * HW * g->C, 1, col);
+    for (int r = 0; r < rows; r++)
+      memcpy(a + (size_t)r * (RRC + 1), col + (size_t)r * ld, (RRC + 1) * sizeof(float));
+    mm(1, 0, RRC + 1, K, rows, a, dy + (size_t)b0 * HW * K, first ? 0.0f : 1.0f, dwx);
+  }
+  memcpy(dw, dwx, (size_t)RRC * K * sizeof(float));
+  memcpy(db, dwx + (size_t)RRC * K, K * sizeof(float));
+  free(dwx);
+  free(a);
+}
+
+START_TEST(test_im2col) {
+  /* B H W C R: the model's layers (conv2's data gradient is conv2's
+   * geometry), C % 4 == 0 off the model, C % 4 != 0 (1, 2, 5, 6), the
+   * kernel wider than the image, R 1 and 3 */
+  static const int cases[][5] = {{2, 24, 24, 3, 5}, {2, 12, 12, 64, 5}, {2, 5, 7, 8, 3},
+                                 {3, 4, 3, 2, 5},   {1, 6, 5, 5, 3},    {2, 3, 3, 12, 1},
+                                 {2, 7, 4, 6, 5},   {1, 9, 9, 1, 7}};
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const int *c = cases[ci];
+    cnn_conv_geom g = {c[0], c[1], c[2], c[3], 1, c[4]};
+    seed(10 + ci);
+    size_t nx = (size_t)g.B * g.H * g.W * g.C;
+    size_t ncol = (size_t)g.B * g.H * g.W * cnn_col_ld(g.R, g.C);
+    float *x = randn(nx, 1.0f), *ref = zeros(ncol), *c1 = zeros(ncol), *c4 = zeros(ncol);
+    ref_im2col(&g, g.B, x, ref);
+    g_im2col(&g, g.B, x, 0, c1);
+    g_im2col(&g, g.B, x, 1, c4);
+    for (size_t i = 0; i < ncol; i++) {
+      CHECK(c1[i] == ref[i], "im2col1 %dx%dx%d R%d [%zu]: %g, want %g", g.H, g.W, g.C, g.R,
+            i, (double)c1[i], (double)ref[i]);
+      CHECK(c4[i] == ref[i], "im2col4 %dx%dx%d R%d [%zu]: %g, want %g", g.H, g.W, g.C, g.R,
+            i, (double)c4[i], (double)ref[i]);
+    }
+    free(x); free(ref); free(c1); free(c4);
+  }
+}
+END_TEST
 
 START_TEST(test_conv) {
   const cnn_backend *be = cnn_backend_cpu(1);
   /* the model's two layers at batch 3 (chunks of 2 images: a partial last
-   * chunk), an odd shape with the kernel wider than the image */
+   * chunk), odd shapes with the kernel wider than the image, C % 4 != 0
+   * and K % 4 != 0, C % 4 == 0 off the model's geometry */
   static const int cases[][6] = {{3, 24, 24, 3, 64, 5}, {3, 12, 12, 64, 64, 5},
-                                 {2, 4, 3, 2, 5, 5}};
+                                 {2, 4, 3, 2, 5, 5},    {3, 6, 5, 8, 12, 3},
+                                 {3, 5, 6, 5, 6, 3}};
   seed(1);
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
     const int *c = cases[ci];
     cnn_conv_geom g = {c[0], c[1], c[2], c[3], c[4], c[5]};
     size_t nx = (size_t)g.B * g.H * g.W * g.C, ny = (size_t)g.B * g.H * g.W * g.K,
            nw = (size_t)g.R * g.R * g.C * g.K;
+    int HW = g.H * g.W, ldmax = cnn_col_ld(g.R, g.C > g.K ? g.C : g.K);
     float *x = randn(nx, 1.0f), *w = randn(nw, 0.2f), *b = randn(g.K, 1.0f),
           *dy = randn(ny, 1.0f);
-    float *y = zeros(ny), *yr = zeros(ny);
+    float *y = zeros(ny), *yr = zeros(ny), *col = zeros((size_t)2 * HW * ldmax);
     void *ws = be->alloc(be, be->conv_ws_bytes(be, &g));
     ck_assert_ptr_nonnull(ws);
     for (int v = 0; v < 3; v++) { /* no bias, bias, bias + ReLU */
       const float *bias = v ? b : NULL;
-      g_conv_fwd(&g, 2, x, w, bias, v == 2, y);
+      g_conv_fwd(&g, 2, x, w, bias, v == 2, y, col);
       be->conv_fwd(be, &g, x, w, bias, v == 2, yr, ws);
       near("conv fwd", y, yr, ny, 1e-4, maxabs(yr, ny));
     }
-    /* filter gradient: col^T dy over the chunks (beta 1 after the first),
-     * bias gradient: colsum */
-    int RRC = g.R * g.R * g.C, HW = g.H * g.W;
+    /* filter and bias gradients from the forward's col (left by the last
+     * g_conv_fwd) and the ones column */
     float *dw = zeros(nw), *dwr = zeros(nw), *db = zeros(g.K), *dbr = zeros(g.K);
-    float *col = zeros((size_t)2 * HW * RRC);
-    for (int b0 = 0; b0 < g.B; b0 += 2) {
-      int nb = g.B - b0 < 2 ? g.B - b0 : 2;
-      for (int i = 0; i < nb * HW * RRC; i++)
-        col[i] = cnn_e_im2col(i, g.H, g.W, g.C, g.R, x + (size_t)b0 * HW * g.C);
-      mm(1, 0, RRC, g.K, nb * HW, col, dy + (size_t)b0 * HW * g.K, b0 ? 1.0f : 0.0f, dw);
-    }
-    g_colsum(dy, g.B * HW, g.K, 1.0f, db);
+    g_conv_bwd_filter(&g, 2, x, dy, col, dw, db);
     be->conv_bwd_filter(be, &g, x, dy, dwr, dbr, ws);
     near("conv dw", dw, dwr, nw, 1e-4, maxabs(dwr, nw));
     near("conv db", db, dbr, (size_t)g.K, 1e-5, maxabs(dbr, g.K) * 10);
@@ -151,12 +259,57 @@ START_TEST(test_conv) {
     cnn_conv_geom gt = g;
     gt.C = g.K;
     gt.K = g.C;
-    g_conv_fwd(&gt, 2, dy, wf, NULL, 0, dx);
+    g_conv_fwd(&gt, 2, dy, wf, NULL, 0, dx, col);
     be->conv_bwd_data(be, &g, dy, w, dxr, ws);
     near("conv dx", dx, dxr, nx, 1e-4, maxabs(dxr, nx));
     be->free(be, ws);
     free(x); free(w); free(b); free(dy); free(y); free(yr); free(dw); free(dwr);
     free(db); free(dbr); free(col); free(wf); free(dx); free(dxr);
+  }
+}
+END_TEST
+
+/* The fused epilogues against the unfused sequence: bias_act4 against
+ * the scalar bias_act (equal: the same arithmetic per element), the
+ * ReLU backward + bias gradient against relu_bwd then dense_bwd's db on
+ * the CPU backend (masked dy equal; db within 1e-5 of the summed
+ * magnitudes: the order of the sums differs). */
+START_TEST(test_epilogues) {
+  const cnn_backend *be = cnn_backend_cpu(1);
+  static const int cases[][2] = {{3, 64}, {128, 384}, {200, 192}, {5000, 64}, {7, 12}};
+  seed(8);
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    int rows = cases[ci][0], K = cases[ci][1];
+    size_t n = (size_t)rows * K;
+    float *y0 = randn(n, 1.0f), *b = randn(K, 1.0f);
+    for (int v = 0; v < 3; v++) {
+      float *y4 = copy(y0, n), *y1 = copy(y0, n);
+      const float *bias = v ? b : NULL;
+      for (size_t i = 0; i < n / 4; i++)
+        ((cnn_f4 *)y4)[i] = cnn_e_bias_act4((int)i, K, (const cnn_f4 *)y4,
+                                            (const cnn_f4 *)bias, v == 2);
+      for (size_t i = 0; i < n; i++) y1[i] = cnn_e_bias_act((int)i, K, y1, bias, v == 2);
+      near("bias_act4", y4, y1, n, 0.0, 0.0);
+      free(y4);
+      free(y1);
+    }
+    float *y = copy(y0, n), *dy0 = randn(n, 1.0f);
+    for (size_t i = 0; i < n; i++) y[i] = cnn_relu(y[i]);
+    float *dy = copy(dy0, n), *dyr = copy(dy0, n), *db = zeros(K), *dbr = zeros(K);
+    g_relu_bwd_bias(y, dy, rows, K, db);
+    be->relu_bwd(be, n, y, dyr);
+    float *x = randn((size_t)rows * 3, 1.0f), *w = randn((size_t)3 * K, 1.0f),
+          *dw = zeros((size_t)3 * K);
+    be->dense_bwd(be, rows, 3, K, x, w, dyr, NULL, dw, dbr);
+    near("relu_bwd_bias dy", dy, dyr, n, 0.0, 0.0);
+    for (int k = 0; k < K; k++) {
+      double mag = 0;
+      for (int r = 0; r < rows; r++) mag += fabs(dyr[(size_t)r * K + k]);
+      CHECK(fabs(db[k] - dbr[k]) <= 1e-5 * mag + 1e-30, "relu_bwd_bias db[%d]: %.9g, cpu %.9g",
+            k, (double)db[k], (double)dbr[k]);
+    }
+    free(y0); free(b); free(y); free(dy0); free(dy); free(dyr); free(db); free(dbr);
+    free(x); free(w); free(dw);
   }
 }
 END_TEST
@@ -360,6 +513,9 @@ static struct {
   int uploaded[CNN_BE_SLOTS];  /* slot copied since the step began */
   int bad_wait;                /* an op waited for a slot never uploaded */
   long downloads;              /* download_async calls */
+  long param_uploads;          /* upload_async calls of parameter slots */
+  long fused;                  /* relu_bwd_bias calls */
+  long ws_fwd;                 /* conv_ws_fwd_bytes calls */
 } fake;
 
 static int fake_register(const cnn_backend *be, void *p, size_t bytes) {
@@ -388,6 +544,7 @@ static void fake_upload(const cnn_backend *be, int slot, void *dst,
   ck_assert(slot >= 0 && slot < CNN_BE_SLOTS);
   memcpy(dst, src, bytes);
   fake.uploaded[slot] = 1;
+  if (slot < CNN_NUM_PARAMS) fake.param_uploads++;
 }
 static void fake_wait(const cnn_backend *be, int slot) {
   (void)be;
@@ -402,6 +559,17 @@ static void fake_download(const cnn_backend *be, void *dst, const void *src,
 static void fake_sync(const cnn_backend *be) {
   (void)be;
   memset(fake.uploaded, 0, sizeof fake.uploaded); /* a new step begins */
+}
+/* the CUDA backend's fused ReLU backward + bias gradient, index by index */
+static void fake_relu_bwd_bias(const cnn_backend *be, int rows, int K, const float *y,
+                               float *dy, float *db) {
+  (void)be;
+  fake.fused++;
+  g_relu_bwd_bias(y, dy, rows, K, db);
+}
+static size_t fake_ws_fwd_bytes(const cnn_backend *be, const cnn_conv_geom *g) {
+  fake.ws_fwd++;
+  return cnn_backend_cpu(1)->conv_ws_bytes(be, g);
 }
 
 typedef struct {
@@ -430,7 +598,8 @@ static void unbind_all(bound *b) {
   }
 }
 
-START_TEST(test_model_device_path) {
+static void fake_init(void) {
+  memset(&fake, 0, sizeof fake);
   fake.be = *cnn_backend_cpu(1);
   fake.be.name = "fake-device";
   fake.be.host_mapped = 0;
@@ -440,9 +609,12 @@ START_TEST(test_model_device_path) {
   fake.be.upload_async = fake_upload;
   fake.be.upload_wait = fake_wait;
   fake.be.download_async = fake_download;
-  fake.nreg = 0;
-  fake.downloads = 0;
-  fake.bad_wait = 0;
+  fake.be.relu_bwd_bias = fake_relu_bwd_bias;
+  fake.be.conv_ws_fwd_bytes = fake_ws_fwd_bytes;
+}
+
+START_TEST(test_model_device_path) {
+  fake_init();
   seed(7);
   int B = 4;
   bound c, d;
@@ -465,6 +637,8 @@ START_TEST(test_model_device_path) {
       near("value after sgd", d.val[i], c.val[i], cnn_param_numel(i), 1e-6, 1e-3);
   }
   ck_assert_msg(!fake.bad_wait, "an op waited for an upload that was not queued");
+  ck_assert_int_eq(fake.fused, 3 * 2); /* local4 and local3, each step */
+  ck_assert_int_eq(fake.ws_fwd, 1);    /* conv1's workspace */
   ck_assert_msg(fake.nreg > 0, "the bound buffers were not page-locked");
   ck_assert(fake.downloads >= 3 * (CNN_NUM_PARAMS + 1));
   /* every bound byte is inside a registered range */
@@ -484,6 +658,47 @@ START_TEST(test_model_device_path) {
   unbind_all(&c);
   unbind_all(&d);
   ck_assert_int_eq(fake.nreg, 0); /* destroy unregistered everything */
+  free(img);
+}
+END_TEST
+
+/* Local SGD with the values kept on the device (cnn_values_on_device):
+ * the same losses and, once copied back, the same values as the CPU
+ * backend, with no parameter upload per step and the bound value buffers
+ * not read meanwhile (they hold NaN then). */
+START_TEST(test_values_on_device) {
+  fake_init();
+  seed(9);
+  int B = 4;
+  bound c, d;
+  bind_all(&c, cnn_backend_cpu(1), B);
+  bind_all(&d, &fake.be, B);
+  float *img = randn((size_t)B * CNN_IMAGE_FLOATS, 1.0f);
+  uint8_t lab[4] = {2, 0, 5, 9};
+  cnn_values_on_device(d.m, 1);
+  cnn_values_on_device(c.m, 1); /* no effect on the CPU */
+  for (int i = 0; i < CNN_NUM_PARAMS; i++)
+    for (size_t j = 0; j < cnn_param_numel(i); j++) d.val[i][j] = NAN;
+  long ups = fake.param_uploads;
+  for (int step = 0; step < 3; step++) {
+    float lc = cnn_train_step(c.m, img, lab, B);
+    float ld = cnn_train_step(d.m, img, lab, B);
+    ck_assert(isfinite(lc));
+    CHECK(fabsf(lc - ld) <= 1e-6f * fabsf(lc), "step %d loss: cpu %g, device values %g",
+          step, (double)lc, (double)ld);
+    cnn_sgd_local(c.m, 0.1f);
+    cnn_sgd_local(d.m, 0.1f);
+  }
+  ck_assert_int_eq(fake.param_uploads, ups);
+  ck_assert_msg(!fake.bad_wait, "an op waited for an upload that was not queued");
+  cnn_values_on_device(d.m, 0); /* copies them back */
+  for (int i = 0; i < CNN_NUM_PARAMS; i++)
+    near("value after device sgd", d.val[i], c.val[i], cnn_param_numel(i), 1e-6, 1e-3);
+  /* and uploads again from then on */
+  ck_assert(isfinite(cnn_train_step(d.m, img, lab, B)));
+  ck_assert_int_eq(fake.param_uploads, ups + CNN_NUM_PARAMS);
+  unbind_all(&c);
+  unbind_all(&d);
   free(img);
 }
 END_TEST
@@ -513,13 +728,16 @@ Suite *suite_cuda_ops(void) {
   Suite *s = suite_create("cuda_ops");
   TCase *tc = tcase_create("bodies");
   tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_im2col);
   tcase_add_test(tc, test_conv);
+  tcase_add_test(tc, test_epilogues);
   tcase_add_test(tc, test_dense);
   tcase_add_test(tc, test_reductions);
   tcase_add_test(tc, test_elementwise);
   tcase_add_test(tc, test_maxpool);
   tcase_add_test(tc, test_lrn);
   tcase_add_test(tc, test_model_device_path);
+  tcase_add_test(tc, test_values_on_device);
   tcase_add_test(tc, test_pick_device);
   suite_add_tcase(s, tc);
   return s;

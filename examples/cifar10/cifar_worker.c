@@ -224,6 +224,7 @@ static void bench(const opts *o) {
     ps_init_fill(&init, p->name, p->shape, p->ndim, bufs[2 * i], n);
     cnn_bind(m, i, bufs[2 * i], bufs[2 * i + 1]);
   }
+  cnn_values_on_device(m, 1); /* local SGD: the values stay on a GPU */
   float *img = cnn_host_alloc(be, (size_t)o->batch * IMG_FLOATS * sizeof(float));
   uint8_t *lab = cnn_host_alloc(be, (size_t)o->batch);
   if (!img || !lab) die("out of memory");

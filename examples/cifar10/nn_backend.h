@@ -15,8 +15,9 @@
  *    recorded as a CUDA graph) without waiting in the middle.
  *  - Activations are NHWC float32. Row-major matrices. Nothing is
  *    accumulated unless said so: outputs are overwritten.
- *  - The optional members (host memory, side-stream copies, graphs) are
- *    NULL on the CPU backend; the model then does without them.
+ *  - The optional members (host memory, side-stream copies, graphs,
+ *    smaller workspaces, fused ops) are NULL on the CPU backend; the
+ *    model then does without them.
  */
 #ifndef CIFAR_NN_BACKEND_H
 #define CIFAR_NN_BACKEND_H
@@ -78,14 +79,18 @@ struct cnn_backend {
 
   /* ---- convolution (stride 1, SAME) ---- */
   /* Bytes of workspace the three conv ops need for geometry g (B = the
-   * largest batch that will be used). */
+   * largest batch that will be used). Give each layer its own workspace:
+   * conv_bwd_filter(g, x, ...) may reuse what conv_fwd(g, x, ...) left in
+   * it (the CUDA backend's im2col of x), so between the two calls of a
+   * step no other op may get that workspace, nor may x change. */
   size_t (*conv_ws_bytes)(const cnn_backend *be, const cnn_conv_geom *g);
   /* y = conv(x, w) + bias (bias may be NULL), then ReLU if relu. */
   void (*conv_fwd)(const cnn_backend *be, const cnn_conv_geom *g,
                    const float *x, const float *w, const float *bias,
                    int relu, float *y, void *ws);
   /* dw = dL/dw given dy = dL/dy (of the pre-bias/ReLU output);
-   * db = sum of dy over B, H, W (db may be NULL). */
+   * db = sum of dy over B, H, W (db may be NULL). x: the input of the
+   * forward (see conv_ws_bytes). */
   void (*conv_bwd_filter)(const cnn_backend *be, const cnn_conv_geom *g,
                           const float *x, const float *dy, float *dw,
                           float *db, void *ws);
@@ -176,6 +181,18 @@ struct cnn_backend {
   /* The first error an op or copy ran into since the backend started (a
    * sentence), or NULL. Ops after an error do nothing. */
   const char *(*error)(const cnn_backend *be);
+
+  /* ---- optional: smaller workspaces, fused ops (NULL: without) ---- */
+  /* Bytes of workspace for conv_fwd and conv_bwd_filter only, for a layer
+   * whose data gradient is never computed (its input is the data); NULL:
+   * conv_ws_bytes. conv_bwd_data must not get such a workspace. */
+  size_t (*conv_ws_fwd_bytes)(const cnn_backend *be, const cnn_conv_geom *g);
+  /* The ReLU backward and the bias gradient of an FC layer in one pass:
+   * dy[r][k] = y[r][k] > 0 ? dy[r][k] : 0 in place (y the ReLU output,
+   * [rows][K]) and db[k] = sum over the rows of the masked dy. Same result
+   * as relu_bwd, then dense_bwd's db. */
+  void (*relu_bwd_bias)(const cnn_backend *be, int rows, int K,
+                        const float *y, float *dy, float *db);
 };
 
 /* Copy tags of upload_async: one per parameter, the images, the labels. */

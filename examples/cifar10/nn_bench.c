@@ -18,7 +18,9 @@
  * unoverlapped: parameters and images up, gradients down, through
  * page-locked memory) and "ms_ops_synced" (the per-op profile: each op
  * followed by a wait, i.e. its GPU time plus one launch and one wait).
- * The step itself overlaps the copies with compute (nn_model.c).
+ * The step itself overlaps the copies with compute (nn_model.c). The
+ * parameter values stay on the GPU (cnn_values_on_device), as in a PyTorch
+ * loop: a step uploads the images and downloads the gradients.
  */
 #include <math.h>
 #include <stdio.h>
@@ -190,6 +192,7 @@ int main(int argc, char **argv) {
     cnn_bind(m, i, val[i], grad[i]);
   }
   cnn_use_graphs(m, graphs);
+  cnn_values_on_device(m, 1); /* local SGD: the values stay on a GPU */
   float *img = cnn_host_alloc(be, sizeof(float) * (size_t)batch * CNN_IMAGE_FLOATS);
   uint8_t *lab = cnn_host_alloc(be, (size_t)batch);
   if (!img || !lab) return 1;

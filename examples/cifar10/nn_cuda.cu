@@ -2,14 +2,30 @@
  * nn_cuda.cu - the CUDA backend of the CNN (nn_backend.h, nn.h:
  * cnn_backend_cuda).
  *
- * Convolutions: im2col of a chunk of images into the workspace (a kernel),
- * then one cuBLAS SGEMM per chunk: y[pix][K] = col[pix][R*R*C] * w[R*R*C][K]
- * with TF's HWIO weights as they are; the filter gradient is col^T * dy
- * accumulated over the chunks; the data gradient is the forward
- * convolution of dy with the flipped, C/K-transposed weights (as in
- * nn_cpu.c). Bias and ReLU follow in one element-wise kernel. FC layers:
- * SGEMM plus the same bias kernel. cuBLAS runs in float32 (its default
- * math mode: no TF32).
+ * Convolutions: im2col of a chunk of up to 128 images into the layer's
+ * workspace, then one cuBLAS SGEMM per chunk: y[pix][K] = col[pix][R*R*C]
+ * * w[R*R*C][K] with TF's HWIO weights as they are. The im2col kernels
+ * move the C contiguous channels of each (pixel, kh, kw) as float4 where
+ * C % 4 == 0 (neighbouring threads on neighbouring 16-byte vectors, so
+ * reads and writes coalesce), one float per thread otherwise (conv1's
+ * C = 3), and are instantiated with the model's geometries as
+ * compile-time constants (no run-time integer division per element; any
+ * other geometry takes the generic instantiation). Each col row ends in a
+ * column of ones (padded to a multiple of 4 floats): the filter-gradient
+ * GEMM col^T * dy then yields the bias gradient as an extra row, with no
+ * pass of its own over dy. The filter gradient walks the chunks last
+ * first and reuses the col the forward left in the workspace (the whole
+ * col for a batch of 128 or fewer: conv2's forward im2col is not redone),
+ * which is why each layer has its own workspace (what a workspace holds
+ * is tracked on the host as the ops are queued, so a recorded graph
+ * replays the same choice). The data gradient is the
+ * forward convolution of dy with the flipped, C/K-transposed weights (as
+ * in nn_cpu.c); conv1 gets none, and its workspace no room for one (22 MB
+ * at 128 images). Bias and ReLU are one float4 epilogue kernel after the
+ * GEMM (cuBLAS itself has no epilogue; cublasLt's would save that pass
+ * too); an FC layer's ReLU backward is fused with its bias gradient
+ * (relu_bwd_bias). cuBLAS runs in float32 (its default math mode: no
+ * TF32).
  *
  * Element-wise and reduction kernels are grid-stride loops around the
  * per-element bodies of nn_cuda_ops.h (which tests/test_cuda_ops.c also
@@ -69,6 +85,10 @@ typedef struct cuda_be {
   cublasHandle_t blas;         /* bound to s */
   void *blas_ws;               /* cuBLAS workspace */
   float *scratch;              /* 3 regions of RED_REGION floats */
+  const float *kept_col;       /* col buffer (in a conv workspace) that */
+  const float *kept_x;         /* ... holds the im2col of this input */
+  cnn_conv_geom kept_g;        /* ... for this geometry */
+  int kept_b0;                 /* ... from this image on (one chunk) */
   cudaEvent_t up[CNN_BE_SLOTS]; /* end of each tagged upload */
   cudaEvent_t fork;            /* main stream position the side one waits for */
   cudaEvent_t join;            /* end of the side stream's work (capture) */
@@ -205,10 +225,49 @@ __global__ void k_bias_act(int n, int K, float *y, const float *bias,
   GRID_LOOP(i, n) y[i] = cnn_e_bias_act(i, K, y, bias, relu);
 }
 
-__global__ void k_im2col(int n, int H, int W, int C, int R, const float *x,
-                         float *col) {
-  GRID_LOOP(i, n) col[i] = cnn_e_im2col(i, H, W, C, R, x);
+/* The forward epilogue four channels per thread (K % 4 == 0); K_ > 0: K
+ * is that constant (the conv layers' 64), so v % (K / 4) is a mask. */
+template <int K_>
+__global__ void k_bias_act4(int n, int K, float4 *y, const float4 *bias,
+                            int relu) {
+  if (K_) K = K_;
+  GRID_LOOP(v, n) y[v] = cnn_e_bias_act4(v, K, y, bias, relu);
 }
+
+/* im2col (nn_cuda_ops.h). H_ > 0: the geometry is those constants (the
+ * model's layers), so the body's index divisions become multiplies; 0:
+ * the run-time arguments (any other geometry). */
+template <int H_, int W_, int C_, int R_>
+__global__ void k_im2col4(int n, int H, int W, int C, int R, const float4 *x,
+                          float4 *col) {
+  if (H_) {
+    H = H_;
+    W = W_;
+    C = C_;
+    R = R_;
+  }
+  GRID_LOOP(v, n) col[v] = cnn_e_im2col4(v, H, W, C, R, x);
+}
+
+template <int H_, int W_, int C_, int R_>
+__global__ void k_im2col1(int n, int H, int W, int C, int R, const float *x,
+                          float *col) {
+  if (H_) {
+    H = H_;
+    W = W_;
+    C = C_;
+    R = R_;
+  }
+  GRID_LOOP(i, n) col[i] = cnn_e_im2col1(i, H, W, C, R, x);
+}
+
+/* The specializations launched (LAUNCH is a macro: no commas in names). */
+#define k_im2col4_conv2 k_im2col4<12, 12, 64, 5> /* conv2, its data gradient */
+#define k_im2col4_any k_im2col4<0, 0, 0, 0>
+#define k_im2col1_conv1 k_im2col1<24, 24, 3, 5>
+#define k_im2col1_any k_im2col1<0, 0, 0, 0>
+#define k_bias_act4_64 k_bias_act4<64>
+#define k_bias_act4_any k_bias_act4<0>
 
 __global__ void k_flip(int n, int R, int C, int K, const float *w,
                        float *wf) {
@@ -246,6 +305,11 @@ __global__ void k_colsum(int n, const float *x, int rows, int K, int J,
   GRID_LOOP(i, n) out[i] = scale * cnn_e_colsum(i, x, rows, K, J);
 }
 
+__global__ void k_colsum_relu(int n, const float *y, float *dy, int rows,
+                              int K, int J, float scale, float *out) {
+  GRID_LOOP(i, n) out[i] = scale * cnn_e_colsum_relu(i, y, dy, rows, K, J);
+}
+
 __global__ void k_l2(int n, int len, float wd, const float *w, float *dw,
                      float *part) {
   GRID_LOOP(j, n) part[j] = cnn_e_l2(j, n, len, wd, w, dw);
@@ -267,21 +331,33 @@ __global__ void k_sgd(int n, float lr, const float *g, float *w) {
 static float *region(cuda_be *cb, int r) { return cb->scratch + (size_t)r * RED_REGION; }
 
 /* out[k] = scale * sum over the n rows of x [n][K], in levels
- * (nn_cuda_ops.h); x may be scratch region 0. */
-static void colsum(cuda_be *cb, const float *x, int n, int K, float scale,
-                   float *out) {
+ * (nn_cuda_ops.h); x may be scratch region 0. If relu_y is not NULL, the
+ * first level also masks x in place where relu_y <= 0 (the ReLU backward,
+ * fused: cnn_e_colsum_relu). */
+static void colsum_masked(cuda_be *cb, float *x, const float *relu_y, int n,
+                          int K, float scale, float *out) {
   if (K > RED_REGION) {
     fail(cb, "colsum", "too many columns for the reduction scratch");
     return;
   }
+  const float *src = x;
   for (int level = 0;; level++) {
     int J = cnn_red_slices(n, K, RED_REGION);
     float *dst = J == 1 ? out : region(cb, 1 + level % 2);
-    LAUNCH(cb, (size_t)J * K, k_colsum, x, n, K, J, J == 1 ? scale : 1.0f, dst);
+    float sc = J == 1 ? scale : 1.0f;
+    if (level == 0 && relu_y)
+      LAUNCH(cb, (size_t)J * K, k_colsum_relu, relu_y, x, n, K, J, sc, dst);
+    else
+      LAUNCH(cb, (size_t)J * K, k_colsum, src, n, K, J, sc, dst);
     if (J == 1) return;
-    x = dst;
+    src = dst;
     n = J;
   }
+}
+
+static void colsum(cuda_be *cb, const float *x, int n, int K, float scale,
+                   float *out) {
+  colsum_masked(cb, (float *)x, NULL, n, K, scale, out); /* x not written */
 }
 
 /* ------------------------------------------------------------- memory */
@@ -304,6 +380,7 @@ static void *cu_alloc(const cnn_backend *be, size_t bytes) {
 
 static void cu_free(const cnn_backend *be, void *p) {
   if (!p) return;
+  CB(be)->kept_col = NULL; /* a new buffer may get a kept input's address */
   cudaSetDevice(CB(be)->dev);
   cudaFree(p);
 }
@@ -363,39 +440,115 @@ static int chunk_images(const cnn_conv_geom *g) {
   return g->B < CONV_CHUNK_IMAGES ? (g->B > 0 ? g->B : 1) : CONV_CHUNK_IMAGES;
 }
 
-static size_t col_floats(const cnn_conv_geom *g) {
-  int cmax = g->C > g->K ? g->C : g->K;
-  return (size_t)chunk_images(g) * g->H * g->W * g->R * g->R * cmax;
-}
-
 static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
-/* Workspace: the col buffer of a chunk, then the flipped weights. */
+/* Workspace of one layer: the filter-gradient GEMM's output [R*R*C+1][K]
+ * (the weights' rows, then the bias row: see the ones column of
+ * nn_cuda_ops.h), the col buffer of a chunk, then, only where the data
+ * gradient is computed, the flipped weights. The col buffer holds the
+ * forward's rows (cnn_col_ld(R, C) floats each) and the data gradient's
+ * (cnn_col_ld(R, K)), room for the larger only where both are needed:
+ * conv1 (C 3, no data gradient) at 128 images takes 22.4 MB, not the
+ * 472 MB a K-wide col would. */
+static size_t dwx_bytes(const cnn_conv_geom *g) {
+  return align256(((size_t)g->R * g->R * g->C + 1) * g->K * sizeof(float));
+}
+
+static size_t col_bytes(const cnn_conv_geom *g, int dgrad) {
+  size_t ld = (size_t)cnn_col_ld(g->R, g->C), ldk = (size_t)cnn_col_ld(g->R, g->K);
+  if (dgrad && ldk > ld) ld = ldk;
+  return align256((size_t)chunk_images(g) * g->H * g->W * ld * sizeof(float));
+}
+
+static size_t ws_bytes(const cnn_conv_geom *g, int dgrad) {
+  size_t flip = (size_t)g->R * g->R * g->C * g->K * sizeof(float);
+  return dwx_bytes(g) + col_bytes(g, dgrad) + (dgrad ? align256(flip) : 0);
+}
+
 static size_t cu_conv_ws_bytes(const cnn_backend *be, const cnn_conv_geom *g) {
   (void)be;
-  return align256(col_floats(g) * sizeof(float)) +
-         align256((size_t)g->R * g->R * g->C * g->K * sizeof(float));
+  return ws_bytes(g, 1);
 }
 
+static size_t cu_conv_ws_fwd_bytes(const cnn_backend *be,
+                                   const cnn_conv_geom *g) {
+  (void)be;
+  return ws_bytes(g, 0);
+}
+
+static float *ws_dwx(void *ws) { return (float *)ws; }
+static float *ws_col(const cnn_conv_geom *g, void *ws) {
+  return (float *)((char *)ws + dwx_bytes(g));
+}
 static float *ws_flip(const cnn_conv_geom *g, void *ws) {
-  return (float *)((char *)ws + align256(col_floats(g) * sizeof(float)));
+  return (float *)((char *)ws_col(g, ws) + col_bytes(g, 1));
 }
 
+/* 1 if col holds the im2col of images [b0, ...) of x for g (left there by
+ * a forward): the filter gradient then skips its own. */
+static int col_kept(const cuda_be *cb, const float *col, const float *x,
+                    const cnn_conv_geom *g, int b0) {
+  return cb->kept_col == col && cb->kept_x == x && cb->kept_b0 == b0 &&
+         memcmp(&cb->kept_g, g, sizeof *g) == 0;
+}
+
+/* col = im2col of images [b0, b0 + nb) of x (nn_cuda_ops.h): float4 moves
+ * where C % 4 == 0, the model's geometries as compile-time constants. */
+static void im2col(cuda_be *cb, const cnn_conv_geom *g, int b0, int nb,
+                   const float *x, float *col) {
+  int H = g->H, W = g->W, C = g->C, R = g->R;
+  const float *xs = x + (size_t)b0 * H * W * C;
+  size_t n = (size_t)nb * H * W * cnn_col_ld(R, C);
+  if (C % 4 == 0 && (uintptr_t)xs % 16 == 0 && (uintptr_t)col % 16 == 0) {
+    const float4 *x4 = (const float4 *)xs;
+    float4 *c4 = (float4 *)col;
+    if (H == 12 && W == 12 && C == 64 && R == 5)
+      LAUNCH(cb, n / 4, k_im2col4_conv2, H, W, C, R, x4, c4);
+    else
+      LAUNCH(cb, n / 4, k_im2col4_any, H, W, C, R, x4, c4);
+  } else if (H == 24 && W == 24 && C == 3 && R == 5) {
+    LAUNCH(cb, n, k_im2col1_conv1, H, W, C, R, xs, col);
+  } else {
+    LAUNCH(cb, n, k_im2col1_any, H, W, C, R, xs, col);
+  }
+  cb->kept_col = col;
+  cb->kept_x = x;
+  cb->kept_g = *g;
+  cb->kept_b0 = b0;
+}
+
+/* The forward epilogue y [rows][K] = act(y + bias): four channels per
+ * thread where the buffers allow. */
+static void bias_act(cuda_be *cb, size_t rows, int K, float *y,
+                     const float *bias, int relu) {
+  if (!bias && !relu) return;
+  size_t n = rows * K;
+  if (K % 4 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)bias % 16 == 0) {
+    float4 *y4 = (float4 *)y;
+    const float4 *b4 = (const float4 *)bias;
+    if (K == 64)
+      LAUNCH(cb, n / 4, k_bias_act4_64, K, y4, b4, relu);
+    else
+      LAUNCH(cb, n / 4, k_bias_act4_any, K, y4, b4, relu);
+  } else {
+    LAUNCH(cb, n, k_bias_act, K, y, bias, relu);
+  }
+}
+
+/* y = conv(x, w) [+ bias, ReLU] chunk by chunk through col. */
 static void conv_fwd_impl(cuda_be *cb, const cnn_conv_geom *g, const float *x,
                           const float *w, const float *bias, int relu,
-                          float *y, void *ws) {
-  int RRC = g->R * g->R * g->C, K = g->K, HW = g->H * g->W;
+                          float *y, float *col) {
+  int RRC = g->R * g->R * g->C, ld = cnn_col_ld(g->R, g->C), K = g->K,
+      HW = g->H * g->W;
   int n = chunk_images(g);
-  float *col = (float *)ws;
   for (int b0 = 0; b0 < g->B; b0 += n) {
     int nb = g->B - b0 < n ? g->B - b0 : n, rows = nb * HW;
-    LAUNCH(cb, (size_t)rows * RRC, k_im2col, g->H, g->W, g->C, g->R,
-           x + (size_t)b0 * HW * g->C, col);
-    gemm(cb, 0, 0, rows, K, RRC, col, RRC, w, K, 0.0f,
+    im2col(cb, g, b0, nb, x, col);
+    gemm(cb, 0, 0, rows, K, RRC, col, ld, w, K, 0.0f,
          y + (size_t)b0 * HW * K, K);
   }
-  if (bias || relu)
-    LAUNCH(cb, (size_t)g->B * HW * K, k_bias_act, K, y, bias, relu);
+  bias_act(cb, (size_t)g->B * HW, K, y, bias, relu);
 }
 
 static void cu_conv_fwd(const cnn_backend *be, const cnn_conv_geom *g,
@@ -403,31 +556,42 @@ static void cu_conv_fwd(const cnn_backend *be, const cnn_conv_geom *g,
                         int relu, float *y, void *ws) {
   cuda_be *cb = CB(be);
   if (enter(cb)) return;
-  conv_fwd_impl(cb, g, x, w, bias, relu, y, ws);
+  conv_fwd_impl(cb, g, x, w, bias, relu, y, ws_col(g, ws));
 }
 
+/* dw = col^T dy over the chunks, last chunk first: that one is still in
+ * col from the forward (col_kept), so a batch of one chunk (128 images or
+ * fewer) needs no im2col here. With db, col's ones column makes the same
+ * GEMM produce the bias gradient as an extra row (into the workspace,
+ * then copied out): no separate pass over dy. */
 static void cu_conv_bwd_filter(const cnn_backend *be, const cnn_conv_geom *g,
                                const float *x, const float *dy, float *dw,
                                float *db, void *ws) {
   cuda_be *cb = CB(be);
   if (enter(cb)) return;
-  int RRC = g->R * g->R * g->C, K = g->K, HW = g->H * g->W;
+  int RRC = g->R * g->R * g->C, ld = cnn_col_ld(g->R, g->C), K = g->K,
+      HW = g->H * g->W;
   int n = chunk_images(g);
-  float *col = (float *)ws;
+  float *col = ws_col(g, ws), *out = db ? ws_dwx(ws) : dw;
   if (g->B < 1) {
     ck(cb, cudaMemsetAsync(dw, 0, (size_t)RRC * K * sizeof(float), cb->s),
        "cudaMemsetAsync");
     if (db) ck(cb, cudaMemsetAsync(db, 0, K * sizeof(float), cb->s), "cudaMemsetAsync");
     return;
   }
-  for (int b0 = 0; b0 < g->B; b0 += n) {
+  for (int b0 = (g->B - 1) / n * n, first = 1; b0 >= 0; b0 -= n, first = 0) {
     int nb = g->B - b0 < n ? g->B - b0 : n, rows = nb * HW;
-    LAUNCH(cb, (size_t)rows * RRC, k_im2col, g->H, g->W, g->C, g->R,
-           x + (size_t)b0 * HW * g->C, col);
-    gemm(cb, 1, 0, RRC, K, rows, col, RRC, dy + (size_t)b0 * HW * K, K,
-         b0 ? 1.0f : 0.0f, dw, K);
+    if (!col_kept(cb, col, x, g, b0)) im2col(cb, g, b0, nb, x, col);
+    gemm(cb, 1, 0, db ? RRC + 1 : RRC, K, rows, col, ld,
+         dy + (size_t)b0 * HW * K, K, first ? 0.0f : 1.0f, out, K);
   }
-  if (db) colsum(cb, dy, g->B * HW, K, 1.0f, db);
+  if (db &&
+      !ck(cb, cudaMemcpyAsync(dw, out, (size_t)RRC * K * sizeof(float),
+                              cudaMemcpyDeviceToDevice, cb->s),
+          "cudaMemcpyAsync (filter gradient)"))
+    ck(cb, cudaMemcpyAsync(db, out + (size_t)RRC * K, K * sizeof(float),
+                           cudaMemcpyDeviceToDevice, cb->s),
+       "cudaMemcpyAsync (bias gradient)");
 }
 
 static void cu_conv_bwd_data(const cnn_backend *be, const cnn_conv_geom *g,
@@ -441,8 +605,8 @@ static void cu_conv_bwd_data(const cnn_backend *be, const cnn_conv_geom *g,
   cnn_conv_geom gt = *g;
   gt.C = g->K;
   gt.K = g->C;
-  /* col_floats(&gt) == col_floats(g): wf stays clear of the col buffer */
-  conv_fwd_impl(cb, &gt, dy, wf, NULL, 0, dx, ws);
+  /* col_bytes(g, 1) has room for dy's rows too */
+  conv_fwd_impl(cb, &gt, dy, wf, NULL, 0, dx, ws_col(g, ws));
 }
 
 /* -------------------------------------------------------------- dense */
@@ -453,7 +617,7 @@ static void cu_dense_fwd(const cnn_backend *be, int M, int K, int N,
   cuda_be *cb = CB(be);
   if (enter(cb)) return;
   gemm(cb, 0, 0, M, N, K, x, K, w, N, 0.0f, y, N);
-  if (bias || relu) LAUNCH(cb, (size_t)M * N, k_bias_act, N, y, bias, relu);
+  bias_act(cb, (size_t)M, N, y, bias, relu);
 }
 
 static void cu_dense_bwd(const cnn_backend *be, int M, int K, int N,
@@ -464,6 +628,15 @@ static void cu_dense_bwd(const cnn_backend *be, int M, int K, int N,
   gemm(cb, 1, 0, K, N, M, x, K, dy, N, 0.0f, dw, N);
   if (dx) gemm(cb, 0, 1, M, K, N, dy, N, w, N, 0.0f, dx, K);
   if (db) colsum(cb, dy, M, N, 1.0f, db);
+}
+
+/* ReLU backward + bias gradient: the first level of db's sum masks dy. */
+static void cu_relu_bwd_bias(const cnn_backend *be, int rows, int K,
+                             const float *y, float *dy, float *db) {
+  cuda_be *cb = CB(be);
+  if (enter(cb)) return;
+  if (db) colsum_masked(cb, dy, y, rows, K, 1.0f, db);
+  else LAUNCH(cb, (size_t)rows * K, k_relu_bwd, y, dy);
 }
 
 /* --------------------------------------------------------- element-wise */
@@ -725,6 +898,8 @@ static void fill_vtable(cnn_backend *be) {
   be->sync = cu_sync;
   be->nchw_to_nhwc = cu_nchw_to_nhwc;
   be->conv_ws_bytes = cu_conv_ws_bytes;
+  be->conv_ws_fwd_bytes = cu_conv_ws_fwd_bytes;
+  be->relu_bwd_bias = cu_relu_bwd_bias;
   be->conv_fwd = cu_conv_fwd;
   be->conv_bwd_filter = cu_conv_bwd_filter;
   be->conv_bwd_data = cu_conv_bwd_data;

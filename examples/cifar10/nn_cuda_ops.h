@@ -100,18 +100,107 @@ CNN_HD float cnn_e_bias_act(int i, int K, const float *y, const float *bias,
   return relu ? cnn_relu(y[i]) : y[i];
 }
 
-/* Element i of the im2col matrix of n NHWC images H x W x C for an R x R
- * SAME kernel: one row per output pixel, R*R*C columns in (kh, kw, c)
- * order (the HWIO weights' row order), 0 where the window leaves the
- * image. */
-CNN_HD float cnn_e_im2col(int i, int H, int W, int C, int R,
-                          const float *x) {
-  int RC = R * C, e = i % (R * RC), row = i / (R * RC);
-  int kh = e / RC, kw = (e % RC) / C, c = e % C;
-  int w = row % W, h = (row / W) % H, n = row / (W * H);
+/* ---- im2col ----
+ * The col matrix of n NHWC images H x W x C for an R x R SAME kernel has
+ * one row per output pixel: R*R*C columns in (kh, kw, c) order (the HWIO
+ * weights' row order, 0 where the window leaves the image), then a column
+ * of ones (the filter-gradient GEMM against it gives the bias gradient),
+ * then zeros up to cnn_col_ld columns, a multiple of 4 so that every row
+ * starts on a 16-byte boundary. Each (pixel, kh, kw) names C channels
+ * that are contiguous in the image and in the row: the kernels move them
+ * as float4 when C % 4 == 0 (cnn_e_im2col4, one vector per thread,
+ * neighbouring threads on neighbouring vectors), else one float per
+ * thread (cnn_e_im2col1). nn_cuda.cu instantiates both with the model's
+ * geometries as constants, so the index divisions below compile to
+ * multiplies and shifts; other geometries take them at run time. */
+#ifdef __CUDACC__
+typedef float4 cnn_f4;
+#else
+typedef struct {
+  float x, y, z, w;
+} cnn_f4; /* float4's layout: what a thread moves at once */
+#endif
+
+/* Floats per col row: R*R*C, the ones column, padding to a multiple of 4. */
+CNN_HD int cnn_col_ld(int R, int C) { return (R * R * C + 4) / 4 * 4; }
+
+/* Offset in x (NHWC, image n) of pixel (ih, iw), or -1 outside the image,
+ * for column block (kh, kw) of col row `row`. */
+CNN_HD int cnn_im2col_src(int row, int kh, int kw, int H, int W, int R) {
+  int t = row / W, w = row - t * W;
+  int n = t / H, h = t - n * H;
   int p = (R - 1) / 2, ih = h + kh - p, iw = w + kw - p;
-  if (ih < 0 || ih >= H || iw < 0 || iw >= W) return 0.0f;
-  return x[(((size_t)n * H + ih) * W + iw) * C + c];
+  if (ih < 0 || ih >= H || iw < 0 || iw >= W) return -1;
+  return (n * H + ih) * W + iw;
+}
+
+/* Vector v of the col matrix seen as float4 (C % 4 == 0: rows of
+ * cnn_col_ld / 4 vectors, x seen as float4 too). */
+CNN_HD cnn_f4 cnn_e_im2col4(int v, int H, int W, int C, int R,
+                            const cnn_f4 *x) {
+  cnn_f4 z = {0.0f, 0.0f, 0.0f, 0.0f};
+  int C4 = C / 4, L4 = cnn_col_ld(R, C) / 4;
+  int row = v / L4, e = v - row * L4;
+  if (e >= R * R * C4) { /* the ones column and its padding */
+    if (e == R * R * C4) z.x = 1.0f;
+    return z;
+  }
+  int seg = e / C4, c4 = e - seg * C4, kh = seg / R, kw = seg - kh * R;
+  int pix = cnn_im2col_src(row, kh, kw, H, W, R);
+  return pix < 0 ? z : x[(size_t)pix * C4 + c4];
+}
+
+/* Element i of the col matrix, one float at a time (any C). */
+CNN_HD float cnn_e_im2col1(int i, int H, int W, int C, int R,
+                           const float *x) {
+  int ld = cnn_col_ld(R, C), RC = R * C, RRC = R * RC;
+  int row = i / ld, e = i - row * ld;
+  if (e >= RRC) return e == RRC ? 1.0f : 0.0f;
+  int kh = e / RC, r = e - kh * RC, kw = r / C, c = r - kw * C;
+  int pix = cnn_im2col_src(row, kh, kw, H, W, R);
+  return pix < 0 ? 0.0f : x[(size_t)pix * C + c];
+}
+
+/* ---- fused epilogues ---- */
+
+/* Vector v of y [rows][K] (K % 4 == 0, seen as float4) after
+ * y = act(y + bias) (bias may be NULL): the forward epilogue of a conv or
+ * FC layer, four channels per thread. */
+CNN_HD cnn_f4 cnn_e_bias_act4(int v, int K, const cnn_f4 *y,
+                              const cnn_f4 *bias, int relu) {
+  cnn_f4 a = y[v];
+  if (bias) {
+    int K4 = K / 4;
+    cnn_f4 b = bias[v - v / K4 * K4];
+    a.x = cnn_bias_act(a.x, b.x, relu);
+    a.y = cnn_bias_act(a.y, b.y, relu);
+    a.z = cnn_bias_act(a.z, b.z, relu);
+    a.w = cnn_bias_act(a.w, b.w, relu);
+  } else if (relu) {
+    a.x = cnn_relu(a.x);
+    a.y = cnn_relu(a.y);
+    a.z = cnn_relu(a.z);
+    a.w = cnn_relu(a.w);
+  }
+  return a;
+}
+
+/* The first level of the bias gradient with the ReLU backward fused
+ * (element i = j * K + k of the partials [J][K], as cnn_e_colsum): masks
+ * dy [n][K] where the ReLU output y is not positive, in place, for the
+ * rows of slice j of column k (each element belongs to exactly one
+ * slice), and returns their sum. One pass over dy instead of two. */
+CNN_HD float cnn_e_colsum_relu(int i, const float *y, float *dy, int n,
+                               int K, int J) {
+  int k = i % K, j = i / K;
+  float s = 0.0f;
+  for (int t = j; t < n; t += J) {
+    size_t o = (size_t)t * K + k;
+    float d = cnn_relu_bwd(y[o], dy[o]);
+    dy[o] = d;
+    s += d;
+  }
+  return s;
 }
 
 /* Element i of the data-gradient weights wf[kh][kw][k][c] =

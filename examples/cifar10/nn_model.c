@@ -123,7 +123,8 @@ struct cnn {
   int32_t *a1, *a2;
   /* gradients */
   float *dc1, *dp1, *dc2, *dn2, *dp2, *df3, *df4, *dlg, *dn1;
-  void *ws;       /* convolution workspace */
+  void *ws1, *ws2; /* convolution workspaces, one per layer (conv2's
+                     backward reuses what its forward left in ws2) */
   cnn_lrn_param lp; /* the LRN layers' parameters */
   int prof;       /* profiling on (no graphs then: every op is timed) */
   double pt[P_N]; /* profile: seconds per slot */
@@ -136,6 +137,8 @@ struct cnn {
   int graphs_broken; /* recording failed once: stay eager */
   step_graph graphs[MAX_GRAPHS]; /* recorded steps */
   int graph_next; /* slot the next recording replaces */
+  int dev_vals;   /* cnn_values_on_device: the device values are the
+                     parameters; steps upload none, SGD stays there */
 };
 
 static double now_s(void) {
@@ -202,7 +205,7 @@ void cnn_destroy(cnn *m) {
   void *bufs[] = {m->img, m->lab, m->pred, m->x0, m->c1, m->p1, m->s1,
                   m->c2, m->s2, m->p2, m->f3, m->f4, m->lg, m->a1, m->a2,
                   m->dc1, m->dp1, m->dc2, m->dp2, m->df3, m->df4, m->dlg,
-                  m->ws, m->dloss};
+                  m->ws1, m->ws2, m->dloss};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
     be->free(be, bufs[i]);
   if (m->lrn) {
@@ -281,8 +284,10 @@ int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out) {
   cnn_conv_geom g1, g2;
   cnn_pool_geom q1, q2;
   geoms(max_batch, &g1, &g2, &q1, &q2);
-  size_t w1 = be->conv_ws_bytes(be, &g1), w2 = be->conv_ws_bytes(be, &g2);
-  ALLOC(ws, w1 > w2 ? w1 : w2);
+  /* conv1's data gradient is never computed (its input is the images) */
+  ALLOC(ws1, be->conv_ws_fwd_bytes ? be->conv_ws_fwd_bytes(be, &g1)
+                                   : be->conv_ws_bytes(be, &g1));
+  ALLOC(ws2, be->conv_ws_bytes(be, &g2));
 #undef ALLOC
 #undef HALLOC
   m->hpred = malloc(B * sizeof(int32_t));
@@ -297,7 +302,8 @@ int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out) {
 void cnn_bind(cnn *m, int i, float *value, float *grad) {
   if (!m || i < 0 || i >= CNN_NUM_PARAMS) return;
   const cnn_backend *be = m->be;
-  if (m->hval[i] != value || m->hgrad[i] != grad) {
+  int new_val = m->hval[i] != value;
+  if (new_val || m->hgrad[i] != grad) {
     if (be->sync) be->sync(be); /* copies may still read the old buffers */
     m->pin_dirty = 1;
     graphs_drop(m); /* they copy from and to the old buffers */
@@ -315,6 +321,23 @@ void cnn_bind(cnn *m, int i, float *value, float *grad) {
     m->grad[i] = be->alloc(be, bytes);
     m->owns_dev[i] = m->val[i] && m->grad[i];
   }
+  /* the device values are the parameters: take a new buffer's now */
+  if (m->dev_vals && new_val && m->owns_dev[i] && value)
+    be->to_device(be, m->val[i], value, cnn_param_numel(i) * sizeof(float));
+}
+
+void cnn_values_on_device(cnn *m, int on) {
+  if (!m || m->be->host_mapped || (on ? 1 : 0) == m->dev_vals) return;
+  const cnn_backend *be = m->be;
+  if (be->sync) be->sync(be); /* a local SGD may still be queued */
+  graphs_drop(m); /* they upload (or not) the values */
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) {
+    if (!m->owns_dev[i] || !m->hval[i]) continue;
+    size_t bytes = cnn_param_numel(i) * sizeof(float);
+    if (on) be->to_device(be, m->val[i], m->hval[i], bytes);
+    else be->to_host(be, m->hval[i], m->val[i], bytes);
+  }
+  m->dev_vals = on ? 1 : 0;
 }
 
 void cnn_use_graphs(cnn *m, int on) {
@@ -418,9 +441,11 @@ static void down(cnn *m, void *dst, const void *src, size_t bytes) {
   else be->to_host(be, dst, src, bytes);
 }
 
-/* The ops queued after this wait for the upload tagged slot. */
+/* The ops queued after this wait for the upload tagged slot (none for
+ * the parameters while their device values are kept). */
 static void need(cnn *m, int slot) {
   const cnn_backend *be = m->be;
+  if (m->dev_vals && slot < CNN_NUM_PARAMS) return;
   if (!be->host_mapped && be->upload_wait) be->upload_wait(be, slot);
 }
 
@@ -436,7 +461,7 @@ static void upload(cnn *m, const float *himg, const uint8_t *hlab, int B,
   up(m, SLOT_IMG, m->img, himg, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
   if (hlab) up(m, SLOT_LAB, m->lab, hlab, (size_t)B);
   /* in the order the forward uses them */
-  for (int i = 0; i < CNN_NUM_PARAMS; i++)
+  for (int i = 0; i < CNN_NUM_PARAMS && !m->dev_vals; i++)
     up(m, i, m->val[i], m->hval[i], cnn_param_numel(i) * sizeof(float));
   *dimg = m->img;
   *dlab = hlab ? m->lab : NULL;
@@ -453,7 +478,7 @@ static void forward(cnn *m, const float *dimg, int B, double *t0) {
   tick(m, P_INPUT, t0);
   need(m, W1);
   need(m, B1);
-  be->conv_fwd(be, &g1, m->x0, m->val[W1], m->val[B1], 1, m->c1, m->ws);
+  be->conv_fwd(be, &g1, m->x0, m->val[W1], m->val[B1], 1, m->c1, m->ws1);
   tick(m, P_CONV1, t0);
   be->maxpool_fwd(be, &q1, m->c1, m->p1, m->a1);
   tick(m, P_POOL1, t0);
@@ -463,7 +488,7 @@ static void forward(cnn *m, const float *dimg, int B, double *t0) {
   }
   need(m, W2);
   need(m, B2);
-  be->conv_fwd(be, &g2, m->n1, m->val[W2], m->val[B2], 1, m->c2, m->ws);
+  be->conv_fwd(be, &g2, m->n1, m->val[W2], m->val[B2], 1, m->c2, m->ws2);
   tick(m, P_CONV2, t0);
   if (m->lrn) {
     be->lrn_fwd(be, (size_t)B * 144, 64, &m->lp, m->c2, m->n2, m->s2);
@@ -496,6 +521,22 @@ static void grad_done(cnn *m, int i, double *t0) {
   }
 }
 
+/* Backward of an FC layer with ReLU (weights w, bias w + 1, input x,
+ * output y, dy the gradient of y after the ReLU): the ReLU backward, then
+ * the layer's; fused where the backend offers it. */
+static void relu_dense_bwd(cnn *m, int B, int K, int N, const float *x, int w,
+                           const float *y, float *dy, float *dx) {
+  const cnn_backend *be = m->be;
+  if (be->relu_bwd_bias) {
+    be->relu_bwd_bias(be, B, N, y, dy, m->grad[w + 1]);
+    be->dense_bwd(be, B, K, N, x, m->val[w], dy, dx, m->grad[w], NULL);
+  } else {
+    be->relu_bwd(be, (size_t)B * N, y, dy);
+    be->dense_bwd(be, B, K, N, x, m->val[w], dy, dx, m->grad[w],
+                  m->grad[w + 1]);
+  }
+}
+
 /* Queues a whole training step: uploads, forward, backward, the gradient
  * and loss downloads. Waits for nothing (but when profiling). */
 static void train_ops(cnn *m, const float *himg, const uint8_t *hlab, int B,
@@ -519,15 +560,11 @@ static void train_ops(cnn *m, const float *himg, const uint8_t *hlab, int B,
   tick(m, P_LOGITS_B, t0);
   grad_done(m, W5, t0);
   grad_done(m, B5, t0);
-  be->relu_bwd(be, (size_t)B * 192, m->f4, m->df4);
-  be->dense_bwd(be, B, 384, 192, m->f3, m->val[W4], m->df4, m->df3,
-                m->grad[W4], m->grad[B4]);
+  relu_dense_bwd(m, B, 384, 192, m->f3, W4, m->f4, m->df4, m->df3);
   tick(m, P_LOCAL4_B, t0);
   grad_done(m, W4, t0);
   grad_done(m, B4, t0);
-  be->relu_bwd(be, (size_t)B * 384, m->f3, m->df3);
-  be->dense_bwd(be, B, 2304, 384, m->p2, m->val[W3], m->df3, m->dp2,
-                m->grad[W3], m->grad[B3]);
+  relu_dense_bwd(m, B, 2304, 384, m->p2, W3, m->f3, m->df3, m->dp2);
   tick(m, P_LOCAL3_B, t0);
   grad_done(m, W3, t0);
   grad_done(m, B3, t0);
@@ -540,11 +577,11 @@ static void train_ops(cnn *m, const float *himg, const uint8_t *hlab, int B,
     tick(m, P_LRN2_B, t0);
   }
   be->conv_bwd_filter(be, &g2, m->n1, m->dc2, m->grad[W2], m->grad[B2],
-                      m->ws);
+                      m->ws2);
   tick(m, P_CONV2_BF, t0);
   grad_done(m, W2, t0);
   grad_done(m, B2, t0);
-  be->conv_bwd_data(be, &g2, m->dc2, m->val[W2], m->dn1, m->ws);
+  be->conv_bwd_data(be, &g2, m->dc2, m->val[W2], m->dn1, m->ws2);
   tick(m, P_CONV2_BD, t0);
   if (m->lrn) {
     be->lrn_bwd(be, (size_t)B * 144, 64, &m->lp, m->p1, m->s1, m->dn1, 0,
@@ -554,7 +591,7 @@ static void train_ops(cnn *m, const float *himg, const uint8_t *hlab, int B,
   be->maxpool_bwd(be, &q1, m->dp1, m->a1, m->c1, m->dc1);
   tick(m, P_POOL1_B, t0);
   be->conv_bwd_filter(be, &g1, m->x0, m->dc1, m->grad[W1], m->grad[B1],
-                      m->ws);
+                      m->ws1);
   tick(m, P_CONV1_BF, t0);
   grad_done(m, W1, t0);
   grad_done(m, B1, t0);
@@ -648,9 +685,11 @@ void cnn_sgd_local(cnn *m, float lr) {
     if (!m->val[i] || !m->grad[i]) continue;
     size_t n = cnn_param_numel(i);
     be->sgd(be, n, lr, m->grad[i], m->val[i]);
-    if (!be->host_mapped) down(m, m->hval[i], m->val[i], n * sizeof(float));
+    if (!be->host_mapped && !m->dev_vals)
+      down(m, m->hval[i], m->val[i], n * sizeof(float));
   }
-  if (be->sync) be->sync(be);
+  /* kept on the device: the next step's ops queue behind the update */
+  if (be->sync && !m->dev_vals) be->sync(be);
   tick(m, P_SGD, &t0);
 }
 
