@@ -351,9 +351,11 @@ START_TEST(test_killed_ps_fails_fast_and_relaunch_resumes) {
 }
 END_TEST
 
-/* --device gpu either trains on a GPU or, where there is none (or the
- * build has no CUDA), stops at once with a sentence saying so: never a
- * crash, never a silent fall back to the CPU. --device auto always runs. */
+/* --device gpu either trains on a GPU or, where there is none at all (no
+ * driver, no device, a build without CUDA: cnn_cuda_absent), stops at once
+ * with exit 69 (CNN_EXIT_NO_GPU) and "no GPU: <why>": never a crash, never
+ * a silent fall back to the CPU. Exit 1 (a GPU present but unusable) is a
+ * failure here, whichever machine runs the test. --device auto runs. */
 START_TEST(test_device_gpu_or_clear_error) {
   char *gpu[] = {(char *)bin("cifar_worker"), "--bench", "--bench-steps", "1", "--batch", "4",
                  "--threads", "1", "--device", "gpu", NULL};
@@ -363,9 +365,10 @@ START_TEST(test_device_gpu_or_clear_error) {
     ck_assert_msg(strstr(out, "device gpu") && strstr(out, "\"device\":\"cuda\""),
                   "--device gpu ran, but not on a GPU:\n%s", tail_of(out));
   } else {
-    ck_assert_msg(rc == 1, "--device gpu without a GPU: exit %d (want 1):\n%s", rc, tail_of(out));
-    ck_assert_msg(strstr(out, "cifar_worker: --device gpu: ") != NULL,
-                  "no error sentence:\n%s", tail_of(out));
+    ck_assert_msg(rc == 69, "--device gpu: exit %d (want 0 on a GPU, 69 without one):\n%s", rc,
+                  tail_of(out));
+    ck_assert_msg(strstr(out, "cifar_worker: --device gpu: no GPU: ") != NULL,
+                  "no 'no GPU' sentence:\n%s", tail_of(out));
   }
   free(out);
   char *autod[] = {(char *)bin("cifar_worker"), "--bench", "--bench-steps", "1", "--batch", "4",

@@ -9,26 +9,42 @@
  *    max-pool, ReLU backward, layout exact; softmax gradient 1e-6; every
  *    reduced value (bias gradients, loss terms) within 1e-5 of the sum of
  *    the magnitudes it adds up.
- * 2. The model: the first step's loss and gradients (1e-4 of each
- *    gradient's largest magnitude), then a 30-step local-SGD run whose loss
- *    curve matches the CPU's within 1e-3 relative at every step (float
- *    rounding differences grow through training; 30 steps keep them well
- *    under that), with graphs and without (those two must agree to 1e-5:
- *    the same kernels in the same order).
- * 3. Errors: a device that does not exist is a sentence, not a crash.
+ * 2. The model (compare_run), with LRN and without at batch 64 (30 steps)
+ *    and with LRN at batch 128 (4 steps), on the CPU, the GPU with graphs
+ *    and the GPU without: the first step's gradients (1e-4 of each
+ *    gradient's largest magnitude), a local-SGD run whose loss curve
+ *    matches the CPU's within 1e-3 relative at every step (float rounding
+ *    differences grow through training; 30 steps keep them well under
+ *    that), graphs against eager within 1e-5 (the same kernels in the same
+ *    order), the final parameters within PARAM_TOL (2e-3) of each tensor's
+ *    largest magnitude (+1e-6) of the CPU's, and from cnn_get_run_info
+ *    that graphs really ran: one recording per input buffer (4 cycled),
+ *    every step but the eager warm-up replayed, no failure, the buffers
+ *    page-locked.
+ * 3. The worker's path (test_worker_path): batches from the sampler
+ *    through the prefetch thread into two page-locked buffer pairs,
+ *    parameter buffers allocated one by one as ps_var's are, a second GPU
+ *    model whose buffers share pages with the first's; losses against the
+ *    CPU fed the same batches, two recordings (one per buffer pair).
+ * 4. Errors: a device that does not exist is a sentence, not a crash.
  *
- * Without a GPU (no driver, no device, or a build without CUDA) it prints
- * "SKIP: no CUDA device (...)" and exits 77, which ctest counts as
- * skipped. Plain main, not Check: Check forks each test, and a CUDA
- * context does not survive fork. */
+ * Skipped (prints "SKIP: no CUDA device (...)", exits 77, which ctest
+ * counts as skipped) only when there is genuinely no GPU: a build without
+ * CUDA, no driver, no device (cnn_cuda_absent). A GPU that is there but
+ * cannot be used (cuBLAS not loadable, a setup call failing) is a failure:
+ * "FAIL: a GPU is present (...) but the CUDA backend cannot start ...",
+ * exit 1. Seed: CUDA_GPU_SEED (default 2024), printed. Plain main, not
+ * Check: Check forks each test, and a CUDA context does not survive fork. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "data.h"
 #include "nn.h"
 #include "nn_backend.h"
+#include "prefetch.h"
 #include "testrand.h"
 
 static int failures, checks;
@@ -288,10 +304,13 @@ typedef struct {
   float *val[CNN_NUM_PARAMS], *grad[CNN_NUM_PARAMS];
 } model;
 
-static void model_init(model *c, const cnn_backend *be, int B) {
+/* A model on be with batch B; its parameter buffers are calloc'd one by
+ * one, as libpsclient's ps_var buffers are (var.c), so the small ones
+ * share pages like a worker's. */
+static void model_init(model *c, const cnn_backend *be, int B, int lrn) {
   memset(c, 0, sizeof *c);
-  if (cnn_create(be, B, 1, &c->m) != 0) {
-    fprintf(stderr, "cuda_gpu: cnn_create on %s failed\n", be->name);
+  if (cnn_create(be, B, lrn, &c->m) != 0) {
+    fprintf(stderr, "FAIL: cnn_create on %s (batch %d) failed\n", be->name, B);
     exit(1);
   }
   for (int i = 0; i < CNN_NUM_PARAMS; i++) {
@@ -313,30 +332,77 @@ static void model_free(model *c) {
   }
 }
 
-#define E2E_STEPS 30
-#define E2E_BATCH 64
+/* What the steps of a GPU model did: graphs replayed for every step but
+ * the warm-up (and one per extra input buffer pair) when on, none when
+ * off; page-locking worked. */
+static void check_info(const char *what, const model *c, int graphs, long steps,
+                       long recordings) {
+  cnn_run_info ri;
+  cnn_get_run_info(c->m, &ri);
+  printf("  %s: %ld steps, %ld replayed, %ld eager (last: '%s'), %ld recorded, %ld failed, "
+         "pinned %d (%ld own ranges, %ld shared, %ld buffers staged)%s%s\n",
+         what, ri.steps, ri.graph_replays, ri.eager_steps, ri.eager_why, ri.graph_recordings,
+         ri.graph_failures, ri.pinned, ri.pinned_ranges, ri.pinned_shared, ri.pinned_staged,
+         ri.graph_error[0] ? "; graph error: " : "", ri.graph_error);
+  CHECK(ri.steps == steps, "%s: %ld steps counted, want %ld", what, ri.steps, steps);
+  CHECK(ri.pinned == 1, "%s: parameter buffers not page-locked: %s", what, ri.pin_error);
+  CHECK(ri.graph_failures == 0 && !ri.graphs_broken, "%s: graphs failed: %s", what,
+        ri.graph_error);
+  if (graphs) {
+    CHECK(ri.graph_recordings == recordings, "%s: %ld graphs recorded, want %ld", what,
+          ri.graph_recordings, recordings);
+    CHECK(ri.graph_replays == steps - 1 && ri.eager_steps == 1,
+          "%s: %ld steps replayed, %ld eager (want %ld and 1, the warm-up): %s", what,
+          ri.graph_replays, ri.eager_steps, steps - 1, ri.eager_why);
+  } else {
+    CHECK(ri.graph_replays == 0 && ri.eager_steps == steps,
+          "%s: graphs off, yet %ld steps replayed", what, ri.graph_replays);
+  }
+}
 
-static void test_model(void) {
-  printf("model: first step, then %d steps of local SGD (batch %d)\n", E2E_STEPS,
-         E2E_BATCH);
-  int B = E2E_BATCH;
-  model c, g, e; /* CPU, GPU with graphs, GPU without */
-  model_init(&c, cpu, B);
-  model_init(&g, gpu, B);
-  model_init(&e, gpu, B);
+/* Final parameters: a (GPU) against b within tol of each tensor's largest
+ * magnitude (plus 1e-6 for tensors still near 0). */
+static void cmp_params(const char *what, const model *a, const model *b, double tol) {
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) {
+    char label[96];
+    size_t n = cnn_param_numel(i);
+    snprintf(label, sizeof label, "%s %s", what, cnn_param_info(i)->name);
+    cmp(label, a->val[i], b->val[i], n, 1.0, tol * maxabs(b->val[i], n) + 1e-6);
+  }
+}
+
+/* steps of local SGD on the CPU, the GPU with graphs and the GPU without,
+ * cycling 4 random batches so the loss falls: the first step's gradients
+ * (1e-4 of each one's largest magnitude), the loss at every step (1e-3
+ * relative to the CPU, 1e-5 between graphs and eager: the same kernels in
+ * the same order), the final parameters (PARAM_TOL of each tensor's
+ * largest magnitude to the CPU; 1e-5 between graphs and eager), the
+ * evaluation, and what ran (check_info). */
+#define PARAM_TOL 2e-3
+static void compare_run(int lrn, int B, int steps) {
+  printf("model (%s, batch %d): %d steps of local SGD, cpu / gpu graphs / gpu eager\n",
+         lrn ? "LRN" : "no LRN", B, steps);
+  model c, g, e;
+  model_init(&c, cpu, B, lrn);
+  model_init(&g, gpu, B, lrn);
+  model_init(&e, gpu, B, lrn);
   cnn_use_graphs(e.m, 0);
-  /* 4 batches cycled: the loss falls, so the curve means something */
   float *img[4];
-  uint8_t lab[4][E2E_BATCH];
+  uint8_t *lab[4];
   for (int k = 0; k < 4; k++) {
     img[k] = cnn_host_alloc(gpu, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
+    lab[k] = cnn_host_alloc(gpu, (size_t)B);
+    if (!img[k] || !lab[k]) {
+      fprintf(stderr, "FAIL: cnn_host_alloc (page-locked inputs) failed\n");
+      exit(1);
+    }
     float *r = randn((size_t)B * CNN_IMAGE_FLOATS, 1.0f);
     memcpy(img[k], r, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
     free(r);
     for (int b = 0; b < B; b++) lab[k][b] = (uint8_t)(ur() * 10);
   }
   double worst = 0, worst_ge = 0;
-  for (int s = 0; s < E2E_STEPS; s++) {
+  for (int s = 0; s < steps; s++) {
     int k = s % 4;
     float lc = cnn_train_step(c.m, img[k], lab[k], B);
     float lg = cnn_train_step(g.m, img[k], lab[k], B);
@@ -361,17 +427,109 @@ static void test_model(void) {
   }
   printf("  worst relative loss difference: gpu vs cpu %.3g, graphs vs eager %.3g\n", worst,
          worst_ge);
+  cmp_params("final gpu vs cpu:", &g, &c, PARAM_TOL);
+  cmp_params("final graphs vs eager:", &g, &e, 1e-5);
+  /* the warm-up step used img[0]; each buffer gets its recording on its
+   * first later step */
+  check_info("gpu with graphs", &g, 1, steps, steps - 1 < 4 ? steps - 1 : 4);
+  check_info("gpu without graphs", &e, 0, steps, 0);
   /* evaluation: the same predictions (away from ties, on these logits) */
-  int pc[E2E_BATCH], pg[E2E_BATCH];
+  int *pc = malloc(sizeof(int) * (size_t)B), *pg = malloc(sizeof(int) * (size_t)B);
   float ec = cnn_eval(c.m, img[0], lab[0], B, pc), eg = cnn_eval(g.m, img[0], lab[0], B, pg);
   CHECK(fabs(ec - eg) <= 1e-3 * fabs(ec), "eval loss cpu %g, gpu %g", (double)ec, (double)eg);
   int same = 0;
   for (int b = 0; b < B; b++) same += pc[b] == pg[b];
   CHECK(same >= B - 1, "eval: %d of %d predictions agree", same, B);
-  for (int k = 0; k < 4; k++) cnn_host_free(gpu, img[k]);
+  free(pc);
+  free(pg);
+  for (int k = 0; k < 4; k++) {
+    cnn_host_free(gpu, img[k]);
+    cnn_host_free(gpu, lab[k]);
+  }
   model_free(&c);
   model_free(&g);
   model_free(&e);
+}
+
+#define WORKER_STEPS 12
+#define WORKER_BATCH 128
+#define WORKER_IMAGES 1024 /* synthetic training set: 8 batches */
+
+/* cifar_worker's path: batches from the sampler through the prefetch
+ * thread into two page-locked buffer pairs used in turn, parameter
+ * buffers calloc'd one by one as ps_var's are, and a second GPU model in
+ * the process whose buffers share pages with the first's (nn_pin.c). The
+ * losses follow the CPU fed the same batches (1e-3 relative); two graphs
+ * get recorded (one per buffer pair), every step but the warm-up replays
+ * one; both models are page-locked; the first keeps working after the
+ * second is gone. */
+static void test_worker_path(void) {
+  printf("worker path: prefetch into 2 page-locked buffers, %d steps, batch %d, 2 GPU models\n",
+         WORKER_STEPS, WORKER_BATCH);
+  int B = WORKER_BATCH;
+  cifar_set set = {malloc(WORKER_IMAGES), malloc((size_t)WORKER_IMAGES * CIFAR_IMAGE_BYTES),
+                   WORKER_IMAGES};
+  if (!set.labels || !set.pixels) abort();
+  for (size_t i = 0; i < set.n; i++) set.labels[i] = (uint8_t)(ur() * 10);
+  for (size_t i = 0; i < set.n * CIFAR_IMAGE_BYTES; i++) set.pixels[i] = (uint8_t)(ur() * 256);
+  model c, g, g2;
+  model_init(&c, cpu, B, 1);
+  model_init(&g, gpu, B, 1); /* g2's buffers are allocated in between g's */
+  model_init(&g2, gpu, 16, 0);
+  cifar_sampler *sp = cifar_sampler_create(&set, 0, 1, 5), *sc = cifar_sampler_create(&set, 0, 1, 5);
+  float *pimg[2], *cimg = zeros((size_t)B * CNN_IMAGE_FLOATS);
+  uint8_t *plab[2], *clab = malloc((size_t)B);
+  for (int i = 0; i < 2; i++) {
+    pimg[i] = cnn_host_alloc(gpu, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
+    plab[i] = cnn_host_alloc(gpu, (size_t)B);
+    CHECK(pimg[i] && plab[i] && gpu->host_pinned(gpu, pimg[i]), "prefetch buffers not page-locked");
+  }
+  cifar_prefetch *pf = sp && sc ? cifar_prefetch_create(sp, B, pimg, plab) : NULL;
+  if (!pf || !clab) {
+    fprintf(stderr, "FAIL: cannot start the prefetch thread\n");
+    exit(1);
+  }
+  for (int s = 0; s < WORKER_STEPS; s++) {
+    const float *bimg;
+    const uint8_t *blab;
+    cifar_prefetch_get(pf, (uint64_t)s, &bimg, &blab);
+    cifar_sampler_batch(sc, (uint64_t)s, B, cimg, clab);
+    CHECK(!memcmp(bimg, cimg, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float)),
+          "step %d: the prefetched batch differs from the sampler's", s);
+    float lg = cnn_train_step(g.m, bimg, blab, B), lc = cnn_train_step(c.m, cimg, clab, B);
+    float l2 = cnn_train_step(g2.m, bimg, blab, 16);
+    printf("  step %2d loss cpu %.6f gpu %.6f (second model %.6f)\n", s, (double)lc, (double)lg,
+           (double)l2);
+    CHECK(isfinite(lg) && isfinite(l2), "step %d: GPU loss %g (%s)", s, (double)lg,
+          cnn_error(g.m) ? cnn_error(g.m) : "no error");
+    CHECK(fabs(lg - lc) <= 1e-3 * fabs(lc), "step %d: loss cpu %.7g, gpu %.7g", s, (double)lc,
+          (double)lg);
+    cnn_sgd_local(c.m, 0.05f);
+    cnn_sgd_local(g.m, 0.05f);
+    cnn_sgd_local(g2.m, 0.05f);
+  }
+  check_info("worker model", &g, 1, WORKER_STEPS, 2);
+  check_info("second model", &g2, 1, WORKER_STEPS, 2);
+  model_free(&g2);
+  float lg = cnn_train_step(g.m, pimg[0], plab[0], B);
+  CHECK(isfinite(lg), "the first model failed after the second was destroyed: %s",
+        cnn_error(g.m) ? cnn_error(g.m) : "no error");
+  for (int i = 0; i < CNN_NUM_PARAMS; i++)
+    CHECK(gpu->host_pinned(gpu, g.val[i]) && gpu->host_pinned(gpu, g.grad[i]),
+          "%s: no longer page-locked after the second model was destroyed",
+          cnn_param_info(i)->name);
+  cifar_prefetch_destroy(pf);
+  cifar_sampler_destroy(sp);
+  cifar_sampler_destroy(sc);
+  for (int i = 0; i < 2; i++) {
+    cnn_host_free(gpu, pimg[i]);
+    cnn_host_free(gpu, plab[i]);
+  }
+  free(cimg);
+  free(clab);
+  model_free(&g);
+  model_free(&c);
+  cifar_set_free(&set);
 }
 
 static void test_errors(void) {
@@ -387,26 +545,34 @@ static void test_errors(void) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   int dev = argc > 1 ? atoi(argv[1]) : 0;
-  char err[512] = "";
-  if (!cnn_cuda_built()) {
-    printf("SKIP: no CUDA device (this build has no CUDA backend)\n");
+  char why[512] = "", err[512] = "";
+  /* skipped only when there is genuinely no GPU; a GPU that is there but
+   * cannot be used is a failure, naming what failed */
+  if (cnn_cuda_absent(why, sizeof why)) {
+    printf("SKIP: no CUDA device (%s)\n", why);
     return 77;
   }
-  if (cnn_cuda_device_count() < 1 || !(gpu = cnn_backend_cuda(dev, err, sizeof err))) {
-    if (!err[0]) cnn_backend_cuda(dev, err, sizeof err);
-    printf("SKIP: no CUDA device (%s)\n", err);
-    return 77;
+  if (!(gpu = cnn_backend_cuda(dev, err, sizeof err))) {
+    fprintf(stderr, "FAIL: a GPU is present (%s) but the CUDA backend cannot start on device %d: %s\n",
+            why, dev, err);
+    return 1;
   }
   cpu = cnn_backend_cpu(2);
   char name[256];
   cnn_cuda_device_name(dev, name, sizeof name);
   printf("cuda_gpu: device %d: %s\n", dev, name);
-  seed(2024);
+  const char *env = getenv("CUDA_GPU_SEED");
+  uint64_t sd = env && *env ? strtoull(env, NULL, 10) : 2024;
+  printf("cuda_gpu: seed %llu (CUDA_GPU_SEED to change)\n", (unsigned long long)sd);
+  seed(sd);
   test_conv();
   test_dense();
   test_pool_lrn();
   test_xent_decay_sgd();
-  test_model();
+  compare_run(1, 64, 30);
+  compare_run(0, 64, 30);
+  compare_run(1, 128, 4);
+  test_worker_path();
   test_errors();
   printf("cuda_gpu: %d checks, %d failed\n", checks, failures);
   return failures ? 1 : 0;

@@ -93,7 +93,8 @@ static void usage(FILE *f) {
           "  --no-lrn          drop both LRN layers\n"
           "  --dump-params F   chief writes the final parameters (float32, in order) to F\n"
           "  --device D        cpu, gpu (CUDA; the GPU Slurm gives the task, else local\n"
-          "                    rank modulo the visible GPUs) or auto (gpu if one is visible) [cpu]\n"
+          "                    rank modulo the visible GPUs) or auto (gpu if one is visible) [cpu];\n"
+          "                    gpu with no GPU at all exits 69, a GPU that cannot be used exits 1\n"
           "  --bench           time the training compute alone (no psd), synthetic data\n");
 }
 
@@ -177,19 +178,22 @@ static int default_threads(void) {
 
 /* The compute backend --device asks for; says which on stderr (w: the
  * worker index, -1 for --bench). gpu: Slurm's CUDA_VISIBLE_DEVICES leaves
- * one visible GPU per task; else local rank modulo the visible ones. */
+ * one visible GPU per task; else local rank modulo the visible ones.
+ * gpu with no GPU at all exits CNN_EXIT_NO_GPU; gpu or auto with a GPU
+ * that is there but cannot be used exits 1 (die), never falls back. */
 static const cnn_backend *pick_backend(const opts *o, int w, int threads) {
   int want_gpu = !strcmp(o->device, "gpu"), maybe = !strcmp(o->device, "auto");
   char err[512] = "no CUDA device visible", label[32] = "cifar_worker";
   if (w >= 0) snprintf(label, sizeof label, "cifar_worker %d", w);
   if (want_gpu || maybe) {
-    int count = cnn_cuda_device_count();
+    int absent = cnn_cuda_absent(err, sizeof err);
+    int count = absent ? 0 : cnn_cuda_device_count();
     const char *why = "";
     int dev = cnn_cuda_pick_device(count, &why);
     const cnn_backend *be = NULL;
-    if (!cnn_cuda_built()) cnn_backend_cuda(0, err, sizeof err);
-    else if (dev >= 0) be = cnn_backend_cuda(dev, err, sizeof err);
-    else cnn_backend_cuda(0, err, sizeof err); /* the driver's reason */
+    if (!absent) be = cnn_backend_cuda(dev >= 0 ? dev : 0, err, sizeof err);
+    if (!absent && !be)
+      die("--device %s: a GPU is present but cannot be used: %s", o->device, err);
     if (be) {
       char name[256];
       const char *vis = getenv("CUDA_VISIBLE_DEVICES");
@@ -198,7 +202,10 @@ static const cnn_backend *pick_backend(const opts *o, int w, int threads) {
               count, name, why, vis ? vis : "unset");
       return be;
     }
-    if (want_gpu) die("--device gpu: %s", err);
+    if (want_gpu) {
+      fprintf(stderr, "%s: --device gpu: no GPU: %s\n", label, err);
+      exit(CNN_EXIT_NO_GPU);
+    }
     fprintf(stderr, "%s: --device auto: no GPU (%s), using the CPU\n", label, err);
   }
   fprintf(stderr, "%s: device cpu (%d threads)\n", label, threads);

@@ -14,7 +14,8 @@ add_library(cifar_nn STATIC
   ${CMAKE_CURRENT_SOURCE_DIR}/nn_model.c
   ${CMAKE_CURRENT_SOURCE_DIR}/nn_cpu.c
   ${CMAKE_CURRENT_SOURCE_DIR}/nn_pool.c
-  ${CMAKE_CURRENT_SOURCE_DIR}/nn_device.c)
+  ${CMAKE_CURRENT_SOURCE_DIR}/nn_device.c
+  ${CMAKE_CURRENT_SOURCE_DIR}/nn_pin.c)
 target_include_directories(cifar_nn PUBLIC
   ${CMAKE_CURRENT_SOURCE_DIR}
   ${PROJECT_SOURCE_DIR}/libpsclient/include)
@@ -28,6 +29,10 @@ if(PS_CUDA_ENABLED)
   set_property(TARGET cifar_nn_gpu PROPERTY COMPILE_OPTIONS "")
   target_compile_options(cifar_nn_gpu PRIVATE -Xcompiler=-Wall,-Wextra
                          -Xcompiler=-Wno-unused-parameter)
+  if(PS_WERROR) # host-code warnings and nvcc's own are errors too
+    target_compile_options(cifar_nn_gpu PRIVATE -Xcompiler=-Werror
+                           --Werror=all-warnings)
+  endif()
   set_target_properties(cifar_nn_gpu PROPERTIES CUDA_RUNTIME_LIBRARY Static)
   # cuBLAS is opened at run time (dlopen; see nn_cuda.cu): only its headers
   # here, and the toolkit's library directory as the fallback to search.

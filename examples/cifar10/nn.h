@@ -66,6 +66,18 @@ const cnn_backend *cnn_backend_cuda(int device, char *err, size_t errlen);
 /* CUDA devices visible to this process (CUDA_VISIBLE_DEVICES applies); 0
  * without a driver, without a device or built without CUDA. */
 int cnn_cuda_device_count(void);
+/* 1 if this process genuinely has no GPU: a build without CUDA, no driver
+ * (libcuda.so.1 cannot be loaded, or it is the toolkit's stub), or the
+ * driver reports no device (CUDA_VISIBLE_DEVICES applies). 0 when a driver
+ * is loaded and reports a device, or fails in any other way (too old for
+ * this runtime, a device that will not initialize): then a backend that
+ * cannot start is an error to report, never "no GPU". why (may be NULL)
+ * gets a sentence either way. */
+int cnn_cuda_absent(char *why, size_t len);
+/* Exit status of the example programs (cifar_worker, cnn_bench) when
+ * --device gpu finds no GPU at all (cnn_cuda_absent): EX_UNAVAILABLE of
+ * sysexits.h. A GPU that is there but cannot be used exits 1. */
+#define CNN_EXIT_NO_GPU 69
 /* Writes a device's name and memory ("NVIDIA H100 80GB HBM3, 79.1 GiB")
  * to buf; -1 if there is no such device. */
 int cnn_cuda_device_name(int device, char *buf, size_t len);
@@ -166,10 +178,42 @@ void cnn_values_on_device(cnn *m, int on);
 void *cnn_host_alloc(const cnn_backend *be, size_t bytes);
 void cnn_host_free(const cnn_backend *be, void *p);
 
-/* Device backends record a training step as a graph on first use (per
- * batch size and input buffers) and replay it (default on); off: every op
- * is launched each step. For measuring what the graphs save. */
+/* Device backends record a training step as a graph (per batch size and
+ * input buffers, after one step run op by op as a warm-up) and replay it
+ * (default on); off: every op is launched each step. For measuring what
+ * the graphs save. A recording or replay that fails is not an error: the
+ * step runs op by op, graphs stay off for the model's life, the reason is
+ * kept (cnn_get_run_info) and logged once on stderr. */
 void cnn_use_graphs(cnn *m, int on);
+
+#define CNN_INFO_TEXT 256 /* room for a reason in cnn_run_info */
+
+/* What the model's training steps really did (cnn_get_run_info). */
+typedef struct cnn_run_info {
+  long steps;            /* cnn_train_step calls that returned a loss */
+  long eager_steps;      /* ... of which ran op by op */
+  long graph_replays;    /* ... of which replayed a recorded graph */
+  long graph_recordings; /* graphs recorded (one per batch and inputs) */
+  long graph_failures;   /* recordings or replays that failed (each step
+                            then ran op by op) */
+  int graphs_broken;     /* 1: a failure turned graphs off for good */
+  int pinned;            /* parameter and gradient buffers page-locked:
+                            1 yes, 0 not (yet) tried or no device
+                            backend, -1 page-locking failed */
+  long pinned_ranges;    /* page ranges this model registered itself */
+  long pinned_shared;    /* ranges it uses that another model registered */
+  long pinned_staged;    /* buffers lying across two ranges (pages shared
+                            with another model), copied through a
+                            page-locked stand-in of the model's */
+  char eager_why[CNN_INFO_TEXT]; /* why the last eager step was not a graph
+                                    replay ("" if none was eager) */
+  char graph_error[CNN_INFO_TEXT]; /* the backend's reason for the first
+                                      failed recording or replay, "" */
+  char pin_error[CNN_INFO_TEXT];   /* why page-locking failed, "" */
+} cnn_run_info;
+
+/* Fills *out with the model's counts and reasons so far (zeros for NULL m). */
+void cnn_get_run_info(const cnn *m, cnn_run_info *out);
 
 /* The backend's error (a sentence) after a step or evaluation returned
  * NaN for it, or NULL. */

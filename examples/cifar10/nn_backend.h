@@ -154,8 +154,9 @@ struct cnn_backend {
    * recorded in graphs), zero-filled; NULL on failure. */
   void *(*host_alloc)(const cnn_backend *be, size_t bytes);
   void (*host_free)(const cnn_backend *be, void *p); /* NULL ok */
-  /* Page-locks caller-owned host memory in place (whole pages); 0 or -1.
-   * Ranges must not overlap a range already registered. */
+  /* Page-locks caller-owned host memory in place (whole pages); 0 or -1
+   * (soft_error says why). Ranges must not share a page with a range
+   * already registered (nn_pin.c shares them between models). */
   int (*host_register)(const cnn_backend *be, void *p, size_t bytes);
   void (*host_unregister)(const cnn_backend *be, void *p);
   /* 1 if p is page-locked host memory (host_alloc'd or registered). */
@@ -173,11 +174,19 @@ struct cnn_backend {
   /* Graphs: between graph_begin (0, or -1: not now) and graph_end the ops
    * and copies are recorded, not run; graph_end returns a replayable graph
    * (NULL if recording failed: nothing ran, queue the ops again).
-   * graph_launch queues one replay; graph_free releases (NULL ok). */
+   * graph_launch queues one replay (0), or -1: nothing was queued and the
+   * backend is as before the call, so queuing the ops works;
+   * graph_free releases (NULL ok). */
   int (*graph_begin)(const cnn_backend *be);
   void *(*graph_end)(const cnn_backend *be);
   int (*graph_launch)(const cnn_backend *be, void *graph);
   void (*graph_free)(const cnn_backend *be, void *graph);
+  /* Why the last graph_begin, graph_end, graph_launch or host_register
+   * failed (a sentence naming the call), or NULL. Those failures are not
+   * errors of the ops: they leave error() alone, and the model runs the
+   * step op by op (and copies through the driver's staging). NULL member:
+   * no reasons kept. */
+  const char *(*soft_error)(const cnn_backend *be);
   /* The first error an op or copy ran into since the backend started (a
    * sentence), or NULL. Ops after an error do nothing. */
   const char *(*error)(const cnn_backend *be);

@@ -8,9 +8,19 @@
  *             [--sgemm]
  *
  * Prints one JSON line: {"images_per_sec":..,"threads":T,"batch":B,
- * "lrn":1,"gflops":..,"ms_per_step":..,"loss":..}. --profile adds a per-op
- * breakdown on stderr. --sgemm instead measures a 1024^3 SGEMM on one
- * OpenBLAS thread: {"sgemm_gflops":..}.
+ * "lrn":1,"gflops":..,"ms_per_step":..,"loss":..} and what the timed steps
+ * really did (cnn_get_run_info): "graphs" 1 only if every timed step
+ * replayed a recorded CUDA graph (the flag asked for is
+ * "graphs_requested"), "graph_replays" and "eager_steps" among the timed
+ * steps, "graph_recordings" and "graph_failures" over the whole run,
+ * "pinned" (1 page-locked, 0 not tried, -1 failed), and the reasons
+ * "eager_why", "graph_error", "pin_error" ("" when none). --profile adds a
+ * per-op breakdown on stderr (and makes every step eager). --sgemm instead
+ * measures a 1024^3 SGEMM on one OpenBLAS thread: {"sgemm_gflops":..}.
+ *
+ * Exit status: 0, 2 for bad arguments, 69 (CNN_EXIT_NO_GPU) when --device
+ * gpu finds no GPU at all, 1 for anything else (a GPU that is there but
+ * cannot be used included).
  *
  * On the GPU the line also says where a step's time goes: "ms_eager" (the
  * same steps with every op launched, no graph: minus ms_per_step, the
@@ -85,6 +95,34 @@ static int bench_sgemm(void) {
   free(b);
   free(c);
   return 0;
+}
+
+/* s as a JSON string (quotes, backslashes and control bytes escaped). */
+static void json_str(const char *s) {
+  putchar('"');
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') printf("\\%c", c);
+    else if (c < 0x20) printf("\\u%04x", c);
+    else putchar(c);
+  }
+  putchar('"');
+}
+
+/* The run-info fields of the JSON line (see the top): a = before the timed
+ * steps, b = after them. */
+static void print_run_info(const cnn_run_info *a, const cnn_run_info *b, int steps,
+                           int requested) {
+  long replays = b->graph_replays - a->graph_replays, eager = b->eager_steps - a->eager_steps;
+  printf(",\"graphs\":%d,\"graphs_requested\":%d,\"graph_replays\":%ld,\"eager_steps\":%ld,"
+         "\"graph_recordings\":%ld,\"graph_failures\":%ld,\"pinned\":%d,\"eager_why\":",
+         replays == steps ? 1 : 0, requested, replays, eager, b->graph_recordings,
+         b->graph_failures, b->pinned);
+  json_str(eager ? b->eager_why : "");
+  printf(",\"graph_error\":");
+  json_str(b->graph_error);
+  printf(",\"pin_error\":");
+  json_str(b->pin_error);
 }
 
 /* ms per step of `steps` steps (train + local SGD). */
@@ -165,8 +203,13 @@ int main(int argc, char **argv) {
   const cnn_backend *be = cnn_backend_cpu(threads);
   char err[512], name[256] = "";
   if (gpu) {
+    if (cnn_cuda_absent(err, sizeof err)) {
+      fprintf(stderr, "cnn_bench: --device gpu: no GPU: %s\n", err);
+      return CNN_EXIT_NO_GPU;
+    }
     if (!(be = cnn_backend_cuda(gpu_index, err, sizeof err))) {
-      fprintf(stderr, "cnn_bench: --device gpu: %s\n", err);
+      fprintf(stderr, "cnn_bench: --device gpu: a GPU is present but cannot be used: %s\n",
+              err);
       return 1;
     }
     cnn_cuda_device_name(gpu_index, name, sizeof name);
@@ -205,12 +248,15 @@ int main(int argc, char **argv) {
     cnn_sgd_local(m, 0.01f);
   }
   if (prof) cnn_profile(m, 1);
+  cnn_run_info before, after;
+  cnn_get_run_info(m, &before);
   double t0 = now_s();
   for (int s = 0; s < steps; s++) {
     loss = cnn_train_step(m, img, lab, batch);
     cnn_sgd_local(m, 0.01f);
   }
   double dt = now_s() - t0;
+  cnn_get_run_info(m, &after);
   if (prof) cnn_profile_print(m, stderr);
   if (cnn_error(m)) {
     fprintf(stderr, "cnn_bench: %s\n", cnn_error(m));
@@ -222,9 +268,11 @@ int main(int argc, char **argv) {
          ips, threads, batch, lrn,
          cnn_train_flops(m, batch) * steps / dt * 1e-9, 1e3 * dt / steps,
          loss, cnn_backend_name(be));
+  print_run_info(&before, &after, steps, graphs);
   if (gpu) {
     gpu_breakdown(m, be, img, lab, batch, steps);
-    printf(",\"graphs\":%d,\"device_name\":\"%s\"", graphs, name);
+    printf(",\"device_name\":");
+    json_str(name);
   }
   printf("}\n");
   cnn_destroy(m);

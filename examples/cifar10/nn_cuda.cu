@@ -42,6 +42,9 @@
  *
  * Errors: the first failing CUDA or cuBLAS call is kept as a sentence
  * (be->error); later ops do nothing, and the model's step returns NaN.
+ * A failed graph recording or replay and a failed cudaHostRegister are
+ * not such errors: their reason goes to be->soft_error, the ops go on
+ * and the model runs the step op by op.
  *
  * cuBLAS is opened with dlopen when the first GPU backend is created, not
  * linked: libcublasLt alone is 540 MB, and mapping it made every start of
@@ -95,6 +98,8 @@ typedef struct cuda_be {
   int capturing;               /* between graph_begin and graph_end */
   int side_captured;           /* the side stream joined this capture */
   int capture_failed;          /* a call failed while recording */
+  char soft[ERR_LEN];          /* soft_error: why the last graph call or
+                                  host_register failed, "" if none */
   char err[ERR_LEN];           /* first error, "" if none */
 } cuda_be;
 
@@ -154,10 +159,19 @@ static pthread_mutex_t backends_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static cuda_be *CB(const cnn_backend *be) { return (cuda_be *)be; }
 
+/* A failure that is not an error of the ops (a graph call, page-locking):
+ * kept for soft_error, be->error untouched. */
+static void soft(cuda_be *cb, const char *what, const char *why) {
+  snprintf(cb->soft, sizeof cb->soft, "CUDA device %d: %s failed: %s", cb->dev,
+           what, why);
+}
+
 /* Records a failed call: while recording a graph it only spoils the
- * recording (the step then runs eagerly); otherwise it is kept. */
+ * recording (the step then runs eagerly; the first such call is the
+ * recording's soft_error); otherwise it is kept. */
 static int fail(cuda_be *cb, const char *what, const char *why) {
   if (cb->capturing) {
+    if (!cb->capture_failed) soft(cb, what, why);
     cb->capture_failed = 1;
     return -1;
   }
@@ -737,9 +751,14 @@ static void cu_host_free(const cnn_backend *be, void *p) {
 
 static int cu_host_register(const cnn_backend *be, void *p, size_t bytes) {
   cuda_be *cb = CB(be);
-  if (enter(cb)) return -1;
-  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) != cudaSuccess) {
+  if (enter(cb)) {
+    soft(cb, "cudaHostRegister", "the backend stopped after an error");
+    return -1;
+  }
+  cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterDefault);
+  if (e != cudaSuccess) {
     cudaGetLastError(); /* not fatal: copies then stage through the driver */
+    soft(cb, "cudaHostRegister", cudaGetErrorString(e));
     return -1;
   }
   return 0;
@@ -798,10 +817,15 @@ static void cu_download_async(const cnn_backend *be, void *dst,
 
 static int cu_graph_begin(const cnn_backend *be) {
   cuda_be *cb = CB(be);
-  if (enter(cb) || cb->capturing) return -1;
-  if (cudaStreamBeginCapture(cb->s, cudaStreamCaptureModeThreadLocal) !=
-      cudaSuccess) {
+  if (enter(cb) || cb->capturing) {
+    soft(cb, "cudaStreamBeginCapture",
+         cb->capturing ? "already recording" : "the backend stopped after an error");
+    return -1;
+  }
+  cudaError_t e = cudaStreamBeginCapture(cb->s, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
     cudaGetLastError();
+    soft(cb, "cudaStreamBeginCapture", cudaGetErrorString(e));
     return -1;
   }
   cb->capturing = 1;
@@ -812,29 +836,48 @@ static int cu_graph_begin(const cnn_backend *be) {
 
 static void *cu_graph_end(const cnn_backend *be) {
   cuda_be *cb = CB(be);
-  if (!cb->capturing) return NULL;
+  if (!cb->capturing) {
+    soft(cb, "cudaStreamEndCapture", "not recording");
+    return NULL;
+  }
   /* the recording must end where both streams' work has */
+  cudaError_t e = cudaSuccess;
   if (cb->side_captured &&
-      (cudaEventRecord(cb->join, cb->side) != cudaSuccess ||
-       cudaStreamWaitEvent(cb->s, cb->join, 0) != cudaSuccess))
-    cb->capture_failed = 1;
+      ((e = cudaEventRecord(cb->join, cb->side)) != cudaSuccess ||
+       (e = cudaStreamWaitEvent(cb->s, cb->join, 0)) != cudaSuccess))
+    fail(cb, "joining the copy stream into the recording", cudaGetErrorString(e));
   cudaGraph_t graph = NULL;
-  cudaError_t e = cudaStreamEndCapture(cb->s, &graph);
+  e = cudaStreamEndCapture(cb->s, &graph);
   cb->capturing = 0;
   cudaGraphExec_t exec = NULL;
-  if (e == cudaSuccess && graph && !cb->capture_failed &&
-      cudaGraphInstantiate(&exec, graph, 0) != cudaSuccess)
+  if (e != cudaSuccess) {
+    if (!cb->capture_failed) soft(cb, "cudaStreamEndCapture", cudaGetErrorString(e));
+  } else if (!graph) {
+    if (!cb->capture_failed) soft(cb, "cudaStreamEndCapture", "no graph returned");
+  } else if (!cb->capture_failed &&
+             (e = cudaGraphInstantiate(&exec, graph, 0)) != cudaSuccess) {
+    soft(cb, "cudaGraphInstantiate", cudaGetErrorString(e));
     exec = NULL;
+  }
   if (graph) cudaGraphDestroy(graph);
   cudaGetLastError(); /* a failed recording is not an error of the ops */
   return exec;
 }
 
+/* A replay that cannot be queued leaves the error state alone (the model
+ * runs the ops instead); an error the device hit before it is sticky and
+ * the ops that follow report it. */
 static int cu_graph_launch(const cnn_backend *be, void *graph) {
   cuda_be *cb = CB(be);
-  if (enter(cb)) return -1;
-  return ck(cb, cudaGraphLaunch((cudaGraphExec_t)graph, cb->s),
-            "cudaGraphLaunch");
+  if (enter(cb)) {
+    soft(cb, "cudaGraphLaunch", "the backend stopped after an error");
+    return -1;
+  }
+  cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)graph, cb->s);
+  if (e == cudaSuccess) return 0;
+  cudaGetLastError();
+  soft(cb, "cudaGraphLaunch", cudaGetErrorString(e));
+  return -1;
 }
 
 static void cu_graph_free(const cnn_backend *be, void *graph) {
@@ -845,6 +888,11 @@ static void cu_graph_free(const cnn_backend *be, void *graph) {
 static const char *cu_error(const cnn_backend *be) {
   const cuda_be *cb = CB(be);
   return cb->err[0] ? cb->err : NULL;
+}
+
+static const char *cu_soft_error(const cnn_backend *be) {
+  const cuda_be *cb = CB(be);
+  return cb->soft[0] ? cb->soft : NULL;
 }
 
 /* ---------------------------------------------------------------- setup */
@@ -858,6 +906,42 @@ int cnn_cuda_device_count(void) {
     return 0;
   }
   return n;
+}
+
+int cnn_cuda_absent(char *why, size_t len) {
+  char scratch[8];
+  if (!why || !len) {
+    why = scratch;
+    len = sizeof scratch;
+  }
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  void *drv = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!drv) {
+    const char *e = dlerror();
+    snprintf(why, len, "no CUDA driver: libcuda.so.1 cannot be loaded (%s)",
+             e ? e : "not found");
+    return 1;
+  }
+  dlclose(drv);
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  cudaGetLastError();
+  if (e == cudaErrorNoDevice || e == cudaErrorStubLibrary ||
+      (e == cudaSuccess && n == 0)) {
+    snprintf(why, len, "no CUDA device: %s (CUDA_VISIBLE_DEVICES=%s)",
+             e == cudaSuccess ? "the driver reports 0 devices" : cudaGetErrorString(e),
+             vis ? vis : "unset");
+    return 1;
+  }
+  if (e != cudaSuccess)
+    snprintf(why, len,
+             "a CUDA driver is installed but cudaGetDeviceCount failed: %s "
+             "(CUDA_VISIBLE_DEVICES=%s)",
+             cudaGetErrorString(e), vis ? vis : "unset");
+  else
+    snprintf(why, len, "%d CUDA device%s visible (CUDA_VISIBLE_DEVICES=%s)", n,
+             n == 1 ? "" : "s", vis ? vis : "unset");
+  return 0;
 }
 
 int cnn_cuda_device_name(int device, char *buf, size_t len) {
@@ -925,6 +1009,7 @@ static void fill_vtable(cnn_backend *be) {
   be->graph_end = cu_graph_end;
   be->graph_launch = cu_graph_launch;
   be->graph_free = cu_graph_free;
+  be->soft_error = cu_soft_error;
   be->error = cu_error;
 }
 
@@ -971,16 +1056,24 @@ static cuda_be *create_backend(int dev, char *err, size_t errlen) {
     destroy_backend(cb);
     return NULL;
   }
+  const char *call = "cublasCreate";
   cublasStatus_t st = blas.create(&cb->blas);
-  if (st == CUBLAS_STATUS_SUCCESS) st = blas.set_stream(cb->blas, cb->s);
-  if (st == CUBLAS_STATUS_SUCCESS)
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    call = "cublasSetStream";
+    st = blas.set_stream(cb->blas, cb->s);
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    call = "cublasSetWorkspace";
     st = blas.set_workspace(cb->blas, cb->blas_ws, BLAS_WS_BYTES);
-  if (st == CUBLAS_STATUS_SUCCESS)
+  }
+  if (st == CUBLAS_STATUS_SUCCESS) {
+    call = "cublasSetMathMode";
     st = blas.set_math_mode(cb->blas, CUBLAS_DEFAULT_MATH); /* float32, no TF32 */
+  }
   if (st != CUBLAS_STATUS_SUCCESS) {
     if (err && errlen)
-      snprintf(err, errlen, "CUDA device %d: cuBLAS setup failed: %s", dev,
-               blas.status_string(st));
+      snprintf(err, errlen, "CUDA device %d: cuBLAS setup failed: %s (%s) returned %s",
+               dev, call, CUBLAS_SONAME, blas.status_string(st));
     destroy_backend(cb);
     return NULL;
   }

@@ -24,3 +24,11 @@ int cnn_cuda_device_name(int device, char *buf, size_t len) {
 }
 
 int cnn_cuda_built(void) { return 0; }
+
+int cnn_cuda_absent(char *why, size_t len) {
+  if (why && len)
+    snprintf(why, len,
+             "this build has no CUDA backend (configured without the CUDA "
+             "toolkit or with -DPS_CUDA=OFF)");
+  return 1;
+}

@@ -11,6 +11,11 @@
  * buffers are page-locked in place (host_register) so those copies really
  * overlap, and the whole step is recorded once per (batch, input buffers)
  * as a graph and replayed (graph_*), which turns ~60 launches into one.
+ * The first step runs op by op (a warm-up: the driver loads kernels and
+ * cuBLAS picks its algorithms outside the recording). A recording or
+ * replay that fails turns graphs off for the model (the step runs op by
+ * op; the backend's error state is untouched by such failures); every
+ * step counts what it did and why in m->info (cnn_get_run_info).
  */
 #include <math.h>
 #include <stdio.h>
@@ -20,6 +25,7 @@
 
 #include "nn.h"
 #include "nn_backend.h"
+#include "nn_pin.h"
 
 /* ------------------------------------------------------------ parameters */
 
@@ -95,7 +101,7 @@ static const char *const PNAMES[P_N] = {
 /* Recorded step graphs kept: one per (batch size, image buffer, label
  * buffer); a worker double-buffering its input uses two. */
 #define MAX_GRAPHS 4
-/* Page-locked ranges: at most one per bound buffer. */
+/* Buffers page-locked: every bound value and gradient buffer. */
 #define MAX_PINNED (2 * CNN_NUM_PARAMS)
 
 typedef struct step_graph {
@@ -131,14 +137,21 @@ struct cnn {
   long psteps;    /* profile: steps timed */
   int pin_dirty;  /* bindings changed since the buffers were page-locked */
   int pinned;     /* every bound buffer is page-locked */
-  void *pins[MAX_PINNED]; /* registered ranges (their starts) */
-  int npins;      /* entries of pins */
+  cnn_pinset pins; /* the page-locked ranges this model holds (nn_pin.c) */
+  /* Page-locked stand-ins for bound buffers that lie across two locked
+   * ranges (part of their pages locked by another model): the step's
+   * copies use these, the host copies them to / from the caller's. NULL:
+   * the buffer is used directly. */
+  float *sval[CNN_NUM_PARAMS], *sgrad[CNN_NUM_PARAMS];
   int graphs_on;  /* cnn_use_graphs (default 1) */
-  int graphs_broken; /* recording failed once: stay eager */
+  int graphs_broken; /* a recording or replay failed: stay eager */
+  int warm;       /* a step ran op by op: graphs may be recorded */
+  int logged;     /* the graph failure was said on stderr */
   step_graph graphs[MAX_GRAPHS]; /* recorded steps */
   int graph_next; /* slot the next recording replaces */
   int dev_vals;   /* cnn_values_on_device: the device values are the
                      parameters; steps upload none, SGD stays there */
+  cnn_run_info info; /* what the steps did (cnn_get_run_info) */
 };
 
 static double now_s(void) {
@@ -186,9 +199,13 @@ static void graphs_drop(cnn *m) {
 }
 
 static void unpin(cnn *m) {
-  for (int i = 0; i < m->npins; i++) m->be->host_unregister(m->be, m->pins[i]);
-  m->npins = 0;
+  cnn_pin_release(m->be, &m->pins);
   m->pinned = 0;
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) {
+    cnn_host_free(m->be, m->sval[i]);
+    cnn_host_free(m->be, m->sgrad[i]);
+    m->sval[i] = m->sgrad[i] = NULL;
+  }
 }
 
 void cnn_destroy(cnn *m) {
@@ -345,58 +362,69 @@ void cnn_use_graphs(cnn *m, int on) {
   m->graphs_on = on ? 1 : 0;
 }
 
-/* Pages [start, end) of one bound buffer. */
-typedef struct {
-  uintptr_t start, end;
-} page_range;
-
-static int range_cmp(const void *a, const void *b) {
-  uintptr_t x = ((const page_range *)a)->start, y = ((const page_range *)b)->start;
-  return x < y ? -1 : x > y;
+/* Page-locking failed: no graphs (their copies need locked memory);
+ * the copies then go through the driver's staging. Said once. */
+static void pin_failed(cnn *m, const char *why) {
+  unpin(m);
+  m->info.pinned = -1;
+  snprintf(m->info.pin_error, sizeof m->info.pin_error, "%s", why);
+  if (!m->logged)
+    fprintf(stderr, "cnn: parameter buffers not page-locked, no graphs: %s\n", why);
+  m->logged = 1;
 }
 
 /* Page-locks the caller's parameter and gradient buffers in place, so the
  * copies to and from them overlap the ops. Separate small buffers often
  * share a page and the driver refuses to lock a page twice, so the
- * buffers' page ranges are merged first. Failure is not an error: copies
- * then go through the driver's own staging, and no graphs are recorded. */
+ * buffers' page ranges are merged first, and ranges another model has
+ * locked are shared with it (nn_pin.c). Failure is not an error (see
+ * pin_failed). */
 static void pin_params(cnn *m) {
   const cnn_backend *be = m->be;
   if (!m->pin_dirty) return;
   m->pin_dirty = 0;
   unpin(m);
-  if (!be->host_register) return;
-  const uintptr_t page = 4096; /* registering rounds to pages anyway */
-  page_range r[MAX_PINNED];
+  if (!be->host_register) {
+    m->info.pinned = 0;
+    return;
+  }
+  cnn_pin_range r[MAX_PINNED];
   int n = 0;
   for (int i = 0; i < CNN_NUM_PARAMS; i++) {
-    uintptr_t bytes = cnn_param_numel(i) * sizeof(float);
     float *bufs[2] = {m->hval[i], m->hgrad[i]};
+    for (int k = 0; k < 2; k++, n++) /* start and bytes: cnn_pin_merge */
+      r[n] = (cnn_pin_range){(uintptr_t)bufs[k], cnn_param_numel(i) * sizeof(float)};
+  }
+  n = cnn_pin_merge(r, n);
+  char err[CNN_INFO_TEXT];
+  if (cnn_pin_acquire(be, r, n, &m->pins, err, sizeof err) != 0) {
+    pin_failed(m, err);
+    return;
+  }
+  /* a buffer partly in another model's range and partly in a gap is
+   * locked, but in two registrations: not one DMA, not for a graph. It
+   * gets a page-locked stand-in (these are small: only buffers that share
+   * a page with another model's lie across a range's end). */
+  long staged = 0;
+  for (int i = 0; i < CNN_NUM_PARAMS; i++)
     for (int k = 0; k < 2; k++) {
-      uintptr_t a = (uintptr_t)bufs[k];
-      r[n].start = a / page * page;
-      r[n].end = (a + bytes + page - 1) / page * page;
-      n++;
+      size_t bytes = cnn_param_numel(i) * sizeof(float);
+      float **st = k ? &m->sgrad[i] : &m->sval[i];
+      if (cnn_pin_within_one(be, k ? m->hgrad[i] : m->hval[i], bytes)) continue;
+      if (!(*st = cnn_host_alloc(be, bytes))) {
+        snprintf(err, sizeof err, "no page-locked stand-in for %s (%zu bytes)",
+                 PARAMS[i].name, bytes);
+        pin_failed(m, err);
+        return;
+      }
+      staged++;
     }
-  }
-  qsort(r, (size_t)n, sizeof r[0], range_cmp);
-  int k = 0;
-  for (int i = 1; i < n; i++) {
-    if (r[i].start <= r[k].end) {
-      if (r[i].end > r[k].end) r[k].end = r[i].end;
-    } else {
-      r[++k] = r[i];
-    }
-  }
-  n = k + 1;
-  for (int i = 0; i < n; i++) {
-    if (be->host_register(be, (void *)r[i].start, r[i].end - r[i].start) != 0) {
-      unpin(m);
-      return;
-    }
-    m->pins[m->npins++] = (void *)r[i].start;
-  }
+  m->info.pinned_staged = staged;
   m->pinned = 1;
+  m->info.pinned = 1;
+  m->info.pin_error[0] = '\0';
+  m->info.pinned_ranges = m->pins.own;
+  m->info.pinned_shared = m->pins.shared;
 }
 
 static int ready(const cnn *m, const float *images, const uint8_t *labels,
@@ -426,6 +454,16 @@ static void stage_inputs(cnn *m, const float *images, const uint8_t *labels,
   if (labels && (!be->host_pinned || !be->host_pinned(be, labels))) {
     memcpy(m->hlab, labels, (size_t)B);
     *hlab = m->hlab;
+  }
+}
+
+/* Stand-ins (m->sval, m->sgrad): in = 1 before the step's copies read the
+ * values, in = 0 after its gradients have arrived. */
+static void stand_ins(cnn *m, int in) {
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) {
+    size_t bytes = cnn_param_numel(i) * sizeof(float);
+    if (in && m->sval[i]) memcpy(m->sval[i], m->hval[i], bytes);
+    if (!in && m->sgrad[i]) memcpy(m->hgrad[i], m->sgrad[i], bytes);
   }
 }
 
@@ -462,7 +500,8 @@ static void upload(cnn *m, const float *himg, const uint8_t *hlab, int B,
   if (hlab) up(m, SLOT_LAB, m->lab, hlab, (size_t)B);
   /* in the order the forward uses them */
   for (int i = 0; i < CNN_NUM_PARAMS && !m->dev_vals; i++)
-    up(m, i, m->val[i], m->hval[i], cnn_param_numel(i) * sizeof(float));
+    up(m, i, m->val[i], m->sval[i] ? m->sval[i] : m->hval[i],
+       cnn_param_numel(i) * sizeof(float));
   *dimg = m->img;
   *dlab = hlab ? m->lab : NULL;
 }
@@ -516,7 +555,8 @@ static void grad_done(cnn *m, int i, double *t0) {
     tick(m, P_DECAY, t0);
   }
   if (!be->host_mapped) {
-    down(m, m->hgrad[i], m->grad[i], cnn_param_numel(i) * sizeof(float));
+    down(m, m->sgrad[i] ? m->sgrad[i] : m->hgrad[i], m->grad[i],
+         cnn_param_numel(i) * sizeof(float));
     tick(m, P_COPY, t0);
   }
 }
@@ -598,35 +638,81 @@ static void train_ops(cnn *m, const float *himg, const uint8_t *hlab, int B,
   if (!be->host_mapped) down(m, m->hloss, m->dloss, LOSS_SLOTS * sizeof(float));
 }
 
-/* The recorded step for this batch and these input buffers, recording it
- * if there is none; NULL: run the ops eagerly. */
-static void *step_graph_for(cnn *m, const float *himg, const uint8_t *hlab,
-                            int B) {
+/* A graph call failed: graphs off for this model (the step runs op by
+ * op), the reason kept and said once. The backend's error state is not
+ * touched by such a failure (nn_backend.h), so the ops that follow run. */
+static void graph_failed(cnn *m, const char *call) {
   const cnn_backend *be = m->be;
-  if (!be->graph_begin || !be->host_pinned || !m->graphs_on ||
-      m->graphs_broken || m->prof || !m->pinned || !be->host_pinned(be, himg) ||
-      !be->host_pinned(be, hlab))
-    return NULL;
+  const char *why = be->soft_error ? be->soft_error(be) : NULL;
+  m->info.graph_failures++;
+  m->graphs_broken = 1;
+  m->info.graphs_broken = 1;
+  graphs_drop(m);
+  if (!m->info.graph_error[0])
+    snprintf(m->info.graph_error, sizeof m->info.graph_error, "%s failed: %s",
+             call, why ? why : "no reason given");
+  if (!m->logged)
+    fprintf(stderr, "cnn: graphs off for this model, steps run op by op: %s\n",
+            m->info.graph_error);
+  m->logged = 1;
+}
+
+/* Why this step is not a graph replay; NULL: it may be one. */
+static const char *eager_reason(const cnn *m, const float *himg,
+                                const uint8_t *hlab) {
+  const cnn_backend *be = m->be;
+  if (!be->graph_begin || !be->host_pinned) return "the backend has no graphs";
+  if (!m->graphs_on) return "graphs off (cnn_use_graphs)";
+  if (m->graphs_broken) return "graphs off after a failure (see graph_error)";
+  if (m->prof) return "profiling (every op timed)";
+  if (!m->pinned) return "parameter buffers not page-locked (see pin_error)";
+  if (!be->host_pinned(be, himg) || !be->host_pinned(be, hlab))
+    return "input buffers not page-locked";
+  if (!m->warm) return "warm-up (the first step runs op by op)";
+  return NULL;
+}
+
+/* The recorded step for this batch and these input buffers, recording it
+ * if there is none; NULL: run the ops eagerly (*why says why). */
+static void *step_graph_for(cnn *m, const float *himg, const uint8_t *hlab,
+                            int B, const char **why) {
+  const cnn_backend *be = m->be;
+  if ((*why = eager_reason(m, himg, hlab)) != NULL) return NULL;
   for (int i = 0; i < MAX_GRAPHS; i++)
     if (m->graphs[i].g && m->graphs[i].B == B && m->graphs[i].img == himg &&
         m->graphs[i].lab == hlab)
       return m->graphs[i].g;
+  *why = "graph recording failed (see graph_error)";
   if (be->graph_begin(be) != 0) {
-    m->graphs_broken = 1;
+    graph_failed(m, "graph_begin");
     return NULL;
   }
   double t0 = 0.0;
   train_ops(m, himg, hlab, B, &t0);
   void *g = be->graph_end(be);
   if (!g) {
-    m->graphs_broken = 1;
+    graph_failed(m, "graph_end");
     return NULL;
   }
+  m->info.graph_recordings++;
   step_graph *s = &m->graphs[m->graph_next];
   m->graph_next = (m->graph_next + 1) % MAX_GRAPHS;
   if (s->g) be->graph_free(be, s->g);
   *s = (step_graph){B, himg, hlab, g};
+  *why = NULL;
   return g;
+}
+
+/* Counts a step that returned a loss: replayed or op by op, and why. */
+static void count_step(cnn *m, int replayed, const char *why) {
+  m->info.steps++;
+  m->warm = 1;
+  if (replayed) {
+    m->info.graph_replays++;
+    return;
+  }
+  m->info.eager_steps++;
+  snprintf(m->info.eager_why, sizeof m->info.eager_why, "%s", why ? why : "");
 }
 
 float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
@@ -638,12 +724,25 @@ float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
   const uint8_t *hlab;
   if (!be->host_mapped) pin_params(m);
   stage_inputs(m, images, labels, B, &himg, &hlab);
-  void *g = step_graph_for(m, himg, hlab, B);
-  if (!g || be->graph_launch(be, g) != 0) train_ops(m, himg, hlab, B, &t0);
+  const char *why = NULL;
+  void *g = be->host_mapped ? NULL : step_graph_for(m, himg, hlab, B, &why);
+  if (be->host_mapped) why = "the backend computes in host memory: no graphs";
+  stand_ins(m, 1);
+  int replayed = 0;
+  if (g) {
+    replayed = be->graph_launch(be, g) == 0;
+    if (!replayed) {
+      graph_failed(m, "graph_launch");
+      why = "graph replay failed (see graph_error)";
+    }
+  }
+  if (!replayed) train_ops(m, himg, hlab, B, &t0);
   if (be->sync) be->sync(be);
+  stand_ins(m, 0);
   if (!be->host_mapped) tick(m, P_COPY, &t0); /* the downloads' tail */
   if (be->error && be->error(be)) return NAN;
   m->psteps++;
+  count_step(m, replayed, why);
   double loss = (double)m->hloss[LOSS_XENT] / B;
   for (int i = 0; i < CNN_NUM_PARAMS; i++)
     if (PARAMS[i].weight_decay > 0.0) loss += m->hloss[1 + i];
@@ -661,6 +760,7 @@ float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
   m->prof = 0; /* the profile is of training steps */
   if (!be->host_mapped) pin_params(m);
   stage_inputs(m, images, labels, B, &himg, &hlab);
+  stand_ins(m, 1);
   upload(m, himg, hlab, B, &dimg, &dlab);
   forward(m, dimg, B, &t0);
   if (hlab) need(m, SLOT_LAB);
@@ -691,6 +791,15 @@ void cnn_sgd_local(cnn *m, float lr) {
   /* kept on the device: the next step's ops queue behind the update */
   if (be->sync && !m->dev_vals) be->sync(be);
   tick(m, P_SGD, &t0);
+}
+
+void cnn_get_run_info(const cnn *m, cnn_run_info *out) {
+  if (!out) return;
+  if (!m) {
+    memset(out, 0, sizeof *out);
+    return;
+  }
+  *out = m->info;
 }
 
 const char *cnn_error(const cnn *m) {
