@@ -39,13 +39,15 @@
 #      the steps that use it (exit 1), with the loader's message.
 #   3  no GPU: nvidia-smi missing, failing (driver error), listing no GPU,
 #      or CUDA_VISIBLE_DEVICES hiding them all; nothing was measured
-#   4  incomplete: no step failed, but one could not run (unavailable)
+#   4  incomplete: no step failed, but one could not run (unavailable) or
+#      was not chosen (--only)
 #
 # Options: --data DIR (CIFAR-10 binary files: data_batch_1..5.bin,
 # test_batch.bin; default: DATA, else ./cifar10, ~/shared/cifar10,
 # ~/data/cifar-10-batches-bin, ~/cifar-10-batches-bin), --synthetic (train
 # on cifar_synth's data instead: checks the worker path, its accuracy means
-# nothing), --results DIR (default ./gpu-run-DATE), --epochs N (10).
+# nothing), --results DIR (default ./gpu-run-DATE), --epochs N (10),
+# --only STEP,STEP... (run only those steps, e.g. --only cnn_bench,torch).
 # Environment: PYTHON (python3), NVIDIA_SMI (nvidia-smi), COMPUTE_SANITIZER
 # (found on PATH, $CUDA_HOME/bin, /usr/local/cuda/bin), SANITIZER_ARGS,
 # BATCH (128), STEPS (200 timed steps per benchmark run), WARMUP (20),
@@ -111,7 +113,7 @@ write_summary() { # the one JSON document: stdout and RESULTS/summary.json
   fi
   doc="{\"status\":$(jstr "$STATUS"),\"exit_status\":$1,\"reason\":$(jstr "$TOP_REASON")"
   doc+=",\"host\":$(jstr "$(hostname 2>/dev/null || echo unknown)")"
-  doc+=",\"glibc\":$(jstr "$(getconf GNU_LIBC_VERSION 2>/dev/null)")"
+  doc+=",\"glibc\":$(jstr "$(getconf GNU_LIBC_VERSION 2>/dev/null)"),\"cublas\":$(jstr "${CUBLAS:-}")"
   doc+=",\"started\":$(jstr "$STARTED"),\"results_dir\":$(jstr "$RESULTS")"
   local le=""
   for k in "${!LOADERR[@]}"; do le+="${le:+,}$(jstr "${LOADERR[$k]}")"; done
@@ -137,12 +139,18 @@ finish() { # finish EXIT_STATUS STATUS REASON
 # --------------------------------------------------------------- options
 
 STARTED=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-DATA_DIR=${DATA:-} SYNTH=0 EPOCHS=10
+DATA_DIR=${DATA:-} SYNTH=0 EPOCHS=10 ONLY=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --data) [ $# -ge 2 ] || { usage; finish $EXIT_USAGE error "--data needs a directory"; }
             DATA_DIR=$2; shift 2 ;;
     --synthetic) SYNTH=1; shift ;;
+    --only) [ $# -ge 2 ] || finish $EXIT_USAGE error "--only needs a list of steps"
+            ONLY=$2; shift 2
+            for o in ${ONLY//,/ }; do
+              [[ " ${STEPS_ORDER[*]} " == *" $o "* ]] ||
+                finish $EXIT_USAGE error "--only: no step '$o' (steps: ${STEPS_ORDER[*]})"
+            done ;;
     --results) [ $# -ge 2 ] || finish $EXIT_USAGE error "--results needs a directory"
                RESULTS=$2; shift 2 ;;
     --epochs) [ $# -ge 2 ] && [[ $2 =~ ^[1-9][0-9]{0,3}$ ]] ||
@@ -189,7 +197,8 @@ preflight() {
   # fails the steps that use it, with the loader's words; the rest still run.
   if command -v ldd >/dev/null 2>&1; then
     for p in "$BIN"/*; do
-      missing=$("${OURS[@]}" ldd "$p" 2>&1 | grep -E 'not found|No such file' | tr -s ' \t\n' ' ')
+      missing=$("${OURS[@]}" ldd "$p" 2>&1 | grep -E 'not found|No such file|error while loading' |
+                tr -s ' \t\n' ' ')
       [ -z "$missing" ] || LOADERR[${p##*/}]="bin/${p##*/} cannot load here:$missing"
     done
   fi
@@ -229,6 +238,48 @@ probe_gpu() {
   say "GPU: ${name# } (driver ${driver# }, ${mem# }); $count visible"
 }
 probe_gpu
+
+# cuBLAS is opened at run time (nn_cuda.cu's blas_load: the library path,
+# then the build machine's toolkit directory). Where the GPU machine keeps
+# it elsewhere -- $CUDA_HOME, a versioned toolkit, PyTorch's pip wheel --
+# that directory joins our programs' LD_LIBRARY_PATH; the summary says
+# which was found ("cublas"), or that none was (the steps then fail with
+# the backend's own message).
+find_cublas() {
+  local so d py
+  so=$(grep -a -o -m1 'libcublas\.so\.[0-9]*' "$BIN/cnn_bench" | head -n1)
+  [ -n "$so" ] || return 0
+  CUBLAS="$so: not found"
+  if ldconfig -p 2>/dev/null | grep -q -F "$so "; then
+    CUBLAS="$so: in the system's library cache"
+    return 0
+  fi
+  for d in ${LD_LIBRARY_PATH:+${LD_LIBRARY_PATH//:/ }} "${CUDA_HOME:-}/lib64" "${CUDA_PATH:-}/lib64" /usr/local/cuda/lib64 \
+           /usr/local/cuda-*/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    if [ -n "$d" ] && [ -e "$d/$so" ]; then
+      CUBLAS="$d/$so"
+      OURS_LD+=":$d"
+      OURS=(env "LD_LIBRARY_PATH=$OURS_LD")
+      return 0
+    fi
+  done
+  # PyTorch's wheels: nvidia/cublas/lib (CUDA 12), nvidia/cu13/lib (CUDA 13)
+  py='import os, sys, nvidia
+for base in nvidia.__path__:
+    for root, _, files in os.walk(base):
+        if sys.argv[1] in files:
+            print(root)
+            sys.exit(0)'
+  d=$(timeout 60 "$PYTHON" -c "$py" "$so" 2>/dev/null | head -n1)
+  if [ -n "$d" ] && [ -e "$d/$so" ]; then
+    CUBLAS="$d/$so (PyTorch's)"
+    OURS_LD+=":$d"
+    OURS=(env "LD_LIBRARY_PATH=$OURS_LD")
+  fi
+}
+CUBLAS=""
+find_cublas
+say "cuBLAS: $CUBLAS"
 
 # ------------------------------------------------------------------ steps
 
@@ -272,6 +323,17 @@ end() {
   say "$1: $2 (${SECS[$1]} s)${3:+: $3}"
 }
 last_line() { grep -v '^[[:space:]]*$' "$1" 2>/dev/null | tail -n1 | cut -c1-300; }
+# cause FILE ERE...: the first line matching the first ERE that matches
+# one, else the last line: the sentence saying why, not the noise after it.
+cause() {
+  local f=$1 re l
+  shift
+  for re in "$@"; do
+    l=$(grep -m1 -E "$re" "$f" 2>/dev/null | cut -c1-300)
+    [ -z "$l" ] || { printf '%s' "$l"; return; }
+  done
+  last_line "$f"
+}
 timed_out() { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; }
 # loads STEP PROGRAM...: false (and STEP failed) if one of them cannot load.
 loads() {
@@ -477,7 +539,11 @@ step_train() {
   acc=$(jget "$result" test_accuracy)
   [ -z "$result" ] || addfig train result "$(jobj "$result")"
   if timed_out; then end train timeout "no result within $T_TRAIN s"; return; fi
-  if [ "$rc" -ne 0 ]; then end train failed "psrun exited $rc: $(last_line "${LOGF[train]}")"; return; fi
+  if [ "$rc" -ne 0 ]; then
+    end train failed "psrun exited $rc: $(cause "${LOGF[train]}" '^\[w[0-9]+\] cifar_worker: ' \
+      '^psrun: .*(exited|failed|cannot|error)' ' ERROR ')"
+    return
+  fi
   [ -n "$acc" ] || { end train failed "the chief printed no test_accuracy"; return; }
   TOP_FIGS+="${TOP_FIGS:+,}\"test_accuracy\":$acc,\"train_images_per_sec\":$(jnum "$(jget "$result" images_per_sec)")"
   if [ $synthetic = false ] && awk -v a="$acc" -v m="$MIN_ACCURACY" 'BEGIN{exit !(a < m)}'; then
@@ -487,13 +553,21 @@ step_train() {
   fi
 }
 
-step_tests
-step_sanitizer memcheck
-step_sanitizer synccheck
-step_bench
-step_profile
-step_torch
-step_train
+# --only: the steps not chosen stay not_run ("not chosen"), and the run
+# is at best incomplete.
+chosen() {
+  [ -z "$ONLY" ] && return 0
+  [[ ,$ONLY, == *,$1,* ]] && return 0
+  REASON[$1]="not chosen (--only $ONLY)"
+  return 1
+}
+! chosen cuda_gpu_tests || step_tests
+! chosen memcheck || step_sanitizer memcheck
+! chosen synccheck || step_sanitizer synccheck
+! chosen cnn_bench || step_bench
+! chosen cnn_profile || step_profile
+! chosen torch || step_torch
+! chosen train || step_train
 
 # ---------------------------------------------------------------- verdict
 
@@ -509,9 +583,9 @@ bad="" missing=""
 for s in "${STEPS_ORDER[@]}"; do
   case "${ST[$s]}" in
     failed | timeout) bad+="${bad:+, }$s (${ST[$s]})" ;;
-    unavailable) missing+="${missing:+, }$s" ;;
+    unavailable | not_run) missing+="${missing:+, }$s" ;;
   esac
 done
-[ -z "$bad" ] || finish $EXIT_FAILED failed "failed steps: $bad${missing:+; could not run: $missing}"
-[ -z "$missing" ] || finish $EXIT_PARTIAL incomplete "could not run: $missing (the steps' reasons say why)"
+[ -z "$bad" ] || finish $EXIT_FAILED failed "failed steps: $bad${missing:+; not run: $missing}"
+[ -z "$missing" ] || finish $EXIT_PARTIAL incomplete "not run: $missing (the steps' reasons say why)"
 finish $EXIT_OK passed "every step passed"

@@ -13,9 +13,10 @@
 #    same valid JSON, every step "not_run";
 #  - with an nvidia-smi that lists a GPU the machine does not have, the
 #    real steps fail and it says which and why (exit 1): cuda_gpu_tests'
-#    skip (77) is a failure, cnn_bench's exit is recorded, a program that
-#    cannot load (a library removed) fails its step with the loader's words,
-#    a missing compute-sanitizer or PyTorch is "unavailable", not passed;
+#    skip (77) is a failure, cnn_bench's exit is recorded, train's reason
+#    is the worker's sentence, a missing compute-sanitizer or PyTorch is
+#    "unavailable", not passed; a program that cannot load (a library
+#    damaged) fails its step with the loader's words (--only train);
 #  - a damaged bundle (a program differing from SHA256SUMS) and a bad
 #    option stop it before anything runs (exit 2).
 # Usage: gpu_bundle_test.sh SOURCE_DIR BUILD_DIR CUDA_ENABLED(ON|OFF).
@@ -72,12 +73,14 @@ grep -q 'libgfortran' <(ls "$b/lib") || fail "libgfortran (OpenBLAS's) is not pa
 echo "ok: every program and library loads with lib/ and the base libraries"
 
 # run-gpu.sh from a directory of its own, as on the GPU machine.
+ARGS=() # more options for run-gpu.sh
 run() { # run EXPECTED_RC ENV... : runs run-gpu.sh; stdout must be its summary.json
   local want=$1 got=0
   shift
   rm -rf "$dir/res"
   (cd "$dir" && env "$@" ROUNDS=1 STEPS=2 WARMUP=1 T_BENCH=300 T_TESTS=300 T_TRAIN=300 \
-     "$b/run-gpu.sh" --results "$dir/res" --data "$dir/synth") > "$dir/out" 2> "$dir/err" || got=$?
+     "$b/run-gpu.sh" --results "$dir/res" --data "$dir/synth" "${ARGS[@]}") > "$dir/out" 2> "$dir/err" ||
+    got=$?
   [ "$got" -eq "$want" ] || fail "run-gpu.sh with $* exited $got, expected $want"
   jq -e 'type == "object"' "$dir/out" > /dev/null || fail "stdout is not one JSON object"
   cmp -s "$dir/out" "$dir/res/summary.json" || fail "stdout differs from summary.json"
@@ -114,10 +117,7 @@ no_gpu "nvidia-smi lists no GPU" NVIDIA_SMI="$dir/fake/smi-none"
 no_gpu "CUDA_VISIBLE_DEVICES='' hides every device" NVIDIA_SMI="$dir/fake/smi-gpu" CUDA_VISIBLE_DEVICES=
 
 # A GPU that nvidia-smi lists but CUDA cannot use: real steps, real
-# failures. psd loses its libevent (and SHA256SUMS its line): train fails
-# with the loader's message, the other steps still run.
-rm "$b/lib/libevent-2.1.so.7"
-sed -i '/libevent/d' "$b/SHA256SUMS"
+# failures, each step's reason the sentence saying why.
 run 1 NVIDIA_SMI="$dir/fake/smi-gpu" PYTHON=python3
 jq -e '.status == "failed" and .gpu.name == "Fake GPU of gpu_bundle_test" and .gpu.count == 1
    and (.reason | startswith("failed steps: cuda_gpu_tests (failed)"))
@@ -126,9 +126,9 @@ jq -e '.status == "failed" and .gpu.name == "Fake GPU of gpu_bundle_test" and .g
    and .steps.cnn_bench.status == "failed" and .steps.cnn_bench.exit != 0
    and (.steps.cnn_bench.reason | startswith("round 1 exited"))
    and .steps.cnn_profile.status == "failed"
-   and .steps.train.status == "failed" and .steps.train.exit == null
-   and (.steps.train.reason | test("bin/psd cannot load here:.*libevent-2.1.so.7 => not found"))
-   and (.load_errors | length) == 1
+   and .steps.train.status == "failed" and .steps.train.exit != 0
+   and (.steps.train.reason | test("^psrun exited [0-9]+: \\[w0\\] cifar_worker: --device gpu: "))
+   and (.load_errors | length) == 0
    and ([.steps[] | .status] | all(. != "passed" and . != "not_run"))
    and ([.steps[] | .seconds | type] | unique) == ["number"]' "$dir/out" > /dev/null ||
   fail "the failing steps are not reported as failed, with their reasons"
@@ -141,8 +141,25 @@ jq -e '.steps.torch.status == "unavailable" or .steps.torch.status == "failed"' 
   fail "the PyTorch step passed on a machine without a GPU"
 [ -s "$dir/res/cuda_gpu_tests.log" ] && grep -q 'SKIP' "$dir/res/cuda_gpu_tests.log" ||
   fail "cuda_gpu_tests' log is missing"
-grep -q '^run-gpu: failed: failed steps: cuda_gpu_tests (failed), .* (exit 1)' "$dir/err" || fail "stderr does not say what failed"
+grep -q '^run-gpu: failed: failed steps: cuda_gpu_tests (failed), .* (exit 1)' "$dir/err" ||
+  fail "stderr does not say what failed"
 echo "ok: a listed but unusable GPU: exit 1, $(jq -c '[.steps | to_entries[] | {(.key): .value.status}] | add' "$dir/out")"
+
+# A program that cannot load: psd's libevent made unloadable (and
+# SHA256SUMS forgetting it); --only train: the other steps not chosen.
+echo "not a library" > "$b/lib/libevent-2.1.so.7"
+sed -i '/libevent/d' "$b/SHA256SUMS"
+ARGS=(--only train)
+run 1 NVIDIA_SMI="$dir/fake/smi-gpu"
+ARGS=()
+jq -e '.status == "failed" and .steps.train.status == "failed" and .steps.train.exit == null
+   and (.steps.train.reason | test("^bin/psd cannot load here:.*libevent-2.1.so.7: file too short"))
+   and (.load_errors | length) == 1
+   and ([.steps | to_entries[] | select(.key != "train") | .value.reason]
+        | all(. == "not chosen (--only train)"))
+   and (.reason | contains("not run: cuda_gpu_tests, memcheck"))' "$dir/out" > /dev/null ||
+  fail "a program that cannot load does not fail its step with the loader's words"
+echo "ok: a program that cannot load fails its step: $(jq -c .steps.train.reason "$dir/out")"
 
 # A damaged program and a bad option: exit 2 before anything runs.
 head -c 1000 "$b/bin/cnn_bench" > "$dir/trunc" && cat "$dir/trunc" > "$b/bin/cnn_bench"
