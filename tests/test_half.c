@@ -105,7 +105,7 @@ static void roundtrip_path(int path) {
                       ps__dtype_name(dt), i, back[i]);
         continue;
       }
-      ck_assert_msg((long double)mid[i] == want && signbit(mid[i]) == signbit(want),
+      ck_assert_msg((long double)mid[i] == want && !signbit(mid[i]) == !signbit(want),
                     "%s %s: 0x%04x decodes to %a, expected %La", ps__half_path_name(path),
                     ps__dtype_name(dt), i, (double)mid[i], want);
       ck_assert_msg(back[i] == i, "%s %s: 0x%04x round-trips to 0x%04x",
