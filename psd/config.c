@@ -98,6 +98,10 @@ static const ps__opt OPTIONS[] = {
      "about 5 KiB until its Hello is accepted)"},
     {"max-admin", 0, PS_OPT_INT, F(max_admin), "16", 0, 1 << 24, NULL,
      "authenticated admin connections (psctl) at once; more are refused"},
+    {"protocol-minor", 0, PS_OPT_INT, F(protocol_minor), "-1", -1, PS__PROTOCOL_MINOR, NULL,
+     "protocol 2.x minor to announce to clients (-1: this psd's own, the most); an older "
+     "one makes psd behave as that release for 16-bit wire dtypes (2.3): for testing clients' "
+     "fallback"},
     {"keepalive", 0, PS_OPT_INT, F(keepalive_s), "20", 0, 86400, NULL,
      "seconds after which a peer whose host died is dropped (TCP keepalive and "
      "TCP_USER_TIMEOUT; 0: off, else at least 2)"},
@@ -170,6 +174,7 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
   if (cfg->max_memory == 0) default_max_memory(cfg);
   else snprintf(cfg->max_memory_from, sizeof cfg->max_memory_from, "--max-memory");
   if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);
+  if (cfg->protocol_minor < 0) cfg->protocol_minor = (int)PS__PROTOCOL_MINOR;
   return 0;
 }
 

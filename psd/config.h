@@ -31,6 +31,8 @@ typedef struct psd_config {
   int recv_buf;            /* SO_RCVBUF of paced workers' connections (0: autotuned) */
   int pace_loopback;       /* pace loopback peers too (tests) */
   int pace_ahead;          /* bytes a Push may run ahead of the slowest (0: off) */
+  int protocol_minor;      /* the 2.x minor announced to clients: an older one
+                              (compatibility tests) also refuses what came later */
   double max_memory;       /* bytes slices may take (0: 90% of RAM or cgroup limit) */
   char max_memory_from[700]; /* where max_memory came from, for the log */
   char secret_file[1024];  /* file (mode 0600) holding the shared secret */

@@ -339,6 +339,7 @@ static void conn_free(psd_conn *c) {
   arena_destroy(&c->arena);
   free(c->in);
   free(c->stage);
+  free(c->stage16);
   free(c->status);
   free(c->seen);
   free(c->reply_items);
@@ -508,9 +509,13 @@ static int dispatch(psd_conn *c, const uint8_t *meta) {
   return k->message(k->ctx, c, meta);
 }
 
-/* One Push/Init item has fully arrived in c->stage. */
+/* One Push/Init item has fully arrived: a 16-bit one is widened into
+ * c->stage, where the hook finds every item as float32. */
 static void item_done(psd_conn *c) {
   psd_conn_hooks *k = &c->reg->hooks;
+  const Ps__Item *it = c->blob_len ? NULL : c->items[c->item];
+  if (it && it->dtype != PS__DT_F32)
+    ps__wire_decode(it->dtype, c->stage, c->stage16, it->count);
   k->item(k->ctx, c);
 }
 
@@ -532,9 +537,18 @@ static void frame_done(psd_conn *c) {
   frame_reset(c);
 }
 
-/* Bytes of the DATA item being read. */
+/* Bytes of the DATA item being read (its dtype's size each, checked by
+ * the message layer). */
 static uint64_t item_len(const psd_conn *c) {
-  return c->blob_len ? c->blob_len : c->items[c->item]->count * sizeof(float);
+  if (c->blob_len) return c->blob_len;
+  const Ps__Item *it = c->items[c->item];
+  return it->count * ps__dtype_size(it->dtype);
+}
+
+/* Where the DATA item's bytes land: c->stage, or c->stage16 for 16-bit. */
+static char *item_dst(const psd_conn *c) {
+  if (!c->blob_len && c->items[c->item]->dtype != PS__DT_F32) return (char *)c->stage16;
+  return (char *)c->stage;
 }
 
 int psd_conn_begin_blob(psd_conn *c, uint64_t bytes) {
@@ -603,7 +617,7 @@ static int step(psd_conn *c) {
     uint64_t need = item_len(c) - c->item_got;
     uint64_t take = c->in_len < need ? c->in_len : need;
     if (take == 0 && need > 0) return 0;
-    memcpy((char *)c->stage + c->item_got, c->in + c->in_off, take);
+    memcpy(item_dst(c) + c->item_got, c->in + c->in_off, take);
     c->in_off += take;
     c->in_len -= take;
     c->item_got += take;
@@ -654,7 +668,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
         item_len(c) - c->item_got >= PSD_DIRECT_READ_MIN) {
       /* Big tensor: straight into the staging buffer. */
       uint64_t need = item_len(c) - c->item_got;
-      n = read(fd, (char *)c->stage + c->item_got, need);
+      n = read(fd, item_dst(c) + c->item_got, need);
       if (n > 0) {
         c->item_got += (uint64_t)n;
         if (c->item_got == item_len(c)) {

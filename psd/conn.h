@@ -51,7 +51,8 @@ typedef struct psd_conn_hooks {
   /* A complete protobuf part of c->hdr.type arrived: act on it (may enter
    * DATA). 0, or -1 if c entered CLOSING. */
   int (*message)(void *ctx, struct psd_conn *c, const uint8_t *meta);
-  /* DATA: item c->item is complete in c->stage. */
+  /* DATA: item c->item is complete in c->stage (as float32: conn.c widens
+   * a 16-bit item's data first). */
   void (*item)(void *ctx, struct psd_conn *c);
   /* DATA: the frame's last item is in: reply to it. */
   void (*frame)(void *ctx, struct psd_conn *c);
@@ -140,7 +141,10 @@ typedef struct psd_conn {
   uint64_t data_req;          /* DATA: the request id */
   double data_at;             /* DATA: when the last item's bytes were in */
   double agg_s;               /* DATA: seconds spent aggregating its items */
-  float *stage;               /* where item data lands before use */
+  float *stage;               /* where item data lands before use (a 16-bit
+                                 item's values once widened) */
+  uint16_t *stage16;          /* where a 16-bit item's data lands (2.3) */
+  uint64_t stage16_cap;       /* values in stage16 */
   uint64_t blob_len;          /* DATA of a TABLE_* frame: its whole data part
                                  is one item of this many bytes (0: items) */
   const void *blob_msg;       /* ... and its unpacked message (in arena) */

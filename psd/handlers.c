@@ -151,26 +151,52 @@ static uint64_t slice_overhead(const psd_handlers *h) {
 
 /* ---- pull replies --------------------------------------------------------------- */
 
+/* Queues a PullReply of c's first n reply items (bytes of data in dtype):
+ * float32 sent from the slices in place (held until written), a 16-bit
+ * dtype converted into the output queue's own buffer. 0 or -1 (memory). */
+static int send_pull_reply(psd_handlers *h, psd_conn *c, uint64_t req, size_t n,
+                           uint32_t dtype, uint64_t bytes) {
+  Ps__PullReply r = PS__PULL_REPLY__INIT;
+  r.request_id = req;
+  r.n_items = n;
+  r.items = c->reply_ptrs;
+  psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+  if (dtype == PS__DT_F32)
+    return psd_conn_send(c, PS__MSG_PULL_REPLY, &r.base, c->reply_data, c->reply_count,
+                         c->reply_refs, n);
+  uint8_t *d = ps__outq_frame_inline(&c->out, PS__MSG_PULL_REPLY, &r.base, bytes);
+  if (!d) return -1;
+  for (size_t i = 0; i < n; i++) {
+    ps__wire_encode(dtype, d, c->reply_data[i], c->reply_count[i]);
+    d += c->reply_count[i] * ps__dtype_size(dtype);
+  }
+  return 0;
+}
+
 static void flush_conn(psd_handlers *h, psd_conn *c) {
   if (c->dead) return;
   psd_shard *sh = h->shard;
   psd_waiter *w = psd_waitset_take_ready(&c->waits);
   while (w) {
-    /* One PullReply per run of waiters of the same request (at most one
-     * waiter per slice, so reply_cap entries always suffice), split so no
-     * frame carries more than PS__MAX_DATA. */
+    /* One PullReply per run of waiters of the same request and dtype (at
+     * most one waiter per slice, so reply_cap entries always suffice),
+     * split so no frame carries more than PS__MAX_DATA. */
     uint64_t req = w->request_id;
+    uint32_t dtype = w->dtype;
+    uint64_t esize = ps__dtype_size(dtype);
     size_t n = 0;
     uint64_t bytes = 0;
-    while (w && w->request_id == req && n < c->reply_cap && n < PS__MAX_ITEMS_PER_FRAME) {
+    while (w && w->request_id == req && w->dtype == dtype && n < c->reply_cap &&
+           n < PS__MAX_ITEMS_PER_FRAME) {
       psd_slice *sl = sh->slices[w->slice_id];
-      if (n && bytes + sl->length * sizeof(float) > PS__MAX_DATA) break; /* next frame */
-      bytes += sl->length * sizeof(float);
+      if (n && bytes + sl->length * esize > PS__MAX_DATA) break; /* next frame */
+      bytes += sl->length * esize;
       Ps__Item *it = &c->reply_items[n];
       ps__item__init(it);
       it->slice_id = sl->id;
       it->count = sl->length;
       it->step = sl->step;
+      it->dtype = dtype;
       c->reply_ptrs[n] = it;
       c->reply_data[n] = sl->param;
       c->reply_count[n] = sl->length;
@@ -180,13 +206,7 @@ static void flush_conn(psd_handlers *h, psd_conn *c) {
       psd_waiter_answered(w);
       w = next;
     }
-    Ps__PullReply r = PS__PULL_REPLY__INIT;
-    r.request_id = req;
-    r.n_items = n;
-    r.items = c->reply_ptrs;
-    psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
-    if (psd_conn_send(c, PS__MSG_PULL_REPLY, &r.base, c->reply_data, c->reply_count,
-                   c->reply_refs, n) != 0) {
+    if (send_pull_reply(h, c, req, n, dtype, bytes) != 0) {
       psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory building a pull reply");
       return;
     }
@@ -257,7 +277,7 @@ static int finish_hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m,
   }
   c->handshaken = 1;
   r.protocol_version = PS__PROTOCOL_VERSION;
-  r.protocol_minor = PS__PROTOCOL_MINOR;
+  r.protocol_minor = (uint32_t)h->cfg->protocol_minor;
   r.ps_index = (uint32_t)h->cfg->ps_index;
   r.num_ps = (uint32_t)h->cfg->num_ps;
   r.num_workers = h->job->num_workers;
@@ -422,12 +442,42 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   return 0;
 }
 
-/* Checks the items of a Push/Init against the shard and the data length,
- * then enters DATA. */
+/* A wire dtype a peer named (what: "PUSH item of 'w'"): known, and
+ * announced by this server (16-bit needs minor 3). 0, or -1 (CLOSING). */
+static int check_dtype(psd_handlers *h, psd_conn *c, uint64_t req, uint32_t dt,
+                       const char *what) {
+  if (!ps__dtype_valid(dt)) {
+    psd_conn_error(c, req, PS_EPROTO, 1,
+                   "%s names wire dtype %u (known: 0 float32, 1 bfloat16, 2 fp16)", what, dt);
+    return -1;
+  }
+  if (dt != PS__DT_F32 && h->cfg->protocol_minor < 3) {
+    psd_conn_error(c, req, PS_EUNSUPPORTED, 1,
+                   "%s asks for %s data, which needs protocol 2.3; this server announced 2.%d",
+                   what, ps__dtype_name(dt), h->cfg->protocol_minor);
+    return -1;
+  }
+  return 0;
+}
+
+/* Makes c's 16-bit staging hold n values (a 16-bit item lands there and
+ * is widened into c->stage). 0 or -1 (memory). */
+static int stage16_reserve(psd_conn *c, uint64_t n) {
+  if (n <= c->stage16_cap) return 0;
+  uint16_t *ns = NULL;
+  if (posix_memalign((void **)&ns, 64, n * sizeof *ns) != 0) return -1;
+  free(c->stage16);
+  c->stage16 = ns;
+  c->stage16_cap = n;
+  return 0;
+}
+
+/* Checks the items of a Push/Init against the shard and the data length
+ * (each item count x its dtype's size), then enters DATA. */
 static int begin_data(psd_handlers *h, psd_conn *c, uint64_t req, uint64_t step,
                       Ps__Item **items, size_t n) {
   psd_shard *sh = h->shard;
-  uint64_t total = 0, maxlen = 0;
+  uint64_t total = 0, maxlen = 0, max16 = 0;
   if (n > sh->n) {
     psd_conn_error(c, req, PS_EPROTO, 1, "%s with %zu items but only %u slices exist",
                    ps__msg_name(c->hdr.type), n, sh->n);
@@ -463,14 +513,24 @@ static int begin_data(psd_handlers *h, psd_conn *c, uint64_t req, uint64_t step,
                      (unsigned long long)it->count, (unsigned long long)sl->length);
       return -1;
     }
-    total += it->count; /* each <= 16M, n <= 1M: no overflow */
+    char what[PS_MAX_NAME + 40];
+    snprintf(what, sizeof what, "%s item of '%s'", ps__msg_name(c->hdr.type), sl->name);
+    if (check_dtype(h, c, req, it->dtype, what) != 0) return -1;
+    total += it->count * ps__dtype_size(it->dtype); /* each <= 64M, n <= 1M: no overflow */
     if (it->count > maxlen) maxlen = it->count;
+    if (it->dtype != PS__DT_F32 && it->count > max16) max16 = it->count;
   }
-  if (total * sizeof(float) != c->hdr.data_len) {
+  if (total != c->hdr.data_len) {
     psd_conn_error(c, req, PS_EPROTO, 1,
-                   "%s items add up to %llu bytes but the frame carries %llu",
-                   ps__msg_name(c->hdr.type), (unsigned long long)(total * sizeof(float)),
+                   "%s items add up to %llu bytes (count x 4 for float32, x 2 for bfloat16 "
+                   "and fp16) but the frame carries %llu",
+                   ps__msg_name(c->hdr.type), (unsigned long long)total,
                    (unsigned long long)c->hdr.data_len);
+    return -1;
+  }
+  if (stage16_reserve(c, max16) != 0) {
+    psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory for a %llu-value slice",
+                   (unsigned long long)max16);
     return -1;
   }
   if (maxlen > c->stage_cap) {
@@ -548,6 +608,7 @@ static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
     return -1;
   }
+  if (check_dtype(h, c, m->request_id, m->dtype, "PULL") != 0) return -1;
   psd_conn_seen_begin(c);
   for (size_t i = 0; i < m->n_slice_ids; i++) {
     uint32_t id = m->slice_ids[i];
@@ -574,8 +635,8 @@ static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     psd_slice *sl = sh->slices[id];
     /* Once the job stops, every pull is answered at once (flagged). */
     int now_ok = sl->initialized && (sl->step >= m->min_step || h->persist->stopped);
-    if (psd_waiters_pull(h->waiters, &c->waits, id, m->request_id, m->min_step,
-                         now + timeout, now_ok) != 0) {
+    if (psd_waiters_pull_dtype(h->waiters, &c->waits, id, m->request_id, m->min_step,
+                               now + timeout, now_ok, m->dtype) != 0) {
       psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
       return -1;
     }
@@ -703,7 +764,7 @@ static void item_done(void *ctx, psd_conn *c) {
     if (!was) slice_advanced(h, sl);
     return;
   }
-  c->pace_done += it->count * sizeof(float);
+  c->pace_done += it->count * ps__dtype_size(it->dtype); /* wire bytes, as item_got */
   double t0 = ps__now();
   int rc = psd_shard_push(h->shard, sl, (uint32_t)c->worker, c->data_step, c->stage, t0);
   c->data_at = t0;

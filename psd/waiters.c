@@ -142,8 +142,9 @@ int psd_waitset_busy(const psd_waitset *set, uint32_t slice_id) {
   return slice_id < set->cap && set->by_slice[slice_id] && set->by_slice[slice_id]->ready;
 }
 
-int psd_waiters_pull(psd_waiters *ws, psd_waitset *set, uint32_t slice_id,
-                     uint64_t request_id, uint64_t min_step, double deadline, int now) {
+int psd_waiters_pull_dtype(psd_waiters *ws, psd_waitset *set, uint32_t slice_id,
+                           uint64_t request_id, uint64_t min_step, double deadline, int now,
+                           uint32_t dtype) {
   psd_waiter *w = set->by_slice[slice_id];
   if (!w) {
     w = calloc(1, sizeof *w);
@@ -158,6 +159,7 @@ int psd_waiters_pull(psd_waiters *ws, psd_waitset *set, uint32_t slice_id,
   unpark(ws, w);
   w->request_id = request_id;
   w->min_step = min_step;
+  w->dtype = dtype;
   w->deadline = deadline;
   if (now) make_ready(ws, w);
   else if (park(ws, w) != 0) return -1;

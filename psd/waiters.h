@@ -25,6 +25,7 @@ typedef struct psd_waiter {
   uint32_t heap_at;                 /* index in the deadline heap (parked only) */
   uint64_t request_id;              /* the Pull it answers */
   uint64_t min_step;                /* answer once step >= this */
+  uint32_t dtype;                   /* wire dtype of the answer (Pull.dtype, 2.3) */
   uint64_t seq;                     /* park order: ties on deadline expire in it */
   double deadline;                  /* monotonic time to give up */
   int parked;                       /* on the slice's list and in the heap */
@@ -68,8 +69,15 @@ int psd_waitset_busy(const psd_waitset *set, uint32_t slice_id);
 /* A Pull of slice id (supersedes an earlier parked one): answered at once
  * if now is set, else parked until the slice reaches min_step or deadline.
  * 0 or -1 (memory). The slice id must be below the reserved size. */
-int psd_waiters_pull(psd_waiters *ws, psd_waitset *set, uint32_t slice_id,
-                     uint64_t request_id, uint64_t min_step, double deadline, int now);
+int psd_waiters_pull_dtype(psd_waiters *ws, psd_waitset *set, uint32_t slice_id,
+                           uint64_t request_id, uint64_t min_step, double deadline, int now,
+                           uint32_t dtype);
+/* The same, answered in float32. */
+static inline int psd_waiters_pull(psd_waiters *ws, psd_waitset *set, uint32_t slice_id,
+                                   uint64_t request_id, uint64_t min_step, double deadline,
+                                   int now) {
+  return psd_waiters_pull_dtype(ws, set, slice_id, request_id, min_step, deadline, now, 0);
+}
 /* Detaches set's ready list; the caller answers the waiters in order and
  * calls psd_waiter_answered on each. */
 psd_waiter *psd_waitset_take_ready(psd_waitset *set);

@@ -135,9 +135,10 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   snprintf(e_step, sizeof e_step, "PS_STEP_ID=%lld", t->step_id);
   snprintf(e_sock, sizeof e_sock, "PS_MUNGE_SOCKET=%s", t->munge_socket ? t->munge_socket : "");
   snprintf(label, sizeof label, "w%d", t->index);
-  char e_tele[4200];
+  char e_tele[4200], e_wire[32];
   snprintf(e_tele, sizeof e_tele, "PS_TELEMETRY=%s.w%d", t->o->telemetry, t->index);
-  char *env[16] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker"};
+  snprintf(e_wire, sizeof e_wire, "PS_WIRE_DTYPE=%s", t->o->wire_dtype);
+  char *env[20] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker"};
   int ne = 6;
   int backups, replicas = psr_replicas(t->o, t->num_workers, &backups);
   snprintf(e_rep, sizeof e_rep, "PS_REPLICAS_TO_AGGREGATE=%d", replicas);
@@ -146,6 +147,7 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   if (t->local_workers > 0) env[ne++] = e_lw;
   if (t->secret && t->secret[0]) env[ne++] = e_secret;
   if (t->o->telemetry[0]) env[ne++] = e_tele;
+  if (t->o->wire_dtype[0]) env[ne++] = e_wire;
   if (t->munge) {
     env[ne++] = "PS_MUNGE=1";
     env[ne++] = e_job;

@@ -54,6 +54,9 @@ static const ps__opt OPTS[] = {
      "(--local) or per worker task (Slurm)"},
     {"telemetry", 0, PS_OPT_STR, F(telemetry), "", 0, 0, NULL,
      "per-step telemetry as JSON lines: worker i to FILE.w<i>, ps i to FILE.ps<i>"},
+    {"wire-dtype", 0, PS_OPT_CHOICE_STR, F(wire_dtype), NULL, 0, 0, "f32|bf16|fp16",
+     "how workers send gradients and receive parameters (PS_WIRE_DTYPE; servers keep "
+     "float32; 16-bit needs psd 2.3) [as PS_WIRE_DTYPE in psrun's environment, else f32]"},
 };
 
 static const ps__opt_parser PARSER = {

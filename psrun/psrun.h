@@ -40,6 +40,7 @@ typedef struct psr_opts {
   int backup_workers;      /* --backup-workers K: worker losses the job survives */
   int restart_workers;     /* --restart-workers N: dead workers restarted, in all */
   char telemetry[4000];    /* --telemetry: per-step records, FILE.w<i> / FILE.ps<i> */
+  char wire_dtype[8];      /* --wire-dtype: workers' PS_WIRE_DTYPE ("": as psrun's) */
   char **cmd;              /* worker command (points into argv) */
   int ncmd;
   ps__opt_list psd_args;   /* extra psd options (--psd-arg, repeatable) */

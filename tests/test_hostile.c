@@ -247,6 +247,23 @@ static void put_push(hbuf *h, unsigned type, uint64_t req, uint64_t step, uint32
   }
 }
 
+/* PUSH (or INIT) of one item of the given wire dtype (2.3) with dlen
+ * bytes of data, whatever the count says. */
+static void put_push_dt(hbuf *h, unsigned type, uint64_t req, uint32_t slice, uint64_t count,
+                        uint32_t dtype, size_t dlen) {
+  Ps__Item it = PS__ITEM__INIT;
+  it.slice_id = slice;
+  it.count = count;
+  it.dtype = dtype;
+  Ps__Item *its[1] = {&it};
+  Ps__Push m = PS__PUSH__INIT;
+  Ps__Init mi = PS__INIT__INIT;
+  m.request_id = mi.request_id = req;
+  m.n_items = mi.n_items = 1;
+  m.items = mi.items = its;
+  put_msg(h, type, type == PS__MSG_INIT ? &mi.base : &m.base, NULL, dlen);
+}
+
 /* An Init with assign (protocol 2.1): values for slice at the chief's step. */
 static void put_assign(hbuf *h, uint64_t req, uint64_t step, uint32_t slice, uint64_t count,
                        const float *data, size_t dlen) {
@@ -329,7 +346,7 @@ static const hcase CASES[] = {
     {"second_hello", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "second HELLO", 0},
     {"meta_over_1mib", SETUP_HELLO, 0, X_FATAL, PS_ETOOBIG, "exceeds the limit", 0},
     {"data_over_1gib", SETUP_HELLO, 0, X_FATAL, PS_ETOOBIG, "exceeds the limit", 0},
-    {"data_not_floats", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "float32", 0},
+    {"data_not_floats", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "16-bit", 0},
     {"register_with_data", SETUP_HELLO, 0, X_FATAL, PS_EPROTO, "takes none", 0},
     {"register_dtype_2", SETUP_HELLO, 0, X_NONFATAL, PS_EINVAL, "dtype 2", 0},
     {"register_9_dims", SETUP_HELLO, 0, X_NONFATAL, PS_EINVAL, "9 dimensions", 0},
@@ -359,6 +376,12 @@ static const hcase CASES[] = {
     {"assign_data_len_mismatch", SETUP_INIT, 0, X_FATAL, PS_EPROTO, "add up to 16 bytes", 0},
     {"assign_unknown_slice", SETUP_INIT, 0, X_FATAL, PS_ENOTFOUND, "unknown slice id 12345", 0},
     {"assign_future_step", SETUP_INIT, 0, X_NONFATAL, PS_EINVAL, "only at step 0", 0},
+    /* 16-bit wire dtypes (2.3): the data length follows the item's dtype */
+    {"push_bf16_float32_length", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "add up to 8 bytes", 0},
+    {"push_fp16_short", SETUP_INIT, 0, X_FATAL, PS_EPROTO, "add up to 8 bytes", 0},
+    {"init_bf16_float32_length", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "add up to 8 bytes", 0},
+    {"push_unknown_dtype", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "wire dtype 3", 0},
+    {"pull_unknown_dtype", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "wire dtype 7", 0},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 /* The cases the barrage draws from: those before the first 2.1 case. */
@@ -479,8 +502,24 @@ static void build_case(int i, hbuf *h, uint32_t slice) {
   } else if (!strcmp(n, "data_over_1gib")) {
     put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_PUSH, 0, 0, PS__MAX_DATA + 4);
   } else if (!strcmp(n, "data_not_floats")) {
-    put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_PUSH, 0, 0, 6);
-    hb_put(h, "\0\0\0\0\0\0", 6);
+    put_raw_header(h, PS__MAGIC, PS__PROTOCOL_VERSION, PS__MSG_PUSH, 0, 0, 5);
+    hb_put(h, "\0\0\0\0\0", 5);
+  } else if (!strcmp(n, "push_bf16_float32_length")) {
+    put_push_dt(h, PS__MSG_PUSH, 5, slice, 4, 1, 16); /* 4 bf16 values are 8 bytes */
+  } else if (!strcmp(n, "push_fp16_short")) {
+    put_push_dt(h, PS__MSG_PUSH, 5, slice, 4, 2, 4);
+  } else if (!strcmp(n, "init_bf16_float32_length")) {
+    put_push_dt(h, PS__MSG_INIT, 5, slice, 4, 1, 16);
+  } else if (!strcmp(n, "push_unknown_dtype")) {
+    put_push_dt(h, PS__MSG_PUSH, 5, slice, 4, 3, 8);
+  } else if (!strcmp(n, "pull_unknown_dtype")) {
+    Ps__Pull m = PS__PULL__INIT;
+    uint32_t ids[1] = {slice};
+    m.request_id = 5;
+    m.slice_ids = ids;
+    m.n_slice_ids = 1;
+    m.dtype = 7;
+    put_msg(h, PS__MSG_PULL, &m.base, NULL, 0);
   } else if (!strcmp(n, "register_with_data")) {
     put_register(h, 77, "y", s4, 1, 1, 4, 8);
   } else if (!strcmp(n, "register_dtype_2")) {
@@ -705,6 +744,62 @@ START_TEST(test_case) {
                   "%s: psd did not log the rejected connection (log %s)", hc->name,
                   p.log_path);
   }
+  tu_psd_kill(&p);
+}
+END_TEST
+
+/* A psd announcing protocol 2.2 (--protocol-minor 2) says so in its
+ * HelloReply and refuses 16-bit data as that release would not know it:
+ * fatal, naming the dtype and the minor, and keeps serving. */
+START_TEST(test_minor_2_refuses_16bit) {
+  tu_psd p;
+  const char *args[] = {"--num-ps", "1", "--ps-index", "0", "--workers", "2",
+                        "--protocol-minor", "2", "--startup-timeout", "30", NULL};
+  ck_assert_msg(tu_psd_start(&p, args) == 0, "psd did not start (log %s)", p.log_path);
+  const char *what[] = {"push", "pull"};
+  for (int k = 0; k < 2; k++) {
+    int fd = tu_connect(p.addr);
+    ck_assert_msg(fd >= 0, "cannot connect to psd");
+    static rframe f;
+    hbuf h = {{0}, 0};
+    put_hello(&h, hello_default((uint32_t)k, 2));
+    ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
+    ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY);
+    Ps__HelloReply *hr = ps__hello_reply__unpack(NULL, f.h.meta_len, f.meta);
+    ck_assert_ptr_nonnull(hr);
+    ck_assert_uint_eq(hr->protocol_minor, 2);
+    ps__hello_reply__free_unpacked(hr, NULL);
+    static const uint64_t s4[1] = {4};
+    h.n = 0;
+    put_register(&h, 2, "x", s4, 1, 1, 4, 0);
+    ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
+    ck_assert(read_frame(fd, &f, 3.0) == 0 && f.h.type == PS__MSG_REGISTER_REPLY);
+    h.n = 0;
+    if (k == 0) {
+      put_push_dt(&h, PS__MSG_PUSH, 5, 0, 4, 1, 8); /* well formed: 4 bf16 values */
+    } else {
+      Ps__Pull m = PS__PULL__INIT;
+      uint32_t ids[1] = {0};
+      m.request_id = 5;
+      m.slice_ids = ids;
+      m.n_slice_ids = 1;
+      m.dtype = 2;
+      put_msg(&h, PS__MSG_PULL, &m.base, NULL, 0);
+    }
+    tu_send_all(fd, h.b, h.n);
+    uint8_t rb[4096];
+    size_t n;
+    ck_assert_msg(tu_read_until_eof(fd, rb, sizeof rb, 3.0, &n), "%s: psd kept the connection",
+                  what[k]);
+    close(fd);
+    herr e;
+    parse_reply(rb, n, &e);
+    ck_assert_msg(e.found && e.fatal && e.code == PS_EUNSUPPORTED, "%s: %s %s", what[k],
+                  ps_err_name(e.code), e.msg);
+    ck_assert_msg(strstr(e.msg, k ? "fp16" : "bfloat16") && strstr(e.msg, "announced 2.2"),
+                  "%s: error '%s' names neither the dtype nor the minor", what[k], e.msg);
+  }
+  expect_serving(&p, "16-bit data to a 2.2 psd");
   tu_psd_kill(&p);
 }
 END_TEST
@@ -1491,6 +1586,7 @@ Suite *suite_hostile(void) {
   tcase_set_timeout(to, 30);
   tcase_add_test(to, test_pull_duplicate_slice_ids);
   tcase_add_test(to, test_pull_then_garbage_same_segment);
+  tcase_add_test(to, test_minor_2_refuses_16bit);
   suite_add_tcase(s, to);
   TCase *tt = tcase_create("tables");
   tcase_set_timeout(tt, 60);

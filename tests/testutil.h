@@ -15,11 +15,13 @@
  * "SKIP: <suite>: <why>"; the runner then exits 77, which ctest reports as
  * skipped. */
 Suite *suite_frame(void);
+Suite *suite_half(void);
 Suite *suite_util(void);
 Suite *suite_mac(void);
 Suite *suite_placement(void);
 Suite *suite_init(void);
 Suite *suite_api(void);
+Suite *suite_wiredtype(void);
 Suite *suite_tables(void);
 Suite *suite_tables_hostile(void);
 Suite *suite_waits(void);

@@ -119,8 +119,10 @@ int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
              (unsigned long long)data, (unsigned long long)PS__MAX_DATA);
     return PS_ETOOBIG;
   }
-  if (data % 4 != 0) {
-    snprintf(err, errlen, "frame data of %llu bytes is not whole float32 values",
+  /* The smallest value on the wire is 16 bits (2.3); each message's
+   * handler checks its exact length (items x their dtype's size). */
+  if (data % 2 != 0) {
+    snprintf(err, errlen, "frame data of %llu bytes is not whole 16-bit values",
              (unsigned long long)data);
     return PS_EPROTO;
   }

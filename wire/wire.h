@@ -20,13 +20,15 @@
 #include "auth.h"
 #include "mac.h"
 #include "optimizer_msg.h"
+#include "half.h"
 
 #define PS__MAGIC 0x31445350u        /* "PSD1" as little-endian bytes */
 #define PS__PROTOCOL_VERSION 2u      /* bump on any incompatible change (2: Challenge, MACs) */
 /* Additions a peer of the same version may lack, announced in
  * HelloReply.protocol_minor (1: Init.assign, OPT_NONE, warm-up and cosine
  * schedules). A client uses them only with servers that announce them. */
-#define PS__PROTOCOL_MINOR 2u /* 2: sparse tables (TABLE_* frames) */
+#define PS__PROTOCOL_MINOR 3u /* 2: sparse tables (TABLE_* frames); 3: 16-bit
+                                 wire dtypes (Item.dtype, Pull.dtype) */
 #define PS__HEADER_SIZE 24u          /* magic4 ver2 type2 meta4 flags4 data8 */
 
 /* Largest protobuf part of a frame. A Register of ~20k slices or a Pull of
@@ -95,7 +97,7 @@ typedef enum ps__msg_type {
 typedef struct ps__frame_header {
   uint16_t type;      /* ps__msg_type */
   uint32_t meta_len;  /* bytes of protobuf after the header */
-  uint64_t data_len;  /* bytes of float32 tensor data after the protobuf */
+  uint64_t data_len;  /* bytes of tensor data after the protobuf (even) */
 } ps__frame_header;
 
 /* Writes the 24-byte header for the given type and lengths. */

@@ -11,6 +11,7 @@
 #        [--scale K] [--compute-ms MS] [--workers "1 2 4 8"] [--ps "1 2 4"]
 #        [--steps N] [--slice-bytes B] [--queue-ms MS] [--json FILE]
 #        [--psd-args "ARGS"] [--baseline "ARGS"] [--keep DIR]
+#        [--wire-dtype f32|bf16|fp16] [--vs-dtype bf16|fp16|f32]
 #   deploy/scale/ps_scale.sh --smoke [--bin DIR]   # 1 ps + 1 worker, seconds; 77 if
 #                                                  # network namespaces are not allowed
 #
@@ -24,11 +25,16 @@
 # instead (e.g. "--pace-ahead 0") and adds its step time and the ratio, so
 # both are measured in the same run on the same links. --keep DIR keeps each
 # run's logs and telemetry (workers' and psd's JSON lines) there.
+# --wire-dtype sets the workers' PS_WIRE_DTYPE (16-bit gradients and
+# parameters on the wire; the link columns still count float32 model
+# bytes); --vs-dtype D runs every configuration a second time with the
+# workers at D and adds its step time and D's time over the main run's
+# (the 16-bit target: <= 0.6 on link-bound rows).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../../build/bin" rate=1000 model=cifar scale=1 compute_ms=100
 workers_list="1 2 4 8" ps_list="1 2 4" steps=20 json="" smoke=0 slice=65536 queue_ms=100
-psd_args="" baseline="" keep=""
+psd_args="" baseline="" keep="" wire=f32 vs_dtype=""
 die() { echo "ps_scale: $*" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,8 +52,10 @@ while [ $# -gt 0 ]; do
     --psd-args) psd_args=$2; shift 2 ;;
     --baseline) baseline=$2; shift 2 ;;
     --keep) keep=$2; shift 2 ;;
+    --wire-dtype) wire=$2; shift 2 ;;
+    --vs-dtype) vs_dtype=$2; shift 2 ;;
     --smoke) smoke=1; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -56,6 +64,9 @@ for v in rate scale compute_ms steps slice queue_ms; do
 done
 [ "$rate" -ge 1 ] || die "--rate must be at least 1 Mbit/s"
 [ "$model" = cifar ] || [ "$model" = resnet50 ] || die "--model must be cifar or resnet50"
+for d in "$wire" ${vs_dtype:+"$vs_dtype"}; do
+  case "$d" in f32|bf16|fp16) ;; *) die "wire dtypes are f32, bf16 or fp16, got '$d'" ;; esac
+done
 for b in psd scale_worker; do [ -x "$bin/$b" ] || die "$bin/$b not found (build first, or --bin DIR)"; done
 if [ "$smoke" = 1 ]; then
   workers_list=1 ps_list=1 steps=3 scale=64 compute_ms=1 rate=100
@@ -126,10 +137,11 @@ done
 secret=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 # One configuration: P ps on hosts 0..P-1, W workers on hosts maxp..maxp+W-1,
-# psd given the options in $3 (word-split), its files under p<P>w<W>$4.
+# psd given the options in $3 (word-split), its files under p<P>w<W>$4, the
+# workers' wire dtype $5 (default: --wire-dtype).
 # Prints "step_ms bytes_per_ps_max model_bytes".
 run_one() {
-  local P=$1 W=$2 extra=$3 hostsv="" i
+  local P=$1 W=$2 extra=$3 hostsv="" i dt=${5:-$wire}
   local run="$tmp/p${P}w${W}$4"
   mkdir -p "$run"
   pids=()
@@ -148,6 +160,7 @@ run_one() {
   for ((i = 0; i < W; i++)); do
     PS_HOSTS=$hostsv PS_WORKER_INDEX=$i PS_NUM_WORKERS=$W PS_SECRET=$secret \
       PS_TELEMETRY="$run/tel.w$i" PS_CONNECT_TIMEOUT_MS=30000 PS_MAX_SLICE_BYTES=$slice \
+      PS_WIRE_DTYPE=$dt \
       ip netns exec "${tag}h$((maxp + i))" "$bin/scale_worker" --model "$model" --scale "$scale" \
       --compute-ms "$compute_ms" --steps "$steps" > "$run/w$i.out" 2> "$run/w$i.err" &
     wp+=($!)
@@ -175,11 +188,13 @@ if [ "$smoke" = 1 ]; then
   exit 0
 fi
 
-printf "model %s / %s, compute %s ms per step, links %s Mbit/s each way, %s steps per run, %s-byte slices%s\n" \
-  "$model" "$scale" "$compute_ms" "$rate" "$steps" "$slice" "${psd_args:+, psd $psd_args}"
+printf "model %s / %s, compute %s ms per step, links %s Mbit/s each way, %s steps per run, %s-byte slices, wire %s%s\n" \
+  "$model" "$scale" "$compute_ms" "$rate" "$steps" "$slice" "$wire" "${psd_args:+, psd $psd_args}"
+[ -n "$vs_dtype" ] && echo "vs: the same runs with workers at $vs_dtype (vs_ms; vs = vs_ms / step_ms)"
 [ -n "$baseline" ] && echo "baseline: the same runs with psd $baseline (base_ms; gain = base_ms / step_ms)"
-printf "%3s %3s %10s %12s %6s %12s %10s %9s %8s %-19s%s\n" ps wkrs step_ms speedup "eff" \
-  "busiest_MB" link_ms bound_ms "of_bnd" target "${baseline:+   base_ms   gain}"
+printf "%3s %3s %10s %12s %6s %12s %10s %9s %8s %-19s%s%s\n" ps wkrs step_ms speedup "eff" \
+  "busiest_MB" link_ms bound_ms "of_bnd" target "${baseline:+   base_ms   gain}" \
+  "${vs_dtype:+     vs_ms     vs}"
 [ -n "$json" ] && : > "$json"
 for P in $ps_list; do
   s1=""
@@ -187,10 +202,12 @@ for P in $ps_list; do
     read -r step bytes mb < <(run_one "$P" "$W" "$psd_args" "")
     base=0
     [ -n "$baseline" ] && read -r base _ _ < <(run_one "$P" "$W" "$baseline" "-base")
+    vs=0
+    [ -n "$vs_dtype" ] && read -r vs _ _ < <(run_one "$P" "$W" "$psd_args" "-$vs_dtype" "$vs_dtype")
     [ -n "$s1" ] || s1=$step
     awk -v P="$P" -v W="$W" -v step="$step" -v s1="$s1" -v shard="$bytes" -v mb="$mb" \
         -v rate="$rate" -v c="$compute_ms" -v json="$json" -v model="$model" -v scale="$scale" \
-        -v base="$base" '
+        -v base="$base" -v vs="$vs" -v wire="$wire" -v vsd="$vs_dtype" '
       BEGIN {
         busiest = W * shard > mb ? W * shard : mb
         link = busiest * 8 / (rate * 1e6) * 1e3
@@ -203,14 +220,16 @@ for P in $ps_list; do
         printf "%3d %3d %10.1f %12.2f %5.0f%% %12.2f %10.1f %9.1f %7.0f%% %-19s",
                P, W, step, W * s1 / step, 100 * eff, busiest / 1e6, link, bound, 100 * ofb, tgt
         if (base > 0) printf " %9.1f %5.2fx", base, base / step
+        if (vs > 0) printf " %9.1f %5.2fx", vs, vs / step
         printf "\n"
         if (json != "")
           printf "{\"model\":\"%s\",\"scale\":%d,\"ps\":%d,\"workers\":%d,\"rate_mbit\":%d," \
                  "\"compute_ms\":%d,\"step_ms\":%.2f,\"efficiency\":%.4f,\"busiest_bytes\":%d," \
                  "\"link_ms\":%.2f,\"bound_ms\":%.2f,\"of_bound\":%.4f,\"target_met\":%s," \
-                 "\"baseline_step_ms\":%.2f}\n",
+                 "\"baseline_step_ms\":%.2f,\"wire_dtype\":\"%s\",\"vs_dtype\":\"%s\"," \
+                 "\"vs_step_ms\":%.2f}\n",
                  model, scale, P, W, rate, c, step, eff, busiest, link, bound, ofb,
-                 ok ? "true" : "false", base >> json
+                 ok ? "true" : "false", base, wire, vsd, vs >> json
       }'
   done
 done

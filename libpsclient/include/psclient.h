@@ -57,7 +57,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 3
+#define PS_VERSION_PATCH 4
 
 /* Error codes: one table generates the enum and ps_strerror(). The same
  * numbers travel on the wire in Error messages. */
@@ -201,6 +201,22 @@ typedef struct ps_req ps_req;       /* an in-flight push or pull */
 #define PS_MAX_DIMS 8     /* enough for any conv/attention weight */
 #define PS_MAX_NAME 255   /* variable names are at most this many bytes */
 
+/* How tensors travel (ps_config.push_dtype / pull_dtype,
+ * ps_var_set_wire_dtype). Servers always keep float32 values and optimizer
+ * state; a 16-bit dtype halves the bytes of a push (the gradient is rounded
+ * before it is sent) or a pull (the server rounds the parameters it sends;
+ * ps_var_data() then holds the rounded values, widened back to float32).
+ * Rounding is to nearest even; NaN stays NaN; fp16 overflows to infinity
+ * beyond 65504 and keeps subnormals down to 2^-24. Used only with servers
+ * of protocol 2.3 or later: with an older server the same calls send and
+ * receive float32. Sparse tables (ps_table_*) always use float32. Added in
+ * 0.2.4. */
+typedef enum ps_wire_dtype {
+  PS_WIRE_F32 = 0,  /* float32, 4 bytes a value (the default) */
+  PS_WIRE_BF16 = 1, /* bfloat16: float32's range, 8 significant bits */
+  PS_WIRE_FP16 = 2  /* IEEE half: 11 significant bits, |x| <= 65504 */
+} ps_wire_dtype;
+
 typedef struct ps_config {
   size_t struct_size;         /* sizeof(ps_config) as compiled by the caller
                                  (ps_config_init sets it) */
@@ -237,6 +253,9 @@ typedef struct ps_config {
                                  after a checkpoint (see ps_client_step and
                                  "Signals" below) instead of killing the
                                  worker; PS_SIGNALS=0 for create_from_env */
+  /* Added in 0.2.4 (a program built before them gets float32). */
+  int push_dtype;             /* ps_wire_dtype of gradients on the wire */
+  int pull_dtype;             /* ps_wire_dtype of parameters on the wire */
 } ps_config;
 
 /* Zeroes *cfg (size bytes: every field at its default) and sets
@@ -266,6 +285,9 @@ PS_EXTERN int ps_client_create(const ps_config *cfg, ps_client **out, char *errm
  *   PS_MAX_SLICE_BYTES, PS_SPLIT_THRESHOLD (optional: placement; the same
  *   on every worker of a job)
  *   PS_SIGNALS=0 (optional: ps_config.no_signal_handlers = 1; default 1)
+ *   PS_WIRE_DTYPE=f32|bf16|fp16 (optional: push_dtype and pull_dtype;
+ *   psrun --wire-dtype), PS_WIRE_PUSH_DTYPE / PS_WIRE_PULL_DTYPE (optional:
+ *   either alone, over PS_WIRE_DTYPE)
  * A missing or malformed variable is PS_EINVAL with a message naming it. */
 PS_EXTERN int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errmsg_len);
 
@@ -332,6 +354,11 @@ PS_EXTERN size_t ps_var_numel(const ps_var *v);
 PS_EXTERN const char *ps_var_name(const ps_var *v);
 PS_EXTERN int ps_var_ndim(const ps_var *v);
 PS_EXTERN const int64_t *ps_var_shape(const ps_var *v);
+/* This variable's wire dtypes (ps_wire_dtype), over the client's
+ * ps_config.push_dtype / pull_dtype; -1 keeps the client's. Takes effect
+ * from the next push or pull. PS_EINVAL for another value. Added in
+ * 0.2.4. */
+PS_EXTERN int ps_var_set_wire_dtype(ps_var *v, int push_dtype, int pull_dtype);
 
 /* The chief (worker 0) sets the values of vars[0..n) (all variables when
  * vars is NULL) to what their ps_var_data() holds: the caller writes the

@@ -35,6 +35,31 @@ static int getenv_int(const char *name, int required, int def, int lo, int hi, i
   return 0;
 }
 
+/* A wire dtype from the environment ("f32", "bf16", "fp16"; unset: def). */
+static int getenv_dtype(const char *name, int def, int *out, char *err, size_t errlen) {
+  static const char *const names[] = {"f32", "bf16", "fp16"}; /* by ps_wire_dtype */
+  const char *v = getenv(name);
+  *out = def;
+  if (!v || !*v) return 0;
+  for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+    if (strcmp(v, names[i]) == 0) {
+      *out = i;
+      return 0;
+    }
+  snprintf(err, errlen, "environment variable %s='%s' is not f32, bf16 or fp16", name, v);
+  return PS_EINVAL;
+}
+
+/* The wire dtypes of PS_WIRE_DTYPE, then PS_WIRE_PUSH_DTYPE and
+ * PS_WIRE_PULL_DTYPE over it. */
+static int env_dtypes(ps_config *cfg, char *err, size_t errlen) {
+  int both = 0;
+  int rc = getenv_dtype("PS_WIRE_DTYPE", 0, &both, err, errlen);
+  if (!rc) rc = getenv_dtype("PS_WIRE_PUSH_DTYPE", both, &cfg->push_dtype, err, errlen);
+  if (!rc) rc = getenv_dtype("PS_WIRE_PULL_DTYPE", both, &cfg->pull_dtype, err, errlen);
+  return rc;
+}
+
 int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
   char e[512];
   *out = NULL;
@@ -64,6 +89,7 @@ int ps_client_create_from_env(ps_client **out, char *errmsg, size_t errlen) {
   if (!rc) rc = getenv_int("PS_SPLIT_THRESHOLD", 0, 0, 0, 1 << 30, &split, e, sizeof e);
   cfg.max_slice_bytes = (uint64_t)slice;
   cfg.split_threshold = (uint64_t)split;
+  if (!rc) rc = env_dtypes(&cfg, e, sizeof e);
   if (rc) {
     if (errmsg) snprintf(errmsg, errlen, "%s", e);
     return rc;
@@ -132,6 +158,10 @@ static int check_config(const ps_config *cfg, char *errmsg, size_t errlen) {
   if (cfg->replicas_to_aggregate < 0 || cfg->replicas_to_aggregate > cfg->num_workers)
     FAIL(PS_EINVAL, "replicas_to_aggregate %d must be in [0, num_workers %d]",
          cfg->replicas_to_aggregate, cfg->num_workers);
+  if (!ps__dtype_valid((uint32_t)cfg->push_dtype) ||
+      !ps__dtype_valid((uint32_t)cfg->pull_dtype))
+    FAIL(PS_EINVAL, "wire dtypes push %d, pull %d: each must be PS_WIRE_F32, PS_WIRE_BF16 or "
+         "PS_WIRE_FP16", cfg->push_dtype, cfg->pull_dtype);
   if (cfg->max_slice_bytes > PS__MAX_SLICE_BYTES)
     FAIL(PS_EINVAL, "max_slice_bytes %llu exceeds the server limit %llu",
          (unsigned long long)cfg->max_slice_bytes, (unsigned long long)PS__MAX_SLICE_BYTES);
@@ -153,6 +183,8 @@ static int client_setup(ps_client *c, const ps_config *cfg) {
   c->num_workers = cfg->num_workers;
   c->replicas = cfg->replicas_to_aggregate;
   c->async_mode = cfg->async_mode != 0;
+  c->push_dtype = (uint32_t)cfg->push_dtype;
+  c->pull_dtype = (uint32_t)cfg->pull_dtype;
   c->connect_timeout_ms = cfg->connect_timeout_ms > 0 ? cfg->connect_timeout_ms : PS__DEFAULT_CONNECT_MS;
   c->request_timeout_ms = cfg->request_timeout_ms > 0 ? cfg->request_timeout_ms : PS__DEFAULT_REQUEST_MS;
   c->conns = calloc((size_t)c->num_ps, sizeof *c->conns);

@@ -76,6 +76,15 @@ enum { PS__REQ_PUSH = 1, PS__REQ_PULL, PS__REQ_REGISTER, PS__REQ_INIT, PS__REQ_F
 /* What the data of the frame being read is (ps__conn.data_kind). */
 enum { PS__DATA_PULL = 0, PS__DATA_TABLE = 1 };
 
+/* A PullReply item read as 16-bit values into the connection's staging:
+ * widened into the variable once the frame's data is in. */
+typedef struct ps__widen {
+  float *dst;         /* the slice in ps_var_data() */
+  uint64_t off;       /* its first byte in ps__conn.wire16 */
+  uint64_t count;     /* values */
+  uint32_t dtype;     /* PS__DT_BF16 or PS__DT_FP16 */
+} ps__widen;
+
 /* Where the frame reader of a connection is. */
 typedef enum ps__rd_state {
   PS__RD_HEADER = 0, /* waiting for the 24-byte header */
@@ -116,6 +125,8 @@ struct ps_var {
   ps_optimizer opt;              /* as created (library layout): a second create
                                     of the name must agree with it */
   ps_init init;                  /* ... and with this initializer */
+  int push_dtype;                /* wire dtype of its gradients (-1: the client's) */
+  int pull_dtype;                /* ... of its parameters (-1: the client's) */
 };
 
 struct ps_req {
@@ -224,7 +235,12 @@ typedef struct ps__conn {
                                   (a table pull's rows): if the request goes
                                   away mid-frame, the rest is discarded */
   int stopped;                 /* this server wrote the stop checkpoint */
-  uint32_t minor;              /* its HelloReply.protocol_minor: what of 2.1 it knows */
+  uint32_t minor;              /* its HelloReply.protocol_minor: what of 2.x it
+                                 knows (3: 16-bit wire dtypes) */
+  uint8_t *wire16;             /* staging of a PullReply's 16-bit data (2.3) */
+  size_t wire16_cap;           /* its bytes */
+  struct ps__widen *widen;     /* ... and where each item goes once in */
+  size_t nwiden, capwiden;     /* entries used, allocated */
   uint8_t *discard;            /* sink for data nobody wants */
   size_t discard_cap;          /* its size */
 } ps__conn;
@@ -241,6 +257,9 @@ struct ps_client {
   int num_workers;            /* workers in the job */
   int replicas;               /* replicas_to_aggregate */
   int async_mode;             /* pushes applied at once */
+  uint32_t push_dtype;        /* wire dtype of gradients (PS__DT_*), for
+                                 servers of minor >= 3 */
+  uint32_t pull_dtype;        /* ... and of parameters */
   int connect_timeout_ms;     /* connect retries give up after this */
   int request_timeout_ms;     /* default bound on a wait */
   ps__conn *conns;            /* num_ps entries */

@@ -75,6 +75,8 @@ void ps__conn_free(ps__conn *k) {
   free(k->in);
   free(k->dst);
   free(k->discard);
+  free(k->wire16);
+  free(k->widen);
 }
 
 /* ---- connecting ------------------------------------------------------------ */

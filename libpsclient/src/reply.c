@@ -37,35 +37,69 @@ static int plan_discard(ps__conn *k, uint64_t total) {
   return 0;
 }
 
-/* Sets up where a PullReply's data goes (or a discard sink when r is NULL). */
-static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_req *r) {
-  k->ndst = 0;
-  uint64_t total = 0;
-  if (ps__grow((void **)&k->dst, &k->capdst, m->n_items + 1, sizeof *k->dst)) return PS_ENOMEM;
+/* Checks a PullReply's items against our slices and sums their wire bytes
+ * (*total) and those of 16-bit items (*b16). 0 or <0 (k broken). */
+static int check_pull_items(ps_client *c, ps__conn *k, const Ps__PullReply *m,
+                            uint64_t *total, uint64_t *b16) {
+  *total = *b16 = 0;
   for (size_t i = 0; i < m->n_items; i++) {
     const Ps__Item *it = m->items[i];
     ps__slice *s = ps__slice_by_remote(c, k->index, it->slice_id);
+    char e[200];
     if (!s || it->count != s->length) {
-      char e[200];
       snprintf(e, sizeof e, "it sent %llu values for slice id %u, which %s",
                (unsigned long long)it->count, it->slice_id,
                s ? "has another length" : "we never registered with it");
       return ps__proto_err(c, k, e);
     }
-    total += it->count * sizeof(float);
-    if (r) {
-      k->dst[k->ndst].iov_base = s->var->data + s->offset;
-      k->dst[k->ndst].iov_len = s->length * sizeof(float);
-      k->ndst++;
-      uint64_t *st = s->var->trainable ? &r->step : &r->step_nt;
-      if (it->step < *st) *st = it->step;
+    if (!ps__dtype_valid(it->dtype)) {
+      snprintf(e, sizeof e, "it sent slice id %u in unknown wire dtype %u", it->slice_id,
+               it->dtype);
+      return ps__proto_err(c, k, e);
     }
+    uint64_t b = it->count * ps__dtype_size(it->dtype); /* count checked: no overflow */
+    *total += b;
+    if (it->dtype != PS__DT_F32) *b16 += b;
   }
-  if (total != k->hdr.data_len) {
+  if (*total != k->hdr.data_len) {
     char e[200];
     snprintf(e, sizeof e, "a pull reply carries %llu data bytes but its items take %llu",
-             (unsigned long long)k->hdr.data_len, (unsigned long long)total);
+             (unsigned long long)k->hdr.data_len, (unsigned long long)*total);
     return ps__proto_err(c, k, e);
+  }
+  return 0;
+}
+
+/* Sets up where a PullReply's data goes (or a discard sink when r is NULL):
+ * float32 items straight into the variables, 16-bit ones into k->wire16,
+ * widened into them once the data is in (ps__pull_data_done). */
+static int plan_pull_data(ps_client *c, ps__conn *k, const Ps__PullReply *m, ps_req *r) {
+  k->ndst = 0;
+  k->nwiden = 0;
+  uint64_t total, b16;
+  int rc = check_pull_items(c, k, m, &total, &b16);
+  if (rc) return rc;
+  if (ps__grow((void **)&k->dst, &k->capdst, m->n_items + 1, sizeof *k->dst) ||
+      (r && b16 && (ps__grow((void **)&k->wire16, &k->wire16_cap, (size_t)b16, 1) ||
+                    ps__grow((void **)&k->widen, &k->capwiden, m->n_items, sizeof *k->widen))))
+    return PS_ENOMEM;
+  uint64_t off = 0;
+  for (size_t i = 0; r && i < m->n_items; i++) {
+    const Ps__Item *it = m->items[i];
+    ps__slice *s = ps__slice_by_remote(c, k->index, it->slice_id);
+    float *dst = s->var->data + s->offset;
+    if (it->dtype == PS__DT_F32) {
+      k->dst[k->ndst].iov_base = dst;
+      k->dst[k->ndst].iov_len = s->length * sizeof(float);
+    } else {
+      k->widen[k->nwiden++] = (ps__widen){dst, off, s->length, it->dtype};
+      k->dst[k->ndst].iov_base = k->wire16 + off;
+      k->dst[k->ndst].iov_len = s->length * ps__dtype_size(it->dtype);
+      off += k->dst[k->ndst].iov_len;
+    }
+    k->ndst++;
+    uint64_t *st = s->var->trainable ? &r->step : &r->step_nt;
+    if (it->step < *st) *st = it->step;
   }
   /* Nobody waits for it any more (failed or abandoned): read and drop. */
   if (!r && total && plan_discard(k, total)) return PS_ENOMEM;
@@ -205,6 +239,7 @@ static int on_table_pull_reply(ps_client *c, ps__conn *k, const Ps__TablePullRep
   ps_req *r = ps__req_find(c, m->request_id);
   ps__telem_bytes(&c->telem, k->index, 1, k->hdr.data_len);
   k->ndst = 0;
+  k->nwiden = 0;
   k->dst_i = 0;
   k->dst_got = 0;
   k->data_req = m->request_id;
@@ -291,6 +326,13 @@ bad:;
 void ps__pull_data_done(ps_client *c, ps__conn *k) {
   k->rstate = PS__RD_HEADER;
   ps_req *r = ps__req_find(c, k->data_req);
+  /* 16-bit items into their variables, unless the pull was given up
+   * meanwhile (its variables may be gone). */
+  for (size_t i = 0; r && i < k->nwiden; i++) {
+    const ps__widen *w = &k->widen[i];
+    ps__wire_decode(w->dtype, w->dst, k->wire16 + w->off, w->count);
+  }
+  k->nwiden = 0;
   if (r && k->data_kind == PS__DATA_TABLE) ps__table_pull_done(c, k, r);
   else if (r) ps__req_answered(c, r, k->index, k->data_items);
   k->data_req = 0;
@@ -304,6 +346,7 @@ void ps__data_abandon(ps_client *c, ps__conn *k) {
   for (size_t i = k->dst_i; i < k->ndst; i++) left += k->dst[i].iov_len;
   left -= k->dst_got;
   k->ndst = 0;
+  k->nwiden = 0;
   k->dst_i = 0;
   k->dst_got = 0;
   k->data_own = 0;

@@ -1,5 +1,6 @@
 /* transfer.c - push and pull: gradients go out straight from the
- * variables' buffers, in frames of at most PS__MAX_DATA bytes and
+ * variables' buffers (or rounded to a 16-bit wire dtype into the output
+ * queue), in frames of at most PS__MAX_DATA bytes and
  * PS__MAX_ITEMS_PER_FRAME slices per server; parameters come back into
  * ps_var_data() as reader.c reads them (reply.c aims them). Nothing here
  * waits: callers wait through pump.c. */
@@ -56,7 +57,35 @@ int ps__check_vars(ps_client *c, ps_var *const *vars, size_t n, int push) {
   return 0;
 }
 
-/* Queues one Push of the first k scratch items to ps p (released on error). */
+/* The wire dtype of v's push (push 1) or pull on ps p: the variable's,
+ * else the client's; float32 for a server before 2.3. */
+static uint32_t wire_dtype(const ps_client *c, const ps_var *v, int p, int push) {
+  if (c->conns[p].minor < 3) return PS__DT_F32;
+  int dv = push ? v->push_dtype : v->pull_dtype;
+  return dv >= 0 ? (uint32_t)dv : push ? c->push_dtype : c->pull_dtype;
+}
+
+/* Queues a Push of the first k scratch items on ps p: float32 items are
+ * sent from the gradients in place; if any item is 16-bit, the frame's
+ * data (bytes) is encoded into the output queue's own buffer instead (the
+ * gradients may change as soon as this returns). */
+static int queue_push(ps_client *c, int p, const Ps__Push *m, size_t k, uint64_t bytes) {
+  int any16 = 0;
+  for (size_t i = 0; i < k; i++) any16 |= c->items[i].dtype != PS__DT_F32;
+  if (!any16)
+    return ps__queue_frame(c, &c->conns[p], PS__MSG_PUSH, &m->base, c->segdata, c->segcount, k);
+  uint8_t *d = ps__outq_frame_inline(&c->conns[p].out, PS__MSG_PUSH, &m->base, bytes);
+  if (!d) return ps__seterr(c, PS_ENOMEM, "out of memory queueing a %llu-byte push",
+                            (unsigned long long)bytes);
+  for (size_t i = 0; i < k; i++) {
+    ps__wire_encode(c->items[i].dtype, d, c->segdata[i], c->segcount[i]);
+    d += c->segcount[i] * ps__dtype_size(c->items[i].dtype);
+  }
+  return 0;
+}
+
+/* Queues one Push of the first k scratch items to ps p (released on error);
+ * bytes: their wire bytes. */
 static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k,
                       uint64_t bytes) {
   Ps__Push m = PS__PUSH__INIT;
@@ -65,7 +94,7 @@ static int push_frame(ps_client *c, ps_req *r, int p, uint64_t step, size_t k,
   m.n_items = k;
   m.items = c->itemp;
   m.want_stop = c->stop_requested != 0;
-  int rc = ps__queue_frame(c, &c->conns[p], PS__MSG_PUSH, &m.base, c->segdata, c->segcount, k);
+  int rc = queue_push(c, p, &m, k, bytes);
   if (rc) {
     ps__req_release(c, r);
     return rc;
@@ -92,8 +121,9 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
     /* Slices of this ps, packed into frames of at most PS__MAX_DATA. */
     FOR_SLICES(c, vars, n, p, s, {
       if (!s->var->trainable) continue; /* all variables: the trainable ones */
-      if (k && (bytes + s->length * sizeof(float) > PS__MAX_DATA ||
-                k == PS__MAX_ITEMS_PER_FRAME)) {
+      uint32_t dt = wire_dtype(c, s->var, p, 1);
+      uint64_t wire = s->length * ps__dtype_size(dt);
+      if (k && (bytes + wire > PS__MAX_DATA || k == PS__MAX_ITEMS_PER_FRAME)) {
         if ((rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
         k = 0;
         bytes = 0;
@@ -101,10 +131,11 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
       ps__item__init(&c->items[k]);
       c->items[k].slice_id = s->remote_id;
       c->items[k].count = s->length;
+      c->items[k].dtype = dt;
       c->itemp[k] = &c->items[k];
       dp[k] = s->var->grad + s->offset;
       dc[k] = s->length;
-      bytes += s->length * sizeof(float);
+      bytes += wire;
       k++;
     });
     if (k && (rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
@@ -115,11 +146,14 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
   return 0;
 }
 
-/* Queues one Pull of the first k scratch ids to ps p (released on error). */
-static int pull_frame(ps_client *c, ps_req *r, int p, uint64_t min_step, size_t k) {
+/* Queues one Pull of the first k scratch ids to ps p, answered in dtype
+ * (released on error). */
+static int pull_frame(ps_client *c, ps_req *r, int p, uint64_t min_step, size_t k,
+                      uint32_t dtype) {
   Ps__Pull m = PS__PULL__INIT;
   m.request_id = r->id;
   m.min_step = min_step;
+  m.dtype = dtype;
   m.n_slice_ids = k;
   m.slice_ids = c->ids;
   m.timeout_ms = (uint32_t)c->request_timeout_ms;
@@ -144,19 +178,23 @@ int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars, s
   for (int p = 0; p < c->num_ps; p++) {
     /* All variables (vars NULL): the trainable ones at min_step, then the
      * others at 0, their latest values (their step counts assigns, not
-     * training steps). Listed variables: all at min_step. */
-    for (int pass = 0; pass < 2; pass++) {
-      uint64_t ms = pass == 0 ? min_step : 0;
+     * training steps). Listed variables: all at min_step. A Pull names
+     * one wire dtype: a pass per dtype the variables use. */
+    for (int pass = 0; pass < 2 * PS__DT_COUNT_; pass++) {
+      uint64_t ms = pass < PS__DT_COUNT_ ? min_step : 0;
+      uint32_t dt = (uint32_t)(pass % PS__DT_COUNT_);
       size_t k = 0;
       FOR_SLICES(c, vars, n, p, s, {
-        if (vars ? pass != 0 : (pass == 0) != (s->var->trainable != 0)) continue;
+        int first = pass < PS__DT_COUNT_;
+        if (vars ? !first : first != (s->var->trainable != 0)) continue;
+        if (wire_dtype(c, s->var, p, 0) != dt) continue;
         c->ids[k++] = s->remote_id;
         if (k == PS__MAX_ITEMS_PER_FRAME) {
-          if ((rc = pull_frame(c, r, p, ms, k)) != 0) return rc;
+          if ((rc = pull_frame(c, r, p, ms, k, dt)) != 0) return rc;
           k = 0;
         }
       });
-      if (k && (rc = pull_frame(c, r, p, ms, k)) != 0) return rc;
+      if (k && (rc = pull_frame(c, r, p, ms, k, dt)) != 0) return rc;
     }
     ps__conn_flush(c, &c->conns[p]);
   }

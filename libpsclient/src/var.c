@@ -27,6 +27,19 @@ const char *ps_var_name(const ps_var *v) { return v->name; }
 int ps_var_ndim(const ps_var *v) { return v->ndim; }
 const int64_t *ps_var_shape(const ps_var *v) { return v->shape; }
 
+int ps_var_set_wire_dtype(ps_var *v, int push_dtype, int pull_dtype) {
+  if (!v) return PS_EINVAL;
+  if ((push_dtype != -1 && !ps__dtype_valid((uint32_t)push_dtype)) ||
+      (pull_dtype != -1 && !ps__dtype_valid((uint32_t)pull_dtype)))
+    return ps__seterr(v->c, PS_EINVAL,
+                      "variable '%s': wire dtypes push %d, pull %d: each must be -1, "
+                      "PS_WIRE_F32, PS_WIRE_BF16 or PS_WIRE_FP16", v->name, push_dtype,
+                      pull_dtype);
+  v->push_dtype = push_dtype;
+  v->pull_dtype = pull_dtype;
+  return 0;
+}
+
 int ps__need_minor(ps_client *c, const char *what) {
   for (int p = 0; p < c->num_ps; p++)
     if (c->conns[p].minor < 1)
@@ -154,6 +167,7 @@ static ps_var *var_alloc(ps_client *c, const char *name, const int64_t *shape, i
   v->ndim = ndim;
   memcpy(v->shape, shape, (size_t)ndim * sizeof *shape);
   v->numel = (size_t)numel;
+  v->push_dtype = v->pull_dtype = -1; /* the client's */
   v->data = calloc(v->numel, sizeof(float));
   v->grad = calloc(v->numel, sizeof(float));
   if (v->name && v->data && v->grad) return v;

@@ -23,7 +23,8 @@ class Config(_c.Structure):
                 ("credential", _c.c_void_p), ("credential_len", size_t),
                 ("munge", cint), ("munge_socket", _c.c_char_p),
                 ("job_id", _c.c_longlong), ("step_id", _c.c_longlong),
-                ("telemetry", _c.c_char_p), ("no_signal_handlers", cint)]
+                ("telemetry", _c.c_char_p), ("no_signal_handlers", cint),
+                ("push_dtype", cint), ("pull_dtype", cint)]
 
 
 class Optimizer(_c.Structure):

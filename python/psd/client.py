@@ -14,6 +14,9 @@ from ._lib import lib
 from .errors import Error, StateError, error_for
 
 _ERRLEN = 1024
+# ps_wire_dtype's values by position: how gradients and parameters travel
+# (servers keep float32; 16-bit only with servers of protocol 2.3).
+_WIRE_DTYPES = ("f32", "bf16", "fp16")
 
 
 class _Handle:
@@ -157,7 +160,8 @@ class Client:
     """Connections to every parameter server of a job (ps_client).
 
     ``Client(hosts=["h:p", ...], worker_index=0, num_workers=1, ...)`` takes
-    the fields of ps_config as keywords; ``Client.from_env()`` reads what
+    the fields of ps_config as keywords (push_dtype and pull_dtype by name:
+    "f32", "bf16" or "fp16"); ``Client.from_env()`` reads what
     psrun sets (PS_HOSTS, PS_WORKER_INDEX, ...). Use it as a context
     manager: leaving the block normally (or by psd.Stopped) calls
     ``finish()``, then the connections close."""
@@ -168,7 +172,8 @@ class Client:
                  split_threshold: int = 0, max_slice_bytes: int = 0,
                  credential: Optional[bytes] = None, munge: bool = False,
                  munge_socket: Optional[str] = None, job_id: int = 0, step_id: int = 0,
-                 telemetry: Optional[str] = None, signal_handlers: bool = True, _ptr=None):
+                 telemetry: Optional[str] = None, signal_handlers: bool = True,
+                 push_dtype: str = "f32", pull_dtype: str = "f32", _ptr=None):
         self._vars: Dict[str, Variable] = {}
         self._tables: Dict[str, "Table"] = {}
         self._finished = False
@@ -200,6 +205,10 @@ class Client:
         cfg.job_id, cfg.step_id = int(kw["job_id"]), int(kw["step_id"])
         cfg.telemetry = kw["telemetry"].encode() if kw["telemetry"] is not None else None
         cfg.no_signal_handlers = 0 if kw["signal_handlers"] else 1
+        for f in ("push_dtype", "pull_dtype"):  # ps_wire_dtype, by name
+            if kw[f] not in _WIRE_DTYPES:
+                raise ValueError(f"{f}={kw[f]!r}: must be one of {', '.join(_WIRE_DTYPES)}")
+            setattr(cfg, f, _WIRE_DTYPES.index(kw[f]))
         out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERRLEN)
         rc = lib.ps_client_create(ctypes.byref(cfg), ctypes.byref(out), err, _ERRLEN)
         if rc:

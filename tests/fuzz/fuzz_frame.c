@@ -99,7 +99,7 @@ static int decode(const uint8_t *in, int handshaken, ps__frame_header *h) {
   CHECK(h->type >= 1 && h->type < PS__MSG_MAX_, "type %u", h->type);
   CHECK(strcmp(ps__msg_name(h->type), "UNKNOWN") != 0, "type %u has no name", h->type);
   CHECK(h->meta_len <= PS__MAX_META, "meta %u", h->meta_len);
-  CHECK(h->data_len <= PS__MAX_DATA && h->data_len % 4 == 0, "data %llu",
+  CHECK(h->data_len <= PS__MAX_DATA && h->data_len % 2 == 0, "data %llu",
         (unsigned long long)h->data_len);
   if (!handshaken) {
     CHECK(h->type == PS__MSG_HELLO || h->type == PS__MSG_HELLO_REPLY ||
