@@ -40,6 +40,8 @@ typedef struct psr_opts {
   int backup_workers;      /* --backup-workers K: worker losses the job survives */
   int restart_workers;     /* --restart-workers N: dead workers restarted, in all */
   char telemetry[4000];    /* --telemetry: per-step records, FILE.w<i> / FILE.ps<i> */
+  char transport[8];       /* --transport: auto, tcp or shm (psd's option and the
+                              workers' PS_TRANSPORT) */
   char **cmd;              /* worker command (points into argv) */
   int ncmd;
   ps__opt_list psd_args;   /* extra psd options (--psd-arg, repeatable) */

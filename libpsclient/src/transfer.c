@@ -93,7 +93,8 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
     FOR_SLICES(c, vars, n, p, s, {
       if (!s->var->trainable) continue; /* all variables: the trainable ones */
       if (k && (bytes + s->length * sizeof(float) > PS__MAX_DATA ||
-                k == PS__MAX_ITEMS_PER_FRAME)) {
+                k == PS__MAX_ITEMS_PER_FRAME ||
+                (c->conns[p].shm.map && bytes >= PS__SHM_FRAME_BYTES))) {
         if ((rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
         k = 0;
         bytes = 0;
