@@ -102,6 +102,10 @@ static const ps__opt OPTIONS[] = {
      "protocol 2.x minor to announce to clients (-1: this psd's own, the most); an older "
      "one makes psd behave as that release for 16-bit wire dtypes (2.3): for testing clients' "
      "fallback"},
+    {"transport", 0, PS_OPT_CHOICE, F(transport), "auto", 0, 0, "auto|tcp|shm",
+     "how workers on this node may send tensors: auto and shm offer a shared-memory "
+     "segment (a worker of psd's uid hands over a sealed memfd; frames stay on TCP), shm "
+     "fails at start if it cannot be offered, tcp offers none"},
     {"keepalive", 0, PS_OPT_INT, F(keepalive_s), "20", 0, 86400, NULL,
      "seconds after which a peer whose host died is dropped (TCP keepalive and "
      "TCP_USER_TIMEOUT; 0: off, else at least 2)"},

@@ -10,6 +10,8 @@
 enum { PSD_MODE_AUTO = 0, PSD_MODE_SYNC = 1, PSD_MODE_ASYNC = 2 };
 /* --restore: what a psd finding checkpoints at start does with them. */
 enum { PSD_RESTORE_LATEST = 0, PSD_RESTORE_FALLBACK = 1, PSD_RESTORE_NONE = 2 };
+/* --transport: whether workers on this node get a shared-memory segment. */
+enum { PSD_TRANSPORT_AUTO = 0, PSD_TRANSPORT_TCP = 1, PSD_TRANSPORT_SHM = 2 };
 
 typedef struct psd_config {
   char host[256];          /* address to listen on */
@@ -55,6 +57,7 @@ typedef struct psd_config {
   int max_unauth;          /* connections still before their handshake */
   int max_admin;           /* authenticated admin tools (psctl) at once */
   int keepalive_s;         /* a silent dead peer is dropped after about this (0: off) */
+  int transport;           /* PSD_TRANSPORT_*: shared memory offered or not */
 } psd_config;
 
 /* Fills cfg from argv (defaults first). Returns 0, 1 when --help or

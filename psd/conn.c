@@ -348,6 +348,7 @@ static void conn_free(psd_conn *c) {
   free(c->reply_count);
   free(c->reply_refs);
   free(c->pack);
+  ps__shm_unmap(&c->shm);
   free(c);
 }
 
@@ -533,6 +534,7 @@ static void frame_done(psd_conn *c) {
     c->stage_cap = 0;
   }
   c->blob_len = 0;
+  c->shm_src = NULL;
   c->state = PSD_CONN_HEADER;
   frame_reset(c);
 }
@@ -569,6 +571,67 @@ int psd_conn_begin_blob(psd_conn *c, uint64_t bytes) {
   return 0;
 }
 
+/* A PS__FLAG_SHM frame's position (desc, after its protobuf part): its
+ * data must lie inside the push ring of a segment this connection handed
+ * over, else the frame is a fatal protocol error. Sets c->shm_src (NULL
+ * for a frame without the flag). 0 or -1 (CLOSING). */
+static int shm_locate(psd_conn *c, const uint8_t *desc) {
+  c->shm_src = NULL;
+  if (!(c->hdr.flags & PS__FLAG_SHM)) return 0;
+  if (!c->shm.map) {
+    psd_conn_error(c, 0, PS_EPROTO, 1,
+                   "%s frame with its data in shared memory, but this connection handed "
+                   "over no segment", ps__msg_name(c->hdr.type));
+    return -1;
+  }
+  uint64_t pos = ps__shm_desc_decode(desc);
+  const void *p = ps__shm_locate(&c->shm.push, pos, c->hdr.data_len);
+  if (!p) {
+    psd_conn_error(c, 0, PS_EPROTO, 1,
+                   "%s frame's %llu data bytes at ring position %llu are not inside the "
+                   "%llu-byte push ring", ps__msg_name(c->hdr.type),
+                   (unsigned long long)c->hdr.data_len, (unsigned long long)pos,
+                   (unsigned long long)c->shm.push.size);
+    return -1;
+  }
+  c->shm_src = p;
+  c->shm_pos = pos;
+  return 0;
+}
+
+/* A PS__FLAG_SHM Push or Init whose items begin_data checked: each item
+ * is handed over where it lies in the push ring (no copy), pulls it
+ * completes are answered at once, then the ring space is given back and
+ * the frame answered. The peer may rewrite the bytes meanwhile: that only
+ * changes its own gradient or values, never where psd reads (every
+ * offset was checked against the ring). 1, or -1 if c closed. */
+static int shm_items(psd_conn *c) {
+  const uint8_t *p = c->shm_src;
+  psd_conn_hooks *k = &c->reg->hooks;
+  for (size_t i = 0; i < c->n_items; i++) {
+    /* 16-bit items travel over TCP only (§1a): handed over in place they
+     * would need a second staging copy, which the segment exists to avoid */
+    if (c->items[i]->dtype != PS__DT_F32) {
+      psd_conn_error(c, c->data_req, PS_EPROTO, 1,
+                     "%s frame in shared memory carries a %s item: 16-bit items travel "
+                     "over TCP only", ps__msg_name(c->hdr.type),
+                     ps__dtype_name(c->items[i]->dtype));
+      return -1;
+    }
+  }
+  while (c->item < c->n_items) {
+    c->item_data = (const float *)(const void *)p;
+    p += c->items[c->item]->count * sizeof(float);
+    item_done(c);
+    c->item++;
+    k->flush(k->ctx); /* answer pulls as slices complete */
+    if (c->dead || c->state != PSD_CONN_DATA) return -1;
+  }
+  ps__shm_store(c->shm.push_done, c->shm_pos + c->hdr.data_len);
+  frame_done(c);
+  return 1;
+}
+
 /* Makes progress on buffered input. Returns 1 if it did, 0 if it needs
  * more bytes, -1 if the connection entered CLOSING. */
 static int step(psd_conn *c) {
@@ -587,28 +650,29 @@ static int step(psd_conn *c) {
     return 1;
   }
   case PSD_CONN_META: {
-    if (c->in_len < c->hdr.meta_len) {
-      if (c->in_off + c->hdr.meta_len > c->in_cap) {
+    size_t mb = (size_t)ps__frame_meta_bytes(&c->hdr); /* + a segment position */
+    if (c->in_len < mb) {
+      if (c->in_off + mb > c->in_cap) {
         /* Make room for the whole protobuf part (bounded by PS__MAX_META). */
         if (c->in_off) {
           memmove(c->in, c->in + c->in_off, c->in_len);
           c->in_off = 0;
         }
-        if (c->hdr.meta_len > c->in_cap &&
-            ps__grow((void **)&c->in, &c->in_cap, c->hdr.meta_len, 1) != 0) {
-          psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory for a %u-byte message",
-                         c->hdr.meta_len);
+        if (mb > c->in_cap && ps__grow((void **)&c->in, &c->in_cap, mb, 1) != 0) {
+          psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory for a %zu-byte message", mb);
           return -1;
         }
       }
       return 0;
     }
     const uint8_t *meta = c->in + c->in_off;
-    c->in_off += c->hdr.meta_len;
-    c->in_len -= c->hdr.meta_len;
+    if (shm_locate(c, meta + c->hdr.meta_len) != 0) return -1;
+    c->in_off += mb;
+    c->in_len -= mb;
     c->state = PSD_CONN_HEADER;
     if (dispatch(c, meta) != 0) return -1;
     if (c->state == PSD_CONN_DATA && c->n_items == 0) frame_done(c);
+    else if (c->state == PSD_CONN_DATA && c->shm_src) return shm_items(c);
     else if (c->state == PSD_CONN_HEADER) frame_reset(c);
     if (c->handshaken && !c->upgraded && conn_upgrade(c) != 0) return -1;
     return 1;
@@ -622,6 +686,7 @@ static int step(psd_conn *c) {
     c->in_len -= take;
     c->item_got += take;
     if (c->item_got == item_len(c)) {
+      c->item_data = c->stage;
       item_done(c);
       c->item++;
       c->item_got = 0;
@@ -672,6 +737,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
       if (n > 0) {
         c->item_got += (uint64_t)n;
         if (c->item_got == item_len(c)) {
+          c->item_data = c->stage;
           item_done(c);
           c->item++;
           c->item_got = 0;

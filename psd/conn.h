@@ -145,6 +145,16 @@ typedef struct psd_conn {
                                  item's values once widened) */
   uint16_t *stage16;          /* where a 16-bit item's data lands (2.3) */
   uint64_t stage16_cap;       /* values in stage16 */
+  const float *item_data;     /* DATA: the complete item the item hook gets:
+                                 in stage, or in place in the segment */
+  ps__shm shm;                /* the worker's shared-memory segment (2.4;
+                                 shm.map NULL: none, tensors go over TCP) */
+  uint8_t shm_token[PS__SHM_TOKEN_BYTES]; /* announced in its HelloReply: the
+                                 handover must present it (shmgate.c) */
+  int shm_offered;            /* a token was announced and not used yet */
+  const uint8_t *shm_src;     /* DATA of a PS__FLAG_SHM frame: its data in
+                                 the push ring (bounds checked) */
+  uint64_t shm_pos;           /* ... and its ring position */
   uint64_t blob_len;          /* DATA of a TABLE_* frame: its whole data part
                                  is one item of this many bytes (0: items) */
   const void *blob_msg;       /* ... and its unpacked message (in arena) */

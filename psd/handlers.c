@@ -151,9 +151,31 @@ static uint64_t slice_overhead(const psd_handlers *h) {
 
 /* ---- pull replies --------------------------------------------------------------- */
 
+/* A PullReply of n items (bytes of parameters, in c->reply_data) through
+ * c's pull ring, when c has a segment with room: the parameters are
+ * copied into the ring now (so no update waits for them) and the frame
+ * carries their position. 1 (queued), 0 (no segment or no room: send it
+ * over TCP) or -1 (out of memory). The worker's done word decides the
+ * room; a worker that lies there can only get its own replies
+ * overwritten, and psd never writes outside the ring. */
+static int send_pull_shm(psd_conn *c, const Ps__PullReply *r, size_t n, uint64_t bytes) {
+  if (!c->shm.map || bytes == 0) return 0;
+  uint64_t pos;
+  uint8_t *dst = ps__shm_reserve(&c->shm.pull, ps__shm_load(c->shm.pull_done), bytes, &pos);
+  if (!dst) return 0;
+  for (size_t i = 0; i < n; i++) {
+    size_t len = (size_t)c->reply_count[i] * sizeof(float);
+    memcpy(dst, c->reply_data[i], len);
+    dst += len;
+  }
+  return ps__outq_frame_shm(&c->out, PS__MSG_PULL_REPLY, &r->base, bytes, pos) == 0 ? 1 : -1;
+}
+
 /* Queues a PullReply of c's first n reply items (bytes of data in dtype):
- * float32 sent from the slices in place (held until written), a 16-bit
- * dtype converted into the output queue's own buffer. 0 or -1 (memory). */
+ * float32 through c's pull ring when it has one with room, else sent from
+ * the slices in place (held until written); a 16-bit dtype converted into
+ * the output queue's own buffer (16-bit items travel over TCP only: a
+ * worker with a segment never asks for them, §1a). 0 or -1 (memory). */
 static int send_pull_reply(psd_handlers *h, psd_conn *c, uint64_t req, size_t n,
                            uint32_t dtype, uint64_t bytes) {
   Ps__PullReply r = PS__PULL_REPLY__INIT;
@@ -161,9 +183,12 @@ static int send_pull_reply(psd_handlers *h, psd_conn *c, uint64_t req, size_t n,
   r.n_items = n;
   r.items = c->reply_ptrs;
   psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
-  if (dtype == PS__DT_F32)
+  if (dtype == PS__DT_F32) {
+    int sent = send_pull_shm(c, &r, n, bytes);
+    if (sent != 0) return sent > 0 ? 0 : -1;
     return psd_conn_send(c, PS__MSG_PULL_REPLY, &r.base, c->reply_data, c->reply_count,
                          c->reply_refs, n);
+  }
   uint8_t *d = ps__outq_frame_inline(&c->out, PS__MSG_PULL_REPLY, &r.base, bytes);
   if (!d) return -1;
   for (size_t i = 0; i < n; i++) {
@@ -285,6 +310,16 @@ static int finish_hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m,
   r.async_mode = h->shard->async_mode;
   r.server_id = (char *)h->cfg->name;
   r.checkpoints = h->cfg->ckpt_dir[0] != '\0';
+  if (c->worker >= 0 && h->cfg->protocol_minor >= 4 && psd_shmgate_on(h->shmgate) &&
+      ps__random(c->shm_token, sizeof c->shm_token) == 0) {
+    /* 2.4: a worker of this node may hand over a segment (shmgate.c); not
+     * when --protocol-minor announces an older release */
+    c->shm_offered = 1;
+    r.shm_socket = h->shmgate->name;
+    r.shm_token.data = c->shm_token;
+    r.shm_token.len = sizeof c->shm_token;
+    r.host_id = h->shmgate->host_id;
+  }
   psd_conn_send(c, PS__MSG_HELLO_REPLY, &r.base, NULL, NULL, NULL, 0);
   return 0;
 }
@@ -698,6 +733,9 @@ static int handle_stats(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     return 0;
   }
   r.request_id = m->request_id;
+  for (const psd_conn *k = h->conns->head; k; k = k->next)
+    if (k->worker >= 0 && (size_t)k->worker < r.n_workers && !k->dead)
+      r.workers[k->worker]->transport = k->shm.map ? (char *)"shm" : (char *)"tcp";
   if (psd_tables_stats(h->tables, &r.tables, &r.n_tables) != 0) {
     psd_telem_stats_free(&r);
     psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory");
@@ -749,7 +787,7 @@ static void item_done(void *ctx, psd_conn *c) {
   psd_slice *sl = h->shard->slices[it->slice_id];
   if (c->hdr.type == PS__MSG_INIT && c->data_assign) {
     char err[sizeof c->data_err];
-    int rc = psd_shard_assign(h->shard, sl, c->data_step, c->stage, err, sizeof err);
+    int rc = psd_shard_assign(h->shard, sl, c->data_step, c->item_data, err, sizeof err);
     if (rc == 1) slice_advanced(h, sl);
     if (rc < 0 && !c->data_rc) { /* the first refusal is the one reported */
       c->data_rc = rc;
@@ -760,13 +798,13 @@ static void item_done(void *ctx, psd_conn *c) {
   }
   if (c->hdr.type == PS__MSG_INIT) {
     int was = sl->initialized;
-    psd_shard_init_values(h->shard, sl, c->stage);
+    psd_shard_init_values(h->shard, sl, c->item_data);
     if (!was) slice_advanced(h, sl);
     return;
   }
   c->pace_done += it->count * ps__dtype_size(it->dtype); /* wire bytes, as item_got */
   double t0 = ps__now();
-  int rc = psd_shard_push(h->shard, sl, (uint32_t)c->worker, c->data_step, c->stage, t0);
+  int rc = psd_shard_push(h->shard, sl, (uint32_t)c->worker, c->data_step, c->item_data, t0);
   c->data_at = t0;
   c->agg_s += ps__now() - t0; /* accumulation and, for the last gradient, the optimizer */
   if (rc == 1) slice_advanced(h, sl);

@@ -18,6 +18,7 @@
 #include "pace.h"
 #include "persist.h"
 #include "shard.h"
+#include "shmgate.h"
 #include "tables.h"
 #include "telemetry.h"
 #include "waiters.h"
@@ -34,6 +35,7 @@ typedef struct psd_handlers {
   psd_pace *pace;           /* ingress pacing */
   psd_conns *conns;         /* every connection */
   psd_mungeq *mungeq;       /* MUNGE checks off the loop (NULL without --munge) */
+  psd_shmgate *shmgate;     /* shared-memory handovers (off: TCP only) */
   /* Ends the loop with this exit status once queued replies drain. */
   void (*finish)(void *loop, int code);
   void *loop;               /* passed to finish */

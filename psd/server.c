@@ -28,8 +28,9 @@
 #define PSD_STALL_NAMES 16
 
 /* Descriptors kept out of --max-connections: the listener, the event
- * loop's own, stdio, checkpoint and telemetry files, a MUNGE socket. */
-#define PSD_FD_RESERVE 32
+ * loop's own, stdio, checkpoint and telemetry files, a MUNGE socket, and
+ * the shared-memory handover socket with its PSD_SHM_MAX_PENDING peers. */
+#define PSD_FD_RESERVE (32 + 1 + PSD_SHM_MAX_PENDING)
 /* Unanswered keepalive probes before a peer is dropped. */
 #define PSD_KEEPCNT 3
 
@@ -142,6 +143,7 @@ static void tick(psd_server *srv) {
     event_add(srv->listen_ev, NULL);
   }
   psd_conns_tick(&srv->conns, now);
+  psd_shmgate_tick(&srv->shmgate, now);
   psd_waiters_expire(&srv->waiters, now, psd_handlers_pull_expired, &srv->h);
   psd_tables_expire(&srv->tables, now);
   psd_handlers_flush(&srv->h);
@@ -309,6 +311,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   memset(srv, 0, sizeof *srv);
   srv->cfg = cfg;
   srv->lfd = -1;
+  psd_shmgate_off(&srv->shmgate); /* before any failure: psd_server_free closes it */
   psd_job_init(&srv->job, cfg, ps__now());
   signal(SIGPIPE, SIG_IGN);
   /* Restore before listening: launchers wait for the port file, so no
@@ -366,6 +369,17 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   psd_conn_hooks hooks;
   psd_handlers_hooks(&srv->h, &hooks);
   psd_conns_init(&srv->conns, srv->base, &srv->pace, &hooks);
+  srv->h.shmgate = &srv->shmgate;
+  if (cfg->transport != PSD_TRANSPORT_TCP) {
+    char serr[400];
+    if (psd_shmgate_open(&srv->shmgate, srv->base, &srv->conns, serr, sizeof serr) != 0) {
+      if (cfg->transport == PSD_TRANSPORT_SHM) {
+        psd_error("--transport shm: %s", serr);
+        return -1;
+      }
+      psd_warn("no shared-memory transport (workers use TCP): %s", serr);
+    }
+  }
   set_limits(srv);
   if (add_events(srv, fd) != 0) return -1;
   char terr[1200];
@@ -384,6 +398,9 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   if (cfg->munge)
     psd_info("peers must present a MUNGE credential for job %lld%s", (long long)cfg->job_id,
              cfg->step_id >= 0 ? "" : " (any step)");
+  if (psd_shmgate_on(&srv->shmgate))
+    psd_info("workers on this node may hand over shared memory at @%s (--transport %s)",
+             srv->shmgate.name, cfg->transport == PSD_TRANSPORT_SHM ? "shm" : "auto");
   if (!cfg->secret_len && !cfg->munge)
     psd_warn("no shared secret (--secret-file or PSD_SECRET): anyone who can reach %s can "
              "join this job", hostport);
@@ -406,6 +423,7 @@ int psd_server_run(psd_server *srv) {
 
 void psd_server_free(psd_server *srv) {
   psd_conns_close_all(&srv->conns);
+  psd_shmgate_close(&srv->shmgate);
   if (srv->listen_ev) event_free(srv->listen_ev);
   if (srv->tick_ev) event_free(srv->tick_ev);
   for (int i = 0; i < 3; i++)

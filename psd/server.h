@@ -12,6 +12,7 @@
  *   handlers    what each message does (admission via job, pulls via
  *               waiters, checkpoints via persist, stats via telemetry)
  *   tables      TABLE_* frames: sparse tables (table.c), parked table pulls
+ *   shmgate     shared-memory handovers (a unix socket; attaches segments to conns)
  *   conn        framing, the HEADER/META/DATA/CLOSING machine, replies out
  *   waiters  job  persist  pace  telemetry  mungeq
  *   shard  ckptq  checkpoint  ckpt_table  table  optimizer  config  log  bg   (and the wire layer)
@@ -28,6 +29,7 @@
 #include "job.h"
 #include "pace.h"
 #include "persist.h"
+#include "shmgate.h"
 #include "shard.h"
 #include "telemetry.h"
 #include "waiters.h"
@@ -53,6 +55,7 @@ typedef struct psd_server {
   psd_persist persist;         /* checkpoints, restore, stop on request */
   psd_pace pace;               /* ingress pacing (pace.c) */
   psd_conns conns;             /* every open connection (conn.c) */
+  psd_shmgate shmgate;         /* shared-memory handovers (--transport) */
   psd_handlers h;              /* the message layer's view of the above */
   int exit_code;               /* set when the loop should end */
   int exiting;                 /* draining replies before exit */

@@ -71,6 +71,8 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
     argv[a++] = "--telemetry";
     argv[a++] = tele;
   }
+  argv[a++] = "--transport";
+  argv[a++] = (char *)(o->transport[0] ? o->transport : "auto");
   if (t->index == 0 && t->summary) { /* one table per job: ps0 has every worker */
     argv[a++] = "--summary";
     argv[a++] = (char *)t->summary;
@@ -135,11 +137,12 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   snprintf(e_step, sizeof e_step, "PS_STEP_ID=%lld", t->step_id);
   snprintf(e_sock, sizeof e_sock, "PS_MUNGE_SOCKET=%s", t->munge_socket ? t->munge_socket : "");
   snprintf(label, sizeof label, "w%d", t->index);
-  char e_tele[4200], e_wire[32];
+  char e_tele[4200], e_wire[32], e_tr[32];
   snprintf(e_tele, sizeof e_tele, "PS_TELEMETRY=%s.w%d", t->o->telemetry, t->index);
   snprintf(e_wire, sizeof e_wire, "PS_WIRE_DTYPE=%s", t->o->wire_dtype);
-  char *env[20] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker"};
-  int ne = 6;
+  snprintf(e_tr, sizeof e_tr, "PS_TRANSPORT=%s", t->o->transport[0] ? t->o->transport : "auto");
+  char *env[21] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker", e_tr};
+  int ne = 7;
   int backups, replicas = psr_replicas(t->o, t->num_workers, &backups);
   snprintf(e_rep, sizeof e_rep, "PS_REPLICAS_TO_AGGREGATE=%d", replicas);
   if (replicas > 0) env[ne++] = e_rep;

@@ -57,6 +57,10 @@ static const ps__opt OPTS[] = {
     {"wire-dtype", 0, PS_OPT_CHOICE_STR, F(wire_dtype), NULL, 0, 0, "f32|bf16|fp16",
      "how workers send gradients and receive parameters (PS_WIRE_DTYPE; servers keep "
      "float32; 16-bit needs psd 2.3) [as PS_WIRE_DTYPE in psrun's environment, else f32]"},
+    {"transport", 0, PS_OPT_CHOICE_STR, F(transport), "auto", 0, 0, "auto|tcp|shm",
+     "how tensors travel between a worker and a ps of its node (psd --transport and the "
+     "workers' PS_TRANSPORT): auto (or $PS_TRANSPORT if set) uses shared memory where it "
+     "can, shm insists on it"},
 };
 
 static const ps__opt_parser PARSER = {
@@ -77,6 +81,12 @@ static int parse(psr_opts *o, int argc, char **argv, char *err, size_t errlen) {
   if (rc != 0) return rc;
   o->cmd = argv + rest.first;
   o->ncmd = argc - rest.first;
+  /* --transport auto (the default) defers to $PS_TRANSPORT, so a test run
+   * or a site that forces a transport reaches psrun's tasks too. */
+  const char *tr = getenv("PS_TRANSPORT");
+  if (!strcmp(o->transport, "auto") && tr &&
+      (!strcmp(tr, "tcp") || !strcmp(tr, "shm")))
+    snprintf(o->transport, sizeof o->transport, "%s", tr);
   return 0;
 }
 

@@ -41,6 +41,8 @@ typedef struct psr_opts {
   int restart_workers;     /* --restart-workers N: dead workers restarted, in all */
   char telemetry[4000];    /* --telemetry: per-step records, FILE.w<i> / FILE.ps<i> */
   char wire_dtype[8];      /* --wire-dtype: workers' PS_WIRE_DTYPE ("": as psrun's) */
+  char transport[8];       /* --transport: auto, tcp or shm (psd's option and the
+                              workers' PS_TRANSPORT) */
   char **cmd;              /* worker command (points into argv) */
   int ncmd;
   ps__opt_list psd_args;   /* extra psd options (--psd-arg, repeatable) */

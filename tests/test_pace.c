@@ -249,14 +249,16 @@ static void scenario(const char *const *extra, int replicas, int expect, int end
   tu_psd_kill(&ps);
 }
 
+/* Every psd here runs --transport tcp: pacing holds back TCP (the relay
+ * stands for a shared link), and shared memory never crosses a link. */
 START_TEST(test_leader_held_until_laggard_catches_up) {
-  const char *extra[] = {"--pace-ahead", "262144", "--pace-loopback", NULL};
+  const char *extra[] = {"--transport", "tcp", "--pace-ahead", "262144", "--pace-loopback", NULL};
   scenario(extra, 0, HOLD_EXPECTED, LAGGARD_CATCHES_UP);
 }
 END_TEST
 
 START_TEST(test_without_pacing_leader_runs_ahead) {
-  const char *extra[] = {"--pace-ahead", "0", NULL};
+  const char *extra[] = {"--transport", "tcp", "--pace-ahead", "0", NULL};
   scenario(extra, 0, NO_HOLD_EXPECTED, LAGGARD_CATCHES_UP);
 }
 END_TEST
@@ -264,7 +266,7 @@ END_TEST
 /* Workers on this host reach psd over loopback, which shares no network
  * link: by default they are not paced (the cost would be CPU for nothing). */
 START_TEST(test_loopback_not_paced_by_default) {
-  const char *extra[] = {"--pace-ahead", "262144", NULL};
+  const char *extra[] = {"--transport", "tcp", "--pace-ahead", "262144", NULL};
   scenario(extra, 0, NO_HOLD_EXPECTED, LAGGARD_CATCHES_UP);
 }
 END_TEST
@@ -272,14 +274,14 @@ END_TEST
 START_TEST(test_backup_workers_not_paced) {
   /* replicas_to_aggregate 1 of 2: nobody waits for the slowest, so pacing
    * must not make them. Worker 0's push then completes step 0 alone. */
-  const char *extra[] = {"--replicas-to-aggregate", "1", "--pace-ahead", "262144",
+  const char *extra[] = {"--transport", "tcp", "--replicas-to-aggregate", "1", "--pace-ahead", "262144",
                          "--pace-loopback", NULL};
   scenario(extra, 1, NO_HOLD_EXPECTED, LAGGARD_STALE);
 }
 END_TEST
 
 START_TEST(test_laggard_dies_leader_released) {
-  const char *extra[] = {"--pace-ahead", "262144", "--pace-loopback", NULL};
+  const char *extra[] = {"--transport", "tcp", "--pace-ahead", "262144", "--pace-loopback", NULL};
   scenario(extra, 0, HOLD_EXPECTED, LAGGARD_DIES);
 }
 END_TEST

@@ -95,6 +95,16 @@ int tu_psd_start(tu_psd *p, const char *const *args) {
   argv[n++] = "0";
   argv[n++] = "--port-file";
   argv[n++] = p->port_file;
+  /* $PS_TRANSPORT (the suites rerun over shm or tcp): psd offers shared
+   * memory, or not, as the clients of the run will ask; a test's own
+   * --transport wins. */
+  const char *tr = getenv("PS_TRANSPORT");
+  int has_tr = 0;
+  for (int i = 0; args && args[i]; i++) has_tr |= strcmp(args[i], "--transport") == 0;
+  if (tr && *tr && !has_tr) {
+    argv[n++] = "--transport";
+    argv[n++] = tr;
+  }
   for (int i = 0; args && args[i] && n < 62; i++) argv[n++] = args[i];
   argv[n] = NULL;
   pid_t pid = fork();

@@ -59,6 +59,9 @@ Suite *suite_admission(void);
 Suite *suite_cuda_ops(void);
 Suite *suite_prefetch(void);
 Suite *suite_ctr(void);
+Suite *suite_shm(void);
+Suite *suite_shm_hostile(void);
+Suite *suite_shm_users(void);
 
 /* A psd child process. */
 typedef struct tu_psd {
@@ -77,7 +80,8 @@ extern const char *tu_psd_preload;
 void tu_psd_set_preload(const char *so);
 /* If set, psd processes started afterwards get it as PSD_SECRET. */
 extern const char *tu_psd_secret;
-/* Starts $PSD_BIN --host 127.0.0.1 --port 0 --port-file F plus args
+/* Starts $PSD_BIN --host 127.0.0.1 --port 0 --port-file F [--transport
+ * $PS_TRANSPORT, unless args give one] plus args
  * (NULL-terminated) and waits (10 s) for the port file. 0 or -1. */
 int tu_psd_start(tu_psd *p, const char *const *args);
 /* Waits up to timeout_s for exit; 0 and p->status set, or -1 on timeout. */

@@ -59,14 +59,19 @@ static uint64_t get_u64(const uint8_t *p) {
   return v;
 }
 
-void ps__header_encode(uint8_t out[PS__HEADER_SIZE], unsigned type,
-                       uint32_t meta_len, uint64_t data_len) {
+void ps__header_encode_flags(uint8_t out[PS__HEADER_SIZE], unsigned type,
+                             uint32_t meta_len, uint64_t data_len, uint32_t flags) {
   put_u32(out, PS__MAGIC);
   put_u16(out + 4, (uint16_t)PS__PROTOCOL_VERSION);
   put_u16(out + 6, (uint16_t)type);
   put_u32(out + 8, meta_len);
-  put_u32(out + 12, 0); /* flags: none defined yet */
+  put_u32(out + 12, flags);
   put_u64(out + 16, data_len);
+}
+
+void ps__header_encode(uint8_t out[PS__HEADER_SIZE], unsigned type,
+                       uint32_t meta_len, uint64_t data_len) {
+  ps__header_encode_flags(out, type, meta_len, data_len, 0);
 }
 
 int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
@@ -91,8 +96,13 @@ int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
     snprintf(err, errlen, "unknown message type %u", type);
     return PS_EPROTO;
   }
-  if (flags != 0) {
-    snprintf(err, errlen, "unknown frame flags 0x%x", flags);
+  /* PS__FLAG_SHM (2.4): only on the frames whose data may move through
+   * the shared-memory segment, only after the handshake, only with data. */
+  int shm_ok = handshaken && data != 0 &&
+               (type == PS__MSG_PUSH || type == PS__MSG_INIT || type == PS__MSG_PULL_REPLY);
+  if (flags != 0 && (flags != PS__FLAG_SHM || !shm_ok)) {
+    snprintf(err, errlen, "frame flags 0x%x not allowed on a %s frame%s", flags,
+             ps__msg_name(type), data == 0 ? " without data" : "");
     return PS_EPROTO;
   }
   if (!handshaken) {
@@ -128,6 +138,7 @@ int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
   }
   h->type = type;
   h->meta_len = meta;
+  h->flags = flags;
   h->data_len = data;
   return 0;
 }

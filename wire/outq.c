@@ -74,6 +74,29 @@ void *ps__outq_frame_inline(ps__outq *q, unsigned type, const ProtobufCMessage *
   return q->buf + off + PS__HEADER_SIZE + mlen;
 }
 
+int ps__outq_frame_shm(ps__outq *q, unsigned type, const ProtobufCMessage *m,
+                       uint64_t data_len, uint64_t pos) {
+  size_t mlen = protobuf_c_message_get_packed_size(m);
+  if (mlen > PS__MAX_META || data_len > PS__MAX_DATA) return PS_ETOOBIG;
+  size_t total = PS__HEADER_SIZE + mlen + PS__SHM_DESC_BYTES;
+  if (ps__grow((void **)&q->buf, &q->bufcap, q->len + total, 1) ||
+      ps__grow((void **)&q->segs, &q->cap, q->n + 1, sizeof *q->segs))
+    return PS_ENOMEM;
+  size_t off = q->len;
+  uint8_t *p = q->buf + off;
+  ps__header_encode_flags(p, type, (uint32_t)mlen, data_len, PS__FLAG_SHM);
+  protobuf_c_message_pack(m, p + PS__HEADER_SIZE);
+  for (unsigned i = 0; i < PS__SHM_DESC_BYTES; i++)
+    p[PS__HEADER_SIZE + mlen + i] = (uint8_t)(pos >> (8 * i));
+  q->len += total;
+  ps__outseg *last = q->n > q->first ? &q->segs[q->n - 1] : NULL;
+  if (last && !last->ext && last->off + last->len == off)
+    last->len += total; /* coalesce with the previous frame */
+  else
+    q->segs[q->n++] = (ps__outseg){NULL, off, total, NULL};
+  return 0;
+}
+
 /* Drops the first segment (sent or abandoned). */
 static void pop_first(ps__outq *q) {
   ps__outseg *s = &q->segs[q->first++];

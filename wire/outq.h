@@ -45,6 +45,11 @@ int ps__outq_frame(ps__outq *q, unsigned type, const ProtobufCMessage *m,
  * big or out of memory (nothing queued). */
 void *ps__outq_frame_inline(ps__outq *q, unsigned type, const ProtobufCMessage *m,
                             uint64_t data_len);
+/* Queues a frame whose data_len bytes of data are in the shared-memory
+ * segment at position pos (PS__FLAG_SHM): header, packed m, the 8-byte
+ * position. 0, PS_ETOOBIG or PS_ENOMEM (nothing queued). */
+int ps__outq_frame_shm(ps__outq *q, unsigned type, const ProtobufCMessage *m,
+                       uint64_t data_len, uint64_t pos);
 /* Writes what the socket takes: 0 (done or would block) or PS_ECLOSED
  * (errno tells why). */
 int ps__outq_write(ps__outq *q, int fd);

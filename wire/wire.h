@@ -21,14 +21,16 @@
 #include "mac.h"
 #include "optimizer_msg.h"
 #include "half.h"
+#include "shm.h"
 
 #define PS__MAGIC 0x31445350u        /* "PSD1" as little-endian bytes */
 #define PS__PROTOCOL_VERSION 2u      /* bump on any incompatible change (2: Challenge, MACs) */
 /* Additions a peer of the same version may lack, announced in
  * HelloReply.protocol_minor (1: Init.assign, OPT_NONE, warm-up and cosine
  * schedules). A client uses them only with servers that announce them. */
-#define PS__PROTOCOL_MINOR 3u /* 2: sparse tables (TABLE_* frames); 3: 16-bit
-                                 wire dtypes (Item.dtype, Pull.dtype) */
+#define PS__PROTOCOL_MINOR 4u /* 2: sparse tables (TABLE_* frames); 3: 16-bit
+                                 wire dtypes (Item.dtype, Pull.dtype); 4: the
+                                 shared-memory transport (PS__FLAG_SHM) */
 #define PS__HEADER_SIZE 24u          /* magic4 ver2 type2 meta4 flags4 data8 */
 
 /* Largest protobuf part of a frame. A Register of ~20k slices or a Pull of
@@ -97,12 +99,23 @@ typedef enum ps__msg_type {
 typedef struct ps__frame_header {
   uint16_t type;      /* ps__msg_type */
   uint32_t meta_len;  /* bytes of protobuf after the header */
+  uint32_t flags;     /* 0, or PS__FLAG_SHM: the data is in the segment,
+                         an 8-byte position follows the protobuf (2.4) */
   uint64_t data_len;  /* bytes of tensor data after the protobuf (even) */
 } ps__frame_header;
 
 /* Writes the 24-byte header for the given type and lengths. */
 void ps__header_encode(uint8_t out[PS__HEADER_SIZE], unsigned type,
                        uint32_t meta_len, uint64_t data_len);
+/* The same with header flags (PS__FLAG_SHM). */
+void ps__header_encode_flags(uint8_t out[PS__HEADER_SIZE], unsigned type,
+                             uint32_t meta_len, uint64_t data_len, uint32_t flags);
+/* Bytes on the socket between the header and the next frame's header
+ * that are not tensor data: the protobuf part and, for PS__FLAG_SHM, the
+ * segment position. */
+static inline uint64_t ps__frame_meta_bytes(const ps__frame_header *h) {
+  return (uint64_t)h->meta_len + ((h->flags & PS__FLAG_SHM) ? PS__SHM_DESC_BYTES : 0);
+}
 
 /* Parses and checks a header. `handshaken` is 0 before the handshake, when
  * only a small Hello (no data) is allowed. Returns 0, or a negative PS_E*

@@ -77,6 +77,8 @@ static void usage(FILE *f) {
           "  --telemetry-cost       time 4-byte steps (1 ps, 1 worker) with the\n"
           "                         per-step telemetry off and on, alternating\n"
           "                         %d times, and print the ratio of the medians\n"
+          "  --transport T          auto, tcp or shm: psd's --transport and the\n"
+          "                         workers' PS_TRANSPORT [auto: shared memory]\n"
           "  --psd-arg ARG          pass ARG to every psd (repeat for several,\n"
           "                         e.g. --psd-arg=--checkpoint-every --psd-arg=4)\n"
           "  --psd-exit-wait S      seconds psd may take to exit after the workers\n"
@@ -169,7 +171,7 @@ static int parse_value_option(int argc, char **argv, int a) {
   const char *arg = argv[a];
   static const char *const with_value[] = {"--ps", "--workers", "--sizes", "--steps",
                                            "--psd", "--psd-arg", "--psd-exit-wait",
-                                           "--rounds"};
+                                           "--rounds", "--transport"};
   const char *flag = NULL, *val = NULL;
   char fbuf[32];
   for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) {
@@ -217,6 +219,14 @@ static int parse_value_option(int argc, char **argv, int a) {
     if (parse_int(val, 1, MAX_ROUNDS, &v) != 0)
       bad_value(fbuf, val, "expected an integer from 1 to " PS_BENCH_STR(MAX_ROUNDS));
     opt.rounds = (int)v;
+  } else if (!strcmp(flag, "--transport")) {
+    /* Passed through: psd's --transport and the workers' PS_TRANSPORT. */
+    if (strcmp(val, "auto") && strcmp(val, "tcp") && strcmp(val, "shm"))
+      bad_value(fbuf, val, "expected auto, tcp or shm");
+    if (opt.n_psd_args + 2 > MAX_PSD_ARGS) bad_value(fbuf, val, "too many psd arguments");
+    opt.psd_args[opt.n_psd_args++] = "--transport";
+    opt.psd_args[opt.n_psd_args++] = val;
+    setenv("PS_TRANSPORT", val, 1);
   } else if (!strcmp(flag, "--psd-arg")) {
     if (opt.n_psd_args >= MAX_PSD_ARGS) bad_value(fbuf, val, "given too many times");
     opt.psd_args[opt.n_psd_args++] = val;

@@ -217,6 +217,21 @@ typedef enum ps_wire_dtype {
   PS_WIRE_FP16 = 2  /* IEEE half: 11 significant bits, |x| <= 65504 */
 } ps_wire_dtype;
 
+/* How tensors travel to a ps (ps_config.transport, added in 0.2.4). The
+ * frames always go over the TCP connection; with shared memory their
+ * tensor data goes through a segment the worker hands to a ps of its own
+ * node (docs/protocol.md §1a). */
+typedef enum ps_transport {
+  PS_TRANSPORT_DEFAULT = 0, /* $PS_TRANSPORT (auto, tcp or shm) if set, else auto */
+  PS_TRANSPORT_AUTO = 1,    /* shared memory with every ps of this node that
+                               offers it, TCP otherwise (a ps on this node whose
+                               segment fails is named on stderr) */
+  PS_TRANSPORT_TCP = 2,     /* TCP only */
+  PS_TRANSPORT_SHM = 3      /* shared memory with every ps, or ps_client_create
+                               fails with PS_EUNSUPPORTED naming the ps and why
+                               (another node, another uid, a psd --transport tcp) */
+} ps_transport;
+
 typedef struct ps_config {
   size_t struct_size;         /* sizeof(ps_config) as compiled by the caller
                                  (ps_config_init sets it) */
@@ -253,9 +268,11 @@ typedef struct ps_config {
                                  after a checkpoint (see ps_client_step and
                                  "Signals" below) instead of killing the
                                  worker; PS_SIGNALS=0 for create_from_env */
-  /* Added in 0.2.4 (a program built before them gets float32). */
+  /* Added in 0.2.4 (a program built before them gets float32, and
+   * transport 0: $PS_TRANSPORT, else auto). */
   int push_dtype;             /* ps_wire_dtype of gradients on the wire */
   int pull_dtype;             /* ps_wire_dtype of parameters on the wire */
+  int transport;              /* a ps_transport */
 } ps_config;
 
 /* Zeroes *cfg (size bytes: every field at its default) and sets
@@ -310,6 +327,9 @@ PS_EXTERN const char *ps_client_errmsg(const ps_client *c);
 PS_EXTERN int ps_client_worker_index(const ps_client *c);
 PS_EXTERN int ps_client_num_workers(const ps_client *c);
 PS_EXTERN int ps_client_num_ps(const ps_client *c);
+/* How tensors travel to ps ps_index: "shm" or "tcp" (NULL for a bad
+ * index). Added in 0.2.4. */
+PS_EXTERN const char *ps_client_transport(const ps_client *c, int ps_index);
 
 /* Creates variable `name` with the given shape (1..PS_MAX_DIMS dims, all
  * > 0) on the servers, placed deterministically from the order of creation.

@@ -185,6 +185,19 @@ static int client_setup(ps_client *c, const ps_config *cfg) {
   c->async_mode = cfg->async_mode != 0;
   c->push_dtype = (uint32_t)cfg->push_dtype;
   c->pull_dtype = (uint32_t)cfg->pull_dtype;
+  c->transport = cfg->transport;
+  if (c->transport == PS_TRANSPORT_DEFAULT) {
+    const char *t = getenv("PS_TRANSPORT"); /* psrun --transport, the test suites */
+    c->transport = !t || !*t || !strcmp(t, "auto") ? PS_TRANSPORT_AUTO
+                   : !strcmp(t, "tcp")             ? PS_TRANSPORT_TCP
+                   : !strcmp(t, "shm")             ? PS_TRANSPORT_SHM
+                                                   : -1;
+    if (c->transport < 0)
+      return ps__seterr(c, PS_EINVAL, "PS_TRANSPORT='%.100s' is not auto, tcp or shm", t);
+  } else if (c->transport < PS_TRANSPORT_AUTO || c->transport > PS_TRANSPORT_SHM) {
+    return ps__seterr(c, PS_EINVAL, "ps_config.transport %d is not a ps_transport",
+                      cfg->transport);
+  }
   c->connect_timeout_ms = cfg->connect_timeout_ms > 0 ? cfg->connect_timeout_ms : PS__DEFAULT_CONNECT_MS;
   c->request_timeout_ms = cfg->request_timeout_ms > 0 ? cfg->request_timeout_ms : PS__DEFAULT_REQUEST_MS;
   c->conns = calloc((size_t)c->num_ps, sizeof *c->conns);
@@ -245,8 +258,9 @@ static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
   if (rc) return ps__seterr(c, rc, "%s", err);
   if (r->checkpoints) c->checkpoints = 1;
   k->minor = r->protocol_minor;
+  rc = ps__shm_setup(c, k, r, deadline);
   ps__hello_reply__free_unpacked(r, NULL);
-  return 0;
+  return rc;
 }
 
 int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_t errlen) {
@@ -323,3 +337,8 @@ void ps_client_destroy(ps_client *c) {
 int ps_client_worker_index(const ps_client *c) { return c->worker_index; }
 int ps_client_num_workers(const ps_client *c) { return c->num_workers; }
 int ps_client_num_ps(const ps_client *c) { return c->num_ps; }
+
+const char *ps_client_transport(const ps_client *c, int ps_index) {
+  if (!c || ps_index < 0 || ps_index >= c->num_ps) return NULL;
+  return c->conns[ps_index].shm.map ? "shm" : "tcp";
+}

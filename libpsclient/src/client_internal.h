@@ -19,6 +19,7 @@
  *               replies (rows read into the request, scattered at the end)
  *   keysort.c   radix sort of (key, position) pairs, grouping by ps
  *   slicemap.c  per server: its slice id -> our slice
+ *   shm.c       the shared-memory segment handed to a ps of this node
  *   conn.c      sockets, connecting, queueing and flushing frames, breaking
  *   request.c   in-flight requests, looked up by id in a table
  *   errmsg.c    the last error's text
@@ -44,6 +45,12 @@
 #define PS__IN_INITIAL (64u * 1024u)
 /* Tensor bytes at least this large are read straight into variables. */
 #define PS__DIRECT_READ_MIN (16u * 1024u)
+/* Push data per frame through shared memory: psd applies one frame's
+ * slices while the worker copies the next frame's into the ring. */
+#define PS__SHM_FRAME_BYTES ((uint64_t)4 << 20)
+/* Longest wait for psd's answer to a segment handover (bounded further by
+ * the connect deadline). */
+#define PS__SHM_HANDOVER_MS 10000
 /* Socket buffers: large enough that a 4 MiB slice is in flight at once. */
 #define PS__SOCK_BUF (4 << 20)
 /* Default waits. */
@@ -243,6 +250,8 @@ typedef struct ps__conn {
   size_t nwiden, capwiden;     /* entries used, allocated */
   uint8_t *discard;            /* sink for data nobody wants */
   size_t discard_cap;          /* its size */
+  ps__shm shm;                 /* the segment handed to this ps (2.4; shm.map
+                                  NULL: tensors go over TCP) */
 } ps__conn;
 
 /* Remote slice id -> index in c->slices, for one server. */
@@ -260,6 +269,7 @@ struct ps_client {
   uint32_t push_dtype;        /* wire dtype of gradients (PS__DT_*), for
                                  servers of minor >= 3 */
   uint32_t pull_dtype;        /* ... and of parameters */
+  int transport;              /* PS_TRANSPORT_AUTO, _TCP or _SHM (resolved) */
   int connect_timeout_ms;     /* connect retries give up after this */
   int request_timeout_ms;     /* default bound on a wait */
   ps__conn *conns;            /* num_ps entries */
@@ -459,6 +469,14 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
 /* Its data is in: the next frame of that ps goes out, and the request,
  * if complete, scatters its rows into the caller's buffer. */
 void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r);
+
+/* ---- shm.c (calls errmsg.c) ---------------------------------------------- */
+
+/* After k's handshake: hands k's server a shared-memory segment when the
+ * transport and the HelloReply r allow (same node, offered). 0 (attached,
+ * or TCP chosen under auto), or with PS_TRANSPORT_SHM a PS_E* code and a
+ * message naming the server and why. */
+int ps__shm_setup(ps_client *c, ps__conn *k, const Ps__HelloReply *r, double deadline);
 
 /* ---- reader.c (calls reply.c, conn.c) ------------------------------------ */
 

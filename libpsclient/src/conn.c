@@ -18,9 +18,31 @@
 
 #include "client_internal.h"
 
+/* A Push or Init through k's push ring: the data copied into the ring
+ * (the one copy of a push), the frame carrying its position. 1 (queued),
+ * 0 (no segment, or no room: the caller sends it over TCP), or <0. */
+static int queue_shm(ps__conn *k, unsigned type, const ProtobufCMessage *m,
+                     const float *const *data, const uint64_t *counts, size_t nseg) {
+  if (!k->shm.map || (type != PS__MSG_PUSH && type != PS__MSG_INIT)) return 0;
+  uint64_t dlen = 0;
+  for (size_t i = 0; i < nseg; i++) dlen += counts[i] * sizeof(float);
+  uint64_t pos;
+  uint8_t *dst = dlen ? ps__shm_reserve(&k->shm.push, ps__shm_load(k->shm.push_done), dlen, &pos)
+                      : NULL;
+  if (!dst) return 0;
+  for (size_t i = 0; i < nseg; i++) {
+    memcpy(dst, data[i], counts[i] * sizeof(float));
+    dst += counts[i] * sizeof(float);
+  }
+  int rc = ps__outq_frame_shm(&k->out, type, m, dlen, pos);
+  return rc ? rc : 1;
+}
+
 int ps__queue_frame(ps_client *c, ps__conn *k, unsigned type, const ProtobufCMessage *m,
                     const float *const *data, const uint64_t *counts, size_t nseg) {
-  int rc = ps__outq_frame(&k->out, type, m, data, counts, NULL, nseg);
+  int rc = queue_shm(k, type, m, data, counts, nseg);
+  if (rc == 1) return 0;
+  if (rc == 0) rc = ps__outq_frame(&k->out, type, m, data, counts, NULL, nseg);
   if (rc == PS_ETOOBIG)
     return ps__seterr(c, rc, "a %s message exceeds the frame limits", ps__msg_name(type));
   if (rc) return ps__seterr(c, rc, "out of memory queueing a message");
@@ -77,6 +99,7 @@ void ps__conn_free(ps__conn *k) {
   free(k->discard);
   free(k->wire16);
   free(k->widen);
+  ps__shm_unmap(&k->shm);
 }
 
 /* ---- connecting ------------------------------------------------------------ */

@@ -30,11 +30,12 @@ static int rd_header(ps_client *c, ps__conn *k) {
 /* PS__RD_META: hands a complete protobuf part to reply.c (making room for
  * a big one first). 1, 0 or <0 as rd_header. */
 static int rd_meta(ps_client *c, ps__conn *k) {
-  if (k->in_len < k->hdr.meta_len) {
-    if (k->in_off + k->hdr.meta_len > k->in_cap) {
+  size_t mb = (size_t)ps__frame_meta_bytes(&k->hdr); /* + a segment position */
+  if (k->in_len < mb) {
+    if (k->in_off + mb > k->in_cap) {
       memmove(k->in, k->in + k->in_off, k->in_len);
       k->in_off = 0;
-      if (ps__grow((void **)&k->in, &k->in_cap, k->hdr.meta_len, 1)) {
+      if (ps__grow((void **)&k->in, &k->in_cap, mb, 1)) {
         ps__conn_break(c, k, PS_ENOMEM, "out of memory");
         return PS_ENOMEM;
       }
@@ -42,13 +43,32 @@ static int rd_meta(ps_client *c, ps__conn *k) {
     return 0;
   }
   const uint8_t *meta = k->in + k->in_off;
-  k->in_off += k->hdr.meta_len;
-  k->in_len -= k->hdr.meta_len;
+  uint64_t dlen = k->hdr.data_len, pos = 0;
+  const uint8_t *src = NULL;
+  if (k->hdr.flags & PS__FLAG_SHM) { /* the data is in our pull ring */
+    pos = ps__shm_desc_decode(meta + k->hdr.meta_len);
+    src = ps__shm_locate(&k->shm.pull, pos, dlen);
+    if (!src)
+      return ps__proto_err(c, k, k->shm.map ? "its pull reply's data lies outside our pull ring"
+                                            : "it sent data in shared memory we never gave it");
+  }
+  k->in_off += mb;
+  k->in_len -= mb;
   k->rstate = PS__RD_HEADER;
-  uint64_t dlen = k->hdr.data_len;
   int rc = ps__handle_reply(c, k, meta);
   if (rc < 0) return rc;
-  if (k->rstate == PS__RD_DATA && dlen == 0) ps__pull_data_done(c, k);
+  if (k->rstate == PS__RD_DATA && src) {
+    /* The one copy of a pull: out of the ring into the variables, then the
+     * ring space goes back to psd. */
+    for (size_t i = 0; i < k->ndst; i++) {
+      memcpy(k->dst[i].iov_base, src, k->dst[i].iov_len);
+      src += k->dst[i].iov_len;
+    }
+    ps__shm_store(k->shm.pull_done, pos + dlen);
+    ps__pull_data_done(c, k);
+  } else if (k->rstate == PS__RD_DATA && dlen == 0) {
+    ps__pull_data_done(c, k);
+  }
   return 1;
 }
 

@@ -58,9 +58,12 @@ int ps__check_vars(ps_client *c, ps_var *const *vars, size_t n, int push) {
 }
 
 /* The wire dtype of v's push (push 1) or pull on ps p: the variable's,
- * else the client's; float32 for a server before 2.3. */
+ * else the client's; float32 for a server before 2.3, and with a ps whose
+ * shared-memory segment this client uses (16-bit items travel over TCP
+ * only, docs/protocol.md §1a: in memory, rounding costs what the copy it
+ * halves does). */
 static uint32_t wire_dtype(const ps_client *c, const ps_var *v, int p, int push) {
-  if (c->conns[p].minor < 3) return PS__DT_F32;
+  if (c->conns[p].minor < 3 || c->conns[p].shm.map) return PS__DT_F32;
   int dv = push ? v->push_dtype : v->pull_dtype;
   return dv >= 0 ? (uint32_t)dv : push ? c->push_dtype : c->pull_dtype;
 }
@@ -123,7 +126,8 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
       if (!s->var->trainable) continue; /* all variables: the trainable ones */
       uint32_t dt = wire_dtype(c, s->var, p, 1);
       uint64_t wire = s->length * ps__dtype_size(dt);
-      if (k && (bytes + wire > PS__MAX_DATA || k == PS__MAX_ITEMS_PER_FRAME)) {
+      if (k && (bytes + wire > PS__MAX_DATA || k == PS__MAX_ITEMS_PER_FRAME ||
+                (c->conns[p].shm.map && bytes >= PS__SHM_FRAME_BYTES))) {
         if ((rc = push_frame(c, r, p, step, k, bytes)) != 0) return rc;
         k = 0;
         bytes = 0;

@@ -1,0 +1,208 @@
+/* shm.c - the shared-memory segment (see shm.h): creating and sealing it
+ * (worker), checking and mapping a handed-over one (psd), the two rings'
+ * arithmetic and the handover message. */
+#define _GNU_SOURCE
+#include "shm.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+#include "psclient.h"
+
+/* statfs f_type of tmpfs, where memfd_create's files live (linux/magic.h
+ * TMPFS_MAGIC); hugetlbfs memfds, whose pages can run out at fault time
+ * (SIGBUS), have another. */
+#define PS__TMPFS_MAGIC 0x01021994
+#define PS__SHM_MAGIC "PSDSEG01"
+#define PS__SHM_HELLO_MAGIC "PSDSHM1"
+
+static void put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint64_t get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+int ps__shm_check_sizes(uint64_t push, uint64_t pull, char *err, size_t errlen) {
+  const uint64_t sz[2] = {push, pull};
+  const char *name[2] = {"push", "pull"};
+  for (int i = 0; i < 2; i++)
+    if (sz[i] < PS__SHM_RING_MIN || sz[i] > PS__SHM_RING_MAX || sz[i] % 4096) {
+      snprintf(err, errlen,
+               "%s ring of %llu bytes (must be a multiple of 4096 from %llu to %llu)",
+               name[i], (unsigned long long)sz[i], (unsigned long long)PS__SHM_RING_MIN,
+               (unsigned long long)PS__SHM_RING_MAX);
+      return PS_EINVAL;
+    }
+  return 0;
+}
+
+/* Points s's rings and done words into its mapping. */
+static void layout(ps__shm *s, uint8_t *map, uint64_t push, uint64_t pull) {
+  memset(s, 0, sizeof *s);
+  s->map = map;
+  s->map_len = (size_t)(PS__SHM_HEADER_BYTES + push + pull);
+  s->push = (ps__shm_ring){map + PS__SHM_HEADER_BYTES, push, 0};
+  s->pull = (ps__shm_ring){map + PS__SHM_HEADER_BYTES + push, pull, 0};
+  s->push_done = (uint64_t *)(void *)(map + PS__SHM_PUSH_DONE_OFF);
+  s->pull_done = (uint64_t *)(void *)(map + PS__SHM_PULL_DONE_OFF);
+}
+
+int ps__shm_create(ps__shm *s, uint64_t push, uint64_t pull, char *err, size_t errlen) {
+  memset(s, 0, sizeof *s);
+  int rc = ps__shm_check_sizes(push, pull, err, errlen);
+  if (rc) return rc;
+  uint64_t total = PS__SHM_HEADER_BYTES + push + pull;
+  int fd = memfd_create("psd-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    snprintf(err, errlen, "memfd_create: %s", strerror(errno));
+    return PS_EUNSUPPORTED;
+  }
+  const char *what = "ftruncate";
+  if (ftruncate(fd, (off_t)total) != 0) goto fail;
+  what = "sealing it (F_ADD_SEALS)";
+  if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) goto fail;
+  what = "mmap";
+  void *map = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) goto fail;
+  layout(s, map, push, pull);
+  memcpy(map, PS__SHM_MAGIC, 8);
+  return fd;
+fail:
+  snprintf(err, errlen, "shared-memory segment of %llu bytes: %s: %s",
+           (unsigned long long)total, what, strerror(errno));
+  close(fd);
+  return PS_ENOMEM;
+}
+
+int ps__shm_attach(ps__shm *s, int fd, uint64_t push, uint64_t pull, char *err,
+                   size_t errlen) {
+  memset(s, 0, sizeof *s);
+  int rc = ps__shm_check_sizes(push, pull, err, errlen);
+  if (rc) return rc;
+  uint64_t total = PS__SHM_HEADER_BYTES + push + pull;
+  struct stat st;
+  struct statfs sf;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || fstatfs(fd, &sf) != 0 ||
+      sf.f_type != PS__TMPFS_MAGIC) {
+    snprintf(err, errlen, "the descriptor is not a memfd (a regular file on tmpfs)");
+    return PS_EINVAL;
+  }
+  /* Seals first: once SHRINK and GROW are on (and SEAL, so nothing else
+   * comes), the size read next is the size for good. */
+  int seals = fcntl(fd, F_GET_SEALS);
+  int need = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+#ifdef F_SEAL_FUTURE_WRITE
+  int refuse = F_SEAL_WRITE | F_SEAL_FUTURE_WRITE;
+#else
+  int refuse = F_SEAL_WRITE;
+#endif
+  if (seals < 0 || (seals & need) != need || (seals & refuse)) {
+    snprintf(err, errlen,
+             "the memfd is not sealed against shrinking, growing and new seals (seals 0x%x; "
+             "psd needs 0x%x and not the write seals): its owner could truncate it under psd",
+             seals < 0 ? 0 : seals, need);
+    return PS_EINVAL;
+  }
+  if ((uint64_t)st.st_size < total) {
+    snprintf(err, errlen, "the memfd has %llu bytes, the rings need %llu",
+             (unsigned long long)st.st_size, (unsigned long long)total);
+    return PS_EINVAL;
+  }
+  void *map = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (map == MAP_FAILED) {
+    snprintf(err, errlen, "cannot map the memfd: %s", strerror(errno));
+    return PS_ENOMEM;
+  }
+  layout(s, map, push, pull);
+  return 0;
+}
+
+void ps__shm_unmap(ps__shm *s) {
+  if (s->map) munmap(s->map, s->map_len);
+  memset(s, 0, sizeof *s);
+}
+
+static uint64_t align_up(uint64_t x) {
+  return (x + PS__SHM_ALIGN - 1) / PS__SHM_ALIGN * PS__SHM_ALIGN;
+}
+
+void *ps__shm_reserve(ps__shm_ring *r, uint64_t done, uint64_t len, uint64_t *pos) {
+  if (!r->base || len == 0 || len > r->size) return NULL;
+  /* A done word past our head, or more than a ring behind it, is not one
+   * an honest consumer writes: treat the ring as full. */
+  if (done > r->head || r->head - done > r->size) return NULL;
+  int empty = align_up(done) >= r->head;
+  uint64_t p = r->head;
+  /* An empty ring starts again at its first byte: a small model keeps
+   * touching the same few pages instead of walking the whole ring. */
+  if (empty) p = (p + r->size - 1) / r->size * r->size;
+  uint64_t off = p % r->size;
+  if (off + len > r->size) { /* never wrap inside a frame */
+    p += r->size - off;
+    off = 0;
+  }
+  /* Not empty: the bytes written must be ones the consumer is done with,
+   * i.e. those of the previous lap below done. */
+  if (!empty && p + len > done + r->size) return NULL;
+  r->head = align_up(p + len);
+  *pos = p;
+  return r->base + off;
+}
+
+const void *ps__shm_locate(const ps__shm_ring *r, uint64_t pos, uint64_t len) {
+  if (!r->base || len > r->size) return NULL;
+  uint64_t off = pos % r->size;
+  if (off > r->size - len) return NULL;
+  return r->base + off;
+}
+
+uint64_t ps__shm_load(const uint64_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+
+void ps__shm_store(uint64_t *word, uint64_t v) { __atomic_store_n(word, v, __ATOMIC_RELEASE); }
+
+void ps__shm_hello_encode(uint8_t out[PS__SHM_HELLO_BYTES],
+                          const uint8_t token[PS__SHM_TOKEN_BYTES], uint64_t push,
+                          uint64_t pull) {
+  memcpy(out, PS__SHM_HELLO_MAGIC, 8); /* with its NUL */
+  memcpy(out + 8, token, PS__SHM_TOKEN_BYTES);
+  put_u64(out + 8 + PS__SHM_TOKEN_BYTES, push);
+  put_u64(out + 16 + PS__SHM_TOKEN_BYTES, pull);
+}
+
+int ps__shm_hello_decode(const uint8_t *in, size_t n, uint8_t token[PS__SHM_TOKEN_BYTES],
+                         uint64_t *push, uint64_t *pull, char *err, size_t errlen) {
+  if (n != PS__SHM_HELLO_BYTES || memcmp(in, PS__SHM_HELLO_MAGIC, 8) != 0) {
+    snprintf(err, errlen, "not a shared-memory handover (%zu bytes; expected %u starting "
+             "\"%s\")", n, PS__SHM_HELLO_BYTES, PS__SHM_HELLO_MAGIC);
+    return PS_EPROTO;
+  }
+  memcpy(token, in + 8, PS__SHM_TOKEN_BYTES);
+  *push = get_u64(in + 8 + PS__SHM_TOKEN_BYTES);
+  *pull = get_u64(in + 16 + PS__SHM_TOKEN_BYTES);
+  return 0;
+}
+
+void ps__shm_host_id(char *out, size_t outlen) {
+  char buf[PS__SHM_HOST_ID_MAX] = "";
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  if (f) {
+    if (!fgets(buf, sizeof buf, f)) buf[0] = '\0';
+    fclose(f);
+    buf[strcspn(buf, "\r\n")] = '\0';
+  }
+  if (!buf[0]) {
+    memcpy(buf, "host:", 5);
+    if (gethostname(buf + 5, sizeof buf - 6) != 0) buf[5] = '\0';
+    buf[sizeof buf - 1] = '\0';
+  }
+  snprintf(out, outlen, "%s", buf);
+}

@@ -1,0 +1,126 @@
+/*
+ * shm.h - the shared-memory transport's segment (protocol 2.4,
+ * docs/protocol.md §1a), shared by libpsclient and psd: a sealed memfd
+ * the worker creates and hands to psd over a unix socket; tensor data
+ * moves through two rings in it while the frames that describe the data
+ * still travel over the TCP connection. Internal (ps__ names).
+ *
+ * Layout (offsets in bytes from the start of the segment):
+ *
+ *   [0, 4096)                    header: magic at 0 (the worker writes it;
+ *                                psd ignores it), push_done at 64 (psd
+ *                                writes), pull_done at 128 (the worker
+ *                                writes), each a little-endian uint64
+ *   [4096, 4096 + push)          push ring: the worker writes, psd reads
+ *   [4096 + push, ... + pull)    pull ring: psd writes, the worker reads
+ *
+ * A frame whose header has PS__FLAG_SHM carries, after its protobuf part,
+ * an 8-byte little-endian position `pos` instead of its data; the data_len
+ * bytes are at ring offset pos % ring_size, never wrapping. Positions only
+ * grow; the consumer of a ring stores pos + data_len in its done word once
+ * it no longer reads them, and the producer never writes over bytes past
+ * the last done it has seen.
+ */
+#ifndef PS_WIRE_SHM_H
+#define PS_WIRE_SHM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Frame header flag: the data part is in the connection's segment. */
+#define PS__FLAG_SHM 0x1u
+/* What such a frame carries on the socket after its protobuf part. */
+#define PS__SHM_DESC_BYTES 8u
+/* The segment's header page. */
+#define PS__SHM_HEADER_BYTES 4096u
+#define PS__SHM_PUSH_DONE_OFF 64u  /* separate cache lines: the two sides */
+#define PS__SHM_PULL_DONE_OFF 128u /* write them concurrently */
+/* Ring sizes a segment may have: a multiple of 4096 in [64 KiB, 256 MiB].
+ * The upper bound caps what psd maps and writes per connection (the pull
+ * ring's pages are charged to psd as it touches them). */
+#define PS__SHM_RING_MIN ((uint64_t)64 << 10)
+#define PS__SHM_RING_MAX ((uint64_t)256 << 20)
+/* The reference client's rings: a 64 MiB push or pull of one step fits
+ * (frames that do not fit go over TCP instead). */
+#define PS__SHM_RING_DEFAULT ((uint64_t)64 << 20)
+/* Ring positions advance in multiples of this: data starts cache-line
+ * aligned, so floats are aligned and the two sides share no line. */
+#define PS__SHM_ALIGN 64u
+/* Per-connection token psd announces in the HelloReply; the handover
+ * must present it. */
+#define PS__SHM_TOKEN_BYTES 32u
+/* The handover message on the unix socket: "PSDSHM1\0", the token, the
+ * push and pull ring sizes (uint64 LE), with the memfd as SCM_RIGHTS. */
+#define PS__SHM_HELLO_BYTES (8u + PS__SHM_TOKEN_BYTES + 16u)
+/* psd's answer: int32 LE status (0 or a PS_E* code), then a sentence. */
+#define PS__SHM_REPLY_MAX 512u
+/* Host identity (boot id) announced in the HelloReply: at most this long. */
+#define PS__SHM_HOST_ID_MAX 64u
+
+/* One ring as its producer sees it (the consumer uses base and size). */
+typedef struct ps__shm_ring {
+  uint8_t *base;   /* first byte of the ring in the mapping */
+  uint64_t size;   /* bytes */
+  uint64_t head;   /* producer: next free position (a multiple of
+                      PS__SHM_ALIGN); grows forever */
+} ps__shm_ring;
+
+/* A mapped segment. */
+typedef struct ps__shm {
+  uint8_t *map;          /* the mapping (NULL: none) */
+  size_t map_len;        /* its length: header + push + pull */
+  ps__shm_ring push;     /* worker -> psd */
+  ps__shm_ring pull;     /* psd -> worker */
+  uint64_t *push_done;   /* in the header: psd's done word of the push ring */
+  uint64_t *pull_done;   /* ... the worker's of the pull ring */
+} ps__shm;
+
+/* 0 if push and pull are valid ring sizes, else PS_EINVAL with err. */
+int ps__shm_check_sizes(uint64_t push, uint64_t pull, char *err, size_t errlen);
+/* Worker: a new sealed memfd (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL) of
+ * the two rings, mapped into s. Returns the descriptor (>= 0, kept open
+ * for the handover) or a PS_E* code with err. */
+int ps__shm_create(ps__shm *s, uint64_t push, uint64_t pull, char *err, size_t errlen);
+/* psd: checks a descriptor a peer handed over before touching it — a
+ * memfd on tmpfs (not hugetlbfs, not a file another process can truncate)
+ * sealed against shrinking, growing and further seals, not against
+ * writing, at least header + push + pull bytes long — and maps exactly
+ * those bytes. A sealed segment cannot shrink, so no access to the
+ * mapping can raise SIGBUS. 0 or a PS_E* code with a sentence in err
+ * (nothing mapped). fd stays the caller's. */
+int ps__shm_attach(ps__shm *s, int fd, uint64_t push, uint64_t pull, char *err,
+                   size_t errlen);
+/* Unmaps s (no-op when nothing is mapped). */
+void ps__shm_unmap(ps__shm *s);
+
+/* Producer: room for len bytes in r, given the consumer's done word
+ * (possibly garbage, when the consumer is hostile: then, or when the ring
+ * is full, NULL and nothing changes). On success *pos is the position to
+ * send and the return value where to write. Never points outside r. */
+void *ps__shm_reserve(ps__shm_ring *r, uint64_t done, uint64_t len, uint64_t *pos);
+/* Consumer: where a frame's len bytes at pos are, or NULL when they are
+ * not inside r (the frame is then a protocol error). */
+const void *ps__shm_locate(const ps__shm_ring *r, uint64_t pos, uint64_t len);
+/* The done words: loaded with acquire, stored with release ordering. */
+uint64_t ps__shm_load(const uint64_t *word);
+void ps__shm_store(uint64_t *word, uint64_t v);
+
+/* The position a PS__FLAG_SHM frame carries after its protobuf part. */
+static inline uint64_t ps__shm_desc_decode(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
+  return v;
+}
+
+/* The handover message and its parts. decode: 0, or PS_EPROTO with err. */
+void ps__shm_hello_encode(uint8_t out[PS__SHM_HELLO_BYTES],
+                          const uint8_t token[PS__SHM_TOKEN_BYTES], uint64_t push,
+                          uint64_t pull);
+int ps__shm_hello_decode(const uint8_t *in, size_t n, uint8_t token[PS__SHM_TOKEN_BYTES],
+                         uint64_t *push, uint64_t *pull, char *err, size_t errlen);
+
+/* This node's identity: the kernel's boot id (the host name when it cannot
+ * be read), at most PS__SHM_HOST_ID_MAX - 1 characters. */
+void ps__shm_host_id(char *out, size_t outlen);
+
+#endif /* PS_WIRE_SHM_H */
