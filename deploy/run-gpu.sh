@@ -540,7 +540,7 @@ step_train() {
   [ -z "$result" ] || addfig train result "$(jobj "$result")"
   if timed_out; then end train timeout "no result within $T_TRAIN s"; return; fi
   if [ "$rc" -ne 0 ]; then
-    end train failed "psrun exited $rc: $(cause "${LOGF[train]}" '^\[w[0-9]+\] cifar_worker: ' \
+    end train failed "psrun exited $rc: $(cause "${LOGF[train]}" '^\[w[0-9]+\] cifar_worker( [0-9]+)?: ' \
       '^psrun: .*(exited|failed|cannot|error)' ' ERROR ')"
     return
   fi

@@ -127,7 +127,7 @@ jq -e '.status == "failed" and .gpu.name == "Fake GPU of gpu_bundle_test" and .g
    and (.steps.cnn_bench.reason | startswith("round 1 exited"))
    and .steps.cnn_profile.status == "failed"
    and .steps.train.status == "failed" and .steps.train.exit != 0
-   and (.steps.train.reason | test("^psrun exited [0-9]+: \\[w0\\] cifar_worker: --device gpu: "))
+   and (.steps.train.reason | test("^psrun exited [0-9]+: \\[w0\\] cifar_worker( 0)?: --device gpu: no GPU: "))
    and (.load_errors | length) == 0
    and ([.steps[] | .status] | all(. != "passed" and . != "not_run"))
    and ([.steps[] | .seconds | type] | unique) == ["number"]' "$dir/out" > /dev/null ||
