@@ -24,7 +24,7 @@ class Config(_c.Structure):
                 ("munge", cint), ("munge_socket", _c.c_char_p),
                 ("job_id", _c.c_longlong), ("step_id", _c.c_longlong),
                 ("telemetry", _c.c_char_p), ("no_signal_handlers", cint),
-                ("push_dtype", cint), ("pull_dtype", cint)]
+                ("push_dtype", cint), ("pull_dtype", cint), ("transport", cint)]
 
 
 class Optimizer(_c.Structure):
@@ -74,6 +74,7 @@ _PROTOS = {
     "ps_client_worker_index": (cint, [P]),
     "ps_client_num_workers": (cint, [P]),
     "ps_client_num_ps": (cint, [P]),
+    "ps_client_transport": (_c.c_char_p, [P, cint]),
     "ps_client_var_create": (cint, [P, _c.c_char_p, _c.POINTER(_c.c_int64), cint,
                                     _c.POINTER(Init), _c.POINTER(Optimizer), PP]),
     "ps_client_var_create_values": (cint, [P, _c.c_char_p, _c.POINTER(_c.c_int64), cint, FP,

@@ -17,6 +17,7 @@ _ERRLEN = 1024
 # ps_wire_dtype's values by position: how gradients and parameters travel
 # (servers keep float32; 16-bit only with servers of protocol 2.3).
 _WIRE_DTYPES = ("f32", "bf16", "fp16")
+_TRANSPORTS = ("default", "auto", "tcp", "shm")  # ps_transport, by value
 
 
 class _Handle:
@@ -161,7 +162,8 @@ class Client:
 
     ``Client(hosts=["h:p", ...], worker_index=0, num_workers=1, ...)`` takes
     the fields of ps_config as keywords (push_dtype and pull_dtype by name:
-    "f32", "bf16" or "fp16"); ``Client.from_env()`` reads what
+    "f32", "bf16" or "fp16"; transport: "default" ($PS_TRANSPORT, else
+    auto), "auto", "tcp" or "shm"); ``Client.from_env()`` reads what
     psrun sets (PS_HOSTS, PS_WORKER_INDEX, ...). Use it as a context
     manager: leaving the block normally (or by psd.Stopped) calls
     ``finish()``, then the connections close."""
@@ -173,7 +175,8 @@ class Client:
                  credential: Optional[bytes] = None, munge: bool = False,
                  munge_socket: Optional[str] = None, job_id: int = 0, step_id: int = 0,
                  telemetry: Optional[str] = None, signal_handlers: bool = True,
-                 push_dtype: str = "f32", pull_dtype: str = "f32", _ptr=None):
+                 push_dtype: str = "f32", pull_dtype: str = "f32",
+                 transport: str = "default", _ptr=None):
         self._vars: Dict[str, Variable] = {}
         self._tables: Dict[str, "Table"] = {}
         self._finished = False
@@ -209,6 +212,9 @@ class Client:
             if kw[f] not in _WIRE_DTYPES:
                 raise ValueError(f"{f}={kw[f]!r}: must be one of {', '.join(_WIRE_DTYPES)}")
             setattr(cfg, f, _WIRE_DTYPES.index(kw[f]))
+        if kw["transport"] not in _TRANSPORTS:
+            raise ValueError(f"transport={kw['transport']!r}: must be one of {', '.join(_TRANSPORTS)}")
+        cfg.transport = _TRANSPORTS.index(kw["transport"])
         out, err = ctypes.c_void_p(), ctypes.create_string_buffer(_ERRLEN)
         rc = lib.ps_client_create(ctypes.byref(cfg), ctypes.byref(out), err, _ERRLEN)
         if rc:
@@ -274,6 +280,13 @@ class Client:
     def num_ps(self) -> int:
         self._live()
         return lib.ps_client_num_ps(self._h)
+
+    def transport(self, ps: int) -> str:
+        """How tensors travel to ps task `ps`: "shm" or "tcp"."""
+        self._live()
+        if not 0 <= ps < self.num_ps:
+            raise IndexError(f"ps {ps}: this client has {self.num_ps} ps tasks")
+        return lib.ps_client_transport(self._h, ps).decode()
 
     @property
     def current_step(self) -> int:

@@ -310,3 +310,28 @@ def test_assigning_grad_instead_of_filling_it_raises(start_psd):
         w.grad[:] = 1
         c.step()
         assert np.all(w.data == 0)
+
+
+def test_wire_dtype_and_transport_keywords(start_psd):
+    """push_dtype/pull_dtype reach the library (a bf16 pull rounds the
+    values psd keeps in float32) and transport picks TCP or shared memory;
+    bad names stop before C."""
+    ps, ps2 = start_psd(1), start_psd(1)
+    v = 1.0 + 2.0 ** -10  # not a bfloat16: 8 significant bits
+    with client(ps, transport="tcp", pull_dtype="bf16") as c:
+        assert c.transport(0) == "tcp"
+        w = c.variable("w", (4,), init=psd.Constant(v), optimizer=psd.NotTrainable())
+        assert c.pull() == 0
+        assert np.all(w.data == 1.0)  # rounded to nearest even on the wire
+    with client(ps2, transport="shm", pull_dtype="bf16") as c:
+        assert c.transport(0) == "shm"
+        w = c.variable("w", (4,), init=psd.Constant(v), optimizer=psd.NotTrainable())
+        assert c.pull() == 0
+        assert np.all(w.data == np.float32(v))  # 16-bit travels over TCP only
+        with pytest.raises(IndexError):
+            c.transport(1)
+    for bad in ({"transport": "udp"}, {"push_dtype": "f64"}):
+        with pytest.raises(ValueError):
+            client(ps2, **bad)
+    for p in ps + ps2:
+        assert p.wait() == 0
