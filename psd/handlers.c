@@ -172,10 +172,8 @@ static int send_pull_shm(psd_conn *c, const Ps__PullReply *r, size_t n, uint64_t
 }
 
 /* Queues a PullReply of c's first n reply items (bytes of data in dtype):
- * float32 through c's pull ring when it has one with room, else sent from
- * the slices in place (held until written); a 16-bit dtype converted into
- * the output queue's own buffer (16-bit items travel over TCP only: a
- * worker with a segment never asks for them, §1a). 0 or -1 (memory). */
+ * float32 through c's pull ring if it has room, else from the slices in
+ * place; 16-bit (TCP only, §1a) encoded into the output queue. 0 or -1. */
 static int send_pull_reply(psd_handlers *h, psd_conn *c, uint64_t req, size_t n,
                            uint32_t dtype, uint64_t bytes) {
   Ps__PullReply r = PS__PULL_REPLY__INIT;
@@ -312,8 +310,7 @@ static int finish_hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m,
   r.checkpoints = h->cfg->ckpt_dir[0] != '\0';
   if (c->worker >= 0 && h->cfg->protocol_minor >= 4 && psd_shmgate_on(h->shmgate) &&
       ps__random(c->shm_token, sizeof c->shm_token) == 0) {
-    /* 2.4: a worker of this node may hand over a segment (shmgate.c); not
-     * when --protocol-minor announces an older release */
+    /* 2.4 (not with an older --protocol-minor): a worker may hand over a segment */
     c->shm_offered = 1;
     r.shm_socket = h->shmgate->name;
     r.shm_token.data = c->shm_token;

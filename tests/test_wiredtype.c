@@ -3,7 +3,8 @@
  * the values a float32 server computes from the 16-bit-rounded gradients
  * (and receives those values rounded), per client and per variable; a psd
  * announcing an older minor gets float32 from the same client; psd's byte
- * counters count wire bytes; bad configurations are refused by name. */
+ * counters count wire bytes; a worker using a shared-memory segment gets
+ * float32 (16-bit is a TCP matter); bad configurations are refused by name. */
 #include <check.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +37,8 @@ static void start_ps(tu_psd *ps, char hosts[][64], const char **hp, const char *
   tu_hosts(ps, NPS, hosts, hp);
 }
 
-static ps_client *connect_dt(const char **hp, int push, int pull) {
+/* transport: a ps_transport; 16-bit dtypes are a TCP matter (§1a). */
+static ps_client *connect_dt(const char **hp, int push, int pull, int transport) {
   ps_config cfg;
   ps_config_init(&cfg);
   cfg.hosts = hp;
@@ -48,6 +50,7 @@ static ps_client *connect_dt(const char **hp, int push, int pull) {
   cfg.max_slice_bytes = 4096; /* ... into several slices */
   cfg.push_dtype = push;
   cfg.pull_dtype = pull;
+  cfg.transport = transport;
   char err[512];
   ps_client *c = NULL;
   ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "create: %s", err);
@@ -103,6 +106,7 @@ typedef struct run {
   int vpush, vpull;   /* small's own (-1: the client's) */
   const char *minor;  /* --protocol-minor of the servers, or NULL */
   int as_f32;         /* expect float32 on the wire whatever was asked */
+  int transport;      /* a ps_transport (0: TCP, where 16-bit applies) */
 } run;
 
 static void train(const run *rn) {
@@ -110,7 +114,8 @@ static void train(const run *rn) {
   char hosts[NPS][64];
   const char *hp[NPS];
   start_ps(ps, hosts, hp, rn->minor);
-  ps_client *c = connect_dt(hp, rn->push, rn->pull);
+  ps_client *c = connect_dt(hp, rn->push, rn->pull,
+                            rn->transport ? rn->transport : PS_TRANSPORT_TCP);
   unsigned seed = tu_seed("wiredtype");
   uint64_t s = seed;
   const int64_t shape[2][1] = {{BIG}, {SMALL}};
@@ -178,22 +183,22 @@ static void train(const run *rn) {
 }
 
 START_TEST(bf16_push_and_pull) {
-  run r = {PS_WIRE_BF16, PS_WIRE_BF16, -1, -1, NULL, 0};
+  run r = {PS_WIRE_BF16, PS_WIRE_BF16, -1, -1, NULL, 0, 0};
   train(&r);
 }
 END_TEST
 
 START_TEST(fp16_push_and_pull) {
-  run r = {PS_WIRE_FP16, PS_WIRE_FP16, -1, -1, NULL, 0};
+  run r = {PS_WIRE_FP16, PS_WIRE_FP16, -1, -1, NULL, 0, 0};
   train(&r);
 }
 END_TEST
 
 /* Push and pull separately, and a variable of its own dtypes beside. */
 START_TEST(mixed_per_client_and_per_variable) {
-  run a = {PS_WIRE_BF16, PS_WIRE_F32, PS_WIRE_F32, PS_WIRE_FP16, NULL, 0};
+  run a = {PS_WIRE_BF16, PS_WIRE_F32, PS_WIRE_F32, PS_WIRE_FP16, NULL, 0, 0};
   train(&a);
-  run b = {PS_WIRE_F32, PS_WIRE_FP16, PS_WIRE_BF16, -1, NULL, 0};
+  run b = {PS_WIRE_F32, PS_WIRE_FP16, PS_WIRE_BF16, -1, NULL, 0, 0};
   train(&b);
 }
 END_TEST
@@ -201,7 +206,15 @@ END_TEST
 /* Servers announcing 2.2 (they would refuse 16-bit data: test_hostile's
  * minor_2 case) get float32 from a client configured for bf16. */
 START_TEST(older_minor_gets_float32) {
-  run r = {PS_WIRE_BF16, PS_WIRE_FP16, PS_WIRE_FP16, PS_WIRE_BF16, "2", 1};
+  run r = {PS_WIRE_BF16, PS_WIRE_FP16, PS_WIRE_FP16, PS_WIRE_BF16, "2", 1, 0};
+  train(&r);
+}
+END_TEST
+
+/* A worker whose tensors go through a shared-memory segment sends and
+ * receives float32 whatever dtypes it was given (docs/protocol.md §1a). */
+START_TEST(shared_memory_gets_float32) {
+  run r = {PS_WIRE_BF16, PS_WIRE_FP16, PS_WIRE_FP16, PS_WIRE_BF16, NULL, 1, PS_TRANSPORT_SHM};
   train(&r);
 }
 END_TEST
@@ -250,6 +263,7 @@ START_TEST(env_selects_bf16) {
   setenv("PS_TELEMETRY", "off", 1);
   setenv("PS_WIRE_DTYPE", "bf16", 1);
   setenv("PS_WIRE_PUSH_DTYPE", "f32", 1);
+  setenv("PS_TRANSPORT", "tcp", 1); /* 16-bit travels over TCP only */
   ps_client *c = NULL;
   char err[512];
   ck_assert_msg(ps_client_create_from_env(&c, err, sizeof err) == 0, "%s", err);
@@ -268,7 +282,8 @@ START_TEST(env_selects_bf16) {
   for (const char *const *e = (const char *const[]){"PS_HOSTS", "PS_WORKER_INDEX",
                                                      "PS_NUM_WORKERS", "PS_SIGNALS",
                                                      "PS_TELEMETRY", "PS_WIRE_DTYPE",
-                                                     "PS_WIRE_PUSH_DTYPE", NULL};
+                                                     "PS_WIRE_PUSH_DTYPE", "PS_TRANSPORT",
+                                                     NULL};
        *e; e++)
     unsetenv(*e);
   for (int i = 0; i < NPS; i++) tu_psd_kill(&ps[i]);
@@ -283,6 +298,7 @@ Suite *suite_wiredtype(void) {
   tcase_add_test(tc, fp16_push_and_pull);
   tcase_add_test(tc, mixed_per_client_and_per_variable);
   tcase_add_test(tc, older_minor_gets_float32);
+  tcase_add_test(tc, shared_memory_gets_float32);
   tcase_add_test(tc, bad_dtypes_refused);
   tcase_add_test(tc, env_selects_bf16);
   suite_add_tcase(s, tc);
