@@ -28,7 +28,9 @@ threads=()
 out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 for dt in $dtypes; do
   echo "training with --wire-dtype $dt ..." >&2
-  "$bin/psrun" --local -n $((workers + 1)) --ps 1 --wire-dtype "$dt" -- \
+  # --transport tcp: on one node auto would pick shared memory, which
+  # carries float32 whatever the dtype (docs/protocol.md §1a)
+  "$bin/psrun" --local -n $((workers + 1)) --ps 1 --transport tcp --wire-dtype "$dt" -- \
     "$bin/cifar_worker" --data "$data" "${length[@]}" --batch "$batch" --lr "$lr" --seed 1 \
     --eval-every "$eval_every" --metrics "$out/$dt.jsonl" "${threads[@]}" \
     >"$out/$dt.log" 2>&1 || { echo "run with $dt failed:" >&2; tail -20 "$out/$dt.log" >&2; exit 1; }
