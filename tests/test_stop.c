@@ -198,8 +198,17 @@ START_TEST(opted_out_worker_dies_and_psd_says_nothing_was_saved) {
   start_worker(&w, hp, 1, 0, 1, 1000000, NULL, "PS_SIGNALS=0");
   ck_assert_msg(wait_text(w.out, "first step", 20), "worker never stepped");
   sleep_ms(200);
-  kill(ps[0].pid, SIGTERM); /* psrun forwards it to every task */
+  /* psrun forwards SIGTERM to every task. The worker is held stopped while
+   * psd takes its SIGTERM, so it cannot answer the stop with a checkpoint
+   * before its own SIGTERM kills it: over shared memory a step is quick
+   * enough to do that between two kill() calls. */
+  int st;
+  kill(w.pid, SIGSTOP);
+  ck_assert_msg(waitpid(w.pid, &st, WUNTRACED) == w.pid && WIFSTOPPED(st), "worker not stopped");
+  kill(ps[0].pid, SIGTERM);
+  sleep_ms(200);
   kill(w.pid, SIGTERM);
+  kill(w.pid, SIGCONT);
   ck_assert_msg(wait_worker(&w, 10) == 0, "worker still running");
   ck_assert_msg(WIFSIGNALED(w.status) && WTERMSIG(w.status) == SIGTERM,
                 "worker was not killed by SIGTERM (wait status 0x%x)", w.status);
