@@ -12,6 +12,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define PS__HALF_X86 1
 #else
@@ -229,8 +230,14 @@ int ps__half_path_available(int p) {
   if (p == PS__HALF_PORTABLE) return 1;
 #if PS__HALF_X86
   __builtin_cpu_init();
-  if (p == PS__HALF_AVX2)
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  if (p == PS__HALF_AVX2) {
+    /* F16C from CPUID leaf 1 (ECX bit 29): clang 14's
+     * __builtin_cpu_supports does not know "f16c". AVX2 implies the OS
+     * saves the YMM state F16C uses. */
+    unsigned a, b, c, d;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) &&
+           (c & bit_F16C) != 0;
+  }
   if (p == PS__HALF_AVX512) return __builtin_cpu_supports("avx512f");
 #endif
   return 0;
