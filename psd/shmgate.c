@@ -13,12 +13,6 @@
 
 #include "log.h"
 
-/* Descriptors one handover message may carry that psd still receives (and
- * closes): one is the protocol; a few more are read so that none stays
- * queued on the socket, and MSG_CTRUNC tells of the rest, which the
- * kernel closes. */
-#define PSD_SHM_MAX_FDS 4
-
 static void peer_close(psd_shmgate_peer *p) {
   if (p->fd < 0) return;
   if (p->ev) event_free(p->ev);
@@ -35,10 +29,10 @@ static psd_conn *find_token(psd_shmgate *g, const uint8_t *token) {
   return NULL;
 }
 
-/* Checks one handover message and attaches its segment: 0 or a PS_E*
- * code with a sentence in err. */
-static int handover(psd_shmgate *g, int fd, const uint8_t *buf, ssize_t n, int ctrunc,
-                    const int *fds, int nfds, char *err, size_t errlen) {
+/* 0 when the peer on fd runs as psd's uid, else PS_EAUTH with a sentence
+ * in err. Checked at accept, so that another user's connections never
+ * take one of the PSD_SHM_MAX_PENDING slots. */
+static int peer_uid_ok(int fd, char *err, size_t errlen) {
   struct ucred cr;
   socklen_t crl = sizeof cr;
   if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crl) != 0) {
@@ -50,6 +44,22 @@ static int handover(psd_shmgate *g, int fd, const uint8_t *buf, ssize_t n, int c
              (unsigned)geteuid());
     return PS_EAUTH;
   }
+  return 0;
+}
+
+/* Answers the peer on fd (status and sentence); a peer that does not
+ * read its answer loses it. */
+static void answer(int fd, int status, const char *why) {
+  uint8_t out[PS__SHM_REPLY_MAX];
+  size_t len = ps__shm_reply_encode(out, status, why);
+  ssize_t w = send(fd, out, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  (void)w;
+}
+
+/* Checks one handover message and attaches its segment: 0 or a PS_E*
+ * code with a sentence in err. */
+static int handover(psd_shmgate *g, const uint8_t *buf, ssize_t n, int ctrunc,
+                    const int *fds, int nfds, char *err, size_t errlen) {
   uint8_t token[PS__SHM_TOKEN_BYTES];
   uint64_t push, pull;
   int rc = ps__shm_hello_decode(buf, (size_t)n, token, &push, &pull, err, errlen);
@@ -71,9 +81,8 @@ static int handover(psd_shmgate *g, int fd, const uint8_t *buf, ssize_t n, int c
     psd_warn("%s (%s): shared-memory segment refused: %s", c->name, c->peer, err);
     return rc;
   }
-  psd_info("%s: tensors go through shared memory (push ring %llu KiB, pull ring %llu KiB, "
-           "pid %d)", c->name, (unsigned long long)(push >> 10),
-           (unsigned long long)(pull >> 10), (int)cr.pid);
+  psd_info("%s: tensors go through shared memory (push ring %llu KiB, pull ring %llu KiB)",
+           c->name, (unsigned long long)(push >> 10), (unsigned long long)(pull >> 10));
   return 0;
 }
 
@@ -82,44 +91,16 @@ static void on_peer(evutil_socket_t fd, short what, void *arg) {
   psd_shmgate_peer *p = arg;
   psd_shmgate *g = p->g;
   uint8_t buf[PS__SHM_HELLO_BYTES + 1];
-  union {
-    struct cmsghdr h;
-    char b[CMSG_SPACE(sizeof(int) * PSD_SHM_MAX_FDS)];
-  } cm;
-  struct iovec iov = {buf, sizeof buf};
-  struct msghdr mh;
-  memset(&mh, 0, sizeof mh);
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = cm.b;
-  mh.msg_controllen = sizeof cm.b;
-  ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  int fds[PS__SHM_MAX_FDS], nfds = 0, ctrunc = 0;
+  ssize_t n = ps__shm_recv_fds(fd, buf, sizeof buf, fds, PS__SHM_MAX_FDS, &nfds, &ctrunc);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
-  int fds[PSD_SHM_MAX_FDS], nfds = 0;
-  for (struct cmsghdr *h = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; h; h = CMSG_NXTHDR(&mh, h)) {
-    if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
-    size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < k; i++) {
-      int x;
-      memcpy(&x, CMSG_DATA(h) + i * sizeof(int), sizeof x);
-      if (nfds < PSD_SHM_MAX_FDS) fds[nfds++] = x;
-      else close(x);
-    }
-  }
   if (n > 0) {
     char err[PS__SHM_REPLY_MAX - 4];
     err[0] = '\0';
-    int rc = handover(g, fd, buf, n, (mh.msg_flags & MSG_CTRUNC) != 0, fds, nfds, err,
-                      sizeof err);
+    int rc = handover(g, buf, n, ctrunc, fds, nfds, err, sizeof err);
     if (rc) g->refused++;
     else g->attached++;
-    uint8_t out[PS__SHM_REPLY_MAX];
-    uint32_t u = (uint32_t)rc;
-    for (int i = 0; i < 4; i++) out[i] = (uint8_t)(u >> (8 * i));
-    size_t len = strlen(err);
-    memcpy(out + 4, err, len);
-    ssize_t w = send(fd, out, 4 + len, MSG_NOSIGNAL | MSG_DONTWAIT);
-    (void)w; /* a peer that does not read its answer loses it */
+    answer(fd, rc, err);
   }
   for (int i = 0; i < nfds; i++) close(fds[i]); /* mapped, or refused */
   peer_close(p);
@@ -131,6 +112,13 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
   for (int k = 0; k < PSD_SHM_MAX_PENDING; k++) {
     int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) return; /* EAGAIN, or out of descriptors: the tick frees some */
+    char err[200];
+    if (peer_uid_ok(fd, err, sizeof err) != 0) {
+      g->refused++;
+      answer(fd, PS_EAUTH, err);
+      close(fd);
+      continue;
+    }
     psd_shmgate_peer *slot = NULL, *oldest = NULL;
     for (int i = 0; i < PSD_SHM_MAX_PENDING && !slot; i++) {
       psd_shmgate_peer *p = &g->peers[i];

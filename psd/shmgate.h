@@ -2,8 +2,8 @@
  * shmgate.h - where workers hand psd their shared-memory segments
  * (protocol 2.4, docs/protocol.md §1a): an abstract unix socket
  * (SOCK_SEQPACKET) announced in the HelloReply of every worker's TCP
- * connection together with a one-time token. A peer of psd's own uid
- * (SO_PEERCRED) sends the token and the ring sizes with the memfd as
+ * connection together with a one-time token. A peer of another uid
+ * (SO_PEERCRED) is answered and closed at accept; one of psd's uid sends the token and the ring sizes with the memfd as
  * SCM_RIGHTS; the connection that announced the token gets the segment,
  * checked and mapped by ps__shm_attach, and psd answers with a status and
  * a sentence. Everything is non-blocking, each handover is one message,
@@ -19,7 +19,8 @@
 
 /* Handover connections open at once: a node's workers hand over one
  * segment per connection, right after their handshake; a peer flooding
- * the socket only evicts its own kind (the oldest waiting handover). */
+ * the socket only evicts its own kind (the oldest waiting handover), and
+ * other users' connections never take a slot. */
 #define PSD_SHM_MAX_PENDING 32
 /* Seconds a handover connection may stay open without its message. */
 #define PSD_SHM_HANDOVER_S 5.0

@@ -264,48 +264,42 @@ static void raw_close(raw *r) {
 
 /* Sends a handover of fds[0..nfds) with token to psd's socket `name`;
  * returns psd's status and its sentence in why. */
-static int handover(const char *name, const uint8_t *token, uint64_t push, uint64_t pull,
-                    const int *fds, int nfds, char *why, size_t whylen) {
+/* A connection to psd's handover socket `name` whose reads wait at most
+ * timeout_s; -1 if connect fails. */
+static int gate_open(const char *name, int timeout_s) {
   int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   struct sockaddr_un a;
   memset(&a, 0, sizeof a);
   a.sun_family = AF_UNIX;
   memcpy(a.sun_path + 1, name, strlen(name));
-  struct timeval tv = {5, 0};
+  struct timeval tv = {timeout_s, 0};
   setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ck_assert_int_eq(connect(s, (struct sockaddr *)&a,
-                           (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 +
-                                       strlen(name))), 0);
+  if (connect(s, (struct sockaddr *)&a,
+              (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + strlen(name))) != 0) {
+    close(s);
+    return -1;
+  }
+  return s;
+}
+
+/* Sends a handover of fds[0..nfds) with token on the gate connection s
+ * (closed after); returns psd's status and its sentence in why. */
+static int handover_on(int s, const uint8_t *token, uint64_t push, uint64_t pull,
+                       const int *fds, int nfds, char *why, size_t whylen) {
   uint8_t msg[PS__SHM_HELLO_BYTES];
   ps__shm_hello_encode(msg, token, push, pull);
-  union {
-    struct cmsghdr h;
-    char b[CMSG_SPACE(sizeof(int) * 4)];
-  } cm;
-  memset(&cm, 0, sizeof cm);
-  struct iovec iov = {msg, sizeof msg};
-  struct msghdr mh;
-  memset(&mh, 0, sizeof mh);
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  if (nfds) {
-    mh.msg_control = cm.b;
-    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
-    struct cmsghdr *h = CMSG_FIRSTHDR(&mh);
-    h->cmsg_level = SOL_SOCKET;
-    h->cmsg_type = SCM_RIGHTS;
-    h->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
-    memcpy(CMSG_DATA(h), fds, sizeof(int) * (size_t)nfds);
-  }
-  ck_assert_int_eq(sendmsg(s, &mh, MSG_NOSIGNAL), (ssize_t)sizeof msg);
-  uint8_t ans[PS__SHM_REPLY_MAX + 1];
-  ssize_t n = recv(s, ans, PS__SHM_REPLY_MAX, 0);
+  int st = ps__shm_handover(s, msg, sizeof msg, fds, nfds, why, whylen);
   close(s);
-  ck_assert_msg(n >= 4, "no answer from psd's handover socket");
-  ans[n] = '\0';
-  snprintf(why, whylen, "%s", (char *)ans + 4);
-  return (int32_t)((uint32_t)ans[0] | (uint32_t)ans[1] << 8 | (uint32_t)ans[2] << 16 |
-                   (uint32_t)ans[3] << 24);
+  ck_assert_msg(st != PS_EIO, "no answer from psd's handover socket: %s", why);
+  return st;
+}
+
+/* The same on a new connection to psd's socket `name`. */
+static int handover(const char *name, const uint8_t *token, uint64_t push, uint64_t pull,
+                    const int *fds, int nfds, char *why, size_t whylen) {
+  int s = gate_open(name, 5);
+  ck_assert_int_ge(s, 0);
+  return handover_on(s, token, push, pull, fds, nfds, why, whylen);
 }
 
 /* Hands r's psd a proper segment (64 KiB rings): 0 or psd's status. */
@@ -634,6 +628,57 @@ START_TEST(test_other_uid_refused) {
 }
 END_TEST
 
+/* Another uid cannot take the handover slots: its connections are
+ * answered and closed at accept, so a worker's handover that connected
+ * before a stranger's flood of GATE_FLOOD connections still
+ * succeeds (before the check at accept, the flood evicted it). */
+#define GATE_FLOOD 64 /* twice psd's PSD_SHM_MAX_PENDING handover slots */
+START_TEST(test_other_uid_cannot_fill_slots) {
+  tu_psd p;
+  start_psd(&p, "auto");
+  raw r;
+  raw_open(&r, p.addr, 1);
+  char why[600];
+  int fd = ps__shm_create(&r.shm, PS__SHM_RING_MIN, PS__SHM_RING_MIN, why, sizeof why);
+  ck_assert_int_ge(fd, 0);
+  int mine = gate_open(r.hr->shm_socket, 5);
+  ck_assert_int_ge(mine, 0);
+  int pfd[2];
+  ck_assert_int_eq(pipe(pfd), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pfd[0]);
+    if (setgid(TU_NOBODY) != 0 || setuid(TU_NOBODY) != 0) _exit(3);
+    /* Each connection held open; each must get psd's refusal unasked. */
+    int refused = 0, held[GATE_FLOOD];
+    for (int i = 0; i < GATE_FLOOD; i++) {
+      held[i] = gate_open(r.hr->shm_socket, 5);
+      uint8_t ans[PS__SHM_REPLY_MAX];
+      ssize_t n = held[i] >= 0 ? recv(held[i], ans, sizeof ans, 0) : -1;
+      char w[PS__SHM_REPLY_MAX];
+      if (n > 0 && ps__shm_reply_decode(ans, (size_t)n, w, sizeof w) == PS_EAUTH &&
+          strstr(w, "uid"))
+        refused++;
+    }
+    if (write(pfd[1], &refused, sizeof refused) != sizeof refused) _exit(4);
+    _exit(0);
+  }
+  close(pfd[1]);
+  int refused = -1;
+  ck_assert_int_eq(read(pfd[0], &refused, sizeof refused), (ssize_t)sizeof refused);
+  close(pfd[0]);
+  int ws;
+  waitpid(pid, &ws, 0);
+  ck_assert_int_eq(refused, GATE_FLOOD);
+  int st = handover_on(mine, r.hr->shm_token.data, PS__SHM_RING_MIN, PS__SHM_RING_MIN, &fd, 1,
+                       why, sizeof why);
+  ck_assert_msg(st == 0, "%s", why);
+  close(fd);
+  raw_close(&r);
+  tu_psd_kill(&p);
+}
+END_TEST
+
 Suite *suite_shm_users(void) {
   if (geteuid() != 0) {
     printf("SKIP: shm_users: acting as another user (nobody) needs root\n");
@@ -642,6 +687,7 @@ Suite *suite_shm_users(void) {
   Suite *s = suite_create("shm_users");
   TCase *tc = tcase_create("uid");
   tcase_add_test(tc, test_other_uid_refused);
+  tcase_add_test(tc, test_other_uid_cannot_fill_slots);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -189,6 +190,99 @@ int ps__shm_hello_decode(const uint8_t *in, size_t n, uint8_t token[PS__SHM_TOKE
   *push = get_u64(in + 8 + PS__SHM_TOKEN_BYTES);
   *pull = get_u64(in + 16 + PS__SHM_TOKEN_BYTES);
   return 0;
+}
+
+int ps__shm_send_fds(int s, const void *msg, size_t len, const int *fds, int nfds) {
+  union {
+    struct cmsghdr h;
+    char b[CMSG_SPACE(sizeof(int) * PS__SHM_MAX_FDS)];
+  } cm;
+  if (nfds < 0 || nfds > PS__SHM_MAX_FDS) return -EINVAL;
+  memset(&cm, 0, sizeof cm);
+  struct iovec iov = {(void *)msg, len};
+  struct msghdr mh;
+  memset(&mh, 0, sizeof mh);
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  if (nfds) {
+    mh.msg_control = cm.b;
+    mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+    struct cmsghdr *h = CMSG_FIRSTHDR(&mh);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+    memcpy(CMSG_DATA(h), fds, sizeof(int) * (size_t)nfds);
+  }
+  ssize_t n = sendmsg(s, &mh, MSG_NOSIGNAL);
+  if (n < 0) return -errno;
+  return (size_t)n == len ? 0 : -EMSGSIZE;
+}
+
+ssize_t ps__shm_recv_fds(int s, void *buf, size_t len, int *fds, int maxfds, int *nfds,
+                         int *ctrunc) {
+  union {
+    struct cmsghdr h;
+    char b[CMSG_SPACE(sizeof(int) * PS__SHM_MAX_FDS)];
+  } cm;
+  struct iovec iov = {buf, len};
+  struct msghdr mh;
+  memset(&mh, 0, sizeof mh);
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  mh.msg_control = cm.b;
+  mh.msg_controllen = sizeof cm.b;
+  *nfds = 0;
+  *ctrunc = 0;
+  ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n < 0) return n;
+  *ctrunc = (mh.msg_flags & MSG_CTRUNC) != 0;
+  for (struct cmsghdr *h = CMSG_FIRSTHDR(&mh); h; h = CMSG_NXTHDR(&mh, h)) {
+    if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
+    size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < k; i++) {
+      int x;
+      memcpy(&x, CMSG_DATA(h) + i * sizeof(int), sizeof x);
+      if (*nfds < maxfds) {
+        fds[(*nfds)++] = x;
+      } else {
+        close(x);
+        *ctrunc = 1;
+      }
+    }
+  }
+  return n;
+}
+
+size_t ps__shm_reply_encode(uint8_t out[PS__SHM_REPLY_MAX], int status, const char *why) {
+  uint32_t u = (uint32_t)status;
+  for (int i = 0; i < 4; i++) out[i] = (uint8_t)(u >> (8 * i));
+  size_t len = strlen(why);
+  if (len > PS__SHM_REPLY_MAX - 4) len = PS__SHM_REPLY_MAX - 4;
+  memcpy(out + 4, why, len);
+  return 4 + len;
+}
+
+int ps__shm_reply_decode(const uint8_t *in, size_t n, char *why, size_t whylen) {
+  if (n < 4) {
+    snprintf(why, whylen, "a %zu-byte answer (at least 4 expected)", n);
+    return PS_EPROTO;
+  }
+  int32_t st = (int32_t)((uint32_t)in[0] | (uint32_t)in[1] << 8 | (uint32_t)in[2] << 16 |
+                         (uint32_t)in[3] << 24);
+  snprintf(why, whylen, "%.*s", (int)(n - 4), (const char *)in + 4);
+  return st;
+}
+
+int ps__shm_handover(int s, const void *msg, size_t len, const int *fds, int nfds, char *why,
+                     size_t whylen) {
+  int sent = ps__shm_send_fds(s, msg, len, fds, nfds);
+  uint8_t ans[PS__SHM_REPLY_MAX];
+  ssize_t n = recv(s, ans, sizeof ans, 0);
+  if (n > 0) return ps__shm_reply_decode(ans, (size_t)n, why, whylen);
+  int e = sent ? -sent : n < 0 ? errno : 0;
+  snprintf(why, whylen, "no answer to the handover: %s",
+           e ? strerror(e) : "psd closed the socket");
+  return PS_EIO;
 }
 
 void ps__shm_host_id(char *out, size_t outlen) {

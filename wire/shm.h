@@ -26,6 +26,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* Frame header flag: the data part is in the connection's segment. */
 #define PS__FLAG_SHM 0x1u
@@ -118,6 +119,34 @@ void ps__shm_hello_encode(uint8_t out[PS__SHM_HELLO_BYTES],
                           uint64_t pull);
 int ps__shm_hello_decode(const uint8_t *in, size_t n, uint8_t token[PS__SHM_TOKEN_BYTES],
                          uint64_t *push, uint64_t *pull, char *err, size_t errlen);
+
+/* The handover socket's messages (SOCK_SEQPACKET: one message each). */
+/* Descriptors one message may carry that the receiver still takes (and
+ * closes): one is the protocol; a few more are read so that none stays
+ * queued on the socket, and MSG_CTRUNC tells of the rest, which the
+ * kernel closes. */
+#define PS__SHM_MAX_FDS 4
+/* Sends msg with nfds (0..PS__SHM_MAX_FDS) descriptors as SCM_RIGHTS:
+ * 0, or -errno. */
+int ps__shm_send_fds(int s, const void *msg, size_t len, const int *fds, int nfds);
+/* Receives one message into buf (at most len bytes) without blocking,
+ * taking up to maxfds descriptors (close-on-exec) into fds and closing
+ * any more; *ctrunc is 1 when some were dropped or closed. Returns
+ * recvmsg's result (-1 with errno; *nfds is then 0). */
+ssize_t ps__shm_recv_fds(int s, void *buf, size_t len, int *fds, int maxfds, int *nfds,
+                         int *ctrunc);
+/* psd's answer: an int32 LE status (0 or a PS_E* code), then why without
+ * its NUL (cut to fit). Returns the message's length. */
+size_t ps__shm_reply_encode(uint8_t out[PS__SHM_REPLY_MAX], int status, const char *why);
+/* Reads an answer of n bytes: its status (PS_EPROTO for a message too
+ * short to be one, or a positive status) with its sentence in why. */
+int ps__shm_reply_decode(const uint8_t *in, size_t n, char *why, size_t whylen);
+/* Sends a handover (msg and fds) on the connected socket s and reads the
+ * answer (s's receive timeout bounds the wait). The answer is read also
+ * when the send fails: psd answers a peer it refuses at accept at once
+ * and closes. psd's status and sentence, or PS_EIO with why. */
+int ps__shm_handover(int s, const void *msg, size_t len, const int *fds, int nfds, char *why,
+                     size_t whylen);
 
 /* This node's identity: the kernel's boot id (the host name when it cannot
  * be read), at most PS__SHM_HOST_ID_MAX - 1 characters. */

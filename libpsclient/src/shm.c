@@ -65,42 +65,11 @@ static int handover(int s, int memfd, const Ps__HelloReply *r, uint64_t push, ui
                     char *err, size_t errlen) {
   uint8_t msg[PS__SHM_HELLO_BYTES];
   ps__shm_hello_encode(msg, r->shm_token.data, push, pull);
-  union {
-    struct cmsghdr h;
-    char b[CMSG_SPACE(sizeof(int))];
-  } cm;
-  memset(&cm, 0, sizeof cm);
-  struct iovec iov = {msg, sizeof msg};
-  struct msghdr mh;
-  memset(&mh, 0, sizeof mh);
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = cm.b;
-  mh.msg_controllen = sizeof cm.b;
-  struct cmsghdr *h = CMSG_FIRSTHDR(&mh);
-  h->cmsg_level = SOL_SOCKET;
-  h->cmsg_type = SCM_RIGHTS;
-  h->cmsg_len = CMSG_LEN(sizeof(int));
-  memcpy(CMSG_DATA(h), &memfd, sizeof memfd);
-  if (sendmsg(s, &mh, MSG_NOSIGNAL) != (ssize_t)sizeof msg) {
-    snprintf(err, errlen, "sending the segment: %s", strerror(errno));
-    return PS_EIO;
-  }
-  uint8_t ans[PS__SHM_REPLY_MAX + 1];
-  ssize_t n = recv(s, ans, PS__SHM_REPLY_MAX, 0);
-  if (n < 4) {
-    snprintf(err, errlen, "no answer to the handover: %s",
-             n < 0 ? strerror(errno) : "psd closed the socket");
-    return PS_EIO;
-  }
-  int32_t st = (int32_t)((uint32_t)ans[0] | (uint32_t)ans[1] << 8 | (uint32_t)ans[2] << 16 |
-                         (uint32_t)ans[3] << 24);
-  ans[n] = '\0';
-  if (st != 0) {
-    snprintf(err, errlen, "psd refused the segment: %.400s", (const char *)ans + 4);
-    return st < 0 ? st : PS_EPROTO;
-  }
-  return 0;
+  char why[PS__SHM_REPLY_MAX];
+  int st = ps__shm_handover(s, msg, sizeof msg, &memfd, 1, why, sizeof why);
+  if (st == PS_EIO) snprintf(err, errlen, "%s", why);
+  else if (st != 0) snprintf(err, errlen, "psd refused the segment: %.400s", why);
+  return st <= 0 ? st : PS_EPROTO;
 }
 
 /* Creates the segment and hands it over; 0, or a PS_E* code with err
