@@ -181,10 +181,13 @@ static void print_json(const char *addr, const Ps__StatsReply *r) {
     printf("%s{\"worker\":%u,\"state\":", i ? "," : "", w->worker);
     json_str(w->state);
     printf(",\"pushes\":%llu,\"last_count\":%llu,\"waited_for_ms\":%.4f,\"bytes_in\":%llu,"
-           "\"bytes_out\":%llu,\"arrive_mean_ms\":%.4f}",
+           "\"bytes_out\":%llu,\"arrive_mean_ms\":%.4f,\"transport\":",
            (unsigned long long)w->pushes, (unsigned long long)w->last_count, w->waited_for_ms,
            (unsigned long long)w->bytes_in, (unsigned long long)w->bytes_out,
            w->arrive_mean_ms);
+    if (w->transport && w->transport[0]) json_str(w->transport);
+    else printf("null");
+    printf("}");
   }
   printf("]");
   print_tables_json(r);
@@ -207,14 +210,15 @@ static void print_text(const char *addr, const Ps__StatsReply *r) {
   printf("; %llu stale gradients dropped; %llu steps recorded, aggregation p50 %.3f ms\n",
          (unsigned long long)r->stale_dropped, (unsigned long long)r->steps_recorded,
          r->agg_ms_p50);
-  printf("%-7s %-10s %9s %8s %13s %10s %12s %12s\n", "worker", "state", "pushes", "last",
-         "waited-for ms", "lag ms", "bytes in", "bytes out");
+  printf("%-7s %-10s %9s %8s %13s %10s %12s %12s %4s\n", "worker", "state", "pushes", "last",
+         "waited-for ms", "lag ms", "data in", "data out", "via");
   for (size_t i = 0; i < r->n_workers; i++) {
     const Ps__WorkerStats *w = r->workers[i];
-    printf("w%-6u %-10s %9llu %8llu %13.3f %10.3f %12llu %12llu\n", w->worker,
+    printf("w%-6u %-10s %9llu %8llu %13.3f %10.3f %12llu %12llu %4s\n", w->worker,
            w->state ? w->state : "?", (unsigned long long)w->pushes,
            (unsigned long long)w->last_count, w->waited_for_ms, w->arrive_mean_ms,
-           (unsigned long long)w->bytes_in, (unsigned long long)w->bytes_out);
+           (unsigned long long)w->bytes_in, (unsigned long long)w->bytes_out,
+           w->transport && w->transport[0] ? w->transport : "-");
   }
 }
 

@@ -26,6 +26,8 @@ typedef struct slow_worker {
   int rc;                /* first error */
   char err[300];
   int async_mode;        /* ps_config.async_mode */
+  int transport;         /* ps_config.transport (0: the default) */
+  const int *hold;       /* NULL, or: after its steps, waits while *hold */
 } slow_worker;
 
 static void *slow_main(void *arg) {
@@ -41,6 +43,7 @@ static void *slow_main(void *arg) {
   cfg.credential_len = strlen(SECRET);
   cfg.telemetry = s->telemetry;
   cfg.async_mode = s->async_mode;
+  cfg.transport = s->transport;
   ps_client *c = NULL;
   s->rc = ps_client_create(&cfg, &c, s->err, sizeof s->err);
   if (s->rc) return NULL;
@@ -53,6 +56,10 @@ static void *slow_main(void *arg) {
     struct timespec ts = {0, s->sleep_ms * 1000000L};
     nanosleep(&ts, NULL);
     s->rc = ps_client_step(c, &step, NULL);
+  }
+  while (!s->rc && s->hold && __atomic_load_n(s->hold, __ATOMIC_ACQUIRE)) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
   }
   if (!s->rc) s->rc = ps_client_finish(c);
   if (s->rc) snprintf(s->err, sizeof s->err, "%s", ps_client_errmsg(c));
@@ -97,7 +104,8 @@ START_TEST(test_async_has_no_straggler) {
   pthread_t th[2];
   memset(w, 0, sizeof w);
   for (int i = 0; i < 2; i++) {
-    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 8 : 2, NULL, 0, "", 1};
+    w[i] = (slow_worker){.host = ps.addr, .worker = i, .nw = 2, .steps = STEPS,
+                         .sleep_ms = i == 1 ? 8 : 2, .async_mode = 1};
     pthread_create(&th[i], NULL, slow_main, &w[i]);
   }
   for (int i = 0; i < 2; i++) {
@@ -128,7 +136,8 @@ START_TEST(test_straggler_summary) {
   memset(w, 0, sizeof w);
   for (int i = 0; i < 2; i++) {
     snprintf(wt[i], sizeof wt[i], "%s/tel.w%d", tu_tmpdir(), i);
-    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 8 : 2, wt[i], 0, "", 0};
+    w[i] = (slow_worker){.host = ps.addr, .worker = i, .nw = 2, .steps = STEPS,
+                         .sleep_ms = i == 1 ? 8 : 2, .telemetry = wt[i]};
     pthread_create(&th[i], NULL, slow_main, &w[i]);
   }
   for (int i = 0; i < 2; i++) {
@@ -252,7 +261,8 @@ START_TEST(test_stats_live_from_step_one) {
   pthread_t th[2];
   memset(w, 0, sizeof w);
   for (int i = 0; i < 2; i++) {
-    w[i] = (slow_worker){ps.addr, i, 2, STEPS, i == 1 ? 30 : 1, NULL, 0, "", 0};
+    w[i] = (slow_worker){.host = ps.addr, .worker = i, .nw = 2, .steps = STEPS,
+                         .sleep_ms = i == 1 ? 30 : 1};
     pthread_create(&th[i], NULL, slow_main, &w[i]);
   }
   ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, 0};
@@ -285,6 +295,80 @@ START_TEST(test_stats_live_from_step_one) {
     ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
   }
   ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+}
+END_TEST
+
+/* How each worker's tensors travel is reported: psctl (text column
+ * "via", JSON "transport") from psd's side and every record of the
+ * worker's telemetry file from the worker's. w0 forces shared memory, w1
+ * TCP, against one psd. */
+START_TEST(test_transport_reported) {
+  tu_psd_secret = SECRET;
+  tu_psd ps;
+  const char *args[] = {"--workers", "2", "--transport", "auto", NULL};
+  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  tu_psd_secret = NULL;
+  slow_worker w[2];
+  pthread_t th[2];
+  char tel[2][600];
+  int hold = 1; /* both stay connected until psctl has looked */
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < 2; i++) {
+    snprintf(tel[i], sizeof tel[i], "%s/tr.w%d", tu_tmpdir(), i);
+    w[i] = (slow_worker){.host = ps.addr, .worker = i, .nw = 2, .steps = 200,
+                         .telemetry = tel[i], .hold = &hold,
+                         .transport = i == 0 ? PS_TRANSPORT_SHM : PS_TRANSPORT_TCP};
+    pthread_create(&th[i], NULL, slow_main, &w[i]);
+  }
+  /* psctl while both are connected (they hold after 200 steps). */
+  ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, 0};
+  int both = 0;
+  for (int k = 0; k < 500 && !both; k++) {
+    Ps__StatsReply *r = NULL;
+    char err[600];
+    int rc = ps__admin_stats(ps.addr, &au, 5000, &r, err, sizeof err);
+    ck_assert_msg(rc == 0, "stats: %s (%s)", ps_strerror(rc), err);
+    both = r->n_workers == 2 && r->workers[0]->transport && r->workers[1]->transport &&
+           r->step > 0;
+    ps__stats_reply__free_unpacked(r, NULL);
+    struct timespec ts = {0, 10000000};
+    if (!both) nanosleep(&ts, NULL);
+  }
+  ck_assert_msg(both, "psd never reported both workers' transports");
+  const char *psd = getenv("PSD_BIN");
+  ck_assert_ptr_nonnull(psd);
+  char cmd[2048], out[600];
+  snprintf(out, sizeof out, "%s/psctl_tr.out", tu_tmpdir());
+  snprintf(cmd, sizeof cmd,
+           "d=$(dirname '%s'); PSD_SECRET=%s \"$d/psctl\" stats %s --json > %s && "
+           "PSD_SECRET=%s \"$d/psctl\" stats %s >> %s",
+           psd, SECRET, ps.addr, out, SECRET, ps.addr, out);
+  ck_assert_int_eq(system(cmd), 0);
+  char *text = tu_read_file(out);
+  ck_assert_ptr_nonnull(text);
+  const char *w0 = strstr(text, "{\"worker\":0,"), *w1 = strstr(text, "{\"worker\":1,");
+  ck_assert_msg(w0 && w1, "%s", text);
+  const char *e0 = strchr(w0, '}'), *e1 = strchr(w1, '}');
+  const char *t0 = strstr(w0, "\"transport\":\"shm\""), *t1 = strstr(w1, "\"transport\":\"tcp\"");
+  ck_assert_msg(t0 && t0 < e0 && t1 && t1 < e1, "%s", text);
+  ck_assert_msg(strstr(text, " via\n"), "no via column: %s", text);
+  free(text);
+  __atomic_store_n(&hold, 0, __ATOMIC_RELEASE);
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
+  }
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+  /* Every record of each file names its transport. */
+  for (int i = 0; i < 2; i++) {
+    int lines = 0;
+    median_field(tel[i], "\"type\":\"worker\"", "\"step_ms\":", &lines);
+    int named = 0;
+    median_field(tel[i], i == 0 ? "\"transport\":[\"shm\"]" : "\"transport\":[\"tcp\"]",
+                 "\"step_ms\":", &named);
+    ck_assert_msg(lines == 200 && named == lines, "w%d: %d records, %d naming its transport",
+                  i, lines, named);
+  }
 }
 END_TEST
 
@@ -373,6 +457,7 @@ Suite *suite_telemetry(void) {
   tcase_add_test(tc, test_stats);
   tcase_add_test(tc, test_stats_impostor);
   tcase_add_test(tc, test_stats_live_from_step_one);
+  tcase_add_test(tc, test_transport_reported);
   tcase_add_test(tc, test_stats_tables);
   suite_add_tcase(s, tc);
   return s;

@@ -259,6 +259,7 @@ static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
   if (r->checkpoints) c->checkpoints = 1;
   k->minor = r->protocol_minor;
   rc = ps__shm_setup(c, k, r, deadline);
+  ps__telem_transport(&c->telem, k->index, k->shm.map != NULL);
   ps__hello_reply__free_unpacked(r, NULL);
   return rc;
 }

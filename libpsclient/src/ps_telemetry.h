@@ -45,6 +45,9 @@ typedef struct ps__telem {
   uint64_t written;    /* records already in the file */
   uint64_t *tot;       /* num_ps x (push, pull): bytes over the run */
   uint64_t *mark;      /* the same at the current step's start */
+  uint8_t *shm;        /* num_ps: 1 when tensors to that ps go through
+                          shared memory (fixed at connect, so the records
+                          need no per-step copy) */
   uint64_t stale_steps;/* steps whose push was stale */
   double last_exit;    /* monotonic time the library last returned */
   double enter;        /* monotonic time the current step began */
@@ -62,6 +65,10 @@ void ps__telem_free(ps__telem *t);
 /* n bytes went to (dir 0) or came from (dir 1) ps p. */
 static inline void ps__telem_bytes(ps__telem *t, int p, int dir, uint64_t n) {
   if (t->on) t->tot[2 * p + dir] += n;
+}
+/* Tensors to and from ps p go through shared memory (shm 1) or TCP. */
+static inline void ps__telem_transport(ps__telem *t, int p, int shm) {
+  if (t->on) t->shm[p] = (uint8_t)(shm != 0);
 }
 /* The library is returning to the caller after a step or a pull. */
 static inline void ps__telem_idle(ps__telem *t, double now) { t->last_exit = now; }

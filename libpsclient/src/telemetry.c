@@ -20,7 +20,8 @@ int ps__telem_init(ps__telem *t, const char *spec, int rank, int num_ps, char *e
   t->ring_bytes = calloc(PS__TELEM_RING * nb, sizeof *t->ring_bytes);
   t->tot = calloc(nb, sizeof *t->tot);
   t->mark = calloc(nb, sizeof *t->mark);
-  if (!t->ring || !t->ring_bytes || !t->tot || !t->mark) {
+  t->shm = calloc((size_t)num_ps, 1);
+  if (!t->ring || !t->ring_bytes || !t->tot || !t->mark || !t->shm) {
     ps__telem_free(t);
     snprintf(err, errlen, "out of memory for the telemetry ring");
     return PS_ENOMEM;
@@ -65,6 +66,9 @@ static void flush_file(ps__telem *t) {
     write_bytes(t->file, b, t->num_ps, 0);
     fputs("],\"pull_bytes\":[", t->file);
     write_bytes(t->file, b, t->num_ps, 1);
+    fputs("],\"transport\":[", t->file);
+    for (int p = 0; p < t->num_ps; p++)
+      fprintf(t->file, "%s\"%s\"", p ? "," : "", t->shm[p] ? "shm" : "tcp");
     fputs("]}\n", t->file);
   }
   fflush(t->file);
@@ -79,6 +83,7 @@ void ps__telem_free(ps__telem *t) {
   free(t->ring_bytes);
   free(t->tot);
   free(t->mark);
+  free(t->shm);
   memset(t, 0, sizeof *t);
 }
 
