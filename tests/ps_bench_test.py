@@ -2,7 +2,9 @@
 """ps_bench_test.py BIN_DIR rounds|mpi MPI_BUILT - ps_bench's interleaved
 rounds and their statistics, from its --json output (examples/ps_bench).
 
-rounds: `ps_bench --rounds 3 --sizes 4,64K --tcp-baseline --memcpy-baseline`
+rounds: `ps_bench --rounds 3 --sizes 4,64K --tcp-baseline --memcpy-baseline`,
+  then `--sizes 1M` (gbps ratios) and `--transport tcp,shm` (each psd run
+  over both, back to back, and shm's step time over tcp's as a ratio)
   - every figure has exactly one line per round, and the rounds interleave:
     the lines come in round order, and within a round every baseline comes
     before the psd runs (tcp_stream, tcp_rtt, memcpy per size, pushpull);
@@ -56,7 +58,7 @@ def run_bench(bin_dir, args):
 def key(r):
     """Which figure a line or summary is about."""
     name = r.get('of', r['name'])
-    return (name, r['bytes'], r.get('ps', 0), r.get('workers', 0))
+    return (name, r['bytes'], r.get('ps', 0), r.get('workers', 0), r.get('transport'))
 
 
 def close(a, b):
@@ -124,12 +126,16 @@ def check_ratios(rows, summaries, rounds, expect):
     found = set()
     for r in ratios:
         m = r['of']
-        psd = summaries[('pushpull', r['bytes'], r['ps'], r['workers'])]
+        psd = summaries[('pushpull', r['bytes'], r['ps'], r['workers'], r.get('transport'))]
         if r['vs'] == 'tcp_stream':
             base = [v for k, v in summaries.items() if k[0] == 'tcp_stream']
+        elif r['vs'] == 'pushpull':
+            if r.get('vs_transport') != 'tcp' or r.get('transport') in (None, 'tcp'):
+                fail('ratio %r: pushpull against pushpull is some transport against tcp' % r)
+            base = [summaries.get(('pushpull', r['bytes'], r['ps'], r['workers'], 'tcp'))]
         else:
             mpi = r['vs'].startswith('mpi_allreduce')
-            base = [summaries.get((r['vs'], r['bytes'], 0, r['workers'] if mpi else 0))]
+            base = [summaries.get((r['vs'], r['bytes'], 0, r['workers'] if mpi else 0, None))]
         if len(base) != 1 or base[0] is None:
             fail('ratio %r: no single baseline summary' % r)
         base = base[0]
@@ -141,7 +147,8 @@ def check_ratios(rows, summaries, rounds, expect):
             fail('ratio %r: per round %s, expected %s' % (r, r['per_round'], per))
         if not r['per_round_min'] <= r['per_round_median'] <= r['per_round_max']:
             fail('ratio %r: median outside the range' % r)
-        found.add((r['vs'], r['bytes'], r['workers'], m))
+        found.add((r['vs'] + ('/' + r['vs_transport'] if 'vs_transport' in r else ''),
+                   r['bytes'], r['workers'], m))
     missing = set(expect) - found
     if missing:
         fail('no ratio line for %s (found %s)' % (sorted(missing), sorted(found)))
@@ -154,6 +161,12 @@ def test_bad_options(bin_dir):
                            timeout=60)
         if p.returncode != 2 or '--rounds' not in p.stderr:
             fail('--rounds %r: exit %d, %r' % (bad, p.returncode, p.stderr))
+    for bad in ('tcp,tcp', 'udp', 'tcp,', ''):
+        p = subprocess.run([os.path.join(bin_dir, 'ps_bench'), '--transport', bad],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=60)
+        if p.returncode != 2 or '--transport' not in p.stderr:
+            fail('--transport %r: exit %d, %r' % (bad, p.returncode, p.stderr))
 
 
 def test_rounds(bin_dir):
@@ -171,6 +184,17 @@ def test_rounds(bin_dir):
     summaries = check_rounds(rows, 2, ['tcp_stream', 'tcp_rtt', 'memcpy'])
     check_ratios(rows, summaries, 2, [('tcp_stream', 1 << 20, 1, 'gbps'),
                                       ('memcpy', 1 << 20, 1, 'gbps')])
+    # Several transports: every psd run over each, in the same round, tcp
+    # then shm back to back, and shm's step time against tcp's.
+    rows = run_bench(bin_dir, ['--rounds', '2', '--sizes', '4,64K', '--steps', '5',
+                               '--transport', 'tcp,shm'])
+    summaries = check_rounds(rows, 2, [])
+    runs = [r for r in rows if r['name'] == 'pushpull']
+    if [r.get('transport') for r in runs] != ['tcp', 'shm'] * 4:
+        fail('pushpull runs over %s, not tcp then shm per size and round' %
+             [r.get('transport') for r in runs])
+    check_ratios(rows, summaries, 2, [('pushpull/tcp', 4, 1, 'step_ms'),
+                                      ('pushpull/tcp', 65536, 1, 'step_ms')])
 
 
 def test_mpi(bin_dir, built):

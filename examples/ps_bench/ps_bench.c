@@ -77,8 +77,11 @@ static void usage(FILE *f) {
           "  --telemetry-cost       time 4-byte steps (1 ps, 1 worker) with the\n"
           "                         per-step telemetry off and on, alternating\n"
           "                         %d times, and print the ratio of the medians\n"
-          "  --transport T          auto, tcp or shm: psd's --transport and the\n"
-          "                         workers' PS_TRANSPORT [auto: shared memory]\n"
+          "  --transport T[,T...]   auto, tcp or shm: psd's --transport and the\n"
+          "                         workers' PS_TRANSPORT [auto: shared memory];\n"
+          "                         with several, every psd run is taken over\n"
+          "                         each in the same round, and shm against tcp\n"
+          "                         is a ratio\n"
           "  --psd-arg ARG          pass ARG to every psd (repeat for several,\n"
           "                         e.g. --psd-arg=--checkpoint-every --psd-arg=4)\n"
           "  --psd-exit-wait S      seconds psd may take to exit after the workers\n"
@@ -165,6 +168,26 @@ static void parse_size_list(const char *flag, const char *val) {
   free(copy);
 }
 
+/* --transport T[,T...]: each of auto, tcp, shm at most once. Each run
+ * passes its entry to psd (--transport) and the workers (PS_TRANSPORT). */
+static void parse_transports(const char *flag, const char *val) {
+  static const char *const known[MAX_TRANSPORTS] = {"auto", "tcp", "shm"};
+  opt.n_transports = 0;
+  const char *p = val;
+  for (;;) {
+    size_t l = strcspn(p, ",");
+    int k = -1;
+    for (int i = 0; i < MAX_TRANSPORTS; i++)
+      if (strlen(known[i]) == l && !strncmp(p, known[i], l)) k = i;
+    if (k < 0) bad_value(flag, val, "expected a list of auto, tcp and shm");
+    for (int i = 0; i < opt.n_transports; i++)
+      if (opt.transports[i] == known[k]) bad_value(flag, val, "a transport given twice");
+    opt.transports[opt.n_transports++] = known[k];
+    if (!p[l]) break;
+    p += l + 1;
+  }
+}
+
 /* Options with a value: "--flag VALUE" or "--flag=VALUE". Returns the
  * index of the last argument used. */
 static int parse_value_option(int argc, char **argv, int a) {
@@ -220,13 +243,7 @@ static int parse_value_option(int argc, char **argv, int a) {
       bad_value(fbuf, val, "expected an integer from 1 to " PS_BENCH_STR(MAX_ROUNDS));
     opt.rounds = (int)v;
   } else if (!strcmp(flag, "--transport")) {
-    /* Passed through: psd's --transport and the workers' PS_TRANSPORT. */
-    if (strcmp(val, "auto") && strcmp(val, "tcp") && strcmp(val, "shm"))
-      bad_value(fbuf, val, "expected auto, tcp or shm");
-    if (opt.n_psd_args + 2 > MAX_PSD_ARGS) bad_value(fbuf, val, "too many psd arguments");
-    opt.psd_args[opt.n_psd_args++] = "--transport";
-    opt.psd_args[opt.n_psd_args++] = val;
-    setenv("PS_TRANSPORT", val, 1);
+    parse_transports(fbuf, val);
   } else if (!strcmp(flag, "--psd-arg")) {
     if (opt.n_psd_args >= MAX_PSD_ARGS) bad_value(fbuf, val, "given too many times");
     opt.psd_args[opt.n_psd_args++] = val;
@@ -302,7 +319,9 @@ static int run_telemetry_cost(void) {
     for (int off = 1; off >= 0 && ok; off--) {
       pp_result pr;
       g_telem_off = off;
-      if (run_pushpull(1, 1, 4, opt.steps, &pr) != 0) ok = 0;
+      if (run_pushpull(1, 1, 4, opt.steps, opt.n_transports ? opt.transports[0] : NULL,
+                       &pr) != 0)
+        ok = 0;
       (off ? offv : on)[r] = pr.step_ms;
     }
   g_telem_off = 0;

@@ -25,6 +25,7 @@
 #include <sys/types.h>
 
 #define MAX_LIST 32          /* entries in one --ps/--workers/--sizes list */
+#define MAX_TRANSPORTS 3     /* --transport list: auto, tcp, shm at most once each */
 #define MAX_PS 64            /* --ps bound */
 #define MAX_WORKERS 64       /* --workers bound */
 #define MAX_BYTES (16ULL << 30) /* --sizes bound: 16 GiB */
@@ -76,6 +77,9 @@ typedef struct options {
   int rounds;          /* --rounds: interleaved rounds of every figure */
   int memcpy_baseline; /* --memcpy-baseline: one-thread memcpy of each size */
   int mpi_baseline;    /* --mpi-baseline: MPI_Allreduce over shm and TCP */
+  const char *transports[MAX_TRANSPORTS]; /* --transport list, in order (each
+                                             psd run is taken once per entry) */
+  int n_transports;    /* 0: none given (psd's and PS_TRANSPORT's default) */
 } options;
 
 extern options opt;
@@ -127,10 +131,16 @@ typedef struct pp_result {
   double step_ms, gbps, total_gbps;
   double max_step_ms; /* worker 0's slowest timed step (a stall shows here) */
   int ok;  /* 1 measured, -1 measured but the values were wrong, 0 failed */
+  const char *transport; /* --transport of this run, or NULL (none given) */
   char error[600];
 } pp_result;
 
-int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, pp_result *res);
+/* One run over `transport` (NULL: none given, the defaults): psd's
+ * --transport and the workers' PS_TRANSPORT. */
+int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, const char *transport,
+                 pp_result *res);
+/* The transport of the run being set up (NULL: none given), for start_psd. */
+extern const char *g_transport;
 
 /* Steps of a run of `bytes`: --steps, or at most BIG_STEPS for big sizes. */
 int steps_for(uint64_t bytes);
@@ -172,6 +182,7 @@ typedef struct series {
   uint64_t bytes;
   int ps;       /* pushpull: servers; 0 otherwise */
   int workers;  /* pushpull: workers; MPI: ranks; 0 otherwise */
+  const char *transport; /* pushpull: --transport entry, or NULL; else NULL */
   double step_ms[MAX_ROUNDS]; /* per round (tcp_stream: the stream's time;
                                  tcp_rtt: one round trip); NAN: failed */
   double gbps[MAX_ROUNDS];    /* per round; NAN: failed or not defined */
@@ -192,6 +203,9 @@ const char *jnum(double v, char *buf, size_t len);
 /* The round being measured (1-based; 0 outside the rounds), in the lines. */
 extern int g_round;
 const char *figure_name(figure f);
+/* A series' name in the text table: the figure's, with "/TRANSPORT" for a
+ * pushpull run over a --transport entry. */
+const char *series_name(const series *s, char *buf, size_t len);
 void print_table_header(void);
 void print_pushpull(const pp_result *r);
 /* One baseline's figure of round g_round (max_ms: MPI's slowest call). */

@@ -83,6 +83,17 @@ const char *figure_name(figure f) {
   return "?";
 }
 
+const char *series_name(const series *s, char *buf, size_t len) {
+  if (s->transport) snprintf(buf, len, "%s/%s", figure_name(s->fig), s->transport);
+  else snprintf(buf, len, "%s", figure_name(s->fig));
+  return buf;
+}
+
+/* ,"transport":"T" in a JSON line, when t is set. */
+static void print_json_transport(const char *key, const char *t) {
+  if (t) printf(",\"%s\":\"%s\"", key, t);
+}
+
 void print_table_header(void) {
   printf("%5s %-17s %10s %4s %8s %6s %12s %10s %11s\n", "round", "name", "size", "ps",
          "workers", "steps", "step_ms", "gbps", "total_gbps");
@@ -95,6 +106,7 @@ static void print_pushpull_json(const pp_result *r) {
            ",\"ps\":%d,\"workers\":%d,\"steps\":%d,\"error\":",
            g_round, r->bytes, r->ps, r->workers, r->steps);
     print_json_string(r->error);
+    print_json_transport("transport", r->transport);
     printf("}\n");
     return;
   }
@@ -104,6 +116,7 @@ static void print_pushpull_json(const pp_result *r) {
          g_round, r->bytes, r->ps, r->workers, r->steps, jnum(r->step_ms, a, sizeof a),
          jnum(r->gbps, b, sizeof b), jnum(r->total_gbps, c, sizeof c));
   printf(",\"max_step_ms\":%s", jnum(r->max_step_ms, a, sizeof a));
+  print_json_transport("transport", r->transport);
   if (r->ok < 0) {
     printf(",\"warning\":");
     print_json_string(r->error);
@@ -112,16 +125,17 @@ static void print_pushpull_json(const pp_result *r) {
 }
 
 void print_pushpull(const pp_result *r) {
-  char label[32];
+  char label[32], name[32];
   if (opt.json) {
     print_pushpull_json(r);
   } else {
     size_label(r->bytes, label, sizeof label);
+    series_name(&(series){.fig = FIG_PUSHPULL, .transport = r->transport}, name, sizeof name);
     if (r->ok == 0)
-      printf("%5d %-17s %10s %4d %8d %6d  FAILED: %s\n", g_round, "pushpull", label, r->ps,
+      printf("%5d %-17s %10s %4d %8d %6d  FAILED: %s\n", g_round, name, label, r->ps,
              r->workers, r->steps, r->error);
     else
-      printf("%5d %-17s %10s %4d %8d %6d %12.3f %10.4f %11.4f%s\n", g_round, "pushpull", label,
+      printf("%5d %-17s %10s %4d %8d %6d %12.3f %10.4f %11.4f%s\n", g_round, name, label,
              r->ps, r->workers, r->steps, r->step_ms, r->gbps, r->total_gbps,
              r->ok < 0 ? "  (wrong values)" : "");
   }
@@ -227,15 +241,16 @@ void print_summary(const series *s) {
     printf("{\"name\":\"summary\",\"of\":\"%s\",\"bytes\":%" PRIu64
            ",\"ps\":%d,\"workers\":%d,\"rounds\":%d,\"ok_rounds\":%d",
            figure_name(s->fig), s->bytes, s->ps, s->workers, n, ok);
+    print_json_transport("transport", s->transport);
     print_json_stats("step_ms", s->step_ms, n);
     print_json_stats("gbps", s->gbps, n);
     printf("}\n");
   } else {
-    char label[32], ps[16] = "-", w[16] = "-", rounds[24], a[80], b[80];
+    char label[32], ps[16] = "-", w[16] = "-", rounds[24], a[80], b[80], name[32];
     if (s->ps) snprintf(ps, sizeof ps, "%d", s->ps);
     if (s->workers) snprintf(w, sizeof w, "%d", s->workers);
     snprintf(rounds, sizeof rounds, ok == n ? "%d" : "%d of %d", ok, n);
-    printf("%-17s %10s %4s %8s %6s %30s %30s\n", figure_name(s->fig),
+    printf("%-17s %10s %4s %8s %6s %30s %30s\n", series_name(s, name, sizeof name),
            size_label(s->bytes, label, sizeof label), ps, w, rounds,
            range_text(s->step_ms, n, a, sizeof a), range_text(s->gbps, n, b, sizeof b));
   }
@@ -252,21 +267,24 @@ void print_ratio(const series *psd, const series *base, int use_gbps) {
   stats(y, n, &my, &ignore, &ignore);
   stats(per, n, &med, &lo, &hi);
   double value = mx / my; /* the ratio of the medians */
-  char a[32], label[32];
+  char a[32], label[32], xn[32], bn[32];
   if (opt.json) {
     printf("{\"name\":\"ratio\",\"of\":\"%s\",\"bytes\":%" PRIu64
            ",\"ps\":%d,\"workers\":%d,\"vs\":\"%s\",\"value\":%s",
            metric, psd->bytes, psd->ps, psd->workers, figure_name(base->fig),
            jnum(value, a, sizeof a));
+    print_json_transport("transport", psd->transport);
+    print_json_transport("vs_transport", base->transport);
     printf(",\"psd_median\":%s", jnum(mx, a, sizeof a));
     printf(",\"vs_median\":%s", jnum(my, a, sizeof a));
     print_json_stats("per_round", per, n);
     printf("}\n");
   } else {
-    printf("ratio %s ps=%d workers=%d: pushpull %s / %s %s = %.4f (medians %.4g / %.4g; "
+    printf("ratio %s ps=%d workers=%d: %s %s / %s %s = %.4f (medians %.4g / %.4g; "
            "per round %.4g-%.4g)\n",
-           size_label(psd->bytes, label, sizeof label), psd->ps, psd->workers, metric,
-           figure_name(base->fig), metric, value, mx, my, lo, hi);
+           size_label(psd->bytes, label, sizeof label), psd->ps, psd->workers,
+           series_name(psd, xn, sizeof xn), metric, series_name(base, bn, sizeof bn), metric,
+           value, mx, my, lo, hi);
   }
 }
 

@@ -272,6 +272,10 @@ int start_psd(proc *p, int run, int index, int nps, int nw, char *addr, size_t a
       "--num-ps", nps_s, "--workers", nw_s, "--log-level", "warn"};
   int a = 15;
   for (int i = 0; i < opt.n_psd_args; i++) argv[a++] = opt.psd_args[i];
+  if (g_transport) {
+    argv[a++] = "--transport";
+    argv[a++] = g_transport;
+  }
   if (g_telem_off) {
     argv[a++] = "--telemetry";
     argv[a++] = "off";

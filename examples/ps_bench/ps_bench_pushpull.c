@@ -515,12 +515,19 @@ static int pp_teardown(pp_run *r) {
   return res->ok == 1 ? 0 : -1;
 }
 
-int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, pp_result *res) {
+const char *g_transport;
+
+int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, const char *transport,
+                 pp_result *res) {
   pp_run r;
   pp_init(&r, nps, nw, req_bytes, steps, res);
+  res->transport = transport;
+  g_transport = transport;
+  if (transport) setenv("PS_TRANSPORT", transport, 1); /* the forked workers' */
   char label[32];
-  progress("pushpull %s ps=%d workers=%d steps=%d", size_label(r.bytes, label, sizeof label),
-           nps, nw, steps);
+  progress("pushpull %s ps=%d workers=%d steps=%d%s%s",
+           size_label(r.bytes, label, sizeof label), nps, nw, steps,
+           transport ? " transport=" : "", transport ? transport : "");
   if (pp_start_servers(&r) == 0 && pp_start_workers(&r) == 0 && pp_collect_reports(&r) == 0 &&
       pp_check_reports(&r) == 0 && pp_wait_workers(&r) == 0)
     pp_wait_servers(&r);

@@ -25,7 +25,8 @@ typedef struct plan {
   int n, cap;
 } plan;
 
-static series *plan_add(plan *p, figure fig, uint64_t bytes, int ps, int workers) {
+static series *plan_add(plan *p, figure fig, uint64_t bytes, int ps, int workers,
+                        const char *transport) {
   if (p->n == p->cap) return NULL; /* sized by plan_size: never */
   series *s = &p->s[p->n++];
   memset(s, 0, sizeof *s);
@@ -33,12 +34,17 @@ static series *plan_add(plan *p, figure fig, uint64_t bytes, int ps, int workers
   s->bytes = bytes;
   s->ps = ps;
   s->workers = workers;
+  s->transport = transport;
   for (int r = 0; r < MAX_ROUNDS; r++) s->step_ms[r] = s->gbps[r] = NAN;
   return s;
 }
 
+/* Transports each psd configuration runs over (1: none given). */
+static int n_tr(void) { return opt.n_transports ? opt.n_transports : 1; }
+static const char *tr(int i) { return opt.n_transports ? opt.transports[i] : NULL; }
+
 static int plan_size(void) {
-  return 2 + opt.n_sizes * (1 + 2 * opt.n_workers + opt.n_ps * opt.n_workers);
+  return 2 + opt.n_sizes * (1 + 2 * opt.n_workers + opt.n_ps * opt.n_workers * n_tr());
 }
 
 /* The bytes a pushpull of `req` bytes moves (whole float32 elements). */
@@ -52,28 +58,36 @@ static int plan_build(plan *p, int with_mpi) {
   p->s = calloc((size_t)p->cap, sizeof *p->s);
   if (!p->s) return -1;
   if (opt.tcp_baseline) {
-    plan_add(p, FIG_TCP_STREAM, tcp_stream_bytes(), 0, 0);
-    plan_add(p, FIG_TCP_RTT, 4, 0, 0);
+    plan_add(p, FIG_TCP_STREAM, tcp_stream_bytes(), 0, 0, NULL);
+    plan_add(p, FIG_TCP_RTT, 4, 0, 0, NULL);
   }
   if (opt.memcpy_baseline)
-    for (int s = 0; s < opt.n_sizes; s++) plan_add(p, FIG_MEMCPY, opt.sizes[s], 0, 0);
+    for (int s = 0; s < opt.n_sizes; s++) plan_add(p, FIG_MEMCPY, opt.sizes[s], 0, 0, NULL);
   if (with_mpi)
     for (int w = 0; w < opt.n_workers; w++)
       for (int t = 0; t < 2; t++)
         for (int s = 0; s < opt.n_sizes; s++)
-          plan_add(p, t ? FIG_MPI_TCP : FIG_MPI_SHM, pp_bytes(opt.sizes[s]), 0, opt.workers[w]);
+          plan_add(p, t ? FIG_MPI_TCP : FIG_MPI_SHM, pp_bytes(opt.sizes[s]), 0, opt.workers[w],
+                   NULL);
+  /* Transports innermost: the runs compared with each other are taken
+   * back to back. */
   for (int i = 0; i < opt.n_ps; i++)
     for (int j = 0; j < opt.n_workers; j++)
       for (int s = 0; s < opt.n_sizes; s++)
-        plan_add(p, FIG_PUSHPULL, pp_bytes(opt.sizes[s]), opt.ps[i], opt.workers[j]);
+        for (int t = 0; t < n_tr(); t++)
+          plan_add(p, FIG_PUSHPULL, pp_bytes(opt.sizes[s]), opt.ps[i], opt.workers[j], tr(t));
   return 0;
 }
 
-static series *plan_find(plan *p, figure fig, uint64_t bytes, int ps, int workers) {
-  for (int i = 0; i < p->n; i++)
-    if (p->s[i].fig == fig && p->s[i].bytes == bytes && p->s[i].ps == ps &&
-        p->s[i].workers == workers)
+static series *plan_find(plan *p, figure fig, uint64_t bytes, int ps, int workers,
+                         const char *transport) {
+  for (int i = 0; i < p->n; i++) {
+    const series *s = &p->s[i];
+    if (s->fig == fig && s->bytes == bytes && s->ps == ps && s->workers == workers &&
+        (s->transport == transport ||
+         (s->transport && transport && !strcmp(s->transport, transport))))
       return &p->s[i];
+  }
   return NULL;
 }
 
@@ -85,7 +99,8 @@ static int round_mpi(plan *p, int r, int ranks, int tcp) {
   double step_ms[MAX_LIST], max_ms[MAX_LIST];
   int failed = mpi_round(ranks, tcp, step_ms, max_ms) != 0;
   for (int s = 0; s < opt.n_sizes && !g_interrupted; s++) {
-    series *x = plan_find(p, tcp ? FIG_MPI_TCP : FIG_MPI_SHM, pp_bytes(opt.sizes[s]), 0, ranks);
+    series *x = plan_find(p, tcp ? FIG_MPI_TCP : FIG_MPI_SHM, pp_bytes(opt.sizes[s]), 0, ranks,
+                          NULL);
     if (!x) continue;
     x->step_ms[r] = step_ms[s];
     /* As pushpull's gbps: a worker's gradient out and parameters back. */
@@ -124,7 +139,8 @@ static int round_pushpull(plan *p, int r) {
     series *x = &p->s[i];
     if (x->fig != FIG_PUSHPULL) continue;
     pp_result res;
-    if (run_pushpull(x->ps, x->workers, x->bytes, steps_for(x->bytes), &res) != 0) failures++;
+    if (run_pushpull(x->ps, x->workers, x->bytes, steps_for(x->bytes), x->transport, &res) != 0)
+      failures++;
     if (g_interrupted) break;
     print_pushpull(&res);
     if (res.ok != 0) {
@@ -142,20 +158,26 @@ static int round_pushpull(plan *p, int r) {
  *   sizes >= 1 MiB, 1 worker: gbps against tcp_stream and memcpy;
  *   4 bytes, 1 worker: step time against the TCP round trip;
  *   every size and worker count: step time against MPI_Allreduce of as
- *   many ranks, over shared memory and over TCP. */
+ *   many ranks, over shared memory and over TCP;
+ *   over a --transport other than tcp, with tcp in the list too: step
+ *   time against the same configuration over tcp. */
 static void print_ratios(plan *p) {
   for (int i = 0; i < p->n; i++) {
     series *x = &p->s[i];
     if (x->fig != FIG_PUSHPULL || x->ps != 1) continue;
     series *b;
     if (x->workers == 1 && x->bytes >= (1ULL << 20)) {
-      if ((b = plan_find(p, FIG_TCP_STREAM, tcp_stream_bytes(), 0, 0))) print_ratio(x, b, 1);
-      if ((b = plan_find(p, FIG_MEMCPY, x->bytes, 0, 0))) print_ratio(x, b, 1);
+      if ((b = plan_find(p, FIG_TCP_STREAM, tcp_stream_bytes(), 0, 0, NULL)))
+        print_ratio(x, b, 1);
+      if ((b = plan_find(p, FIG_MEMCPY, x->bytes, 0, 0, NULL))) print_ratio(x, b, 1);
     }
-    if (x->workers == 1 && x->bytes == 4 && (b = plan_find(p, FIG_TCP_RTT, 4, 0, 0)))
+    if (x->workers == 1 && x->bytes == 4 && (b = plan_find(p, FIG_TCP_RTT, 4, 0, 0, NULL)))
       print_ratio(x, b, 0);
-    if ((b = plan_find(p, FIG_MPI_SHM, x->bytes, 0, x->workers))) print_ratio(x, b, 0);
-    if ((b = plan_find(p, FIG_MPI_TCP, x->bytes, 0, x->workers))) print_ratio(x, b, 0);
+    if ((b = plan_find(p, FIG_MPI_SHM, x->bytes, 0, x->workers, NULL))) print_ratio(x, b, 0);
+    if ((b = plan_find(p, FIG_MPI_TCP, x->bytes, 0, x->workers, NULL))) print_ratio(x, b, 0);
+    if (x->transport && strcmp(x->transport, "tcp") &&
+        (b = plan_find(p, FIG_PUSHPULL, x->bytes, x->ps, x->workers, "tcp")))
+      print_ratio(x, b, 0);
   }
 }
 
