@@ -624,7 +624,10 @@ static int shm_items(psd_conn *c) {
     p += c->items[c->item]->count * sizeof(float);
     item_done(c);
     c->item++;
-    k->flush(k->ctx); /* answer pulls as slices complete */
+    /* Answer pulls as slices complete; after the last one the read
+     * callback's flush sends them with the PushReply, in one write (a
+     * flush here cost a small step a write and a wake-up of its own). */
+    if (c->item < c->n_items) k->flush(k->ctx);
     if (c->dead || c->state != PSD_CONN_DATA) return -1;
   }
   ps__shm_store(c->shm.push_done, c->shm_pos + c->hdr.data_len);

@@ -41,7 +41,9 @@ static int queue_shm(ps__conn *k, unsigned type, const ProtobufCMessage *m,
 int ps__queue_frame(ps_client *c, ps__conn *k, unsigned type, const ProtobufCMessage *m,
                     const float *const *data, const uint64_t *counts, size_t nseg) {
   int rc = queue_shm(k, type, m, data, counts, nseg);
-  if (rc == 1) return 0;
+  /* Sent at once, not with the request's last frame: psd applies this
+   * frame's data while we copy the next one into the ring. */
+  if (rc == 1) return ps__conn_flush(c, k);
   if (rc == 0) rc = ps__outq_frame(&k->out, type, m, data, counts, NULL, nseg);
   if (rc == PS_ETOOBIG)
     return ps__seterr(c, rc, "a %s message exceeds the frame limits", ps__msg_name(type));
