@@ -51,8 +51,8 @@ static void layout(ps__shm *s, uint8_t *map, uint64_t push, uint64_t pull) {
   memset(s, 0, sizeof *s);
   s->map = map;
   s->map_len = (size_t)(PS__SHM_HEADER_BYTES + push + pull);
-  s->push = (ps__shm_ring){map + PS__SHM_HEADER_BYTES, push, 0};
-  s->pull = (ps__shm_ring){map + PS__SHM_HEADER_BYTES + push, pull, 0};
+  s->push = (ps__shm_ring){map + PS__SHM_HEADER_BYTES, push, 0, 0};
+  s->pull = (ps__shm_ring){map + PS__SHM_HEADER_BYTES + push, pull, 0, 0};
   s->push_done = (uint64_t *)(void *)(map + PS__SHM_PUSH_DONE_OFF);
   s->pull_done = (uint64_t *)(void *)(map + PS__SHM_PULL_DONE_OFF);
 }
@@ -140,12 +140,21 @@ void *ps__shm_reserve(ps__shm_ring *r, uint64_t done, uint64_t len, uint64_t *po
   if (!r->base || len == 0 || len > r->size) return NULL;
   /* A done word past our head, or more than a ring behind it, is not one
    * an honest consumer writes: treat the ring as full. */
-  if (done > r->head || r->head - done > r->size) return NULL;
+  if (done > r->head) return NULL;
+  /* The bytes skipped by a restart below count as consumed: without
+   * this, a consumer that kept up (every frame done before the next was
+   * reserved) left done a lap short of each restart, and the ring
+   * refused frames that had room. */
+  if (done < r->floor) done = r->floor;
+  if (r->head - done > r->size) return NULL;
   int empty = align_up(done) >= r->head;
   uint64_t p = r->head;
   /* An empty ring starts again at its first byte: a small model keeps
    * touching the same few pages instead of walking the whole ring. */
-  if (empty) p = (p + r->size - 1) / r->size * r->size;
+  if (empty) {
+    p = (p + r->size - 1) / r->size * r->size;
+    r->floor = p;
+  }
   uint64_t off = p % r->size;
   if (off + len > r->size) { /* never wrap inside a frame */
     p += r->size - off;

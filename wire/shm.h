@@ -64,6 +64,9 @@ typedef struct ps__shm_ring {
   uint64_t size;   /* bytes */
   uint64_t head;   /* producer: next free position (a multiple of
                       PS__SHM_ALIGN); grows forever */
+  uint64_t floor;  /* producer: where it last restarted an empty ring at
+                      a lap's first byte; every byte below was consumed
+                      or never written, whatever the done word says */
 } ps__shm_ring;
 
 /* A mapped segment. */
