@@ -88,7 +88,8 @@ static void usage(FILE *f) {
           "                         finished (it writes accepted checkpoints) [15]\n"
           "  --no-pin               do not pin servers to the last CPUs and\n"
           "                         workers to the first ones (pinning makes the\n"
-          "                         latency baseline comparable)\n"
+          "                         latency baseline comparable; a run with more\n"
+          "                         processes than CPUs is never pinned)\n"
           "  --psd PATH             psd binary [next to this executable]\n"
           "  --help                 print this and exit\n", DEFAULT_ROUNDS, TELEM_ROUNDS);
 }

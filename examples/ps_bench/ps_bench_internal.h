@@ -141,6 +141,8 @@ int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, const char *tra
                  pp_result *res);
 /* The transport of the run being set up (NULL: none given), for start_psd. */
 extern const char *g_transport;
+/* Servers + workers of the run being set up (0 outside a run), for pin_cpu. */
+extern int g_run_procs;
 
 /* Steps of a run of `bytes`: --steps, or at most BIG_STEPS for big sizes. */
 int steps_for(uint64_t bytes);

@@ -124,7 +124,10 @@ void sleep_ms(int ms) {
 void pin_cpu(int index) {
   if (!opt.pin) return;
   long n = sysconf(_SC_NPROCESSORS_ONLN);
-  if (n < 2) return;
+  /* More processes than CPUs: any pinning pairs some of them on one CPU
+   * for good, where the scheduler would move them (as mpirun, which binds
+   * oversubscribed ranks to nothing). */
+  if (n < 2 || g_run_procs > n) return;
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET((int)(((index % n) + n) % n), &set);

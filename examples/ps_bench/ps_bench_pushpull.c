@@ -516,6 +516,7 @@ static int pp_teardown(pp_run *r) {
 }
 
 const char *g_transport;
+int g_run_procs;
 
 int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, const char *transport,
                  pp_result *res) {
@@ -523,6 +524,7 @@ int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, const char *tra
   pp_init(&r, nps, nw, req_bytes, steps, res);
   res->transport = transport;
   g_transport = transport;
+  g_run_procs = nps + nw;
   if (transport) setenv("PS_TRANSPORT", transport, 1); /* the forked workers' */
   char label[32];
   progress("pushpull %s ps=%d workers=%d steps=%d%s%s",
@@ -531,5 +533,6 @@ int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, const char *tra
   if (pp_start_servers(&r) == 0 && pp_start_workers(&r) == 0 && pp_collect_reports(&r) == 0 &&
       pp_check_reports(&r) == 0 && pp_wait_workers(&r) == 0)
     pp_wait_servers(&r);
+  g_run_procs = 0;
   return pp_teardown(&r);
 }
