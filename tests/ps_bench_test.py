@@ -15,7 +15,8 @@ rounds: `ps_bench --rounds 3 --sizes 4,64K --tcp-baseline --memcpy-baseline`,
     per-round values are the per-round ratios;
   - bad --rounds values are refused with a message naming the option.
 
-mpi: `ps_bench --rounds 2 --sizes 4,64K --workers 1,2 --mpi-baseline`
+mpi: `ps_bench --rounds 2 --sizes 4,64K --workers 1,2 --mpi-baseline` with
+  `--mpi-arg`s choosing an allreduce algorithm (named in a "note" line)
   - exits 77 (SKIP) when Open MPI is not installed (no mpirun) and ps_bench
     was built without it; fails when mpirun is installed but the baseline
     was not built (MPI_BUILT OFF: reconfigure), or when it runs but fails;
@@ -210,13 +211,21 @@ def test_mpi(bin_dir, built):
               'libopenmpi-dev); ps_bench says it was not built')
         sys.exit(77)
     rounds = 2
+    # --mpi-arg reaches mpirun (an allreduce algorithm of Open MPI's tuned
+    # collectives) and the JSON names it.
+    algo = ['--mpi-arg=--mca', '--mpi-arg=coll_tuned_use_dynamic_rules', '--mpi-arg=1',
+            '--mpi-arg=--mca', '--mpi-arg=coll_tuned_allreduce_algorithm', '--mpi-arg=2']
     rows = run_bench(bin_dir, ['--rounds', str(rounds), '--sizes', '4,64K', '--steps', '5',
-                               '--workers', '1,2', '--mpi-baseline'])
+                               '--workers', '1,2', '--mpi-baseline'] + algo)
+    want = '--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 2'
+    if not any(r.get('mpi_args') == want for r in rows):
+        fail('no note naming the --mpi-arg arguments: %s' %
+             [r for r in rows if r['name'] == 'note'])
     summaries = check_rounds(rows, rounds, ['mpi_allreduce_shm', 'mpi_allreduce_tcp'])
     for fig in ('mpi_allreduce_shm', 'mpi_allreduce_tcp'):
         for w in (1, 2):
             for b in (4, 65536):
-                if (fig, b, 0, w) not in summaries:
+                if (fig, b, 0, w, None) not in summaries:
                     fail('no %s for %d workers x %d B' % (fig, w, b))
     check_ratios(rows, summaries, rounds,
                  [(fig, b, w, 'step_ms') for fig in ('mpi_allreduce_shm', 'mpi_allreduce_tcp')

@@ -84,6 +84,10 @@ static void usage(FILE *f) {
           "                         is a ratio\n"
           "  --psd-arg ARG          pass ARG to every psd (repeat for several,\n"
           "                         e.g. --psd-arg=--checkpoint-every --psd-arg=4)\n"
+          "  --mpi-arg ARG          pass ARG to every mpirun of --mpi-baseline\n"
+          "                         (repeat for several, e.g. --mpi-arg=--mca\n"
+          "                         --mpi-arg=coll_tuned_use_dynamic_rules\n"
+          "                         --mpi-arg=1 to pick an allreduce algorithm)\n"
           "  --psd-exit-wait S      seconds psd may take to exit after the workers\n"
           "                         finished (it writes accepted checkpoints) [15]\n"
           "  --no-pin               do not pin servers to the last CPUs and\n"
@@ -195,6 +199,7 @@ static int parse_value_option(int argc, char **argv, int a) {
   const char *arg = argv[a];
   static const char *const with_value[] = {"--ps", "--workers", "--sizes", "--steps",
                                            "--psd", "--psd-arg", "--psd-exit-wait",
+                                           "--mpi-arg",
                                            "--rounds", "--transport"};
   const char *flag = NULL, *val = NULL;
   char fbuf[32];
@@ -248,6 +253,9 @@ static int parse_value_option(int argc, char **argv, int a) {
   } else if (!strcmp(flag, "--psd-arg")) {
     if (opt.n_psd_args >= MAX_PSD_ARGS) bad_value(fbuf, val, "given too many times");
     opt.psd_args[opt.n_psd_args++] = val;
+  } else if (!strcmp(flag, "--mpi-arg")) {
+    if (opt.n_mpi_args >= MAX_PSD_ARGS) bad_value(fbuf, val, "given too many times");
+    opt.mpi_args[opt.n_mpi_args++] = val;
   }
   return a;
 }

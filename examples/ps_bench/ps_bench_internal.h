@@ -55,7 +55,7 @@
 /* ---------------------------------------------------------------------- */
 /* Options (ps_bench.c) */
 
-/* --psd-arg may be given this many times. */
+/* --psd-arg and --mpi-arg may each be given this many times. */
 #define MAX_PSD_ARGS 16
 
 typedef struct options {
@@ -72,6 +72,8 @@ typedef struct options {
   char psd[PATH_MAX];
   const char *psd_args[MAX_PSD_ARGS]; /* --psd-arg: extra psd arguments, in order */
   int n_psd_args;
+  const char *mpi_args[MAX_PSD_ARGS]; /* --mpi-arg: extra mpirun arguments */
+  int n_mpi_args;
   int psd_exit_s; /* --psd-exit-wait: seconds psd may take to exit after the
                      workers (it first writes the checkpoints it accepted) */
   int rounds;          /* --rounds: interleaved rounds of every figure */

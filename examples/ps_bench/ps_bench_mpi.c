@@ -235,6 +235,7 @@ static void mpi_argv(const char **argv, char store[4][64], char *sizes, size_t s
     argv[a++] = "btl_tcp_if_include";
     argv[a++] = "lo";
   }
+  for (int i = 0; i < opt.n_mpi_args; i++) argv[a++] = opt.mpi_args[i];
   argv[a++] = g_mpi_bench;
   size_t k = 0;
   sizes[0] = '\0';
@@ -261,7 +262,7 @@ int mpi_round(int ranks, int tcp, double *step_ms, double *max_ms) {
   memset(&m, 0, sizeof m);
   m.fd = -1;
   for (int s = 0; s < opt.n_sizes; s++) step_ms[s] = max_ms[s] = NAN;
-  const char *argv[32];
+  const char *argv[32 + MAX_PSD_ARGS];
   char store[4][64], sizes[MAX_LIST * 24];
   mpi_argv(argv, store, sizes, sizeof sizes, ranks, tcp);
   snprintf(m.p.log, sizeof m.p.log, "%s/mpi%d.np%d.%s.log", g_tmpdir, ++seq, ranks,

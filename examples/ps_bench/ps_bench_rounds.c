@@ -186,7 +186,16 @@ static int mpi_wanted(void) {
   if (!opt.mpi_baseline) return 0;
   char why[PATH_MAX + 128];
   int b = mpi_built(why, sizeof why);
-  if (b == 1) return 1;
+  if (b == 1) {
+    if (opt.n_mpi_args) { /* the JSON says which MPI configuration it compared with */
+      char args[1024] = "";
+      size_t k = 0;
+      for (int i = 0; i < opt.n_mpi_args && k < sizeof args; i++)
+        k += (size_t)snprintf(args + k, sizeof args - k, "%s%s", i ? " " : "", opt.mpi_args[i]);
+      print_note("mpi_args", args);
+    }
+    return 1;
+  }
   progress("%s", why);
   print_note("mpi_baseline", b == 0 ? "not built" : why);
   return b;
