@@ -1,7 +1,8 @@
 /*
  * handlers.h - what psd does with each message: the handshake (admission
  * by job.c, then binding the connection), Register, Init and Push (into
- * the shard), Pull (parked in waiters.c, answered by psd_handlers_flush),
+ * the shard), Pull (parked in waiters.c, answered by psd_handlers_flush
+ * in replies.c),
  * Finish, Checkpoint (persist.c) and Stats (telemetry.c). conn.c calls in
  * through psd_conn_hooks; the event loop (server.c) is reached only
  * through the finish hook, so nothing here depends on server.c.

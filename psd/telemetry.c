@@ -381,6 +381,7 @@ int psd_telem_stats(psd_telem *t, const psd_telem_view *v, Ps__StatsReply *r) {
     ws[w].waited_for_ms = k->waited_for * 1e3;
     ws[w].bytes_in = k->bytes_in;
     ws[w].bytes_out = k->bytes_out;
+    ws[w].shm_tcp_frames = k->shm_tcp_frames;
     ws[w].arrive_mean_ms = k->lag_sum * 1e3;
     lag_n[w] = k->lag_n;
     wp[w] = &ws[w];

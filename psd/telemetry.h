@@ -45,6 +45,9 @@ typedef struct psd_telem_worker {
   uint64_t pushes;     /* Push frames received */
   uint64_t bytes_in;   /* gradient bytes received */
   uint64_t bytes_out;  /* parameter bytes sent */
+  uint64_t shm_tcp_frames; /* its frames of tensor data, either way, that
+                              went over TCP although it has a shared-memory
+                              segment (no room in a ring) */
   uint64_t last_count; /* closed steps it arrived last in (of >= 2 arrivals) */
   double waited_for;   /* sum over those of (its arrival - the previous one) */
   double lag_sum;      /* sum of its arrival - the step's first arrival */
@@ -82,6 +85,11 @@ void psd_telem_free(psd_telem *t);
 void psd_telem_push(psd_telem *t, int w, uint64_t step, double at, uint64_t bytes,
                     double agg, uint32_t stale);
 /* bytes of parameters were queued to worker w. */
+/* A frame of worker w's tensor data went over TCP although it has a
+ * shared-memory segment. */
+static inline void psd_telem_shm_tcp(psd_telem *t, int w) {
+  if (w >= 0 && (uint32_t)w < t->num_workers) t->workers[w].shm_tcp_frames++;
+}
 static inline void psd_telem_sent(psd_telem *t, int w, uint64_t bytes) {
   if (w >= 0 && (uint32_t)w < t->num_workers) t->workers[w].bytes_out += bytes;
 }

@@ -187,7 +187,7 @@ static void print_json(const char *addr, const Ps__StatsReply *r) {
            w->arrive_mean_ms);
     if (w->transport && w->transport[0]) json_str(w->transport);
     else printf("null");
-    printf("}");
+    printf(",\"shm_tcp_frames\":%llu}", (unsigned long long)w->shm_tcp_frames);
   }
   printf("]");
   print_tables_json(r);
@@ -212,14 +212,21 @@ static void print_text(const char *addr, const Ps__StatsReply *r) {
          r->agg_ms_p50);
   printf("%-7s %-10s %9s %8s %13s %10s %12s %12s %4s\n", "worker", "state", "pushes", "last",
          "waited-for ms", "lag ms", "data in", "data out", "via");
+  int fell_back = 0;
   for (size_t i = 0; i < r->n_workers; i++) {
     const Ps__WorkerStats *w = r->workers[i];
-    printf("w%-6u %-10s %9llu %8llu %13.3f %10.3f %12llu %12llu %4s\n", w->worker,
+    printf("w%-6u %-10s %9llu %8llu %13.3f %10.3f %12llu %12llu %4s%s\n", w->worker,
            w->state ? w->state : "?", (unsigned long long)w->pushes,
            (unsigned long long)w->last_count, w->waited_for_ms, w->arrive_mean_ms,
            (unsigned long long)w->bytes_in, (unsigned long long)w->bytes_out,
-           w->transport && w->transport[0] ? w->transport : "-");
+           w->transport && w->transport[0] ? w->transport : "-", w->shm_tcp_frames ? "*" : "");
+    fell_back |= w->shm_tcp_frames != 0;
   }
+  for (size_t i = 0; fell_back && i < r->n_workers; i++)
+    if (r->workers[i]->shm_tcp_frames)
+      printf("* w%u: %llu frames of tensor data went over TCP: no room in its shared-memory "
+             "ring (a model bigger than the ring, or a peer that does not keep up)\n",
+             r->workers[i]->worker, (unsigned long long)r->workers[i]->shm_tcp_frames);
 }
 
 /* --job JOB.STEP: both ids, and MUNGE. 0, or -1 with err. */

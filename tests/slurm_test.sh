@@ -418,6 +418,11 @@ for mode in $modes; do
     continue
   fi
   eval "$(bash "$CLUSTER" env)"
+  # netns: the emulated nodes are hosts of their own (a task elsewhere
+  # cannot use a ps's shared memory), so a forced PS_TRANSPORT=shm (the
+  # whole suite run that way) is auto here: shared memory where a worker
+  # shares a node with a ps, TCP elsewhere.
+  [ $mode = netns ] && [ "${PS_TRANSPORT:-}" = shm ] && export PS_TRANSPORT=auto
   if [ -n "${PS_SLURM_ONLY:-}" ]; then cd "$WORK" && "$PS_SLURM_ONLY"; else scenarios $mode; fi
   bash "$CLUSTER" stop >/dev/null 2>&1
 done

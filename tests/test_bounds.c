@@ -464,6 +464,7 @@ START_TEST(test_client_rejects_huge_slice_id) {
   cfg.num_workers = 1;
   cfg.connect_timeout_ms = 5000;
   cfg.request_timeout_ms = 5000;
+  cfg.transport = PS_TRANSPORT_TCP; /* the fake server offers no shared memory */
   ps_client *c = NULL;
   char err[512];
   ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);

@@ -121,7 +121,8 @@ static void wk_open(wk *w) {
   const char *hosts[1] = {w->addr};
   ps_config cfg = PS_SIZED(ps_config, .hosts = hosts, .num_ps = 1, .worker_index = w->index, .num_workers = 2,
                    .replicas_to_aggregate = w->replicas, .connect_timeout_ms = 10000,
-                   .request_timeout_ms = (int)(DONE_S * 1000), .max_slice_bytes = SLICE);
+                   .request_timeout_ms = (int)(DONE_S * 1000), .max_slice_bytes = SLICE,
+                   .transport = PS_TRANSPORT_TCP); /* as its psd: pacing is TCP's */
   w->rc = ps_client_create(&cfg, &w->c, w->err, sizeof w->err);
   if (w->rc) return;
   int64_t shape[1] = {N};

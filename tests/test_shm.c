@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "admin.h"
 #include "ps.pb-c.h"
 #include "testutil.h"
 #include "wire.h"
@@ -615,6 +616,126 @@ START_TEST(test_hostile_beside_honest) {
 }
 END_TEST
 
+/* One sync worker of a pipelined run: `steps` ps_client_steps of one
+ * variable of numel floats, every value checked at the end. */
+typedef struct pipe_worker {
+  const char *addr;  /* the one psd */
+  int w, nw, steps;  /* who, of how many, how long */
+  size_t numel;      /* the variable's floats */
+  int *ready;        /* incremented once its steps are done */
+  const int *hold;   /* then it waits while *hold before finishing */
+  int rc;            /* first error */
+  char err[600];
+} pipe_worker;
+
+#define PIPE_SECRET "shm-pipeline-test-secret"
+
+static void *pipe_main(void *arg) {
+  pipe_worker *pw = arg;
+  const char *hosts[1] = {pw->addr};
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hosts;
+  cfg.num_ps = 1;
+  cfg.worker_index = pw->w;
+  cfg.num_workers = pw->nw;
+  cfg.credential = PIPE_SECRET;
+  cfg.credential_len = strlen(PIPE_SECRET);
+  cfg.transport = PS_TRANSPORT_SHM;
+  cfg.request_timeout_ms = 60000;
+  ps_client *c = NULL;
+  pw->rc = ps_client_create(&cfg, &c, pw->err, sizeof pw->err);
+  if (pw->rc) return NULL;
+  int64_t shape[1] = {(int64_t)pw->numel};
+  ps_init init = PS_SIZED(ps_init, .kind = PS_INIT_ZEROS);
+  ps_optimizer opt;
+  ps_optimizer_default(&opt, 0.5); /* SGD */
+  ps_var *v;
+  uint64_t step = 0;
+  pw->rc = ps_client_var_create(c, "big", shape, 1, &init, &opt, &v);
+  if (!pw->rc) pw->rc = ps_client_pull(c, 0, &step);
+  float *g = pw->rc ? NULL : ps_var_grad(v);
+  for (size_t i = 0; g && i < pw->numel; i++) g[i] = 1.0f;
+  for (int k = 0; k < pw->steps && !pw->rc; k++) pw->rc = ps_client_step(c, &step, NULL);
+  if (!pw->rc) {
+    const float *x = ps_var_data(v);
+    for (size_t i = 0; i < pw->numel; i++)
+      if (x[i] != -0.5f * (float)step) {
+        pw->rc = PS_EINVAL;
+        snprintf(pw->err, sizeof pw->err, "after step %llu: x[%zu] = %g",
+                 (unsigned long long)step, i, x[i]);
+        break;
+      }
+  } else {
+    snprintf(pw->err, sizeof pw->err, "%s", ps_client_errmsg(c));
+  }
+  __atomic_add_fetch(pw->ready, 1, __ATOMIC_RELEASE);
+  while (__atomic_load_n(pw->hold, __ATOMIC_ACQUIRE)) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  if (!pw->rc) pw->rc = ps_client_finish(c);
+  ps_client_destroy(c);
+  return NULL;
+}
+
+/* Runs nw pipe workers of numel floats for steps sync steps against a
+ * fresh psd; returns what Stats says of the frames that went over TCP
+ * (all workers), asked once every worker has done its steps and before
+ * any finishes (psd exits when all have). */
+static uint64_t pipe_run(int nw, size_t numel, int steps) {
+  tu_psd_secret = PIPE_SECRET;
+  tu_psd p;
+  char nws[8];
+  snprintf(nws, sizeof nws, "%d", nw);
+  const char *args[] = {"--workers", nws, "--transport", "shm", NULL};
+  ck_assert_int_eq(tu_psd_start(&p, args), 0);
+  tu_psd_secret = NULL;
+  pipe_worker pw[2];
+  pthread_t th[2];
+  int ready = 0, hold = 1;
+  for (int i = 0; i < nw; i++) {
+    pw[i] = (pipe_worker){.addr = p.addr, .w = i, .nw = nw, .steps = steps, .numel = numel,
+                          .ready = &ready, .hold = &hold};
+    ck_assert_int_eq(pthread_create(&th[i], NULL, pipe_main, &pw[i]), 0);
+  }
+  while (__atomic_load_n(&ready, __ATOMIC_ACQUIRE) < nw) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  ps__auth au = {PIPE_SECRET, strlen(PIPE_SECRET), 0, NULL, 0, 0};
+  Ps__StatsReply *r = NULL;
+  char err[600];
+  int rc = ps__admin_stats(p.addr, &au, 5000, &r, err, sizeof err);
+  ck_assert_msg(rc == 0, "stats: %s (%s)", ps_strerror(rc), err);
+  uint64_t n = 0;
+  for (size_t i = 0; i < r->n_workers; i++) n += r->workers[i]->shm_tcp_frames;
+  ck_assert_uint_eq(r->n_workers, (unsigned)nw);
+  ps__stats_reply__free_unpacked(r, NULL);
+  __atomic_store_n(&hold, 0, __ATOMIC_RELEASE);
+  for (int i = 0; i < nw; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_msg(pw[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(pw[i].rc), pw[i].err);
+  }
+  tu_psd_kill(&p);
+  return n;
+}
+
+/* The rings keep up with a pipelined run: 2 sync workers x 16 MiB (4 MiB
+ * frames, each sent as soon as it is in the ring, the pull answered slice
+ * by slice) find room for every frame, so Stats counts none over TCP (the
+ * ring's restart arithmetic once sent most of every such step over TCP,
+ * unseen). A variable bigger than a ring (72 MiB in 64 MiB rings) goes
+ * partly over TCP each step, and Stats counts those frames. */
+START_TEST(test_rings_keep_up) {
+  uint64_t n = pipe_run(2, (size_t)4 << 20, 12);
+  ck_assert_msg(n == 0, "%llu frames over TCP", (unsigned long long)n);
+  n = pipe_run(1, (size_t)18 << 20, 3);
+  ck_assert_msg(n >= 3, "%llu frames over TCP for a variable bigger than the ring",
+                (unsigned long long)n);
+}
+END_TEST
+
 Suite *suite_shm_hostile(void) {
   Suite *s = suite_create("shm_hostile");
   TCase *tc = tcase_create("psd");
@@ -622,6 +743,7 @@ Suite *suite_shm_hostile(void) {
   tcase_add_test(tc, test_forced_and_auto);
   tcase_add_test(tc, test_handover_refused);
   tcase_add_test(tc, test_hostile_beside_honest);
+  tcase_add_test(tc, test_rings_keep_up);
   suite_add_tcase(s, tc);
   return s;
 }

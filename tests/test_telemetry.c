@@ -351,6 +351,8 @@ START_TEST(test_transport_reported) {
   const char *e0 = strchr(w0, '}'), *e1 = strchr(w1, '}');
   const char *t0 = strstr(w0, "\"transport\":\"shm\""), *t1 = strstr(w1, "\"transport\":\"tcp\"");
   ck_assert_msg(t0 && t0 < e0 && t1 && t1 < e1, "%s", text);
+  const char *f0 = strstr(w0, "\"shm_tcp_frames\":0}");
+  ck_assert_msg(f0 && f0 < e0 + 1, "w0's frames over TCP: %s", text);
   ck_assert_msg(strstr(text, " via\n"), "no via column: %s", text);
   free(text);
   __atomic_store_n(&hold, 0, __ATOMIC_RELEASE);

@@ -25,7 +25,11 @@
 # instead (e.g. "--pace-ahead 0") and adds its step time and the ratio, so
 # both are measured in the same run on the same links. --keep DIR keeps each
 # run's logs and telemetry (workers' and psd's JSON lines) there.
-# --wire-dtype sets the workers' PS_WIRE_DTYPE (16-bit gradients and
+# Every task is an emulated host of its own, so tensors go over TCP
+# (--transport tcp, PS_TRANSPORT=tcp: the emulated hosts share this
+# machine's boot id, and a worker would try the shared-memory socket of a
+# ps in another namespace before falling back). --wire-dtype sets the
+# workers' PS_WIRE_DTYPE (16-bit gradients and
 # parameters on the wire; the link columns still count float32 model
 # bytes); --vs-dtype D runs every configuration a second time with the
 # workers at D and adds its step time and D's time over the main run's
@@ -55,7 +59,7 @@ while [ $# -gt 0 ]; do
     --wire-dtype) wire=$2; shift 2 ;;
     --vs-dtype) vs_dtype=$2; shift 2 ;;
     --smoke) smoke=1; shift ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -148,7 +152,8 @@ run_one() {
   for ((i = 0; i < P; i++)); do
     PSD_SECRET=$secret ip netns exec "${tag}h$i" "$bin/psd" --host "$net.$((10 + i))" --port 7000 \
       --port-file "$run/port$i" --ps-index "$i" --num-ps "$P" --workers "$W" --log-level warn \
-      --telemetry "$run/tel.ps$i" --startup-timeout 120 $extra > "$run/ps$i.log" 2>&1 &
+      --telemetry "$run/tel.ps$i" --startup-timeout 120 --transport tcp $extra \
+      > "$run/ps$i.log" 2>&1 &
     pids+=($!)
     hostsv+="${hostsv:+,}$net.$((10 + i)):7000"
   done
@@ -160,7 +165,7 @@ run_one() {
   for ((i = 0; i < W; i++)); do
     PS_HOSTS=$hostsv PS_WORKER_INDEX=$i PS_NUM_WORKERS=$W PS_SECRET=$secret \
       PS_TELEMETRY="$run/tel.w$i" PS_CONNECT_TIMEOUT_MS=30000 PS_MAX_SLICE_BYTES=$slice \
-      PS_WIRE_DTYPE=$dt \
+      PS_WIRE_DTYPE=$dt PS_TRANSPORT=tcp \
       ip netns exec "${tag}h$((maxp + i))" "$bin/scale_worker" --model "$model" --scale "$scale" \
       --compute-ms "$compute_ms" --steps "$steps" > "$run/w$i.out" 2> "$run/w$i.err" &
     wp+=($!)
