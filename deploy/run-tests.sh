@@ -6,6 +6,12 @@ cd "$(dirname "$0")/.."
 bash deploy/build.sh -DPS_WERROR=ON
 (cd build && ctest --output-on-failure -j"$(nproc)" --timeout 600)
 
+# The same suite with every worker forced onto the shared-memory transport
+# (PS_TRANSPORT=shm, docs/protocol.md §1a): a worker that cannot use it
+# fails instead of quietly taking TCP. Tests of TCP itself (pacing, the
+# *_tcp runs, emulated hosts) set their transport in their configuration.
+(cd build && PS_TRANSPORT=shm ctest --output-on-failure -j"$(nproc)" --timeout 600)
+
 # The daemon and the library alone: no psrun, no examples, so neither
 # libslurm, libpmi2 nor OpenBLAS is looked for; psd must not link them and
 # libpsclient.so must export only the ps_ API (tests/link_test.sh).
