@@ -27,6 +27,11 @@
 /* Bytes read per readiness callback before yielding to other connections,
  * so one fast sender cannot starve the rest. */
 #define PSD_READ_BUDGET (32u << 20)
+/* Tensor bytes of shared-memory frames applied per readiness callback
+ * before yielding (the callback is then scheduled again): such a frame is
+ * ~40 bytes on the socket but may name up to a whole ring of data, so the
+ * read budget alone would let one connection apply gigabytes at once. */
+#define PSD_SHM_BUDGET ((uint64_t)32 << 20)
 /* Protobuf arena's first block: a Push of ~1000 items fits. */
 #define PSD_ARENA_INITIAL (64u * 1024u)
 /* Bytes of reply a connection may have queued, copied or referenced in
@@ -605,7 +610,7 @@ static int shm_locate(psd_conn *c, const uint8_t *desc) {
  * the frame answered. The peer may rewrite the bytes meanwhile: that only
  * changes its own gradient or values, never where psd reads (every
  * offset was checked against the ring). 1, or -1 if c closed. */
-static int shm_items(psd_conn *c) {
+static int shm_items(psd_conn *c, uint64_t *shm_budget) {
   const uint8_t *p = c->shm_src;
   psd_conn_hooks *k = &c->reg->hooks;
   for (size_t i = 0; i < c->n_items; i++) {
@@ -631,13 +636,15 @@ static int shm_items(psd_conn *c) {
     if (c->dead || c->state != PSD_CONN_DATA) return -1;
   }
   ps__shm_store(c->shm.push_done, c->shm_pos + c->hdr.data_len);
+  *shm_budget = c->hdr.data_len >= *shm_budget ? 0 : *shm_budget - c->hdr.data_len;
   frame_done(c);
   return 1;
 }
 
-/* Makes progress on buffered input. Returns 1 if it did, 0 if it needs
- * more bytes, -1 if the connection entered CLOSING. */
-static int step(psd_conn *c) {
+/* Makes progress on buffered input, charging shared-memory data to
+ * *shm_budget. Returns 1 if it did, 0 if it needs more bytes, -1 if the
+ * connection entered CLOSING. */
+static int step(psd_conn *c, uint64_t *shm_budget) {
   switch (c->state) {
   case PSD_CONN_HEADER: {
     if (c->in_len < PS__HEADER_SIZE) return 0;
@@ -675,7 +682,7 @@ static int step(psd_conn *c) {
     c->state = PSD_CONN_HEADER;
     if (dispatch(c, meta) != 0) return -1;
     if (c->state == PSD_CONN_DATA && c->n_items == 0) frame_done(c);
-    else if (c->state == PSD_CONN_DATA && c->shm_src) return shm_items(c);
+    else if (c->state == PSD_CONN_DATA && c->shm_src) return shm_items(c, shm_budget);
     else if (c->state == PSD_CONN_HEADER) frame_reset(c);
     if (c->handshaken && !c->upgraded && conn_upgrade(c) != 0) return -1;
     return 1;
@@ -708,13 +715,21 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
   psd_conn *c = arg;
   psd_conns *cs = c->reg;
   size_t budget = PSD_READ_BUDGET;
+  uint64_t shm_budget = PSD_SHM_BUDGET;
   while (!c->dead && c->state != PSD_CONN_CLOSING) {
     int r = 1;
     /* Buffered frames too wait while the output is over the mark. */
-    while (!c->auth_wait && ps__outq_bytes(&c->out) <= PSD_OUT_HIGH_WATER &&
-           (r = step(c)) > 0 && !c->dead) {
+    while (!c->auth_wait && ps__outq_bytes(&c->out) <= PSD_OUT_HIGH_WATER && shm_budget &&
+           (r = step(c, &shm_budget)) > 0 && !c->dead) {
     }
     if (r < 0 || c->dead) break;
+    if (!shm_budget) {
+      /* Other connections first; the frames already buffered are taken
+       * up again by this callback, run once more when the loop comes
+       * round (no socket readiness would call it). */
+      event_active(c->rev, EV_READ, 0);
+      break;
+    }
     if (c->auth_wait) {
       event_del(c->rev); /* psd_conn_auth_done reads again */
       break;

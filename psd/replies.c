@@ -111,4 +111,3 @@ void psd_handlers_flush(psd_handlers *h) {
     psd_conn_write(c); /* may close c (freed later, by psd_conns_reap) */
   }
 }
-

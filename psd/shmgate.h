@@ -3,8 +3,8 @@
  * (protocol 2.4, docs/protocol.md §1a): an abstract unix socket
  * (SOCK_SEQPACKET) announced in the HelloReply of every worker's TCP
  * connection together with a one-time token. A peer of another uid
- * (SO_PEERCRED) is answered and closed at accept; one of psd's uid sends the token and the ring sizes with the memfd as
- * SCM_RIGHTS; the connection that announced the token gets the segment,
+ * (SO_PEERCRED) is answered and closed at accept; one of psd's uid sends
+ * the token and the ring sizes with the memfd as SCM_RIGHTS; the connection that announced the token gets the segment,
  * checked and mapped by ps__shm_attach, and psd answers with a status and
  * a sentence. Everything is non-blocking, each handover is one message,
  * and at most PSD_SHM_MAX_PENDING peers wait at once, each at most

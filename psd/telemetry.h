@@ -84,12 +84,12 @@ void psd_telem_free(psd_telem *t);
  * `stale` of its gradients were dropped. */
 void psd_telem_push(psd_telem *t, int w, uint64_t step, double at, uint64_t bytes,
                     double agg, uint32_t stale);
-/* bytes of parameters were queued to worker w. */
 /* A frame of worker w's tensor data went over TCP although it has a
  * shared-memory segment. */
 static inline void psd_telem_shm_tcp(psd_telem *t, int w) {
   if (w >= 0 && (uint32_t)w < t->num_workers) t->workers[w].shm_tcp_frames++;
 }
+/* bytes of parameters were queued to worker w. */
 static inline void psd_telem_sent(psd_telem *t, int w, uint64_t bytes) {
   if (w >= 0 && (uint32_t)w < t->num_workers) t->workers[w].bytes_out += bytes;
 }

@@ -138,8 +138,8 @@ static uint64_t align_up(uint64_t x) {
 
 void *ps__shm_reserve(ps__shm_ring *r, uint64_t done, uint64_t len, uint64_t *pos) {
   if (!r->base || len == 0 || len > r->size) return NULL;
-  /* A done word past our head, or more than a ring behind it, is not one
-   * an honest consumer writes: treat the ring as full. */
+  /* A done word past our head, or more than a ring behind it (below),
+   * is not one an honest consumer writes: treat the ring as full. */
   if (done > r->head) return NULL;
   /* The bytes skipped by a restart below count as consumed: without
    * this, a consumer that kept up (every frame done before the next was
@@ -149,9 +149,11 @@ void *ps__shm_reserve(ps__shm_ring *r, uint64_t done, uint64_t len, uint64_t *po
   if (r->head - done > r->size) return NULL;
   int empty = align_up(done) >= r->head;
   uint64_t p = r->head;
-  /* An empty ring starts again at its first byte: a small model keeps
-   * touching the same few pages instead of walking the whole ring. */
-  if (empty) {
+  /* An empty ring starts again at its first byte (PS__SHM_RESTART_BYTES
+   * says when): a small model keeps touching the same few pages instead
+   * of walking the whole ring. */
+  uint64_t restart_at = r->size / 2 < PS__SHM_RESTART_BYTES ? r->size / 2 : PS__SHM_RESTART_BYTES;
+  if (empty && (p % r->size >= restart_at || p % r->size + len > r->size)) {
     p = (p + r->size - 1) / r->size * r->size;
     r->floor = p;
   }
@@ -285,12 +287,23 @@ int ps__shm_reply_decode(const uint8_t *in, size_t n, char *why, size_t whylen) 
 int ps__shm_handover(int s, const void *msg, size_t len, const int *fds, int nfds, char *why,
                      size_t whylen) {
   int sent = ps__shm_send_fds(s, msg, len, fds, nfds);
+  if (sent && sent != -EPIPE && sent != -ECONNRESET) {
+    /* Not sent (a timeout, say): no answer can come either. */
+    snprintf(why, whylen, "sending the handover: %s", strerror(-sent));
+    return PS_EIO;
+  }
   uint8_t ans[PS__SHM_REPLY_MAX];
   ssize_t n = recv(s, ans, sizeof ans, 0);
+  int e = errno;
   if (n > 0) return ps__shm_reply_decode(ans, (size_t)n, why, whylen);
-  int e = sent ? -sent : n < 0 ? errno : 0;
+  if (n < 0 && !sent) {
+    /* Sent, and the wait for the answer ran out: psd may have taken the
+     * segment. */
+    snprintf(why, whylen, "psd gave no answer to the handover (%s)", strerror(e));
+    return PS_ETIMEDOUT;
+  }
   snprintf(why, whylen, "no answer to the handover: %s",
-           e ? strerror(e) : "psd closed the socket");
+           sent ? strerror(-sent) : n < 0 ? strerror(e) : "psd closed the socket");
   return PS_EIO;
 }
 

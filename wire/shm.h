@@ -44,6 +44,13 @@
 /* The reference client's rings: a 64 MiB push or pull of one step fits
  * (frames that do not fit go over TCP instead). */
 #define PS__SHM_RING_DEFAULT ((uint64_t)64 << 20)
+/* An empty ring restarts at its first byte once its head is this far into
+ * a lap (or half the ring, if smaller), or when the frame would not fit
+ * before the lap's end. So a small model keeps touching the same few
+ * pages, while positions, which a restart moves to the next lap, grow at
+ * most ring / this times as fast as the data (64x for the reference
+ * client's 64 MiB rings: 2^64 positions last 256 PiB of data). */
+#define PS__SHM_RESTART_BYTES ((uint64_t)1 << 20)
 /* Ring positions advance in multiples of this: data starts cache-line
  * aligned, so floats are aligned and the two sides share no line. */
 #define PS__SHM_ALIGN 64u
@@ -98,9 +105,11 @@ int ps__shm_attach(ps__shm *s, int fd, uint64_t push, uint64_t pull, char *err,
 void ps__shm_unmap(ps__shm *s);
 
 /* Producer: room for len bytes in r, given the consumer's done word
- * (possibly garbage, when the consumer is hostile: then, or when the ring
- * is full, NULL and nothing changes). On success *pos is the position to
- * send and the return value where to write. Never points outside r. */
+ * (possibly garbage, when the consumer is hostile: a value past the head
+ * or more than a ring behind it counts as a full ring; one below r->floor
+ * as r->floor). NULL, with nothing changed, when the ring is full. On
+ * success *pos is the position to send and the return value where to
+ * write. Never points outside r. */
 void *ps__shm_reserve(ps__shm_ring *r, uint64_t done, uint64_t len, uint64_t *pos);
 /* Consumer: where a frame's len bytes at pos are, or NULL when they are
  * not inside r (the frame is then a protocol error). */
@@ -146,8 +155,10 @@ size_t ps__shm_reply_encode(uint8_t out[PS__SHM_REPLY_MAX], int status, const ch
 int ps__shm_reply_decode(const uint8_t *in, size_t n, char *why, size_t whylen);
 /* Sends a handover (msg and fds) on the connected socket s and reads the
  * answer (s's receive timeout bounds the wait). The answer is read also
- * when the send fails: psd answers a peer it refuses at accept at once
- * and closes. psd's status and sentence, or PS_EIO with why. */
+ * when the send finds the socket closed: psd answers a peer it refuses at
+ * accept at once and closes. psd's status and sentence; PS_ETIMEDOUT when
+ * the message went out and the answer did not come in time (psd may have
+ * attached the segment); PS_EIO when nothing was handed over. */
 int ps__shm_handover(int s, const void *msg, size_t len, const int *fds, int nfds, char *why,
                      size_t whylen);
 

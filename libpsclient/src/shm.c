@@ -67,7 +67,7 @@ static int handover(int s, int memfd, const Ps__HelloReply *r, uint64_t push, ui
   ps__shm_hello_encode(msg, r->shm_token.data, push, pull);
   char why[PS__SHM_REPLY_MAX];
   int st = ps__shm_handover(s, msg, sizeof msg, &memfd, 1, why, sizeof why);
-  if (st == PS_EIO) snprintf(err, errlen, "%s", why);
+  if (st == PS_EIO || st == PS_ETIMEDOUT) snprintf(err, errlen, "%s", why);
   else if (st != 0) snprintf(err, errlen, "psd refused the segment: %.400s", why);
   return st <= 0 ? st : PS_EPROTO;
 }
@@ -92,7 +92,7 @@ static int attach(ps__conn *k, const Ps__HelloReply *r, double deadline, char *e
 int ps__shm_setup(ps_client *c, ps__conn *k, const Ps__HelloReply *r, double deadline) {
   if (c->transport == PS_TRANSPORT_TCP) return 0;
   char why[600], mine[PS__SHM_HOST_ID_MAX];
-  int same_node = 0;
+  int same_node = 0, rc = 0;
   ps__shm_host_id(mine, sizeof mine);
   if (!r->shm_socket || !r->shm_socket[0] || r->shm_token.len != PS__SHM_TOKEN_BYTES)
     snprintf(why, sizeof why, "it offers no shared memory (psd --transport tcp, or older "
@@ -100,8 +100,14 @@ int ps__shm_setup(ps_client *c, ps__conn *k, const Ps__HelloReply *r, double dea
   else if (!r->host_id || strcmp(r->host_id, mine) != 0)
     snprintf(why, sizeof why, "it runs on another node (boot id %.64s, ours %.64s)",
              r->host_id ? r->host_id : "?", mine);
-  else if ((same_node = 1, attach(k, r, deadline, why, sizeof why) == 0))
+  else if ((same_node = 1, (rc = attach(k, r, deadline, why, sizeof why)) == 0))
     return 0;
+  if (rc == PS_ETIMEDOUT)
+    /* psd may be using the segment for this connection's replies: TCP
+     * alone would then read data it was never sent. */
+    return ps__seterr(c, PS_ETIMEDOUT,
+                      "ps %d at %s: %s, and it may have taken the segment, so this "
+                      "connection cannot fall back to TCP", k->index, k->addr, why);
   if (c->transport == PS_TRANSPORT_SHM)
     return ps__seterr(c, PS_EUNSUPPORTED,
                       "ps %d at %s: the shared-memory transport was asked for "
