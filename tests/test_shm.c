@@ -590,23 +590,32 @@ static void *hostile_main(void *arg) {
   return NULL;
 }
 
+/* A psd (async, 2 workers, auto) and its worker 0 over shared memory with
+ * a variable "v" of NV zeros trained by SGD at lr 0.5. */
+static ps_client *honest_worker(tu_psd *p, ps_var **v) {
+  start_psd(p, "auto");
+  char err[600];
+  int rc;
+  ps_client *c = client(p->addr, 0, PS_TRANSPORT_SHM, err, sizeof err, &rc);
+  ck_assert_msg(c, "%s", err);
+  int64_t shape[1] = {NV};
+  ps_init init = PS_SIZED(ps_init, .kind = PS_INIT_ZEROS);
+  ps_optimizer opt;
+  ps_optimizer_default(&opt, 0.5); /* SGD */
+  ck_assert_int_eq(ps_client_var_create(c, "v", shape, 1, &init, &opt, v), 0);
+  return c;
+}
+
 /* A worker that scribbles over its segment (header words included) and
  * cannot truncate it, beside an honest worker: the honest worker's values
  * stay exact, psd stays up, and a position outside the ring closes only
  * the hostile connection. */
 START_TEST(test_hostile_beside_honest) {
   tu_psd p;
-  start_psd(&p, "auto");
+  ps_var *v;
+  ps_client *c = honest_worker(&p, &v);
   char err[600];
   int rc;
-  ps_client *c = client(p.addr, 0, PS_TRANSPORT_SHM, err, sizeof err, &rc);
-  ck_assert_msg(c, "%s", err);
-  int64_t shape[1] = {NV};
-  ps_init init = PS_SIZED(ps_init, .kind = PS_INIT_ZEROS);
-  ps_optimizer opt;
-  ps_optimizer_default(&opt, 0.5); /* SGD */
-  ps_var *v;
-  ck_assert_int_eq(ps_client_var_create(c, "v", shape, 1, &init, &opt, &v), 0);
   hostile h;
   memset(&h, 0, sizeof h);
   raw_open(&h.r, p.addr, 1);
@@ -792,17 +801,10 @@ END_TEST
 START_TEST(test_shm_burst_yields_and_resumes) {
   enum { BURST = 2600 };
   tu_psd p;
-  start_psd(&p, "auto");
+  ps_var *v;
+  ps_client *c = honest_worker(&p, &v);
   char err[600];
   int rc;
-  ps_client *c = client(p.addr, 0, PS_TRANSPORT_SHM, err, sizeof err, &rc);
-  ck_assert_msg(c, "%s", err);
-  int64_t shape[1] = {NV};
-  ps_init init = PS_SIZED(ps_init, .kind = PS_INIT_ZEROS);
-  ps_optimizer opt;
-  ps_optimizer_default(&opt, 0.5); /* SGD */
-  ps_var *v;
-  ck_assert_int_eq(ps_client_var_create(c, "v", shape, 1, &init, &opt, &v), 0);
   raw r;
   raw_open(&r, p.addr, 1);
   ck_assert_int_eq(raw_attach(&r, err, sizeof err), 0);
