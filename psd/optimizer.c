@@ -1,7 +1,7 @@
 /*
  * optimizer.c - SGD, momentum (plain and Nesterov) and Adam update rules,
- * learning-rate schedules, and validation of configurations sent by
- * workers.
+ * the mean of a mean variable, learning-rate schedules, and validation of
+ * configurations sent by workers.
  *
  * psd_opt_apply is the server's hot path (slices of up to 16M floats). Each
  * rule is one fused pass over memory in float: the per-step scalars (decayed
@@ -44,16 +44,18 @@ static int in_unit_halfopen(double x) { return x >= 0.0 && x < 1.0; }
 int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (!o) return ps__errf(PS_EINVAL, err, errlen, "optimizer configuration is missing");
-  /* A variable that is not trained has no rule: nothing else is read. */
-  if (o->kind == PS_OPT_NONE) return 0;
+  /* A variable that is not trained, or only averaged, has no rule:
+   * nothing else is read. */
+  if (o->kind == PS_OPT_NONE || o->kind == PS_OPT_MEAN) return 0;
   if (!(isfinite(o->lr) && o->lr > 0.0))
     return ps__errf(PS_EINVAL, err, errlen,
                 "optimizer lr must be a positive finite number, got %g", o->lr);
   if (!kind_name((int)o->kind))
     return ps__errf(PS_EINVAL, err, errlen,
-                "optimizer kind must be %d (sgd), %d (momentum), %d (adam) or %d "
-                "(none: not trainable), got %d",
-                PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_NONE, (int)o->kind);
+                "optimizer kind must be %d (sgd), %d (momentum), %d (adam), %d "
+                "(none: not trainable) or %d (mean: gradients averaged), got %d",
+                PS_OPT_SGD, PS_OPT_MOMENTUM, PS_OPT_ADAM, PS_OPT_NONE, PS_OPT_MEAN,
+                (int)o->kind);
   /* Fields of the other rules are ignored, so a config zeroed apart from
    * kind and lr is valid SGD. */
   if (o->kind == PS_OPT_MOMENTUM && !in_unit_halfopen(o->momentum))
@@ -157,6 +159,10 @@ void psd_opt_describe(const ps_optimizer *o, char *buf, size_t len) {
   char head[160], tail[160];
   if (o->kind == PS_OPT_NONE) {
     snprintf(buf, len, "none (not trainable)");
+    return;
+  }
+  if (o->kind == PS_OPT_MEAN) {
+    snprintf(buf, len, "mean (the value is each step's mean gradient)");
     return;
   }
   if (!kn)
@@ -304,6 +310,16 @@ static void adam_ab(float *restrict w, float *restrict m, float *restrict v,
   }
 }
 
+/* A mean variable: the value becomes the step's mean gradient. */
+static void mean_a(float *restrict w, const float *restrict a, float s, size_t n) {
+  for (size_t i = 0; i < n; i++) w[i] = s * a[i];
+}
+
+static void mean_ab(float *restrict w, const float *restrict a, const float *restrict b,
+                    float s, size_t n) {
+  for (size_t i = 0; i < n; i++) w[i] = s * (a[i] + b[i]);
+}
+
 void psd_opt_apply(const ps_optimizer *o, uint64_t step, float *param,
                    float *state, const float *grad_a, const float *grad_b,
                    float scale, size_t n) {
@@ -313,6 +329,10 @@ void psd_opt_apply(const ps_optimizer *o, uint64_t step, float *param,
   const float wd = (float)o->weight_decay;
 
   switch (o->kind) {
+    case PS_OPT_MEAN:
+      if (grad_b) mean_ab(param, grad_a, grad_b, scale, n);
+      else mean_a(param, grad_a, scale, n);
+      break;
     case PS_OPT_SGD:
       if (grad_b) sgd_ab(param, grad_a, grad_b, scale, wd, lr, n);
       else sgd_a(param, grad_a, scale, wd, lr, n);

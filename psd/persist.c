@@ -12,6 +12,12 @@
 #include "optimizer.h"
 #include "wire.h"
 
+/* An optimizer kind's name for a message ("adam"), or "an unknown kind". */
+static const char *kind_or_unknown(int kind) {
+  const char *n = ps__opt_kind_name(kind);
+  return n ? n : "an unknown kind";
+}
+
 static int enabled(const psd_persist *p) { return p->cfg->ckpt_dir[0] != '\0'; }
 
 /* Table i served pulls at its step since reaching it (sync mode): its
@@ -622,8 +628,9 @@ int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t e
   if (r->opt_kind != (uint32_t)sl->opt.kind ||
       r->state_per != psd_opt_state_per_elem(&sl->opt)) {
     snprintf(err, errlen,
-             "variable '%s' was trained with optimizer kind %u in checkpoint %s, now kind %d",
-             sl->name, r->opt_kind, img->path, (int)sl->opt.kind);
+             "variable '%s' was trained with optimizer %s in checkpoint %s, now %s",
+             sl->name, kind_or_unknown((int)r->opt_kind), img->path,
+             kind_or_unknown((int)sl->opt.kind));
     return PS_EMISMATCH;
   }
   memcpy(sl->param, r->param, sl->length * sizeof(float));

@@ -410,6 +410,29 @@ START_TEST(not_trainable_rule) {
 }
 END_TEST
 
+/* PS_OPT_MEAN: valid with any lr, no state; the value becomes the scaled
+ * sum of the gradients (the step's mean), whatever it was. */
+START_TEST(mean_rule) {
+  ps_optimizer o = opt_base(PS_OPT_MEAN, 0.0);
+  char err[256];
+  ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), 0);
+  ck_assert_uint_eq(psd_opt_state_per_elem(&o), 0);
+  enum { N = 37 }; /* not a multiple of any vector width */
+  float w[N], a[N], b[N];
+  for (int i = 0; i < N; i++) {
+    w[i] = 100.0f + (float)i;
+    a[i] = (float)i - 3.0f;
+    b[i] = 0.25f * (float)i;
+  }
+  psd_opt_apply(&o, 7, w, NULL, a, b, 0.5f, N);
+  for (int i = 0; i < N; i++) ck_assert_float_eq(w[i], 0.5f * (a[i] + b[i]));
+  psd_opt_apply(&o, 8, w, NULL, a, NULL, 1.0f, N);
+  for (int i = 0; i < N; i++) ck_assert_float_eq(w[i], a[i]);
+  psd_opt_describe(&o, err, sizeof err);
+  ck_assert_str_eq(err, "mean (the value is each step's mean gradient)");
+}
+END_TEST
+
 /* ---------------------------------------------------------------------- */
 /* Validation */
 
@@ -630,6 +653,7 @@ Suite *suite_optimizer(void) {
   tcase_add_test(tc, lr_warmup_cosine);
   tcase_add_test(tc, apply_uses_warmup_cosine);
   tcase_add_test(tc, not_trainable_rule);
+  tcase_add_test(tc, mean_rule);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("validate");

@@ -306,6 +306,152 @@ START_TEST(test_client_from_env) {
 }
 END_TEST
 
+/* ---- mean variables (PS_OPT_MEAN) ---------------------------------------- */
+
+#define MEAN_N 40 /* split over both ps in 5-element chunks */
+
+typedef struct mean_worker {
+  const char **hp;
+  int w, nw, replicas, steps;
+  volatile int *hold; /* worker 2 with backups: pushes only once released */
+  int rc, stale;
+  char err[256];
+  float got[8][MEAN_N]; /* the value pulled after each step */
+  uint64_t after[8];    /* the step each ps_client_step returned */
+} mean_worker;
+
+/* Worker w's gradient at step s: distinct per worker, step and element. */
+static float mean_grad(int w, int s, int i) { return (float)(w * 100 + s) + 0.25f * (float)i; }
+
+static void *mean_run(void *arg) {
+  mean_worker *m = arg;
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = m->hp;
+  cfg.num_ps = 2;
+  cfg.worker_index = m->w;
+  cfg.num_workers = m->nw;
+  cfg.replicas_to_aggregate = m->replicas;
+  cfg.split_threshold = 32;
+  cfg.max_slice_bytes = 20;
+  ps_client *c = NULL;
+  if ((m->rc = ps_client_create(&cfg, &c, m->err, sizeof m->err)) != 0) return NULL;
+  int64_t shape[1] = {MEAN_N};
+  ps_optimizer o = PS_SIZED(ps_optimizer, .kind = PS_OPT_MEAN);
+  ps_var *v;
+  if ((m->rc = ps_client_var_create(c, "mean", shape, 1, NULL, &o, &v)) != 0) goto out;
+  uint64_t step = 0;
+  for (int s = 0; s < m->steps; s++) {
+    while (m->hold && *m->hold) usleep(1000);
+    for (int i = 0; i < MEAN_N; i++) ps_var_grad(v)[i] = mean_grad(m->w, (int)step, i);
+    int stale = 0;
+    if ((m->rc = ps_client_step(c, &step, &stale)) != 0) goto out;
+    m->stale += stale;
+    m->after[s] = step;
+    memcpy(m->got[s], ps_var_data(v), sizeof m->got[s]);
+  }
+  m->rc = ps_client_finish(c);
+out:
+  if (m->rc) snprintf(m->err, sizeof m->err, "%s", ps_client_errmsg(c));
+  ps_client_destroy(c);
+  return NULL;
+}
+
+/* 3 workers over 2 ps: after each step every worker holds exactly the mean
+ * of the three gradients (no update rule, no learning rate). With backups
+ * (replicas 2 of 3) a worker held back until the others finished gets
+ * PS_ESTALE, skips ahead, and the value is the mean of the two that came. */
+START_TEST(test_mean_variable) {
+  enum { STEPS = 5 };
+  tu_psd ps[2];
+  char hosts[2][64];
+  const char *hp[2];
+  start_ps(ps, 2, hosts, hp, NULL);
+  mean_worker m[3];
+  memset(m, 0, sizeof m);
+  pthread_t th[3];
+  for (int w = 0; w < 3; w++) {
+    m[w] = (mean_worker){.hp = hp, .w = w, .nw = 3, .replicas = 3, .steps = STEPS};
+    pthread_create(&th[w], NULL, mean_run, &m[w]);
+  }
+  for (int w = 0; w < 3; w++) pthread_join(th[w], NULL);
+  for (int w = 0; w < 3; w++) {
+    ck_assert_msg(m[w].rc == 0, "worker %d: %s", w, m[w].err);
+    for (int s = 0; s < STEPS; s++) {
+      ck_assert_uint_eq(m[w].after[s], (uint64_t)s + 1);
+      for (int i = 0; i < MEAN_N; i++) {
+        float want = (mean_grad(0, s, i) + mean_grad(1, s, i) + mean_grad(2, s, i)) / 3.0f;
+        ck_assert_msg(fabsf(m[w].got[s][i] - want) <= 1e-5f * fabsf(want),
+                      "worker %d step %d [%d]: %g, want the mean %g", w, s, i,
+                      m[w].got[s][i], want);
+      }
+    }
+  }
+  expect_clean_exit(ps, 2);
+}
+END_TEST
+
+START_TEST(test_mean_variable_backups) {
+  tu_psd ps[2];
+  char hosts[2][64];
+  const char *hp[2];
+  start_ps(ps, 2, hosts, hp, NULL);
+  static volatile int hold;
+  hold = 1;
+  mean_worker m[3];
+  memset(m, 0, sizeof m);
+  pthread_t th[3];
+  for (int w = 0; w < 3; w++) {
+    m[w] = (mean_worker){.hp = hp, .w = w, .nw = 3, .replicas = 2, .steps = 1};
+    if (w == 2) m[w].hold = &hold;
+  }
+  m[0].steps = m[1].steps = 2;
+  for (int w = 0; w < 3; w++) pthread_create(&th[w], NULL, mean_run, &m[w]);
+  pthread_join(th[0], NULL);
+  pthread_join(th[1], NULL);
+  hold = 0; /* worker 2 pushes step 0 after steps 0 and 1 completed */
+  pthread_join(th[2], NULL);
+  for (int w = 0; w < 3; w++) ck_assert_msg(m[w].rc == 0, "worker %d: %s", w, m[w].err);
+  ck_assert_int_eq(m[2].stale, 1);
+  ck_assert_uint_eq(m[2].after[0], 2);
+  for (int i = 0; i < MEAN_N; i++) {
+    float want = (mean_grad(0, 1, i) + mean_grad(1, 1, i)) / 2.0f;
+    ck_assert_msg(m[2].got[0][i] == want && m[0].got[1][i] == want,
+                  "[%d]: %g and %g, want the mean of workers 0 and 1 at step 1, %g", i,
+                  m[2].got[0][i], m[0].got[1][i], want);
+  }
+  expect_clean_exit(ps, 2);
+}
+END_TEST
+
+/* A psd that announces protocol 2.4 refuses a mean variable at once,
+ * naming the kind and the protocol it needs. */
+START_TEST(test_mean_needs_2_5) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--protocol-minor", "4", NULL};
+  start_ps(ps, 1, hosts, hp, extra);
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  ps_client *c = NULL;
+  char err[256];
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  int64_t shape[1] = {4};
+  ps_optimizer o = PS_SIZED(ps_optimizer, .kind = PS_OPT_MEAN);
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "m", shape, 1, NULL, &o, &v), PS_EUNSUPPORTED);
+  ck_assert_msg(strstr(ps_client_errmsg(c), "optimizer kind mean needs protocol 2.5"),
+                "%s", ps_client_errmsg(c));
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  expect_clean_exit(ps, 1);
+}
+END_TEST
+
 /* ---- a reply never observes a half-applied update --------------------- */
 
 #define BIG_N (8u << 20) /* 32 MiB: far more than the socket buffers hold */
@@ -469,6 +615,9 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_conflicting_shape);
   tcase_add_test(tc, test_conflict_on_later_ps);
   tcase_add_test(tc, test_client_from_env);
+  tcase_add_test(tc, test_mean_variable);
+  tcase_add_test(tc, test_mean_variable_backups);
+  tcase_add_test(tc, test_mean_needs_2_5);
   tcase_add_test(tc, test_max_memory);
   tcase_add_test(tc, test_consistent_reply_under_updates);
 #ifdef PS_MALLOC_COUNT_SO

@@ -78,12 +78,20 @@ int ps__opt_needs_2_1(const ps_optimizer *o) {
   return o->kind == PS_OPT_NONE || o->decay == PS_DECAY_COSINE || o->warmup_steps != 0;
 }
 
+int ps__opt_min_minor(const ps_optimizer *o) {
+  if (o->kind == PS_OPT_MEAN) return 5;
+  return ps__opt_needs_2_1(o) ? 1 : 0;
+}
+
+int ps__opt_has_rule(int kind) { return kind != PS_OPT_NONE && kind != PS_OPT_MEAN; }
+
 const char *ps__opt_kind_name(int kind) {
   switch (kind) {
     case PS_OPT_SGD: return "sgd";
     case PS_OPT_MOMENTUM: return "momentum";
     case PS_OPT_ADAM: return "adam";
     case PS_OPT_NONE: return "none";
+    case PS_OPT_MEAN: return "mean";
     default: return NULL;
   }
 }
@@ -138,7 +146,7 @@ int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, c
              or_unknown(ps__opt_kind_name((int)b->kind)), (int)b->kind, bl);
     return 1;
   }
-  if (a->kind == PS_OPT_NONE) return 0; /* no update rule: nothing else is used */
+  if (!ps__opt_has_rule((int)a->kind)) return 0; /* no update rule: nothing else is used */
   DIFF_D(lr)
   DIFF_D(weight_decay)
   if (a->decay != b->decay) {

@@ -104,9 +104,17 @@ typedef enum ps_opt_kind {
   PS_OPT_SGD = 0,      /* w -= lr * g */
   PS_OPT_MOMENTUM = 1, /* v = m*v + g; w -= lr*v (Nesterov: w -= lr*(g + m*v)) */
   PS_OPT_ADAM = 2,     /* Kingma & Ba, bias-corrected, TF's epsilon-hat form */
-  PS_OPT_NONE = 3      /* not trainable: no gradients, no learning rate; the
+  PS_OPT_NONE = 3,     /* not trainable: no gradients, no learning rate; the
                           values change only by ps_client_var_assign (batch-norm
                           statistics, counters). Needs a psd of protocol 2.1. */
+  PS_OPT_MEAN = 4      /* no update rule: each step's gradients are averaged
+                          with the sync semantics of any variable (replicas
+                          to aggregate, backups, stale and duplicate pushes)
+                          and the mean becomes the value the next pull
+                          returns: for optimizers that run on the workers
+                          (the torch.distributed backend). lr and the other
+                          fields are not used. Needs a psd of protocol 2.5;
+                          added in 0.2.5. */
 } ps_opt_kind;
 
 typedef enum ps_lr_decay {

@@ -500,10 +500,10 @@ int ps__check_vars(ps_client *c, ps_var *const *vars, size_t n, int push);
 
 /* ---- var.c --------------------------------------------------------------- */
 
-/* 0 if every server speaks protocol 2.1 (PS__PROTOCOL_MINOR >= 1), else
+/* 0 if every server speaks protocol 2.minor or later, else
  * PS_EUNSUPPORTED with a message naming the first that does not and
  * `what` (the feature the caller wanted). */
-int ps__need_minor(ps_client *c, const char *what);
+int ps__need_minor(ps_client *c, uint32_t minor, const char *what);
 
 /* Frees every variable and the slice list (not the slice maps). */
 void ps__vars_free(ps_client *c);

@@ -40,12 +40,13 @@ int ps_var_set_wire_dtype(ps_var *v, int push_dtype, int pull_dtype) {
   return 0;
 }
 
-int ps__need_minor(ps_client *c, const char *what) {
+int ps__need_minor(ps_client *c, uint32_t minor, const char *what) {
   for (int p = 0; p < c->num_ps; p++)
-    if (c->conns[p].minor < 1)
+    if (c->conns[p].minor < minor)
       return ps__seterr(c, PS_EUNSUPPORTED,
-                        "%s needs protocol 2.1, and ps %d at %s speaks only 2.0: upgrade psd",
-                        what, p, c->conns[p].addr);
+                        "%s needs protocol 2.%u, and ps %d at %s speaks only 2.%u: upgrade psd",
+                        what, (unsigned)minor, p, c->conns[p].addr,
+                        (unsigned)c->conns[p].minor);
   return 0;
 }
 
@@ -355,9 +356,11 @@ static int var_create(ps_client *c, const char *name, const int64_t *shape, int 
   if (values) in.kind = PS__INIT_VALUES;
   ps_var *had = find_var(c, name);
   if (had) return recreate(c, had, shape, ndim, &o, &in, out);
-  if (ps__opt_needs_2_1(&o)) {
-    snprintf(e, sizeof e, "variable '%s': optimizer kind none, cosine decay or warm-up", name);
-    if ((rc = ps__need_minor(c, e)) != 0) return rc;
+  int minor = ps__opt_min_minor(&o);
+  if (minor > 0) {
+    snprintf(e, sizeof e, "variable '%s': %s", name,
+             minor == 5 ? "optimizer kind mean" : "optimizer kind none, cosine decay or warm-up");
+    if ((rc = ps__need_minor(c, (uint32_t)minor, e)) != 0) return rc;
   }
   /* Placement must stay identical on every worker: if this creation
    * fails, the loads are restored as if it never happened. */
@@ -425,7 +428,7 @@ int ps_client_var_assign(ps_client *c, ps_var *const *vars, size_t n, uint64_t s
     return ps__seterr(c, PS_ESTATE,
                       "ps_client_var_assign: only the chief (worker 0) assigns variables; "
                       "this is worker %d", c->worker_index);
-  int rc = ps__need_minor(c, "ps_client_var_assign");
+  int rc = ps__need_minor(c, 1, "ps_client_var_assign");
   if (!rc) rc = ps__check_vars(c, vars, n, 0);
   if (rc) return rc;
   ps_req *r = ps__req_new(c, PS__REQ_INIT);
