@@ -26,7 +26,7 @@ from ._version import VERSION as __version__
 from ._lib import lib as _clib
 from .client import Client, Request, Variable
 from .config import (SGD, Adam, Constant, Cosine, ExponentialDecay, GlorotNormal,
-                     GlorotUniform, Init, Normal, NotTrainable, Optimizer, Schedule,
+                     GlorotUniform, Init, Mean, Normal, NotTrainable, Optimizer, Schedule,
                      StepDecay, TableAdagrad, TableAdam, TableFTRL, TableOptimizer, TableSGD,
                      TruncatedNormal, Uniform, Warmup, Zeros)
 from .errors import *  # noqa: F401,F403  (Error and one class per PS_E* code)

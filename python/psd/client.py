@@ -106,6 +106,16 @@ class Variable:
                              "sends: fill it (%s.grad[:] = gradient) instead of replacing "
                              "it" % (self.name, self.name))
 
+    def set_wire_dtype(self, push: Optional[str] = None, pull: Optional[str] = None) -> None:
+        """This variable's wire dtypes ("f32", "bf16", "fp16"; None keeps
+        the client's), from the next push or pull (ps_var_set_wire_dtype)."""
+        codes = []
+        for what, d in (("push", push), ("pull", pull)):
+            if d is not None and d not in _WIRE_DTYPES:
+                raise ValueError(f"{what}={d!r}: must be one of {', '.join(_WIRE_DTYPES)}")
+            codes.append(-1 if d is None else _WIRE_DTYPES.index(d))
+        self.client._call(lib.ps_var_set_wire_dtype, *codes, on=self._h)
+
     def __repr__(self):
         return "<psd.Variable %r shape=%s%s>" % (self.name, self.shape,
                                                  "" if self.trainable else " not trainable")

@@ -8,7 +8,7 @@ from . import _lib
 from ._lib import lib
 
 # Enum values of psclient.h.
-_OPT_SGD, _OPT_MOMENTUM, _OPT_ADAM, _OPT_NONE = 0, 1, 2, 3
+_OPT_SGD, _OPT_MOMENTUM, _OPT_ADAM, _OPT_NONE, _OPT_MEAN = 0, 1, 2, 3, 4
 _DECAY_NONE, _DECAY_EXP, _DECAY_STEP, _DECAY_COSINE = 0, 1, 2, 3
 _TOPT = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}
 
@@ -138,6 +138,17 @@ class NotTrainable(Optimizer):
     """No gradients: the values change only by the chief's assign
     (batch-norm statistics, counters)."""
     _kind = _OPT_NONE
+
+    def __init__(self):
+        super().__init__(1.0)
+
+
+class Mean(Optimizer):
+    """No update rule: at each step the servers average the workers'
+    gradients and the variable's value becomes that mean (PS_OPT_MEAN,
+    needs psd 0.2.5). For optimizers that run on the workers: push a
+    gradient in ``grad``, and after step() ``data`` holds the mean."""
+    _kind = _OPT_MEAN
 
     def __init__(self):
         super().__init__(1.0)

@@ -290,3 +290,10 @@ class Embedding(torch.nn.Module):
         if self.training:
             rows = _TableRows.apply(rows.requires_grad_(True), self.table, keys)
         return rows.reshape(*ids.shape, self.dim).to(ids.device)
+
+
+# The torch.distributed backend "psd" (psd/c10d.py): registered on import,
+# so that a script's init_process_group("psd") finds it.
+from . import c10d as _c10d  # noqa: E402
+
+_c10d.register()

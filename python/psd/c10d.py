@@ -1,0 +1,603 @@
+"""The ``torch.distributed`` backend named "psd": every collective is a
+step of a mean variable (psd.Mean) on the job's servers.
+
+``import psd.torch`` registers it; under psrun (which exports RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT), ``torch.distributed.
+init_process_group("psd")`` then works with no other argument, and
+unmodified ``DistributedDataParallel`` trains through it: each gradient
+bucket it all-reduces is pushed to the servers, which average the
+workers' buckets and serve the mean.
+
+How collectives map onto psd (docs/python.md, "The psd backend"):
+- all_reduce SUM / AVG: the servers' mean (times WORLD_SIZE for SUM) in
+  float32; integer tensors travel as 16-bit pieces and are summed
+  exactly. MIN, MAX, PRODUCT, BAND, BOR, BXOR: an all_gather, then the
+  reduction on each rank.
+- all_gather, broadcast, barrier: exact, through the same mean variables
+  (each rank's bytes travel as 16-bit integers in float32, in its own
+  part of the vector; the mean times WORLD_SIZE is rounded back).
+- Calls are matched by their order, as on every backend: the n-th call of
+  one kind and size uses the same variable on every rank.
+
+A background thread owns this worker's psd connection: a call enqueues its
+operation and returns a Work whose future completes when the servers'
+mean has come back, so DDP's buckets overlap the rest of backward as they
+do on gloo.
+"""
+import collections
+import os
+import queue
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.futures import Future
+
+from .client import Client
+from .config import Mean, Zeros
+from .errors import DuplicateError, StaleError, Timeout
+
+__all__ = ["ProcessGroupPsd", "register", "backend_client"]
+
+BACKEND = "psd"
+# Variables one kind and size of call rotates through: a call waits for
+# the one SLOTS calls before it (same kind and size) to finish, so up to
+# SLOTS equal buckets are in flight at once.
+SLOTS = 4
+# How long the background thread waits on the oldest operation before it
+# looks for new ones: short, so a bucket enqueued during a wait is sent
+# at once (the library drives every request while waiting on one).
+POLL_S = 0.001
+
+_INT16_PIECES = {torch.uint8: 1, torch.int8: 1, torch.bool: 1, torch.int16: 1,
+                 torch.int32: 2, torch.int64: 4}
+
+
+class BackendError(RuntimeError):
+    """A collective of the psd backend failed; the message names the rank,
+    the call and what to do."""
+
+
+# ------------------------------------------------------------- exact bytes
+
+def _to_pieces(t: torch.Tensor) -> torch.Tensor:
+    """t's bytes as 16-bit unsigned integers in float32 (exact: any sum of
+    up to 256 of them stays below 2**24)."""
+    b = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+    if b.numel() % 2:
+        b = torch.cat([b, b.new_zeros(1)])
+    return b.view(torch.int16).to(torch.int32).bitwise_and(0xFFFF).to(torch.float32)
+
+
+def _from_pieces(f: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The tensor of like's dtype and shape whose bytes f holds."""
+    nbytes = like.numel() * like.element_size()
+    u = f.round().to(torch.int32).to(torch.int16).view(torch.uint8)[:nbytes]
+    return u.view(like.dtype).reshape(like.shape)
+
+
+def _int_sum(total_pieces: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Sum of integer tensors from the sums of their 16-bit pieces (as
+    int64 with two's-complement wrap, then like's dtype)."""
+    # Every dtype was widened to int64 before the split (_int_pieces):
+    # four little-endian pieces per value, each summed exactly.
+    s = total_pieces.round().to(torch.int64).reshape(like.numel(), 4)
+    out = s[:, 0] + (s[:, 1] << 16) + (s[:, 2] << 32) + (s[:, 3] << 48)
+    if like.dtype == torch.bool:
+        return (out != 0).reshape(like.shape)
+    return out.to(like.dtype).reshape(like.shape)
+
+
+def _int_pieces(t: torch.Tensor) -> torch.Tensor:
+    """An integer tensor as int64, then its 16-bit pieces (4 per value)."""
+    return _to_pieces(t.detach().to("cpu", torch.int64))
+
+
+# ------------------------------------------------------------------ engine
+
+class _Op:
+    """One collective: ``fill`` writes what this rank pushes into the
+    variable's gradient (a float32 array of ``numel``); ``done`` turns the
+    mean into the call's result."""
+    __slots__ = ("what", "key", "numel", "fill", "done", "future", "var", "req", "push",
+                 "start", "seq", "name")
+
+    def __init__(self, what: str, key: str, numel: int, fill: Callable, done: Callable):
+        self.what, self.key, self.numel, self.fill, self.done = what, key, numel, fill, done
+        self.future = Future()
+        self.var = self.req = self.push = None
+        self.start = 0.0
+        self.seq = 0
+        self.name = ""
+
+
+class _Slot:
+    """A mean variable and the step its next push is for."""
+
+    def __init__(self, var):
+        self.var, self.step, self.busy = var, 0, None
+
+
+class _Engine(threading.Thread):
+    """Owns the client: issues operations in the order they were called
+    and completes their futures as the means come back."""
+
+    def __init__(self, client: Client, rank: int, size: int, timeout: timedelta):
+        super().__init__(name="psd-c10d-%d" % rank, daemon=True)
+        self.client, self.rank, self.size = client, rank, size
+        self.timeout_s = timeout.total_seconds()
+        self.q: "queue.SimpleQueue[Optional[_Op]]" = queue.SimpleQueue()
+        self.slots: Dict[str, _Slot] = {}
+        self.calls: Dict[str, int] = collections.Counter()
+        self.failed: Optional[BaseException] = None
+        self.closed = False
+
+    # called from the user's threads
+    def submit(self, op: _Op) -> Future:
+        if self.failed is not None:
+            op.future.set_exception(BackendError(
+                "psd backend, rank %d: %s cannot run: an earlier collective failed (%s)"
+                % (self.rank, op.what, self.failed)))
+        elif self.closed:
+            op.future.set_exception(BackendError(
+                "psd backend, rank %d: %s after the process group was destroyed"
+                % (self.rank, op.what)))
+        else:
+            self.q.put(op)
+        return op.future
+
+    def stop(self) -> None:
+        self.closed = True
+        self.q.put(None)
+        self.join()
+
+    # the thread
+    def run(self) -> None:
+        pending: "collections.deque[_Op]" = collections.deque()
+        inflight: "collections.deque[_Op]" = collections.deque()
+        stopping = False
+        while True:
+            try:
+                while True:  # everything enqueued so far, without blocking
+                    op = self.q.get(block=not (pending or inflight or stopping))
+                    if op is None:
+                        stopping = True
+                    else:
+                        pending.append(op)
+                    if stopping and not pending and not inflight:
+                        return
+            except queue.Empty:
+                pass
+            try:
+                while pending and self._can_issue(pending[0]):
+                    op = pending.popleft()
+                    self._issue(op)
+                    inflight.append(op)
+                if inflight:
+                    self._progress(inflight)
+                elif stopping and not pending:
+                    return
+            except BaseException as e:  # noqa: BLE001 (fails every call)
+                self.failed = e
+                for op in list(inflight) + list(pending):
+                    if not op.future.done():
+                        op.future.set_exception(self._wrap(op, e))
+                inflight.clear()
+                pending.clear()
+                while True:  # later calls fail at once (submit)
+                    try:
+                        op = self.q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if op is not None:
+                        op.future.set_exception(self._wrap(op, e))
+                if stopping:
+                    return
+
+    def _wrap(self, op: _Op, e: BaseException) -> BaseException:
+        if isinstance(e, BackendError):
+            return e
+        return BackendError("psd backend, rank %d of %d: %s (call %d of its kind, variable "
+                            "%r) failed: %s" % (self.rank, self.size, op.what, op.seq,
+                                                op.name, e))
+
+    def _can_issue(self, op: _Op) -> bool:
+        if not op.name:
+            op.seq = self.calls[op.key]
+            self.calls[op.key] += 1
+            op.name = "c10d/%s/%d" % (op.key, op.seq % SLOTS)
+        slot = self.slots.get(op.name)
+        return slot is None or slot.busy is None
+
+    def _issue(self, op: _Op) -> None:
+        slot = self.slots.get(op.name)
+        if slot is None:  # the first call of this kind and size: create it
+            v = self.client.variable(op.name, (op.numel,), init=Zeros(), optimizer=Mean())
+            if op.key.startswith("x"):  # exact calls: float32 whatever the job's wire dtype
+                v.set_wire_dtype("f32", "f32")
+            slot = self.slots[op.name] = _Slot(v)
+        op.var, op.start = slot.var, time.monotonic()
+        op.fill(slot.var.grad)
+        op.push = self.client.push_async([slot.var], step=slot.step)
+        op.req = self.client.pull_async([slot.var], min_step=slot.step + 1)
+        slot.busy = op
+
+    def _progress(self, inflight) -> None:
+        op = inflight[0]
+        try:
+            op.req.wait(POLL_S)
+        except Timeout:
+            waited = time.monotonic() - op.start
+            if waited > self.timeout_s:
+                raise BackendError(
+                    "psd backend, rank %d of %d: %s (variable %r) waited %.0f s, the "
+                    "process group's timeout, for the other ranks' part: a rank is not "
+                    "calling it (ranks must make the same collective calls in the same "
+                    "order) or is stuck; psd's log names the worker it waits for"
+                    % (self.rank, self.size, op.what, op.name, waited)) from None
+            return
+        inflight.popleft()
+        try:
+            op.push.wait(0)
+        except (StaleError, DuplicateError) as e:
+            raise BackendError(
+                "psd backend, rank %d of %d: %s (variable %r): this rank's part came after "
+                "the servers completed the step without it (%s); the torch.distributed "
+                "backend needs every rank's part" % (self.rank, self.size, op.what, op.name,
+                                                      type(e).__name__)) from None
+        slot = self.slots[op.name]
+        slot.step += 1
+        slot.busy = None
+        op.req.release()
+        op.push.release()
+        result = op.done(slot.var.data)
+        op.future.set_result(result)
+
+
+# ----------------------------------------------------------- process group
+
+def _work(fut: Future):
+    return _create_work_from_future(fut)
+
+
+def _done_work(value):
+    f = Future()
+    f.set_result(value)
+    return _create_work_from_future(f)
+
+
+_SUM_LIKE = ("SUM", "AVG")
+
+
+def _op_name(opts) -> str:
+    op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+    for n in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        if hasattr(dist.ReduceOp, n) and op == getattr(dist.ReduceOp, n):
+            return n
+    return str(op)
+
+
+class ProcessGroupPsd(dist.ProcessGroup):
+    """torch.distributed's process group on psd (see the module's doc)."""
+
+    def __init__(self, client: Client, rank: int, size: int, timeout: timedelta):
+        super().__init__(rank, size)
+        self._rank, self._size = rank, size
+        self.client = client
+        self.engine = _Engine(client, rank, size, timeout)
+        self.engine.start()
+        self._warned_f64 = False
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def __del__(self):
+        pass
+
+    def shutdown(self) -> None:
+        """Stops the background thread (pending calls finish first)."""
+        if self.engine.is_alive():
+            self.engine.stop()
+
+    # -- helpers
+    def _submit(self, what, key, numel, fill, done):
+        return self.engine.submit(_Op(what, key, numel, fill, done))
+
+    def _exact_allgather(self, what: str, flat: torch.Tensor) -> Future:
+        """Every rank's float32 vector ``flat`` (the same length on every
+        rank), exactly: a Future of the (size, n) tensor."""
+        n, size, rank = flat.numel(), self._size, self._rank
+
+        def fill(g):
+            g[:] = 0
+            g[rank * n:(rank + 1) * n] = flat.numpy()
+
+        def done(d):
+            return torch.from_numpy(d.copy()).mul_(size).reshape(size, n)
+
+        return self._submit(what, "x/gather/%d" % (n * size), n * size, fill, done)
+
+    # -- collectives
+    def allreduce(self, tensors, opts=None):
+        op = _op_name(opts)
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        t = tensors[0]
+        what = "all_reduce(%s, %s%s)" % (op, t.dtype, tuple(t.shape))
+        if op not in _SUM_LIKE:
+            return _work(self._reduce_by_gather(what, t, op).then(lambda f: [t]))
+        if t.is_floating_point():
+            return _work(self._float_sum(what, t, op == "AVG"))
+        if t.dtype in _INT16_PIECES:
+            if op == "AVG":
+                raise ValueError("psd backend: all_reduce AVG of an integer tensor (%s) has "
+                                 "no integer result; use SUM and divide" % t.dtype)
+            return _work(self._int_sum(what, t))
+        raise TypeError("psd backend: all_reduce of %s tensors is not supported (floating "
+                        "point and integer tensors are)" % t.dtype)
+
+    def _float_sum(self, what: str, t: torch.Tensor, average: bool) -> Future:
+        if t.dtype == torch.float64 and not self._warned_f64:
+            self._warned_f64 = True
+            import warnings
+            warnings.warn("psd backend: float64 tensors are reduced in float32 precision "
+                          "(psd's servers average in float32)", stacklevel=3)
+        host = t.detach().reshape(-1).to("cpu", torch.float32)
+        n, size = host.numel(), self._size
+        scale = 1.0 if average else float(size)
+
+        def fill(g):
+            g[:] = host.numpy()
+
+        def done(d):
+            r = torch.from_numpy(d)
+            with torch.no_grad():
+                if scale != 1.0:
+                    r = r * scale
+                t.copy_(r.reshape(t.shape))
+            return [t]
+
+        return self._submit(what, "sum/%d" % n, n, fill, done)
+
+    def _int_sum(self, what: str, t: torch.Tensor) -> Future:
+        pieces = _int_pieces(t)
+        n, size = pieces.numel(), self._size
+
+        def fill(g):
+            g[:] = pieces.numpy()
+
+        def done(d):
+            with torch.no_grad():
+                t.copy_(_int_sum(torch.from_numpy(d.copy()).mul_(size), t))
+            return [t]
+
+        return self._submit(what, "x/isum/%d" % n, n, fill, done)
+
+    def _reduce_by_gather(self, what: str, t: torch.Tensor, op: str) -> Future:
+        fut = self._exact_allgather(what, _to_pieces(t))
+
+        def reduce(f):
+            rows = f.value()
+            vals = torch.stack([_from_pieces(rows[r], t) for r in range(self._size)])
+            if op == "MIN":
+                out = vals.min(dim=0).values
+            elif op == "MAX":
+                out = vals.max(dim=0).values
+            elif op == "PRODUCT":
+                out = vals.prod(dim=0)
+            elif op in ("BAND", "BOR", "BXOR"):
+                out = vals[0].clone()
+                for r in range(1, self._size):
+                    fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or,
+                          "BXOR": torch.bitwise_xor}[op]
+                    out = fn(out, vals[r])
+            else:
+                raise ValueError("psd backend: all_reduce with %s is not supported" % op)
+            with torch.no_grad():
+                t.copy_(out.to(t.dtype).reshape(t.shape))
+            return [t]
+
+        return fut.then(reduce)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        if not tensors:
+            return _done_work([])
+        if any(x.dtype != tensors[0].dtype for x in tensors):
+            raise TypeError("psd backend: all_reduce_coalesced needs tensors of one dtype")
+        flat = torch.cat([x.detach().reshape(-1) for x in tensors])
+        w = self.allreduce([flat], opts)
+
+        def unflatten(f):
+            off = 0
+            for x in tensors:
+                with torch.no_grad():
+                    x.copy_(flat[off:off + x.numel()].reshape(x.shape))
+                off += x.numel()
+            return tensors
+
+        return _work(w.get_future().then(unflatten))
+
+    def broadcast(self, tensors, opts=None):
+        root = getattr(opts, "rootRank", 0)
+        size, rank = self._size, self._rank
+        futs = []
+        for t in tensors:
+            pieces = _to_pieces(t)
+            n = pieces.numel()
+
+            def fill(g, pieces=pieces):
+                g[:] = pieces.numpy() if rank == root else 0
+
+            def done(d, t=t):
+                if rank != root:
+                    with torch.no_grad():
+                        t.copy_(_from_pieces(torch.from_numpy(d.copy()).mul_(size), t))
+                return [t]
+
+            what = "broadcast(%s%s, src=%d)" % (t.dtype, tuple(t.shape), root)
+            futs.append(self._submit(what, "x/bcast/%d" % n, n, fill, done))
+        return _work(torch.futures.collect_all(futs).then(lambda _: tensors))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        futs = []
+        for outs, t in zip(output_tensors, input_tensors):
+            what = "all_gather(%s%s)" % (t.dtype, tuple(t.shape))
+
+            def place(f, outs=outs, t=t):
+                rows = f.value()
+                for r, o in enumerate(outs):
+                    with torch.no_grad():
+                        o.copy_(_from_pieces(rows[r], t))
+                return outs
+
+            futs.append(self._exact_allgather(what, _to_pieces(t)).then(place))
+        return _work(torch.futures.collect_all(futs).then(lambda _: output_tensors))
+
+    def _allgather_base(self, output, input, opts=None):
+        outs = list(output.reshape(self._size, -1).unbind(0))
+        parts = [o.view(input.shape) for o in outs]
+        return _work(self.allgather([parts], [input]).get_future().then(lambda _: [output]))
+
+    def barrier(self, opts=None):
+        def fill(g):
+            g[:] = 1.0
+
+        def done(d):
+            return []
+
+        return _work(self._submit("barrier()", "barrier/1", 1, fill, done))
+
+    def reduce(self, tensors, opts=None):
+        # Every rank gets the result, which reduce allows (the others'
+        # tensors are unspecified after it).
+        class _O:
+            reduceOp = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
+        return self.allreduce(tensors, _O())
+
+    def _unsupported(self, name):
+        raise NotImplementedError(
+            "psd backend: %s is not supported (all_reduce, broadcast, all_gather, barrier, "
+            "reduce and the object collectives are); use a gloo group for it: "
+            "torch.distributed.new_group(backend='gloo')" % name)
+
+    def reduce_scatter(self, *a, **k):
+        self._unsupported("reduce_scatter")
+
+    def _reduce_scatter_base(self, *a, **k):
+        self._unsupported("reduce_scatter_tensor")
+
+    def alltoall(self, *a, **k):
+        self._unsupported("all_to_all")
+
+    def alltoall_base(self, *a, **k):
+        self._unsupported("all_to_all_single")
+
+    def send(self, *a, **k):
+        self._unsupported("send")
+
+    def recv(self, *a, **k):
+        self._unsupported("recv")
+
+    def recv_anysource(self, *a, **k):
+        self._unsupported("recv")
+
+    def gather(self, *a, **k):
+        self._unsupported("gather (all_gather works)")
+
+    def scatter(self, *a, **k):
+        self._unsupported("scatter (broadcast works)")
+
+    def monitored_barrier(self, *a, **k):
+        self._unsupported("monitored_barrier (barrier works, bounded by the group's timeout)")
+
+
+# ---------------------------------------------------------------- backend
+
+_client: Optional[Client] = None
+_groups: List[ProcessGroupPsd] = []
+
+
+def backend_client() -> Optional[Client]:
+    """The psd client the backend uses (None before init_process_group):
+    a script may create variables and tables on it too. It is driven by
+    the backend's thread: call it only while no collective is in flight."""
+    return _client
+
+
+def _env_int(name: str) -> Optional[int]:
+    v = os.environ.get(name)
+    return int(v) if v not in (None, "") else None
+
+
+def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupPsd:
+    global _client
+    if not os.environ.get("PS_HOSTS"):
+        raise RuntimeError(
+            "the psd backend runs under psrun, which starts the servers: launch with "
+            "`psrun --local --ps=1 -n N python3 script.py` (one machine) or `srun ... psrun "
+            "--ps=1 python3 script.py` (PS_HOSTS is not set)")
+    w, nw = _env_int("PS_WORKER_INDEX"), _env_int("PS_NUM_WORKERS")
+    if (w, nw) != (rank, size):
+        raise ValueError(
+            "psd backend: init_process_group gave rank %d of %d, but psrun started this "
+            "worker as %s of %s; leave rank and world_size out (psrun sets RANK and "
+            "WORLD_SIZE) or pass the same" % (rank, size, w, nw))
+    rep = _env_int("PS_REPLICAS_TO_AGGREGATE")
+    if rep is not None and 0 < rep < size:
+        raise RuntimeError(
+            "psd backend: backup workers (psrun --backup-workers, replicas_to_aggregate %d "
+            "of %d) are not supported by the torch.distributed backend yet: its collectives "
+            "need every rank's part; run without --backup-workers" % (rep, size))
+    if _client is None:
+        # SIGTERM keeps its default action, as under torchrun: nothing
+        # in this backend would notice the library's stop flag.
+        saved = os.environ.get("PS_SIGNALS")
+        os.environ["PS_SIGNALS"] = "0"
+        try:
+            _client = Client.from_env()
+        finally:
+            if saved is None:
+                del os.environ["PS_SIGNALS"]
+            else:
+                os.environ["PS_SIGNALS"] = saved
+    if len(_groups) > 0:
+        raise RuntimeError("psd backend: only the default process group is supported; "
+                           "new_group(backend='psd') is not (a gloo group works beside it)")
+    pg = ProcessGroupPsd(_client, rank, size, timeout)
+    _groups.append(pg)
+    return pg
+
+
+def register() -> None:
+    """Registers the backend under the name "psd" (once)."""
+    if not hasattr(dist.Backend, "PSD"):
+        dist.Backend.register_backend(BACKEND, _create)
+
+
+def _shutdown() -> None:
+    """At exit: drain the background threads and tell the servers this
+    worker is done (they exit when every worker is)."""
+    global _client
+    for pg in _groups:
+        try:
+            pg.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    _groups.clear()
+    if _client is not None:
+        try:
+            _client.finish()
+        except Exception:  # noqa: BLE001
+            pass
+        _client.close()
+        _client = None
+
+
+import atexit  # noqa: E402
+
+atexit.register(_shutdown)
