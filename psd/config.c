@@ -30,11 +30,13 @@ static const ps__opt OPTIONS[] = {
     {"mode", 0, PS_OPT_CHOICE, F(mode), "auto", 0, 0, "auto|sync|async",
      "sync, async, or auto (as the workers say)"},
     {"grace-period", 0, PS_OPT_DOUBLE, F(grace_s), "60", 0, 1e9, NULL,
-     "seconds a lost worker has to rejoin before psd exits 66, and a worker silent "
-     "after the others finished has to finish before psd exits 68"},
+     "seconds a lost worker (its connection dropped) has to rejoin before psd exits 66"},
+    {"finish-timeout", 0, PS_OPT_DOUBLE, F(finish_timeout_s), "0", 0, 1e9, NULL,
+     "once the others finished, exit 68 if a worker still connected sends nothing for this "
+     "many seconds (0: wait as long as it stays connected: it may be evaluating or saving)"},
     {"stall-timeout", 0, PS_OPT_DOUBLE, F(stall_s), "30", 0.01, 1e9, NULL,
-     "log a step that has waited this many seconds for gradients, and a worker "
-     "silent this long after the others finished"},
+     "log a step that has waited this many seconds for gradients; also name a worker still "
+     "connected but silent this long after the others finished (again every 5 minutes)"},
     {"startup-timeout", 0, PS_OPT_DOUBLE, F(startup_timeout_s), "900", 0, 1e9, NULL,
      "exit non-zero if not every worker has joined by then (0: wait forever)"},
     {"pull-timeout", 0, PS_OPT_DOUBLE, F(pull_timeout_s), "600", 0.01, 1e9, NULL,
@@ -89,7 +91,8 @@ static const ps__opt OPTIONS[] = {
      "write per-step telemetry (gradient arrivals, aggregation time) to this file as JSON "
      "lines ('off': record nothing)"},
     {"summary", 0, PS_OPT_STR, F(summary), "", 0, 0, NULL,
-     "at exit, write the run's telemetry summary table to this file ('-': stdout)"},
+     "at exit, write the run's telemetry summary table to this file ('-': stderr, so it "
+     "never mixes with the workers' output on stdout)"},
     {"max-connections", 0, PS_OPT_INT, F(max_conns), "65536", 1, 1 << 24, NULL,
      "open connections at most (never more than the descriptor limit minus 32); when full, "
      "a new connection evicts the oldest unauthenticated one"},

@@ -23,6 +23,9 @@ typedef struct psd_config {
   int replicas;            /* replicas_to_aggregate; 0: all workers/learn */
   int mode;                /* PSD_MODE_*: auto takes the workers' choice */
   double grace_s;          /* how long a lost worker may take to come back */
+  double finish_timeout_s; /* after the others finished, how long a connected
+                              worker may stay silent before exit 68 (0: as
+                              long as it stays connected) */
   double stall_s;          /* a step waiting longer than this is logged */
   double startup_timeout_s;/* all workers must have joined by then; 0: never */
   double pull_timeout_s;   /* default deadline of a parked pull */
@@ -52,7 +55,7 @@ typedef struct psd_config {
   double stop_timeout_s;   /* after a stop request: wait this long for the
                               stop checkpoint, then exit anyway */
   char telemetry[1024];    /* per-step records as JSON lines ("" : none) */
-  char summary[1024];      /* end-of-run table: a file, "-" stdout, "" none */
+  char summary[1024];      /* end-of-run table: a file, "-" stderr, "" none */
   int max_conns;           /* open connections (also capped by the descriptor limit) */
   int max_unauth;          /* connections still before their handshake */
   int max_admin;           /* authenticated admin tools (psctl) at once */

@@ -221,14 +221,7 @@ int psd_job_join(psd_job *j, uint32_t w, const char *peer) {
   return rejoin;
 }
 
-void psd_job_active(psd_job *j, uint32_t w, double now) {
-  j->workers[w].active_at = now;
-  if (!j->silent_since) return;
-  /* Named as silent, then spoke: the grace period starts over if it
-   * falls silent again. */
-  j->silent_since = 0;
-  psd_info("worker %u is active again", w);
-}
+void psd_job_active(psd_job *j, uint32_t w, double now) { j->workers[w].active_at = now; }
 
 void psd_job_finished(psd_job *j, uint32_t w) {
   j->workers[w].finished = 1;
@@ -309,58 +302,96 @@ void psd_job_say_done(const psd_job *j) {
     psd_info("all %u workers finished; exiting", j->num_workers);
 }
 
-/* How many workers are connected but silent for --stall-timeout while
- * every other one finished or was lost (and one finished): 0 when someone
- * else is still working, or a connected worker spoke recently (it may be
- * evaluating or saving between its last step and its finish). */
-static uint32_t silent_workers(const psd_job *j, double now) {
-  uint32_t silent = 0, finished = 0;
-  for (uint32_t w = 0; w < j->num_workers; w++) {
+/* A worker the job still waits for: connected, not finished. */
+static int owes_finish(const psd_job_worker *k) {
+  return k->connected && !k->finished && !k->lost;
+}
+
+/* How long worker k has been silent since the others were done: from the
+ * later of done_at and its last message. */
+static double owed_for(const psd_job *j, const psd_job_worker *k, double now) {
+  return now - (k->active_at > j->done_at ? k->active_at : j->done_at);
+}
+
+/* Tracks done_at (a worker finished, and every other one is finished,
+ * lost or connected: none still to join). Returns the shortest owed_for
+ * of the workers that owe their finish, or -1 when there are none or the
+ * job is not that far: someone still speaking keeps this short, so the
+ * wait is named only while all of them are silent. */
+static double owed_silence(psd_job *j, double now) {
+  uint32_t finished = 0, owing = 0, absent = 0;
+  for (uint32_t w = 0; j->pinned && w < j->num_workers; w++) {
     const psd_job_worker *k = &j->workers[w];
     finished += k->finished;
-    if (k->finished || k->lost) continue;
-    if (!k->connected || now - k->active_at < j->cfg->stall_s) return 0;
-    silent++;
+    owing += owes_finish(k);
+    absent += !k->finished && !k->lost && !k->connected;
   }
-  return finished ? silent : 0;
-}
-
-/* One line per silent worker, naming it: why the job is not over. */
-static void say_silent(const psd_job *j, double now, int exiting) {
+  if (!finished || !owing || absent) {
+    j->done_at = 0;
+    return -1;
+  }
+  if (!j->done_at) j->done_at = now;
+  double least = -1;
   for (uint32_t w = 0; w < j->num_workers; w++) {
     const psd_job_worker *k = &j->workers[w];
-    if (k->finished || k->lost || !k->connected) continue;
-    if (exiting)
-      psd_error("worker %u (from %s) is still connected but has not pushed or finished for "
-                "%.0f s while the others finished; exiting with status %d after the %.0f s "
-                "grace period (did it skip ps_client_finish?)",
-                w, k->peer, now - k->active_at, PSD_EXIT_WORKER_SILENT, j->cfg->grace_s);
-    else
-      psd_warn("worker %u (from %s) is still connected but has not pushed or finished for "
-               "%.0f s while the others finished; exiting with status %d in %.0f s unless it "
-               "finishes (did it skip ps_client_finish?)",
-               w, k->peer, now - k->active_at, PSD_EXIT_WORKER_SILENT, j->cfg->grace_s);
+    double owed = owed_for(j, k, now);
+    if (owes_finish(k) && (least < 0 || owed < least)) least = owed;
+  }
+  return least;
+}
+
+/* One line per worker the job waits for: which, and that this is normal
+ * (evaluating or saving after training), at most every PSD_JOB_WAIT_LOG_S
+ * per worker so a long evaluation costs a few lines; or, exiting under
+ * --finish-timeout, why. */
+static void say_waiting(psd_job *j, double now, int exiting) {
+  double bound = j->cfg->finish_timeout_s;
+  for (uint32_t w = 0; w < j->num_workers; w++) {
+    psd_job_worker *k = &j->workers[w];
+    if (!owes_finish(k)) continue;
+    double owed = owed_for(j, k, now);
+    if (exiting) {
+      psd_error("worker %u (from %s) is still connected but has sent nothing for %.0f s "
+                "since the other workers finished, past --finish-timeout %g s; exiting with "
+                "status %d (did it skip ps_client_finish?)",
+                w, k->peer, owed, bound, PSD_EXIT_WORKER_SILENT);
+      continue;
+    }
+    if (k->wait_logged_at && now - k->wait_logged_at < PSD_JOB_WAIT_LOG_S) continue;
+    k->wait_logged_at = now;
+    char limit[160] = "";
+    double left = owed < bound ? bound - owed : 0;
+    if (bound > 0)
+      snprintf(limit, sizeof limit, " (or, under --finish-timeout %g s, when psd exits %d after "
+               "%.0f s more of silence)", bound, PSD_EXIT_WORKER_SILENT, left);
+    psd_info("waiting for worker %u (from %s): it is still connected and has been silent for "
+             "%.0f s since its last step or request, after the other workers finished; this "
+             "is normal while it evaluates or saves after training, and the job ends when it "
+             "calls ps_client_finish (Python: client.finish() or leaving the `with` block) or "
+             "exits%s",
+             w, k->peer, now - k->active_at, limit);
   }
 }
 
-/* The silent-worker rule of psd_job_tick. */
-static int check_silent(psd_job *j, double now) {
-  if (!j->pinned || !silent_workers(j, now)) {
-    j->silent_since = 0;
-    return PSD_JOB_GO_ON;
+/* The wait for workers still connected after the others finished: named
+ * once they have been silent --stall-timeout, and as long as they stay
+ * connected never an exit (a worker that dies closes its connection and
+ * is lost), unless the user bounded it with --finish-timeout. */
+static int check_waiting(psd_job *j, double now) {
+  double owed = owed_silence(j, now);
+  if (owed < 0) return PSD_JOB_GO_ON;
+  double bound = j->cfg->finish_timeout_s;
+  if (bound > 0 && owed >= bound) {
+    say_waiting(j, now, 1);
+    return PSD_EXIT_WORKER_SILENT;
   }
-  if (!j->silent_since) {
-    j->silent_since = now;
-    say_silent(j, now, 0);
-  }
-  if (now - j->silent_since < j->cfg->grace_s) return PSD_JOB_GO_ON;
-  say_silent(j, now, 1);
-  return PSD_EXIT_WORKER_SILENT;
+  if (owed >= j->cfg->stall_s) say_waiting(j, now, 0);
+  return PSD_JOB_GO_ON;
 }
 
 int psd_job_tick(psd_job *j, double now, uint64_t step) {
-  int silent = check_silent(j, now);
-  if (silent != PSD_JOB_GO_ON) return silent;
+  int waited = check_waiting(j, now);
+  if (waited != PSD_JOB_GO_ON) return waited;
   if (j->lost_since && now - j->lost_since >= j->cfg->grace_s) {
     char names[256];
     format_workers(j, 1, names, sizeof names);

@@ -2,9 +2,10 @@
  * job.h - admission and the workers' lifecycle, as plain state: which
  * Hello is let in (authentication, the terms every worker must agree on,
  * pinned by the first one), each worker's state (joined, finished, lost),
- * the grace period for lost workers, the startup timeout and the decision
- * to exit. Nothing here touches a connection: functions return PS_E*
- * codes or an exit verdict that the caller acts on.
+ * the grace period for lost workers, the startup timeout, the wait for a
+ * worker still busy after the others finished, and the decision to exit.
+ * Nothing here touches a connection: functions return PS_E* codes or an
+ * exit verdict that the caller acts on.
  */
 #ifndef PSD_JOB_H
 #define PSD_JOB_H
@@ -22,9 +23,12 @@ enum {
   PSD_EXIT_STARTUP = 65,     /* could not listen, write the port file, ... */
   PSD_EXIT_WORKER_LOST = 66, /* a needed worker left and did not come back */
   PSD_EXIT_NO_WORKERS = 67,  /* not every worker joined before the timeout */
-  PSD_EXIT_WORKER_SILENT = 68, /* the others finished; a worker stayed
-                                connected but silent through the grace
-                                period (it never called ps_client_finish) */
+  PSD_EXIT_WORKER_SILENT = 68, /* only with --finish-timeout: the others
+                                finished and a worker stayed connected but
+                                sent nothing for that long (it never called
+                                ps_client_finish). Without it psd waits for
+                                a connected worker however long it is silent
+                                (it may be evaluating or saving) */
   PSD_EXIT_NO_CHECKPOINT = 69, /* stopped (a signal, a worker's request, the
                                 chief gone) before this ps's stop checkpoint
                                 was on disk, or with no --checkpoint-dir: the
@@ -48,6 +52,8 @@ typedef struct psd_job_worker {
   char peer[64];            /* address it connected from */
   double active_at;         /* its last message (or join): how long a
                                connected worker has been silent */
+  double wait_logged_at;    /* last "waiting for worker W" line about it
+                               (0: none): one every PSD_JOB_WAIT_LOG_S */
 } psd_job_worker;
 
 /* What one Hello asks for, normalized. */
@@ -80,9 +86,10 @@ typedef struct psd_job {
   psd_job_worker *workers;  /* num_workers entries once pinned */
   double started_at;        /* monotonic start time (startup timeout) */
   double lost_since;        /* when too many workers were lost (0: not) */
-  double silent_since;      /* when the others had finished and a connected
-                               worker was found silent, so named in the log
-                               (0: not): the grace period runs from here */
+  double done_at;           /* when a worker had finished and every other
+                               one was finished, lost or connected (0: not):
+                               a connected worker's silence counts from
+                               here (or its last message, if later) */
 } psd_job;
 
 void psd_job_init(psd_job *j, const psd_config *cfg, double now);
@@ -121,11 +128,15 @@ void psd_job_left(psd_job *j, uint32_t w, int finished, uint64_t step);
 int psd_job_check(psd_job *j, const psd_job_stop *st);
 /* Logs why psd exits with PSD_EXIT_OK. */
 void psd_job_say_done(const psd_job *j);
-/* Timers: the lost-worker grace period, the startup timeout, and a
- * worker still connected but silent (no message for --stall-timeout) after
- * every other worker finished or was lost: named in the log at once, and
- * PSD_EXIT_WORKER_SILENT once --grace-period has passed since (step: for
- * the log). PSD_JOB_GO_ON or an exit status. */
+/* Seconds between two "waiting for worker W" lines about one worker. */
+#define PSD_JOB_WAIT_LOG_S 300.0
+
+/* Timers: the lost-worker grace period (step: for its log line), the
+ * startup timeout, and the wait for workers still connected after the
+ * others finished: while each has been silent --stall-timeout, psd names
+ * it (then every PSD_JOB_WAIT_LOG_S) and goes on waiting, since it may be
+ * evaluating or saving; only with --finish-timeout does that silence end
+ * the job with PSD_EXIT_WORKER_SILENT. PSD_JOB_GO_ON or an exit status. */
 int psd_job_tick(psd_job *j, double now, uint64_t step);
 
 /* "connected", "finished", "lost" or "absent" (for stats and summaries). */

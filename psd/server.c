@@ -411,12 +411,15 @@ int psd_server_run(psd_server *srv) {
   event_base_dispatch(srv->base);
   const char *sum = srv->cfg->summary;
   if (sum[0]) {
-    FILE *f = strcmp(sum, "-") == 0 ? stdout : fopen(sum, "w");
+    /* "-" is stderr, with the log: stdout is the job's output (psrun
+     * passes "-" under Slurm, where the workers' results go there too). */
+    FILE *f = strcmp(sum, "-") == 0 ? stderr : fopen(sum, "w");
     psd_telem_view v = {srv->cfg->name, ps__now() - srv->job.started_at, &srv->job,
                         &srv->shard};
     if (f) psd_telem_print_summary(&srv->telem, &v, f);
     else psd_warn("cannot write --summary %s: %s", sum, strerror(errno));
-    if (f && f != stdout) fclose(f);
+    if (f == stderr) fflush(stderr);
+    else if (f) fclose(f);
   }
   return srv->exit_code;
 }

@@ -1,6 +1,7 @@
 /* Integration: when psd exits and what it says — all workers finished, a
- * worker killed mid-step, a stalled step, a lost backup worker, startup
- * timeout, SIGTERM. */
+ * worker killed mid-step, a stalled step, a lost backup worker, a chief
+ * still busy after the others finished (waited for; exit 68 only under
+ * --finish-timeout), startup timeout, SIGTERM, where the summary goes. */
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -55,6 +56,31 @@ static pid_t doomed_worker(const char **hp, int nw, int index) {
   ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
   ck_assert_msg(WIFSTOPPED(st), "doomed worker exited early (status %d)", st);
   return pid;
+}
+
+/* A client for worker `index` of `nw` on one ps, with one variable "a"
+ * (the chief's values: call it for worker 0 first). */
+static ps_client *connect_worker(const char **hp, int index, int nw) {
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.worker_index = index;
+  cfg.num_workers = nw;
+  cfg.telemetry = "off";
+  char err[512];
+  ps_client *c = NULL;
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "worker %d: %s", index, err);
+  int64_t shape[1] = {4};
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "a", shape, 1, NULL, NULL, &v), 0);
+  return c;
+}
+
+static int count_of(const char *s, const char *needle) {
+  int n = 0;
+  for (const char *p = s; p && (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+  return n;
 }
 
 /* (c) Every worker finishes: psd exits 0 by itself, and says so. */
@@ -192,6 +218,113 @@ START_TEST(test_stall_logged) {
 }
 END_TEST
 
+/* Bug: a chief evaluating or saving for more than 90 s after its last step
+ * was killed (psd exited 68 after --stall-timeout + --grace-period). Worker
+ * 1 finishes; worker 0 stays connected and silent 4 s, well past that old
+ * bound (0.5 + 1 s here). psd names it once (rate-limited), says this is
+ * normal, goes on waiting, and exits 0 when it finishes. */
+START_TEST(test_busy_chief_is_waited_for) {
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--stall-timeout", "0.5", "--grace-period", "1", NULL};
+  start1(&ps, hosts, hp, extra);
+  ps_client *w0 = connect_worker(hp, 0, 2);
+  ps_client *w1 = connect_worker(hp, 1, 2);
+  ck_assert_int_eq(ps_client_finish(w1), 0);
+  ps_client_destroy(w1);
+  int gone = tu_psd_wait(&ps, 4) == 0; /* the chief "evaluates" meanwhile */
+  char *log = tu_read_file(ps.log_path);
+  ck_assert_msg(!gone, "psd exited (status %d) while the chief was still connected; log:\n%s",
+                WEXITSTATUS(ps.status), log);
+  ck_assert_msg(strstr(log, "waiting for worker 0 (from 127.0.0.1:") &&
+                    strstr(log, "it is still connected and has been silent for") &&
+                    strstr(log, "this is normal while it evaluates or saves after training") &&
+                    strstr(log, "the job ends when it calls ps_client_finish (Python: "
+                                "client.finish() or leaving the `with` block) or exits"),
+                "psd explains the wait, naming worker 0:\n%s", log);
+  ck_assert_msg(count_of(log, "waiting for worker") == 1, "not rate-limited:\n%s", log);
+  ck_assert_msg(!strstr(log, "status 68"), "a threat of exit 68:\n%s", log);
+  free(log);
+  ck_assert_int_eq(ps_client_finish(w0), 0);
+  ps_client_destroy(w0);
+  ck_assert_msg(tu_psd_wait(&ps, 5) == 0, "psd still running after the chief finished");
+  ck_assert_msg(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 0, "status %d", ps.status);
+  ck_assert(tu_log_contains(&ps, "all 2 workers finished"));
+}
+END_TEST
+
+/* Opt-in bound: with --finish-timeout 2, the same silent chief ends the
+ * job with 68 about 2 s after the others finished, and psd says why. */
+START_TEST(test_finish_timeout_exits_68) {
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--stall-timeout", "0.5", "--finish-timeout", "2", NULL};
+  start1(&ps, hosts, hp, extra);
+  ps_client *w0 = connect_worker(hp, 0, 2);
+  ps_client *w1 = connect_worker(hp, 1, 2);
+  ck_assert_int_eq(ps_client_finish(w1), 0);
+  ps_client_destroy(w1);
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  int rc = tu_psd_wait(&ps, 15);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  double took = (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+  ps_client_destroy(w0);
+  char *log = tu_read_file(ps.log_path);
+  ck_assert_msg(rc == 0, "psd still runs 15 s after the others finished; log:\n%s", log);
+  ck_assert_msg(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 68,
+                "exit status %d (want 68); log:\n%s", WEXITSTATUS(ps.status), log);
+  ck_assert_msg(took >= 1.8 && took < 6, "exited %.1f s after the others finished", took);
+  ck_assert_msg(strstr(log, "waiting for worker 0 (from 127.0.0.1:") &&
+                    strstr(log, "under --finish-timeout 2 s, when psd exits 68 after"),
+                "named first, with the bound:\n%s", log);
+  ck_assert_msg(strstr(log, "worker 0 (from 127.0.0.1:") &&
+                    strstr(log, "past --finish-timeout 2 s; exiting with status 68"),
+                "exited saying why:\n%s", log);
+  free(log);
+}
+END_TEST
+
+/* Bug: "the telemetry table goes to stdout with the workers' output".
+ * --summary - writes it to stderr (psd's log); stdout stays empty. psd's
+ * stdout is sent apart through a wrapper named by $PSD_BIN. */
+START_TEST(test_summary_dash_goes_to_stderr) {
+  char out[600], wrap[600];
+  snprintf(out, sizeof out, "%s/psd-stdout.txt", tu_tmpdir());
+  snprintf(wrap, sizeof wrap, "%s/psd-stdout-apart.sh", tu_tmpdir());
+  const char *real = getenv("PSD_BIN") ? getenv("PSD_BIN") : tu_bin("psd");
+  FILE *f = fopen(wrap, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "#!/bin/sh\nexec '%s' \"$@\" >'%s'\n", real, out);
+  fclose(f);
+  ck_assert_int_eq(chmod(wrap, 0700), 0);
+  char *saved = getenv("PSD_BIN") ? strdup(getenv("PSD_BIN")) : NULL;
+  setenv("PSD_BIN", wrap, 1);
+  tu_psd ps;
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--summary", "-", NULL};
+  start1(&ps, hosts, hp, extra);
+  if (saved) setenv("PSD_BIN", saved, 1);
+  else unsetenv("PSD_BIN");
+  free(saved);
+  ps_client *w0 = connect_worker(hp, 0, 1);
+  ck_assert_int_eq(ps_client_finish(w0), 0);
+  ps_client_destroy(w0);
+  ck_assert_msg(tu_psd_wait(&ps, 5) == 0, "psd did not exit");
+  ck_assert_msg(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 0, "status %d", ps.status);
+  char *log = tu_read_file(ps.log_path), *stdout_text = tu_read_file(out);
+  ck_assert_msg(stdout_text && stdout_text[0] == '\0', "psd wrote to stdout:\n%s",
+                stdout_text ? stdout_text : "(no file)");
+  ck_assert_msg(log && strstr(log, "== psd telemetry summary: ps0 of 1, 1 workers"),
+                "no summary on stderr:\n%s", log ? log : "(no log)");
+  free(log);
+  free(stdout_text);
+}
+END_TEST
+
 /* Nobody comes: psd gives up after --startup-timeout instead of burning
  * the job's walltime. */
 START_TEST(test_startup_timeout) {
@@ -307,6 +440,9 @@ Suite *suite_lifecycle(void) {
   tcase_add_test(tc, test_killed_worker);
   tcase_add_test(tc, test_lost_backup_worker);
   tcase_add_test(tc, test_stall_logged);
+  tcase_add_test(tc, test_busy_chief_is_waited_for);
+  tcase_add_test(tc, test_finish_timeout_exits_68);
+  tcase_add_test(tc, test_summary_dash_goes_to_stderr);
   tcase_add_test(tc, test_startup_timeout);
   tcase_add_test(tc, test_sigterm);
   tcase_add_test(tc, test_connect_failure_names_host);

@@ -1,8 +1,8 @@
 /* Every wait bounded and explained, against real psd processes: a push psd
  * refuses fails the call at once with psd's sentence; a restarted worker's
- * duplicate push counts as applied; psd names a worker that is connected
- * but silent after the others finished; a client that cannot connect says
- * which host it is still trying. */
+ * duplicate push counts as applied; a client that cannot connect says
+ * which host it is still trying. (psd's wait for a worker still connected
+ * after the others finished: the lifecycle suite.) */
 #include <arpa/inet.h>
 #include <check.h>
 #include <fcntl.h>
@@ -159,41 +159,6 @@ START_TEST(restarted_worker_duplicate_is_applied) {
 }
 END_TEST
 
-/* Worker 1 finishes; worker 0 stays connected and says nothing more. psd
- * names it (index and address) once it has been silent for
- * --stall-timeout, and exits 68 after --grace-period with that sentence,
- * instead of waiting forever. */
-START_TEST(silent_worker_is_named_then_psd_exits) {
-  tu_psd ps;
-  char hosts[1][64];
-  const char *hp[1];
-  const char *extra[] = {"--stall-timeout", "1", "--grace-period", "2", NULL};
-  start_one(&ps, hosts, hp, extra);
-  ps_client *w0 = connect_worker(hp, 0, 2, 20000);
-  ps_client *w1 = connect_worker(hp, 1, 2, 20000);
-  make_vars(w0);
-  make_vars(w1);
-  ck_assert_int_eq(ps_client_finish(w1), 0);
-  ps_client_destroy(w1);
-  double t0 = now_s();
-  int rc = tu_psd_wait(&ps, 15);
-  double took = now_s() - t0;
-  ps_client_destroy(w0);
-  char *log = tu_read_file(ps.log_path);
-  ck_assert_msg(rc == 0, "psd still runs 15 s after the others finished; log:\n%s", log);
-  ck_assert_msg(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 68,
-                "exit status %d (want 68); log:\n%s", WEXITSTATUS(ps.status), log);
-  ck_assert_msg(took >= 2.5 && took < 8, "exited %.1f s after the others finished", took);
-  ck_assert_msg(strstr(log, "worker 0 (from 127.0.0.1:") &&
-                    strstr(log, "is still connected but has not pushed or finished for"),
-                "psd names the silent worker:\n%s", log);
-  ck_assert_msg(strstr(log, "exiting with status 68 in 2 s unless it finishes") &&
-                    strstr(log, "exiting with status 68 after the 2 s grace period"),
-                "warned, then exited saying why:\n%s", log);
-  free(log);
-}
-END_TEST
-
 /* A client pointed at a port nobody listens on (5 s connect timeout)
  * says on stderr, while it retries, which host it is still trying and for
  * how long; the final error names it too. */
@@ -246,7 +211,6 @@ Suite *suite_waits(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, refused_push_fails_at_once);
   tcase_add_test(tc, restarted_worker_duplicate_is_applied);
-  tcase_add_test(tc, silent_worker_is_named_then_psd_exits);
   tcase_add_test(tc, connect_progress_names_the_host);
   suite_add_tcase(s, tc);
   return s;
