@@ -44,6 +44,8 @@ class _Param:
         self.data_view = torch.from_numpy(var.data).view(p.shape)
         self.bucket = -1  # index of its bucket
         self.counted = False  # its gradient was finished in this step
+        self.version = 0  # p._version when psd last wrote it
+        self.pushed_grad = None  # (tensor, version) its bucket sent during backward
 
     def bind(self) -> None:
         """Makes the parameter (and its gradient) views of the buffers."""
@@ -91,6 +93,19 @@ class DistributedModule(torch.nn.Module):
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "",
                  overlap: bool = True):
         super().__init__()
+        if isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                "psd.torch.DistributedModule runs psd's server-side optimizers (psd.SGD, "
+                "psd.Adam), not a torch.optim optimizer; to train with %s, wrap the model in "
+                "torch.nn.parallel.DistributedDataParallel after "
+                "torch.distributed.init_process_group(\"psd\"): the servers then average "
+                "the gradients and your optimizer runs as under DDP (docs/python.md)"
+                % type(optimizer).__name__)
+        if getattr(client, "_module", None) is not None:
+            raise ValueError(
+                "this client already has a DistributedModule (%s): a second one would take "
+                "a second step per iteration; wrap one module holding both (or use DDP on "
+                "the psd backend for parameter groups)" % client._module)
         self.module = module
         self.client = client
         self.overlap = overlap
@@ -112,12 +127,17 @@ class DistributedModule(torch.nn.Module):
         for i, pp in enumerate(self._params):
             pp.bind()
             self._hooks.append(self._hook(i))
+        self._mark_written()
+        client._module = "%s on %r" % (type(module).__name__, client)
 
     # --------------------------------------------------------------- setup
 
     def _register_buffers(self, module, client, prefix, chief):
+        """Floating-point buffers and frozen parameters (requires_grad
+        False) follow the chief: variables that are not trainable."""
         from .config import NotTrainable
-        for name, b in module.named_buffers():
+        frozen = [(n, p) for n, p in module.named_parameters() if not p.requires_grad]
+        for name, b in frozen + list(module.named_buffers()):
             if not b.is_floating_point():
                 continue  # counters such as num_batches_tracked stay local
             v = client.variable(prefix + name, tuple(b.shape) or (1,), optimizer=NotTrainable(),
@@ -165,6 +185,8 @@ class DistributedModule(torch.nn.Module):
             b = pp.bucket
             self._pending[b] -= 1
             if self._pending[b] == 0 and self.overlap:
+                for q in self._buckets[b]:
+                    q.pushed_grad = (q.p.grad, q.p.grad._version)
                 try:
                     self.client.step_push([q.var for q in self._buckets[b]])
                 except Exception as e:  # noqa: BLE001 (raised by step())
@@ -193,6 +215,7 @@ class DistributedModule(torch.nn.Module):
         module and returns the step to start from."""
         step = self.client.pull()
         self._after_pull()
+        self._mark_written()
         return step
 
     def step(self) -> int:
@@ -202,6 +225,7 @@ class DistributedModule(torch.nn.Module):
         error a backward hook kept (without pushing the rest)."""
         try:
             self.client._raise_deferred()
+            self._check_untouched()
             for pp in self._unfinished():
                 pp.collect()
             if self.client.is_chief and self._buffers_vars:
@@ -219,9 +243,41 @@ class DistributedModule(torch.nn.Module):
             for pp in self._params:
                 pp.grad_view.zero_()
                 pp.counted = False
+                pp.pushed_grad = None
                 if not pp.shared and pp.p.grad is not None:
                     pp.p.grad.zero_()
             self._after_pull()
+            self._mark_written()
+
+    def _mark_written(self) -> None:
+        """Remembers the parameters' version counters as psd left them."""
+        for pp in self._params:
+            pp.version = pp.p._version
+
+    def _check_untouched(self) -> None:
+        """Raises, before anything is pushed, if a parameter was changed
+        outside psd since the last pull (a torch.optim optimizer's step:
+        the servers would overwrite it) or a gradient changed after its
+        bucket was pushed (clip_grad_norm_, GradScaler.unscale_: the
+        servers would never see it)."""
+        for pp in self._params:
+            if pp.p._version != pp.version:
+                raise RuntimeError(
+                    "psd.torch: parameter %r was changed outside psd since the last step "
+                    "(a torch.optim optimizer's step()? an in-place edit?); the servers "
+                    "apply the update (psd.SGD, psd.Adam given to DistributedModule) and "
+                    "their values replace it at every step. Remove that optimizer, or train "
+                    "with your optimizer through DistributedDataParallel on the psd backend "
+                    "(docs/python.md)" % pp.name)
+            pushed = pp.pushed_grad
+            if pushed is not None and (pp.p.grad is not pushed[0] or
+                                       pp.p.grad._version != pushed[1]):
+                raise RuntimeError(
+                    "psd.torch: the gradient of %r changed after backward pushed its bucket "
+                    "(clip_grad_norm_, GradScaler.unscale_ or an in-place edit after "
+                    "backward); the servers got the gradient as backward left it. Pass "
+                    "overlap=False to DistributedModule so that step() sends the gradients "
+                    "as they are when it is called" % pp.name)
 
     def _unfinished(self):
         """Parameters whose bucket was not pushed (some gradient in it was

@@ -163,3 +163,107 @@ def test_embedding_rejects_float_ids(start_psd):
     assert emb(torch.tensor([[1, 2]], dtype=torch.int32)).shape == (1, 2, 4)
     c.finish()
     c.close()
+
+
+# --------------------------------------------- what must not pass silently
+
+def _tiny():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+def _loss(model):
+    g = torch.Generator().manual_seed(1)
+    return model(torch.randn(8, 4, generator=g)).pow(2).mean()
+
+
+def test_torch_optimizer_is_refused_with_what_to_do(start_psd):
+    import psd
+    import psd.torch
+    with psd.Client(hosts=hosts(start_psd(1)), telemetry="off") as c:
+        net = _tiny()
+        with pytest.raises(TypeError, match="DistributedDataParallel"):
+            psd.torch.DistributedModule(net, c, optimizer=torch.optim.AdamW(net.parameters()))
+
+
+def test_second_module_on_one_client_is_refused(start_psd):
+    import psd
+    import psd.torch
+    with psd.Client(hosts=hosts(start_psd(1)), telemetry="off") as c:
+        psd.torch.DistributedModule(_tiny(), c, optimizer=psd.SGD(lr=0.1))
+        with pytest.raises(ValueError, match="already has a DistributedModule"):
+            psd.torch.DistributedModule(_tiny(), c, optimizer=psd.SGD(lr=0.1), prefix="b.")
+
+
+def test_torch_optimizer_left_in_the_loop_raises(start_psd):
+    """Its step() changed the parameters, which the servers' values would
+    have replaced: the next model.step() raises before pushing."""
+    import psd
+    import psd.torch
+    with psd.Client(hosts=hosts(start_psd(1)), telemetry="off") as c:
+        net = _tiny()
+        model = psd.torch.DistributedModule(net, c, optimizer=psd.SGD(lr=0.1))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        model.start()
+        _loss(model).backward()
+        assert model.step() == 1  # no torch optimizer yet: fine
+        _loss(model).backward()
+        opt.step()
+        with pytest.raises(RuntimeError, match="changed outside psd"):
+            model.step()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_clipping_after_backward(start_psd, overlap):
+    """With overlap (buckets pushed during backward) clipping afterwards
+    would be lost: step() raises and says to pass overlap=False; with
+    overlap=False the clipped gradient is the one the servers apply."""
+    import psd
+    import psd.torch
+    with psd.Client(hosts=hosts(start_psd(1)), telemetry="off") as c:
+        net = _tiny()
+        model = psd.torch.DistributedModule(net, c, optimizer=psd.SGD(lr=1.0), overlap=overlap)
+        model.start()
+        before = [p.detach().clone() for p in net.parameters()]
+        _loss(model).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1e-3)
+        if overlap:
+            with pytest.raises(RuntimeError, match="overlap=False"):
+                model.step()
+            return
+        model.step()
+        moved = torch.cat([(p.detach() - b).reshape(-1) for p, b in zip(net.parameters(), before)])
+        assert abs(float(moved.norm()) - 1e-3) < 1e-6, float(moved.norm())
+
+
+def test_frozen_parameters_follow_the_chief(start_psd):
+    import threading
+
+    import psd
+    import psd.torch
+    ps = start_psd(1)
+    got, errs = {}, []
+
+    def worker(w):
+        try:
+            with psd.Client(hosts=hosts(ps), worker_index=w, num_workers=2,
+                            telemetry="off") as c:
+                net = _tiny()
+                net[0].weight.requires_grad_(False)
+                with torch.no_grad():
+                    net[0].weight.fill_(1.0 + w)  # each worker's own frozen values
+                model = psd.torch.DistributedModule(net, c, optimizer=psd.SGD(lr=0.1))
+                model.start()
+                _loss(model).backward()
+                model.step()
+                got[w] = net[0].weight.detach().clone()
+        except Exception as e:  # noqa: BLE001
+            errs.append(e)
+
+    ts = [threading.Thread(target=worker, args=(w,)) for w in (0, 1)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errs, errs
+    assert torch.equal(got[0], torch.ones(3, 4)) and torch.equal(got[1], got[0])
