@@ -2,10 +2,13 @@
 #define _GNU_SOURCE
 #include "launch.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -116,6 +119,69 @@ char *psr_start_psd(psr_procs *p, const psr_task *t, char *err, size_t errlen) {
   return result;
 }
 
+/* Binds port 0 of the wildcard address of family (AF_INET6 dual-stack, or
+ * AF_INET) and reads the port the kernel chose. 0 or -1 (errno set). */
+static int probe_port(int family, int *port) {
+  int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_storage ss = {0};
+  socklen_t sl;
+  if (family == AF_INET6) {
+    int off = 0; /* dual-stack: the port must be free for IPv4 too */
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+    ((struct sockaddr_in6 *)&ss)->sin6_family = AF_INET6;
+    ((struct sockaddr_in6 *)&ss)->sin6_addr = in6addr_any;
+    sl = sizeof(struct sockaddr_in6);
+  } else {
+    ((struct sockaddr_in *)&ss)->sin_family = AF_INET;
+    ((struct sockaddr_in *)&ss)->sin_addr.s_addr = htonl(INADDR_ANY);
+    sl = sizeof(struct sockaddr_in);
+  }
+  int rc = bind(fd, (struct sockaddr *)&ss, sl) == 0 &&
+                   getsockname(fd, (struct sockaddr *)&ss, &sl) == 0
+               ? 0
+               : -1;
+  int e = errno;
+  if (rc == 0)
+    *port = ntohs(family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                     : ((struct sockaddr_in *)&ss)->sin_port);
+  close(fd);
+  errno = e;
+  return rc;
+}
+
+/* As torchrun's standalone mode picks its port: bind port 0, read it,
+ * close. The wildcard, not MASTER_ADDR alone: worker 0's TCPStore listens
+ * on every interface (IPv6 first, then IPv4, as torch does), so the port
+ * must be free on all of them. The socket never listened, so closing it
+ * leaves no TIME_WAIT behind. A small race remains: another process (a psd
+ * starting on the node binds port 0 too) may take the port before worker
+ * 0's TCPStore binds it; torchrun accepts the same race. */
+int psr_free_port(int *port, char *err, size_t errlen) {
+  if (probe_port(AF_INET6, port) == 0 || probe_port(AF_INET, port) == 0) return 0;
+  snprintf(err, errlen, "cannot find a free TCP port for MASTER_PORT: %s", strerror(errno));
+  return -1;
+}
+
+/* The torchrun contract, for torch.distributed's env:// init and the
+ * scripts that pick a GPU by LOCAL_RANK: the ranks are the workers (ps
+ * tasks are not ranks). They override the user's own values, which would
+ * describe another job. vars holds the strings; returns how many. */
+typedef struct torch_vars {
+  char v[6][96];
+} torch_vars;
+
+static int torch_env(const psr_task *t, torch_vars *tv, char **env) {
+  snprintf(tv->v[0], sizeof tv->v[0], "RANK=%d", t->index);
+  snprintf(tv->v[1], sizeof tv->v[1], "WORLD_SIZE=%d", t->num_workers);
+  snprintf(tv->v[2], sizeof tv->v[2], "LOCAL_RANK=%d", t->local_rank);
+  snprintf(tv->v[3], sizeof tv->v[3], "LOCAL_WORLD_SIZE=%d", t->node_workers);
+  snprintf(tv->v[4], sizeof tv->v[4], "MASTER_ADDR=%s", t->master_addr ? t->master_addr : "");
+  snprintf(tv->v[5], sizeof tv->v[5], "MASTER_PORT=%d", t->master_port);
+  for (int i = 0; i < 6; i++) env[i] = tv->v[i];
+  return 6;
+}
+
 int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *err,
                      size_t errlen) {
   size_t hl = strlen(hosts) + 16;
@@ -141,8 +207,10 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   snprintf(e_tele, sizeof e_tele, "PS_TELEMETRY=%s.w%d", t->o->telemetry, t->index);
   snprintf(e_wire, sizeof e_wire, "PS_WIRE_DTYPE=%s", t->o->wire_dtype);
   snprintf(e_tr, sizeof e_tr, "PS_TRANSPORT=%s", t->o->transport[0] ? t->o->transport : "auto");
-  char *env[21] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker", e_tr};
+  char *env[32] = {e_hosts, e_idx, e_nw, e_nps, e_local, "PS_ROLE=worker", e_tr};
   int ne = 7;
+  torch_vars tv;
+  ne += torch_env(t, &tv, env + ne);
   int backups, replicas = psr_replicas(t->o, t->num_workers, &backups);
   snprintf(e_rep, sizeof e_rep, "PS_REPLICAS_TO_AGGREGATE=%d", replicas);
   if (replicas > 0) env[ne++] = e_rep;

@@ -691,6 +691,19 @@ int psr_layout(psr_dist dist, int plane_size, const int *counts, int nnodes, int
 
 /* ---- plan ---------------------------------------------------------------- */
 
+/* Each worker's index among the workers of its node and every role's count
+ * of them: torchrun's LOCAL_RANK and LOCAL_WORLD_SIZE, which count workers
+ * only (a script picks its GPU by LOCAL_RANK; a ps uses none). 0 or -1. */
+static int count_node_workers(int ntasks, int maxnode, psr_role *roles) {
+  int *seen = calloc((size_t)maxnode + 1, sizeof *seen);
+  if (!seen) return -1;
+  for (int r = 0; r < ntasks; r++)
+    roles[r].worker_local_rank = roles[r].is_ps ? -1 : seen[roles[r].node]++;
+  for (int r = 0; r < ntasks; r++) roles[r].node_workers = seen[roles[r].node];
+  free(seen);
+  return 0;
+}
+
 int psr_plan(int ntasks, int num_ps, psr_placement place, const int *node_of,
              psr_role *roles, char *err, size_t errlen) {
   if (err && errlen) err[0] = '\0';
@@ -745,6 +758,10 @@ int psr_plan(int ntasks, int num_ps, psr_placement place, const int *node_of,
       ps = roles[r].local_rank == 0 && nps < num_ps;
     roles[r].is_ps = ps;
     roles[r].index = ps ? nps++ : nworkers++;
+  }
+  if (count_node_workers(ntasks, maxnode, roles) != 0) {
+    ps__errf(-1, err, errlen, "out of memory planning %d tasks", ntasks);
+    return -1;
   }
   return 0;
 }

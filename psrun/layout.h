@@ -82,6 +82,9 @@ typedef struct psr_role {
   int index;        /* ps index or worker index */
   int node;         /* node index (into the expanded nodelist) */
   int local_rank;   /* rank among the tasks of its node */
+  int worker_local_rank; /* a worker's index among its node's workers (LOCAL_RANK);
+                            -1 for a ps */
+  int node_workers; /* workers on its node (a worker's LOCAL_WORLD_SIZE) */
 } psr_role;
 
 /* Assigns roles given node_of[] for every rank. spread needs at least P

@@ -21,16 +21,17 @@
  * stop checkpoint, so allow that and the exits before giving up. */
 #define PSR_STOP_S 90.0
 
-/* Prints (to stdout) and removes ps0's telemetry table, if it wrote one. */
+/* Prints (to stderr, never into the workers' output on stdout) and
+ * removes ps0's telemetry table, if it wrote one. */
 static void print_summary(const char *path) {
   if (!path) return;
   FILE *f = fopen(path, "r");
   if (f) {
     char buf[4096];
     size_t n;
-    fflush(stdout);
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stdout);
-    fflush(stdout);
+    fflush(stderr);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) fwrite(buf, 1, n, stderr);
+    fflush(stderr);
     fclose(f);
   }
   unlink(path);
@@ -84,9 +85,15 @@ static int start_tasks(psr_procs *procs, psr_task *t, char *hosts, size_t hostsl
     hlen += (size_t)snprintf(hosts + hlen, hostslen - hlen, "%s%s", i ? "," : "", hp);
     free(hp);
   }
+  /* psrun is worker 0's task here: it picks MASTER_PORT, after the psds
+   * have bound theirs. */
+  if (psr_free_port(&t->master_port, err, sizeof err) != 0) {
+    psr_log("%s", err);
+    return -1;
+  }
   for (int w = 0; w < t->num_workers; w++) {
     t->index = w;
-    t->local_rank = t->num_ps + w;
+    t->local_rank = w; /* every worker is on this node; the ps tasks are not counted */
     if (psr_start_worker(procs, t, hosts, err, sizeof err) < 0) {
       psr_log("cannot start w%d: %s", w, err);
       return -1;
@@ -118,7 +125,7 @@ static int worker_lost(psr_sup *s, psr_procs *procs, psr_child *c) {
     /* Same rank and environment: psd takes it back at the current step. */
     int w = atoi(label + 1);
     s->t->index = w;
-    s->t->local_rank = s->t->num_ps + w;
+    s->t->local_rank = w;
     s->restarts_left--;
     if (psr_start_worker(procs, s->t, s->hosts, err, sizeof err) >= 0) {
       psr_log("%s %s; restarted it (%d restart(s) left)", label, d, s->restarts_left);
@@ -236,10 +243,7 @@ static int print_plan(const psr_opts *o) {
     psr_log("%s", err);
     rc = 2;
   } else {
-    for (int r = 0; r < n; r++)
-      printf("{\"rank\":%d,\"role\":\"%s\",\"index\":%d,\"node\":\"localhost\","
-             "\"local_rank\":%d}\n",
-             r, roles[r].is_ps ? "ps" : "worker", roles[r].index, roles[r].local_rank);
+    for (int r = 0; r < n; r++) psr_print_role(&roles[r], "localhost");
     fflush(stdout);
   }
   free(node_of);
@@ -268,6 +272,8 @@ int psr_run_local(const psr_opts *o) {
   t.num_ps = o->ps;
   t.num_workers = o->ntasks - o->ps;
   t.local_workers = t.num_workers; /* they share this machine's cores */
+  t.node_workers = t.num_workers;
+  t.master_addr = "127.0.0.1";
   t.secret = secret;
   /* ps0 writes the telemetry table here; printed once the job is over. */
   char summary[] = "/tmp/psrun-summary.XXXXXX";

@@ -77,6 +77,11 @@ int psr_run_slurm(const psr_opts *o);
 /* Fills out (65 bytes) with a fresh random secret, 64 hex digits. 0 or -1. */
 int psr_new_secret(char out[65]);
 
+/* --print-plan: one role as a JSON line on stdout: rank, role, index, node,
+ * local_rank (among all the node's tasks) and, for a worker,
+ * worker_local_rank (among the node's workers: its LOCAL_RANK). */
+void psr_print_role(const psr_role *r, const char *node);
+
 /* Sets the name on psrun's log lines: "psrun", or "psrun[rank]" for rank >= 0. */
 void psr_log_ident(int rank);
 

@@ -291,6 +291,54 @@ int psr_run_ps_step(psr_step *s, char *err, size_t errlen) {
   return code;
 }
 
+/* A worker step's MASTER_ADDR and MASTER_PORT: its task 0 (worker 0)
+ * picks them and publishes "addr:port" in DIR/master.STEP; the other tasks
+ * wait for that file. It stays there (a slow task may read it late; the
+ * step id keeps other steps' apart). */
+static int worker_step_master(psr_step *s, const char *dir, char *err, size_t errlen) {
+  char path[4300];
+  snprintf(path, sizeof path, "%s/master.%lld", dir, s->env.step_id);
+  if (s->env.procid == 0) {
+    char hp[96];
+    if (psr_step_pick_master(s, err, errlen) != 0) return -1;
+    snprintf(hp, sizeof hp, "%s:%d", s->master_addr, s->master_port);
+    if (write_atomic(path, hp) == 0) return 0;
+    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+    return -1;
+  }
+  for (double end = ps__now() + s->o->timeout_s;;) {
+    char *line = slurp_line(path);
+    int ok = line && psr_step_set_master(s, line) == 0;
+    free(line);
+    if (ok) return 0;
+    if (ps__now() > end) {
+      snprintf(err, errlen, "worker task 0 did not publish MASTER_ADDR:MASTER_PORT in %s within "
+                            "%.0f s", path, s->o->timeout_s);
+      return -1;
+    }
+    struct timespec ts = {0, 50000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* A worker step's LOCAL_RANK and LOCAL_WORLD_SIZE: every task of the step
+ * is a worker, so Slurm's local id and this node's task count. */
+static int worker_step_local(psr_step *s, char *err, size_t errlen) {
+  const psr_env *e = &s->env;
+  int *counts = NULL, n = 0;
+  if (psr_parse_tasks_per_node("SLURM_STEP_TASKS_PER_NODE", e->tasks_per_node, &counts, &n, err,
+                               errlen) != 0)
+    return -1;
+  int ok = e->nodeid < n;
+  if (ok) s->node_workers = counts[e->nodeid];
+  else
+    snprintf(err, errlen, "SLURM_NODEID=%d is not below the %d node(s) of "
+                          "SLURM_STEP_TASKS_PER_NODE='%s'", e->nodeid, n, e->tasks_per_node);
+  free(counts);
+  s->local_rank = e->localid;
+  return ok ? 0 : -1;
+}
+
 /* `srun -n W psrun --role=worker CMD`: every task is a worker of a ps step
  * started earlier in the job. */
 int psr_run_worker_step(psr_step *s, char *err, size_t errlen) {
@@ -334,7 +382,9 @@ int psr_run_worker_step(psr_step *s, char *err, size_t errlen) {
   s->role.is_ps = 0;
   s->role.index = s->env.procid;
   s->num_workers = s->env.ntasks;
-  int rc = psr_step_start_worker(s, hosts, err, errlen);
+  int rc = worker_step_local(s, err, errlen) != 0 || worker_step_master(s, dir, err, errlen) != 0
+               ? -1
+               : psr_step_start_worker(s, hosts, err, errlen);
   free(hosts);
   if (rc) return -1;
   int aborted = 0;

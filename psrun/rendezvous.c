@@ -98,6 +98,34 @@ static int dec_mac_word(const char *rest, psr_msg *m) {
   return is_hex(m->mac) && *m->text && !strpbrk(m->text, " \t\r\n") ? 0 : -1;
 }
 
+void psr_world_text(const psr_msg *m, char *buf, size_t cap) {
+  snprintf(buf, cap, "%d %d %s", m->local_rank, m->local_workers, m->text ? m->text : "");
+}
+
+/* WORLD: "<mac> <local_rank> <local_workers> <host:port>". */
+static int enc_world(const psr_msg *m, char *b, size_t cap) {
+  const char *t = m->text ? m->text : "";
+  if (!is_hex(m->mac) || !*t || strpbrk(t, " \t\r\n") || m->local_rank < 0 ||
+      m->local_rank >= m->local_workers)
+    return -1;
+  return snprintf(b, cap, "WORLD %s %d %d %s", m->mac, m->local_rank, m->local_workers, t);
+}
+
+static int dec_world(const char *rest, psr_msg *m) {
+  int used = 0;
+  if (strlen(rest) < PSR_HEX_LEN + 2 || rest[PSR_HEX_LEN] != ' ') return -1;
+  memcpy(m->mac, rest, PSR_HEX_LEN);
+  m->mac[PSR_HEX_LEN] = '\0';
+  rest += PSR_HEX_LEN + 1;
+  if (sscanf(rest, "%d %d %n", &m->local_rank, &m->local_workers, &used) != 2 || !used)
+    return -1;
+  m->text = rest + used;
+  return is_hex(m->mac) && m->local_rank >= 0 && m->local_rank < m->local_workers &&
+                 *m->text && !strpbrk(m->text, " \t\r\n")
+             ? 0
+             : -1;
+}
+
 static int enc_exit(const psr_msg *m, char *b, size_t cap) {
   return snprintf(b, cap, "EXIT %d", m->code);
 }
@@ -138,6 +166,8 @@ static const msg_kind KINDS[PSR_MSG_COUNT] = {
     [PSR_MSG_HOSTS] = {"HOSTS", enc_mac_word, dec_mac_word},
     [PSR_MSG_EXIT] = {"EXIT", enc_exit, dec_exit},
     [PSR_MSG_ABORT] = {"ABORT", enc_text, dec_text},
+    [PSR_MSG_MASTER] = {"MASTER", enc_mac_word, dec_mac_word},
+    [PSR_MSG_WORLD] = {"WORLD", enc_world, dec_world},
 };
 
 const char *psr_msg_name(psr_msg_type t) {

@@ -11,6 +11,8 @@
  *   REJECT <reason...>                                    (0 -> task)
  *   PSADDR <mac> <host:port>                              (ps task -> 0)
  *   HOSTS <mac> <h1:p1,h2:p2,...>                         (0 -> worker)
+ *   MASTER <mac> <host:port>                              (worker 0 -> 0)
+ *   WORLD <mac> <local_rank> <local_workers> <host:port>  (0 -> worker)
  *   EXIT <code>                                           (task -> 0)
  *   ABORT <reason...>                                     (0 -> task)
  * RDV carries task 0's choice of authentication to every task; the proofs
@@ -18,7 +20,10 @@
  * role to the job, step, rank and the member's fresh nonce; the step's
  * secret never appears on the wire in clear; <mac> is an HMAC keyed by
  * that secret, so only a task that verified its role can publish or read
- * addresses.
+ * addresses. MASTER and WORLD carry torchrun's contract: worker 0's task
+ * reports its address and a port free on its node, and every worker gets
+ * that MASTER_ADDR:MASTER_PORT with its LOCAL_RANK and LOCAL_WORLD_SIZE
+ * (launch.h).
  * A new message is a new psr_msg_type, its fields in psr_msg, and one row
  * of the codec's table in rendezvous.c.
  */
@@ -49,6 +54,8 @@ typedef enum psr_msg_type {
   PSR_MSG_HOSTS,     /* every psd address, in ps order: text */
   PSR_MSG_EXIT,      /* the task's child exited with code */
   PSR_MSG_ABORT,     /* stop now: text says why (may be "") */
+  PSR_MSG_MASTER,    /* worker 0's address and MASTER_PORT: text */
+  PSR_MSG_WORLD,     /* a worker's local rank, local workers and MASTER: text */
   PSR_MSG_COUNT
 } psr_msg_type;
 
@@ -76,9 +83,13 @@ typedef struct psr_msg {
   psr_hello hello;  /* HELLO */
   psr_assign role;  /* ROLE */
   int code;         /* EXIT */
-  char mac[PSR_HEX_LEN + 1]; /* PSADDR, HOSTS: HMAC of text keyed by the secret */
-  const char *text; /* RDV (mode), REJECT, ABORT, PSADDR, HOSTS (not owned) */
+  int local_rank, local_workers; /* WORLD: among the workers of its node */
+  char mac[PSR_HEX_LEN + 1]; /* PSADDR, HOSTS, MASTER, WORLD: HMAC keyed by the secret */
+  const char *text; /* RDV (mode), REJECT, ABORT, PSADDR, HOSTS, MASTER, WORLD (not owned) */
 } psr_msg;
+
+/* What WORLD's MAC covers: "<local_rank> <local_workers> <host:port>". */
+void psr_world_text(const psr_msg *m, char *buf, size_t cap);
 
 /* The message's keyword ("HELLO"...). */
 const char *psr_msg_name(psr_msg_type t);

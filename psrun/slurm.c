@@ -191,37 +191,83 @@ static int check_in(psr_step *s, psr_conn *ctl, psr_hello *me, char *err, size_t
   return -1;
 }
 
-/* Starts our psd (reporting PSADDR) or our worker (after HOSTS). */
+/* Worker 0's task: picks MASTER_ADDR and MASTER_PORT on this node and
+ * reports them to task 0 (MASTER), which hands them to every worker. */
+static int report_master(psr_step *s, psr_conn *ctl, const psr_hello *me, char *err,
+                         size_t errlen) {
+  if (psr_step_pick_master(s, err, errlen) != 0) return -1;
+  char hp[96];
+  snprintf(hp, sizeof hp, "%s:%d", s->master_addr, s->master_port);
+  psr_msg m = {.type = PSR_MSG_MASTER, .text = hp};
+  if (psr_auth_text_mac(s->secret, "MASTER", me->rank, me->nonce, hp, m.mac) != 0 ||
+      psr_msg_send(ctl->fd, &m) != 0) {
+    snprintf(err, errlen, "cannot report worker 0's address %s to task 0", hp);
+    return -1;
+  }
+  return 0;
+}
+
+/* Task 0's next line, which must be a `want` message (HOSTS or WORLD)
+ * with a valid MAC: the line (m's text points into it), or NULL with err
+ * saying it did not send `what`. */
+static char *expect_line(psr_step *s, psr_conn *ctl, const psr_hello *me, psr_msg_type want,
+                         const char *what, psr_msg *m, char *err, size_t errlen) {
+  int eof;
+  char *line = psr_conn_wait_line(ctl, ps__now() + s->o->timeout_s, &eof);
+  char world[256];
+  int ok = line && psr_msg_decode(line, m) == 0 && m->type == want;
+  if (ok && want == PSR_MSG_WORLD) psr_world_text(m, world, sizeof world);
+  if (ok && psr_auth_text_ok(s->secret, psr_msg_name(want), me->rank, me->nonce,
+                             want == PSR_MSG_WORLD ? world : m->text, m->mac))
+    return line;
+  snprintf(err, errlen, "task 0 did not send %s%s%s", what, line ? " with a valid MAC: " : "",
+           line ? line : "");
+  free(line);
+  return NULL;
+}
+
+/* Our worker, once task 0 sent the psd addresses (HOSTS) and torchrun's
+ * variables (WORLD); worker 0's task reports MASTER first. */
+static int start_worker(psr_step *s, psr_conn *ctl, const psr_hello *me, char *err,
+                        size_t errlen) {
+  psr_msg m, w;
+  if (s->role.index == 0 && report_master(s, ctl, me, err, errlen) != 0) {
+    psr_send_exit(ctl->fd, 1);
+    return -1;
+  }
+  char *hosts = expect_line(s, ctl, me, PSR_MSG_HOSTS, "the parameter servers' addresses", &m,
+                            err, errlen);
+  char *world = hosts ? expect_line(s, ctl, me, PSR_MSG_WORLD,
+                                    "worker 0's address (MASTER_ADDR)", &w, err, errlen)
+                      : NULL;
+  int rc = -1;
+  if (world && psr_step_set_master(s, w.text) != 0)
+    snprintf(err, errlen, "task 0 sent a MASTER_ADDR:MASTER_PORT that is not host:port: %s",
+             w.text);
+  else if (world) {
+    s->local_rank = w.local_rank;
+    s->node_workers = w.local_workers;
+    rc = psr_step_start_worker(s, m.text, err, errlen);
+    if (rc) psr_send_exit(ctl->fd, 127);
+  }
+  free(hosts);
+  free(world);
+  return rc;
+}
+
+/* Starts our psd (reporting PSADDR) or our worker (after HOSTS and WORLD). */
 static int start_child(psr_step *s, psr_conn *ctl, const psr_hello *me, char *err,
                        size_t errlen) {
-  if (s->role.is_ps) {
-    char *hp = psr_step_start_psd(s, err, errlen);
-    if (!hp) {
-      psr_send_exit(ctl->fd, 1);
-      return -1;
-    }
-    psr_msg m = {.type = PSR_MSG_PSADDR, .text = hp};
-    psr_auth_text_mac(s->secret, "PSADDR", me->rank, me->nonce, hp, m.mac);
-    psr_msg_send(ctl->fd, &m);
-    free(hp);
-    return 0;
-  }
-  int eof;
-  psr_msg m;
-  char *line = psr_conn_wait_line(ctl, ps__now() + s->o->timeout_s, &eof);
-  if (!line || psr_msg_decode(line, &m) != 0 || m.type != PSR_MSG_HOSTS ||
-      !psr_auth_text_ok(s->secret, "HOSTS", me->rank, me->nonce, m.text, m.mac)) {
-    snprintf(err, errlen, "task 0 did not send the parameter servers' addresses%s%s",
-             line ? " with a valid MAC: " : "", line ? line : "");
-    free(line);
+  if (!s->role.is_ps) return start_worker(s, ctl, me, err, errlen);
+  char *hp = psr_step_start_psd(s, err, errlen);
+  if (!hp) {
+    psr_send_exit(ctl->fd, 1);
     return -1;
   }
-  int rc = psr_step_start_worker(s, m.text, err, errlen);
-  free(line);
-  if (rc) {
-    psr_send_exit(ctl->fd, 127);
-    return -1;
-  }
+  psr_msg m = {.type = PSR_MSG_PSADDR, .text = hp};
+  psr_auth_text_mac(s->secret, "PSADDR", me->rank, me->nonce, hp, m.mac);
+  psr_msg_send(ctl->fd, &m);
+  free(hp);
   return 0;
 }
 
@@ -283,10 +329,7 @@ static int print_plan(psr_step *s, char *err, size_t errlen) {
       strcmp(s->o->placement, "spread") == 0 ? PSR_PLACE_SPREAD : PSR_PLACE_PACK;
   if (psr_plan(N, s->o->ps, place, node_of, roles, err, errlen) != 0) return -1;
   if (e->procid == 0)
-    for (int r = 0; r < N; r++)
-      printf("{\"rank\":%d,\"role\":\"%s\",\"index\":%d,\"node\":\"%s\",\"local_rank\":%d}\n",
-             r, roles[r].is_ps ? "ps" : "worker", roles[r].index, hosts[roles[r].node],
-             roles[r].local_rank);
+    for (int r = 0; r < N; r++) psr_print_role(&roles[r], hosts[roles[r].node]);
   fflush(stdout);
   free(counts);
   free(node_of);

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 
 #include "launch.h"
+#include "util.h"
 
 
 /* IPv4 address of a host name (or dotted address) into out. */
@@ -115,7 +116,10 @@ static psr_task task_of(psr_step *s) {
   t.index = s->role.index;
   t.num_ps = s->num_ps;
   t.num_workers = s->num_workers;
-  t.local_rank = s->env.localid;
+  t.local_rank = s->local_rank;
+  t.node_workers = s->node_workers;
+  t.master_addr = s->master_addr;
+  t.master_port = s->master_port;
   t.secret = s->secret;
   t.munge = s->munge;
   t.munge_socket = s->munge_socket;
@@ -124,6 +128,15 @@ static psr_task task_of(psr_step *s) {
   t.step_id = s->role.is_ps && strcmp(s->o->role, "ps") == 0 ? -1 : s->env.step_id;
   t.summary = "-"; /* ps0 prints the telemetry table into the job's output */
   return t;
+}
+
+int psr_step_pick_master(psr_step *s, char *err, size_t errlen) {
+  snprintf(s->master_addr, sizeof s->master_addr, "%s", s->addr);
+  return psr_free_port(&s->master_port, err, errlen);
+}
+
+int psr_step_set_master(psr_step *s, const char *hostport) {
+  return ps__parse_hostport(hostport, s->master_addr, sizeof s->master_addr, &s->master_port);
 }
 
 /* Starts psd for this ps task and returns its "host:port" (malloc'd). */

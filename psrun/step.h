@@ -32,6 +32,10 @@ typedef struct psr_step {
   char secret[65];         /* shared secret of this step's psd and workers */
   int munge;               /* the cluster authenticates with MUNGE: so do we */
   char munge_socket[1024]; /* munged socket from Slurm's AuthInfo, or "" */
+  int local_rank;          /* worker: its index among its node's workers (LOCAL_RANK) */
+  int node_workers;        /* worker: workers on its node (LOCAL_WORLD_SIZE) */
+  char master_addr[64];    /* worker: worker 0's address (MASTER_ADDR) */
+  int master_port;         /* worker: free on worker 0's node (MASTER_PORT) */
   char *hosts;             /* PS_HOSTS our worker got, for a restart (malloc'd) */
   int restarts;            /* restarts of our worker so far (--restart-workers) */
 } psr_step;
@@ -46,6 +50,12 @@ int psr_own_address(const psr_opts *o, const psr_env *e, char *out, size_t len, 
 int psr_derived_port(const psr_env *e);
 /* 1 if port lies in this node's ephemeral range (ip_local_port_range). */
 int psr_port_ephemeral(int port);
+
+/* Worker 0's task: MASTER_ADDR is this task's address, MASTER_PORT a port
+ * free on this node now (psr_free_port). 0 or -1 with err. */
+int psr_step_pick_master(psr_step *s, char *err, size_t errlen);
+/* Takes MASTER_ADDR and MASTER_PORT from worker 0's "addr:port". 0 or -1. */
+int psr_step_set_master(psr_step *s, const char *hostport);
 
 /* Starts psd for this ps task and returns its "host:port" (malloc'd). */
 char *psr_step_start_psd(psr_step *s, char *err, size_t errlen);

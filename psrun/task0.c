@@ -3,7 +3,8 @@
  *   listen     on the rendezvous port (published through PMI-2 if any)
  *   check-in   every task says HELLO; strangers are refused
  *   plan       the layout as the check-ins tell it, the roles, the secret
- *   addresses  each ps task's psd address, then HOSTS to the workers
+ *   addresses  each ps task's psd address
+ *   world      worker 0's MASTER address; HOSTS and WORLD to the workers
  *   supervise  its own child and, through their connections, every task
  * task0_free releases whatever the stages opened, on every path.
  */
@@ -457,6 +458,8 @@ static int stage_plan(task0 *t, char *err, size_t errlen) {
   s->num_ps = t->o->ps;
   s->num_workers = t->n - t->o->ps;
   s->role = t->roles[0];
+  s->local_rank = t->roles[0].worker_local_rank;
+  s->node_workers = t->roles[0].node_workers;
   /* MUNGE: a fresh secret, sent inside each member's credential; key
    * mode: derived from the key by every task, never sent. */
   if ((t->auth.mode == PSR_AUTH_MUNGE ? psr_new_secret(s->secret)
@@ -489,7 +492,7 @@ static int join_hostlist(task0 *t) {
   return 0;
 }
 
-/* 4. psd addresses, in ps order; then the workers start. */
+/* 4. psd addresses, in ps order. */
 static int stage_addresses(task0 *t, char *err, size_t errlen) {
   psr_step *s = t->s;
   t->psaddr = calloc((size_t)s->num_ps, sizeof *t->psaddr);
@@ -527,11 +530,62 @@ static int stage_addresses(task0 *t, char *err, size_t errlen) {
     return -1;
   }
   psr_log("parameter servers: %s", t->hostlist);
+  return 0;
+}
+
+/* Worker 0's MASTER_ADDR and MASTER_PORT: picked here when our child is
+ * worker 0, else as worker 0's task reports them (MASTER). */
+static int learn_master(task0 *t, char *err, size_t errlen) {
+  psr_step *s = t->s;
+  int w0 = 0;
+  while (w0 < t->n && (t->roles[w0].is_ps || t->roles[w0].index != 0)) w0++;
+  if (w0 == 0) return psr_step_pick_master(s, err, errlen);
+  if (w0 == t->n) { /* psr_plan leaves at least one worker: not reached */
+    snprintf(err, errlen, "the plan has no worker 0");
+    return -1;
+  }
+  const psr_hello *h = &t->peers[w0].hello;
+  int eof;
+  psr_msg m;
+  char *line = psr_conn_wait_line(&t->peers[w0].c, ps__now() + t->o->timeout_s, &eof);
+  int ok = line && psr_msg_decode(line, &m) == 0 && m.type == PSR_MSG_MASTER &&
+           psr_auth_text_ok(s->secret, "MASTER", w0, h->nonce, m.text, m.mac) &&
+           psr_step_set_master(s, m.text) == 0;
+  const char *why = " with a valid MAC";
+  if (!line) why = " in time";
+  else if (strncmp(line, "EXIT ", 5) == 0) why = ": it failed first (its log says why)";
+  if (!ok)
+    snprintf(err, errlen, "task %d (w0) on %s did not report its address for MASTER_ADDR%s", w0,
+             h->node, why);
+  free(line);
+  return ok ? 0 : -1;
+}
+
+/* 5. Every worker gets the psd addresses (HOSTS), then worker 0's address
+ * and its own place on its node (WORLD: torchrun's variables); then our
+ * own worker starts, if we have one. */
+static int stage_world(task0 *t, char *err, size_t errlen) {
+  psr_step *s = t->s;
+  if (learn_master(t, err, errlen) != 0) {
+    broadcast_abort(t, err);
+    return -1;
+  }
+  char master[96];
+  snprintf(master, sizeof master, "%s:%d", s->master_addr, s->master_port);
+  psr_log("worker 0 (MASTER_ADDR:MASTER_PORT): %s", master);
   for (int r = 1; r < t->n; r++) {
     if (t->roles[r].is_ps) continue;
+    const char *nonce = t->peers[r].hello.nonce;
     psr_msg m = {.type = PSR_MSG_HOSTS, .text = t->hostlist};
-    psr_auth_text_mac(s->secret, "HOSTS", r, t->peers[r].hello.nonce, t->hostlist, m.mac);
+    psr_auth_text_mac(s->secret, "HOSTS", r, nonce, t->hostlist, m.mac);
     psr_msg_send(t->peers[r].c.fd, &m);
+    char text[256];
+    psr_msg w = {.type = PSR_MSG_WORLD, .text = master};
+    w.local_rank = t->roles[r].worker_local_rank;
+    w.local_workers = t->roles[r].node_workers;
+    psr_world_text(&w, text, sizeof text);
+    psr_auth_text_mac(s->secret, "WORLD", r, nonce, text, w.mac);
+    psr_msg_send(t->peers[r].c.fd, &w);
   }
   if (!s->role.is_ps && psr_step_start_worker(s, t->hostlist, err, errlen) != 0) {
     broadcast_abort(t, "task 0 could not start its worker");
@@ -540,7 +594,7 @@ static int stage_addresses(task0 *t, char *err, size_t errlen) {
   return 0;
 }
 
-/* 5. Supervise ourselves and everyone; the step's exit status. */
+/* 6. Supervise ourselves and everyone; the step's exit status. */
 static int stage_supervise(task0 *t) {
   psr_step *s = t->s;
   int aborted = 0;
@@ -604,6 +658,7 @@ int psr_run_task0(psr_step *s, char *err, size_t errlen) {
   if (rc == 0) rc = stage_checkin(&t, err, errlen);
   if (rc == 0) rc = stage_plan(&t, err, errlen);
   if (rc == 0) rc = stage_addresses(&t, err, errlen);
+  if (rc == 0) rc = stage_world(&t, err, errlen);
   if (rc == 0) admin_line(&t, cred, sizeof cred);
   if (rc == 0) rc = stage_supervise(&t);
   if (cred[0]) unlink(cred);

@@ -1,5 +1,5 @@
 /* util.c - helpers every psrun module shares: the log identity (lines are
- * written by common/log.c), the job's random secret, backup workers, what
+ * written by common/log.c), --print-plan's line, the job's random secret, backup workers, what
  * psd's exit statuses mean, and which workers psd never saw finish. */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -19,6 +19,13 @@ void psr_log_ident(int rank) {
   if (rank >= 0) snprintf(ident, sizeof ident, "psrun[%d]", rank);
   else snprintf(ident, sizeof ident, "psrun");
   ps__log_init(ident, PS_LOG_INFO, PS_LOG_PLAIN);
+}
+
+void psr_print_role(const psr_role *r, const char *node) {
+  printf("{\"rank\":%d,\"role\":\"%s\",\"index\":%d,\"node\":\"%s\",\"local_rank\":%d",
+         r->rank, r->is_ps ? "ps" : "worker", r->index, node, r->local_rank);
+  if (!r->is_ps) printf(",\"worker_local_rank\":%d", r->worker_local_rank);
+  printf("}\n");
 }
 
 int psr_new_secret(char out[65]) {
@@ -52,8 +59,8 @@ const char *psr_psd_status_says(int code) {
   case 66: return " (a worker the job needs was lost: more than the backup workers; psd's "
                   "log names it)";
   case 67: return " (workers never came: none connected within psd's timeout)";
-  case 68: return " (a worker stayed connected but silent after the others finished: it "
-                  "never called ps_client_finish; psd's log names it)";
+  case 68: return " (a worker stayed connected but silent past psd's --finish-timeout after "
+                  "the others finished: it never called ps_client_finish; psd's log names it)";
   case 69: return " (stopped without a checkpoint: the job cannot resume from this stop; "
                   "psd's log names the newest complete checkpoint, if any)";
   case 75: return " (stopped on request after its checkpoint)";

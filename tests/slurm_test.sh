@@ -175,6 +175,92 @@ preemption() {
   else bad "loopback: scancel --signal=USR1 (exit $rc1 then $rc2)" "$out"; fi
 }
 
+# The workers' torchrun variables: every worker prints a "torchenv" line
+# and worker 0 listens on MASTER_PORT (as torch.distributed's TCPStore does:
+# all interfaces) until every other worker has connected to
+# MASTER_ADDR:MASTER_PORT, across nodes in netns mode. Then the command.
+write_torchenv() {
+  cat >"$WORK/torchenv.py" <<'EOP'
+import os, socket, sys, time
+n, rank, port = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"]), int(os.environ["MASTER_PORT"])
+if rank == 0:
+    s = socket.socket()
+    s.bind(("", port))
+    s.listen(64)
+    s.settimeout(60)
+    for _ in range(n - 1):
+        s.accept()[0].close()
+    print("torchenv-store w0 accepted %d" % (n - 1), flush=True)
+    sys.exit(0)
+for _ in range(600):
+    try:
+        socket.create_connection((os.environ["MASTER_ADDR"], port), 1).close()
+        break
+    except OSError:
+        time.sleep(0.1)
+else:
+    sys.exit("w%d cannot reach MASTER_ADDR:MASTER_PORT %s:%d" % (rank, os.environ["MASTER_ADDR"], port))
+EOP
+  cat >"$WORK/torchenv.sh" <<EOS
+#!/bin/sh
+echo "torchenv w\$PS_WORKER_INDEX node=\$SLURMD_NODENAME RANK=\$RANK WORLD_SIZE=\$WORLD_SIZE LOCAL_RANK=\$LOCAL_RANK LOCAL_WORLD_SIZE=\$LOCAL_WORLD_SIZE PS_LOCAL_RANK=\$PS_LOCAL_RANK MASTER=\$MASTER_ADDR:\$MASTER_PORT"
+/usr/bin/python3 "$WORK/torchenv.py" || exit 1
+exec "\$@"
+EOS
+  chmod 755 "$WORK/torchenv.sh"
+}
+
+# check_torch_env FILE N: the N workers' "torchenv" lines in FILE keep
+# torchrun's contract: RANK is the worker index, WORLD_SIZE N, LOCAL_RANK
+# (and PS_LOCAL_RANK) 0..k-1 over the k workers of each node, ps tasks not
+# counted, LOCAL_WORLD_SIZE k, one MASTER_ADDR:MASTER_PORT everywhere, and
+# MASTER_ADDR the address (NodeAddr) of worker 0's node. Prints what is
+# wrong and fails otherwise.
+check_torch_env() {
+  local file=$1 n=$2 node0 addr0
+  node0=$(sed -n 's/.*torchenv w0 node=\([^ ]*\) .*/\1/p' "$file" | head -1)
+  addr0=$(scontrol show node "$node0" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+  grep -o 'torchenv w[0-9].*' "$file" | awk -v n="$n" -v addr0="$addr0" '
+    { delete v
+      for (i = 3; i <= NF; i++) { k = substr($i, 1, index($i, "=") - 1); v[k] = substr($i, length(k) + 2) }
+      w = substr($2, 2); lines++; node = v["node"]
+      if (v["RANK"] != w || v["WORLD_SIZE"] != n) bad = bad " w" w ": RANK=" v["RANK"] " WORLD_SIZE=" v["WORLD_SIZE"] ";"
+      if (v["LOCAL_RANK"] == "" || v["PS_LOCAL_RANK"] != v["LOCAL_RANK"] || v["LOCAL_RANK"] + 0 >= v["LOCAL_WORLD_SIZE"] + 0)
+        bad = bad " w" w ": LOCAL_RANK=" v["LOCAL_RANK"] " PS_LOCAL_RANK=" v["PS_LOCAL_RANK"] " LOCAL_WORLD_SIZE=" v["LOCAL_WORLD_SIZE"] ";"
+      if (seen[node, v["LOCAL_RANK"]]++) bad = bad " LOCAL_RANK " v["LOCAL_RANK"] " twice on " node ";"
+      if (!(node in size)) size[node] = v["LOCAL_WORLD_SIZE"]
+      if (size[node] != v["LOCAL_WORLD_SIZE"]) bad = bad " " node ": LOCAL_WORLD_SIZE " size[node] " and " v["LOCAL_WORLD_SIZE"] ";"
+      count[node]++
+      if (lines == 1) master = v["MASTER"]
+      if (v["MASTER"] != master) bad = bad " w" w ": MASTER " v["MASTER"] ", not " master ";" }
+    END {
+      if (lines != n) bad = bad " " lines + 0 " torchenv lines, not " n ";"
+      for (node in count) if (count[node] != size[node]) bad = bad " " node ": " count[node] " workers but LOCAL_WORLD_SIZE=" size[node] ";"
+      addr = master; sub(/:[0-9]+$/, "", addr)
+      if (addr0 == "" || addr != addr0 || master !~ /:[0-9]+$/) bad = bad " MASTER " master " is not on worker 0 node address " addr0 ";"
+      if (bad != "") { print "    torchrun variables:" bad; exit 1 } }'
+}
+
+# srun -N2 -n4 on n1,n2 (n1: ps0 and w0; n2: w1 and w2): the workers'
+# torchrun variables (check_torch_env), worker 0 reachable at
+# MASTER_ADDR:MASTER_PORT from the other node, and psrun's values over the
+# stale ones in the user's environment.
+torch_env_job() {
+  local mode=${1:-loopback} out rc
+  out=$WORK/$mode.torchenv.log
+  write_torchenv
+  RANK=99 WORLD_SIZE=99 LOCAL_RANK=99 LOCAL_WORLD_SIZE=99 MASTER_ADDR=192.0.2.1 MASTER_PORT=1 \
+    timeout 120 srun -N2 -n4 -w n1,n2 --ntasks-per-node=2 "$BIN/psrun" --ps=1 -- \
+    "$WORK/torchenv.sh" "$BIN/tiny_worker" --steps 112 >"$out" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && check_torch_env "$out" 3 && grep -q "torchenv-store w0 accepted 2" "$out" &&
+     grep -q "torchenv w2 node=n2 RANK=2 WORLD_SIZE=3 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 " "$out" &&
+     grep -q "torchenv w0 node=n1 RANK=0 WORLD_SIZE=3 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 " "$out" &&
+     [ "$(grep -c '"steps":112' "$out")" -eq 3 ] && no_leftovers 112; then
+    ok "$mode: every worker gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and worker 0's MASTER_ADDR:MASTER_PORT, reachable from the other node"
+  else bad "$mode: torchrun variables (rc $rc)" "$out"; fi
+}
+
 python_torch_job() {
   local out=$WORK/python.log
   if ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
@@ -273,23 +359,30 @@ EOS
     ok "$mode: heterogeneous job, ps on the first component"
   else bad "$mode: heterogeneous job" "$out"; fi
 
-  # 7. A ps step of its own, and a worker step started later in the job.
+  # 7. A ps step of its own, and a worker step started later in the job,
+  # whose workers get torchrun's variables too (worker 0 of the step is
+  # the master; check_torch_env).
   out=$WORK/$mode.steps.log
   mkdir -p "$WORK/rdv.$mode"
+  write_torchenv
   cat >"$WORK/steps.sh" <<EOS
 #!/bin/bash
 srun --exact --mem=0 -n2 -c1 "$BIN/psrun" --role=ps --rendezvous "$WORK/rdv.$mode" &
 ps=\$!
 srun --exact --mem=0 -n3 -c1 "$BIN/psrun" --role=worker --rendezvous "$WORK/rdv.$mode" \
-  "$BIN/tiny_worker" --steps 108
+  "$WORK/torchenv.sh" "$BIN/tiny_worker" --steps 108
 w=\$?
 wait \$ps
 echo "steps: worker \$w ps \$?"
 EOS
   if timeout 120 sbatch --wait -N2 -n6 -o "$out" "$WORK/steps.sh" >/dev/null &&
-     grep -q "steps: worker 0 ps 0" "$out" && [ "$(grep -c '"steps":108' "$out")" -eq 3 ]; then
-    ok "$mode: separate ps step and worker step"
+     grep -q "steps: worker 0 ps 0" "$out" && [ "$(grep -c '"steps":108' "$out")" -eq 3 ] &&
+     check_torch_env "$out" 3 && grep -q "torchenv-store w0 accepted 2" "$out"; then
+    ok "$mode: separate ps step and worker step (torchrun's variables too)"
   else bad "$mode: separate ps and worker steps" "$out"; fi
+
+  # 7b. torchrun's variables in an ordinary step, across two nodes.
+  torch_env_job "$mode"
 
   # 8. A rendezvous port held by a stranger (nobody) that answers like task
   # 0: task 0 reports the port in use, the members refuse the stranger,

@@ -1,12 +1,17 @@
-/* psrun, run for real: --local success, a failing task, signal forwarding,
+/* psrun, run for real: --local success, the workers' environment
+ * (torchrun's variables), a failing task, signal forwarding,
  * validation errors, backup workers and restarts, psd's exit statuses
  * explained, --print-plan (over fake Slurm environments too), and psctl's
  * line for a --local job, against another uid (nobody) too. psrun in Slurm
  * steps: test_psrun_slurm.c. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <check.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,9 +249,10 @@ END_TEST
 
 /* Bug: psrun ended with "ps0 exited with status 68; stopping all tasks",
  * no word of what 68 means. Worker 1 stops (SIGSTOP) mid-run: connected,
- * silent; the others finish (one backup), psd exits 68. */
+ * silent; the others finish (one backup), psd exits 68 (which it does only
+ * under --finish-timeout: otherwise it waits for a connected worker). */
 START_TEST(test_local_status_68_explained) {
-  const char *opts[] = {"--psd-arg=--stall-timeout=1", "--psd-arg=--grace-period=1", NULL};
+  const char *opts[] = {"--psd-arg=--stall-timeout=1", "--psd-arg=--finish-timeout=1", NULL};
   int st;
   setenv("PS_REPLICAS_TO_AGGREGATE", "2", 1); /* one backup: the others finish */
   char *log = run_workers(opts,
@@ -256,7 +262,8 @@ START_TEST(test_local_status_68_explained) {
   unsetenv("PS_REPLICAS_TO_AGGREGATE");
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 68, "status %d\n%s", st, log);
   ck_assert_msg(strstr(log, "ps0 exited with status 68 (a worker stayed connected but silent "
-                            "after the others finished: it never called ps_client_finish"),
+                            "past psd's --finish-timeout after the others finished: it never "
+                            "called ps_client_finish"),
                 "%s", log);
   free(log);
 }
@@ -280,6 +287,93 @@ START_TEST(test_local_psd_wait_names_workers) {
 }
 END_TEST
 
+/* The value of NAME in an `env` dump (text), or "" when it is not set. */
+static const char *env_of(const char *text, const char *name, char *out, size_t len) {
+  char key[64];
+  snprintf(key, sizeof key, "\n%s=", name);
+  const char *p = strstr(text, key);
+  out[0] = '\0';
+  if (p) snprintf(out, len, "%.*s", (int)strcspn(p + strlen(key), "\n"), p + strlen(key));
+  return out;
+}
+
+/* Asserts that variable name of worker w's dump is want. */
+static void env_is(const char *dump, int w, const char *name, const char *want) {
+  char v[256];
+  ck_assert_msg(strcmp(env_of(dump, name, v, sizeof v), want) == 0, "w%d: %s='%s', not '%s'", w,
+                name, v, want);
+}
+
+/* torchrun's contract under --local (1 ps, 3 workers): RANK and
+ * WORLD_SIZE count the workers, LOCAL_RANK and PS_LOCAL_RANK too (they
+ * counted the ps before), MASTER_ADDR is loopback and MASTER_PORT one port,
+ * the same for every worker, that is free while the job runs (the test
+ * binds it while worker 0 waits, as its TCPStore would). psrun's values
+ * replace stale ones in the user's environment. */
+START_TEST(test_local_torch_env) {
+  char pre[1100], tw[1200], dump[1200], go[1200];
+  snprintf(pre, sizeof pre, "%s/torchenv.%d", tu_tmpdir(), (int)getpid());
+  snprintf(go, sizeof go, "%s.go", pre);
+  unlink(go);
+  snprintf(tw, sizeof tw, "TW=%s", tu_bin("tiny_worker"));
+  snprintf(dump, sizeof dump, "PRE=%s", pre);
+  char *env[] = {tw, dump, "RANK=7", "WORLD_SIZE=9", "LOCAL_RANK=5", "LOCAL_WORLD_SIZE=9",
+                 "MASTER_ADDR=10.9.9.9", "MASTER_PORT=1", "PS_LOCAL_RANK=8", NULL};
+  const char *script =
+      "{ echo; env; } >\"$PRE.w$PS_WORKER_INDEX.tmp\" && mv \"$PRE.w$PS_WORKER_INDEX.tmp\" "
+      "\"$PRE.w$PS_WORKER_INDEX\"; if [ \"$PS_WORKER_INDEX\" = 0 ]; then i=0; "
+      "while [ ! -e \"$PRE.go\" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; fi; "
+      "exec \"$TW\" --steps 5";
+  char *argv[] = {(char *)tu_bin("psrun"), "--local", "-n", "4", "--ps", "1", "--", "/bin/sh",
+                  "-c", (char *)script, NULL};
+  char out[1200];
+  pid_t pid = tu_spawn(argv, env, out, sizeof out);
+  char *dumps[3] = {NULL, NULL, NULL};
+  for (int w = 0; w < 3; w++) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s.w%d", pre, w);
+    for (int i = 0; i < 3000 && access(path, F_OK) != 0; i++) {
+      struct timespec ts = {0, 10000000};
+      nanosleep(&ts, NULL);
+    }
+    dumps[w] = tu_read_file(path);
+    ck_assert_msg(dumps[w] != NULL, "w%d wrote no environment:\n%s", w, tu_read_file(out));
+    unlink(path);
+  }
+  char port[3][64], want[32];
+  for (int w = 0; w < 3; w++) {
+    snprintf(want, sizeof want, "%d", w);
+    env_is(dumps[w], w, "RANK", want);
+    env_is(dumps[w], w, "PS_WORKER_INDEX", want);
+    env_is(dumps[w], w, "LOCAL_RANK", want);
+    env_is(dumps[w], w, "PS_LOCAL_RANK", want);
+    env_is(dumps[w], w, "WORLD_SIZE", "3");
+    env_is(dumps[w], w, "LOCAL_WORLD_SIZE", "3");
+    env_is(dumps[w], w, "MASTER_ADDR", "127.0.0.1");
+    env_of(dumps[w], "MASTER_PORT", port[w], sizeof port[w]);
+    ck_assert_msg(atoi(port[w]) > 1 && atoi(port[w]) < 65536 && strcmp(port[w], port[0]) == 0,
+                  "w%d: MASTER_PORT='%s', w0's '%s'", w, port[w], port[0]);
+  }
+  /* Worker 0 is still waiting: the port must be free, on every address. */
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port[0]))};
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  int bound = bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(fd, 1) == 0;
+  ck_assert_msg(bound, "MASTER_PORT %s cannot be bound: %s", port[0], strerror(errno));
+  close(fd);
+  FILE *f = fopen(go, "w");
+  ck_assert_ptr_nonnull(f);
+  fclose(f);
+  int st;
+  ck_assert_msg(tu_wait_pid(pid, 60, &st) == 0, "psrun did not finish");
+  char *log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %d: %s", st, log);
+  free(log);
+  for (int w = 0; w < 3; w++) free(dumps[w]);
+  unlink(go);
+}
+END_TEST
+
 /* --print-plan under a fake Slurm environment: the role table. */
 static char *plan(char *const *env, const char *placement, int *status) {
   char *argv[] = {(char *)tu_bin("psrun"), "--print-plan", "--ps", "2", "--ps-placement",
@@ -300,14 +394,21 @@ START_TEST(test_print_plan_uneven_block) {
   ck_assert_int_eq(count(out, "{\"rank\":"), 8);
   ck_assert(strstr(out, "{\"rank\":0,\"role\":\"ps\",\"index\":0,\"node\":\"n1\",\"local_rank\":0}"));
   ck_assert(strstr(out, "{\"rank\":1,\"role\":\"ps\",\"index\":1,\"node\":\"n1\",\"local_rank\":1}"));
-  ck_assert(strstr(out, "{\"rank\":2,\"role\":\"worker\",\"index\":0,\"node\":\"n1\",\"local_rank\":2}"));
-  ck_assert(strstr(out, "{\"rank\":5,\"role\":\"worker\",\"index\":3,\"node\":\"n2\",\"local_rank\":1}"));
-  ck_assert(strstr(out, "{\"rank\":7,\"role\":\"worker\",\"index\":5,\"node\":\"n4\",\"local_rank\":0}"));
+  ck_assert(strstr(out, "{\"rank\":2,\"role\":\"worker\",\"index\":0,\"node\":\"n1\",\"local_rank\":2,"
+                   "\"worker_local_rank\":0}"));
+  ck_assert(strstr(out, "{\"rank\":5,\"role\":\"worker\",\"index\":3,\"node\":\"n2\",\"local_rank\":1,"
+                   "\"worker_local_rank\":1}"));
+  ck_assert(strstr(out, "{\"rank\":7,\"role\":\"worker\",\"index\":5,\"node\":\"n4\",\"local_rank\":0,"
+                   "\"worker_local_rank\":0}"));
   free(out);
   out = plan(env, "spread", &st);
   ck_assert(strstr(out, "{\"rank\":0,\"role\":\"ps\",\"index\":0,\"node\":\"n1\",\"local_rank\":0}"));
   ck_assert(strstr(out, "{\"rank\":4,\"role\":\"ps\",\"index\":1,\"node\":\"n2\",\"local_rank\":0}"));
-  ck_assert(strstr(out, "{\"rank\":1,\"role\":\"worker\",\"index\":0,\"node\":\"n1\",\"local_rank\":1}"));
+  ck_assert(strstr(out, "{\"rank\":1,\"role\":\"worker\",\"index\":0,\"node\":\"n1\",\"local_rank\":1,"
+                   "\"worker_local_rank\":0}"));
+  /* n2's first task is ps1: its worker is the node's first worker. */
+  ck_assert(strstr(out, "{\"rank\":5,\"role\":\"worker\",\"index\":3,\"node\":\"n2\",\"local_rank\":1,"
+                   "\"worker_local_rank\":0}"));
   free(out);
 }
 END_TEST
@@ -321,8 +422,10 @@ START_TEST(test_print_plan_cyclic) {
   char *out = plan(env, "pack", &st);
   ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s", out);
   ck_assert(strstr(out, "{\"rank\":1,\"role\":\"ps\",\"index\":1,\"node\":\"node02\",\"local_rank\":0}"));
-  ck_assert(strstr(out, "{\"rank\":3,\"role\":\"worker\",\"index\":1,\"node\":\"node7\",\"local_rank\":0}"));
-  ck_assert(strstr(out, "{\"rank\":4,\"role\":\"worker\",\"index\":2,\"node\":\"node01\",\"local_rank\":1}"));
+  ck_assert(strstr(out, "{\"rank\":3,\"role\":\"worker\",\"index\":1,\"node\":\"node7\",\"local_rank\":0,"
+                   "\"worker_local_rank\":0}"));
+  ck_assert(strstr(out, "{\"rank\":4,\"role\":\"worker\",\"index\":2,\"node\":\"node01\",\"local_rank\":1,"
+                   "\"worker_local_rank\":0}"));
   free(out);
 }
 END_TEST
@@ -356,7 +459,8 @@ START_TEST(test_print_plan_local) {
   ck_assert_msg(count(log, "{\"rank\":") == 4 && count(log, "\n") == 4, "%s", log);
   ck_assert(strstr(log, "{\"rank\":0,\"role\":\"ps\",\"index\":0,\"node\":\"localhost\",\"local_rank\":0}"));
   ck_assert(strstr(log, "{\"rank\":1,\"role\":\"ps\",\"index\":1,\"node\":\"localhost\",\"local_rank\":1}"));
-  ck_assert(strstr(log, "{\"rank\":3,\"role\":\"worker\",\"index\":1,\"node\":\"localhost\",\"local_rank\":3}"));
+  ck_assert(strstr(log, "{\"rank\":3,\"role\":\"worker\",\"index\":1,\"node\":\"localhost\",\"local_rank\":3,"
+                   "\"worker_local_rank\":1}"));
   ck_assert_msg(access(marker, F_OK) != 0, "the worker command ran: %s", log);
   free(log);
 }
@@ -513,6 +617,7 @@ Suite *suite_psrun(void) {
   TCase *tc = tcase_create("psrun");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_local_success);
+  tcase_add_test(tc, test_local_torch_env);
   tcase_add_test(tc, test_local_failing_task);
   tcase_add_test(tc, test_local_signal_forwarded);
   tcase_add_test(tc, test_local_killed_ps_is_named);

@@ -4,7 +4,7 @@
  * rendezvous under attack by another uid (nobody): forged check-ins,
  * silent connections, a planted rendezvous directory, a stolen port, a
  * rank claimed twice; backup workers and restarts in a step; psd outliving
- * the workers; and psctl taking job and step from Slurm's environment,
+ * the workers; torchrun's variables in every worker; and psctl taking job and step from Slurm's environment,
  * against psd processes that require MUNGE (a private munged). The real
  * Slurm cluster: tests/slurm_test.sh. */
 #define _GNU_SOURCE
@@ -412,6 +412,56 @@ START_TEST(test_slurm_psd_wait_names_workers) {
 }
 END_TEST
 
+/* The value of NAME in an `env` dump (text), or "" when it is not set. */
+static const char *env_of(const char *text, const char *name, char *out, size_t len) {
+  char key[64];
+  snprintf(key, sizeof key, "\n%s=", name);
+  const char *p = strstr(text, key);
+  out[0] = '\0';
+  if (p) snprintf(out, len, "%.*s", (int)strcspn(p + strlen(key), "\n"), p + strlen(key));
+  return out;
+}
+
+/* torchrun's contract in a step (ps0 and w0-w2, all on localhost): task 0
+ * learns MASTER_ADDR:MASTER_PORT from w0's task (MASTER) and hands it to
+ * every worker with its LOCAL_RANK and LOCAL_WORLD_SIZE (WORLD), which
+ * count the node's workers only: the ps before them is not a rank. */
+START_TEST(test_slurm_torch_env) {
+  char pre[1100], script[1500];
+  snprintf(pre, sizeof pre, "%s/slurm-torchenv.%d", tu_tmpdir(), (int)getpid());
+  snprintf(script, sizeof script,
+           "{ echo; env; } >'%s.w'\"$PS_WORKER_INDEX\"; exec \"$TW\" --steps 5", pre);
+  int st[4];
+  char *log = slurm_step_of("--backup-workers", "0", script, st);
+  for (int r = 0; r < 4; r++)
+    ck_assert_msg(WIFEXITED(st[r]) && WEXITSTATUS(st[r]) == 0, "task %d: status %d\n%s", r,
+                  st[r], log);
+  char port0[64] = "", line[128];
+  for (int w = 0; w < 3; w++) {
+    char path[1200], v[256], want[16];
+    snprintf(path, sizeof path, "%s.w%d", pre, w);
+    char *dump = tu_read_file(path);
+    ck_assert_msg(dump != NULL, "w%d wrote no environment:\n%s", w, log);
+    const char *names[] = {"RANK", "LOCAL_RANK", "PS_LOCAL_RANK", "WORLD_SIZE",
+                           "LOCAL_WORLD_SIZE", "MASTER_ADDR"};
+    snprintf(want, sizeof want, "%d", w);
+    const char *wants[] = {want, want, want, "3", "3", "127.0.0.1"};
+    for (int i = 0; i < 6; i++)
+      ck_assert_msg(strcmp(env_of(dump, names[i], v, sizeof v), wants[i]) == 0,
+                    "w%d: %s='%s', not '%s'", w, names[i], v, wants[i]);
+    env_of(dump, "MASTER_PORT", v, sizeof v);
+    if (w == 0) snprintf(port0, sizeof port0, "%s", v);
+    ck_assert_msg(atoi(v) > 0 && atoi(v) < 65536 && strcmp(v, port0) == 0,
+                  "w%d: MASTER_PORT='%s', w0's '%s'", w, v, port0);
+    free(dump);
+    unlink(path);
+  }
+  snprintf(line, sizeof line, "worker 0 (MASTER_ADDR:MASTER_PORT): 127.0.0.1:%s\n", port0);
+  ck_assert_msg(strstr(log, line), "task 0 did not log '%s':\n%s", line, log);
+  free(log);
+}
+END_TEST
+
 /* ---- psctl under Slurm ------------------------------------------------------------- */
 
 static const char *g_sock; /* the private munged's socket */
@@ -554,6 +604,7 @@ Suite *suite_psrun_slurm(void) {
   tcase_add_test(tc, test_slurm_backup_worker_lost);
   tcase_add_test(tc, test_slurm_restart_worker);
   tcase_add_test(tc, test_slurm_psd_wait_names_workers);
+  tcase_add_test(tc, test_slurm_torch_env);
   suite_add_tcase(s, tc);
   if (system("command -v munged >/dev/null 2>&1") != 0) {
     printf("SKIP: psrun_slurm: the psctl MUNGE cases (munged is not installed: apt-get install "

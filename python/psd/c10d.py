@@ -27,6 +27,7 @@ do on gloo.
 import collections
 import os
 import queue
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -35,7 +36,7 @@ from typing import Callable, Dict, List, Optional
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import Work, _create_work_from_future
 from torch.futures import Future
 
 from .client import Client
@@ -52,7 +53,7 @@ SLOTS = 4
 # How long the background thread waits on the oldest operation before it
 # looks for new ones: short, so a bucket enqueued during a wait is sent
 # at once (the library drives every request while waiting on one).
-POLL_S = 0.001
+POLL_S = float(os.environ.get("PSD_C10D_POLL_S", "0.001"))
 
 _INT16_PIECES = {torch.uint8: 1, torch.int8: 1, torch.bool: 1, torch.int16: 1,
                  torch.int32: 2, torch.int64: 4}
@@ -139,16 +140,16 @@ class _Engine(threading.Thread):
 
     # called from the user's threads
     def submit(self, op: _Op) -> Future:
+        """Enqueues op; raises at once if an earlier call failed (a caller
+        in C++ may have dropped that error) or the group is gone."""
         if self.failed is not None:
-            op.future.set_exception(BackendError(
+            raise BackendError(
                 "psd backend, rank %d: %s cannot run: an earlier collective failed (%s)"
-                % (self.rank, op.what, self.failed)))
-        elif self.closed:
-            op.future.set_exception(BackendError(
-                "psd backend, rank %d: %s after the process group was destroyed"
-                % (self.rank, op.what)))
-        else:
-            self.q.put(op)
+                % (self.rank, op.what, self.failed))
+        if self.closed:
+            raise BackendError("psd backend, rank %d: %s after the process group was "
+                               "destroyed" % (self.rank, op.what))
+        self.q.put(op)
         return op.future
 
     def stop(self) -> None:
@@ -261,8 +262,77 @@ class _Engine(threading.Thread):
 
 # ----------------------------------------------------------- process group
 
+class _PyWork(Work):
+    """The Work an async_op=True call from Python gets: its wait() raises
+    the call's error (torch 1.13's future-wrapping Work would return)."""
+
+    def __init__(self, fut: Future):
+        super().__init__()
+        self.fut = fut
+
+    def wait(self, timeout=None):
+        self.fut.wait()
+        return True
+
+    def is_completed(self):
+        return self.fut.done()
+
+    def is_success(self):
+        if not self.fut.done():
+            return False
+        try:
+            self.fut.value()
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def result(self):
+        return self.fut.wait()
+
+    def get_future(self):
+        return self.fut
+
+
+_THIS = os.path.abspath(__file__).rstrip("c")
+
+
+def _caller_mode() -> str:
+    """How the collective was called: "sync" or "async" from
+    torch.distributed's Python functions (their async_op), else "cpp" (DDP's
+    reducer, or other code that takes the Work's future)."""
+    f = sys._getframe(1)
+    while f is not None and os.path.abspath(f.f_code.co_filename).rstrip("c") == _THIS:
+        f = f.f_back
+    if f is None or not f.f_code.co_filename.endswith("distributed_c10d.py"):
+        return "cpp"
+    if "async_op" not in f.f_locals:
+        return "cpp"
+    return "async" if f.f_locals["async_op"] else "sync"
+
+
 def _work(fut: Future):
+    """The Work a collective returns. torch 1.13's Work over a future
+    drops the future's error in wait(), which torch.distributed's
+    synchronous calls use; so a synchronous call waits here (and raises
+    the error), an async_op=True call gets a Work whose wait() raises, and
+    DDP's reducer (which reads the future's value, and so sees the error)
+    gets the future-wrapping Work it expects."""
+    mode = _caller_mode()
+    if mode == "sync":
+        return _done_work(fut.wait())
+    if mode == "async":
+        return _PyWork(fut)
     return _create_work_from_future(fut)
+
+
+def _all(futs, result):
+    """A future of ``result`` once every one of futs is done; the first
+    error among them is its error."""
+    def check(f):
+        for x in f.value():
+            x.value()  # raises that future's error
+        return result
+    return torch.futures.collect_all(futs).then(check)
 
 
 def _done_work(value):
@@ -330,7 +400,7 @@ class ProcessGroupPsd(dist.ProcessGroup):
         t = tensors[0]
         what = "all_reduce(%s, %s%s)" % (op, t.dtype, tuple(t.shape))
         if op not in _SUM_LIKE:
-            return _work(self._reduce_by_gather(what, t, op).then(lambda f: [t]))
+            return _work(self._reduce_by_gather(what, t, op))
         if t.is_floating_point():
             return _work(self._float_sum(what, t, op == "AVG"))
         if t.dtype in _INT16_PIECES:
@@ -357,9 +427,10 @@ class ProcessGroupPsd(dist.ProcessGroup):
         def done(d):
             r = torch.from_numpy(d)
             with torch.no_grad():
-                if scale != 1.0:
-                    r = r * scale
-                t.copy_(r.reshape(t.shape))
+                if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
+                    torch.mul(r, scale, out=t.view(-1))  # one pass, no temporary
+                else:
+                    t.copy_((r * scale).reshape(t.shape))
             return [t]
 
         return self._submit(what, "sum/%d" % n, n, fill, done)
@@ -441,7 +512,7 @@ class ProcessGroupPsd(dist.ProcessGroup):
 
             what = "broadcast(%s%s, src=%d)" % (t.dtype, tuple(t.shape), root)
             futs.append(self._submit(what, "x/bcast/%d" % n, n, fill, done))
-        return _work(torch.futures.collect_all(futs).then(lambda _: tensors))
+        return _work(_all(futs, tensors))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         futs = []
@@ -456,7 +527,7 @@ class ProcessGroupPsd(dist.ProcessGroup):
                 return outs
 
             futs.append(self._exact_allgather(what, _to_pieces(t)).then(place))
-        return _work(torch.futures.collect_all(futs).then(lambda _: output_tensors))
+        return _work(_all(futs, output_tensors))
 
     def _allgather_base(self, output, input, opts=None):
         outs = list(output.reshape(self._size, -1).unbind(0))

@@ -1,0 +1,179 @@
+"""A worker for test_c10d.py, started by psrun: MODE is the first argument.
+
+  collectives      every collective the psd backend offers, checked on
+                   every rank against values computed here
+  equivalence OUT  DDP with AdamW, two parameter groups, StepLR,
+                   clip_grad_norm_, BatchNorm and gradient accumulation;
+                   rank 0 saves the final state_dict to OUT
+  skip             rank 1 skips an all_reduce: rank 0's call must fail
+                   within the group's timeout, naming the call
+"""
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "examples", "python"))
+import psd_path  # noqa: E402,F401
+import psd.torch  # noqa: E402,F401
+
+STEPS, B = 8, 6  # equivalence: steps, samples per rank per step
+
+
+def collectives():
+    dist.init_process_group("psd")
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert dist.get_backend() == "psd"
+    assert (r, n) == (int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    # float sum and average; the mean of ranks' values, times n
+    t = torch.tensor([1.5 + r, -2.0 * r, 1e-3])
+    dist.all_reduce(t)
+    want = torch.tensor([sum(1.5 + k for k in range(n)), sum(-2.0 * k for k in range(n)), n * 1e-3])
+    assert torch.allclose(t, want, rtol=1e-6), (t, want)
+    t = torch.full((3, 5), float(r))
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    assert torch.allclose(t, torch.full((3, 5), (n - 1) / 2.0)), t
+    # integers, exactly, far beyond float32's 24 bits
+    t = torch.tensor([2**40 + r, -7, r * 3], dtype=torch.int64)
+    dist.all_reduce(t)
+    assert t.tolist() == [n * 2**40 + n * (n - 1) // 2, -7 * n, 3 * n * (n - 1) // 2], t
+    t = torch.tensor([r + 1], dtype=torch.int32)
+    dist.all_reduce(t)
+    assert t.dtype == torch.int32 and t.item() == n * (n + 1) // 2
+    # min, max, product
+    t = torch.tensor([float(r), -float(r)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    assert t.tolist() == [n - 1, 0.0], t
+    t = torch.tensor([float(r), -float(r)])
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    assert t.tolist() == [0.0, -(n - 1)], t
+    t = torch.tensor([r + 2], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.PRODUCT)
+    prod = 1
+    for k in range(n):
+        prod *= k + 2
+    assert t.item() == prod, t
+    # broadcast from a rank other than 0, bit for bit
+    g = torch.Generator().manual_seed(99)
+    src_vals = torch.randn(7, dtype=torch.float64, generator=g)
+    t = src_vals.clone() if r == n - 1 else torch.zeros(7, dtype=torch.float64)
+    dist.broadcast(t, src=n - 1)
+    assert torch.equal(t, src_vals), (t, src_vals)
+    # all_gather of floats, bit for bit (values no float sum would keep)
+    mine = torch.tensor([1.0 / 3.0 + r, 1e-30 * (r + 1), float(r) * 1e30])
+    outs = [torch.empty(3) for _ in range(n)]
+    dist.all_gather(outs, mine)
+    for k in range(n):
+        assert torch.equal(outs[k], torch.tensor([1.0 / 3.0 + k, 1e-30 * (k + 1), float(k) * 1e30]))
+    # objects
+    objs = [None] * n
+    dist.all_gather_object(objs, {"rank": r, "pad": "x" * (10 * r + 1)})
+    assert objs == [{"rank": k, "pad": "x" * (10 * k + 1)} for k in range(n)], objs
+    lst = [("hello", 42) if r == 0 else None, None]
+    dist.broadcast_object_list(lst, src=0)
+    assert lst[0] == ("hello", 42), lst
+    # coalesced, equal sizes in flight at once (more than the slots)
+    ts = [torch.full((4,), float(r + i)) for i in range(9)]
+    works = [dist.all_reduce(x, async_op=True) for x in ts]
+    for i, (w, x) in enumerate(zip(works, ts)):
+        w.wait()
+        assert torch.allclose(x, torch.full((4,), float(sum(k + i for k in range(n))))), (i, x)
+    # the sampler every DDP script uses: the ranks' shards partition the set
+    data = list(range(23))
+    s = torch.utils.data.DistributedSampler(data, shuffle=True, seed=5)
+    s.set_epoch(1)
+    got = [None] * n
+    dist.all_gather_object(got, list(s))
+    seen = sorted(i for part in got for i in part)
+    assert len(got[0]) == (23 + n - 1) // n and set(seen) == set(data), got
+    dist.barrier()
+    # what psd cannot do says so
+    try:
+        dist.reduce_scatter(torch.zeros(1), [torch.zeros(1)] * n)
+    except NotImplementedError as e:
+        assert "gloo" in str(e), e
+    else:
+        raise AssertionError("reduce_scatter did not raise")
+    dist.barrier()
+    print("ok rank %d" % r, flush=True)
+    dist.destroy_process_group()
+
+
+def small_net():
+    return torch.nn.Sequential(
+        # no bias before BatchNorm: its gradient is rounding noise, which
+        # Adam would scale up to full steps
+        torch.nn.Conv2d(3, 4, 3, padding=1, bias=False), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+        torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 5))
+
+
+def groups(net):
+    return [{"params": [p for p in net.parameters() if p.ndim > 1], "weight_decay": 0.1},
+            {"params": [p for p in net.parameters() if p.ndim <= 1], "weight_decay": 0.0,
+             "lr": 0.02}]
+
+
+def batches(step, world):
+    """The global batch of a step (world * B samples), the same on every rank."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(world * B, 3, 6, 6, generator=g)
+    y = torch.randint(0, 5, (world * B,), generator=g)
+    return x, y
+
+
+def equivalence(out):
+    dist.init_process_group("psd")
+    r, n = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(7)
+    net = small_net()
+    if r == 1:  # DDP's start must give every rank rank 0's values
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(1.0)
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.AdamW(groups(net), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    for step in range(STEPS):
+        x, y = batches(step, n)
+        x, y = x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]
+        opt.zero_grad()
+        half = B // 2  # two micro-batches: accumulation through no_sync
+        with ddp.no_sync():
+            (F.cross_entropy(ddp(x[:half]), y[:half]) / 2).backward()
+        (F.cross_entropy(ddp(x[half:]), y[half:]) / 2).backward()
+        torch.nn.utils.clip_grad_norm_(ddp.parameters(), 0.5)
+        opt.step()
+        sched.step()
+    if r == 0:
+        torch.save(net.state_dict(), out)
+    dist.destroy_process_group()
+
+
+def skip():
+    dist.init_process_group("psd", timeout=timedelta(seconds=4))
+    r = dist.get_rank()
+    if r == 0:
+        try:
+            dist.all_reduce(torch.ones(3))
+        except RuntimeError as e:
+            print("rank 0 failed: %s" % e, flush=True)
+            sys.exit(3)
+        sys.exit("rank 0: the all_reduce rank 1 skipped returned")
+    import time
+    time.sleep(8)  # rank 1 makes no call while rank 0 waits for it
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "collectives":
+        collectives()
+    elif mode == "equivalence":
+        equivalence(sys.argv[2])
+    elif mode == "skip":
+        skip()
+    else:
+        sys.exit("unknown mode " + mode)

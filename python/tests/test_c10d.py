@@ -1,0 +1,149 @@
+"""The torch.distributed backend "psd" (psd/c10d.py) through psrun
+--local with real psd servers: every collective against values computed
+on each rank, unmodified DDP against gloo and against one process with
+the global batch, and the failures that must say what to do."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import BIN, ROOT
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+EX = os.path.join(ROOT, "examples", "python")
+PY = "/usr/bin/python3"
+sys.path.insert(0, HERE)
+import c10d_worker as cw  # noqa: E402
+
+
+def psrun(workers, *cmd, timeout=240, extra=()):
+    env = dict(os.environ)
+    env.pop("PSD_LIBPSCLIENT", None)  # the checkout's package finds its build/lib
+    return subprocess.run([os.path.join(BIN, "psrun"), "--local", "-n", str(workers + 1),
+                           "--ps", "1"] + list(extra) + ["--", PY] + list(cmd),
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def gloo(workers, *cmd, timeout=240):
+    """torchrun's contract by hand (Debian's torchrun fails on Python 3.12)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for r in range(workers):
+        env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(workers), LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE=str(workers), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([PY] + list(cmd), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=timeout) for p in procs]
+    for p, (o, e) in zip(procs, outs):
+        assert p.returncode == 0, o + e
+    return "".join(o for o, _ in outs)
+
+
+def records(out):
+    got = []
+    for line in out.splitlines():
+        line = line.split("] ", 1)[-1] if line.startswith("[w") else line
+        if line.startswith("{"):
+            got.append(json.loads(line))
+    return got
+
+
+def test_collectives():
+    p = psrun(3, os.path.join(HERE, "c10d_worker.py"), "collectives")
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in range(3):
+        assert "ok rank %d" % r in p.stdout, p.stdout + p.stderr
+
+
+def test_ddp_script_matches_gloo():
+    """train_ddp_psd.py through psd and its twin train_ddp.py over gloo:
+    the same losses at every step and the same final parameters."""
+    args = ["--synthetic", "512", "--model", "small", "--steps", "12", "--batch", "16",
+            "--log-every", "1", "--optimizer", "adamw", "--lr", "0.01", "--step-size", "5",
+            "--clip", "1.0", "--threads", "1", "--warmup", "2"]
+    p = psrun(2, os.path.join(EX, "train_ddp_psd.py"), *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    ps = records(p.stdout)
+    g = records(gloo(2, os.path.join(EX, "train_ddp.py"), *args))
+    ps_steps = [x for x in ps if "step" in x]
+    g_steps = [x for x in g if "step" in x]
+    assert len(ps_steps) == len(g_steps) == 12
+    for a, b in zip(ps_steps, g_steps):
+        assert abs(a["global_loss"] - b["global_loss"]) < 1e-5, (a, b)
+    sums = {x["backend"]: x["param_checksum"] for x in ps + g if "backend" in x}
+    assert set(sums) == {"psd", "gloo"}
+    assert abs(sums["psd"] - sums["gloo"]) < 1e-4 * max(1.0, abs(sums["gloo"])), sums
+
+
+def test_twin_scripts_differ_in_marked_lines_only():
+    a = open(os.path.join(EX, "train_ddp.py")).read().split('"""', 2)[2].splitlines()
+    b = open(os.path.join(EX, "train_ddp_psd.py")).read().split('"""', 2)[2].splitlines()
+    only_b = [x for x in b if x not in a]
+    assert only_b and all("# psd:" in x for x in only_b), only_b
+    assert len(a) == len(b) - 1  # the psd twin adds its import line
+
+
+def test_ddp_equals_one_process_with_global_batch(tmpdir_short):
+    """2 ranks x B (AdamW, two parameter groups, StepLR, clip_grad_norm_,
+    BatchNorm, accumulation over 2 micro-batches) equal one process over
+    the global batch, each rank's micro-batches through BatchNorm alone
+    as DDP does, to 1e-5."""
+    out = os.path.join(tmpdir_short, "ddp.pt")
+    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), "equivalence", out)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = torch.load(out)
+    torch.manual_seed(7)
+    net = cw.small_net()
+    opt = torch.optim.AdamW(cw.groups(net), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+    n, B, half = 2, cw.B, cw.B // 2
+    for step in range(cw.STEPS):
+        x, y = cw.batches(step, n)
+        opt.zero_grad()
+        for r in range(n):
+            for lo, hi in ((0, half), (half, B)):
+                xs, ys = x[r * B + lo:r * B + hi], y[r * B + lo:r * B + hi]
+                (F.cross_entropy(net(xs), ys) / 2 / n).backward()
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        opt.step()
+        sched.step()
+    moved = 0.0
+    torch.manual_seed(7)
+    start = dict(cw.small_net().named_parameters())
+    for name, p_ in net.named_parameters():
+        assert torch.allclose(got[name], p_.detach(), atol=1e-5, rtol=0), name
+        moved = max(moved, float((p_.detach() - start[name].detach()).abs().max()))
+    assert moved > 1e-3  # it trained
+
+
+def test_skipped_call_fails_within_timeout_naming_it():
+    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), "skip", timeout=120)
+    assert p.returncode != 0
+    assert "rank 0 failed" in p.stdout, p.stdout + p.stderr
+    assert "all_reduce(SUM, torch.float32(3,))" in p.stdout, p.stdout
+    assert "timeout" in p.stdout, p.stdout
+
+
+def test_outside_psrun_says_how_to_launch():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PS_")}
+    env.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0")
+    code = ("import sys; sys.path.insert(0, %r); import psd_path, psd.torch; "
+            "import torch.distributed as d; d.init_process_group('psd')" % EX)
+    p = subprocess.run([PY, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode != 0
+    assert "psrun" in p.stderr and "PS_HOSTS is not set" in p.stderr, p.stderr
+
+
+def test_backup_workers_refused_with_a_sentence():
+    code = ("import sys; sys.path.insert(0, %r); import psd_path, psd.torch; "
+            "import torch.distributed as d; d.init_process_group('psd')" % EX)
+    p = psrun(3, "-c", code, extra=("--backup-workers", "1"), timeout=120)
+    assert p.returncode != 0
+    assert "backup workers" in p.stdout + p.stderr, p.stdout + p.stderr
