@@ -314,6 +314,8 @@ typedef struct mean_worker {
   const char **hp;
   int w, nw, replicas, steps;
   volatile int *hold; /* worker 2 with backups: pushes only once released */
+  int bind;           /* 1: its own buffer for both data and grad (aliased),
+                         2: separate own buffers (ps_var_bind_buffers) */
   int rc, stale;
   char err[256];
   float got[8][MEAN_N]; /* the value pulled after each step */
@@ -340,10 +342,13 @@ static void *mean_run(void *arg) {
   ps_optimizer o = PS_SIZED(ps_optimizer, .kind = PS_OPT_MEAN);
   ps_var *v;
   if ((m->rc = ps_client_var_create(c, "mean", shape, 1, NULL, &o, &v)) != 0) goto out;
+  float own[2][MEAN_N];
+  if (m->bind) ps_var_bind_buffers(v, own[0], own[m->bind - 1]);
   uint64_t step = 0;
   for (int s = 0; s < m->steps; s++) {
     while (m->hold && *m->hold) usleep(1000);
     for (int i = 0; i < MEAN_N; i++) ps_var_grad(v)[i] = mean_grad(m->w, (int)step, i);
+    ck_assert(!m->bind || ps_var_grad(v) == own[m->bind - 1]);
     int stale = 0;
     if ((m->rc = ps_client_step(c, &step, &stale)) != 0) goto out;
     m->stale += stale;
@@ -358,7 +363,10 @@ out:
 }
 
 /* 3 workers over 2 ps: after each step every worker holds exactly the mean
- * of the three gradients (no update rule, no learning rate). With backups
+ * of the three gradients (no update rule, no learning rate), in the
+ * library's buffers (worker 0), in one buffer of the caller's for both
+ * gradient and mean (worker 1) and in two of the caller's (worker 2:
+ * ps_var_bind_buffers). With backups
  * (replicas 2 of 3) a worker held back until the others finished gets
  * PS_ESTALE, skips ahead, and the value is the mean of the two that came. */
 START_TEST(test_mean_variable) {
@@ -371,7 +379,7 @@ START_TEST(test_mean_variable) {
   memset(m, 0, sizeof m);
   pthread_t th[3];
   for (int w = 0; w < 3; w++) {
-    m[w] = (mean_worker){.hp = hp, .w = w, .nw = 3, .replicas = 3, .steps = STEPS};
+    m[w] = (mean_worker){.hp = hp, .w = w, .nw = 3, .replicas = 3, .steps = STEPS, .bind = w};
     pthread_create(&th[w], NULL, mean_run, &m[w]);
   }
   for (int w = 0; w < 3; w++) pthread_join(th[w], NULL);

@@ -382,6 +382,17 @@ PS_EXTERN size_t ps_var_numel(const ps_var *v);
 PS_EXTERN const char *ps_var_name(const ps_var *v);
 PS_EXTERN int ps_var_ndim(const ps_var *v);
 PS_EXTERN const int64_t *ps_var_shape(const ps_var *v);
+/* Makes pulls land in data[0..numel) and pushes send grad[0..numel), the
+ * caller's memory, instead of the variable's own buffers (NULL for either:
+ * its own again), from the next push or pull: a framework's tensors move
+ * with no copy (the torch.distributed backend's gradient buckets). The
+ * caller keeps them valid, and grad unchanged, until every push and pull
+ * of the variable that may use them has completed; data and grad may be
+ * the same memory (each slice's push is sent before its pull's reply can
+ * come, in sync mode with every worker aggregated). ps_var_data and
+ * ps_var_grad return the bound buffers. PS_EINVAL for a NULL v. Added in
+ * 0.2.5. */
+PS_EXTERN int ps_var_bind_buffers(ps_var *v, float *data, float *grad);
 /* This variable's wire dtypes (ps_wire_dtype), over the client's
  * ps_config.push_dtype / pull_dtype; -1 keeps the client's. Takes effect
  * from the next push or pull. PS_EINVAL for another value. Added in

@@ -121,8 +121,10 @@ struct ps_var {
   int ndim;                      /* rank */
   int64_t shape[PS_MAX_DIMS];    /* dims */
   size_t numel;                  /* elements */
-  float *data;                   /* parameters */
-  float *grad;                   /* gradient to push */
+  float *data;                   /* parameters: where pulls land (own_data,
+                                    or the caller's: ps_var_bind_buffers) */
+  float *grad;                   /* gradient to push (own_grad, or the caller's) */
+  float *own_data, *own_grad;    /* the library's buffers, freed with it */
   size_t first_slice;            /* its slices are c->slices[first_slice..] */
   size_t n_slices;               /* ... this many */
   int mark;                      /* scratch: duplicate detection */

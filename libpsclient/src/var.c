@@ -9,15 +9,25 @@
 
 #include "client_internal.h"
 
+static void var_free(ps_var *v) {
+  if (!v) return;
+  free(v->name);
+  free(v->own_data);
+  free(v->own_grad);
+  free(v);
+}
+
 void ps__vars_free(ps_client *c) {
-  for (size_t i = 0; i < c->nvars; i++) {
-    free(c->vars[i]->name);
-    free(c->vars[i]->data);
-    free(c->vars[i]->grad);
-    free(c->vars[i]);
-  }
+  for (size_t i = 0; i < c->nvars; i++) var_free(c->vars[i]);
   free(c->vars);
   free(c->slices);
+}
+
+int ps_var_bind_buffers(ps_var *v, float *data, float *grad) {
+  if (!v) return PS_EINVAL;
+  v->data = data ? data : v->own_data;
+  v->grad = grad ? grad : v->own_grad;
+  return 0;
 }
 
 float *ps_var_data(ps_var *v) { return v->data; }
@@ -150,14 +160,6 @@ static int recreate(ps_client *c, ps_var *v, const int64_t *shape, int ndim,
   return 0;
 }
 
-static void var_free(ps_var *v) {
-  if (!v) return;
-  free(v->name);
-  free(v->data);
-  free(v->grad);
-  free(v);
-}
-
 /* A variable object with zeroed data and gradient, not yet placed. */
 static ps_var *var_alloc(ps_client *c, const char *name, const int64_t *shape, int ndim,
                          uint64_t numel) {
@@ -169,8 +171,8 @@ static ps_var *var_alloc(ps_client *c, const char *name, const int64_t *shape, i
   memcpy(v->shape, shape, (size_t)ndim * sizeof *shape);
   v->numel = (size_t)numel;
   v->push_dtype = v->pull_dtype = -1; /* the client's */
-  v->data = calloc(v->numel, sizeof(float));
-  v->grad = calloc(v->numel, sizeof(float));
+  v->data = v->own_data = calloc(v->numel, sizeof(float));
+  v->grad = v->own_grad = calloc(v->numel, sizeof(float));
   if (v->name && v->data && v->grad) return v;
   var_free(v);
   return NULL;

@@ -83,6 +83,7 @@ _PROTOS = {
     "ps_var_grad": (FP, [P]),
     "ps_var_numel": (size_t, [P]),
     "ps_var_set_wire_dtype": (cint, [P, cint, cint]),
+    "ps_var_bind_buffers": (cint, [P, _c.c_void_p, _c.c_void_p]),
     "ps_client_var_assign": (cint, [P, PP, size_t, u64]),
     "ps_client_step_current": (u64, [P]),
     "ps_client_push_async": (cint, [P, u64, PP, size_t, PP]),

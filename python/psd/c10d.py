@@ -102,9 +102,10 @@ def _int_pieces(t: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ engine
 
 class _Op:
-    """One collective: ``fill`` writes what this rank pushes into the
-    variable's gradient (a float32 array of ``numel``); ``done`` turns the
-    mean into the call's result."""
+    """One collective: ``fill(var)`` puts what this rank pushes in the
+    variable's gradient (var.grad, a float32 array of ``numel``, or memory
+    bound with var.bind_buffers); ``done(var)`` turns the mean (var.data,
+    or the bound memory) into the call's result."""
     __slots__ = ("what", "key", "numel", "fill", "done", "future", "var", "req", "push",
                  "start", "seq", "name")
 
@@ -223,7 +224,7 @@ class _Engine(threading.Thread):
                 v.set_wire_dtype("f32", "f32")
             slot = self.slots[op.name] = _Slot(v)
         op.var, op.start = slot.var, time.monotonic()
-        op.fill(slot.var.grad)
+        op.fill(slot.var)
         op.push = self.client.push_async([slot.var], step=slot.step)
         op.req = self.client.pull_async([slot.var], min_step=slot.step + 1)
         slot.busy = op
@@ -256,7 +257,7 @@ class _Engine(threading.Thread):
         slot.busy = None
         op.req.release()
         op.push.release()
-        result = op.done(slot.var.data)
+        result = op.done(slot.var)
         op.future.set_result(result)
 
 
@@ -383,12 +384,12 @@ class ProcessGroupPsd(dist.ProcessGroup):
         rank), exactly: a Future of the (size, n) tensor."""
         n, size, rank = flat.numel(), self._size, self._rank
 
-        def fill(g):
-            g[:] = 0
-            g[rank * n:(rank + 1) * n] = flat.numpy()
+        def fill(v):
+            v.grad[:] = 0
+            v.grad[rank * n:(rank + 1) * n] = flat.numpy()
 
-        def done(d):
-            return torch.from_numpy(d.copy()).mul_(size).reshape(size, n)
+        def done(v):
+            return torch.from_numpy(v.data.copy()).mul_(size).reshape(size, n)
 
         return self._submit(what, "x/gather/%d" % (n * size), n * size, fill, done)
 
@@ -417,20 +418,23 @@ class ProcessGroupPsd(dist.ProcessGroup):
             import warnings
             warnings.warn("psd backend: float64 tensors are reduced in float32 precision "
                           "(psd's servers average in float32)", stacklevel=3)
-        host = t.detach().reshape(-1).to("cpu", torch.float32)
+        # The push reads and the mean lands in place: t's own memory when t
+        # is a contiguous CPU float32 tensor (DDP's buckets), else a copy.
+        host = t.detach().reshape(-1).to("cpu", torch.float32).contiguous()
+        in_place = t.is_contiguous() and host.data_ptr() == t.data_ptr()
         n, size = host.numel(), self._size
         scale = 1.0 if average else float(size)
 
-        def fill(g):
-            g[:] = host.numpy()
+        def fill(v):
+            v.bind_buffers(host.data_ptr(), host.data_ptr())
 
-        def done(d):
-            r = torch.from_numpy(d)
+        def done(v):
+            v.bind_buffers(None, None)
             with torch.no_grad():
-                if t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
-                    torch.mul(r, scale, out=t.view(-1))  # one pass, no temporary
-                else:
-                    t.copy_((r * scale).reshape(t.shape))
+                if scale != 1.0:
+                    host.mul_(scale)
+                if not in_place:
+                    t.copy_(host.reshape(t.shape))
             return [t]
 
         return self._submit(what, "sum/%d" % n, n, fill, done)
@@ -439,12 +443,12 @@ class ProcessGroupPsd(dist.ProcessGroup):
         pieces = _int_pieces(t)
         n, size = pieces.numel(), self._size
 
-        def fill(g):
-            g[:] = pieces.numpy()
+        def fill(v):
+            v.grad[:] = pieces.numpy()
 
-        def done(d):
+        def done(v):
             with torch.no_grad():
-                t.copy_(_int_sum(torch.from_numpy(d.copy()).mul_(size), t))
+                t.copy_(_int_sum(torch.from_numpy(v.data.copy()).mul_(size), t))
             return [t]
 
         return self._submit(what, "x/isum/%d" % n, n, fill, done)
@@ -501,13 +505,13 @@ class ProcessGroupPsd(dist.ProcessGroup):
             pieces = _to_pieces(t)
             n = pieces.numel()
 
-            def fill(g, pieces=pieces):
-                g[:] = pieces.numpy() if rank == root else 0
+            def fill(v, pieces=pieces):
+                v.grad[:] = pieces.numpy() if rank == root else 0
 
-            def done(d, t=t):
+            def done(v, t=t):
                 if rank != root:
                     with torch.no_grad():
-                        t.copy_(_from_pieces(torch.from_numpy(d.copy()).mul_(size), t))
+                        t.copy_(_from_pieces(torch.from_numpy(v.data.copy()).mul_(size), t))
                 return [t]
 
             what = "broadcast(%s%s, src=%d)" % (t.dtype, tuple(t.shape), root)
@@ -535,10 +539,10 @@ class ProcessGroupPsd(dist.ProcessGroup):
         return _work(self.allgather([parts], [input]).get_future().then(lambda _: [output]))
 
     def barrier(self, opts=None):
-        def fill(g):
-            g[:] = 1.0
+        def fill(v):
+            v.grad[:] = 1.0
 
-        def done(d):
+        def done(v):
             return []
 
         return _work(self._submit("barrier()", "barrier/1", 1, fill, done))
@@ -624,6 +628,9 @@ def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupPsd:
             "psd backend: backup workers (psrun --backup-workers, replicas_to_aggregate %d "
             "of %d) are not supported by the torch.distributed backend yet: its collectives "
             "need every rank's part; run without --backup-workers" % (rep, size))
+    if os.environ.get("PS_ASYNC", "0") not in ("", "0"):
+        raise RuntimeError("psd backend: asynchronous training (PS_ASYNC) applies each "
+                           "rank's part alone, which no collective means; run without it")
     if _client is None:
         # SIGTERM keeps its default action, as under torchrun: nothing
         # in this backend would notice the library's stop flag.

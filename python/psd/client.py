@@ -106,6 +106,15 @@ class Variable:
                              "sends: fill it (%s.grad[:] = gradient) instead of replacing "
                              "it" % (self.name, self.name))
 
+    def bind_buffers(self, data_ptr: Optional[int], grad_ptr: Optional[int]) -> None:
+        """Pulls land at address data_ptr and pushes send from grad_ptr
+        (numel float32 each, the caller's memory; None: the library's own
+        buffers again), from the next push or pull (ps_var_bind_buffers).
+        The caller keeps that memory alive and the gradient unchanged
+        until the pushes and pulls using it are done. ``data`` and
+        ``grad`` (the arrays) keep showing the library's own buffers."""
+        self.client._call(lib.ps_var_bind_buffers, data_ptr, grad_ptr, on=self._h)
+
     def set_wire_dtype(self, push: Optional[str] = None, pull: Optional[str] = None) -> None:
         """This variable's wire dtypes ("f32", "bf16", "fp16"; None keeps
         the client's), from the next push or pull (ps_var_set_wire_dtype)."""
