@@ -274,6 +274,17 @@ python_torch_job() {
      [ "$(grep -c '"steps": *6' "$out")" -eq 2 ] && no_leftovers_of "cifar10_torc[h]\.py"; then
     ok "loopback: srun psrun --ps=1 python3 examples/python/cifar10_torch.py trains and exits 0"
   else bad "loopback: the PyTorch example under Slurm" "$out"; fi
+  # A plain DDP script on the psd backend, ranks on two nodes: every rank
+  # ends with the same parameters (DDP's buckets averaged through psd).
+  out=$WORK/python_ddp.log
+  if timeout 180 srun -N2 -n4 "$BIN/psrun" --ps=1 -- /usr/bin/python3 \
+      "$HERE/../examples/python/train_ddp_psd.py" --synthetic 256 --model small --steps 6 \
+      --batch 16 --warmup 1 --log-every 1 >"$out" 2>&1 &&
+     [ "$(grep -c '"backend": "psd", "steps": 6' "$out")" -eq 3 ] &&
+     [ "$(grep -o '"param_checksum": [-0-9.e]*' "$out" | sort -u | wc -l)" -eq 1 ] &&
+     no_leftovers_of "train_ddp_ps[d]\.py"; then
+    ok "loopback: srun -N2 -n4 psrun --ps=1 python3 train_ddp_psd.py: DDP on the psd backend, 3 ranks end equal"
+  else bad "loopback: the DDP script on the psd backend under Slurm" "$out"; fi
 }
 
 scenarios() {

@@ -3,7 +3,7 @@
 # examples/python/train_ddp.py over gloo (2 processes, torchrun's variables
 # set here: Debian's torchrun fails on Python 3.12) against its twin
 # train_ddp_psd.py on the "psd" backend (1 ps + 2 workers under psrun
-# --local), for each MODEL. Same data, batch, threads and CPUs (taskset: the
+# --local; psd2: 2 ps), for each MODEL. Same data, batch, threads and CPUs (taskset: the
 # ps shares them, its cost is psd's); rounds interleaved (gloo then psd,
 # reversed the next round). Prints images/s (rank 0's, after the warm-up
 # steps) as median [min-max], the ratio psd/gloo of the medians and per
@@ -13,8 +13,9 @@
 #   deploy/bench/ddp_backend.sh DATA_DIR                 (CIFAR-10 binaries)
 #   ROUNDS=5 MODELS="cifar resnet18" deploy/bench/ddp_backend.sh ../shared/cifar10
 #
-# Environment: ROUNDS (3), MODELS ("cifar resnet18"), STEPS (50), BATCH (32
-# per worker), THREADS (1 torch thread per process), CPUS (taskset list;
+# Environment: ROUNDS (3), MODELS ("cifar resnet18"), KINDS ("gloo psd":
+# psdK runs K ps tasks, e.g. "gloo psd psd2"), STEPS (50), BATCH (32 per
+# worker), THREADS (1 torch thread per process), CPUS (taskset list;
 # default all), BIN (build/bin), PYTHON (/usr/bin/python3).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,6 +24,7 @@ data=${1:-${DATA:-}}
 [ -n "$data" ] || { echo "usage: $0 DATA_DIR (CIFAR-10 binary files)" >&2; exit 2; }
 rounds=${ROUNDS:-3}; steps=${STEPS:-50}; batch=${BATCH:-32}; threads=${THREADS:-1}
 models=${MODELS:-cifar resnet18}
+kinds=${KINDS:-gloo psd}
 cpus=${CPUS:-0-$(($(nproc) - 1))}
 py=${PYTHON:-/usr/bin/python3}
 export OMP_NUM_THREADS=$threads
@@ -47,7 +49,9 @@ run() { # backend model round: appends rank 0's lines, tagged, to $out/runs
   if [ "$1" = gloo ]; then
     gloo "${args[@]}" >"$out/out"
   else
-    env -u PSD_LIBPSCLIENT taskset -c "$cpus" "$bin/psrun" --local -n 3 --ps 1 -- \
+    local nps=${1#psd}
+    nps=${nps:-1}
+    env -u PSD_LIBPSCLIENT taskset -c "$cpus" "$bin/psrun" --local -n $((nps + 2)) --ps "$nps" -- \
       "$py" "$ex/train_ddp_psd.py" "${args[@]}" >"$out/out" 2>"$out/err" || {
       echo "psd run failed:" >&2; tail -20 "$out/err" >&2; exit 1; }
   fi
@@ -60,8 +64,8 @@ echo "cpus $cpus, $threads torch thread(s) per process, batch $batch per worker,
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for r in $(seq 1 "$rounds"); do
   for m in $models; do
-    order="gloo psd"
-    [ $((r % 2)) = 0 ] && order="psd gloo"
+    order=$kinds
+    [ $((r % 2)) = 0 ] && order=$(echo "$kinds" | tr ' ' '\n' | tac | tr '\n' ' ')
     for k in $order; do run "$k" "$m" "$r"; done
   done
   echo "round $r of $rounds done" >&2
@@ -73,16 +77,21 @@ runs = [json.loads(l) for l in open(sys.argv[1])]
 med = statistics.median
 def fmt(v, f='%.1f'):
     return (f + ' [' + f + '-' + f + ']') % (med(v), min(v), max(v))
+kinds = list(dict.fromkeys(r['kind'] for r in runs))
 for m in dict.fromkeys(r['model'] for r in runs):
     ips = {k: [r['images_per_s'] for r in runs if r['model'] == m and r['kind'] == k
-               and r.get('rank') == 0] for k in ('gloo', 'psd')}
-    per = [p / g for p, g in zip(ips['psd'], ips['gloo'])]
-    print(f"{m}: images/s gloo {fmt(ips['gloo'])}, psd {fmt(ips['psd'])}; psd/gloo "
-          f"{med(ips['psd']) / med(ips['gloo']):.3f} (of medians), per round {fmt(per, '%.3f')}")
-    diff = 0.0
-    for rnd in sorted({r['round'] for r in runs}):
-        loss = {k: [r['global_loss'] for r in runs if r['model'] == m and r['kind'] == k
-                    and r['round'] == rnd and 'global_loss' in r] for k in ('gloo', 'psd')}
-        diff = max([diff] + [abs(a - b) for a, b in zip(loss['gloo'], loss['psd'])])
-    print(f"{m}: largest |loss psd - loss gloo| over every logged step: {diff:.2e}")
+               and r.get('rank') == 0] for k in kinds}
+    print(f"{m}: images/s " + ", ".join(f"{k} {fmt(ips[k])}" for k in kinds))
+    for k in kinds:
+        if k == 'gloo':
+            continue
+        per = [p / g for p, g in zip(ips[k], ips['gloo'])]
+        print(f"{m}: {k}/gloo {med(ips[k]) / med(ips['gloo']):.3f} (of medians), "
+              f"per round {fmt(per, '%.3f')}")
+        diff = 0.0
+        for rnd in sorted({r['round'] for r in runs}):
+            loss = {x: [r['global_loss'] for r in runs if r['model'] == m and r['kind'] == x
+                        and r['round'] == rnd and 'global_loss' in r] for x in ('gloo', k)}
+            diff = max([diff] + [abs(a - b) for a, b in zip(loss['gloo'], loss[k])])
+        print(f"{m}: largest |loss {k} - loss gloo| over every logged step: {diff:.2e}")
 PY

@@ -342,7 +342,11 @@ PS_EXTERN const char *ps_client_transport(const ps_client *c, int ps_index);
 /* Creates variable `name` with the given shape (1..PS_MAX_DIMS dims, all
  * > 0) on the servers, placed deterministically from the order of creation.
  * The chief initializes it with `init`; every other worker blocks until the
- * chief has, then receives the values. If the variable already exists on
+ * chief has, then receives the values (after 2 s, and every 10 s after
+ * that, it names the variable on stderr as still waiting for the chief: a
+ * name only some workers create would otherwise wait unexplained; the
+ * wait ends after the request timeout with PS_ETIMEDOUT naming the
+ * variable). If the variable already exists on
  * the servers (another worker or a restore created it) with the same shape
  * and optimizer, this attaches to it; a different shape is PS_ESHAPE and a
  * different optimizer PS_EMISMATCH, the message showing both shapes (or the

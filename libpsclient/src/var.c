@@ -60,6 +60,44 @@ int ps__need_minor(ps_client *c, uint32_t minor, const char *what) {
   return 0;
 }
 
+/* Seconds a worker waits for the chief's values of a variable before it
+ * says so on stderr, then between such lines: a variable only some
+ * workers create (a typo in a name) would otherwise wait silently for the
+ * whole request timeout. */
+#define PS__CHIEF_WAIT_NOTE_S 2.0
+#define PS__CHIEF_WAIT_EVERY_S 10.0
+
+/* Waits for (then releases) the pull of a new variable's values: the
+ * chief's initialization, for the other workers. Bounded by the request
+ * timeout; while it waits, a line on stderr names the variable. */
+static int wait_for_values(ps_client *c, ps_req *r, const char *name) {
+  const double start = ps__now(), limit = c->request_timeout_ms / 1000.0;
+  double next = PS__CHIEF_WAIT_NOTE_S;
+  int rc;
+  for (;;) {
+    double waited = ps__now() - start;
+    double chunk = (next < limit ? next : limit) - waited;
+    rc = ps_req_wait(r, chunk > 0 ? (int)(chunk * 1000) + 1 : 0, NULL);
+    waited = ps__now() - start;
+    if (rc != PS_ETIMEDOUT || waited >= limit) break;
+    if (waited >= next && c->worker_index != 0) {
+      fprintf(stderr,
+              "psclient: worker %d: still waiting after %.0f s for the chief (worker 0) to "
+              "create variable '%s': a worker gets what the chief creates, by the same name "
+              "and shape (a typo, or a variable only some workers create?); giving up after "
+              "the %.0f s request timeout\n",
+              c->worker_index, waited, name, limit);
+      next = waited + PS__CHIEF_WAIT_EVERY_S;
+    }
+  }
+  ps__req_release(c, r);
+  if (rc == PS_ETIMEDOUT && c->worker_index != 0)
+    return ps__seterr(c, rc, "variable '%s': the chief (worker 0) did not create it within the "
+                      "%.0f s request timeout: every worker must create the same variables, "
+                      "by the same names", name, limit);
+  return rc;
+}
+
 /* Name, rank and shape are acceptable; *numel gets the element count. */
 static int check_args(ps_client *c, const char *name, const int64_t *shape, int ndim,
                       uint64_t *numel) {
@@ -389,7 +427,7 @@ static int var_create(ps_client *c, const char *name, const int64_t *shape, int 
    * pulls the values at the current step. */
   ps_req *r = NULL;
   if ((rc = ps_client_pull_async(c, 0, &v, 1, &r)) != 0) goto fail;
-  if ((rc = ps__req_wait_release(c, r)) != 0) goto fail;
+  if ((rc = wait_for_values(c, r, name)) != 0) goto fail;
   free(saved_load);
   *out = v;
   return 0;

@@ -2,12 +2,14 @@
 library's buffers, steps, tables, early pushes and the error mapping."""
 import gc
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import psd
-from conftest import hosts
+from conftest import ROOT, hosts
 
 
 def client(tasks, **kw):
@@ -335,3 +337,25 @@ def test_wire_dtype_and_transport_keywords(start_psd):
             client(ps2, **bad)
     for p in ps + ps2:
         assert p.wait() == 0
+
+
+def test_variable_only_one_worker_creates_is_named(start_psd, tmpdir_short):
+    """A typo in one worker's variable name waited silently for the whole
+    request timeout: now that worker says within seconds which variable it
+    waits for, and the error names it."""
+    ps = start_psd(1)
+    code = ("import sys; sys.path.insert(0, %r); import psd\n"
+            "c = psd.Client(hosts=%r, worker_index=1, num_workers=2, request_timeout_ms=3500,"
+            " telemetry='off')\n"
+            "try:\n"
+            "    c.variable('fc.weigth', 4)\n"
+            "except psd.Timeout as e:\n"
+            "    print('timeout:', e)\n"
+            % (os.path.join(ROOT, "python"), ",".join(hosts(ps))))
+    chief = psd.Client(hosts=hosts(ps), worker_index=0, num_workers=2, telemetry="off")
+    chief.variable("fc.weight", 4)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    chief.close()
+    assert "still waiting after 2 s for the chief (worker 0) to create variable 'fc.weigth'" \
+        in p.stderr, p.stderr
+    assert "variable 'fc.weigth': the chief (worker 0) did not create it" in p.stdout, p.stdout
