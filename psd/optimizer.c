@@ -45,8 +45,15 @@ int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (!o) return ps__errf(PS_EINVAL, err, errlen, "optimizer configuration is missing");
   /* A variable that is not trained, or only averaged, has no rule:
-   * nothing else is read. */
-  if (o->kind == PS_OPT_NONE || o->kind == PS_OPT_MEAN) return 0;
+   * nothing else is read (but a mean's scale). */
+  if (o->kind == PS_OPT_NONE) return 0;
+  if (o->kind == PS_OPT_MEAN) {
+    if (!(isfinite(o->mean_scale) && o->mean_scale >= 0.0))
+      return ps__errf(PS_EINVAL, err, errlen,
+                      "optimizer mean_scale must be a finite number > 0 (or 0: 1), got %g",
+                      o->mean_scale);
+    return 0;
+  }
   if (!(isfinite(o->lr) && o->lr > 0.0))
     return ps__errf(PS_EINVAL, err, errlen,
                 "optimizer lr must be a positive finite number, got %g", o->lr);
@@ -162,7 +169,11 @@ void psd_opt_describe(const ps_optimizer *o, char *buf, size_t len) {
     return;
   }
   if (o->kind == PS_OPT_MEAN) {
-    snprintf(buf, len, "mean (the value is each step's mean gradient)");
+    if (o->mean_scale == 0.0 || o->mean_scale == 1.0)
+      snprintf(buf, len, "mean (the value is each step's mean gradient)");
+    else
+      snprintf(buf, len, "mean x %.9g (the value is each step's mean gradient times %.9g)",
+               o->mean_scale, o->mean_scale);
     return;
   }
   if (!kn)
@@ -329,10 +340,14 @@ void psd_opt_apply(const ps_optimizer *o, uint64_t step, float *param,
   const float wd = (float)o->weight_decay;
 
   switch (o->kind) {
-    case PS_OPT_MEAN:
-      if (grad_b) mean_ab(param, grad_a, grad_b, scale, n);
-      else mean_a(param, grad_a, scale, n);
+    case PS_OPT_MEAN: {
+      /* scale is 1/count; times mean_scale in double, so 2 workers' sum
+       * (mean_scale 2) or 3's (3) scale by exactly 1. */
+      const float s = o->mean_scale > 0.0 ? (float)(o->mean_scale * (double)scale) : scale;
+      if (grad_b) mean_ab(param, grad_a, grad_b, s, n);
+      else mean_a(param, grad_a, s, n);
       break;
+    }
     case PS_OPT_SGD:
       if (grad_b) sgd_ab(param, grad_a, grad_b, scale, wd, lr, n);
       else sgd_a(param, grad_a, scale, wd, lr, n);

@@ -430,6 +430,19 @@ START_TEST(mean_rule) {
   for (int i = 0; i < N; i++) ck_assert_float_eq(w[i], a[i]);
   psd_opt_describe(&o, err, sizeof err);
   ck_assert_str_eq(err, "mean (the value is each step's mean gradient)");
+  /* mean_scale 3 over 3 gradients: their sum, exactly (1/3 in float times
+   * 3 must not leave 1 + 2^-24). */
+  o.mean_scale = 3.0;
+  ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), 0);
+  for (int i = 0; i < N; i++) {
+    a[i] = 16777215.0f - (float)i; /* 2^24 - 1 - i: any error shows */
+    b[i] = 1.0f;
+  }
+  psd_opt_apply(&o, 9, w, NULL, a, b, 1.0f / 3.0f, N);
+  for (int i = 0; i < N; i++) ck_assert_float_eq(w[i], a[i] + b[i]);
+  o.mean_scale = -1.0;
+  ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), PS_EINVAL);
+  ck_assert(strstr(err, "mean_scale") != NULL);
 }
 END_TEST
 

@@ -35,6 +35,7 @@ void ps_optimizer_default_sized(ps_optimizer *opt, size_t size, double lr) {
   opt->warmup_steps = 0;
   opt->total_steps = 0;
   opt->min_lr_factor = 0.0;
+  opt->mean_scale = 0.0;
 }
 
 void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m) {
@@ -53,6 +54,7 @@ void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m) {
   m->warmup_steps = o->warmup_steps;
   m->total_steps = o->total_steps;
   m->min_lr_factor = o->min_lr_factor;
+  m->mean_scale = o->mean_scale;
 }
 
 void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o) {
@@ -72,6 +74,7 @@ void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o) {
   o->warmup_steps = m->warmup_steps;
   o->total_steps = m->total_steps;
   o->min_lr_factor = m->min_lr_factor;
+  o->mean_scale = m->mean_scale;
 }
 
 int ps__opt_needs_2_1(const ps_optimizer *o) {
@@ -145,6 +148,10 @@ int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, c
              or_unknown(ps__opt_kind_name((int)a->kind)), (int)a->kind, al,
              or_unknown(ps__opt_kind_name((int)b->kind)), (int)b->kind, bl);
     return 1;
+  }
+  if (a->kind == PS_OPT_MEAN) {
+    DIFF_D(mean_scale)
+    return 0;
   }
   if (!ps__opt_has_rule((int)a->kind)) return 0; /* no update rule: nothing else is used */
   DIFF_D(lr)

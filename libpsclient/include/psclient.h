@@ -112,8 +112,8 @@ typedef enum ps_opt_kind {
                           to aggregate, backups, stale and duplicate pushes)
                           and the mean becomes the value the next pull
                           returns: for optimizers that run on the workers
-                          (the torch.distributed backend). lr and the other
-                          fields are not used. Needs a psd of protocol 2.5;
+                          (the torch.distributed backend). Only mean_scale
+                          is used. Needs a psd of protocol 2.5;
                           added in 0.2.5. */
 } ps_opt_kind;
 
@@ -151,6 +151,11 @@ typedef struct ps_optimizer {
                             lr * min_lr_factor; > warmup_steps */
   double min_lr_factor;  /* PS_DECAY_COSINE: the final lr as a fraction of lr,
                             in [0, 1]; default 0 */
+  /* Added in 0.2.5 (protocol 2.5; a program built before it gets 0). */
+  double mean_scale;     /* PS_OPT_MEAN: the value becomes mean_scale times
+                            the step's mean gradient, in one pass on the
+                            servers (the number of workers gives the sum);
+                            0 (the default) means 1; finite and > 0 else */
 } ps_optimizer;
 
 /* Fills *opt (size bytes, struct_size included) with plain SGD at

@@ -33,7 +33,7 @@ class Optimizer(_c.Structure):
                 ("nesterov", cint), ("beta1", dbl), ("beta2", dbl), ("epsilon", dbl),
                 ("decay", cint), ("decay_rate", dbl), ("decay_steps", u64),
                 ("weight_decay", dbl), ("warmup_steps", u64), ("total_steps", u64),
-                ("min_lr_factor", dbl)]
+                ("min_lr_factor", dbl), ("mean_scale", dbl)]
 
 
 class Init(_c.Structure):

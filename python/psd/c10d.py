@@ -219,7 +219,8 @@ class _Engine(threading.Thread):
     def _issue(self, op: _Op) -> None:
         slot = self.slots.get(op.name)
         if slot is None:  # the first call of this kind and size: create it
-            v = self.client.variable(op.name, (op.numel,), init=Zeros(), optimizer=Mean())
+            scale = float(self.size) if op.key.startswith("sum/") else 1.0
+            v = self.client.variable(op.name, (op.numel,), init=Zeros(), optimizer=Mean(scale))
             if op.key.startswith("x"):  # exact calls: float32 whatever the job's wire dtype
                 v.set_wire_dtype("f32", "f32")
             slot = self.slots[op.name] = _Slot(v)
@@ -422,22 +423,20 @@ class ProcessGroupPsd(dist.ProcessGroup):
         # is a contiguous CPU float32 tensor (DDP's buckets), else a copy.
         host = t.detach().reshape(-1).to("cpu", torch.float32).contiguous()
         in_place = t.is_contiguous() and host.data_ptr() == t.data_ptr()
-        n, size = host.numel(), self._size
-        scale = 1.0 if average else float(size)
+        n = host.numel()
 
         def fill(v):
             v.bind_buffers(host.data_ptr(), host.data_ptr())
 
         def done(v):
             v.bind_buffers(None, None)
-            with torch.no_grad():
-                if scale != 1.0:
-                    host.mul_(scale)
-                if not in_place:
+            if not in_place:
+                with torch.no_grad():
                     t.copy_(host.reshape(t.shape))
             return [t]
 
-        return self._submit(what, "sum/%d" % n, n, fill, done)
+        # SUM: the servers scale the mean by WORLD_SIZE in the same pass.
+        return self._submit(what, ("avg/%d" if average else "sum/%d") % n, n, fill, done)
 
     def _int_sum(self, what: str, t: torch.Tensor) -> Future:
         pieces = _int_pieces(t)

@@ -146,12 +146,19 @@ class NotTrainable(Optimizer):
 class Mean(Optimizer):
     """No update rule: at each step the servers average the workers'
     gradients and the variable's value becomes that mean (PS_OPT_MEAN,
-    needs psd 0.2.5). For optimizers that run on the workers: push a
-    gradient in ``grad``, and after step() ``data`` holds the mean."""
+    needs psd 0.2.5), times ``scale`` (the number of workers gives the
+    sum). For optimizers that run on the workers: push a gradient in
+    ``grad``, and after step() ``data`` holds the mean."""
     _kind = _OPT_MEAN
 
-    def __init__(self):
+    def __init__(self, scale: float = 1.0):
         super().__init__(1.0)
+        self.scale = float(scale)
+
+    def _struct(self):
+        o = super()._struct()
+        o.mean_scale = self.scale
+        return o
 
 
 # ------------------------------------------------------------- initializers
