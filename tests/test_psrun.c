@@ -287,20 +287,10 @@ START_TEST(test_local_psd_wait_names_workers) {
 }
 END_TEST
 
-/* The value of NAME in an `env` dump (text), or "" when it is not set. */
-static const char *env_of(const char *text, const char *name, char *out, size_t len) {
-  char key[64];
-  snprintf(key, sizeof key, "\n%s=", name);
-  const char *p = strstr(text, key);
-  out[0] = '\0';
-  if (p) snprintf(out, len, "%.*s", (int)strcspn(p + strlen(key), "\n"), p + strlen(key));
-  return out;
-}
-
 /* Asserts that variable name of worker w's dump is want. */
 static void env_is(const char *dump, int w, const char *name, const char *want) {
   char v[256];
-  ck_assert_msg(strcmp(env_of(dump, name, v, sizeof v), want) == 0, "w%d: %s='%s', not '%s'", w,
+  ck_assert_msg(strcmp(tu_env_of(dump, name, v, sizeof v), want) == 0, "w%d: %s='%s', not '%s'", w,
                 name, v, want);
 }
 
@@ -350,7 +340,7 @@ START_TEST(test_local_torch_env) {
     env_is(dumps[w], w, "WORLD_SIZE", "3");
     env_is(dumps[w], w, "LOCAL_WORLD_SIZE", "3");
     env_is(dumps[w], w, "MASTER_ADDR", "127.0.0.1");
-    env_of(dumps[w], "MASTER_PORT", port[w], sizeof port[w]);
+    tu_env_of(dumps[w], "MASTER_PORT", port[w], sizeof port[w]);
     ck_assert_msg(atoi(port[w]) > 1 && atoi(port[w]) < 65536 && strcmp(port[w], port[0]) == 0,
                   "w%d: MASTER_PORT='%s', w0's '%s'", w, port[w], port[0]);
   }

@@ -412,16 +412,6 @@ START_TEST(test_slurm_psd_wait_names_workers) {
 }
 END_TEST
 
-/* The value of NAME in an `env` dump (text), or "" when it is not set. */
-static const char *env_of(const char *text, const char *name, char *out, size_t len) {
-  char key[64];
-  snprintf(key, sizeof key, "\n%s=", name);
-  const char *p = strstr(text, key);
-  out[0] = '\0';
-  if (p) snprintf(out, len, "%.*s", (int)strcspn(p + strlen(key), "\n"), p + strlen(key));
-  return out;
-}
-
 /* torchrun's contract in a step (ps0 and w0-w2, all on localhost): task 0
  * learns MASTER_ADDR:MASTER_PORT from w0's task (MASTER) and hands it to
  * every worker with its LOCAL_RANK and LOCAL_WORLD_SIZE (WORLD), which
@@ -447,10 +437,10 @@ START_TEST(test_slurm_torch_env) {
     snprintf(want, sizeof want, "%d", w);
     const char *wants[] = {want, want, want, "3", "3", "127.0.0.1"};
     for (int i = 0; i < 6; i++)
-      ck_assert_msg(strcmp(env_of(dump, names[i], v, sizeof v), wants[i]) == 0,
+      ck_assert_msg(strcmp(tu_env_of(dump, names[i], v, sizeof v), wants[i]) == 0,
                     "w%d: %s='%s', not '%s'", w, names[i], v, wants[i]);
-    env_of(dump, "MASTER_PORT", v, sizeof v);
-    if (w == 0) snprintf(port0, sizeof port0, "%s", v);
+    tu_env_of(dump, "MASTER_PORT", v, sizeof v);
+    if (w == 0) snprintf(port0, sizeof port0, "%.*s", (int)sizeof port0 - 1, v);
     ck_assert_msg(atoi(v) > 0 && atoi(v) < 65536 && strcmp(v, port0) == 0,
                   "w%d: MASTER_PORT='%s', w0's '%s'", w, v, port0);
     free(dump);

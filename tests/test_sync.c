@@ -40,6 +40,22 @@ static void run_workers(tu_train *t, int n) {
                   t[i].err);
 }
 
+/* Starts one psd with extra args and connects a job's only worker to it. */
+static ps_client *solo_client(tu_psd *ps, const char *const *extra) {
+  static char hosts[1][64];
+  static const char *hp[1];
+  start_ps(ps, 1, hosts, hp, extra);
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  ps_client *c = NULL;
+  char err[256];
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  return c;
+}
+
 static void expect_clean_exit(tu_psd *ps, int nps) {
   for (int i = 0; i < nps; i++) {
     ck_assert_msg(tu_psd_wait(&ps[i], 10) == 0, "psd %d did not exit after all workers finished", i);
@@ -252,18 +268,8 @@ END_TEST
  * is refused with a sentence, the server stays up, smaller ones still fit. */
 START_TEST(test_max_memory) {
   tu_psd ps[1];
-  char hosts[1][64];
-  const char *hp[1];
   const char *extra[] = {"--max-memory", "2000000", NULL};
-  start_ps(ps, 1, hosts, hp, extra);
-  ps_config cfg;
-  ps_config_init(&cfg);
-  cfg.hosts = hp;
-  cfg.num_ps = 1;
-  cfg.num_workers = 1;
-  ps_client *c;
-  char err[256];
-  ck_assert_int_eq(ps_client_create(&cfg, &c, err, sizeof err), 0);
+  ps_client *c = solo_client(ps, extra);
   int64_t big[1] = {1 << 20}, small[1] = {1000};
   ps_var *v;
   ck_assert_int_eq(ps_client_var_create(c, "big", big, 1, NULL, NULL, &v), PS_ETOOBIG);
@@ -436,18 +442,8 @@ END_TEST
  * naming the kind and the protocol it needs. */
 START_TEST(test_mean_needs_2_5) {
   tu_psd ps[1];
-  char hosts[1][64];
-  const char *hp[1];
   const char *extra[] = {"--protocol-minor", "4", NULL};
-  start_ps(ps, 1, hosts, hp, extra);
-  ps_config cfg;
-  ps_config_init(&cfg);
-  cfg.hosts = hp;
-  cfg.num_ps = 1;
-  cfg.num_workers = 1;
-  ps_client *c = NULL;
-  char err[256];
-  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  ps_client *c = solo_client(ps, extra);
   int64_t shape[1] = {4};
   ps_optimizer o = PS_SIZED(ps_optimizer, .kind = PS_OPT_MEAN);
   ps_var *v;

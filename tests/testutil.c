@@ -575,3 +575,13 @@ void tu_munged_stop(void) {
   g_munged = 0;
   g_munge_sock[0] = '\0';
 }
+
+/* The value of NAME in an `env` dump (text), or "" when it is not set. */
+const char *tu_env_of(const char *text, const char *name, char *out, size_t len) {
+  char key[64];
+  snprintf(key, sizeof key, "\n%s=", name);
+  const char *p = strstr(text, key);
+  out[0] = '\0';
+  if (p) snprintf(out, len, "%.*s", (int)strcspn(p + strlen(key), "\n"), p + strlen(key));
+  return out;
+}

@@ -200,4 +200,8 @@ int tu_params_equal(const tu_train *a, const tu_train *b);
 void tu_model_opts(ps_optimizer *ow, ps_optimizer *ob);
 void tu_model_init(float *W, float *b);
 
+/* The value of NAME in an `env` dump (text, each line NAME=VALUE after a
+ * newline), or "" when it is not set; written to out. */
+const char *tu_env_of(const char *text, const char *name, char *out, size_t len);
+
 #endif /* PS_TESTUTIL_H */

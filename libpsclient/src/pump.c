@@ -26,12 +26,10 @@ int ps__pump(ps_client *c, ps_req *r, double deadline) {
       p[i].revents = 0;
     }
     if (r->done) break;
+    /* Past the deadline it still polls once without blocking, so that a
+     * wait of 0 ms takes what has already arrived. */
     double left = deadline - ps__now();
-    if (left <= 0) {
-      rc = ps__seterr(c, PS_ETIMEDOUT, "timed out waiting for the parameter servers");
-      break;
-    }
-    int ms = left > 1e6 ? 1000000000 : (int)(left * 1000) + 1;
+    int ms = left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1000) + 1;
     int n = poll(p, (nfds_t)c->num_ps, ms);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -43,6 +41,10 @@ int ps__pump(ps_client *c, ps_req *r, double deadline) {
       if (k->fd < 0) continue;
       if (p[i].revents & (POLLIN | POLLHUP | POLLERR)) ps__conn_read(c, k);
       if (k->fd >= 0 && (p[i].revents & POLLOUT)) ps__conn_flush(c, k);
+    }
+    if (!r->done && left <= 0) {
+      rc = ps__seterr(c, PS_ETIMEDOUT, "timed out waiting for the parameter servers");
+      break;
     }
   }
   if (p != pfd) free(p);

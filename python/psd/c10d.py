@@ -41,7 +41,7 @@ from torch.futures import Future
 
 from .client import Client
 from .config import Mean, Zeros
-from .errors import DuplicateError, StaleError, Timeout
+from .errors import DuplicateError, StaleError
 
 __all__ = ["ProcessGroupPsd", "register", "backend_client"]
 
@@ -53,7 +53,9 @@ SLOTS = 4
 # How long the background thread waits on the oldest operation before it
 # looks for new ones: short, so a bucket enqueued during a wait is sent
 # at once (the library drives every request while waiting on one).
-POLL_S = float(os.environ.get("PSD_C10D_POLL_S", "0.001"))
+POLL_S = 0.001
+# How long the exit waits for collectives still in flight.
+SHUTDOWN_S = 10
 
 _INT16_PIECES = {torch.uint8: 1, torch.int8: 1, torch.bool: 1, torch.int16: 1,
                  torch.int32: 2, torch.int64: 4}
@@ -153,10 +155,13 @@ class _Engine(threading.Thread):
         self.q.put(op)
         return op.future
 
-    def stop(self) -> None:
+    def stop(self, timeout: Optional[float] = None) -> bool:
+        """Lets the calls in flight finish (up to timeout seconds) and ends
+        the thread; whether it ended."""
         self.closed = True
         self.q.put(None)
-        self.join()
+        self.join(timeout)
+        return not self.is_alive()
 
     # the thread
     def run(self) -> None:
@@ -232,9 +237,7 @@ class _Engine(threading.Thread):
 
     def _progress(self, inflight) -> None:
         op = inflight[0]
-        try:
-            op.req.wait(POLL_S)
-        except Timeout:
+        if not op.req.done(POLL_S):  # no exception per poll: this runs 1000 times a second
             waited = time.monotonic() - op.start
             if waited > self.timeout_s:
                 raise BackendError(
@@ -371,10 +374,10 @@ class ProcessGroupPsd(dist.ProcessGroup):
     def __del__(self):
         pass
 
-    def shutdown(self) -> None:
-        """Stops the background thread (pending calls finish first)."""
-        if self.engine.is_alive():
-            self.engine.stop()
+    def shutdown(self, timeout: Optional[float] = None) -> bool:
+        """Stops the background thread once the calls in flight have
+        finished (up to timeout seconds); whether it stopped."""
+        return self.engine.stop(timeout) if self.engine.is_alive() else True
 
     # -- helpers
     def _submit(self, what, key, numel, fill, done):
@@ -660,12 +663,19 @@ def _shutdown() -> None:
     """At exit: drain the background threads and tell the servers this
     worker is done (they exit when every worker is)."""
     global _client
+    drained = True
     for pg in _groups:
-        try:
-            pg.shutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        # Bounded: after an exception in the script, a call in flight may
+        # wait for ranks that wait for this one; the process then exits
+        # without finish() and the servers see it leave.
+        drained = pg.shutdown(timeout=SHUTDOWN_S) and drained
     _groups.clear()
+    if _client is not None and not drained:
+        print("psd backend: rank %s exits with a collective still in flight (its other ranks "
+              "did not make it within %d s); the servers see this worker leave"
+              % (os.environ.get("RANK", "?"), SHUTDOWN_S), file=sys.stderr)
+        _client = None
+        return
     if _client is not None:
         try:
             _client.finish()

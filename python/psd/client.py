@@ -14,6 +14,7 @@ from ._lib import lib
 from .errors import Error, StateError, error_for
 
 _ERRLEN = 1024
+_ETIMEDOUT = -10  # PS_ETIMEDOUT: Request.done() says False instead of raising
 # ps_wire_dtype's values by position: how gradients and parameters travel
 # (servers keep float32; 16-bit only with servers of protocol 2.3).
 _WIRE_DTYPES = ("f32", "bf16", "fp16")
@@ -154,6 +155,14 @@ class Request:
         raises the request's error (psd.StaleError for a push that came too
         late, psd.Timeout). A timeout is capped at 2**31 - 1 ms (24.8 days):
         C takes an int."""
+        self.done(timeout, _raise_timeout=True)
+        return self.step
+
+    def done(self, timeout: float = 0.0, _raise_timeout: bool = False) -> bool:
+        """Waits up to ``timeout`` seconds: True once the request has
+        completed (``step`` is then set), False if it is still in flight;
+        raises the request's error as wait() does, but not psd.Timeout.
+        For loops that look for other work between short waits."""
         ms = -1 if timeout is None else _ms(timeout)
         step = ctypes.c_uint64(0)
         with self._hd.lock:
@@ -161,9 +170,11 @@ class Request:
             if not self._h:
                 raise StateError("the request was released")
             rc = lib.ps_req_wait(self._h, ms, ctypes.byref(step))
+            if rc == _ETIMEDOUT and not _raise_timeout:
+                return False
             self._client._check(rc)
         self.step = step.value
-        return self.step
+        return True
 
     def release(self) -> None:
         """Releases the request now (waiting first if it is in flight)."""

@@ -244,8 +244,11 @@ def test_request_wait_timeouts_and_after_release(start_psd):
     late = threading.Timer(1.5, c1.step)  # completes step 1 in 1.5 s
     late.start()
     t0 = time.time()
-    assert c0.pull_async([w0], min_step=1).wait(timeout=2**32 / 1000 + 0.704) == 1
+    r = c0.pull_async([w0], min_step=1)
+    assert r.done(0.05) is False and r.step is None  # in flight: False, no exception
+    assert r.wait(timeout=2**32 / 1000 + 0.704) == 1
     assert time.time() - t0 > 1
+    assert r.done(0) is True and r.step == 1
     late.join()
     for c in (c0, c1):
         c.finish()
