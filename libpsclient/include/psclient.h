@@ -474,6 +474,16 @@ PS_EXTERN int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *cons
  * until ps_req_destroy(). */
 PS_EXTERN int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out);
 
+/* Makes a ps_req_wait with timeout_ms >= 0 that another thread is in on c
+ * (or the next one) return PS_ETIMEDOUT at once, its request still in
+ * flight: a thread that waits on requests in short polls can block in
+ * long ones and still take new work as soon as it comes. The one call
+ * that is safe from another thread or a signal handler while c is in use;
+ * waits with timeout_ms < 0 and the library's blocking calls are never
+ * ended by it. 0, or PS_EINVAL (NULL, or no eventfd could be made). Added
+ * in 0.2.5. */
+PS_EXTERN int ps_client_wake(ps_client *c);
+
 /* Releases a finished request (waiting first if it is still in flight, so
  * that no buffer is still in use). NULL is a no-op. */
 PS_EXTERN void ps_req_destroy(ps_req *r);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include "client_internal.h"
@@ -285,6 +286,8 @@ int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_
   signal(SIGPIPE, SIG_IGN);
   ps_client *c = calloc(1, sizeof *c);
   if (!c) return PS_ENOMEM;
+  /* Without it ps_client_wake fails and bounded waits simply run out. */
+  c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if ((rc = client_setup(c, cfg)) != 0) goto fail;
   double deadline = ps__now() + c->connect_timeout_ms / 1000.0;
   for (int i = 0; i < c->num_ps; i++)
@@ -312,8 +315,19 @@ void ps_client_close(ps_client *c) {
     ps__conn_break(c, &c->conns[i], PS_ECLOSED, "closed by ps_client_close");
 }
 
+int ps_client_wake(ps_client *c) {
+  if (!c || c->wake_fd < 0) return PS_EINVAL;
+  uint64_t one = 1;
+  /* Async-signal-safe and thread-safe: only this write touches c. A full
+   * counter (2^64 - 2 wakes unread) already wakes the wait. */
+  ssize_t n = write(c->wake_fd, &one, sizeof one);
+  (void)n;
+  return 0;
+}
+
 void ps_client_destroy(ps_client *c) {
   if (!c) return;
+  if (c->wake_fd >= 0) close(c->wake_fd);
   if (c->signals) ps__signals_release();
   for (int i = 0; c->conns && i < c->num_ps; i++) ps__conn_free(&c->conns[i]);
   free(c->conns);

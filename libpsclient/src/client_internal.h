@@ -264,6 +264,7 @@ typedef struct ps__remote_map {
 
 struct ps_client {
   int num_ps;                 /* servers */
+  int wake_fd;                /* eventfd written by ps_client_wake (-1: none) */
   int worker_index;           /* this worker; 0 is the chief */
   int num_workers;            /* workers in the job */
   int replicas;               /* replicas_to_aggregate */
@@ -488,8 +489,9 @@ int ps__conn_read(ps_client *c, ps__conn *k);
 
 /* ---- pump.c (calls reader.c, conn.c, request.c) -------------------------- */
 
-/* Drives every connection until r is done or the deadline passes. */
-int ps__pump(ps_client *c, ps_req *r, double deadline);
+/* Drives every connection until r is done or the deadline passes (or,
+ * wakeable, ps_client_wake is called: PS_ETIMEDOUT either way). */
+int ps__pump(ps_client *c, ps_req *r, double deadline, int wakeable);
 /* Waits for r, then releases it. */
 int ps__req_wait_release(ps_client *c, ps_req *r);
 

@@ -9,12 +9,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client_internal.h"
 
-int ps__pump(ps_client *c, ps_req *r, double deadline) {
+int ps__pump(ps_client *c, ps_req *r, double deadline, int wakeable) {
   struct pollfd pfd[64];
-  struct pollfd *p = c->num_ps <= 64 ? pfd : calloc((size_t)c->num_ps, sizeof *p);
+  const int nfd = c->num_ps + 1; /* and the wake eventfd, last */
+  struct pollfd *p = nfd <= 64 ? pfd : calloc((size_t)nfd, sizeof *p);
   if (!p) return ps__seterr(c, PS_ENOMEM, "out of memory");
   int rc = 0;
   while (!r->done) {
@@ -25,12 +27,15 @@ int ps__pump(ps_client *c, ps_req *r, double deadline) {
       p[i].events = (short)(POLLIN | (ps__outq_pending(&k->out) ? POLLOUT : 0));
       p[i].revents = 0;
     }
+    p[c->num_ps].fd = wakeable ? c->wake_fd : -1; /* poll skips a negative fd */
+    p[c->num_ps].events = POLLIN;
+    p[c->num_ps].revents = 0;
     if (r->done) break;
     /* Past the deadline it still polls once without blocking, so that a
      * wait of 0 ms takes what has already arrived. */
     double left = deadline - ps__now();
     int ms = left <= 0 ? 0 : left > 1e6 ? 1000000000 : (int)(left * 1000) + 1;
-    int n = poll(p, (nfds_t)c->num_ps, ms);
+    int n = poll(p, (nfds_t)nfd, ms);
     if (n < 0) {
       if (errno == EINTR) continue;
       rc = ps__seterr(c, PS_EIO, "poll failed: %s", strerror(errno));
@@ -41,6 +46,13 @@ int ps__pump(ps_client *c, ps_req *r, double deadline) {
       if (k->fd < 0) continue;
       if (p[i].revents & (POLLIN | POLLHUP | POLLERR)) ps__conn_read(c, k);
       if (k->fd >= 0 && (p[i].revents & POLLOUT)) ps__conn_flush(c, k);
+    }
+    if (!r->done && (p[c->num_ps].revents & POLLIN)) {
+      uint64_t wakes;
+      ssize_t got = read(c->wake_fd, &wakes, sizeof wakes); /* drained: one return */
+      (void)got;
+      rc = ps__seterr(c, PS_ETIMEDOUT, "woken by ps_client_wake before the request completed");
+      break;
     }
     if (!r->done && left <= 0) {
       rc = ps__seterr(c, PS_ETIMEDOUT, "timed out waiting for the parameter servers");
@@ -62,7 +74,8 @@ int ps_req_wait(ps_req *r, int timeout_ms, uint64_t *step_out) {
   ps_client *c = r->c;
   double deadline = ps__now() + (timeout_ms < 0 ? c->request_timeout_ms : timeout_ms) / 1000.0;
   if (!r->done) {
-    int rc = ps__pump(c, r, deadline);
+    /* A bounded wait is a poll a thread may want to end early. */
+    int rc = ps__pump(c, r, deadline, timeout_ms >= 0);
     if (rc) return rc;
   }
   if (r->status) {
@@ -90,7 +103,7 @@ void ps_req_destroy(ps_req *r) {
   ps_client *c = r->c;
   if (!r->done) {
     /* Buffers may still be in use: let it finish (bounded). */
-    ps__pump(c, r, ps__now() + c->request_timeout_ms / 1000.0);
+    ps__pump(c, r, ps__now() + c->request_timeout_ms / 1000.0, 0);
   }
   ps__req_release(c, r);
 }

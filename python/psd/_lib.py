@@ -71,6 +71,7 @@ _PROTOS = {
     "ps_client_destroy": (None, [P]),
     "ps_client_close": (None, [P]),
     "ps_client_errmsg": (_c.c_char_p, [P]),
+    "ps_client_wake": (cint, [P]),
     "ps_client_worker_index": (cint, [P]),
     "ps_client_num_workers": (cint, [P]),
     "ps_client_num_ps": (cint, [P]),

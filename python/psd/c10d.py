@@ -50,10 +50,10 @@ BACKEND = "psd"
 # the one SLOTS calls before it (same kind and size) to finish, so up to
 # SLOTS equal buckets are in flight at once.
 SLOTS = 4
-# How long the background thread waits on the oldest operation before it
-# looks for new ones: short, so a bucket enqueued during a wait is sent
-# at once (the library drives every request while waiting on one).
-POLL_S = 0.001
+# How long the background thread waits on the oldest operation at a time;
+# a call enqueued meanwhile ends the wait at once (Client.wake), so this
+# only bounds how often it checks the group's timeout.
+POLL_S = 1.0
 # How long the exit waits for collectives still in flight.
 SHUTDOWN_S = 10
 
@@ -153,6 +153,7 @@ class _Engine(threading.Thread):
             raise BackendError("psd backend, rank %d: %s after the process group was "
                                "destroyed" % (self.rank, op.what))
         self.q.put(op)
+        self.client.wake()  # the thread may be in a wait: send this one now
         return op.future
 
     def stop(self, timeout: Optional[float] = None) -> bool:
@@ -160,6 +161,7 @@ class _Engine(threading.Thread):
         the thread; whether it ended."""
         self.closed = True
         self.q.put(None)
+        self.client.wake()
         self.join(timeout)
         return not self.is_alive()
 
@@ -237,7 +239,7 @@ class _Engine(threading.Thread):
 
     def _progress(self, inflight) -> None:
         op = inflight[0]
-        if not op.req.done(POLL_S):  # no exception per poll: this runs 1000 times a second
+        if not op.req.done(POLL_S):  # timed out or woken: look for new calls
             waited = time.monotonic() - op.start
             if waited > self.timeout_s:
                 raise BackendError(

@@ -456,6 +456,15 @@ class Client:
         s = self.current_step if step is None else config.count("step", step)
         self._call(lib.ps_client_var_assign, arr, n, s)
 
+    def wake(self) -> None:
+        """Ends a Request.wait or done with a timeout that another thread
+        is in (or the next one) at once, the request still in flight
+        (ps_client_wake): the one call that may come from another thread
+        while the client is in use."""
+        ptr = self._hd.ptr
+        if ptr:
+            lib.ps_client_wake(ptr)
+
     def request_stop(self) -> None:
         """Asks the job to stop after a checkpoint; the next step() raises
         psd.Stopped once every server has written it."""

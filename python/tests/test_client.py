@@ -246,6 +246,11 @@ def test_request_wait_timeouts_and_after_release(start_psd):
     t0 = time.time()
     r = c0.pull_async([w0], min_step=1)
     assert r.done(0.05) is False and r.step is None  # in flight: False, no exception
+    waker = threading.Timer(0.2, c0.wake)  # another thread ends a long wait at once
+    waker.start()
+    t1 = time.time()
+    assert r.done(30) is False and time.time() - t1 < 1.0
+    waker.join()
     assert r.wait(timeout=2**32 / 1000 + 0.704) == 1
     assert time.time() - t0 > 1
     assert r.done(0) is True and r.step == 1
