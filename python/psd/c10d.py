@@ -249,9 +249,10 @@ class _Engine(threading.Thread):
                     "order) or is stuck; psd's log names the worker it waits for"
                     % (self.rank, self.size, op.what, op.name, waited)) from None
             return
-        inflight.popleft()
+        # op stays in inflight until its result is set: an error from here
+        # on fails it with the others (run()).
         try:
-            op.push.wait(0)
+            op.push.wait()  # done already: each ps answers the push before the pull
         except (StaleError, DuplicateError) as e:
             raise BackendError(
                 "psd backend, rank %d of %d: %s (variable %r): this rank's part came after "
@@ -264,6 +265,7 @@ class _Engine(threading.Thread):
         op.req.release()
         op.push.release()
         result = op.done(slot.var)
+        inflight.popleft()
         op.future.set_result(result)
 
 

@@ -20,7 +20,9 @@ def readme_example(steps):
     with open(os.path.join(ROOT, "README.md")) as f:
         text = f.read()
     section = text.split("## Python and PyTorch", 1)[1]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    # The DistributedModule example (the section opens with DDP's two lines)
+    code = [c for c in re.findall(r"```python\n(.*?)```", section, re.S)
+            if "DistributedModule" in c][0]
     assert "5000" in code
     return BATCH + code.replace("5000", str(steps))
 
