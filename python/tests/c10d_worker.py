@@ -154,7 +154,9 @@ def equivalence(out):
 
 
 def skip():
-    dist.init_process_group("psd", timeout=timedelta(seconds=4))
+    # The timeout bounds init's start-up barrier too: 12 s leaves room for
+    # a loaded machine to start both ranks (importing torch takes seconds).
+    dist.init_process_group("psd", timeout=timedelta(seconds=12))
     r = dist.get_rank()
     if r == 0:
         try:
@@ -164,7 +166,7 @@ def skip():
             sys.exit(3)
         sys.exit("rank 0: the all_reduce rank 1 skipped returned")
     import time
-    time.sleep(8)  # rank 1 makes no call while rank 0 waits for it
+    time.sleep(20)  # rank 1 makes no call while rank 0 waits for it
 
 
 if __name__ == "__main__":
