@@ -229,9 +229,10 @@ static uint64_t check_reply(const ps__frame_header *h, const uint8_t *hdr, const
     break;
   case PS__MSG_PULL_REPLY: {
     Ps__PullReply *r = ps__pull_reply__unpack(NULL, h->meta_len, meta);
-    if (r)
+    if (r) /* each item in its own wire dtype: 16-bit pulls are 2 bytes a value (2.3) */
       for (size_t i = 0; i < r->n_items; i++)
-        want_data = sat_add(want_data, sat_mul(r->items[i]->count, sizeof(float)));
+        want_data = sat_add(want_data, sat_mul(r->items[i]->count,
+                                               ps__dtype_size(r->items[i]->dtype)));
     m = (ProtobufCMessage *)r;
     break;
   }
