@@ -295,6 +295,13 @@ int ps__shm_handover(int s, const void *msg, size_t len, const int *fds, int nfd
   uint8_t ans[PS__SHM_REPLY_MAX];
   ssize_t n = recv(s, ans, sizeof ans, 0);
   int e = errno;
+  if (n < 0 && e == ECONNRESET) {
+    /* psd answered and closed with our hello unread (it refuses another
+     * uid at accept): Linux reports that reset once, before the answer
+     * still queued here; the next read has the answer. */
+    n = recv(s, ans, sizeof ans, 0);
+    e = errno;
+  }
   if (n > 0) return ps__shm_reply_decode(ans, (size_t)n, why, whylen);
   if (n < 0 && !sent) {
     /* Sent, and the wait for the answer ran out: psd may have taken the
