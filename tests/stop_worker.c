@@ -73,6 +73,8 @@ int main(int argc, char **argv) {
     compute_gradient(ps_var_data(w), ps_var_grad(w), ps_var_numel(w));
     if (ps_client_step(c, &step, NULL) != 0) {
       fprintf(stderr, "%s\n", ps_client_errmsg(c));
+      /* 0 unless the job stopped: then the step every worker resumes at. */
+      fprintf(stderr, "stop step %llu\n", (unsigned long long)ps_client_stop_step(c));
       exit(1);
     }
     if (i == 0) printf("first step %llu\n", (unsigned long long)step);

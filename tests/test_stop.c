@@ -161,6 +161,9 @@ START_TEST(sigterm_to_a_plain_worker_checkpoints) {
   long s1 = number_after(ps[1].log_path, "stopping on request: checkpoint at step ");
   ck_assert_msg(s0 > 0 && s0 == s1, "ps0 stopped at step %ld, ps1 at %ld", s0, s1);
   ck_assert_int_eq(number_after(w[0].err, "checkpointed step "), s0);
+  /* ps_client_stop_step names it in every worker, whichever step its last
+   * pull returned. */
+  for (int i = 0; i < NW; i++) ck_assert_int_eq(number_after(w[i].err, "stop step "), s0);
   for (int i = 0; i < NPS; i++) {
     char f[800];
     snprintf(f, sizeof f, "%s/step-%012ld/ps-%d-of-%d.ckpt", dir, s0, i, NPS);

@@ -446,6 +446,15 @@ PS_EXTERN ps_var *ps_client_var_find(ps_client *c, const char *name);
  * ps_client_step). Never waits, never fails. */
 PS_EXTERN uint64_t ps_client_step_current(const ps_client *c);
 
+/* The step of the stop checkpoint once ps_client_step (or ps_client_pull)
+ * returned PS_ESTOPPED: the step the next run resumes from, the same in
+ * every worker, whichever step each one's last successful call returned
+ * (training goes on while the servers write the file, and a worker whose
+ * pull of that step raced the stop has the one before). 0 before then (and for a NULL client). A worker that keeps
+ * state of its own (a data loader's position) saves it for this step.
+ * Never waits, never fails. Added in 0.2.5. */
+PS_EXTERN uint64_t ps_client_stop_step(const ps_client *c);
+
 /* Pushes the gradients of vars[0..n) (all trainable variables when vars is
  * NULL), computed from parameters at `step`, to every ps concurrently. *out
  * is a request to wait on. Returns 0 or a negative code (nothing was sent);

@@ -44,6 +44,10 @@ static int all_stopped(const ps_client *c) {
   return c->num_ps > 0;
 }
 
+uint64_t ps_client_stop_step(const ps_client *c) {
+  return c && all_stopped(c) ? c->stop_step : 0;
+}
+
 /* The error a worker leaves with once every server has stopped: it names
  * the step the next run resumes from. */
 static int stopped_err(ps_client *c) {

@@ -87,6 +87,7 @@ _PROTOS = {
     "ps_var_bind_buffers": (cint, [P, _c.c_void_p, _c.c_void_p]),
     "ps_client_var_assign": (cint, [P, PP, size_t, u64]),
     "ps_client_step_current": (u64, [P]),
+    "ps_client_stop_step": (u64, [P]),
     "ps_client_push_async": (cint, [P, u64, PP, size_t, PP]),
     "ps_client_pull_async": (cint, [P, u64, PP, size_t, PP]),
     "ps_req_wait": (cint, [P, cint, U64P]),

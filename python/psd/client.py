@@ -324,6 +324,13 @@ class Client:
         return lib.ps_client_step_current(self._h) if self._hd.ptr else 0
 
     @property
+    def stop_step(self) -> int:
+        """After psd.Stopped: the step of the stop checkpoint, the step the
+        next run resumes from, the same in every worker (current_step can be
+        one less in a worker whose last pull raced the stop). 0 before."""
+        return lib.ps_client_stop_step(self._h) if self._hd.ptr else 0
+
+    @property
     def variables(self) -> Dict[str, Variable]:
         """The variables this client created, by name, in creation order."""
         return dict(self._vars)

@@ -83,7 +83,7 @@ def main():
             step = model.step()
     except psd.Stopped:
         client.finish()
-        np.savez(out, step=step)
+        np.savez(out, step=step, stop_step=client.stop_step)
         sys.exit(psd.EXIT_STOPPED)
     params = {k: v.detach().double().numpy() for k, v in net.named_parameters()}
     params.update({"buf." + k: v.detach().double().numpy() for k, v in net.named_buffers()})
