@@ -24,7 +24,8 @@ void psd_handlers_act(psd_handlers *h, unsigned actions) {
 static void check_done(psd_handlers *h) {
   if (h->exiting) return;
   const psd_persist *p = h->persist;
-  psd_job_stop st = {p->stop_wanted, p->stopped, p->stop_step};
+  psd_job_stop st = {p->stop_wanted, p->stopped, p->stop_step,
+                     p->stop_wanted && psd_persist_stateless(p)};
   int code = psd_job_check(h->job, &st);
   if (code == PSD_JOB_GO_ON) return;
   if (code == PSD_EXIT_NO_CHECKPOINT)

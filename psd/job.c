@@ -273,7 +273,16 @@ int psd_job_check(psd_job *j, const psd_job_stop *st) {
              (unsigned long long)st->step, PSD_EXIT_STOPPED);
     return PSD_EXIT_STOPPED;
   }
-  if (st->wanted && !j->workers[0].connected) {
+  if (st->wanted && st->stateless && done == j->num_workers) {
+    /* Each step's mean starts afresh: the job's state is on its workers
+     * (psd.torch.Checkpoint saved it before they finished). */
+    psd_info("all workers done after the stop request; this ps holds only mean variables, "
+             "which keep no state, so there is nothing to checkpoint here: exiting with status "
+             "%d so the job can be resumed from the workers' own checkpoint",
+             PSD_EXIT_STOPPED);
+    return PSD_EXIT_STOPPED;
+  }
+  if (st->wanted && !j->workers[0].connected && !(st->stateless && j->workers[0].finished)) {
     /* Only the chief arranges the stop checkpoint: nothing to wait for,
      * and nothing was saved (the caller logs the newest checkpoint). */
     psd_warn("the chief (worker 0) left before the stop checkpoint; exiting now");

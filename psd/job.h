@@ -73,6 +73,8 @@ typedef struct psd_job_stop {
   int wanted;               /* a signal or a worker asked to stop */
   int stopped;              /* the stop checkpoint is written */
   uint64_t step;            /* ... at this step */
+  int stateless;            /* mean variables only: nothing to checkpoint
+                               here (psd_persist_stateless) */
 } psd_job_stop;
 
 typedef struct psd_job {

@@ -433,9 +433,14 @@ void psd_persist_stop_wanted(psd_persist *p, const char *who) {
   if (p->stop_wanted) return;
   p->stop_wanted = 1;
   p->stop_wanted_at = ps__now();
-  psd_info("%s asks to stop: checkpointing at the next step all ps agree on, then exiting "
-           "(within %.0f s)",
-           who, p->cfg->stop_timeout_s);
+  if (psd_persist_stateless(p))
+    psd_info("%s asks to stop: this ps holds only mean variables, which keep no state; "
+             "exiting once every worker has saved its own and finished (within %.0f s)",
+             who, p->cfg->stop_timeout_s);
+  else
+    psd_info("%s asks to stop: checkpointing at the next step all ps agree on, then exiting "
+             "(within %.0f s)",
+             who, p->cfg->stop_timeout_s);
 }
 
 unsigned psd_persist_tick(psd_persist *p, double now, int pinned) {
@@ -453,6 +458,13 @@ unsigned psd_persist_tick(psd_persist *p, double now, int pinned) {
     return PSD_PERSIST_EXIT_UNSAVED;
   }
   return 0;
+}
+
+int psd_persist_stateless(const psd_persist *p) {
+  if (p->ntabs > 0 || p->shard->n == 0) return 0;
+  for (uint32_t i = 0; i < p->shard->n; i++)
+    if (p->shard->slices[i]->opt.kind != PS_OPT_MEAN) return 0;
+  return 1;
 }
 
 int psd_persist_stop_status(const psd_persist *p, const char *why) {

@@ -149,6 +149,11 @@ void psd_persist_chief_left(psd_persist *p);
 /* A signal (SIGTERM/SIGUSR1) or a worker (who: "worker 3") asks to stop. */
 void psd_persist_stop_wanted(psd_persist *p, const char *who);
 
+/* Whether this ps holds only mean variables (PS_OPT_MEAN) and no table:
+ * each step's mean starts afresh, so a stop has nothing to save here and
+ * the job's state is the workers' own (the torch.distributed backend). */
+int psd_persist_stateless(const psd_persist *p);
+
 /* The status psd exits with when a stop ends it (why: what ended it, for
  * the log): PSD_EXIT_STOPPED only once this ps's stop checkpoint is on
  * disk (p->stopped); else PSD_EXIT_NO_CHECKPOINT, logging that the job

@@ -203,7 +203,7 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   snprintf(e_step, sizeof e_step, "PS_STEP_ID=%lld", t->step_id);
   snprintf(e_sock, sizeof e_sock, "PS_MUNGE_SOCKET=%s", t->munge_socket ? t->munge_socket : "");
   snprintf(label, sizeof label, "w%d", t->index);
-  char e_tele[4200], e_wire[32], e_tr[32];
+  char e_tele[4200], e_wire[32], e_tr[32], e_ckpt[4200];
   snprintf(e_tele, sizeof e_tele, "PS_TELEMETRY=%s.w%d", t->o->telemetry, t->index);
   snprintf(e_wire, sizeof e_wire, "PS_WIRE_DTYPE=%s", t->o->wire_dtype);
   snprintf(e_tr, sizeof e_tr, "PS_TRANSPORT=%s", t->o->transport[0] ? t->o->transport : "auto");
@@ -219,6 +219,9 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   if (t->secret && t->secret[0]) env[ne++] = e_secret;
   if (t->o->telemetry[0]) env[ne++] = e_tele;
   if (t->o->wire_dtype[0]) env[ne++] = e_wire;
+  /* Where a worker keeps state of its own beside psd's (psd.torch.Checkpoint). */
+  snprintf(e_ckpt, sizeof e_ckpt, "PS_CHECKPOINT_DIR=%s", t->o->ckpt_dir);
+  if (t->o->ckpt_dir[0]) env[ne++] = e_ckpt;
   if (t->munge) {
     env[ne++] = "PS_MUNGE=1";
     env[ne++] = e_job;

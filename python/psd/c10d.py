@@ -401,6 +401,18 @@ class ProcessGroupPsd(dist.ProcessGroup):
 
         return self._submit(what, "x/gather/%d" % (n * size), n * size, fill, done)
 
+    def vote(self, yes: bool) -> Future:
+        """A Future of the ranks' mean of ``yes`` (0 or 1), the same value
+        on every rank: psd.torch.Checkpoint's agreement to stop, one per
+        optimizer step, on a variable of its own."""
+        def fill(v):
+            v.grad[0] = 1.0 if yes else 0.0
+
+        def done(v):
+            return float(v.data[0])
+
+        return self._submit("psd.torch.Checkpoint's stop vote", "vote/1", 1, fill, done)
+
     # -- collectives
     def allreduce(self, tensors, opts=None):
         op = _op_name(opts)

@@ -351,5 +351,7 @@ class Embedding(torch.nn.Module):
 # The torch.distributed backend "psd" (psd/c10d.py): registered on import,
 # so that a script's init_process_group("psd") finds it.
 from . import c10d as _c10d  # noqa: E402
+from .preempt import Checkpoint  # noqa: E402,F401
 
 _c10d.register()
+__all__.append("Checkpoint")

@@ -7,9 +7,15 @@
                    rank 0 saves the final state_dict to OUT
   skip             rank 1 skips an all_reduce: rank 0's call must fail
                    within the group's timeout, naming the call
+  preempt OUT N    a DDP script as users write it (DataLoader over a
+                   DistributedSampler, dropout, BatchNorm, AdamW, StepLR,
+                   epochs) with psd.torch.Checkpoint: N steps, printing
+                   "step k" after each; rank 0 saves the final
+                   state_dict to OUT
 """
 import os
 import sys
+import time
 from datetime import timedelta
 
 import torch
@@ -153,6 +159,39 @@ def equivalence(out):
     dist.destroy_process_group()
 
 
+def preempt(out, steps):
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    dist.init_process_group("psd")
+    r = dist.get_rank()
+    torch.manual_seed(7)
+    net = torch.nn.Sequential(small_net(), torch.nn.Dropout(0.3), torch.nn.Linear(5, 5))
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.AdamW(groups(net), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+    g = torch.Generator().manual_seed(5)
+    data = TensorDataset(torch.randn(44, 3, 6, 6, generator=g), torch.randint(0, 5, (44,), generator=g))
+    sampler = DistributedSampler(data, seed=3)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)  # 6 batches a rank: 4,4,4,4,4,2
+    ckpt = psd.torch.Checkpoint(ddp, opt, sched, loader)
+    step, epoch = ckpt.step, ckpt.epoch
+    while step < steps:
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            F.cross_entropy(ddp(x), y).backward()
+            opt.step()
+            sched.step()
+            step += 1
+            print("step %d" % step, flush=True)
+            time.sleep(0.02)  # long enough a run for a signal to land in it
+            if step == steps:
+                break
+        epoch += 1
+    if r == 0:
+        torch.save(net.state_dict(), out)
+    dist.destroy_process_group()
+
+
 def skip():
     # The timeout bounds init's start-up barrier too: 12 s leaves room for
     # a loaded machine to start both ranks (importing torch takes seconds).
@@ -165,7 +204,6 @@ def skip():
             print("rank 0 failed: %s" % e, flush=True)
             sys.exit(3)
         sys.exit("rank 0: the all_reduce rank 1 skipped returned")
-    import time
     time.sleep(20)  # rank 1 makes no call while rank 0 waits for it
 
 
@@ -177,5 +215,7 @@ if __name__ == "__main__":
         equivalence(sys.argv[2])
     elif mode == "skip":
         skip()
+    elif mode == "preempt":
+        preempt(sys.argv[2], int(sys.argv[3]))
     else:
         sys.exit("unknown mode " + mode)

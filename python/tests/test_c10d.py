@@ -147,3 +147,51 @@ def test_backup_workers_refused_with_a_sentence():
     p = psrun(3, "-c", code, extra=("--backup-workers", "1"), timeout=120)
     assert p.returncode != 0
     assert "backup workers" in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def _state(path):
+    return torch.load(path)
+
+
+def test_sigterm_stops_after_a_checkpoint_and_resumes_bit_identical(tmpdir_short):
+    """psd.torch.Checkpoint: SIGTERM to psrun in the middle of a DDP run
+    (dropout, BatchNorm, AdamW, StepLR, a DataLoader over a
+    DistributedSampler) ends it with status 75 after a checkpoint; the same
+    command resumes it, and the final parameters and buffers are
+    bit-identical to an uninterrupted run's."""
+    import signal
+    import time
+    steps = "40"
+    ref = os.path.join(tmpdir_short, "ref.pt")
+    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), "preempt", ref, steps,
+              extra=("--checkpoint-dir", os.path.join(tmpdir_short, "ck-ref")))
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = os.path.join(tmpdir_short, "out.pt")
+    ck = os.path.join(tmpdir_short, "ck")
+    cmd = [os.path.join(BIN, "psrun"), "--local", "-n", "3", "--ps", "1", "--checkpoint-dir",
+           ck, "--", PY, os.path.join(HERE, "c10d_worker.py"), "preempt", out, steps]
+    env = dict(os.environ)
+    env.pop("PSD_LIBPSCLIENT", None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:  # SIGTERM once rank 0 has taken 9 steps
+        seen.append(line)
+        if line.startswith("[w0] step 9") or time.monotonic() > deadline:
+            proc.send_signal(signal.SIGTERM)
+            break
+    rest = proc.communicate(timeout=120)[0]
+    text = "".join(seen) + rest
+    assert proc.returncode == 75, text
+    assert "stopped on request after step" in text, text
+    stop = int(text.split("stopped on request after step ")[1].split(";")[0])
+    assert 9 <= stop < int(steps), text
+    assert not os.path.exists(out)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "resuming at step %d" % stop in p.stdout + p.stderr, p.stdout + p.stderr
+    got, want = _state(out), _state(ref)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k

@@ -1,0 +1,293 @@
+"""psd.torch.Checkpoint: a DistributedDataParallel script on the psd
+backend stops on Slurm's preemption signal after saving its state, and the
+same command resumes it bit-identically.
+
+psd's servers hold no state for such a job (its variables are mean
+variables, whose value starts afresh every step): the state is the
+workers' model, optimizer, scheduler, random generators and place in the
+data. One line after creating them,
+
+    ckpt = psd.torch.Checkpoint(ddp, optimizer, scheduler, loader)
+
+restores that state when the job is resumed, and from then on:
+- SIGTERM or SIGUSR1 (Slurm's preemption or walltime signal, forwarded by
+  psrun) sets a flag in the rank it reaches;
+- after each optimizer step every rank votes (a one-float mean through the
+  servers, overlapped with the next step): every rank gets the same mean,
+  so every rank knows at the same step whether some rank was asked to
+  stop;
+- at the next training forward after a yes (after scheduler.step() and
+  the next batch's loading, before any random draw of the forward), every
+  rank saves its state, rank 0 marks the checkpoint complete once all
+  have, and the process exits 75 (psd.EXIT_STOPPED); psd exits 75 too.
+
+The loop starts at ckpt.step (and ckpt.epoch); the loader (a DataLoader
+over a DistributedSampler, or any sampler) skips the batches the stopped
+run had consumed in that epoch. Files: DIR/torch/step-<step>/rank-<r>.pt
+and `complete`, DIR being psrun's --checkpoint-dir (PS_CHECKPOINT_DIR).
+"""
+import functools
+import os
+import random
+import secrets
+import signal
+import stat
+import sys
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["Checkpoint"]
+
+EXIT_STOPPED = 75
+SUBDIR = "torch"  # inside psrun's --checkpoint-dir, beside psd's step-* files
+FORMAT = 1
+
+
+def _private_dir(path: str) -> None:
+    """Creates path (0700) or checks that it is this user's own directory
+    that nobody else may write: torch.load unpickles what it reads, so a
+    file another user could plant there would run their code here."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise RuntimeError("psd.torch.Checkpoint: %s is not a directory (a symbolic link?); "
+                           "refusing to keep state there" % path)
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RuntimeError("psd.torch.Checkpoint: %s is owned by uid %d with mode %04o; it "
+                           "must be this user's (uid %d) and writable by nobody else"
+                           % (path, st.st_uid, st.st_mode & 0o7777, os.geteuid()))
+
+
+def _atomic_write(path: str, write) -> None:
+    """write(fileobj) into a new 0600 file beside path, synced, then renamed
+    over path: a reader never sees half a file."""
+    d = os.path.dirname(path)
+    tmp = os.path.join(d, ".%s.%s" % (os.path.basename(path), secrets.token_hex(8)))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _rng_state():
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+            "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
+
+
+def _set_rng_state(s) -> None:
+    torch.set_rng_state(s["torch"])
+    np.random.set_state(s["numpy"])
+    random.setstate(s["python"])
+    if s.get("cuda") is not None:
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def _psd_group():
+    from .c10d import ProcessGroupPsd
+    pg = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+    if not isinstance(pg, ProcessGroupPsd):
+        raise RuntimeError("psd.torch.Checkpoint needs torch.distributed's default group on the "
+                           "psd backend: call init_process_group(\"psd\") first (%s)"
+                           % ("it is %r" % dist.get_backend() if pg else "none yet"))
+    return pg
+
+
+class Checkpoint:
+    """Saves a DDP job's state when it is asked to stop and restores it when
+    the job runs again (see the module's doc). model: the DDP module (or
+    the module it wraps, if DDP wraps it later); optimizer, scheduler: any
+    torch.optim ones (scheduler may be None); loader: the training
+    DataLoader whose place in the epoch is kept (None: the script skips to
+    ckpt.step itself); directory: instead of psrun's --checkpoint-dir.
+    Attributes: step (optimizer steps done; 0 on a fresh run), epoch (the
+    sampler's epoch at the stop), resumed (bool)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler=None, loader: Optional[torch.utils.data.DataLoader] = None,
+                 directory: Optional[str] = None):
+        self._pg = _psd_group()
+        self.rank, self.world = self._pg.rank(), self._pg.size()
+        self.step, self.epoch, self.resumed = 0, 0, False
+        directory = directory or os.environ.get("PS_CHECKPOINT_DIR")
+        if not directory:
+            if self.rank == 0:
+                print("psd.torch.Checkpoint: no checkpoint directory (psrun --checkpoint-dir "
+                      "DIR): SIGTERM ends this job without saving it", file=sys.stderr,
+                      flush=True)
+            return
+        self._root = os.path.join(directory, SUBDIR)
+        _private_dir(directory)
+        _private_dir(self._root)
+        self._module = getattr(model, "module", model)
+        self._opt, self._sched, self._loader = optimizer, scheduler, loader
+        self._skip = None  # (epoch, batches) the resumed loader skips
+        self._rng = None  # restored at the first training forward
+        self._epoch_now, self._batches = 0, 0
+        self._asked, self._stopping, self._vote = False, False, None
+        self._load()
+        self._on_signals()
+        self._wrap_optimizer()
+        model.register_forward_pre_hook(self._before_forward)
+        if loader is not None:
+            self._wrap_loader(loader)
+
+    # -- restore
+    def _complete(self):
+        """Step directories that rank 0 marked complete, newest first."""
+        out = []
+        for name in os.listdir(self._root):
+            if name.startswith("step-") and name[5:].isdigit() and \
+                    os.path.exists(os.path.join(self._root, name, "complete")):
+                out.append((int(name[5:]), name))
+        return [os.path.join(self._root, n) for _, n in sorted(out, reverse=True)]
+
+    def _load(self) -> None:
+        found = self._complete()
+        if not found:
+            return
+        d = found[0]
+        mine = torch.load(os.path.join(d, "rank-%d.pt" % self.rank), map_location="cpu")
+        if mine.get("format") != FORMAT or mine.get("world") != self.world:
+            raise RuntimeError(
+                "psd.torch.Checkpoint: %s was saved by a job of %s ranks (format %s); this "
+                "one has %d: resume with the same number of workers, or move %s aside to "
+                "start afresh" % (d, mine.get("world"), mine.get("format"), self.world,
+                                  self._root))
+        chief = mine if self.rank == 0 else torch.load(os.path.join(d, "rank-0.pt"),
+                                                       map_location="cpu")
+        self._module.load_state_dict(chief["model"])
+        self._opt.load_state_dict(chief["optimizer"])
+        if self._sched is not None:
+            if chief["scheduler"] is None:
+                raise RuntimeError("psd.torch.Checkpoint: %s has no scheduler state but a "
+                                   "scheduler was given" % d)
+            self._sched.load_state_dict(chief["scheduler"])
+        self.step, self.epoch, self.resumed = mine["step"], mine["epoch"], True
+        self._skip = (mine["epoch"], mine["batches"])
+        self._rng = mine["rng"]
+        if self.rank == 0:
+            print("psd.torch.Checkpoint: resuming at step %d (epoch %d) from %s"
+                  % (self.step, self.epoch, d), file=sys.stderr, flush=True)
+
+    # -- the stop
+    def _on_signals(self) -> None:
+        previous = {}
+
+        def asked(signum, frame):
+            self._asked = True
+            if signum in previous:  # the script's own handler runs too
+                previous[signum](signum, frame)
+
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            old = signal.signal(s, asked)  # raises outside the main thread
+            if callable(old):
+                previous[s] = old
+
+    def _wrap_optimizer(self) -> None:
+        inner = self._opt.step
+
+        @functools.wraps(inner)  # keeps lr_scheduler's step counter mark
+        def step(*args, **kwargs):
+            out = inner(*args, **kwargs)
+            self._after_step()
+            return out
+
+        self._opt.step = step
+
+    def _after_step(self) -> None:
+        """Every rank runs the same steps, so every rank waits here for the
+        same vote (the one sent after the step before) and gets the same
+        mean: the decision to stop is the same on every rank."""
+        self.step += 1
+        if self._vote is not None:
+            vote, self._vote = self._vote, None
+            if vote.wait() > 0:
+                self._stopping = True
+        if not self._stopping:
+            self._vote = self._pg.vote(self._asked)
+
+    def _before_forward(self, module, inputs) -> None:
+        if not module.training:
+            return
+        if self._rng is not None:  # the resumed run's first step: draws as before
+            _set_rng_state(self._rng)
+            self._rng = None
+        if self._stopping:
+            self._save_and_exit()
+        self._batches += 1  # this forward's batch is consumed
+
+    def _save_and_exit(self) -> None:
+        d = os.path.join(self._root, "step-%012d" % self.step)
+        _private_dir(d)
+        state = {"format": FORMAT, "world": self.world, "rank": self.rank, "step": self.step,
+                 "epoch": self._epoch_now, "batches": self._batches, "rng": _rng_state()}
+        if self.rank == 0:
+            state["model"] = self._module.state_dict()
+            state["optimizer"] = self._opt.state_dict()
+            state["scheduler"] = self._sched.state_dict() if self._sched is not None else None
+        _atomic_write(os.path.join(d, "rank-%d.pt" % self.rank), lambda f: torch.save(state, f))
+        dist.barrier()  # every rank's file is on disk
+        if self.rank == 0:
+            _atomic_write(os.path.join(d, "complete"),
+                          lambda f: f.write(b"%d ranks\n" % self.world))
+            for old in self._complete()[1:]:
+                for n in os.listdir(old):
+                    os.unlink(os.path.join(old, n))
+                os.rmdir(old)
+            print("psd.torch.Checkpoint: stopped on request after step %d; its state is in %s; "
+                  "run the same command again to resume (exit %d)"
+                  % (self.step, d, EXIT_STOPPED), file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_STOPPED)
+
+    # -- the data
+    def _wrap_loader(self, loader) -> None:
+        bs = loader.batch_sampler
+        if bs is None:
+            raise ValueError("psd.torch.Checkpoint: the loader has no batch sampler "
+                             "(batch_size=None); pass loader=None and skip to ckpt.step in "
+                             "the script")
+        base, cp = type(bs), self
+
+        def __iter__(self):
+            epoch = getattr(getattr(self, "sampler", None), "epoch", 0)
+            cp._epoch_now, cp._batches = epoch, 0
+            skip = cp._skip_for(epoch)
+            for i, b in enumerate(base.__iter__(self)):
+                if i >= skip:
+                    yield b
+
+        bs.__class__ = type("Resumable" + base.__name__, (base,), {"__iter__": __iter__})
+
+    def _skip_for(self, epoch: int) -> int:
+        if self._skip is None:
+            return 0
+        want, n = self._skip
+        self._skip = None
+        if epoch != want:
+            raise RuntimeError(
+                "psd.torch.Checkpoint: the job resumes at step %d in epoch %d, but the loader "
+                "starts epoch %d: start the loop at ckpt.epoch (sampler.set_epoch(ckpt.epoch))"
+                % (self.step, want, epoch))
+        return n
