@@ -34,12 +34,29 @@ def _shared(p: torch.Tensor) -> bool:
     return p.device.type == "cpu" and p.dtype == torch.float32
 
 
+def _mean_for(opt: torch.optim.Optimizer, module: torch.nn.Module):
+    """The variables' rule when a torch.optim optimizer runs on the workers:
+    the servers average the gradients (psd.Mean). Its parameters must be
+    the module's."""
+    from .config import Mean
+    mine = {id(p) for p in module.parameters()}
+    for g in opt.param_groups:
+        for p in g["params"]:
+            if id(p) not in mine:
+                raise ValueError(
+                    "psd.torch.DistributedModule: the %s optimizer holds a parameter of shape "
+                    "%s that is not one of the module's; create it over this module's "
+                    "parameters" % (type(opt).__name__, tuple(p.shape)))
+    return Mean()
+
+
 class _Param:
     """One parameter and its variable."""
 
-    def __init__(self, name: str, p: torch.Tensor, var: Variable):
+    def __init__(self, name: str, p: torch.Tensor, var: Variable, local: bool = False):
         self.name, self.p, self.var = name, p, var
         self.shared = _shared(p)
+        self.local = local  # a torch.optim optimizer updates p: only .grad is bound
         self.grad_view = torch.from_numpy(var.grad).view(p.shape)
         self.data_view = torch.from_numpy(var.data).view(p.shape)
         self.bucket = -1  # index of its bucket
@@ -50,9 +67,10 @@ class _Param:
     def bind(self) -> None:
         """Makes the parameter (and its gradient) views of the buffers."""
         if self.shared:
-            self.p.data = self.data_view
+            if not self.local:
+                self.p.data = self.data_view
             self.p.grad = self.grad_view
-        else:
+        elif not self.local:
             with torch.no_grad():
                 self.p.copy_(self.data_view)
 
@@ -75,6 +93,21 @@ class DistributedModule(torch.nn.Module):
     own values and received by the others, updated on the servers by
     ``optimizer`` (a psd.Optimizer; None: SGD at lr 0.01).
 
+    ``optimizer`` may instead be a torch.optim optimizer over the module's
+    parameters: the variables are then mean variables (psd.Mean), step()
+    leaves the workers' mean gradient in each parameter's .grad, and the
+    script runs its optimizer (clip_grad_norm_, GradScaler, schedulers,
+    param groups: anything) as in one process::
+
+        model = psd.torch.DistributedModule(net, client, optimizer=opt)
+        step = model.start()
+        while step < steps:
+            opt.zero_grad()
+            loss_fn(model(x(step)), y(step)).backward()
+            step = model.step()      # .grad is now the mean over workers
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+
     Typical loop::
 
         model = psd.torch.DistributedModule(net, client, optimizer=psd.SGD(0.05))
@@ -93,14 +126,10 @@ class DistributedModule(torch.nn.Module):
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "",
                  overlap: bool = True):
         super().__init__()
+        self._torch_opt = None
         if isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                "psd.torch.DistributedModule runs psd's server-side optimizers (psd.SGD, "
-                "psd.Adam), not a torch.optim optimizer; to train with %s, wrap the model in "
-                "torch.nn.parallel.DistributedDataParallel after "
-                "torch.distributed.init_process_group(\"psd\"): the servers then average "
-                "the gradients and your optimizer runs as under DDP (docs/python.md)"
-                % type(optimizer).__name__)
+            self._torch_opt = optimizer
+            optimizer = _mean_for(optimizer, module)
         if getattr(client, "_module", None) is not None:
             raise ValueError(
                 "this client already has a DistributedModule (%s): a second one would take "
@@ -119,7 +148,7 @@ class DistributedModule(torch.nn.Module):
                 v = client.variable(prefix + name, tuple(p.shape) or (1,), optimizer=optimizer,
                                     values=p.detach().cpu().float().numpy() if chief else None,
                                     from_chief=not chief)
-                self._params.append(_Param(name, p, v))
+                self._params.append(_Param(name, p, v, local=self._torch_opt is not None))
             self._register_buffers(module, client, prefix, chief)
         self._make_buckets(int(bucket_bytes))
         self._accumulating = False
@@ -214,7 +243,14 @@ class DistributedModule(torch.nn.Module):
         """Pulls the current parameters (a resumed job's too) into the
         module and returns the step to start from."""
         step = self.client.pull()
-        self._after_pull()
+        if self._torch_opt is not None and step > 0:
+            raise RuntimeError(
+                "psd.torch: the servers are at step %d (a resumed job), but with a torch.optim "
+                "optimizer the parameters and its state live on the workers and were not "
+                "saved; start afresh (psrun --restore=none), or train through "
+                "DistributedDataParallel on the psd backend with psd.torch.Checkpoint, which "
+                "saves them (docs/python.md)" % step)
+        self._after_pull(initial=True)
         self._mark_written()
         return step
 
@@ -233,6 +269,15 @@ class DistributedModule(torch.nn.Module):
                     view.copy_(b.detach().reshape(view.shape))
                 self.client.assign([v for _, v, _ in self._buffers_vars])
             step = self.client.step()
+            if self._torch_opt is not None:  # the mean gradients become .grad
+                for pp in self._params:
+                    pp.grad_view.copy_(pp.data_view)
+                    if pp.shared:
+                        pp.p.grad = pp.grad_view
+                    elif pp.p.grad is None:
+                        pp.p.grad = pp.grad_view.to(pp.p.device, pp.p.dtype)
+                    else:
+                        pp.p.grad.copy_(pp.grad_view)
             if not self.client.is_chief and self._buffers_vars:
                 # The chief's assign of this step made the buffers' step
                 # `step`: wait for it, so every worker holds its values.
@@ -241,9 +286,11 @@ class DistributedModule(torch.nn.Module):
         finally:
             self._pending = [len(b) for b in self._buckets]
             for pp in self._params:
-                pp.grad_view.zero_()
                 pp.counted = False
                 pp.pushed_grad = None
+                if pp.local:
+                    continue  # .grad holds the mean; the script's zero_grad clears it
+                pp.grad_view.zero_()
                 if not pp.shared and pp.p.grad is not None:
                     pp.p.grad.zero_()
             self._after_pull()
@@ -261,14 +308,15 @@ class DistributedModule(torch.nn.Module):
         bucket was pushed (clip_grad_norm_, GradScaler.unscale_: the
         servers would never see it)."""
         for pp in self._params:
-            if pp.p._version != pp.version:
+            if pp.p._version != pp.version and not pp.local:
                 raise RuntimeError(
                     "psd.torch: parameter %r was changed outside psd since the last step "
                     "(a torch.optim optimizer's step()? an in-place edit?); the servers "
                     "apply the update (psd.SGD, psd.Adam given to DistributedModule) and "
-                    "their values replace it at every step. Remove that optimizer, or train "
-                    "with your optimizer through DistributedDataParallel on the psd backend "
-                    "(docs/python.md)" % pp.name)
+                    "their values replace it at every step. To train with that optimizer, "
+                    "pass it to DistributedModule (optimizer=your_torch_optimizer): the "
+                    "servers then average the gradients and it runs here (docs/python.md)"
+                    % pp.name)
             pushed = pp.pushed_grad
             if pushed is not None and (pp.p.grad is not pushed[0] or
                                        pp.p.grad._version != pushed[1]):
@@ -286,10 +334,13 @@ class DistributedModule(torch.nn.Module):
             if self._pending[b] > 0 or not self.overlap:
                 yield from bucket
 
-    def _after_pull(self) -> None:
+    def _after_pull(self, initial: bool = False) -> None:
         with torch.no_grad():
             for pp in self._params:
-                if not pp.shared:
+                if pp.local:
+                    if initial:  # the chief's values (a mean variable's step 0)
+                        pp.p.copy_(pp.data_view)
+                elif not pp.shared:
                     pp.p.copy_(pp.data_view)
                 elif pp.p.data_ptr() != pp.data_view.data_ptr():
                     pp.bind()  # something replaced .data: point it back

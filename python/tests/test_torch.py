@@ -32,15 +32,19 @@ def run_workers(ps, nw, b, steps, tmp, *opts, expect=0):
     return [dict(np.load(o)) for o in outs]
 
 
-def local_reference(steps, dtype=torch.float32):
-    """The same training with torch.optim.SGD in one process, batch 2b=64."""
+def local_reference(steps, dtype=torch.float32, torchopt=False):
+    """The same training with torch.optim.SGD in one process, batch 2b=64
+    (torchopt: torch_worker.torch_training's AdamW, StepLR and clipping)."""
     net = torch_worker.Net(None, dtype)
     opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    update = opt.step
+    if torchopt:
+        opt, update = torch_worker.torch_training(net)
     for step in range(steps):
         x, y, ids = torch_worker.batch(step, 0, 64, dtype)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(net(x, ids), y).backward()
-        opt.step()
+        update()
     return {k: v.detach().double().numpy() for k, v in net.named_parameters()}
 
 
@@ -58,6 +62,20 @@ def test_two_workers_equal_one_and_local_torch(start_psd, tmpdir_short, opts):
     assert_close(one, ref, ref.keys())
     assert_close(two[0], one, ref.keys())
     assert_close(two[1], one, ref.keys())
+
+
+@pytest.mark.parametrize("opts", [("bucket=256",), ("overlap=0",)])
+def test_torch_optimizer_two_workers_equal_one_process(start_psd, tmpdir_short, opts):
+    """A torch.optim optimizer on the workers (AdamW, two parameter groups,
+    StepLR, clip_grad_norm_ after step()): 2 workers x 32 give one
+    process's parameters over the batch of 64."""
+    ref = local_reference(8, torchopt=True)
+    two = run_workers(start_psd(1), 2, 32, 8, tmpdir_short, "torchopt=1", *opts)
+    assert two[0]["step"] == 8
+    assert_close(two[0], ref, ref.keys())
+    assert_close(two[1], ref, ref.keys())
+    moved = local_reference(0, torchopt=True)
+    assert max(np.abs(ref[k] - moved[k]).max() for k in ref) > 1e-3  # it trained
 
 
 def test_mirrored_float64_parameters(start_psd, tmpdir_short):
@@ -181,13 +199,13 @@ def _loss(model):
     return model(torch.randn(8, 4, generator=g)).pow(2).mean()
 
 
-def test_torch_optimizer_is_refused_with_what_to_do(start_psd):
+def test_torch_optimizer_over_other_parameters_is_refused(start_psd):
     import psd
     import psd.torch
     with psd.Client(hosts=hosts(start_psd(1)), telemetry="off") as c:
         net = _tiny()
-        with pytest.raises(TypeError, match="DistributedDataParallel"):
-            psd.torch.DistributedModule(net, c, optimizer=torch.optim.AdamW(net.parameters()))
+        with pytest.raises(ValueError, match="not one of the module's"):
+            psd.torch.DistributedModule(net, c, optimizer=torch.optim.AdamW(_tiny().parameters()))
 
 
 def test_second_module_on_one_client_is_refused(start_psd):

@@ -5,7 +5,9 @@ final parameters (and its step) to an .npz file.
 usage: torch_worker.py HOSTS WORKER NUM_WORKERS BATCH STEPS OUT [opts]
   opts: bucket=BYTES  overlap=0|1  embed=1  float64=1  stop_at=STEP  bn=1 (a batch
         norm)  accum=1 (two micro-batches per step, the first in no_sync)
-        twice=1 (a second backward outside no_sync: an error)"""
+        twice=1 (a second backward outside no_sync: an error)
+        torchopt=1 (torch.optim.AdamW with two parameter groups, StepLR and
+        clip_grad_norm_ on the workers: torch_training())"""
 import os
 import sys
 
@@ -52,6 +54,23 @@ def batch(step, lo, hi, dtype):
     return x[lo:hi], y[lo:hi], ids[lo:hi]
 
 
+def torch_training(net):
+    """The optimizer, scheduler and clipping of torchopt=1, also used by
+    the single-process reference."""
+    decay = [p for p in net.parameters() if p.ndim > 1]
+    rest = [p for p in net.parameters() if p.ndim <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0, "lr": 0.02}], lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+
+    def update():
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 0.5)
+        opt.step()
+        sched.step()
+
+    return opt, update
+
+
 def main():
     hosts, w, nw, b, steps, out = sys.argv[1:7]
     opts = dict(a.split("=") for a in sys.argv[7:])
@@ -62,8 +81,9 @@ def main():
     net = Net(client if opts.get("embed") == "1" else None, dtype)
     if opts.get("bn") == "1":
         net.bn = torch.nn.BatchNorm1d(16).to(dtype)
+    topt, update = torch_training(net) if opts.get("torchopt") == "1" else (None, None)
     model = psd.torch.DistributedModule(
-        net, client, optimizer=psd.SGD(lr=0.1, momentum=0.9),
+        net, client, optimizer=topt or psd.SGD(lr=0.1, momentum=0.9),
         bucket_bytes=int(opts.get("bucket", 1 << 20)), overlap=opts.get("overlap", "1") == "1")
     step = model.start()
     try:
@@ -71,6 +91,8 @@ def main():
             if opts.get("stop_at") and step == int(opts["stop_at"]) and w == 0:
                 client.request_stop()
             x, y, ids = batch(step, w * b, (w + 1) * b, dtype)
+            if topt:
+                topt.zero_grad()
             if opts.get("accum") == "1":  # two micro-batches, one step
                 h = b // 2
                 with model.no_sync():
@@ -81,6 +103,8 @@ def main():
             if opts.get("twice") == "1":
                 torch.nn.functional.cross_entropy(model(x, ids), y).backward()
             step = model.step()
+            if topt:  # .grad is the workers' mean: the script's own update
+                update()
     except psd.Stopped:
         client.finish()
         np.savez(out, step=step, stop_step=client.stop_step)
