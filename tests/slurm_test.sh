@@ -285,6 +285,38 @@ python_torch_job() {
      no_leftovers_of "train_ddp_ps[d]\.py"; then
     ok "loopback: srun -N2 -n4 psrun --ps=1 python3 train_ddp_psd.py: DDP on the psd backend, 3 ranks end equal"
   else bad "loopback: the DDP script on the psd backend under Slurm" "$out"; fi
+  ddp_preemption
+}
+
+# A DDP job with psd.torch.Checkpoint, ranks on two nodes: scancel
+# --signal=USR1 stops it with exit 75 after its state is saved; the same
+# srun again resumes, and the final parameters equal an uninterrupted run's.
+ddp_preemption() {
+  local out=$WORK/ddp_preempt.log w="$HERE/../python/tests/c10d_worker.py" rc1 rc2
+  local run=(srun -J psd-ddp-preempt -N2 -n3 "$BIN/psrun" --ps=1)
+  timeout 180 "${run[@]}" --checkpoint-dir "$WORK/ck-ddp-ref" -- /usr/bin/python3 "$w" \
+    preempt "$WORK/ddp_ref.pt" 80 >"$out.ref" 2>&1
+  timeout 180 "${run[@]}" --checkpoint-dir "$WORK/ck-ddp" -- /usr/bin/python3 "$w" \
+    preempt "$WORK/ddp_out.pt" 80 >"$out" 2>&1 &
+  local srun_pid=$!
+  for _ in $(seq 600); do
+    grep -q 'step 9$' "$out" 2>/dev/null && break
+    sleep 0.1
+  done
+  scancel --signal=USR1 "$(squeue -h -n psd-ddp-preempt -o %i | head -1)"
+  wait $srun_pid
+  rc1=$?
+  timeout 180 "${run[@]}" --checkpoint-dir "$WORK/ck-ddp" -- /usr/bin/python3 "$w" \
+    preempt "$WORK/ddp_out.pt" 80 >>"$out" 2>&1
+  rc2=$?
+  if [ $rc1 -eq 75 ] && [ $rc2 -eq 0 ] && grep -q "psd.torch.Checkpoint: resuming at step" "$out" &&
+     grep -q "stopped on request after step" "$out" &&
+     /usr/bin/python3 -c 'import sys, torch
+a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2])
+sys.exit(not (a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)))' \
+       "$WORK/ddp_ref.pt" "$WORK/ddp_out.pt" && no_leftovers_of "c10d_worke[r]\.py"; then
+    ok "loopback: DDP with psd.torch.Checkpoint: scancel --signal=USR1 exits 75, srun again resumes, parameters bit-identical"
+  else bad "loopback: DDP preemption under Slurm (exit $rc1 then $rc2)" "$out"; fi
 }
 
 scenarios() {
