@@ -191,6 +191,28 @@ void cnn_host_free(const cnn_backend *be, void *p) {
   else free(p);
 }
 
+/* A synchronous copy between a caller's host buffer and the device
+ * (to_dev: host -> device). The driver refuses a host range that is only
+ * partly page-locked, or that lies across two locked ranges (CUDA:
+ * cudaErrorInvalidValue): a buffer sharing pages with another model's
+ * locked buffers can be such a range (nn_pin.h: cnn_pin_direct). It then
+ * goes through a page-locked bounce buffer. */
+static void host_copy(cnn *m, int to_dev, void *dev, void *host,
+                      size_t bytes) {
+  const cnn_backend *be = m->be;
+  void *tmp = NULL;
+  if (be->host_register && !cnn_pin_direct(be, host, bytes))
+    tmp = cnn_host_alloc(be, bytes);
+  if (to_dev) {
+    if (tmp) memcpy(tmp, host, bytes);
+    be->to_device(be, dev, tmp ? tmp : host, bytes);
+  } else {
+    be->to_host(be, tmp ? tmp : host, dev, bytes);
+    if (tmp && !(be->error && be->error(be))) memcpy(host, tmp, bytes);
+  }
+  cnn_host_free(be, tmp);
+}
+
 static void graphs_drop(cnn *m) {
   for (int i = 0; i < MAX_GRAPHS; i++) {
     if (m->graphs[i].g) m->be->graph_free(m->be, m->graphs[i].g);
@@ -340,7 +362,7 @@ void cnn_bind(cnn *m, int i, float *value, float *grad) {
   }
   /* the device values are the parameters: take a new buffer's now */
   if (m->dev_vals && new_val && m->owns_dev[i] && value)
-    be->to_device(be, m->val[i], value, cnn_param_numel(i) * sizeof(float));
+    host_copy(m, 1, m->val[i], value, cnn_param_numel(i) * sizeof(float));
 }
 
 void cnn_values_on_device(cnn *m, int on) {
@@ -351,8 +373,7 @@ void cnn_values_on_device(cnn *m, int on) {
   for (int i = 0; i < CNN_NUM_PARAMS; i++) {
     if (!m->owns_dev[i] || !m->hval[i]) continue;
     size_t bytes = cnn_param_numel(i) * sizeof(float);
-    if (on) be->to_device(be, m->val[i], m->hval[i], bytes);
-    else be->to_host(be, m->hval[i], m->val[i], bytes);
+    host_copy(m, on, m->val[i], m->hval[i], bytes);
   }
   m->dev_vals = on ? 1 : 0;
 }
@@ -467,6 +488,15 @@ static void stand_ins(cnn *m, int in) {
   }
 }
 
+/* 1 if a bound buffer of a model that is not page-locked (pin_failed; no
+ * stand-ins then, no graphs) is a range the driver refuses to copy
+ * (host_copy): it must go through a bounce buffer. A page-locked model
+ * has a stand-in for every such buffer (pin_params). */
+static int unlocked_split(const cnn *m, const void *host, size_t bytes) {
+  const cnn_backend *be = m->be;
+  return !m->pinned && be->host_register && !cnn_pin_direct(be, host, bytes);
+}
+
 static void up(cnn *m, int slot, void *dst, const void *src, size_t bytes) {
   const cnn_backend *be = m->be;
   if (be->upload_async) be->upload_async(be, slot, dst, src, bytes);
@@ -499,9 +529,12 @@ static void upload(cnn *m, const float *himg, const uint8_t *hlab, int B,
   up(m, SLOT_IMG, m->img, himg, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
   if (hlab) up(m, SLOT_LAB, m->lab, hlab, (size_t)B);
   /* in the order the forward uses them */
-  for (int i = 0; i < CNN_NUM_PARAMS && !m->dev_vals; i++)
-    up(m, i, m->val[i], m->sval[i] ? m->sval[i] : m->hval[i],
-       cnn_param_numel(i) * sizeof(float));
+  for (int i = 0; i < CNN_NUM_PARAMS && !m->dev_vals; i++) {
+    size_t bytes = cnn_param_numel(i) * sizeof(float);
+    if (m->sval[i]) up(m, i, m->val[i], m->sval[i], bytes);
+    else if (!unlocked_split(m, m->hval[i], bytes)) up(m, i, m->val[i], m->hval[i], bytes);
+    else host_copy(m, 1, m->val[i], m->hval[i], bytes); /* no graph then */
+  }
   *dimg = m->img;
   *dlab = hlab ? m->lab : NULL;
 }
@@ -555,8 +588,10 @@ static void grad_done(cnn *m, int i, double *t0) {
     tick(m, P_DECAY, t0);
   }
   if (!be->host_mapped) {
-    down(m, m->sgrad[i] ? m->sgrad[i] : m->hgrad[i], m->grad[i],
-         cnn_param_numel(i) * sizeof(float));
+    size_t bytes = cnn_param_numel(i) * sizeof(float);
+    if (m->sgrad[i]) down(m, m->sgrad[i], m->grad[i], bytes);
+    else if (!unlocked_split(m, m->hgrad[i], bytes)) down(m, m->hgrad[i], m->grad[i], bytes);
+    else host_copy(m, 0, m->grad[i], m->hgrad[i], bytes); /* no graph then */
     tick(m, P_COPY, t0);
   }
 }
@@ -781,15 +816,29 @@ void cnn_sgd_local(cnn *m, float lr) {
   if (!m) return;
   const cnn_backend *be = m->be;
   double t0 = m->prof ? now_s() : 0.0;
+  int back = !be->host_mapped && !m->dev_vals; /* values copied back */
   for (int i = 0; i < CNN_NUM_PARAMS; i++) {
     if (!m->val[i] || !m->grad[i]) continue;
-    size_t n = cnn_param_numel(i);
+    size_t n = cnn_param_numel(i), bytes = n * sizeof(float);
     be->sgd(be, n, lr, m->grad[i], m->val[i]);
-    if (!be->host_mapped && !m->dev_vals)
-      down(m, m->hval[i], m->val[i], n * sizeof(float));
+    if (!back || !m->hval[i]) continue;
+    /* A value buffer that lies across two page-locked ranges (it shares
+     * pages with another model's buffers) cannot be copied into directly:
+     * the driver refuses such a range (CUDA: invalid argument). It goes
+     * through its stand-in, as the step's upload does, or, when the
+     * bindings changed since the buffers were locked, a bounce buffer. */
+    float *st = m->pin_dirty ? NULL : m->sval[i];
+    if (st) down(m, st, m->val[i], bytes);
+    else if (!be->host_register || cnn_pin_direct(be, m->hval[i], bytes))
+      down(m, m->hval[i], m->val[i], bytes);
+    else host_copy(m, 0, m->val[i], m->hval[i], bytes); /* after the sgd */
   }
   /* kept on the device: the next step's ops queue behind the update */
   if (be->sync && !m->dev_vals) be->sync(be);
+  if (back && !m->pin_dirty && !(be->error && be->error(be)))
+    for (int i = 0; i < CNN_NUM_PARAMS; i++)
+      if (m->sval[i] && m->hval[i])
+        memcpy(m->hval[i], m->sval[i], cnn_param_numel(i) * sizeof(float));
   tick(m, P_SGD, &t0);
 }
 

@@ -161,6 +161,19 @@ int cnn_pin_within_one(const cnn_backend *be, const void *p, size_t bytes) {
   return ok;
 }
 
+int cnn_pin_direct(const cnn_backend *be, const void *p, size_t bytes) {
+  uintptr_t a = (uintptr_t)p, e = a + bytes;
+  int inside = 0, touches = 0;
+  pthread_mutex_lock(&reg_mu);
+  for (int i = 0; i < PIN_ENTRIES; i++) {
+    if (reg[i].be != be || !(reg[i].start < e && a < reg[i].end)) continue;
+    touches = 1;
+    if (reg[i].start <= a && e <= reg[i].end) inside = 1;
+  }
+  pthread_mutex_unlock(&reg_mu);
+  return inside || !touches;
+}
+
 void cnn_pin_release(const cnn_backend *be, cnn_pinset *set) {
   pthread_mutex_lock(&reg_mu);
   for (int k = 0; k < set->n; k++) drop_ref(be, set->ref[k]);

@@ -44,6 +44,14 @@ int cnn_pin_acquire(const cnn_backend *be, const cnn_pin_range *r, int n,
  * from it is one DMA from page-locked memory). */
 int cnn_pin_within_one(const cnn_backend *be, const void *p, size_t bytes);
 
+/* 1 if a copy between [p, p+bytes) and the device may use the buffer
+ * directly: it lies inside one registered range of be, or touches none.
+ * A buffer partly in a registered range (the rest in another range or in
+ * none) is refused by the driver (CUDA: cudaErrorInvalidValue, "memory
+ * regions must be either entirely registered or not registered at all"):
+ * such a copy must go through a page-locked stand-in. */
+int cnn_pin_direct(const cnn_backend *be, const void *p, size_t bytes);
+
 /* Drops the set's references; a range nobody references any more is
  * unregistered. */
 void cnn_pin_release(const cnn_backend *be, cnn_pinset *set);
