@@ -26,7 +26,11 @@
  *    parameter buffers allocated one by one as ps_var's are, a second GPU
  *    model whose buffers share pages with the first's; losses against the
  *    CPU fed the same batches, two recordings (one per buffer pair).
- * 4. Errors: a device that does not exist is a sentence, not a crash.
+ * 4. Inputs that lie only partly in page-locked memory (test_straddling_
+ *    inputs): images starting in the last page of the model's locked
+ *    parameter range are staged, not copied directly (the driver refuses
+ *    that range); training and evaluation on them match the CPU's.
+ * 5. Errors: a device that does not exist is a sentence, not a crash.
  *
  * Skipped (prints "SKIP: no CUDA device (...)", exits 77, which ctest
  * counts as skipped) only when there is genuinely no GPU: a build without
@@ -310,7 +314,10 @@ typedef struct {
 static void model_init(model *c, const cnn_backend *be, int B, int lrn) {
   memset(c, 0, sizeof *c);
   if (cnn_create(be, B, lrn, &c->m) != 0) {
-    fprintf(stderr, "FAIL: cnn_create on %s (batch %d) failed\n", be->name, B);
+    /* an earlier device error stops the backend for good (nn_backend.h) */
+    const char *why = be->error ? be->error(be) : NULL;
+    fprintf(stderr, "FAIL: cnn_create on %s (batch %d) failed: %s\n", be->name, B,
+            why ? why : "out of memory?");
     exit(1);
   }
   for (int i = 0; i < CNN_NUM_PARAMS; i++) {
@@ -532,6 +539,82 @@ static void test_worker_path(void) {
   cifar_set_free(&set);
 }
 
+/* Host buffers that lie only partly in page-locked memory, which the
+ * driver refuses to copy (cudaErrorInvalidValue: a range must be all in
+ * one registration or in none): a model's parameter buffers in one arena,
+ * and right after them a batch of images whose first 64 bytes share the
+ * last locked page (as cifar_worker's malloc'd evaluation batch can
+ * follow its ps_var buffers). The model stages such inputs; training and
+ * evaluation on them match the CPU's. (Values lying across two models'
+ * locked ranges are compare_run's second GPU model.) */
+static void test_straddling_inputs(void) {
+  const int B = 32, steps = 3;
+  const size_t page = 4096, nimg = (size_t)B * CNN_IMAGE_FLOATS;
+  printf("inputs straddling a page-locked range: batch %d, %d steps and an evaluation\n", B,
+         steps);
+  /* the parameters from base on; the images right after them, in the
+   * last locked page (base keeps them from ending on a page boundary) */
+  size_t sum = 0;
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) sum += 2 * ((cnn_param_numel(i) * 4 + 63) / 64 * 64);
+  size_t base = sum % page == 0 ? 64 : 0, img_off = base + sum;
+  size_t total = (img_off + nimg * 4 + page) / page * page;
+  char *arena = aligned_alloc(page, total);
+  uint8_t *lab = malloc((size_t)B);
+  if (!arena || !lab) abort();
+  memset(arena, 0, total);
+  model c;
+  model_init(&c, cpu, B, 0);
+  cnn *g = NULL;
+  if (cnn_create(gpu, B, 0, &g) != 0) {
+    fprintf(stderr, "FAIL: cnn_create on cuda (batch %d) failed: %s\n", B,
+            gpu->error(gpu) ? gpu->error(gpu) : "out of memory?");
+    exit(1);
+  }
+  float *gv[CNN_NUM_PARAMS], *gg[CNN_NUM_PARAMS];
+  size_t off = base;
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) {
+    size_t n = cnn_param_numel(i), step = (n * 4 + 63) / 64 * 64;
+    gv[i] = (float *)(arena + off);
+    gg[i] = (float *)(arena + off + step);
+    off += 2 * step;
+    memcpy(gv[i], c.val[i], n * sizeof(float));
+    cnn_bind(g, i, gv[i], gg[i]);
+  }
+  float *img = (float *)(arena + img_off), *r = randn(nimg, 1.0f);
+  memcpy(img, r, nimg * sizeof(float));
+  free(r);
+  for (int b = 0; b < B; b++) lab[b] = (uint8_t)(ur() * 10);
+  for (int s = 0; s < steps; s++) {
+    float lc = cnn_train_step(c.m, img, lab, B), lg = cnn_train_step(g, img, lab, B);
+    printf("  step %d loss cpu %.6f gpu %.6f\n", s, (double)lc, (double)lg);
+    CHECK(isfinite(lg), "straddling inputs, step %d: GPU loss %g (%s)", s, (double)lg,
+          cnn_error(g) ? cnn_error(g) : "no error");
+    CHECK(fabs(lg - lc) <= 1e-3 * fabs(lc), "straddling inputs, step %d: loss cpu %.7g, gpu %.7g",
+          s, (double)lc, (double)lg);
+    cnn_sgd_local(c.m, 0.05f);
+    cnn_sgd_local(g, 0.05f);
+  }
+  cnn_run_info ri;
+  cnn_get_run_info(g, &ri);
+  CHECK(ri.pinned == 1, "straddling inputs: parameter buffers not page-locked: %s", ri.pin_error);
+  CHECK(gpu->host_pinned(gpu, img), "the images do not start in a page-locked page: not the case tested");
+  int *pc = malloc(sizeof(int) * (size_t)B), *pg = malloc(sizeof(int) * (size_t)B);
+  if (!pc || !pg) abort();
+  for (int b = 0; b < B; b++) pc[b] = pg[b] = -1;
+  float ec = cnn_eval(c.m, img, lab, B, pc), eg = cnn_eval(g, img, lab, B, pg);
+  CHECK(isfinite(eg) && fabs(ec - eg) <= 1e-3 * fabs(ec), "straddling inputs: eval loss cpu %g, gpu %g (%s)",
+        (double)ec, (double)eg, cnn_error(g) ? cnn_error(g) : "no error");
+  int same = 0;
+  for (int b = 0; b < B; b++) same += pc[b] == pg[b];
+  CHECK(same >= B - 1, "straddling inputs: eval: %d of %d predictions agree", same, B);
+  free(pc);
+  free(pg);
+  cnn_destroy(g);
+  model_free(&c);
+  free(lab);
+  free(arena);
+}
+
 static void test_errors(void) {
   char err[256] = "";
   CHECK(cnn_backend_cuda(cnn_cuda_device_count(), err, sizeof err) == NULL,
@@ -573,6 +656,7 @@ int main(int argc, char **argv) {
   compare_run(0, 64, 30);
   compare_run(1, 128, 4);
   test_worker_path();
+  test_straddling_inputs();
   test_errors();
   printf("cuda_gpu: %d checks, %d failed\n", checks, failures);
   return failures ? 1 : 0;

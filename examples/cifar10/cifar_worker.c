@@ -263,14 +263,18 @@ static void bench(const opts *o) {
   for (int i = 0; i < 2 * cnn_num_params(); i++) free(bufs[i]);
 }
 
-/* Test accuracy of the current parameters over the whole test set. */
+/* Test accuracy of the current parameters over the whole test set. A
+ * failed evaluation is fatal: its predictions were never written, and
+ * counting them gave a plausible-looking accuracy (0.1 from zeroed memory)
+ * instead of the error. */
 static double evaluate(cnn *m, const cifar_set *test, int B, float *img, uint8_t *lab,
                        int *pred) {
   size_t right = 0;
   for (size_t first = 0; first < test->n; first += (size_t)B) {
     int n = test->n - first < (size_t)B ? (int)(test->n - first) : B;
     cifar_eval_batch(test, first, n, img, lab);
-    cnn_eval(m, img, lab, n, pred);
+    if (isnan(cnn_eval(m, img, lab, n, pred)))
+      die("evaluation failed: %s", cnn_error(m) ? cnn_error(m) : "bad arguments");
     for (int i = 0; i < n; i++) right += pred[i] == lab[i];
   }
   return test->n ? (double)right / (double)test->n : 0;

@@ -42,6 +42,12 @@
  *
  * Errors: the first failing CUDA or cuBLAS call is kept as a sentence
  * (be->error); later ops do nothing, and the model's step returns NaN.
+ * Sticky on purpose, and for the whole backend: there is one per device,
+ * shared by every model of the process and queueing on one stream, so a
+ * failed call leaves every model's queued step half done, and a device
+ * fault (an illegal address) leaves the CUDA context itself unusable.
+ * Allocation then fails too (cnn_create returns -1); the program reports
+ * be->error and exits rather than compute on.
  * A failed graph recording or replay and a failed cudaHostRegister are
  * not such errors: their reason goes to be->soft_error, the ops go on
  * and the model runs the step op by op.

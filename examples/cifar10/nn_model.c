@@ -258,7 +258,7 @@ void cnn_destroy(cnn *m) {
     cnn_host_free(be, m->himg);
     cnn_host_free(be, m->hlab);
   }
-  free(m->hpred);
+  cnn_host_free(be, m->hpred);
   free(m);
 }
 
@@ -327,10 +327,12 @@ int cnn_create(const cnn_backend *be, int max_batch, int lrn, cnn **out) {
   ALLOC(ws1, be->conv_ws_fwd_bytes ? be->conv_ws_fwd_bytes(be, &g1)
                                    : be->conv_ws_bytes(be, &g1));
   ALLOC(ws2, be->conv_ws_bytes(be, &g2));
+  /* page-locked where the backend has it: a small malloc'd buffer may
+   * share a page with locked parameter buffers (cnn_pin_direct) */
+  HALLOC(hpred, B * sizeof(int32_t));
 #undef ALLOC
 #undef HALLOC
-  m->hpred = malloc(B * sizeof(int32_t));
-  if (!ok || !m->hpred) {
+  if (!ok) {
     cnn_destroy(m);
     return -1;
   }
@@ -460,19 +462,30 @@ static int ready(const cnn *m, const float *images, const uint8_t *labels,
   return 1;
 }
 
+/* 1 if the caller's input buffer [p, p+bytes) can be copied from
+ * directly: it is page-locked, all of it in one locked range. A buffer
+ * that only starts in a locked page (a small malloc'd buffer sharing a
+ * page with locked parameter buffers: an evaluation batch) is refused by
+ * the driver (cnn_pin_direct): it is staged. */
+static int input_direct(const cnn_backend *be, const void *p, size_t bytes) {
+  return be->host_pinned && be->host_pinned(be, p) && cnn_pin_direct(be, p, bytes);
+}
+
 /* The host input buffers the step's copies read: the caller's if they are
- * page-locked, else the model's page-locked staging, filled here. */
+ * page-locked (input_direct), else the model's page-locked staging,
+ * filled here. */
 static void stage_inputs(cnn *m, const float *images, const uint8_t *labels,
                          int B, const float **himg, const uint8_t **hlab) {
   const cnn_backend *be = m->be;
+  size_t ibytes = (size_t)B * CNN_IMAGE_FLOATS * sizeof(float);
   *himg = images;
   *hlab = labels;
   if (be->host_mapped) return;
-  if (!be->host_pinned || !be->host_pinned(be, images)) {
-    memcpy(m->himg, images, (size_t)B * CNN_IMAGE_FLOATS * sizeof(float));
+  if (!input_direct(be, images, ibytes)) {
+    memcpy(m->himg, images, ibytes);
     *himg = m->himg;
   }
-  if (labels && (!be->host_pinned || !be->host_pinned(be, labels))) {
+  if (labels && !input_direct(be, labels, (size_t)B)) {
     memcpy(m->hlab, labels, (size_t)B);
     *hlab = m->hlab;
   }
