@@ -17,6 +17,7 @@
 Suite *suite_frame(void);
 Suite *suite_half(void);
 Suite *suite_util(void);
+Suite *suite_wfile(void);
 Suite *suite_mac(void);
 Suite *suite_placement(void);
 Suite *suite_init(void);
