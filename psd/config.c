@@ -20,7 +20,8 @@ static const ps__opt OPTIONS[] = {
     {"host", 0, PS_OPT_STR, F(host), "127.0.0.1", 0, 0, NULL, "address to listen on"},
     {"port", 0, PS_OPT_INT, F(port), "0", 0, 65535, NULL, "TCP port (0: any free port)"},
     {"port-file", 0, PS_OPT_STR, F(port_file), "", 0, 0, NULL,
-     "write the bound host:port to this file (atomically)"},
+     "write the bound host:port to this file (atomically, mode 0600; a symbolic link there "
+     "is refused)"},
     {"ps-index", 0, PS_OPT_INT, F(ps_index), "0", 0, 65535, NULL, "index of this ps task"},
     {"num-ps", 0, PS_OPT_INT, F(num_ps), "1", 1, 65536, NULL, "number of ps tasks in the job"},
     {"workers", 0, PS_OPT_INT, F(workers), "0", 0, PS__MAX_WORKERS, NULL,
@@ -89,10 +90,11 @@ static const ps__opt OPTIONS[] = {
      "after SIGTERM/SIGUSR1, seconds to wait for the stop checkpoint"},
     {"telemetry", 0, PS_OPT_STR, F(telemetry), "", 0, 0, NULL,
      "write per-step telemetry (gradient arrivals, aggregation time) to this file as JSON "
-     "lines ('off': record nothing)"},
+     "lines ('off': record nothing; mode 0600, a symbolic link there is refused)"},
     {"summary", 0, PS_OPT_STR, F(summary), "", 0, 0, NULL,
      "at exit, write the run's telemetry summary table to this file ('-': stderr, so it "
-     "never mixes with the workers' output on stdout)"},
+     "never mixes with the workers' output on stdout; mode 0600, a symbolic link there is "
+     "refused at start)"},
     {"max-connections", 0, PS_OPT_INT, F(max_conns), "65536", 1, 1 << 24, NULL,
      "open connections at most (never more than the descriptor limit minus 32); when full, "
      "a new connection evicts the oldest unauthenticated one"},

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "wfile.h"
 
 /* Timer period for deadlines, stall checks and the grace period: fine
  * enough that a 1 s deadline is honoured within 10%. */
@@ -255,20 +256,22 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
   psd_conns_reap(&srv->conns);
 }
 
-static int write_port_file(const char *path, const char *hostport) {
-  char tmp[1100];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f) return -1;
-  fprintf(f, "%s\n", hostport);
-  if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-    fclose(f);
-    unlink(tmp);
-    return -1;
-  }
-  fclose(f);
-  if (rename(tmp, path) != 0) {
-    unlink(tmp);
+/* The output files, all through common/wfile.h (0600, planted links and
+ * other users' files refused, named in the log): --telemetry opened as a
+ * stream, --summary checked now though written at exit (a planted link
+ * stops psd at start-up, not after the run), the port file written whole
+ * (renamed into place: a reader never sees half an address). 0 or -1. */
+static int open_outputs(psd_server *srv, const char *hostport) {
+  const psd_config *cfg = srv->cfg;
+  char err[1200], line[NI_MAXHOST + NI_MAXSERV + 8];
+  int len = snprintf(line, sizeof line, "%s\n", hostport);
+  if (psd_telem_init(&srv->telem, cfg->ps_index, cfg->num_ps, cfg->telemetry, err,
+                     sizeof err) != 0 ||
+      (cfg->summary[0] && strcmp(cfg->summary, "-") != 0 &&
+       ps__wfile_check(cfg->summary, "--summary", err, sizeof err) != 0) ||
+      (cfg->port_file[0] && ps__wfile_write(cfg->port_file, line, (size_t)len, 0600,
+                                            "--port-file", err, sizeof err) != 0)) {
+    psd_error("%s", err);
     return -1;
   }
   return 0;
@@ -382,16 +385,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   }
   set_limits(srv);
   if (add_events(srv, fd) != 0) return -1;
-  char terr[1200];
-  if (psd_telem_init(&srv->telem, cfg->ps_index, cfg->num_ps, cfg->telemetry, terr,
-                     sizeof terr) != 0) {
-    psd_error("%s", terr);
-    return -1;
-  }
-  if (cfg->port_file[0] && write_port_file(cfg->port_file, hostport) != 0) {
-    psd_error("cannot write --port-file %s: %s", cfg->port_file, strerror(errno));
-    return -1;
-  }
+  if (open_outputs(srv, hostport) != 0) return -1;
   psd_info("psd %d.%d.%d listening on %s (ps %d of %d, pid %d)", PS_VERSION_MAJOR,
            PS_VERSION_MINOR, PS_VERSION_PATCH, hostport, cfg->ps_index, cfg->num_ps,
            (int)getpid());
@@ -410,16 +404,22 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
 int psd_server_run(psd_server *srv) {
   event_base_dispatch(srv->base);
   const char *sum = srv->cfg->summary;
-  if (sum[0]) {
+  psd_telem_view v = {srv->cfg->name, ps__now() - srv->job.started_at, &srv->job, &srv->shard};
+  if (strcmp(sum, "-") == 0) {
     /* "-" is stderr, with the log: stdout is the job's output (psrun
      * passes "-" under Slurm, where the workers' results go there too). */
-    FILE *f = strcmp(sum, "-") == 0 ? stderr : fopen(sum, "w");
-    psd_telem_view v = {srv->cfg->name, ps__now() - srv->job.started_at, &srv->job,
-                        &srv->shard};
-    if (f) psd_telem_print_summary(&srv->telem, &v, f);
-    else psd_warn("cannot write --summary %s: %s", sum, strerror(errno));
-    if (f == stderr) fflush(stderr);
-    else if (f) fclose(f);
+    psd_telem_print_summary(&srv->telem, &v, stderr);
+    fflush(stderr);
+  } else if (sum[0]) {
+    /* Written whole, then renamed over the name: a reader never sees half
+     * a table, and a link planted since start-up is replaced, not followed. */
+    ps__wfile w;
+    char err[1200];
+    if (ps__wfile_begin(&w, sum, 0600, "--summary", err, sizeof err) == 0) {
+      psd_telem_print_summary(&srv->telem, &v, w.fp);
+      if (ps__wfile_commit(&w, 0, err, sizeof err) == 0) return srv->exit_code;
+    }
+    psd_warn("%s", err);
   }
   return srv->exit_code;
 }

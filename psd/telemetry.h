@@ -71,7 +71,8 @@ typedef struct psd_telem {
   double mono0, unix0;       /* both clocks at init, to date records */
 } psd_telem;
 
-/* path: --telemetry file, "" (none) or "off" (disabled). 0, or -1 with err. */
+/* path: --telemetry file, "" (none) or "off" (disabled). The file is opened
+ * through common/wfile.h (0600, links refused). 0, or -1 with err. */
 int psd_telem_init(psd_telem *t, int ps_index, int num_ps, const char *path, char *err,
                    size_t errlen);
 /* The job's worker count is known: size the arrays. 0 or PS_ENOMEM. */

@@ -53,7 +53,8 @@ static const ps__opt OPTS[] = {
      "restart a dead worker in place (same rank, same environment), up to N times in all "
      "(--local) or per worker task (Slurm)"},
     {"telemetry", 0, PS_OPT_STR, F(telemetry), "", 0, 0, NULL,
-     "per-step telemetry as JSON lines: worker i to FILE.w<i>, ps i to FILE.ps<i>"},
+     "per-step telemetry as JSON lines: worker i to FILE.w<i>, ps i to FILE.ps<i> (mode "
+     "0600; a symbolic link at one is refused)"},
     {"wire-dtype", 0, PS_OPT_CHOICE_STR, F(wire_dtype), NULL, 0, 0, "f32|bf16|fp16",
      "how workers send gradients and receive parameters (PS_WIRE_DTYPE; servers keep "
      "float32; 16-bit needs psd 2.3) [as PS_WIRE_DTYPE in psrun's environment, else f32]"},

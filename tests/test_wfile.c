@@ -271,6 +271,143 @@ START_TEST(test_foreign_file_refused) {
 }
 END_TEST
 
+/* ---- the programs ---------------------------------------------------------- */
+
+static const char *psd_bin(void) {
+  const char *b = getenv("PSD_BIN");
+  return b && *b ? b : tu_bin("psd");
+}
+
+/* psd --host 127.0.0.1 --port 0 OPT PATH, run to its exit: the exit
+ * status (-1 when it did not exit within 10 s, or by a signal). */
+static int run_psd(const char *opt, const char *path, char *out, size_t outlen) {
+  char *argv[] = {(char *)psd_bin(), "--host", "127.0.0.1", "--port", "0", (char *)opt,
+                  (char *)path, NULL};
+  int st;
+  pid_t pid = tu_spawn(argv, NULL, out, outlen);
+  if (tu_wait_pid(pid, 10, &st) != 0 || !WIFEXITED(st)) return -1;
+  return WEXITSTATUS(st);
+}
+
+/* Each of psd's output options with a planted link: psd stops at start-up
+ * with status 65, its log names the option, the path and the link. */
+START_TEST(test_psd_options_refuse_planted_links) {
+  static const char *const opts[] = {"--summary", "--port-file", "--telemetry"};
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+    char dir[512], victim[600], link[600], out[600], want[4096];
+    fresh_dir(dir, sizeof dir);
+    plant(dir, "out", victim, link, sizeof victim);
+    int rc = run_psd(opts[i], link, out, sizeof out);
+    char *log = tu_read_file(out);
+    snprintf(want, sizeof want, "%s %s: is a symbolic link to %s; refusing to write through it",
+             opts[i], link, victim);
+    ck_assert_msg(rc == 65, "psd %s on a link exited %d: %s", opts[i], rc, log ? log : "");
+    ck_assert_msg(log && strstr(log, want), "psd %s: no '%s' in: %s", opts[i], want,
+                  log ? log : "");
+    free(log);
+    assert_untouched(victim, link);
+  }
+}
+END_TEST
+
+/* A psd that started fine writes its port file and telemetry 0600; a link
+ * planted at --summary while it ran is refused at exit, named in the log,
+ * and the victim is untouched. */
+START_TEST(test_psd_outputs_0600_and_late_link) {
+  char dir[512], tel[600], sum[600], victim[600];
+  fresh_dir(dir, sizeof dir);
+  snprintf(tel, sizeof tel, "%s/tel.ps0", dir);
+  snprintf(sum, sizeof sum, "%s/summary", dir);
+  snprintf(victim, sizeof victim, "%s/victim", dir);
+  put(victim, VICTIM_TEXT, 0600);
+  const char *args[] = {"--telemetry", tel, "--summary", sum, NULL};
+  tu_psd ps;
+  mode_t old = umask(0);
+  int rc = tu_psd_start(&ps, args);
+  umask(old);
+  ck_assert_msg(rc == 0, "psd did not start");
+  ck_assert_uint_eq(mode_of(ps.port_file), 0600);
+  ck_assert_uint_eq(mode_of(tel), 0600);
+  ck_assert_int_eq(symlink(victim, sum), 0);
+  kill(ps.pid, SIGTERM);
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+  char want[4096];
+  snprintf(want, sizeof want, "--summary %s: is a symbolic link to %s", sum, victim);
+  ck_assert_msg(tu_log_contains(&ps, want), "no '%s' in psd's log", want);
+  assert_untouched(victim, sum);
+}
+END_TEST
+
+/* The worker's telemetry file (ps_config.telemetry, PS_TELEMETRY under
+ * psrun): a link is refused by ps_client_create naming it; a fresh file is
+ * 0600 under umask 022 (it was 0644). */
+START_TEST(test_worker_telemetry) {
+  char dir[512], victim[600], link[600], fine[600];
+  fresh_dir(dir, sizeof dir);
+  plant(dir, "tel.w0", victim, link, sizeof victim);
+  snprintf(fine, sizeof fine, "%s/tel.w1", dir);
+  tu_psd ps;
+  ck_assert_msg(tu_psd_start(&ps, NULL) == 0, "psd did not start");
+  const char *hosts[] = {ps.addr};
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hosts;
+  cfg.num_ps = 1;
+  cfg.num_workers = 2;
+  cfg.telemetry = link;
+  ps_client *c = NULL;
+  char err[1500], want[4096];
+  ck_assert_int_ne(ps_client_create(&cfg, &c, err, sizeof err), 0);
+  snprintf(want, sizeof want, "telemetry file %s: is a symbolic link to %s; refusing to write "
+           "through it", link, victim);
+  ASSERT_SAID(err, want);
+  assert_untouched(victim, link);
+  cfg.telemetry = fine;
+  cfg.worker_index = 1;
+  mode_t old = umask(022);
+  int rc = ps_client_create(&cfg, &c, err, sizeof err);
+  umask(old);
+  ck_assert_msg(rc == 0, "%s", err);
+  ck_assert_uint_eq(mode_of(fine), 0600);
+  ps_client_destroy(c);
+  tu_psd_kill(&ps);
+}
+END_TEST
+
+/* psrun --local --telemetry F: a link at F.ps0 stops psd (and psrun,
+ * non-zero) naming it; a link at F.w0 stops worker 0 naming it. */
+START_TEST(test_psrun_telemetry) {
+  if (access(tu_bin("psrun"), X_OK) != 0 || access(tu_bin("tiny_worker"), X_OK) != 0) {
+    printf("wfile: psrun or tiny_worker not built (PS_BUILD_PSRUN, PS_BUILD_EXAMPLES): "
+           "test_psrun_telemetry checks nothing\n");
+    return;
+  }
+  static const char *const names[] = {"tel.ps0", "tel.w0"};
+  static const char *const whats[] = {"--telemetry", "telemetry file"};
+  for (int i = 0; i < 2; i++) {
+    char dir[512], victim[600], link[600], prefix[600], out[600], want[4096];
+    fresh_dir(dir, sizeof dir);
+    plant(dir, names[i], victim, link, sizeof victim);
+    snprintf(prefix, sizeof prefix, "%s/tel", dir);
+    char *argv[] = {(char *)tu_bin("psrun"), "--local", "-n", "2", "--ps", "1",
+                    "--telemetry", prefix, "--", (char *)tu_bin("tiny_worker"), "--steps",
+                    "3", NULL};
+    int st;
+    pid_t pid = tu_spawn(argv, NULL, out, sizeof out);
+    ck_assert_int_eq(tu_wait_pid(pid, 60, &st), 0);
+    char *log = tu_read_file(out);
+    snprintf(want, sizeof want, "%s %s: is a symbolic link to %s; refusing to write through it",
+             whats[i], link, victim);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) != 0, "psrun with %s planted: status %d: %s",
+                  names[i], st, log ? log : "");
+    ck_assert_msg(log && strstr(log, want), "no '%s' in psrun's output: %s", want,
+                  log ? log : "");
+    free(log);
+    assert_untouched(victim, link);
+  }
+}
+END_TEST
+
 Suite *suite_wfile(void) {
   Suite *s = suite_create("wfile");
   TCase *tc = tcase_create("helper");
@@ -288,5 +425,12 @@ Suite *suite_wfile(void) {
   } else {
     printf("wfile: the cases with another user's files need root (chown to nobody): left out\n");
   }
+  TCase *tp = tcase_create("programs");
+  tcase_set_timeout(tp, 120);
+  tcase_add_test(tp, test_psd_options_refuse_planted_links);
+  tcase_add_test(tp, test_psd_outputs_0600_and_late_link);
+  tcase_add_test(tp, test_worker_telemetry);
+  tcase_add_test(tp, test_psrun_telemetry);
+  suite_add_tcase(s, tp);
   return s;
 }
