@@ -11,7 +11,11 @@
 #                  workers' PREFIX.w<i> and psd's PREFIX.ps0)
 # The record formats are in docs/telemetry.md. A key missing from a file
 # leaves out the plots that need it, with a sentence naming key and file;
-# nothing to plot at all is an error (exit 2).
+# nothing to plot at all is an error (exit 2). The pictures are drawn in a
+# private temporary directory and written by `psctl save` (next to psplot),
+# psd's rules for output files: mode 0600, and a symbolic link at DIR/NAME,
+# or another user's file or directory, refused (exit 2), never written
+# through.
 set -euo pipefail
 
 usage() {
@@ -48,6 +52,8 @@ for tool in gnuplot:gnuplot-nox jq:jq; do
     exit 3
   fi
 done
+psctl=$(dirname "$0")/psctl
+[ -x "$psctl" ] || die "cannot find psctl, which writes the pictures, next to psplot ($psctl)"
 [ -z "$metrics" ] || [ -s "$metrics" ] || die "--metrics $metrics is missing or empty"
 mkdir -p "$out" || die "cannot create --out $out"
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/psplot.XXXXXX")
@@ -82,6 +88,14 @@ table() {
 present() { awk -v c="$2" '$c != "?" { found = 1; exit } END { exit !found }' "$1"; }
 # together DAT C1 C2: whether some line has values in both columns.
 together() { awk -v a="$2" -v b="$3" '$a != "?" && $b != "?" { found = 1; exit } END { exit !found }' "$1"; }
+
+# place NAME: $tmp/NAME (drawn there, in our private directory) to
+# $out/NAME through psctl save: one implementation of the output rules.
+place() {
+  local msg
+  msg=$("$psctl" save "$out/$1" < "$tmp/$1" 2>&1) || die "${msg#psctl: }"
+  echo "psplot: wrote $out/$1"
+}
 
 term="set terminal pngcairo size $width,$height font 'sans,10' noenhanced"
 
@@ -130,7 +144,7 @@ plot '$dat' using $((i + 1)):$((j + 3)) with ${ystyles[$j]}
   k=$(( (n + cols - 1) / cols ))
   gnuplot <<EOF || die "gnuplot failed on the training curve"
 $term
-set output '$out/training.png'
+set output '$tmp/training.png'
 set datafile missing '?'
 set grid
 set key off
@@ -138,7 +152,7 @@ set multiplot layout $k,$cols title 'training: $(basename "$f")'
 $panels
 unset multiplot
 EOF
-  echo "psplot: wrote $out/training.png"
+  place training.png
 }
 
 if [ -n "$metrics" ]; then
@@ -183,7 +197,7 @@ if [ -n "$prefix" ]; then
   series=$(IFS=,; echo "${plots[*]}")
   gnuplot <<EOF || die "gnuplot failed on the breakdown"
 $term
-set output '$out/breakdown.png'
+set output '$tmp/breakdown.png'
 set datafile missing '?'
 set multiplot layout 2,1 title '$title'
 set style data histograms
@@ -207,5 +221,5 @@ set yrange [*:*]
 plot $series
 unset multiplot
 EOF
-  echo "psplot: wrote $out/breakdown.png"
+  place breakdown.png
 fi

@@ -8,6 +8,8 @@
 # (no test_accuracy, no wall_s) plots what it can and names the missing
 # keys and the file; a file with nothing to plot is a sentence and exit 2,
 # never a gnuplot error; a missing gnuplot or jq is a sentence and exit 3.
+# Last, the output rules: the pictures are 0600, and a symbolic link
+# planted at one is refused naming it (exit 2), its target untouched.
 # Usage: plot_test.sh BIN_DIR. Exits 77 (SKIP) when gnuplot or jq is
 # missing (deploy/deps.sh installs both).
 set -euo pipefail
@@ -122,3 +124,22 @@ expect 2 "psplot: --metrics nothing/m.jsonl holds no JSON objects"
 no_gnuplot_errors
 [ ! -e nothing/training.png ] || { echo "FAIL: a picture was written with nothing to plot"; exit 1; }
 echo "ok: nothing to plot is a sentence and exit 2"
+
+# Output files (docs/security.md, "Output files"): the pictures are 0600,
+# and a symbolic link planted at one (--metrics: training.png,
+# --telemetry: breakdown.png) is refused with exit 2, naming it; the file
+# it points to is untouched.
+for f in pics/training.png pics/breakdown.png; do
+  [ "$(stat -c %a "$f")" = 600 ] || { echo "FAIL: $f is mode $(stat -c %a "$f"), not 600"; exit 1; }
+done
+mkdir planted
+for pic in training:--metrics:m.jsonl breakdown:--telemetry:tel; do
+  IFS=: read -r name opt arg <<<"$pic"
+  echo victim > planted/victim
+  ln -sfn "$dir/planted/victim" "planted/$name.png"
+  psplot "$opt" "$arg" --out planted --size 640x480
+  expect 2 "psplot: planted/$name.png: is a symbolic link to $dir/planted/victim; refusing to write through it"
+  [ "$(cat planted/victim)" = victim ] && [ -L "planted/$name.png" ] ||
+    { echo "FAIL: psplot wrote $name.png through a planted link"; exit 1; }
+done
+echo "ok: the pictures are 0600; a planted link is refused, named, and its target untouched"

@@ -408,6 +408,36 @@ START_TEST(test_psrun_telemetry) {
 }
 END_TEST
 
+/* psctl save FILE (psplot's writer): a link refused, exit 1, named; a
+ * fresh file 0600 with stdin's bytes. */
+START_TEST(test_psctl_save) {
+  if (access(tu_bin("psctl"), X_OK) != 0) {
+    printf("wfile: psctl not built (PS_BUILD_PSRUN): test_psctl_save checks nothing\n");
+    return;
+  }
+  char dir[512], victim[600], link[600], fine[600], out[700], cmd[4000], want[4096];
+  fresh_dir(dir, sizeof dir);
+  plant(dir, "pic.png", victim, link, sizeof victim);
+  snprintf(out, sizeof out, "%s/psctl.out", dir);
+  snprintf(cmd, sizeof cmd, "echo picture | '%s' save '%s' >'%s' 2>&1", tu_bin("psctl"), link,
+           out);
+  int st = system(cmd);
+  char *log = tu_read_file(out);
+  snprintf(want, sizeof want, "psctl: %s: is a symbolic link to %s; refusing to write through "
+           "it", link, victim);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "psctl save: status %d: %s", st,
+                log ? log : "");
+  ck_assert_msg(log && strstr(log, want), "no '%s' in: %s", want, log ? log : "");
+  free(log);
+  assert_untouched(victim, link);
+  snprintf(fine, sizeof fine, "%s/fine.png", dir);
+  snprintf(cmd, sizeof cmd, "echo picture | '%s' save '%s'", tu_bin("psctl"), fine);
+  ck_assert_int_eq(system(cmd), 0);
+  assert_text(fine, "picture\n");
+  ck_assert_uint_eq(mode_of(fine), 0600);
+}
+END_TEST
+
 Suite *suite_wfile(void) {
   Suite *s = suite_create("wfile");
   TCase *tc = tcase_create("helper");
@@ -431,6 +461,7 @@ Suite *suite_wfile(void) {
   tcase_add_test(tp, test_psd_outputs_0600_and_late_link);
   tcase_add_test(tp, test_worker_telemetry);
   tcase_add_test(tp, test_psrun_telemetry);
+  tcase_add_test(tp, test_psctl_save);
   suite_add_tcase(s, tp);
   return s;
 }
