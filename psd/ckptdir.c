@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "mac.h"
+#include "wfile.h"
 
 /* Names inside the directory. Dot files so a listing shows the steps. */
 static const char KEY_FILE[] = ".psd-key";
@@ -204,31 +205,14 @@ static int read_small(const psd_ckpt_dir *d, const char *name, void *buf, size_t
   return 1;
 }
 
-/* Writes buf as DIR/name (mode 0600) atomically: a temporary created with
- * O_EXCL|O_NOFOLLOW, then renameat. 0 or -1 with err. */
+/* Writes buf as DIR/name (mode 0600) atomically, through the one safe
+ * writer (common/wfile.h): a random O_EXCL|O_NOFOLLOW temporary, fsync,
+ * renameat. 0 or -1 with err. */
 static int write_small(const psd_ckpt_dir *d, const char *name, const void *buf, size_t len,
                        char *err, size_t errlen) {
-  char tmp[32], label[PSD_CKPT_PATH_MAX + 64];
-  snprintf(tmp, sizeof tmp, "%s.tmp", name);
-  snprintf(label, sizeof label, "%s/%s", d->path, tmp);
-  if (psd_ckpt_unlink_own(d->fd, tmp, label, err, errlen) != 0) return -1;
-  int fd = openat(d->fd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0 || write(fd, buf, len) != (ssize_t)len || fsync(fd) != 0) {
-    snprintf(err, errlen, "cannot write %s: %s", label, strerror(errno));
-    if (fd >= 0) {
-      close(fd);
-      unlinkat(d->fd, tmp, 0);
-    }
-    return -1;
-  }
-  close(fd);
-  if (renameat(d->fd, tmp, d->fd, name) != 0) {
-    snprintf(err, errlen, "cannot rename %s into place: %s", label, strerror(errno));
-    unlinkat(d->fd, tmp, 0);
-    return -1;
-  }
-  fsync(d->fd);
-  return 0;
+  char label[PSD_CKPT_PATH_MAX + 64];
+  snprintf(label, sizeof label, "%s/%s", d->path, name);
+  return ps__wfile_write_at(d->fd, name, buf, len, 0600, label, err, errlen);
 }
 
 static void to_hex(const uint8_t *b, size_t n, char *out) {

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "util.h"
+#include "wfile.h"
 
 /* The name of uid, for sentences. */
 static const char *user_name(uid_t uid, char *buf, size_t len) {
@@ -98,26 +99,17 @@ int psr_rdv_dir(const psr_opts *o, const psr_env *e, char *out, size_t len, char
   return rc;
 }
 
-/* Writes text to path through a fresh temporary file (O_EXCL|O_NOFOLLOW,
- * mode 0600: the info and key files hold secrets) and a rename. */
-static int write_atomic(const char *path, const char *text) {
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-  unlink(tmp); /* our own leftover of a crashed run with the same pid */
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
-  if (!f) {
-    if (fd >= 0) close(fd);
+/* Writes text and a newline to path, mode 0600 (the info and key files
+ * hold secrets), through the one safe writer: a random O_EXCL temporary
+ * renamed into place (common/wfile.h). 0 or -1 with err. */
+static int write_atomic(const char *path, const char *text, char *err, size_t errlen) {
+  char line[1024];
+  int len = snprintf(line, sizeof line, "%s\n", text);
+  if (len < 0 || (size_t)len >= sizeof line) {
+    snprintf(err, errlen, "%s: the line is too long", path);
     return -1;
   }
-  fprintf(f, "%s\n", text);
-  if (fflush(f) || fsync(fileno(f))) {
-    fclose(f);
-    unlink(tmp);
-    return -1;
-  }
-  fclose(f);
-  return rename(tmp, path);
+  return ps__wfile_write(path, line, (size_t)len, 0600, "", err, errlen);
 }
 
 /* The first line of path, if it is a plain file of ours that nobody else
@@ -148,11 +140,7 @@ int psr_admin_cred_write(const char *secret, char *path, size_t len, char *err, 
   close(fd);
   if (rc) return -1;
   snprintf(path, len, "%s/job-%d.secret", dir, (int)getpid());
-  if (write_atomic(path, secret) != 0) {
-    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-    return -1;
-  }
-  return 0;
+  return write_atomic(path, secret, err, errlen);
 }
 
 static char *slurp_line(const char *path) {
@@ -185,9 +173,7 @@ int psr_rdv_key_write(const char *dir, long long step, const uint8_t key[PSR_KEY
   char path[4300], hex[PSR_HEX_LEN + 1];
   snprintf(path, sizeof path, "%s/key.%lld", dir, step);
   psr_auth_key_hex(key, hex);
-  if (write_atomic(path, hex) == 0) return 0;
-  snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-  return -1;
+  return write_atomic(path, hex, err, errlen);
 }
 
 int psr_rdv_key_read(const char *dir, long long step, uint8_t key[PSR_KEY_BYTES],
@@ -257,10 +243,7 @@ int psr_run_ps_step(psr_step *s, char *err, size_t errlen) {
     }
     snprintf(text, sizeof text, "%lld %d %s", s->env.step_id, s->num_ps, sec);
     snprintf(path, sizeof path, "%s/info", dir);
-    if (write_atomic(path, text) != 0) {
-      snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-      return -1;
-    }
+    if (write_atomic(path, text, err, errlen) != 0) return -1;
   }
   long long st;
   int nps;
@@ -278,8 +261,7 @@ int psr_run_ps_step(psr_step *s, char *err, size_t errlen) {
   char text[400];
   snprintf(text, sizeof text, "%lld %s", s->env.step_id, hp);
   snprintf(path, sizeof path, "%s/ps%d", dir, s->role.index);
-  if (write_atomic(path, text) != 0) {
-    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+  if (write_atomic(path, text, err, errlen) != 0) {
     free(hp);
     return -1;
   }
@@ -302,9 +284,7 @@ static int worker_step_master(psr_step *s, const char *dir, char *err, size_t er
     char hp[96];
     if (psr_step_pick_master(s, err, errlen) != 0) return -1;
     snprintf(hp, sizeof hp, "%s:%d", s->master_addr, s->master_port);
-    if (write_atomic(path, hp) == 0) return 0;
-    snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
-    return -1;
+    return write_atomic(path, hp, err, errlen);
   }
   for (double end = ps__now() + s->o->timeout_s;;) {
     char *line = slurp_line(path);
