@@ -12,7 +12,11 @@
  * graph_launch runs the tape. Its page-locking keeps the driver's rule (a
  * page is locked once; a range must not share a page with a locked one),
  * and a recording that copies from memory that is not page-locked fails,
- * as the model must never record one. Failures can be asked for
+ * as the model must never record one. Its copies keep the driver's other
+ * rule: a host range that touches a locked range without lying wholly
+ * inside one (partly locked, or across two ranges) is refused, as CUDA
+ * refuses it (cudaErrorInvalidValue), and the refusal is the backend's
+ * sticky error, as on the CUDA backend. Failures can be asked for
  * (graph_begin, graph_end, graph_launch). The model on sim must give
  * bit for bit the CPU model's losses and parameters: the same CPU ops run
  * in the same order, whichever way the step is queued.
@@ -35,6 +39,7 @@
 #define SIM_TAPE 512   /* ops of one recorded step (a step queues ~70) */
 #define SIM_RANGES 256 /* locked ranges at once (2 models: < 60) */
 #define PAGE ((uintptr_t)CNN_PIN_PAGE)
+#define SIM_REFUSED "sim: %s of %zu bytes at %p refused: partly page-locked"
 
 enum { T_NHWC, T_CONV_F, T_CONV_BF, T_CONV_BD, T_DENSE_F, T_DENSE_B, T_RELU_B,
        T_POOL_F, T_POOL_B, T_LRN_F, T_LRN_B, T_XENT, T_L2, T_SGD, T_COPY };
@@ -86,6 +91,23 @@ static int range_of(const sim *s, uintptr_t a) {
 static int locked(const sim *s, const void *p, size_t bytes) {
   int i = range_of(s, (uintptr_t)p);
   return i >= 0 && (uintptr_t)p + bytes <= s->ranges[i].end;
+}
+
+/* 1 if the driver refuses a copy between the host range [p, p + bytes)
+ * and the device: the range touches a locked range without lying wholly
+ * inside one (CUDA: "memory regions must be either entirely registered or
+ * not registered at all"). A range that touches none is plain memory,
+ * copied through the driver's own staging. */
+static int refused(const sim *s, const void *p, size_t bytes) {
+  uintptr_t a = (uintptr_t)p, e = a + bytes;
+  int touches = 0;
+  for (int i = 0; i < SIM_RANGES; i++) {
+    const sim_range *r = &s->ranges[i];
+    if (!r->end || e <= r->start || r->end <= a) continue;
+    if (r->start <= a && e <= r->end) return 0;
+    touches = 1;
+  }
+  return touches;
 }
 
 static void run_op(const cnn_backend *cpu, const sim_op *o) {
@@ -207,6 +229,8 @@ static void s_sgd(const cnn_backend *be, size_t n, float lr, const float *g, flo
 
 /* ---- memory and copies ---- */
 
+/* Device memory: only the host side of a copy is checked (refused), so
+ * where a device buffer lies does not matter. */
 static void *s_alloc(const cnn_backend *be, size_t bytes) {
   (void)be;
   return calloc(1, bytes ? bytes : 1);
@@ -215,11 +239,33 @@ static void s_free(const cnn_backend *be, void *p) {
   (void)be;
   free(p);
 }
-/* Synchronous copies and waits are not allowed while recording. */
-static void s_copy(const cnn_backend *be, void *dst, const void *src, size_t bytes) {
+
+/* A copy the driver refuses (refused), kept as the CUDA backend keeps a
+ * failed call: while recording it spoils the recording, else the first
+ * one is the sticky error that the model reports from then on. */
+static void refuse(sim *s, const char *what, const void *host, size_t bytes) {
+  if (s->rec) {
+    s->rec_bad = 1;
+    snprintf(s->soft, sizeof s->soft, SIM_REFUSED, what, bytes, host);
+  } else if (!s->err[0]) {
+    snprintf(s->err, sizeof s->err, SIM_REFUSED, what, bytes, host);
+  }
+}
+
+/* A synchronous copy; host is its host side. Synchronous copies and waits
+ * are not allowed while recording. */
+static void sync_copy(const cnn_backend *be, void *dst, const void *src, size_t bytes,
+                      const void *host) {
   sim *s = S(be);
   if (s->rec) snprintf(s->err, sizeof s->err, "sim: synchronous copy while recording");
+  else if (refused(s, host, bytes)) refuse(s, "synchronous copy", host, bytes);
   else memcpy(dst, src, bytes);
+}
+static void s_to_device(const cnn_backend *be, void *dst, const void *src, size_t bytes) {
+  sync_copy(be, dst, src, bytes, src);
+}
+static void s_to_host(const cnn_backend *be, void *dst, const void *src, size_t bytes) {
+  sync_copy(be, dst, src, bytes, dst);
 }
 static void s_sync(const cnn_backend *be) {
   sim *s = S(be);
@@ -230,6 +276,10 @@ static void s_sync(const cnn_backend *be) {
 static void async_copy(const cnn_backend *be, void *dst, const void *src, size_t bytes,
                        const void *host) {
   sim *s = S(be);
+  if (refused(s, host, bytes)) {
+    refuse(s, "overlapped copy", host, bytes);
+    return;
+  }
   if (s->rec && !locked(s, host, bytes)) {
     s->rec_bad = 1;
     snprintf(s->soft, sizeof s->soft, "sim: recorded a copy of %zu bytes at %p, not page-locked",
@@ -265,6 +315,7 @@ static int add_range(sim *s, uintptr_t start, uintptr_t end, int alloc) {
   snprintf(s->soft, sizeof s->soft, "sim: host_register: more than %d ranges", SIM_RANGES);
   return -1;
 }
+/* Whole pages, as cudaHostAlloc's: else a neighbour in its last page looks partly locked. */
 static void *s_host_alloc(const cnn_backend *be, size_t bytes) {
   size_t round = (bytes + PAGE - 1) / PAGE * PAGE;
   void *p = aligned_alloc(PAGE, round ? round : PAGE);
@@ -355,7 +406,8 @@ static sim *sim_new(void) {
   b->host_mapped = 0;
   b->alloc = s_alloc;
   b->free = s_free;
-  b->to_device = b->to_host = s_copy;
+  b->to_device = s_to_device;
+  b->to_host = s_to_host;
   b->sync = s_sync;
   b->nchw_to_nhwc = s_nhwc;
   b->conv_fwd = s_conv_fwd;
@@ -681,6 +733,72 @@ START_TEST(test_two_models_share_pages) {
 }
 END_TEST
 
+#define ARENA_STEP 64 /* buffers packed in an arena on cache-line (64-byte) steps */
+
+/* Bytes parameter i's value (or gradient) buffer takes in an arena. */
+static size_t arena_bytes(int i) {
+  return (cnn_param_numel(i) * sizeof(float) + ARENA_STEP - 1) / ARENA_STEP * ARENA_STEP;
+}
+
+/* An input batch right after the model's parameter buffers in one arena
+ * (a caller packing its buffers), so that it begins in the last page of
+ * the parameters' locked range and runs on into pages nobody locked. The
+ * driver refuses a copy from such a range, so the model must stage the
+ * batch rather than upload it from where it lies: the steps and the
+ * evaluation then give the CPU model's losses, parameters and predictions,
+ * and graphs still record and replay (from the staging). Before 4b648a8
+ * the model uploaded any batch whose first byte was page-locked: the sim
+ * refuses that upload, and the first step returns NaN with the error. */
+START_TEST(test_inputs_straddling_locked_pages_are_staged) {
+  seed(test_seed());
+  sim *s = sim_new();
+  const cnn_backend *cpu = cnn_backend_cpu(1);
+  const size_t nimg = (size_t)B_ * CNN_IMAGE_FLOATS, ibytes = nimg * sizeof(float);
+  size_t params = 0;
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) params += 2 * arena_bytes(i);
+  /* the parameters end inside a page, which their locked range takes in */
+  size_t off = params % PAGE ? 0 : ARENA_STEP;
+  size_t total = (off + params + ibytes + PAGE - 1) / PAGE * PAGE;
+  char *arena = aligned_alloc(PAGE, total);
+  ck_assert_ptr_nonnull(arena);
+  memset(arena, 0, total);
+  float *av[CNN_NUM_PARAMS], *ag[CNN_NUM_PARAMS], *cv[CNN_NUM_PARAMS], *cg[CNN_NUM_PARAMS];
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) {
+    av[i] = (float *)(arena + off);
+    ag[i] = (float *)(arena + off + arena_bytes(i));
+    off += 2 * arena_bytes(i);
+  }
+  float *img = (float *)(arena + off), *r = randn(nimg, 1.0f);
+  memcpy(img, r, ibytes);
+  free(r);
+  uint8_t lab[B_];
+  for (int b = 0; b < B_; b++) lab[b] = (uint8_t)(ur() * 10);
+  bufs_new(cv, cg);
+  cnn *c = model_on(cpu, 1, cv, cg), *a = model_on(&s->be, 1, av, ag);
+  float *imgs[2] = {img, img};
+  uint8_t *labs[2] = {lab, lab};
+  run_both(c, a, imgs, labs, 3); /* the warm-up, a recording, a replay */
+  /* what this test is about: the batch starts locked, but is not in one range */
+  ck_assert(s_host_pinned(&s->be, img) && !locked(s, img, ibytes));
+  same_params(cv, av);
+  int pc[B_], pa[B_];
+  float ec = cnn_eval(c, img, lab, B_, pc), ea = cnn_eval(a, img, lab, B_, pa);
+  ck_assert_msg(ea == ec, "evaluation: cpu %.9g, sim %.9g (%s)", (double)ec, (double)ea,
+                cnn_error(a) ? cnn_error(a) : "no error");
+  ck_assert(!memcmp(pc, pa, sizeof pc));
+  cnn_run_info ri;
+  cnn_get_run_info(a, &ri);
+  ck_assert_int_eq(ri.pinned, 1);
+  ck_assert_int_eq(ri.graph_replays, 2);
+  ck_assert_ptr_null(cnn_error(a));
+  cnn_destroy(a);
+  cnn_destroy(c);
+  bufs_free(cv, cg);
+  free(arena);
+  free(s);
+}
+END_TEST
+
 Suite *suite_cnn_dev(void) {
   Suite *s = suite_create("cnn_dev");
   TCase *tc = tcase_create("cnn_dev");
@@ -689,6 +807,7 @@ Suite *suite_cnn_dev(void) {
   tcase_add_test(tc, test_graph_failures_fall_back);
   tcase_add_test(tc, test_eager_reasons);
   tcase_add_test(tc, test_two_models_share_pages);
+  tcase_add_test(tc, test_inputs_straddling_locked_pages_are_staged);
   suite_add_tcase(s, tc);
   return s;
 }
