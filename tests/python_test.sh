@@ -2,7 +2,8 @@
 # The Python package's pytest suites (python/tests) with Debian's python3:
 #   python_test.sh BIN_DIR core    the NumPy layer and packaging
 #   python_test.sh BIN_DIR torch   psd.torch and the PyTorch examples
-#   python_test.sh BIN_DIR c10d    the torch.distributed backend "psd"
+#   python_test.sh BIN_DIR c10d    the torch.distributed backend "psd" and
+#                                  Horovod's API on it (psd.horovod)
 # Exits 77 (skipped) when python3, NumPy, pytest or (torch) PyTorch is not
 # installed; an installed one that fails to import is a failure.
 set -euo pipefail
@@ -24,7 +25,7 @@ case "$what" in
   torch) need torch python3-torch
     files=(test_torch.py test_readme.py test_ctr_example.py test_examples.py) ;;
   c10d) need torch python3-torch
-    files=(test_c10d.py) ;;
+    files=(test_c10d.py test_horovod.py) ;;
   *) echo "python_test.sh: unknown suite '$what'" >&2; exit 2 ;;
 esac
 export PSD_BIN_DIR=$bin

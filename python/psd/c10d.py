@@ -226,10 +226,12 @@ class _Engine(threading.Thread):
     def _issue(self, op: _Op) -> None:
         slot = self.slots.get(op.name)
         if slot is None:  # the first call of this kind and size: create it
-            scale = float(self.size) if op.key.startswith("sum/") else 1.0
+            scale = float(self.size) if op.key.startswith(("sum/", "hsum/")) else 1.0
             v = self.client.variable(op.name, (op.numel,), init=Zeros(), optimizer=Mean(scale))
             if op.key.startswith("x"):  # exact calls: float32 whatever the job's wire dtype
                 v.set_wire_dtype("f32", "f32")
+            elif op.key.startswith("h"):  # mean_async(wire="fp16"): Horovod's Compression.fp16
+                v.set_wire_dtype("fp16", "fp16")
             slot = self.slots[op.name] = _Slot(v)
         op.var, op.start = slot.var, time.monotonic()
         op.fill(slot.var)
@@ -432,7 +434,14 @@ class ProcessGroupPsd(dist.ProcessGroup):
         raise TypeError("psd backend: all_reduce of %s tensors is not supported (floating "
                         "point and integer tensors are)" % t.dtype)
 
-    def _float_sum(self, what: str, t: torch.Tensor, average: bool) -> Future:
+    def mean_async(self, t: torch.Tensor, average: bool = True, wire: str = "") -> Future:
+        """The ranks' mean (average) or sum of the floating-point tensor t, in
+        place: a Future of [t]. wire "fp16" sends it over psd's 16-bit wire
+        (psd.horovod's Compression.fp16); "" takes the job's."""
+        what = "%s(%s%s)" % ("average" if average else "sum", t.dtype, tuple(t.shape))
+        return self._float_sum(what, t, average, "h" if wire == "fp16" else "")
+
+    def _float_sum(self, what: str, t: torch.Tensor, average: bool, kind: str = "") -> Future:
         if t.dtype == torch.float64 and not self._warned_f64:
             self._warned_f64 = True
             import warnings
@@ -455,7 +464,8 @@ class ProcessGroupPsd(dist.ProcessGroup):
             return [t]
 
         # SUM: the servers scale the mean by WORLD_SIZE in the same pass.
-        return self._submit(what, ("avg/%d" if average else "sum/%d") % n, n, fill, done)
+        key = kind + ("avg/%d" if average else "sum/%d") % n
+        return self._submit(what, key, n, fill, done)
 
     def _int_sum(self, what: str, t: torch.Tensor) -> Future:
         pieces = _int_pieces(t)
