@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +183,33 @@ static int torch_env(const psr_task *t, torch_vars *tv, char **env) {
   return 6;
 }
 
+/* PYTHONPATH=HOOK[:PACKAGE][:old]: Python workers find the torch.distributed
+ * backend "psd" registered with no import of psd (python/hook). A psrun of
+ * the build tree adds its checkout's hook and package; an installed one the
+ * installed hook, beside it (the package is on the prefix's Python path).
+ * Nothing is added when the hook is not there. The caller frees it. */
+static char *python_path(void) {
+  char self[PATH_MAX], installed[PATH_MAX + 64], hook_dir[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  self[n > 0 ? n : 0] = '\0';
+  int build = strncmp(self, PSR_BUILD_DIR "/", strlen(PSR_BUILD_DIR "/")) == 0;
+  char *slash = strrchr(self, '/');
+  if (slash) *slash = '\0';
+  snprintf(installed, sizeof installed, "%s/%s", self, PSR_HOOK_FROM_BIN);
+  const char *pkg = build ? ":" PSR_SOURCE_PYTHON : "";
+  char probe[PATH_MAX + 32];
+  if (!realpath(build ? PSR_SOURCE_PYTHON "/hook" : installed, hook_dir)) return NULL;
+  const char *hook = hook_dir;
+  snprintf(probe, sizeof probe, "%s/sitecustomize.py", hook);
+  if (access(probe, R_OK) != 0) return NULL;
+  const char *old = getenv("PYTHONPATH");
+  size_t len = strlen(hook) + strlen(pkg) + (old ? strlen(old) : 0) + 16;
+  char *s = malloc(len);
+  if (s) snprintf(s, len, "PYTHONPATH=%s%s%s%s", hook, pkg, old && *old ? ":" : "",
+                  old ? old : "");
+  return s;
+}
+
 int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *err,
                      size_t errlen) {
   size_t hl = strlen(hosts) + 16;
@@ -222,6 +250,8 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   /* Where a worker keeps state of its own beside psd's (psd.torch.Checkpoint). */
   snprintf(e_ckpt, sizeof e_ckpt, "PS_CHECKPOINT_DIR=%s", t->o->ckpt_dir);
   if (t->o->ckpt_dir[0]) env[ne++] = e_ckpt;
+  char *e_py = python_path();
+  if (e_py) env[ne++] = e_py;
   if (t->munge) {
     env[ne++] = "PS_MUNGE=1";
     env[ne++] = e_job;
@@ -231,5 +261,6 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   env[ne] = NULL;
   int child = psr_spawn(p, label, 0, t->o->cmd, env, err, errlen);
   free(e_hosts);
+  free(e_py);
   return child;
 }

@@ -193,6 +193,17 @@ PY
     "$prefix" "$(dirname "$(dirname "$pydir")")" "$tmp/hello.py" > "$tmp/hello_py"
   chmod +x "$tmp/hello_py"
   run_worker python "$tmp/hello_py"
+  # The installed psrun puts the installed import hook on its workers'
+  # PYTHONPATH (found beside it: the prefix moved is still found).
+  hook=$(find "$prefix" -path '*/psd/python-hook/sitecustomize.py' | head -1)
+  [ -n "$hook" ] || fail "psrun's Python import hook was not installed"
+  out=$("$prefix/bin/psrun" --local -n 2 --ps 1 -- /bin/sh -c \
+    'echo "path=$PYTHONPATH"; exec "$0"' "$tmp/hello_py" 2>&1) ||
+    fail "the installed psrun failed: $out"
+  case "$out" in
+    *"path=$(dirname "$hook")"*) ;;
+    *) fail "the installed psrun's worker did not get $(dirname "$hook") first on PYTHONPATH: $out" ;;
+  esac
 else
   echo "install test: /usr/bin/python3 has no numpy: the Python package's run is skipped"
 fi

@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """train_ddp_psd.py - train_ddp.py trained through psd: a plain PyTorch
 DistributedDataParallel script that differs from its gloo twin
-train_ddp.py only in the lines marked "# psd:" (and this paragraph).
+train_ddp.py only in the line marked "# psd:" (and this paragraph): psrun
+puts an import hook on its workers' PYTHONPATH (python/hook) that registers
+the "psd" backend when the script imports torch.distributed.
 
   torchrun --standalone --nproc_per_node=2 train_ddp.py --data DIR
   psrun --local --ps=1 -n 2 /usr/bin/python3 train_ddp_psd.py --data DIR
@@ -34,8 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import psd_path, psd.torch  # noqa: E401,E402,F401  # psd: registers the "psd" backend
-BACKEND = "psd"  # psd: was "gloo"
+BACKEND = "psd"  # psd: was "gloo"; psrun's workers find the backend with no import
 
 
 def options():

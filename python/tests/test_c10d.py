@@ -86,8 +86,28 @@ def test_twin_scripts_differ_in_marked_lines_only():
     a = open(os.path.join(EX, "train_ddp.py")).read().split('"""', 2)[2].splitlines()
     b = open(os.path.join(EX, "train_ddp_psd.py")).read().split('"""', 2)[2].splitlines()
     only_b = [x for x in b if x not in a]
-    assert only_b and all("# psd:" in x for x in only_b), only_b
-    assert len(a) == len(b) - 1  # the psd twin adds its import line
+    assert len(only_b) == 1 and "# psd:" in only_b[0], only_b  # the backend's name
+    assert len(a) == len(b)
+
+
+def test_backend_found_without_importing_psd_and_user_sitecustomize_kept(tmpdir_short):
+    """psrun's import hook registers "psd" when the script imports
+    torch.distributed; a sitecustomize the environment already had still
+    runs."""
+    own = os.path.join(tmpdir_short, "own")
+    os.mkdir(own)
+    with open(os.path.join(own, "sitecustomize.py"), "w") as f:
+        f.write("print('own sitecustomize ran', flush=True)\n")
+    code = ("import sys; import torch.distributed as d; d.init_process_group('psd'); "
+            "print('backend', d.get_backend(), 'psd' in sys.modules, flush=True)")
+    env = dict(os.environ, PYTHONPATH=own)
+    env.pop("PSD_LIBPSCLIENT", None)
+    p = subprocess.run([os.path.join(BIN, "psrun"), "--local", "-n", "3", "--ps", "1", "--", PY,
+                        "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for w in range(2):
+        assert "[w%d] backend psd True" % w in p.stdout, p.stdout + p.stderr
+        assert "[w%d] own sitecustomize ran" % w in p.stdout, p.stdout + p.stderr
 
 
 def test_ddp_equals_one_process_with_global_batch(tmpdir_short):
