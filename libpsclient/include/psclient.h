@@ -57,7 +57,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 4
+#define PS_VERSION_PATCH 5
 
 /* Error codes: one table generates the enum and ps_strerror(). The same
  * numbers travel on the wire in Error messages. */
