@@ -33,11 +33,24 @@ def _metadata(version):
             "License: see the psd repository\n" % (NAME, version))
 
 
+def _build_dir():
+    return os.environ.get("PSD_BUILD_DIR") or os.path.join(HERE, "..", "build")
+
+
 def _library(soname):
     """The built libpsclient to bundle, or None."""
-    build = os.environ.get("PSD_BUILD_DIR") or os.path.join(HERE, "..", "build")
-    path = os.path.join(build, "lib", soname)
+    path = os.path.join(_build_dir(), "lib", soname)
     return os.path.realpath(path) if os.path.exists(path) else None
+
+
+def _system_library(soname):
+    """Whether the system's loader finds soname (an installed library)."""
+    import ctypes
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
 
 
 def _files(lib, soname):
@@ -102,9 +115,15 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     lib = _library(soname)
     if lib:
         print("psd_build: bundling %s" % lib, file=sys.stderr)
-    else:
+    elif _system_library(soname):
         print("psd_build: no build of libpsclient found (bash deploy/build.sh, or "
               "PSD_BUILD_DIR): the package will load the system's %s" % soname, file=sys.stderr)
+    else:  # a package that cannot load its library must not install
+        raise SystemExit(
+            "psd_build: there is no libpsclient to bundle (no %s in %s) and none installed: "
+            "build it first with `bash deploy/build.sh` in the checkout, then run pip install "
+            "./python again (or set PSD_BUILD_DIR to a build directory)"
+            % (soname, os.path.join(_build_dir(), "lib")))
     return _write_wheel(wheel_directory, _files(lib, soname), lib is None, version)
 
 

@@ -48,6 +48,24 @@ def test_pip_install_offline_in_a_venv(tmpdir_short, start_psd):
     assert ps[0].wait() == 0
 
 
+def test_pip_install_before_a_build_says_what_to_run(tmpdir_short):
+    """With no build to bundle and no installed library, pip fails with one
+    sentence saying what to run, instead of installing a package that
+    cannot load."""
+    env = dict(os.environ, PSD_BUILD_DIR=os.path.join(tmpdir_short, "no-build"),
+               PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    probe = "import ctypes; ctypes.CDLL(%r)" % psd._version.SONAME  # not in this process:
+    if subprocess.run([sys.executable, "-c", probe], env=env,
+                      capture_output=True).returncode == 0:  # it has it
+        pytest.skip("this system has %s installed" % psd._version.SONAME)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-cache-dir",
+                        "-w", tmpdir_short, os.path.join(ROOT, "python")], env=env,
+                       capture_output=True, text=True)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "bash deploy/build.sh" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert not any(f.endswith(".whl") for f in os.listdir(tmpdir_short))
+
+
 def test_missing_library_names_what_was_tried(tmpdir_short):
     env = dict(os.environ, PSD_LIBPSCLIENT=os.path.join(tmpdir_short, "nope.so"))
     r = subprocess.run([sys.executable, "-c", "import psd"], env=env, capture_output=True,
