@@ -181,7 +181,7 @@ static int supervise(psr_procs *procs, psr_sup *s, int *status) {
     }
     if (ev == PSR_EV_EXIT) {
       psr_child *c = &procs->kids[which];
-      int code = psr_exit_code(c->status);
+      int code = psr_child_code(c);
       if (code == PSR_EXIT_STOPPED) {
         /* Stopped after a checkpoint: the others are stopping too. */
         if (!stopped) psr_log("%s stopped on request; waiting for the others", c->label);

@@ -53,16 +53,21 @@ int psr_spawn(psr_procs *p, const char *label, int is_ps, char *const *argv,
     snprintf(err, errlen, "too many tasks (at most %d)", PSR_MAX_CHILDREN);
     return -1;
   }
-  int out[2] = {-1, -1}, errp[2] = {-1, -1};
-  if (p->prefix && (pipe2(out, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0)) {
+  int out[2] = {-1, -1}, errp[2] = {-1, -1}, note[2] = {-1, -1};
+  if ((p->prefix && (pipe2(out, O_CLOEXEC) != 0 || pipe2(errp, O_CLOEXEC) != 0)) ||
+      (!is_ps && pipe2(note, O_CLOEXEC | O_NONBLOCK) != 0)) {
     snprintf(err, errlen, "pipe: %s", strerror(errno));
     return -1;
   }
+  /* A worker's library writes to it when the job stopped (PS_STOP_NOTE_FD,
+   * libpsclient's step.c): psrun then counts its exit as a stop. */
+  char e_note[48];
+  snprintf(e_note, sizeof e_note, "PS_STOP_NOTE_FD=%d", note[1]);
   /* Build the environment before forking (no allocation in the child). */
   size_t nenv = 0, nextra = 0;
   while (environ[nenv]) nenv++;
   while (extra_env && extra_env[nextra]) nextra++;
-  char **env = calloc(nenv + nextra + 1, sizeof *env);
+  char **env = calloc(nenv + nextra + 2, sizeof *env);
   if (!env) {
     snprintf(err, errlen, "out of memory");
     return -1;
@@ -79,6 +84,7 @@ int psr_spawn(psr_procs *p, const char *label, int is_ps, char *const *argv,
     if (!dup) env[k++] = environ[i];
   }
   for (size_t j = 0; j < nextra; j++) env[k++] = extra_env[j];
+  if (note[1] >= 0) env[k++] = e_note;
   env[k] = NULL;
   pid_t parent = getpid();
   pid_t pid = fork();
@@ -100,6 +106,7 @@ int psr_spawn(psr_procs *p, const char *label, int is_ps, char *const *argv,
       dup2(out[1], 1);
       dup2(errp[1], 2);
     }
+    if (note[1] >= 0) fcntl(note[1], F_SETFD, 0); /* the worker keeps it */
     execvpe(argv[0], argv, env);
     fprintf(stderr, "psrun: cannot run %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -111,6 +118,8 @@ int psr_spawn(psr_procs *p, const char *label, int is_ps, char *const *argv,
   c->is_ps = is_ps;
   snprintf(c->label, sizeof c->label, "%s", label);
   c->out_fd = c->err_fd = -1;
+  c->note_fd = note[0];
+  if (note[1] >= 0) close(note[1]);
   if (p->prefix) {
     close(out[1]);
     close(errp[1]);
@@ -168,6 +177,13 @@ static int reap(psr_procs *p, int *which) {
       /* Print what it wrote before dying. */
       while (c->out_fd >= 0) drain_fd(c, 0);
       while (c->err_fd >= 0) drain_fd(c, 1);
+      if (c->note_fd >= 0) {
+        char note[64];
+        ssize_t got = read(c->note_fd, note, sizeof note - 1);
+        c->stopped = got > 0 && memmem(note, (size_t)got, "stopped", 7) != NULL;
+        close(c->note_fd);
+        c->note_fd = -1;
+      }
       c->status = st;
       c->exited = 1;
       c->pid = 0;

@@ -22,6 +22,9 @@ typedef struct psr_child {
   size_t pend_len[2];
   int status;           /* wait status once reaped */
   int exited;           /* reaped */
+  int note_fd;          /* a worker's stop note pipe (read end), or -1 */
+  int stopped;          /* its library wrote that the job stopped at a
+                           checkpoint (PS_ESTOPPED) before it exited */
 } psr_child;
 
 typedef struct psr_procs {
@@ -62,6 +65,7 @@ void psr_signal_all(psr_procs *p, int sig);
 void psr_teardown(psr_procs *p, double grace_s);
 /* Exit status for a wait status: the code, or 128 + signal. */
 int psr_exit_code(int status);
+
 /* "exited with status 3" / "was killed by SIGKILL" */
 void psr_describe(int status, char *buf, size_t len);
 /* Live (unreaped) children. */

@@ -57,6 +57,14 @@ int psr_replicas(const psr_opts *o, int num_workers, int *backups);
 /* Why a psd exited with code, for psrun's messages ("" when nothing to add). */
 const char *psr_psd_status_says(int code);
 
+struct psr_child;
+/* A reaped child's status as psrun counts it: a worker that exited with a
+ * status of its choosing after its library said the job stopped at a
+ * checkpoint (PS_ESTOPPED; the quick start exits 1 on any error) counts as
+ * stopped, PSR_EXIT_STOPPED, so that a launcher requeues it; else the
+ * code (psr_exit_code). Logs the change once. */
+int psr_child_code(struct psr_child *c);
+
 struct ps__auth;
 /* For psrun's message when psd outlives the workers by PSR_PSD_EXIT_S: asks
  * each running psd (hosts: "h:p,h:p" in ps order; running[i] set for ps i

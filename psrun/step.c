@@ -201,7 +201,7 @@ int psr_supervise(psr_step *s, psr_conn *ctl, psr_peer_cb poll_peers, void *ctx,
   for (;;) {
     int which = -1;
     if (s->child >= 0 && s->procs.kids[s->child].exited) {
-      int code = psr_exit_code(s->procs.kids[s->child].status);
+      int code = psr_child_code(&s->procs.kids[s->child]);
       if (!restart_worker(s, code)) return code;
     }
     psr_event ev = psr_wait(&s->procs, poll_peers ? 100 : -1, ctl ? ctl->fd : -1, &which);

@@ -7,8 +7,11 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include <sys/wait.h>
+
 #include "ps.pb-c.h"
 #include "admin.h"
+#include "proc.h"
 #include "psrun.h"
 
 /* How long one psd has to answer psrun's Stats request (psr_unfinished). */
@@ -131,4 +134,16 @@ void psr_unfinished(const char *hosts, const int *running, int num_workers,
              "as lost, and psd waits its --grace-period for it to rejoin, then exits 66)%s",
              names, failed);
   else if (failed[0]) snprintf(buf, len, ": %s", failed + 2);
+}
+
+int psr_child_code(psr_child *c) {
+  int code = psr_exit_code(c->status);
+  if (!c->stopped || code == 0 || code == PSR_EXIT_STOPPED || !WIFEXITED(c->status))
+    return code;
+  psr_log("%s exited with status %d after the job stopped at its checkpoint: counted as "
+          "stopped (%d)", c->label, code, PSR_EXIT_STOPPED);
+  /* From here on it is a stop for everyone who reads the status. */
+  c->stopped = 0;
+  c->status = PSR_EXIT_STOPPED << 8;
+  return PSR_EXIT_STOPPED;
 }

@@ -116,6 +116,29 @@ START_TEST(test_local_signal_forwarded) {
 }
 END_TEST
 
+/* The quick start exits 1 on any error, PS_ESTOPPED included: the job
+ * still stopped at its checkpoint, and psrun's status is 75, which a
+ * launcher requeues (the library tells psrun through PS_STOP_NOTE_FD). */
+START_TEST(test_local_stop_is_75_whatever_the_workers_exit) {
+  char dir[600], out[1200];
+  snprintf(dir, sizeof dir, "%s/ck-note", tu_tmpdir());
+  char *argv[] = {(char *)tu_bin("psrun"), "--local", "-n", "3", "--ps", "1",
+                  "--checkpoint-dir", dir, "--", (char *)tu_bin("stop_worker"), "1000000",
+                  NULL};
+  int st;
+  pid_t pid = tu_spawn(argv, NULL, out, sizeof out);
+  ck_assert_msg(tu_wait_text(out, "first step", 30) == 0, "the workers never stepped");
+  kill(pid, SIGTERM);
+  ck_assert_msg(tu_wait_pid(pid, 60, &st) == 0, "psrun did not stop");
+  char *log = tu_read_file(out);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 75, "status %d\n%s", st, log);
+  ck_assert_msg(count(log, "exited with status 1 after the job stopped at its checkpoint: "
+                           "counted as stopped (75)") == 2,
+                "%s", log);
+  free(log);
+}
+END_TEST
+
 START_TEST(test_validation) {
   struct {
     const char *args[8];
@@ -610,6 +633,7 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_local_torch_env);
   tcase_add_test(tc, test_local_failing_task);
   tcase_add_test(tc, test_local_signal_forwarded);
+  tcase_add_test(tc, test_local_stop_is_75_whatever_the_workers_exit);
   tcase_add_test(tc, test_local_killed_ps_is_named);
   tcase_add_test(tc, test_validation);
   tcase_add_test(tc, test_local_backup_worker_lost);

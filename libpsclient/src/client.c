@@ -4,11 +4,14 @@
  * by concept below it (see the file map in client_internal.h). */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client_internal.h"
@@ -265,6 +268,23 @@ static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
   return rc;
 }
 
+/* psrun's stop note pipe (PS_STOP_NOTE_FD): written once the job stopped at
+ * a checkpoint (step.c), so that psrun counts this worker's exit, whatever
+ * its status, as a stop. A private close-on-exec copy; the inherited one
+ * becomes close-on-exec too (the worker's own children must not hold it).
+ * -1 when absent or not a pipe (the program closed and reused the fd). */
+static int note_fd_from_env(void) {
+  const char *v = getenv("PS_STOP_NOTE_FD");
+  char *end = NULL;
+  long fd = v ? strtol(v, &end, 10) : -1;
+  struct stat st;
+  if (!v || *end || fd < 3 || fd > INT_MAX || fstat((int)fd, &st) != 0 ||
+      !S_ISFIFO(st.st_mode))
+    return -1;
+  fcntl((int)fd, F_SETFD, FD_CLOEXEC);
+  return fcntl((int)fd, F_DUPFD_CLOEXEC, 3);
+}
+
 int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_t errlen) {
   *out = NULL;
   /* From here on, the library's own layout with defaults past the
@@ -288,6 +308,7 @@ int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_
   if (!c) return PS_ENOMEM;
   /* Without it ps_client_wake fails and bounded waits simply run out. */
   c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  c->note_fd = note_fd_from_env();
   if ((rc = client_setup(c, cfg)) != 0) goto fail;
   double deadline = ps__now() + c->connect_timeout_ms / 1000.0;
   for (int i = 0; i < c->num_ps; i++)
@@ -328,6 +349,7 @@ int ps_client_wake(ps_client *c) {
 void ps_client_destroy(ps_client *c) {
   if (!c) return;
   if (c->wake_fd >= 0) close(c->wake_fd);
+  if (c->note_fd >= 0) close(c->note_fd);
   if (c->signals) ps__signals_release();
   for (int i = 0; c->conns && i < c->num_ps; i++) ps__conn_free(&c->conns[i]);
   free(c->conns);

@@ -303,6 +303,8 @@ struct ps_client {
   int want_ckpt;              /* a server asked the chief for a checkpoint */
   int want_stop;              /* ... and to stop after it */
   uint64_t stop_step;         /* step of the stop checkpoint (servers say) */
+  int note_fd;                /* psrun's stop note pipe (PS_STOP_NOTE_FD), or -1 */
+  int noted;                  /* the stop was written to it */
   int stop_agreed;            /* chief: every server committed to a stop */
   volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
   int signals;                /* holds the library's SIGTERM/SIGUSR1 handlers

@@ -1,6 +1,7 @@
 /* step.c - the training step (pull and push together), the chief's
  * checkpoint arrangement with the servers, stopping on request, finish. */
 #include <stdio.h>
+#include <unistd.h>
 
 #include "client_internal.h"
 
@@ -51,6 +52,11 @@ uint64_t ps_client_stop_step(const ps_client *c) {
 /* The error a worker leaves with once every server has stopped: it names
  * the step the next run resumes from. */
 static int stopped_err(ps_client *c) {
+  if (c->note_fd >= 0 && !c->noted) { /* psrun: this worker's exit is a stop */
+    ssize_t n = write(c->note_fd, "stopped\n", 8);
+    (void)n;
+    c->noted = 1;
+  }
   return ps__seterr(c, PS_ESTOPPED,
                 "the job stops on request: the parameter servers checkpointed step %llu; "
                 "run it again to resume there",
