@@ -1,6 +1,7 @@
 /* checkpoint.c - writing, reading, finding and pruning checkpoint files. */
 #define _GNU_SOURCE
 #include "checkpoint.h"
+#include "optimizer.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -218,7 +219,7 @@ int psd_ckpt_add_header(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, si
   }
   size_t nlen = strlen(r->name);
   uint8_t h[4 + 4 + PS_MAX_NAME + 4 + 8 * PS_MAX_DIMS + 8 + 8 + 4 + 4 + 8];
-  if (nlen > PS_MAX_NAME || r->ndim > PS_MAX_DIMS || r->state_per > 2) {
+  if (nlen > PS_MAX_NAME || r->ndim > PS_MAX_DIMS || r->state_per > PSD_OPT_MAX_STATE) {
     snprintf(err, errlen, "checkpoint %s: slice '%s' cannot be recorded", w->tmp, r->name);
     return -1;
   }
@@ -503,7 +504,7 @@ static int parse_slice(psd_ckpt_image *img, size_t *at, size_t end, uint32_t i, 
     return bad(img, err, errlen, "slice '%s' [%" PRIu64 ", +%" PRIu64
                ") lies outside its %" PRIu64 " elements", r->name, r->offset, r->length,
                numel);
-  if (r->state_per > 2)
+  if (r->state_per > PSD_OPT_MAX_STATE)
     return bad(img, err, errlen, "slice '%s' has %u optimizer state floats per element",
                r->name, r->state_per);
   uint64_t need = r->length * (1 + r->state_per) * sizeof(float);

@@ -341,11 +341,11 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
       rc = psd_opt_validate(&opt, e2, sizeof e2);
       if (rc) snprintf(err, sizeof err, "variable '%s': %s", name, e2);
       else if (ps__opt_min_minor(&opt) > h->cfg->protocol_minor) {
-        /* psd --protocol-minor below 5 (a test of older servers) refuses
+        /* psd --protocol-minor below the newest (a test of older servers) refuses
          * what it does not announce, as an older psd would. */
-        snprintf(err, sizeof err, "variable '%s': optimizer kind %s needs protocol 2.%d; this "
-                 "psd speaks 2.%d", name, ps__opt_kind_name((int)opt.kind),
-                 ps__opt_min_minor(&opt), h->cfg->protocol_minor);
+        snprintf(err, sizeof err, "variable '%s': %s needs protocol 2.%d; this psd speaks 2.%d",
+                 name, ps__opt_min_minor_what(&opt), ps__opt_min_minor(&opt),
+                 h->cfg->protocol_minor);
         rc = PS_EUNSUPPORTED;
       }
     }

@@ -637,12 +637,20 @@ int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t e
              sl->name, sl->offset, r->length, img->path, sl->length);
     return PS_ESHAPE;
   }
-  if (r->opt_kind != (uint32_t)sl->opt.kind ||
-      r->state_per != psd_opt_state_per_elem(&sl->opt)) {
+  if (r->opt_kind != (uint32_t)sl->opt.kind) {
     snprintf(err, errlen,
              "variable '%s' was trained with optimizer %s in checkpoint %s, now %s",
              sl->name, kind_or_unknown((int)r->opt_kind), img->path,
              kind_or_unknown((int)sl->opt.kind));
+    return PS_EMISMATCH;
+  }
+  if (r->state_per != psd_opt_state_per_elem(&sl->opt)) {
+    /* The same rule with other state: RMSProp's momentum or centered. */
+    snprintf(err, errlen,
+             "variable '%s' was trained with optimizer %s keeping %u state floats per element "
+             "in checkpoint %s, now %zu (its momentum or centered changed)",
+             sl->name, kind_or_unknown((int)r->opt_kind), r->state_per, img->path,
+             psd_opt_state_per_elem(&sl->opt));
     return PS_EMISMATCH;
   }
   memcpy(sl->param, r->param, sl->length * sizeof(float));

@@ -164,6 +164,7 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
   sl->pushed = calloc(s->num_workers ? s->num_workers : 1, sizeof *sl->pushed);
   if (!sl->name || !sl->param || !sl->acc || (per && !sl->state) || !sl->pushed)
     goto nomem;
+  psd_opt_state_init(opt, sl->state, length);
   if (s->n == s->cap) {
     uint32_t ncap = s->cap ? s->cap * 2 : 64;
     psd_slice **ns = realloc(s->slices, ncap * sizeof *ns);

@@ -125,6 +125,21 @@ START_TEST(create_idempotent_and_find) {
   ck_assert_msg(strstr(ps_client_errmsg(c), "initializer seed 7 (the first create) vs 8"), "%s",
                 ps_client_errmsg(c));
   ck_assert_ptr_eq(again, sentinel);
+  /* 2.6's fields that apply to every rule are compared too; lr_scale 0
+   * means 1. */
+  o2 = opt;
+  o2.decoupled_weight_decay = 1;
+  ck_assert_int_eq(ps_client_var_create(c, "w", shape, 2, &init, &o2, &again), PS_EMISMATCH);
+  ck_assert_msg(strstr(ps_client_errmsg(c),
+                       "decoupled_weight_decay no (the first create) vs yes (this call)"),
+                "%s", ps_client_errmsg(c));
+  o2 = opt;
+  o2.lr_scale = 1.0;
+  ck_assert_int_eq(ps_client_var_create(c, "w", shape, 2, &init, &o2, &again), 0);
+  o2.lr_scale = 0.5;
+  ck_assert_int_eq(ps_client_var_create(c, "w", shape, 2, &init, &o2, &again), PS_EMISMATCH);
+  ck_assert_msg(strstr(ps_client_errmsg(c), "lr_scale 1 (the first create) vs 0.5 (this call)"),
+                "%s", ps_client_errmsg(c));
   /* Fields the rule does not use may differ (momentum for SGD). */
   o2 = opt;
   o2.momentum = 0.5;

@@ -57,28 +57,61 @@ static double ref_lr(const ps_optimizer *o, uint64_t step) {
   }
 }
 
-/* Reference update: one element at a time, everything in double. s0 is the
- * momentum accumulator or Adam's m, s1 Adam's v. */
-static void ref_apply(const ps_optimizer *o, uint64_t step, double *w,
-                      double *s0, double *s1, const float *a, const float *b,
-                      double scale, size_t n) {
-  double lr = ref_lr(o, step);
+/* Reference RMSProp (torch.optim.RMSprop's formulas) of one element: s
+ * holds its state slots in psd's order (square average, momentum buffer
+ * if momentum > 0, gradient average if centered). */
+static void ref_rmsprop(const ps_optimizer *o, double lr, double *w, double g, double *s) {
+  int mom = o->momentum > 0.0;
+  s[0] = o->alpha * s[0] + (1.0 - o->alpha) * g * g;
+  double var = s[0];
+  if (o->centered) {
+    double *ga = &s[1 + mom];
+    *ga = o->alpha * *ga + (1.0 - o->alpha) * g;
+    var -= *ga * *ga;
+  }
+  double d = sqrt(var) + o->epsilon;
+  if (mom) {
+    s[1] = o->momentum * s[1] + g / d;
+    *w -= lr * s[1];
+  } else {
+    *w -= lr * g / d;
+  }
+}
+
+/* Reference update: one element at a time, everything in double. st[k]
+ * is state slot k (n long): the momentum accumulator, Adam's m then v,
+ * Adagrad's accumulator, RMSProp's slots. */
+static void ref_apply(const ps_optimizer *o, uint64_t step, double *w, double *const *st,
+                      const float *a, const float *b, double scale, size_t n) {
+  double lr = ref_lr(o, step) * (o->lr_scale > 0.0 ? o->lr_scale : 1.0);
+  double l2 = o->decoupled_weight_decay ? 0.0 : o->weight_decay;
+  double t = (double)step + 1.0;
+  double c1 = 1.0 - pow(o->beta1, t), c2 = 1.0 - pow(o->beta2, t);
   for (size_t i = 0; i < n; i++) {
     double sum = (double)a[i] + (b ? (double)b[i] : 0.0);
-    double g = scale * sum + o->weight_decay * w[i];
+    double g = scale * sum + l2 * w[i];
+    if (o->decoupled_weight_decay) w[i] *= 1.0 - lr * o->weight_decay;
+    double *s0 = &st[0][i], *s1 = &st[1][i];
     if (o->kind == PS_OPT_SGD) {
       w[i] -= lr * g;
     } else if (o->kind == PS_OPT_MOMENTUM) {
-      s0[i] = o->momentum * s0[i] + g;
-      if (o->nesterov) w[i] -= lr * (g + o->momentum * s0[i]);
-      else w[i] -= lr * s0[i];
+      *s0 = o->momentum * *s0 + g;
+      if (o->nesterov) w[i] -= lr * (g + o->momentum * *s0);
+      else w[i] -= lr * *s0;
+    } else if (o->kind == PS_OPT_ADAM) {
+      *s0 = o->beta1 * *s0 + (1.0 - o->beta1) * g;
+      *s1 = o->beta2 * *s1 + (1.0 - o->beta2) * g * g;
+      if (o->torch_epsilon) /* torch.optim.Adam */
+        w[i] -= lr / c1 * *s0 / (sqrt(*s1) / sqrt(c2) + o->epsilon);
+      else /* TF's epsilon-hat */
+        w[i] -= lr * sqrt(c2) / c1 * *s0 / (sqrt(*s1) + o->epsilon);
+    } else if (o->kind == PS_OPT_ADAGRAD) {
+      *s0 += g * g;
+      w[i] -= lr * g / (sqrt(*s0) + o->epsilon);
     } else {
-      double t = (double)step + 1.0;
-      double lr_hat =
-          lr * sqrt(1.0 - pow(o->beta2, t)) / (1.0 - pow(o->beta1, t));
-      s0[i] = o->beta1 * s0[i] + (1.0 - o->beta1) * g;
-      s1[i] = o->beta2 * s1[i] + (1.0 - o->beta2) * g * g;
-      w[i] -= lr_hat * s0[i] / (sqrt(s1[i]) + o->epsilon);
+      double s[3] = {*s0, *s1, st[2][i]};
+      ref_rmsprop(o, lr, &w[i], g, s);
+      *s0 = s[0], *s1 = s[1], st[2][i] = s[2];
     }
   }
 }
@@ -98,15 +131,18 @@ static size_t first_mismatch(const float *got, const double *want, size_t n) {
 static void run_case(const ps_optimizer *o, uint64_t start_step, int nsteps,
                      int with_b, float scale, size_t n, uint64_t seed) {
   size_t spe = psd_opt_state_per_elem(o);
+  ck_assert_uint_le(spe, PSD_OPT_MAX_STATE);
   float *w = malloc((n + PAD) * sizeof *w);
   float *st = calloc(spe * n + PAD, sizeof *st);
   float *a = malloc((n + PAD) * sizeof *a);
   float *b = malloc((n + PAD) * sizeof *b);
   double *rw = malloc(n * sizeof *rw);
-  double *r0 = calloc(n, sizeof *r0);
-  double *r1 = calloc(n, sizeof *r1);
+  double *r[3];
+  for (int k = 0; k < 3; k++) r[k] = calloc(n, sizeof *r[k]);
   float *sign = malloc(n * sizeof *sign);
-  ck_assert(w && st && a && b && rw && r0 && r1 && sign);
+  ck_assert(w && st && a && b && rw && r[0] && r[1] && r[2] && sign);
+  psd_opt_state_init(o, st, n);
+  for (size_t i = 0; i < n && o->kind == PS_OPT_ADAGRAD; i++) r[0][i] = o->initial_accumulator;
 
   char desc[256];
   psd_opt_describe(o, desc, sizeof desc);
@@ -130,7 +166,7 @@ static void run_case(const ps_optimizer *o, uint64_t start_step, int nsteps,
     }
     const float *gb = with_b ? b : NULL;
     psd_opt_apply(o, step, w, spe ? st : NULL, a, gb, scale, n);
-    ref_apply(o, step, rw, r0, r1, a, gb, (double)scale, n);
+    ref_apply(o, step, rw, r, a, gb, (double)scale, n);
 
     size_t bad = first_mismatch(w, rw, n);
     ck_assert_msg(bad == n,
@@ -138,23 +174,13 @@ static void run_case(const ps_optimizer *o, uint64_t start_step, int nsteps,
                   ": param[%zu] = %.9g, reference %.9g",
                   desc, with_b, (double)scale, n, step, bad,
                   bad < n ? (double)w[bad] : 0.0, bad < n ? rw[bad] : 0.0);
-    if (spe >= 1) {
-      bad = first_mismatch(st, r0, n);
+    for (size_t j = 0; j < spe; j++) {
+      bad = first_mismatch(st + j * n, r[j], n);
       ck_assert_msg(bad == n,
                     "[%s] grad_b=%d scale=%g n=%zu step=%" PRIu64
-                    ": state[%zu] (%s) = %.9g, reference %.9g",
-                    desc, with_b, (double)scale, n, step, bad,
-                    spe == 2 ? "m" : "v", bad < n ? (double)st[bad] : 0.0,
-                    bad < n ? r0[bad] : 0.0);
-    }
-    if (spe == 2) {
-      bad = first_mismatch(st + n, r1, n);
-      ck_assert_msg(bad == n,
-                    "[%s] grad_b=%d scale=%g n=%zu step=%" PRIu64
-                    ": state[n+%zu] (v) = %.9g, reference %.9g",
-                    desc, with_b, (double)scale, n, step, bad,
-                    bad < n ? (double)st[n + bad] : 0.0,
-                    bad < n ? r1[bad] : 0.0);
+                    ": state slot %zu [%zu] = %.9g, reference %.9g",
+                    desc, with_b, (double)scale, n, step, j, bad,
+                    bad < n ? (double)st[j * n + bad] : 0.0, bad < n ? r[j][bad] : 0.0);
     }
     for (size_t i = 0; i < PAD; i++) {
       ck_assert_msg(w[n + i] == CANARY, "[%s] n=%zu: param[n+%zu] written",
@@ -164,17 +190,38 @@ static void run_case(const ps_optimizer *o, uint64_t start_step, int nsteps,
                     spe * n + i);
     }
   }
-  free(w), free(st), free(a), free(b), free(rw), free(r0), free(r1);
+  free(w), free(st), free(a), free(b), free(rw), free(r[0]), free(r[1]), free(r[2]);
   free(sign);
 }
 
-#define NUM_RULES 5
+#define NUM_RULES 13
+
+/* rule()'s 2.6 rules, r 5 to 12. */
+static ps_optimizer rule_2_6(int r, int with_wd) {
+  static const ps_opt_kind kinds[] = {PS_OPT_ADAM,    PS_OPT_ADAM,    PS_OPT_ADAGRAD,
+                                       PS_OPT_RMSPROP, PS_OPT_RMSPROP, PS_OPT_RMSPROP,
+                                       PS_OPT_RMSPROP, PS_OPT_SGD};
+  ps_optimizer o = opt_base(kinds[r - 5], 0.01);
+  o.torch_epsilon = r == 5 || r == 6;
+  o.epsilon = r == 5 ? 1e-3 : r == 7 ? 1e-10 : 1e-8;
+  o.decoupled_weight_decay = r == 6 || r == 12;
+  o.initial_accumulator = 0.1;
+  o.alpha = r == 8 ? 0.99 : 0.9;
+  o.momentum = r == 9 || r == 10 ? 0.9 : 0.0;
+  o.centered = r == 10 || r == 11;
+  o.lr_scale = r == 11 ? 0.5 : r == 12 ? 2.0 : 0.0;
+  o.weight_decay = with_wd ? 0.05 : 0.0;
+  return o;
+}
 
 /* The rules under test: SGD, momentum, Nesterov, Adam with a large epsilon
  * (so where epsilon goes matters: TF's epsilon-hat form) and Adam with
- * other betas and the usual epsilon. */
+ * other betas and the usual epsilon; then (2.6) Adam with PyTorch's
+ * epsilon, AdamW (decoupled), Adagrad, the four RMSProp variants (one with
+ * lr_scale), and SGD with decoupled decay and lr_scale. */
 static ps_optimizer rule(int r, int with_wd) {
   ps_optimizer o;
+  if (r >= 5) return rule_2_6(r, with_wd);
   switch (r) {
     case 0:
       o = opt_base(PS_OPT_SGD, 0.01);
@@ -277,6 +324,59 @@ START_TEST(apply_hand_values) {
   ck_assert_float_eq_tol(mv[0], 0.095f, 1e-7f);
   ck_assert_float_eq_tol(mv[1], 0.00049975f, 1e-9f);
   ck_assert_float_eq_tol(w, 0.98f, 1e-6f);
+}
+END_TEST
+
+/* One update of a single element w with gradient g (state st). */
+static float one_step(const ps_optimizer *o, uint64_t step, float w, float *st, float g) {
+  psd_opt_apply(o, step, &w, st, &g, NULL, 1.0f, 1);
+  return w;
+}
+
+/* 2.6 by hand: decoupled decay and lr_scale, Adagrad, RMSProp plain and
+ * centered, and where Adam's epsilon goes (torch's vs TF's, epsilon 1). */
+START_TEST(apply_hand_values_2_6) {
+  /* SGD, decoupled: w = 1 * (1 - 0.1*0.5) - 0.1*0.5; lr_scale 2 of lr 0.05
+   * moves as lr 0.1: 1 - 0.1*0.5. */
+  ps_optimizer o = opt_base(PS_OPT_SGD, 0.1);
+  o.weight_decay = 0.5;
+  o.decoupled_weight_decay = 1;
+  ck_assert_float_eq_tol(one_step(&o, 0, 1.0f, NULL, 0.5f), 0.9f, 1e-6f);
+  o = opt_base(PS_OPT_SGD, 0.05);
+  o.lr_scale = 2.0;
+  ck_assert_float_eq_tol(one_step(&o, 0, 1.0f, NULL, 0.5f), 0.95f, 1e-6f);
+  ck_assert_double_eq(psd_opt_lr(&o, 0), 0.1);
+
+  /* Adagrad lr 0.1, g 0.5: acc 0.25, w 0.9; acc 0.5, w 0.9 - 0.05/sqrt(0.5). */
+  o = opt_base(PS_OPT_ADAGRAD, 0.1);
+  o.epsilon = 1e-10;
+  float st[2] = {0.0f, 0.0f};
+  float w = one_step(&o, 0, 1.0f, st, 0.5f);
+  ck_assert_float_eq_tol(w, 0.9f, 1e-6f);
+  ck_assert_float_eq_tol(one_step(&o, 1, w, st, 0.5f), 0.82928932f, 1e-6f);
+  ck_assert_float_eq_tol(st[0], 0.5f, 1e-7f);
+
+  /* RMSProp alpha 0.9, lr 0.01, g 1: sq 0.1, w 1 - 0.01/sqrt(0.1);
+   * centered: gavg 0.1, w 1 - 0.01/sqrt(0.1 - 0.01). */
+  o = opt_base(PS_OPT_RMSPROP, 0.01);
+  o.alpha = 0.9;
+  st[0] = 0.0f;
+  ck_assert_float_eq_tol(one_step(&o, 0, 1.0f, st, 1.0f), 0.96837722f, 1e-6f);
+  o.centered = 1;
+  st[0] = st[1] = 0.0f;
+  ck_assert_float_eq_tol(one_step(&o, 0, 1.0f, st, 1.0f), 0.96666667f, 1e-6f);
+  ck_assert_float_eq_tol(st[1], 0.1f, 1e-7f);
+
+  /* Adam, epsilon 1, g 0.5, lr 0.03: torch's w -= 0.03/0.1 * 0.05 /
+   * (sqrt(0.00025)/sqrt(0.001) + 1) = 0.01; TF's epsilon-hat moves less. */
+  o = opt_base(PS_OPT_ADAM, 0.03);
+  o.epsilon = 1.0;
+  o.torch_epsilon = 1;
+  st[0] = st[1] = 0.0f;
+  ck_assert_float_eq_tol(one_step(&o, 0, 1.0f, st, 0.5f), 0.99f, 1e-6f);
+  o.torch_epsilon = 0;
+  st[0] = st[1] = 0.0f;
+  ck_assert_float_eq_tol(one_step(&o, 0, 1.0f, st, 0.5f), 0.99953304f, 1e-6f);
 }
 END_TEST
 
@@ -486,6 +586,8 @@ START_TEST(validate_accepts_good_configs) {
 }
 END_TEST
 
+#define NUM_BAD 36 /* bad_config's cases */
+
 /* Bad config number i: *field is the field the message must name, *got
  * what it must say the value was. Returns 0 past the end of the table. */
 static int bad_config(int i, ps_optimizer *o, const char **field,
@@ -562,6 +664,26 @@ static int bad_config(int i, ps_optimizer *o, const char **field,
     case 28:
       o->decay = PS_DECAY_COSINE; o->total_steps = 100; o->min_lr_factor = NAN;
       *field = "min_lr_factor"; *got = "got nan"; break;
+    /* 2.6: the message names the rule, not "optimizer". */
+    case 29:
+      o->kind = PS_OPT_ADAGRAD; o->initial_accumulator = -1.0;
+      *field = "adagrad initial_accumulator"; *got = "got -1"; break;
+    case 30:
+      o->kind = PS_OPT_ADAGRAD; o->epsilon = 1e-50; /* 0 in float */
+      *field = "adagrad epsilon"; *got = "got 1e-50"; break;
+    case 31:
+      o->kind = PS_OPT_RMSPROP; o->alpha = 1.0;
+      *field = "rmsprop alpha"; *got = "got 1"; break;
+    case 32:
+      o->kind = PS_OPT_RMSPROP; o->alpha = 0.9; o->momentum = -0.1;
+      *field = "rmsprop momentum"; *got = "got -0.1"; break;
+    case 33:
+      o->kind = PS_OPT_RMSPROP; o->alpha = 0.9; o->epsilon = 0.0;
+      *field = "rmsprop epsilon"; *got = "got 0"; break;
+    case 34: o->lr_scale = -1.0; *field = "sgd lr_scale"; *got = "got -1"; break;
+    case 35:
+      o->kind = PS_OPT_ADAGRAD; o->lr_scale = NAN;
+      *field = "adagrad lr_scale"; *got = "got nan"; break;
     default: return 0;
   }
   return 1;
@@ -577,7 +699,7 @@ START_TEST(validate_rejects_bad_fields) {
   ck_assert_msg(rc == PS_EINVAL, "case %d (%s): rc %d", _i, field, rc);
   ck_assert_msg(memchr(err, '\0', sizeof err) != NULL, "case %d: no NUL", _i);
   char want[64];
-  snprintf(want, sizeof want, "optimizer %s must", field);
+  snprintf(want, sizeof want, strchr(field, ' ') ? "%s must" : "optimizer %s must", field);
   ck_assert_msg(strstr(err, want) != NULL, "case %d: \"%s\" lacks \"%s\"", _i,
                 err, want);
   ck_assert_msg(strstr(err, got) != NULL, "case %d: \"%s\" lacks \"%s\"", _i,
@@ -595,7 +717,7 @@ END_TEST
 START_TEST(validate_table_is_complete) {
   ps_optimizer o;
   const char *field, *got;
-  ck_assert(!bad_config(29, &o, &field, &got));
+  ck_assert(!bad_config(NUM_BAD, &o, &field, &got));
 }
 END_TEST
 
@@ -611,6 +733,23 @@ START_TEST(state_per_elem) {
   ck_assert_uint_eq(psd_opt_state_per_elem(&o), 1);
   o.kind = PS_OPT_ADAM;
   ck_assert_uint_eq(psd_opt_state_per_elem(&o), 2);
+  /* Adagrad: the accumulator, starting at initial_accumulator; RMSProp:
+   * the square average, plus a slot each for momentum and centered. */
+  o.kind = PS_OPT_ADAGRAD;
+  o.initial_accumulator = 0.1;
+  ck_assert_uint_eq(psd_opt_state_per_elem(&o), 1);
+  float st[4] = {7, 7, 7, 7};
+  psd_opt_state_init(&o, st, 3);
+  ck_assert(st[0] == 0.1f && st[2] == 0.1f && st[3] == 7.0f);
+  o.kind = PS_OPT_RMSPROP;
+  o.momentum = 0.0;
+  ck_assert_uint_eq(psd_opt_state_per_elem(&o), 1);
+  o.centered = 1;
+  ck_assert_uint_eq(psd_opt_state_per_elem(&o), 2);
+  o.momentum = 0.5;
+  ck_assert_uint_eq(psd_opt_state_per_elem(&o), PSD_OPT_MAX_STATE);
+  psd_opt_state_init(&o, st, 1);
+  ck_assert(st[0] == 0.0f && st[2] == 0.0f && st[3] == 7.0f);
 }
 END_TEST
 
@@ -643,8 +782,32 @@ START_TEST(describe) {
                    "momentum lr=0.05 momentum=0.9 nesterov=yes wd=0 "
                    "decay=step rate=0.5 steps=10");
 
+  /* 2.6: the new rules by name, and what changes any rule. */
+  o = opt_base(PS_OPT_ADAM, 0.001);
+  o.torch_epsilon = 1;
+  o.decoupled_weight_decay = 1;
+  o.weight_decay = 0.01;
+  o.lr_scale = 0.5;
+  psd_opt_describe(&o, buf, sizeof buf);
+  ck_assert_str_eq(buf,
+                   "adam lr=0.001 beta1=0.9 beta2=0.999 eps=1e-08 (torch) wd=0.01 (decoupled) "
+                   "decay=none lr_scale=0.5");
+  o = opt_base(PS_OPT_ADAGRAD, 0.01);
+  o.initial_accumulator = 0.1;
+  o.epsilon = 1e-10;
+  psd_opt_describe(&o, buf, sizeof buf);
+  ck_assert_str_eq(buf, "adagrad lr=0.01 initial_accumulator=0.1 eps=1e-10 wd=0 decay=none");
+  o = opt_base(PS_OPT_RMSPROP, 0.01);
+  o.alpha = 0.99;
+  o.momentum = 0.9;
+  o.centered = 1;
+  psd_opt_describe(&o, buf, sizeof buf);
+  ck_assert_str_eq(buf, "rmsprop lr=0.01 alpha=0.99 eps=1e-08 momentum=0.9 centered=yes wd=0 "
+                        "decay=none");
+
   char small[16];
   memset(small, 'x', sizeof small);
+  o = opt_base(PS_OPT_MOMENTUM, 0.05);
   psd_opt_describe(&o, small, 8);
   ck_assert_str_eq(small, "momentu");
   ck_assert_int_eq(small[8], 'x');
@@ -658,6 +821,7 @@ Suite *suite_optimizer(void) {
   tcase_add_loop_test(tc, apply_matches_reference, 0, NUM_RULES * 8);
   tcase_add_test(tc, apply_with_decay_and_late_steps);
   tcase_add_test(tc, apply_hand_values);
+  tcase_add_test(tc, apply_hand_values_2_6);
   tcase_add_test(tc, apply_empty);
   suite_add_tcase(s, tc);
 
@@ -671,7 +835,7 @@ Suite *suite_optimizer(void) {
 
   tc = tcase_create("validate");
   tcase_add_test(tc, validate_accepts_good_configs);
-  tcase_add_loop_test(tc, validate_rejects_bad_fields, 0, 29);
+  tcase_add_loop_test(tc, validate_rejects_bad_fields, 0, NUM_BAD);
   tcase_add_test(tc, validate_table_is_complete);
   suite_add_tcase(s, tc);
 

@@ -58,6 +58,8 @@ static void job_start_ps(job *j, int nps, const char *dir, const char *const *ex
 
 /* replicas_to_aggregate for the next job_start_workers (0: all). */
 static int g_replicas;
+/* The rules of W and b for the next job_start_workers (NULL: the model's). */
+static const ps_optimizer *g_opt_w, *g_opt_b;
 
 static void job_start_workers(job *j, int nw, uint64_t until, int delay_us) {
   j->nw = nw;
@@ -72,6 +74,8 @@ static void job_start_workers(job *j, int nw, uint64_t until, int delay_us) {
     t->until = until;
     t->delay_us = delay_us + 4000 * i * (g_replicas > 0); /* backups lag */
     t->replicas = g_replicas;
+    t->opt_w = g_opt_w;
+    t->opt_b = g_opt_b;
     /* Small slices: every variable spreads over both servers. */
     t->split_threshold = 16;
     t->max_slice_bytes = 16;
@@ -115,7 +119,36 @@ static long log_number(const tu_psd *p, const char *needle) {
   return v;
 }
 
-START_TEST(resume_reproduces_uninterrupted) {
+/* Servers restoring from d refuse the variable `name` of that shape and
+ * optimizer, with a message naming the checkpoint and `needle`. */
+static void restore_refuses(const char *d, const char *name, const int64_t *shape, int ndim,
+                            const ps_optimizer *opt, const char *needle) {
+  job j;
+  job_start_ps(&j, 2, d, NULL);
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = j.hp;
+  cfg.num_ps = 2;
+  cfg.num_workers = 1;
+  cfg.split_threshold = 16;
+  cfg.max_slice_bytes = 16;
+  ps_client *c;
+  char err[512];
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  ps_var *v;
+  ps_init zero = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
+  int rc = ps_client_var_create(c, name, shape, ndim, &zero, opt, &v);
+  ck_assert_int_ne(rc, 0);
+  const char *m = ps_client_errmsg(c);
+  ck_assert_msg(strstr(m, "checkpoint") && strstr(m, d) && strstr(m, needle), "%s", m);
+  ps_client_destroy(c);
+  for (int i = 0; i < 2; i++) tu_psd_kill(&j.ps[i]);
+}
+
+/* 12 steps, or 6, a restart on the same directory and 6 more: the same
+ * parameters, bit for bit (the optimizer state was restored exactly).
+ * Returns the directory of the resumed run. */
+static const char *resume_matches_uninterrupted(void) {
   tu_train full = run_job(ckdir("full"), 12, NULL);
   ck_assert_uint_eq(full.final_step, 12);
   const char *d = ckdir("resume");
@@ -135,6 +168,37 @@ START_TEST(resume_reproduces_uninterrupted) {
   ck_assert_msg(tu_params_equal(&j.t[0], &full),
                 "resumed parameters differ from the uninterrupted run's (W[0] %.9g vs %.9g)",
                 j.t[0].W[0], full.W[0]);
+  return d;
+}
+
+/* The model's rules: plain SGD and momentum. */
+START_TEST(resume_reproduces_uninterrupted) { resume_matches_uninterrupted(); }
+END_TEST
+
+/* The 2.6 rules keep their state in checkpoints: W with Adagrad (its
+ * accumulator, started at 0.1), b with centered RMSProp with momentum
+ * (three state floats per element). */
+START_TEST(resume_keeps_adagrad_and_rmsprop_state) {
+  ps_optimizer ow, ob;
+  ps_optimizer_default(&ow, 0.1);
+  ow.kind = PS_OPT_ADAGRAD;
+  ow.initial_accumulator = 0.1;
+  ow.epsilon = 1e-10;
+  ps_optimizer_default(&ob, 0.01);
+  ob.kind = PS_OPT_RMSPROP;
+  ob.alpha = 0.9;
+  ob.momentum = 0.9;
+  ob.centered = 1;
+  ob.weight_decay = 0.01;
+  ob.decoupled_weight_decay = 1;
+  g_opt_w = &ow;
+  g_opt_b = &ob;
+  const char *d = resume_matches_uninterrupted();
+  g_opt_w = g_opt_b = NULL;
+  /* The same rule with other state (not centered: 2 floats) is refused. */
+  ob.centered = 0;
+  int64_t shape[1] = {TU_C};
+  restore_refuses(d, "b", shape, 1, &ob, "rmsprop keeping 3 state floats per element");
 }
 END_TEST
 
@@ -273,27 +337,8 @@ END_TEST
 START_TEST(other_model_is_refused) {
   const char *d = ckdir("model");
   run_job(d, 3, NULL);
-  job j;
-  job_start_ps(&j, 2, d, NULL);
-  ps_config cfg;
-  ps_config_init(&cfg);
-  cfg.hosts = j.hp;
-  cfg.num_ps = 2;
-  cfg.num_workers = 1;
-  cfg.split_threshold = 16;
-  cfg.max_slice_bytes = 16;
-  ps_client *c;
-  char err[512];
-  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
-  ps_var *v;
   int64_t shape[2] = {TU_D + 1, TU_C};
-  ps_init zero = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
-  int rc = ps_client_var_create(c, "W", shape, 2, &zero, NULL, &v);
-  ck_assert_int_ne(rc, 0);
-  ck_assert_msg(strstr(ps_client_errmsg(c), "checkpoint") && strstr(ps_client_errmsg(c), d),
-                "%s", ps_client_errmsg(c));
-  ps_client_destroy(c);
-  for (int i = 0; i < 2; i++) tu_psd_kill(&j.ps[i]);
+  restore_refuses(d, "W", shape, 2, NULL, "elements");
 }
 END_TEST
 
@@ -558,6 +603,7 @@ Suite *suite_persist(void) {
   TCase *tc = tcase_create("core");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, resume_reproduces_uninterrupted);
+  tcase_add_test(tc, resume_keeps_adagrad_and_rmsprop_state);
   tcase_add_test(tc, signal_to_one_ps_stops_all_at_one_step);
   tcase_add_test(tc, stop_with_backup_workers);
   tcase_add_test(tc, timed_checkpoints_agree);

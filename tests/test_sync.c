@@ -456,6 +456,48 @@ START_TEST(test_mean_needs_2_5) {
 }
 END_TEST
 
+/* A psd that announces protocol 2.5 is never sent what 2.6 added: each of
+ * Adagrad, RMSProp, decoupled weight decay, Adam's torch_epsilon and an
+ * lr_scale other than 1 fails the creation with PS_EUNSUPPORTED naming the
+ * rule or field, the protocol and the server; lr_scale 1, what a 2.5
+ * server does anyway, is sent. */
+START_TEST(test_new_rules_need_2_6) {
+  tu_psd ps[1];
+  const char *extra[] = {"--protocol-minor", "5", NULL};
+  ps_client *c = solo_client(ps, extra);
+  int64_t shape[1] = {4};
+  static const char *const what[] = {"optimizer adagrad", "optimizer rmsprop",
+                                     "decoupled weight decay", "adam's torch_epsilon",
+                                     "lr_scale"};
+  for (int i = 0; i < 5; i++) {
+    ps_optimizer o;
+    ps_optimizer_default(&o, 0.1);
+    if (i == 0) o.kind = PS_OPT_ADAGRAD;
+    if (i == 1) o.kind = PS_OPT_RMSPROP;
+    if (i == 2) o.decoupled_weight_decay = 1;
+    if (i == 3) o.kind = PS_OPT_ADAM, o.torch_epsilon = 1;
+    if (i == 4) o.lr_scale = 2.0;
+    ps_var *v;
+    char name[16];
+    snprintf(name, sizeof name, "v%d", i);
+    ck_assert_int_eq(ps_client_var_create(c, name, shape, 1, NULL, &o, &v), PS_EUNSUPPORTED);
+    const char *m = ps_client_errmsg(c);
+    char want[96];
+    snprintf(want, sizeof want, "variable '%s': %s needs protocol 2.6", name, what[i]);
+    ck_assert_msg(strstr(m, want) && strstr(m, "speaks only 2.5") && strstr(m, "ps 0 at"),
+                  "%s", m);
+  }
+  ps_optimizer o;
+  ps_optimizer_default(&o, 0.1);
+  o.lr_scale = 1.0;
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "one", shape, 1, NULL, &o, &v), 0);
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  expect_clean_exit(ps, 1);
+}
+END_TEST
+
 /* ---- a reply never observes a half-applied update --------------------- */
 
 #define BIG_N (8u << 20) /* 32 MiB: far more than the socket buffers hold */
@@ -622,6 +664,7 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_mean_variable);
   tcase_add_test(tc, test_mean_variable_backups);
   tcase_add_test(tc, test_mean_needs_2_5);
+  tcase_add_test(tc, test_new_rules_need_2_6);
   tcase_add_test(tc, test_max_memory);
   tcase_add_test(tc, test_consistent_reply_under_updates);
 #ifdef PS_MALLOC_COUNT_SO

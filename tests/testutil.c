@@ -378,6 +378,8 @@ void *tu_train_worker(void *arg) {
   if (t->rc) return NULL;
   ps_optimizer ow, ob;
   tu_model_opts(&ow, &ob);
+  if (t->opt_w) ow = *t->opt_w;
+  if (t->opt_b) ob = *t->opt_b;
   ps_init zero = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 0);
   ps_var *vw = NULL, *vb = NULL;
   t->rc = ps_client_var_create(c, "W", TU_SHAPE_W, 2, &TU_INIT_W, &ow, &vw);

@@ -185,6 +185,7 @@ typedef struct tu_train {
   int delay_us;             /* sleep this long per step (compute time) */
   int stopped;              /* result: the job stopped on request
                                (PS_ESTOPPED; finish was still called) */
+  const ps_optimizer *opt_w, *opt_b; /* W's and b's rules; NULL: tu_model_opts */
   /* results */
   float W[TU_D * TU_C], b[TU_C];
   int stale;                /* stale pushes seen */

@@ -36,6 +36,12 @@ void ps_optimizer_default_sized(ps_optimizer *opt, size_t size, double lr) {
   opt->total_steps = 0;
   opt->min_lr_factor = 0.0;
   opt->mean_scale = 0.0;
+  opt->lr_scale = 0.0;
+  opt->initial_accumulator = 0.0;
+  opt->alpha = 0.99;
+  opt->centered = 0;
+  opt->decoupled_weight_decay = 0;
+  opt->torch_epsilon = 0;
 }
 
 void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m) {
@@ -55,6 +61,12 @@ void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m) {
   m->total_steps = o->total_steps;
   m->min_lr_factor = o->min_lr_factor;
   m->mean_scale = o->mean_scale;
+  m->lr_scale = o->lr_scale;
+  m->initial_accumulator = o->initial_accumulator;
+  m->alpha = o->alpha;
+  m->centered = o->centered != 0;
+  m->decoupled_weight_decay = o->decoupled_weight_decay != 0;
+  m->torch_epsilon = o->torch_epsilon != 0;
 }
 
 void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o) {
@@ -75,15 +87,45 @@ void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o) {
   o->total_steps = m->total_steps;
   o->min_lr_factor = m->min_lr_factor;
   o->mean_scale = m->mean_scale;
+  o->lr_scale = m->lr_scale;
+  o->initial_accumulator = m->initial_accumulator;
+  o->alpha = m->alpha;
+  o->centered = m->centered;
+  o->decoupled_weight_decay = m->decoupled_weight_decay;
+  o->torch_epsilon = m->torch_epsilon;
 }
 
 int ps__opt_needs_2_1(const ps_optimizer *o) {
   return o->kind == PS_OPT_NONE || o->decay == PS_DECAY_COSINE || o->warmup_steps != 0;
 }
 
+/* A 2.5 server would ignore these fields (protobuf skips unknown ones)
+ * and train with another rule than the one asked for, or refuse the
+ * kind with a number for a name. lr_scale 1 is what it would do anyway. */
+static int needs_2_6(const ps_optimizer *o) {
+  return o->kind == PS_OPT_ADAGRAD || o->kind == PS_OPT_RMSPROP ||
+         (o->lr_scale != 0.0 && o->lr_scale != 1.0) || o->decoupled_weight_decay ||
+         (o->kind == PS_OPT_ADAM && o->torch_epsilon);
+}
+
 int ps__opt_min_minor(const ps_optimizer *o) {
+  if (needs_2_6(o)) return 6;
   if (o->kind == PS_OPT_MEAN) return 5;
   return ps__opt_needs_2_1(o) ? 1 : 0;
+}
+
+const char *ps__opt_min_minor_what(const ps_optimizer *o) {
+  switch (ps__opt_min_minor(o)) {
+    case 6:
+      if (o->kind == PS_OPT_ADAGRAD) return "optimizer adagrad";
+      if (o->kind == PS_OPT_RMSPROP) return "optimizer rmsprop";
+      if (o->decoupled_weight_decay) return "decoupled weight decay";
+      if (o->kind == PS_OPT_ADAM && o->torch_epsilon) return "adam's torch_epsilon";
+      return "lr_scale";
+    case 5: return "optimizer kind mean";
+    case 1: return "optimizer kind none, cosine decay or warm-up";
+    default: return "this optimizer";
+  }
 }
 
 int ps__opt_has_rule(int kind) { return kind != PS_OPT_NONE && kind != PS_OPT_MEAN; }
@@ -95,6 +137,8 @@ const char *ps__opt_kind_name(int kind) {
     case PS_OPT_ADAM: return "adam";
     case PS_OPT_NONE: return "none";
     case PS_OPT_MEAN: return "mean";
+    case PS_OPT_ADAGRAD: return "adagrad";
+    case PS_OPT_RMSPROP: return "rmsprop";
     default: return NULL;
   }
 }
@@ -137,6 +181,32 @@ static void diff_double(char *buf, size_t len, const char *name, double a, const
   snprintf(buf, len, "%s %s (%s) vs %s (%s)", name, x, al, y, bl);
 }
 
+#define DIFF_FLAG(field)                                                           \
+  if (!a->field != !b->field) {                                                    \
+    snprintf(buf, len, #field " %s (%s) vs %s (%s)", a->field ? "yes" : "no", al,   \
+             b->field ? "yes" : "no", bl);                                         \
+    return 1;                                                                      \
+  }
+
+/* lr_scale as it applies: 0 means 1. */
+static double lr_scale_of(const ps_optimizer *o) { return o->lr_scale == 0.0 ? 1.0 : o->lr_scale; }
+
+/* ps__opt_diff's fields of Adagrad and RMSProp (2.6). */
+static int rule_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b,
+                     const char *bl, char *buf, size_t len) {
+  if (a->kind == PS_OPT_ADAGRAD) {
+    DIFF_D(initial_accumulator)
+    DIFF_D(epsilon)
+  }
+  if (a->kind == PS_OPT_RMSPROP) {
+    DIFF_D(alpha)
+    DIFF_D(epsilon)
+    DIFF_D(momentum)
+    DIFF_FLAG(centered)
+  }
+  return 0;
+}
+
 /* Names a kind or decay for ps__opt_diff: its name, or "unknown". */
 static const char *or_unknown(const char *name) { return name ? name : "unknown"; }
 
@@ -156,6 +226,11 @@ int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, c
   if (!ps__opt_has_rule((int)a->kind)) return 0; /* no update rule: nothing else is used */
   DIFF_D(lr)
   DIFF_D(weight_decay)
+  DIFF_FLAG(decoupled_weight_decay)
+  if (lr_scale_of(a) != lr_scale_of(b)) {
+    diff_double(buf, len, "lr_scale", lr_scale_of(a), al, lr_scale_of(b), bl);
+    return 1;
+  }
   if (a->decay != b->decay) {
     snprintf(buf, len, "decay %s (%s) vs %s (%s)", or_unknown(ps__opt_decay_name((int)a->decay)),
              al, or_unknown(ps__opt_decay_name((int)b->decay)), bl);
@@ -172,16 +247,13 @@ int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, c
   DIFF_U(warmup_steps)
   if (a->kind == PS_OPT_MOMENTUM) {
     DIFF_D(momentum)
-    if (!a->nesterov != !b->nesterov) {
-      snprintf(buf, len, "nesterov %s (%s) vs %s (%s)", a->nesterov ? "yes" : "no", al,
-               b->nesterov ? "yes" : "no", bl);
-      return 1;
-    }
+    DIFF_FLAG(nesterov)
   }
   if (a->kind == PS_OPT_ADAM) {
     DIFF_D(beta1)
     DIFF_D(beta2)
     DIFF_D(epsilon)
+    DIFF_FLAG(torch_epsilon)
   }
-  return 0;
+  return rule_diff(a, al, b, bl, buf, len);
 }

@@ -17,13 +17,18 @@ void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o);
 /* 1 if o uses what protocol 2.0 lacks (PS_OPT_NONE, cosine decay,
  * warm-up): a 2.0 server would refuse or, worse, ignore it. */
 int ps__opt_needs_2_1(const ps_optimizer *o);
-/* The protocol minor a server needs to run o: 0, 1 (2.1's additions) or 5
- * (PS_OPT_MEAN). */
+/* The protocol minor a server needs to run o: 0, 1 (2.1's additions), 5
+ * (PS_OPT_MEAN) or 6 (Adagrad, RMSProp, lr_scale, decoupled weight decay,
+ * Adam's torch_epsilon). */
 int ps__opt_min_minor(const ps_optimizer *o);
+/* What in o needs that minor, for a message ("optimizer adagrad",
+ * "decoupled weight decay"): "<it> needs protocol 2.6". */
+const char *ps__opt_min_minor_what(const ps_optimizer *o);
 /* Whether kind has an update rule that reads lr and the other fields
  * (not PS_OPT_NONE nor PS_OPT_MEAN). */
 int ps__opt_has_rule(int kind);
-/* "sgd", "momentum", "adam", "none", "mean", or NULL for an unknown kind. */
+/* "sgd", "momentum", "adam", "none", "mean", "adagrad", "rmsprop", or NULL
+ * for an unknown kind. */
 const char *ps__opt_kind_name(int kind);
 /* "none", "exponential", "step", "cosine", or NULL for an unknown decay. */
 const char *ps__opt_decay_name(int decay);

@@ -57,7 +57,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 5
+#define PS_VERSION_PATCH 6
 
 /* Error codes: one table generates the enum and ps_strerror(). The same
  * numbers travel on the wire in Error messages. */
@@ -107,7 +107,7 @@ typedef enum ps_opt_kind {
   PS_OPT_NONE = 3,     /* not trainable: no gradients, no learning rate; the
                           values change only by ps_client_var_assign (batch-norm
                           statistics, counters). Needs a psd of protocol 2.1. */
-  PS_OPT_MEAN = 4      /* no update rule: each step's gradients are averaged
+  PS_OPT_MEAN = 4,     /* no update rule: each step's gradients are averaged
                           with the sync semantics of any variable (replicas
                           to aggregate, backups, stale and duplicate pushes)
                           and the mean becomes the value the next pull
@@ -115,6 +115,16 @@ typedef enum ps_opt_kind {
                           (the torch.distributed backend). Only mean_scale
                           is used. Needs a psd of protocol 2.5;
                           added in 0.2.5. */
+  PS_OPT_ADAGRAD = 5,  /* torch.optim.Adagrad: a += g^2 (a starts at
+                          initial_accumulator); w -= lr * g / (sqrt(a) + eps).
+                          Needs a psd of protocol 2.6; added in 0.2.6. */
+  PS_OPT_RMSPROP = 6   /* torch.optim.RMSprop: s = alpha*s + (1-alpha)*g^2;
+                          centered: c = alpha*c + (1-alpha)*g, s - c^2 for s;
+                          d = sqrt(s) + eps; momentum > 0: b = momentum*b +
+                          g/d, w -= lr*b; else w -= lr*g/d. It reads
+                          `momentum`, which ps_optimizer_default sets to 0.9
+                          for PS_OPT_MOMENTUM: set 0 for torch's default.
+                          Needs a psd of protocol 2.6; added in 0.2.6. */
 } ps_opt_kind;
 
 typedef enum ps_lr_decay {
@@ -137,11 +147,13 @@ typedef struct ps_optimizer {
   int nesterov;         /* PS_OPT_MOMENTUM: nonzero for Nesterov momentum */
   double beta1;         /* PS_OPT_ADAM: first moment decay, default 0.9 */
   double beta2;         /* PS_OPT_ADAM: second moment decay, default 0.999 */
-  double epsilon;       /* PS_OPT_ADAM: default 1e-8 */
+  double epsilon;       /* PS_OPT_ADAM, PS_OPT_ADAGRAD, PS_OPT_RMSPROP: default
+                           1e-8 (torch's Adagrad uses 1e-10) */
   ps_lr_decay decay;    /* learning rate schedule */
   double decay_rate;    /* factor per decay_steps, in (0, 1] */
   uint64_t decay_steps; /* > 0 when decay != PS_DECAY_NONE */
-  double weight_decay;  /* L2: the gradient gets weight_decay * w added */
+  double weight_decay;  /* L2: the gradient gets weight_decay * w added
+                           (decoupled_weight_decay: w shrinks instead) */
   /* Fields below were added in 0.2.1 (protocol 2.1); a server that speaks
    * only 2.0 refuses a variable that sets them (PS_EUNSUPPORTED). */
   uint64_t warmup_steps; /* linear warm-up: while step < warmup_steps the
@@ -156,6 +168,34 @@ typedef struct ps_optimizer {
                             the step's mean gradient, in one pass on the
                             servers (the number of workers gives the sum);
                             0 (the default) means 1; finite and > 0 else */
+  /* Added in 0.2.6 (protocol 2.6; a program built before it gets 0). A
+   * server older than 2.6 refuses a variable that sets any of them, or
+   * uses PS_OPT_ADAGRAD or PS_OPT_RMSPROP (PS_EUNSUPPORTED naming it). */
+  double lr_scale;       /* every rule: the variable's learning rate is lr_t *
+                            lr_scale (schedules and warm-up included), e.g. a
+                            layer trained slower; 0 (the default) means 1;
+                            finite and > 0 else */
+  double initial_accumulator; /* PS_OPT_ADAGRAD: where the accumulator starts
+                                 (torch's initial_accumulator_value), >= 0;
+                                 default 0 */
+  double alpha;          /* PS_OPT_RMSPROP: the square average's decay
+                            (torch's alpha), in [0, 1); default 0.99 */
+  int centered;          /* PS_OPT_RMSPROP: nonzero divides by the variance
+                            estimate (the square average minus the mean
+                            gradient's square) instead */
+  /* Decoupled weight decay is a flag on weight_decay rather than a kind
+   * (an "AdamW"): it composes with every rule alike (AdamW, SGDW, Adagrad
+   * or RMSProp with it), keeps the rule's state layout, and a variable's
+   * decay stays one number, set per variable (0 for biases and norms). */
+  int decoupled_weight_decay; /* nonzero: w -= lr_t * weight_decay * w before
+                                 the rule, which sees the gradient alone
+                                 (torch.optim.AdamW, Loshchilov & Hutter);
+                                 0: L2 added to the gradient */
+  int torch_epsilon;     /* PS_OPT_ADAM: nonzero puts epsilon where
+                            torch.optim.Adam does, w -= lr_t/(1-b1^t) * m /
+                            (sqrt(v)/sqrt(1-b2^t) + eps); 0 (the default):
+                            TensorFlow's epsilon-hat, w -= lr_t*sqrt(1-b2^t)/
+                            (1-b1^t) * m / (sqrt(v) + eps) */
 } ps_optimizer;
 
 /* Fills *opt (size bytes, struct_size included) with plain SGD at

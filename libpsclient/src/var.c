@@ -398,8 +398,7 @@ static int var_create(ps_client *c, const char *name, const int64_t *shape, int 
   if (had) return recreate(c, had, shape, ndim, &o, &in, out);
   int minor = ps__opt_min_minor(&o);
   if (minor > 0) {
-    snprintf(e, sizeof e, "variable '%s': %s", name,
-             minor == 5 ? "optimizer kind mean" : "optimizer kind none, cosine decay or warm-up");
+    snprintf(e, sizeof e, "variable '%s': %s", name, ps__opt_min_minor_what(&o));
     if ((rc = ps__need_minor(c, (uint32_t)minor, e)) != 0) return rc;
   }
   /* Placement must stay identical on every worker: if this creation

@@ -22,6 +22,7 @@
 #include "checkpoint.h"
 #include "fuzz_server.h" /* LLVMFuzzerTestOneInput prototype */
 #include "mac.h"
+#include "optimizer.h"
 
 #define CHECK(cond, ...)                                         \
   do {                                                           \
@@ -91,7 +92,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const psd_ckpt_rec *r = &img.recs[i];
     const uint8_t *p = r->param;
     CHECK(p >= lo && p + r->length * 4 <= hi, "record %u's parameters leave the file", i);
-    CHECK(r->state_per <= 2 && r->ndim >= 1 && r->ndim <= PS_MAX_DIMS, "record %u", i);
+    CHECK(r->state_per <= PSD_OPT_MAX_STATE && r->ndim >= 1 && r->ndim <= PS_MAX_DIMS,
+          "record %u", i);
     CHECK((const uint8_t *)r->name >= lo && (const uint8_t *)r->name < hi &&
               strlen(r->name) <= PS_MAX_NAME,
           "record %u's name", i);
