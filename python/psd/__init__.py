@@ -25,10 +25,10 @@ PS_E* code; psd.Stopped means the job stopped after a checkpoint (exit
 from ._version import VERSION as __version__
 from ._lib import lib as _clib
 from .client import Client, Request, Variable
-from .config import (SGD, Adam, Constant, Cosine, ExponentialDecay, GlorotNormal,
-                     GlorotUniform, Init, Mean, Normal, NotTrainable, Optimizer, Schedule,
-                     StepDecay, TableAdagrad, TableAdam, TableFTRL, TableOptimizer, TableSGD,
-                     TruncatedNormal, Uniform, Warmup, Zeros)
+from .config import (SGD, Adagrad, Adam, AdamW, Constant, Cosine, ExponentialDecay,
+                     GlorotNormal, GlorotUniform, Init, Mean, Normal, NotTrainable, Optimizer,
+                     RMSprop, Schedule, StepDecay, TableAdagrad, TableAdam, TableFTRL,
+                     TableOptimizer, TableSGD, TruncatedNormal, Uniform, Warmup, Zeros)
 from .errors import *  # noqa: F401,F403  (Error and one class per PS_E* code)
 from .errors import Error, Stopped
 from .table import Table

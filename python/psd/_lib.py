@@ -33,7 +33,9 @@ class Optimizer(_c.Structure):
                 ("nesterov", cint), ("beta1", dbl), ("beta2", dbl), ("epsilon", dbl),
                 ("decay", cint), ("decay_rate", dbl), ("decay_steps", u64),
                 ("weight_decay", dbl), ("warmup_steps", u64), ("total_steps", u64),
-                ("min_lr_factor", dbl), ("mean_scale", dbl)]
+                ("min_lr_factor", dbl), ("mean_scale", dbl), ("lr_scale", dbl),
+                ("initial_accumulator", dbl), ("alpha", dbl), ("centered", cint),
+                ("decoupled_weight_decay", cint), ("torch_epsilon", cint)]
 
 
 class Init(_c.Structure):

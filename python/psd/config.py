@@ -2,13 +2,14 @@
 that fill the C library's sized structs (ps_optimizer, ps_init,
 ps_table_config). Defaults come from the library's own init functions, so
 there is one place that decides them."""
+import copy
 from typing import Optional
 
 from . import _lib
 from ._lib import lib
 
 # Enum values of psclient.h.
-_OPT_SGD, _OPT_MOMENTUM, _OPT_ADAM, _OPT_NONE, _OPT_MEAN = 0, 1, 2, 3, 4
+_OPT_SGD, _OPT_MOMENTUM, _OPT_ADAM, _OPT_NONE, _OPT_MEAN, _OPT_ADAGRAD, _OPT_RMSPROP = range(7)
 _DECAY_NONE, _DECAY_EXP, _DECAY_STEP, _DECAY_COSINE = 0, 1, 2, 3
 _TOPT = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}
 
@@ -83,16 +84,39 @@ class Cosine(Schedule):
 
 class Optimizer:
     """An update rule the servers run per variable (ps_optimizer). The
-    library checks the values when the variable is created."""
+    servers check the values when the variable is created.
+
+    Every rule takes ``weight_decay`` (L2 added to the gradient, or with
+    ``decoupled_weight_decay=True`` w -= lr * weight_decay * w before the
+    rule, as torch.optim.AdamW; needs psd 0.2.6) and ``lr_scale``, this
+    variable's multiplier of the (scheduled) learning rate (0.2.6 unless
+    1). ``replace(weight_decay=0.0)`` gives a copy with fields changed: one
+    rule per variable, such as no decay for biases."""
     _kind = _OPT_SGD
 
     def __init__(self, lr: float, weight_decay: float = 0.0,
-                 schedule: Optional[Schedule] = None):
+                 schedule: Optional[Schedule] = None, *, decoupled_weight_decay: bool = False,
+                 lr_scale: float = 1.0):
         self.lr, self.weight_decay, self.schedule = float(lr), float(weight_decay), schedule
+        self.decoupled_weight_decay, self.lr_scale = bool(decoupled_weight_decay), float(lr_scale)
+
+    def replace(self, **changes) -> "Optimizer":
+        """A copy with the attributes named changed (``weight_decay=0.0``,
+        ``lr_scale=0.1``); an attribute it lacks is a TypeError."""
+        new = copy.copy(self)
+        for k, v in changes.items():
+            if k not in vars(self):
+                raise TypeError("%s has no field %r (it has %s)"
+                                % (type(self).__name__, k, ", ".join(sorted(vars(self)))))
+            old = getattr(self, k)
+            setattr(new, k, bool(v) if isinstance(old, bool) else
+                    float(v) if isinstance(old, float) else v)
+        return new
 
     def _struct(self):
         o = _lib.sized(_lib.Optimizer, lib.ps_optimizer_default_sized, self.lr)
         o.kind, o.weight_decay = self._kind, self.weight_decay
+        o.decoupled_weight_decay, o.lr_scale = int(self.decoupled_weight_decay), self.lr_scale
         if self.schedule is not None:
             self.schedule._fill(o)
         return o
@@ -107,8 +131,8 @@ class SGD(Optimizer):
     w -= lr * (g + m*v))."""
 
     def __init__(self, lr: float, momentum: float = 0.0, nesterov: bool = False,
-                 weight_decay: float = 0.0, schedule: Optional[Schedule] = None):
-        super().__init__(lr, weight_decay, schedule)
+                 weight_decay: float = 0.0, schedule: Optional[Schedule] = None, **kw):
+        super().__init__(lr, weight_decay, schedule, **kw)
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
 
     def _struct(self):
@@ -119,18 +143,73 @@ class SGD(Optimizer):
 
 
 class Adam(Optimizer):
-    """Adam, bias-corrected (TensorFlow's epsilon-hat form)."""
+    """Adam, bias-corrected: TensorFlow's epsilon-hat form, or with
+    ``torch_epsilon=True`` epsilon where torch.optim.Adam puts it,
+    m_hat / (sqrt(v_hat) + epsilon) (needs psd 0.2.6)."""
     _kind = _OPT_ADAM
 
     def __init__(self, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
                  epsilon: float = 1e-8, weight_decay: float = 0.0,
-                 schedule: Optional[Schedule] = None):
-        super().__init__(lr, weight_decay, schedule)
+                 schedule: Optional[Schedule] = None, torch_epsilon: bool = False, **kw):
+        super().__init__(lr, weight_decay, schedule, **kw)
         self.beta1, self.beta2, self.epsilon = float(beta1), float(beta2), float(epsilon)
+        self.torch_epsilon = bool(torch_epsilon)
 
     def _struct(self):
         o = super()._struct()
         o.beta1, o.beta2, o.epsilon = self.beta1, self.beta2, self.epsilon
+        o.torch_epsilon = int(self.torch_epsilon)
+        return o
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW on the servers: Adam with decoupled weight decay
+    (w -= lr * weight_decay * w first) and PyTorch's epsilon, with torch's
+    defaults (needs psd 0.2.6)."""
+
+    def __init__(self, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
+                 epsilon: float = 1e-8, weight_decay: float = 0.01,
+                 schedule: Optional[Schedule] = None, torch_epsilon: bool = True, **kw):
+        kw.setdefault("decoupled_weight_decay", True)
+        super().__init__(lr, beta1, beta2, epsilon, weight_decay, schedule, torch_epsilon, **kw)
+
+
+class Adagrad(Optimizer):
+    """torch.optim.Adagrad on the servers: a += g*g (a starts at
+    ``initial_accumulator``), w -= lr * g / (sqrt(a) + epsilon); torch's
+    defaults (needs psd 0.2.6)."""
+    _kind = _OPT_ADAGRAD
+
+    def __init__(self, lr: float = 0.01, initial_accumulator: float = 0.0,
+                 epsilon: float = 1e-10, weight_decay: float = 0.0,
+                 schedule: Optional[Schedule] = None, **kw):
+        super().__init__(lr, weight_decay, schedule, **kw)
+        self.initial_accumulator, self.epsilon = float(initial_accumulator), float(epsilon)
+
+    def _struct(self):
+        o = super()._struct()
+        o.initial_accumulator, o.epsilon = self.initial_accumulator, self.epsilon
+        return o
+
+
+class RMSprop(Optimizer):
+    """torch.optim.RMSprop on the servers: s = alpha*s + (1-alpha)*g*g,
+    d = sqrt(s) + epsilon (``centered``: sqrt(s - mean(g)^2) + epsilon);
+    w -= lr * g / d, or with ``momentum`` b = momentum*b + g/d, w -= lr*b;
+    torch's defaults (needs psd 0.2.6)."""
+    _kind = _OPT_RMSPROP
+
+    def __init__(self, lr: float = 0.01, alpha: float = 0.99, epsilon: float = 1e-8,
+                 momentum: float = 0.0, centered: bool = False, weight_decay: float = 0.0,
+                 schedule: Optional[Schedule] = None, **kw):
+        super().__init__(lr, weight_decay, schedule, **kw)
+        self.alpha, self.epsilon, self.momentum = float(alpha), float(epsilon), float(momentum)
+        self.centered = bool(centered)
+
+    def _struct(self):
+        o = super()._struct()
+        o.alpha, o.epsilon, o.momentum = self.alpha, self.epsilon, self.momentum
+        o.centered = int(self.centered)
         return o
 
 

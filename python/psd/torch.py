@@ -50,6 +50,22 @@ def _mean_for(opt: torch.optim.Optimizer, module: torch.nn.Module):
     return Mean()
 
 
+def _rule_for(optimizer, no_decay, name: str, p: torch.Tensor) -> Optional[Optimizer]:
+    """Parameter ``name``'s rule: ``optimizer``, or what it returns when it
+    is a function of (name, parameter), with weight_decay 0 where
+    ``no_decay`` says so (True: every parameter of one dimension or none,
+    the biases and norm layers' scales and shifts)."""
+    rule = optimizer if optimizer is None or isinstance(optimizer, Optimizer) \
+        else optimizer(name, p)
+    if rule is not None and not isinstance(rule, Optimizer):
+        raise TypeError("psd.torch.DistributedModule: the optimizer function gave %r for %r; "
+                        "it must return a psd.Optimizer (psd.SGD, psd.AdamW...)" % (rule, name))
+    skip = p.dim() <= 1 if no_decay is True else bool(no_decay and no_decay(name, p))
+    if skip and rule is not None and rule.weight_decay:
+        rule = rule.replace(weight_decay=0.0)
+    return rule
+
+
 class _Param:
     """One parameter and its variable."""
 
@@ -91,7 +107,14 @@ class DistributedModule(torch.nn.Module):
     """Trains ``module`` through psd: its parameters become variables
     (``prefix`` + parameter name), created by the chief from the module's
     own values and received by the others, updated on the servers by
-    ``optimizer`` (a psd.Optimizer; None: SGD at lr 0.01).
+    ``optimizer`` (a psd.Optimizer; None: SGD at lr 0.01; or a function
+    of (name, parameter) giving each parameter's psd.Optimizer, as param
+    groups would). ``no_decay`` leaves some parameters without weight
+    decay: True for every parameter of at most one dimension (biases,
+    norm layers), or a function of (name, parameter)::
+
+        model = psd.torch.DistributedModule(net, client, optimizer=psd.AdamW(1e-3),
+                                            no_decay=True)
 
     ``optimizer`` may instead be a torch.optim optimizer over the module's
     parameters: the variables are then mean variables (psd.Mean), step()
@@ -124,10 +147,14 @@ class DistributedModule(torch.nn.Module):
     def __init__(self, module: torch.nn.Module, client: Client,
                  optimizer: Optional[Optimizer] = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "",
-                 overlap: bool = True):
+                 overlap: bool = True, no_decay=None):
         super().__init__()
         self._torch_opt = None
         if isinstance(optimizer, torch.optim.Optimizer):
+            if no_decay is not None:
+                raise ValueError("psd.torch.DistributedModule: no_decay is for psd's server-side "
+                                 "optimizers; give a torch.optim optimizer param groups with "
+                                 "weight_decay 0 instead")
             self._torch_opt = optimizer
             optimizer = _mean_for(optimizer, module)
         if getattr(client, "_module", None) is not None:
@@ -145,7 +172,8 @@ class DistributedModule(torch.nn.Module):
             for name, p in module.named_parameters():
                 if not p.requires_grad:
                     continue
-                v = client.variable(prefix + name, tuple(p.shape) or (1,), optimizer=optimizer,
+                rule = _rule_for(optimizer, no_decay, name, p)
+                v = client.variable(prefix + name, tuple(p.shape) or (1,), optimizer=rule,
                                     values=p.detach().cpu().float().numpy() if chief else None,
                                     from_chief=not chief)
                 self._params.append(_Param(name, p, v, local=self._torch_opt is not None))
