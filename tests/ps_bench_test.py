@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""ps_bench_test.py BIN_DIR rounds|mpi MPI_BUILT - ps_bench's interleaved
+"""ps_bench_test.py BIN_DIR rounds|mpi|table MPI_BUILT - ps_bench's interleaved
 rounds and their statistics, from its --json output (examples/ps_bench).
 
 rounds: `ps_bench --rounds 3 --sizes 4,64K --tcp-baseline --memcpy-baseline`,
@@ -14,6 +14,12 @@ rounds: `ps_bench --rounds 3 --sizes 4,64K --tcp-baseline --memcpy-baseline`,
   - each "ratio" is the ratio of the two summaries' medians, and its
     per-round values are the per-round ratios;
   - bad --rounds values are refused with a message naming the option.
+
+table: `ps_bench --table 2k:4 --rounds 1` and `--table-store --table 4k:8`
+  - a table run then the dense push+pull of its row bytes, each with its
+    fields (keys, dim, keys_per_s = keys / step), and their ratio;
+  - the store's insert and find rates and each rule's update against the
+    copy of its rows; bad --table values are refused naming the option.
 
 mpi: `ps_bench --rounds 2 --sizes 4,64K --workers 1,2 --mpi-baseline` with
   `--mpi-arg`s choosing an allreduce algorithm (named in a "note" line)
@@ -232,13 +238,73 @@ def test_mpi(bin_dir, built):
                   for w in (1, 2) for b in (4, 65536)])
 
 
+def expect_refused(bin_dir, args, flag):
+    p = subprocess.run([os.path.join(bin_dir, 'ps_bench')] + args, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True, timeout=60)
+    if p.returncode != 2 or flag not in p.stderr:
+        fail('%s: exit %d, %r' % (args, p.returncode, p.stderr))
+
+
+def positive(row, *fields):
+    for f in fields:
+        if not isinstance(row.get(f), (int, float)) or not row[f] > 0:
+            fail('%s is not a positive number in %r' % (f, row))
+
+
+def test_table(bin_dir):
+    for bad in ('0:4', '10', '4:0', '2k:4,', 'x:4'):
+        expect_refused(bin_dir, ['--table', bad], '--table')
+    expect_refused(bin_dir, ['--table-store'], '--table')
+    # Table steps and the dense push+pull of the same row bytes, back to
+    # back, and their ratio.
+    keys, dim = 2000, 4
+    rows = run_bench(bin_dir, ['--table', '2k:4', '--rounds', '1', '--steps', '2',
+                               '--transport', 'tcp'])
+    names = [r['name'] for r in rows if r['name'] not in ('summary', 'ratio')]
+    if names != ['table', 'pushpull']:
+        fail('lines %s, not a table run then its dense run' % names)
+    t = [r for r in rows if r['name'] == 'table'][0]
+    d = [r for r in rows if r['name'] == 'pushpull'][0]
+    if 'warning' in t or t['keys'] != keys or t['dim'] != dim or \
+       t['bytes'] != keys * dim * 4 or d['bytes'] != t['bytes']:
+        fail('table line %r / dense line %r' % (t, d))
+    positive(t, 'step_ms', 'gbps', 'keys_per_s')
+    if not close(t['keys_per_s'], keys / (t['step_ms'] * 1e-3)) and \
+       abs(t['keys_per_s'] - keys / (t['step_ms'] * 1e-3)) > 1e-5 * t['keys_per_s']:
+        fail('keys_per_s %s is not keys / step: %r' % (t['keys_per_s'], t))
+    summaries = [r for r in rows if r['name'] == 'summary']
+    if sorted(s['of'] for s in summaries) != ['pushpull', 'table']:
+        fail('summaries %r' % summaries)
+    ratio = [r for r in rows if r['name'] == 'ratio' and r.get('table')]
+    if len(ratio) != 1 or ratio[0]['keys'] != keys or ratio[0]['vs'] != 'pushpull' or \
+       not close(ratio[0]['value'], t['step_ms'] / d['step_ms']):
+        fail('no ratio of the table step to the dense one: %r' % ratio)
+    # The store alone: find-or-insert, each rule's update and the copy.
+    rows = run_bench(bin_dir, ['--table-store', '--table', '4k:8', '--rounds', '1'])
+    store = [r for r in rows if r['name'] == 'table_store']
+    upd = [r for r in rows if r['name'] == 'table_update']
+    if len(store) != 1 or store[0]['keys'] != 4000 or store[0]['dim'] != 8:
+        fail('table_store lines %r' % store)
+    positive(store[0], 'insert_keys_per_s', 'find_keys_per_s')
+    if [u['rule'] for u in upd] != ['sgd', 'adagrad', 'adam', 'ftrl']:
+        fail('table_update lines %r' % upd)
+    for u in upd:
+        positive(u, 'rows_per_s', 'copy_rows_per_s', 'ratio')
+        if not close(u['ratio'], u['rows_per_s'] / u['copy_rows_per_s']):
+            fail('ratio of %r' % u)
+    if not any(r['name'] == 'summary' and r['of'] == 'update_over_copy' for r in rows):
+        fail('no update_over_copy summary')
+
+
 def main():
-    if len(sys.argv) != 4 or sys.argv[2] not in ('rounds', 'mpi'):
+    if len(sys.argv) != 4 or sys.argv[2] not in ('rounds', 'mpi', 'table'):
         print(__doc__)
         sys.exit(2)
     bin_dir, what, built = sys.argv[1], sys.argv[2], sys.argv[3] == 'ON'
     if what == 'rounds':
         test_rounds(bin_dir)
+    elif what == 'table':
+        test_table(bin_dir)
     else:
         test_mpi(bin_dir, built)
     print('PASS: ps_bench ' + what)

@@ -26,6 +26,11 @@
  * range) and "ratio" lines (psd against each baseline: the ratio of the
  * medians, and the range of the per-round ratios).
  *
+ * --table K:D[,K:D...] times sparse-table steps instead ("table", with
+ * keys, dim and keys_per_s; ps_bench_table.c), each run followed by a
+ * dense pushpull of the same row bytes and a "ratio" of their step times;
+ * --table-store times psd's table store alone (ps_bench_store.c).
+ *
  * Logs of psd and of the workers go to a temporary directory that is
  * removed when everything succeeded and kept (and named) otherwise.
  */
@@ -73,6 +78,16 @@ static void usage(FILE *f) {
           "                         ranks as --workers) over shared memory and\n"
           "                         over TCP; \"MPI baseline: not built\" when\n"
           "                         ps_bench was built without Open MPI\n"
+          "  --table K:D[,K:D...]   sparse-table steps instead: each worker pulls K\n"
+          "                         rows of D floats, adds K gradient rows and\n"
+          "                         steps (K with suffixes k, M); every table run\n"
+          "                         is followed by a dense push+pull of the same\n"
+          "                         row bytes, and table / dense is a ratio (no\n"
+          "                         --sizes runs unless --sizes is given)\n"
+          "  --table-store          with --table: time psd's table store alone on\n"
+          "                         one core, no network (find-or-insert of K keys\n"
+          "                         into a table of capacity K, each rule's update\n"
+          "                         of the K rows, and a memcpy of their bytes)\n"
           "  --json                 one JSON object per line on stdout\n"
           "  --telemetry-cost       time 4-byte steps (1 ps, 1 worker) with the\n"
           "                         per-step telemetry off and on, alternating\n"
@@ -200,7 +215,7 @@ static int parse_value_option(int argc, char **argv, int a) {
   static const char *const with_value[] = {"--ps", "--workers", "--sizes", "--steps",
                                            "--psd", "--psd-arg", "--psd-exit-wait",
                                            "--mpi-arg",
-                                           "--rounds", "--transport"};
+                                           "--rounds", "--transport", "--table"};
   const char *flag = NULL, *val = NULL;
   char fbuf[32];
   for (size_t i = 0; i < sizeof with_value / sizeof *with_value; i++) {
@@ -235,6 +250,9 @@ static int parse_value_option(int argc, char **argv, int a) {
     opt.steps_given = 1;
   } else if (!strcmp(flag, "--sizes")) {
     parse_size_list(fbuf, val);
+    opt.sizes_given = 1;
+  } else if (!strcmp(flag, "--table")) {
+    parse_table_list(fbuf, val);
   } else if (!strcmp(flag, "--psd")) {
     if (!*val || strlen(val) >= sizeof opt.psd) bad_value(fbuf, val, "expected a path");
     snprintf(opt.psd, sizeof opt.psd, "%s", val);
@@ -286,8 +304,14 @@ static void parse_args(int argc, char **argv) {
     else if (!strcmp(arg, "--no-pin")) opt.pin = 0;
     else if (!strcmp(arg, "--memcpy-baseline")) opt.memcpy_baseline = 1;
     else if (!strcmp(arg, "--mpi-baseline")) opt.mpi_baseline = 1;
+    else if (!strcmp(arg, "--table-store")) opt.table_store = 1;
     else a = parse_value_option(argc, argv, a);
   }
+  if (opt.table_store && !opt.n_tables) {
+    fprintf(stderr, "ps_bench: --table-store needs --table K:D (the tables to time)\n");
+    exit(2);
+  }
+  if (opt.n_tables && !opt.sizes_given) opt.n_sizes = 0; /* the tables' runs only */
 }
 
 static int find_psd(void) {
@@ -366,6 +390,7 @@ int main(int argc, char **argv) {
   if (make_tmpdir() != 0) return 1;
 
   int failures = 0;
+  if (opt.table_store) return finish(run_table_store());
   if (opt.telemetry_cost && !g_interrupted) failures += run_telemetry_cost();
   if (!g_interrupted) failures += run_rounds();
   return finish(failures);

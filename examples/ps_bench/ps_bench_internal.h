@@ -13,6 +13,10 @@
  *   ps_bench_rounds.c    the interleaved rounds: every figure once a round,
  *                        then medians, ranges and ratios of medians
  *   ps_bench_output.c    numbers and labels, the table and JSON lines
+ *   ps_bench_table.c     --table K:D: a worker's sparse-table steps (pull,
+ *                        add_grad, ps_client_step) and its run
+ *   ps_bench_store.c     --table-store: psd's table store alone on one
+ *                        core (find-or-insert, each rule's update, a copy)
  *   mpi_allreduce_bench.c  the MPI program itself (built with Open MPI only)
  */
 #ifndef PS_BENCH_INTERNAL_H
@@ -58,11 +62,21 @@
 /* --psd-arg and --mpi-arg may each be given this many times. */
 #define MAX_PSD_ARGS 16
 
+/* One --table entry: keys per step x floats per row. */
+typedef struct table_shape {
+  uint64_t keys;
+  uint32_t dim;
+} table_shape;
+
 typedef struct options {
   int ps[MAX_LIST], n_ps;
   int workers[MAX_LIST], n_workers;
   uint64_t sizes[MAX_LIST];
   int n_sizes;
+  int sizes_given;     /* --sizes given (with --table, none run otherwise) */
+  table_shape tables[MAX_LIST]; /* --table K:D list */
+  int n_tables;
+  int table_store;     /* --table-store: the store alone, no network */
   int steps;
   int steps_given;
   int tcp_baseline;
@@ -129,6 +143,8 @@ int read_all(int fd, void *buf, size_t len);
 
 typedef struct pp_result {
   uint64_t bytes;
+  uint64_t keys;  /* a --table run: keys per step (0: a dense run) */
+  uint32_t dim;   /* ... and floats per row */
   int ps, workers, steps;
   double step_ms, gbps, total_gbps;
   double max_step_ms; /* worker 0's slowest timed step (a stall shows here) */
@@ -148,6 +164,28 @@ extern int g_run_procs;
 
 /* Steps of a run of `bytes`: --steps, or at most BIG_STEPS for big sizes. */
 int steps_for(uint64_t bytes);
+
+/* ---------------------------------------------------------------------- */
+/* Sparse tables (ps_bench_table.c, ps_bench_store.c) */
+
+struct ps_client;
+/* The table of the run being set up ({0, 0}: a dense run): what the
+ * forked workers do instead of dense steps. */
+extern table_shape g_table;
+/* Parses --table's "K:D[,K:D...]" (K with suffixes k/M: 1000s) into opt. */
+void parse_table_list(const char *flag, const char *val);
+/* A worker's table steps on c (WARMUP_STEPS, then `steps` timed ones:
+ * pull of g_table.keys rows, add_grad of as many, ps_client_step) into
+ * times[] seconds. 0; a ps_* code (msg says which call); or 1 when the
+ * rows pulled after the last step are not what SGD makes of the
+ * gradients (msg says where). */
+int table_worker_steps(struct ps_client *c, int steps, double *times, char *msg, size_t len);
+/* One table run: as run_pushpull, with the workers doing table steps. */
+int run_table(int nps, int nw, table_shape shape, int steps, const char *transport,
+              pp_result *res);
+/* --table-store: every --table shape, opt.rounds interleaved rounds;
+ * returns the failures. */
+int run_table_store(void);
 
 /* ---------------------------------------------------------------------- */
 /* Baselines, one round's figure each; they print nothing but progress.
@@ -177,7 +215,7 @@ int mpi_round(int ranks, int tcp, double *step_ms, double *max_ms);
 
 /* Which figure a series holds. */
 typedef enum {
-  FIG_PUSHPULL, FIG_TCP_STREAM, FIG_TCP_RTT, FIG_MEMCPY, FIG_MPI_SHM, FIG_MPI_TCP
+  FIG_PUSHPULL, FIG_TABLE, FIG_TCP_STREAM, FIG_TCP_RTT, FIG_MEMCPY, FIG_MPI_SHM, FIG_MPI_TCP
 } figure;
 
 /* One figure's value in every round. */
@@ -186,7 +224,9 @@ typedef struct series {
   uint64_t bytes;
   int ps;       /* pushpull: servers; 0 otherwise */
   int workers;  /* pushpull: workers; MPI: ranks; 0 otherwise */
-  const char *transport; /* pushpull: --transport entry, or NULL; else NULL */
+  const char *transport; /* pushpull, table: --transport entry, or NULL */
+  uint64_t keys;         /* table: keys per step (0 otherwise) */
+  uint32_t dim;          /* table: floats per row */
   double step_ms[MAX_ROUNDS]; /* per round (tcp_stream: the stream's time;
                                  tcp_rtt: one round trip); NAN: failed */
   double gbps[MAX_ROUNDS];    /* per round; NAN: failed or not defined */

@@ -74,6 +74,7 @@ int g_round;
 const char *figure_name(figure f) {
   switch (f) {
   case FIG_PUSHPULL: return "pushpull";
+  case FIG_TABLE: return "table";
   case FIG_TCP_STREAM: return "tcp_stream";
   case FIG_TCP_RTT: return "tcp_rtt";
   case FIG_MEMCPY: return "memcpy";
@@ -89,6 +90,23 @@ const char *series_name(const series *s, char *buf, size_t len) {
   return buf;
 }
 
+/* A table run's label "KxD", else the size's. */
+static const char *run_label(uint64_t bytes, uint64_t keys, uint32_t dim, char *buf,
+                             size_t len) {
+  if (!keys) return size_label(bytes, buf, len);
+  snprintf(buf, len, "%" PRIu64 "x%u", keys, dim);
+  return buf;
+}
+
+/* ,"keys":K,"dim":D,"keys_per_s":X of a table run (step_ms its median or
+ * its round's step); nothing for a dense one. */
+static void print_json_table(uint64_t keys, uint32_t dim, double step_ms) {
+  char a[32];
+  if (!keys) return;
+  printf(",\"keys\":%" PRIu64 ",\"dim\":%u,\"keys_per_s\":%s", keys, dim,
+         jnum((double)keys / (step_ms * 1e-3), a, sizeof a));
+}
+
 /* ,"transport":"T" in a JSON line, when t is set. */
 static void print_json_transport(const char *key, const char *t) {
   if (t) printf(",\"%s\":\"%s\"", key, t);
@@ -101,21 +119,23 @@ void print_table_header(void) {
 
 static void print_pushpull_json(const pp_result *r) {
   char a[32], b[32], c[32];
+  const char *name = r->keys ? "table" : "pushpull";
   if (r->ok == 0) {
-    printf("{\"name\":\"pushpull\",\"round\":%d,\"bytes\":%" PRIu64
+    printf("{\"name\":\"%s\",\"round\":%d,\"bytes\":%" PRIu64
            ",\"ps\":%d,\"workers\":%d,\"steps\":%d,\"error\":",
-           g_round, r->bytes, r->ps, r->workers, r->steps);
+           name, g_round, r->bytes, r->ps, r->workers, r->steps);
     print_json_string(r->error);
     print_json_transport("transport", r->transport);
     printf("}\n");
     return;
   }
-  printf("{\"name\":\"pushpull\",\"round\":%d,\"bytes\":%" PRIu64
+  printf("{\"name\":\"%s\",\"round\":%d,\"bytes\":%" PRIu64
          ",\"ps\":%d,\"workers\":%d,\"steps\":%d,\"step_ms\":%s,\"gbps\":%s,"
          "\"total_gbps\":%s",
-         g_round, r->bytes, r->ps, r->workers, r->steps, jnum(r->step_ms, a, sizeof a),
+         name, g_round, r->bytes, r->ps, r->workers, r->steps, jnum(r->step_ms, a, sizeof a),
          jnum(r->gbps, b, sizeof b), jnum(r->total_gbps, c, sizeof c));
   printf(",\"max_step_ms\":%s", jnum(r->max_step_ms, a, sizeof a));
+  print_json_table(r->keys, r->dim, r->step_ms);
   print_json_transport("transport", r->transport);
   if (r->ok < 0) {
     printf(",\"warning\":");
@@ -129,15 +149,18 @@ void print_pushpull(const pp_result *r) {
   if (opt.json) {
     print_pushpull_json(r);
   } else {
-    size_label(r->bytes, label, sizeof label);
-    series_name(&(series){.fig = FIG_PUSHPULL, .transport = r->transport}, name, sizeof name);
+    run_label(r->bytes, r->keys, r->dim, label, sizeof label);
+    series_name(&(series){.fig = r->keys ? FIG_TABLE : FIG_PUSHPULL, .transport = r->transport},
+                name, sizeof name);
     if (r->ok == 0)
       printf("%5d %-17s %10s %4d %8d %6d  FAILED: %s\n", g_round, name, label, r->ps,
              r->workers, r->steps, r->error);
     else
-      printf("%5d %-17s %10s %4d %8d %6d %12.3f %10.4f %11.4f%s\n", g_round, name, label,
+      printf("%5d %-17s %10s %4d %8d %6d %12.3f %10.4f %11.4f%s", g_round, name, label,
              r->ps, r->workers, r->steps, r->step_ms, r->gbps, r->total_gbps,
              r->ok < 0 ? "  (wrong values)" : "");
+    if (r->ok != 0 && r->keys) printf("  %.4g keys/s", (double)r->keys / (r->step_ms * 1e-3));
+    if (r->ok != 0) printf("\n");
   }
   fflush(stdout);
 }
@@ -242,6 +265,7 @@ void print_summary(const series *s) {
            ",\"ps\":%d,\"workers\":%d,\"rounds\":%d,\"ok_rounds\":%d",
            figure_name(s->fig), s->bytes, s->ps, s->workers, n, ok);
     print_json_transport("transport", s->transport);
+    print_json_table(s->keys, s->dim, med);
     print_json_stats("step_ms", s->step_ms, n);
     print_json_stats("gbps", s->gbps, n);
     printf("}\n");
@@ -250,9 +274,11 @@ void print_summary(const series *s) {
     if (s->ps) snprintf(ps, sizeof ps, "%d", s->ps);
     if (s->workers) snprintf(w, sizeof w, "%d", s->workers);
     snprintf(rounds, sizeof rounds, ok == n ? "%d" : "%d of %d", ok, n);
-    printf("%-17s %10s %4s %8s %6s %30s %30s\n", series_name(s, name, sizeof name),
-           size_label(s->bytes, label, sizeof label), ps, w, rounds,
+    printf("%-17s %10s %4s %8s %6s %30s %30s", series_name(s, name, sizeof name),
+           run_label(s->bytes, s->keys, s->dim, label, sizeof label), ps, w, rounds,
            range_text(s->step_ms, n, a, sizeof a), range_text(s->gbps, n, b, sizeof b));
+    if (s->keys && ok) printf("  %.4g keys/s", (double)s->keys / (med * 1e-3));
+    printf("\n");
   }
 }
 
@@ -273,6 +299,7 @@ void print_ratio(const series *psd, const series *base, int use_gbps) {
            ",\"ps\":%d,\"workers\":%d,\"vs\":\"%s\",\"value\":%s",
            metric, psd->bytes, psd->ps, psd->workers, figure_name(base->fig),
            jnum(value, a, sizeof a));
+    if (psd->keys) printf(",\"table\":true,\"keys\":%" PRIu64 ",\"dim\":%u", psd->keys, psd->dim);
     print_json_transport("transport", psd->transport);
     print_json_transport("vs_transport", base->transport);
     printf(",\"psd_median\":%s", jnum(mx, a, sizeof a));
@@ -282,7 +309,7 @@ void print_ratio(const series *psd, const series *base, int use_gbps) {
   } else {
     printf("ratio %s ps=%d workers=%d: %s %s / %s %s = %.4f (medians %.4g / %.4g; "
            "per round %.4g-%.4g)\n",
-           size_label(psd->bytes, label, sizeof label), psd->ps, psd->workers,
+           run_label(psd->bytes, psd->keys, psd->dim, label, sizeof label), psd->ps, psd->workers,
            series_name(psd, xn, sizeof xn), metric, series_name(base, bn, sizeof bn), metric,
            value, mx, my, lo, hi);
   }

@@ -77,6 +77,7 @@ static int worker_connect(worker *wk, const char *const *hosts, int nps, int nw)
     snprintf(wk->rep.msg, sizeof wk->rep.msg, "%s: %s (%s)", wk->phase, ps_strerror(rc), err);
     return rc;
   }
+  if (g_table.keys) return 0; /* table steps: table_worker_steps creates it */
   int64_t shape[1] = {(int64_t)wk->numel};
   ps_init init = PS_SIZED(ps_init, PS_INIT_ZEROS, 0, 0, 1);
   ps_optimizer o;
@@ -135,6 +136,13 @@ static void worker_check(worker *wk, uint64_t before) {
  * model between steps, taken from the others' timed steps whenever the
  * processes outnumber the CPUs. */
 static int worker_steps(worker *wk) {
+  if (g_table.keys) {
+    wk->phase = "table steps";
+    int rc = table_worker_steps(wk->c, wk->steps, wk->times, wk->rep.msg, sizeof wk->rep.msg);
+    if (rc >= 0) wk->rep.nsteps = wk->steps;
+    if (rc == 1) wk->rep.bad_steps = 1; /* measured, but the rows are wrong */
+    return rc == 1 ? 0 : rc;
+  }
   float *grad = ps_var_grad(wk->v);
   for (size_t i = 0; i < wk->numel; i++) grad[i] = GRAD_VALUE;
   wk->phase = "ps_client_step";
@@ -246,6 +254,8 @@ static void pp_init(pp_run *r, int nps, int nw, uint64_t req_bytes, int steps, p
   for (int w = 0; w < nw; w++) r->need[w] = sizeof(worker_report);
   memset(res, 0, sizeof *res);
   res->bytes = r->bytes;
+  res->keys = g_table.keys;
+  res->dim = g_table.dim;
   res->ps = nps;
   res->workers = nw;
   res->steps = steps;
@@ -538,8 +548,12 @@ int run_pushpull(int nps, int nw, uint64_t req_bytes, int steps, const char *tra
   g_run_procs = nps + nw;
   if (transport) setenv("PS_TRANSPORT", transport, 1); /* the forked workers' */
   char label[32];
-  progress("pushpull %s ps=%d workers=%d steps=%d%s%s",
-           size_label(r.bytes, label, sizeof label), nps, nw, steps,
+  if (g_table.keys)
+    snprintf(label, sizeof label, "%llux%u", (unsigned long long)g_table.keys, g_table.dim);
+  else
+    size_label(r.bytes, label, sizeof label);
+  progress("%s %s ps=%d workers=%d steps=%d%s%s", g_table.keys ? "table" : "pushpull",
+           label, nps, nw, steps,
            transport ? " transport=" : "", transport ? transport : "");
   if (pp_start_servers(&r) == 0 && pp_start_workers(&r) == 0 && pp_collect_reports(&r) == 0 &&
       pp_check_reports(&r) == 0 && pp_wait_workers(&r) == 0)

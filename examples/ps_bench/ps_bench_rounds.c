@@ -2,7 +2,8 @@
  * every figure once, baselines first and then every psd configuration:
  *
  *   round 1: tcp_stream, tcp_rtt, memcpy per size, MPI per workers x
- *            transport, pushpull per ps x workers x size
+ *            transport, pushpull per ps x workers x size, then per
+ *            --table shape a table run and the dense pushpull of its bytes
  *   round 2: the same, ...
  *
  * so that a baseline and the psd figure compared with it are taken in the
@@ -44,12 +45,27 @@ static int n_tr(void) { return opt.n_transports ? opt.n_transports : 1; }
 static const char *tr(int i) { return opt.n_transports ? opt.transports[i] : NULL; }
 
 static int plan_size(void) {
-  return 2 + opt.n_sizes * (1 + 2 * opt.n_workers + opt.n_ps * opt.n_workers * n_tr());
+  return 2 + opt.n_sizes * (1 + 2 * opt.n_workers + opt.n_ps * opt.n_workers * n_tr()) +
+         2 * opt.n_tables * opt.n_ps * opt.n_workers * n_tr();
 }
 
 /* The bytes a pushpull of `req` bytes moves (whole float32 elements). */
 static uint64_t pp_bytes(uint64_t req) {
   return req / 4 ? req / 4 * 4 : 4;
+}
+
+static series *plan_find(plan *p, figure fig, uint64_t bytes, int ps, int workers,
+                         const char *transport);
+
+/* A table run and, right after it, the dense pushpull of its row bytes
+ * (once, however many shapes share those bytes). */
+static void plan_table(plan *p, table_shape sh, int ps, int workers, const char *transport) {
+  series *x = plan_add(p, FIG_TABLE, sh.keys * sh.dim * sizeof(float), ps, workers, transport);
+  if (!x) return;
+  x->keys = sh.keys;
+  x->dim = sh.dim;
+  if (!plan_find(p, FIG_PUSHPULL, x->bytes, ps, workers, transport))
+    plan_add(p, FIG_PUSHPULL, x->bytes, ps, workers, transport);
 }
 
 static int plan_build(plan *p, int with_mpi) {
@@ -72,10 +88,14 @@ static int plan_build(plan *p, int with_mpi) {
   /* Transports innermost: the runs compared with each other are taken
    * back to back. */
   for (int i = 0; i < opt.n_ps; i++)
-    for (int j = 0; j < opt.n_workers; j++)
+    for (int j = 0; j < opt.n_workers; j++) {
       for (int s = 0; s < opt.n_sizes; s++)
         for (int t = 0; t < n_tr(); t++)
           plan_add(p, FIG_PUSHPULL, pp_bytes(opt.sizes[s]), opt.ps[i], opt.workers[j], tr(t));
+      for (int k = 0; k < opt.n_tables; k++)
+        for (int t = 0; t < n_tr(); t++)
+          plan_table(p, opt.tables[k], opt.ps[i], opt.workers[j], tr(t));
+    }
   return 0;
 }
 
@@ -84,6 +104,7 @@ static series *plan_find(plan *p, figure fig, uint64_t bytes, int ps, int worker
   for (int i = 0; i < p->n; i++) {
     const series *s = &p->s[i];
     if (s->fig == fig && s->bytes == bytes && s->ps == ps && s->workers == workers &&
+        s->keys == 0 &&
         (s->transport == transport ||
          (s->transport && transport && !strcmp(s->transport, transport))))
       return &p->s[i];
@@ -137,10 +158,14 @@ static int round_pushpull(plan *p, int r) {
   int failures = 0;
   for (int i = 0; i < p->n && !g_interrupted; i++) {
     series *x = &p->s[i];
-    if (x->fig != FIG_PUSHPULL) continue;
+    if (x->fig != FIG_PUSHPULL && x->fig != FIG_TABLE) continue;
     pp_result res;
-    if (run_pushpull(x->ps, x->workers, x->bytes, steps_for(x->bytes), x->transport, &res) != 0)
-      failures++;
+    int rc = x->fig == FIG_TABLE
+                 ? run_table(x->ps, x->workers, (table_shape){x->keys, x->dim},
+                             steps_for(x->bytes), x->transport, &res)
+                 : run_pushpull(x->ps, x->workers, x->bytes, steps_for(x->bytes),
+                                x->transport, &res);
+    if (rc != 0) failures++;
     if (g_interrupted) break;
     print_pushpull(&res);
     if (res.ok != 0) {
@@ -164,8 +189,12 @@ static int round_pushpull(plan *p, int r) {
 static void print_ratios(plan *p) {
   for (int i = 0; i < p->n; i++) {
     series *x = &p->s[i];
-    if (x->fig != FIG_PUSHPULL || x->ps != 1) continue;
     series *b;
+    /* A table run against the dense push+pull of its bytes, any ps. */
+    if (x->fig == FIG_TABLE &&
+        (b = plan_find(p, FIG_PUSHPULL, x->bytes, x->ps, x->workers, x->transport)))
+      print_ratio(x, b, 0);
+    if (x->fig != FIG_PUSHPULL || x->ps != 1) continue;
     if (x->workers == 1 && x->bytes >= (1ULL << 20)) {
       if ((b = plan_find(p, FIG_TCP_STREAM, tcp_stream_bytes(), 0, 0, NULL)))
         print_ratio(x, b, 1);
