@@ -16,6 +16,9 @@
  * written; steady traffic (headers and protobuf) stays below and so
  * allocates nothing. */
 #define PS__OUTQ_KEEP ((size_t)1 << 20)
+/* keep_recent: a buffer more than this many times the bytes just drained
+ * is given back (a one-off burst does not pin its size). */
+#define PS__OUTQ_SLACK 4
 /* Alignment of the data of frames written in place (ps__outq_frame_inline):
  * malloc's, so floats and uint64 keys are aligned however long the
  * protobuf part before them is. */
@@ -134,9 +137,10 @@ int ps__outq_write(ps__outq *q, int fd) {
       }
     }
   }
+  const size_t used = q->len;
   q->first = q->n = q->first_done = 0;
   q->len = q->ext_len = 0;
-  if (q->bufcap > PS__OUTQ_KEEP) {
+  if (q->bufcap > PS__OUTQ_KEEP && !(q->keep_recent && q->bufcap / PS__OUTQ_SLACK <= used)) {
     free(q->buf);
     q->buf = NULL;
     q->bufcap = 0;
@@ -171,5 +175,7 @@ void ps__outq_free(ps__outq *q) {
   while (q->first < q->n) pop_first(q);
   free(q->segs);
   free(q->buf);
+  const int keep = q->keep_recent; /* a setting of the queue, not its contents */
   memset(q, 0, sizeof *q);
+  q->keep_recent = keep;
 }

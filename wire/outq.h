@@ -31,6 +31,13 @@ typedef struct ps__outq {
   void (*hold)(void *ctx, void *ref);    /* a segment now references ref */
   void (*release)(void *ctx, void *ref); /* ... and no longer does */
   void *ctx;                     /* for the hooks */
+  int keep_recent;               /* a drained queue keeps a buffer over
+                                    PS__OUTQ_KEEP while it is at most
+                                    PS__OUTQ_SLACK times what the drained
+                                    frames used (a client's steady table
+                                    pushes: no fresh pages a step); 0: gives
+                                    it back (psd: a big reply's memory
+                                    returns once written) */
 } ps__outq;
 
 /* Queues header + packed m + data segments (refs may be NULL). 0,

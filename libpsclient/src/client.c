@@ -207,7 +207,10 @@ static int client_setup(ps_client *c, const ps_config *cfg) {
   c->conns = calloc((size_t)c->num_ps, sizeof *c->conns);
   c->by_remote = calloc((size_t)c->num_ps, sizeof *c->by_remote);
   if (!c->conns || !c->by_remote) return PS_ENOMEM;
-  for (int i = 0; i < c->num_ps; i++) c->conns[i].fd = -1; /* before any failure */
+  for (int i = 0; i < c->num_ps; i++) {
+    c->conns[i].fd = -1; /* before any failure */
+    c->conns[i].out.keep_recent = 1; /* a step's table pushes reuse their buffer */
+  }
   if (cfg->credential_len) {
     c->cred = malloc(cfg->credential_len);
     if (!c->cred) return PS_ENOMEM;

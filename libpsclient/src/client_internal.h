@@ -181,6 +181,8 @@ typedef struct ps__kp {
  * read straight into `rows`, scattered into `out` when the last arrives.
  * One allocation: the struct, then its arrays. */
 typedef struct ps__tpull {
+  size_t bytes;       /* of the whole block (kept for the next pull when
+                         released: request.c, c->tp_keep) */
   ps_table *t;        /* the table */
   float *out;         /* the caller's n * dim floats */
   size_t n;           /* the caller's keys */
@@ -209,6 +211,10 @@ struct ps_table {
   float *sgrads;          /* ... and their gradients (sn * dim floats) */
   size_t sn;              /* keys staged */
   size_t skcap, sgcap;    /* entries allocated in skeys, sgrads */
+  ps__kp *kp;             /* the last sort's pairs (keysort.c): a push of the
+                             keys the step pulled reuses the pull's sort */
+  size_t kp_n;            /* pairs in kp (0: none valid) */
+  size_t kp_cap;          /* entries allocated */
 };
 
 /* In-flight requests by id: slot id & (cap - 1). Ids are handed out so
@@ -315,8 +321,10 @@ struct ps_client {
   ps_table **tables;          /* sparse tables, in creation order */
   size_t ntables;             /* entries used */
   size_t captables;           /* entries allocated */
-  ps__kp *kp, *kp_tmp;        /* scratch: a table call's sorted keys */
-  size_t kp_cap;              /* entries of both */
+  ps__kp *kp_tmp;             /* scratch: the radix sort's second buffer */
+  size_t kp_cap;              /* its entries */
+  struct ps__tpull *tp_keep;  /* a released table pull's block, kept for
+                                 the next pull (tablexfer.c trims it) */
   size_t *kgrp;               /* scratch: a push's distinct keys' first pairs */
   size_t kgrp_cap;            /* its entries */
   ps_req **early;             /* the coming step's pushes already sent by
@@ -444,8 +452,6 @@ void ps__data_abandon(ps_client *c, ps__conn *k);
 
 /* ---- tablexfer.c (calls keysort.c, conn.c, request.c) -------------------- */
 
-/* The client's sort scratch holds n pairs. 0 or PS_ENOMEM (message set). */
-int ps__tscratch(ps_client *c, size_t n);
 /* Queues t's TableRegister on every ps for r (r->reg_table = t). */
 int ps__treg_queue(ps_client *c, ps_table *t, ps_req *r);
 /* A TablePull request of keys[0..n) (n >= 1) of t into out (see

@@ -85,8 +85,14 @@ void ps__req_fail(ps_client *c, ps_req *r, int code, const char *msg) {
 void ps__req_release(ps_client *c, ps_req *r) {
   if (!r->done) ps__req_finish(c, r);
   /* A table pull's rows: a connection still reading into them notices the
-   * request is gone and discards the rest (reader.c). */
-  free(r->tp);
+   * request is gone and discards the rest (reader.c) at its next read, so
+   * the block is free to keep: the next pull reuses it rather than fault
+   * in fresh pages (one block: the newest; tablexfer.c drops it when far
+   * bigger than a pull needs). */
+  if (r->tp) {
+    free(c->tp_keep);
+    c->tp_keep = r->tp;
+  }
   r->tp = NULL;
   r->next = c->freelist;
   c->freelist = r;
@@ -112,6 +118,8 @@ void ps__req_free_all(ps_client *c) {
     free(r);
   }
   free(c->reqs.slot);
+  free(c->tp_keep);
+  c->tp_keep = NULL;
   c->reqs.slot = NULL;
   c->reqs.cap = c->reqs.n = 0;
   while (c->freelist) {

@@ -43,10 +43,10 @@ void ps__tables_free(ps_client *c) {
     free(t->ids);
     free(t->skeys);
     free(t->sgrads);
+    free(t->kp);
     free(t);
   }
   free(c->tables);
-  free(c->kp);
   free(c->kp_tmp);
   free(c->kgrp);
 }

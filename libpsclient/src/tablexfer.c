@@ -12,32 +12,64 @@
 
 #include "client_internal.h"
 
-/* Sort scratch kept between calls (pairs): a step's keys reuse it; a
- * one-off pull of millions of keys does not pin its size. */
-#define PS__TSCRATCH_KEEP ((size_t)1 << 20)
+/* Scratch kept between calls (sort pairs, a push's groups, a pull's
+ * block): a steady step reuses its memory and faults in no fresh pages.
+ * Each is dropped after a call that needed less than a PS__TKEEP_SLACK-th
+ * of it, once over PS__TKEEP_MIN bytes: a one-off pull of millions of
+ * keys does not pin its size for the rest of the job. */
+#define PS__TKEEP_MIN ((size_t)1 << 20)
+#define PS__TKEEP_SLACK 4
 
-/* After a call: drops scratch grown past what is worth keeping. */
-static void tscratch_trim(ps_client *c) {
-  if (c->kp_cap > PS__TSCRATCH_KEEP) {
-    free(c->kp);
+/* Whether `have` bytes kept are far more than `need` a call used. */
+static int too_big(size_t have, size_t need) {
+  return have > PS__TKEEP_MIN && have / PS__TKEEP_SLACK > need;
+}
+
+/* After a call that used n pairs of t: drops scratch far bigger. */
+static void tscratch_trim(ps_table *t, size_t n) {
+  ps_client *c = t->c;
+  if (too_big(c->kp_cap * sizeof *c->kp_tmp, n * sizeof *c->kp_tmp)) {
     free(c->kp_tmp);
-    c->kp = c->kp_tmp = NULL;
+    c->kp_tmp = NULL;
     c->kp_cap = 0;
   }
-  if (c->kgrp_cap > PS__TSCRATCH_KEEP) {
+  if (too_big(t->kp_cap * sizeof *t->kp, n * sizeof *t->kp)) {
+    free(t->kp);
+    t->kp = NULL;
+    t->kp_cap = t->kp_n = 0;
+  }
+  if (too_big(c->kgrp_cap * sizeof *c->kgrp, n * sizeof *c->kgrp)) {
     free(c->kgrp);
     c->kgrp = NULL;
     c->kgrp_cap = 0;
   }
 }
 
-int ps__tscratch(ps_client *c, size_t n) {
-  const ps__array arrays[] = {
-      {(void **)&c->kp, sizeof *c->kp},
-      {(void **)&c->kp_tmp, sizeof *c->kp_tmp},
-  };
-  if (ps__grow_all(arrays, 2, &c->kp_cap, n ? n : 1))
+/* Whether t->kp are the sorted pairs of keys[0..n): its positions are a
+ * permutation of 0..n-1, so keys[kp[i].pos] == kp[i].key for every i
+ * means keys is the very array kp was sorted from (one pass of reads,
+ * against the radix sort's passes of reads and writes). */
+static int tsorted(const ps_table *t, const uint64_t *keys, size_t n) {
+  if (n == 0 || t->kp_n != n) return 0;
+  const ps__kp *kp = t->kp;
+  for (size_t i = 0; i < n; i++)
+    if (keys[kp[i].pos] != kp[i].key) return 0;
+  return 1;
+}
+
+/* t->kp: keys[0..n) sorted (ps__keysort), reusing the last sort when it
+ * was of the same keys (a step's push of the keys it pulled). 0 or
+ * PS_ENOMEM (message set). */
+static int tsort(ps_table *t, const uint64_t *keys, size_t n) {
+  ps_client *c = t->c;
+  if (tsorted(t, keys, n)) return 0;
+  t->kp_n = 0;
+  size_t want = n ? n : 1;
+  if (ps__grow((void **)&t->kp, &t->kp_cap, want, sizeof *t->kp) ||
+      ps__grow((void **)&c->kp_tmp, &c->kp_cap, want, sizeof *c->kp_tmp))
     return ps__seterr(c, PS_ENOMEM, "out of memory sorting %zu keys", n);
+  ps__keysort(keys, n, t->kp, c->kp_tmp);
+  t->kp_n = n;
   return 0;
 }
 
@@ -146,30 +178,42 @@ static void tpull_carve(ps__tpull *tp, size_t nps) {
   tp->rows = (float *)(tp->keys + tp->nu);
 }
 
+/* A block of at least `bytes` for a pull: the one the last released pull
+ * left (request.c) when it fits and is not far bigger, else a new one. */
+static ps__tpull *tpull_alloc(ps_client *c, size_t bytes) {
+  ps__tpull *tp = c->tp_keep;
+  c->tp_keep = NULL;
+  if (tp && tp->bytes >= bytes && !too_big(tp->bytes, bytes)) return tp;
+  free(tp);
+  tp = malloc(bytes);
+  if (tp) tp->bytes = bytes;
+  return tp;
+}
+
 int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t n,
                     float *out, int read_only, ps_req **out_req) {
   ps_client *c = t->c;
   size_t nps = (size_t)c->num_ps;
-  if (ps__tscratch(c, n)) return PS_ENOMEM;
-  ps__keysort(keys, n, c->kp, c->kp_tmp);
+  if (tsort(t, keys, n)) return PS_ENOMEM;
+  const ps__kp *kp = t->kp;
   size_t nu = 0;
-  for (size_t i = 0; i < n; i++) nu += i == 0 || c->kp[i].key != c->kp[i - 1].key;
+  for (size_t i = 0; i < n; i++) nu += i == 0 || kp[i].key != kp[i - 1].key;
   size_t bytes = tpull_bytes(nps, n, nu, t->cfg.dim);
-  ps__tpull *tp = bytes ? malloc(bytes) : NULL;
+  ps__tpull *tp = bytes ? tpull_alloc(c, bytes) : NULL;
   if (!tp)
     return ps__seterr(c, PS_ENOMEM, "table '%s': out of memory for the rows of %zu keys",
                       t->name, nu);
-  *tp = (ps__tpull){.t = t, .out = out, .n = n, .nu = nu, .dim = t->cfg.dim,
-                    .min_step = min_step, .read_only = read_only};
+  *tp = (ps__tpull){.bytes = tp->bytes, .t = t, .out = out, .n = n, .nu = nu,
+                    .dim = t->cfg.dim, .min_step = min_step, .read_only = read_only};
   uint64_t rows_per_frame = PS__MAX_DATA / ((uint64_t)t->cfg.dim * sizeof(float));
   tp->per_frame = rows_per_frame < PS__MAX_TABLE_KEYS ? (size_t)rows_per_frame
                                                       : PS__MAX_TABLE_KEYS;
   tpull_carve(tp, nps);
   memset(tp->sent, 0, 3 * nps * sizeof *tp->sent);
-  ps__key_split(c->kp, n, (uint32_t)nps, tp->first);
-  ps__key_layout(c->kp, n, (uint32_t)nps, tp->first, tp->inflight + nps, tp->keys, tp->inv,
+  ps__key_split(kp, n, (uint32_t)nps, tp->first);
+  ps__key_layout(kp, n, (uint32_t)nps, tp->first, tp->inflight + nps, tp->keys, tp->inv,
                  NULL);
-  tscratch_trim(c);
+  tscratch_trim(t, n);
   ps_req *r = ps__req_new(c, PS__REQ_TPULL);
   if (!r) {
     free(tp);
@@ -278,7 +322,7 @@ void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
  * 0, or PS_ETOOBIG when one ps's would exceed a TablePush. */
 static int push_fits(ps_table *t, size_t n, size_t *first) {
   ps_client *c = t->c;
-  ps__key_split(c->kp, n, (uint32_t)c->num_ps, first);
+  ps__key_split(t->kp, n, (uint32_t)c->num_ps, first);
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
   for (int p = 0; p < c->num_ps; p++) {
     uint64_t cnt = first[p + 1] - first[p];
@@ -300,13 +344,10 @@ int ps__tpush_check(ps_table *t, const uint64_t *keys, size_t n) {
       all <= PS__MAX_TABLE_PUSH_BYTES)
     return 0; /* even all of them on one ps fit */
   size_t *first = malloc(((size_t)c->num_ps + 1) * sizeof *first);
-  int rc = first ? ps__tscratch(c, n) : ps__seterr(c, PS_ENOMEM, "out of memory");
-  if (!rc) {
-    ps__keysort(keys, n, c->kp, c->kp_tmp);
-    rc = push_fits(t, n, first);
-  }
+  int rc = first ? tsort(t, keys, n) : ps__seterr(c, PS_ENOMEM, "out of memory");
+  if (!rc) rc = push_fits(t, n, first);
   free(first);
-  tscratch_trim(c);
+  tscratch_trim(t, n);
   return rc;
 }
 
@@ -338,16 +379,13 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
   size_t nps = (size_t)c->num_ps;
   size_t *first = malloc((2 * nps + 1) * sizeof *first);
   float *acc = malloc((size_t)t->cfg.dim * sizeof *acc);
-  int rc = first && acc ? ps__tscratch(c, n) : ps__seterr(c, PS_ENOMEM, "out of memory");
-  if (!rc) {
-    ps__keysort(keys, n, c->kp, c->kp_tmp);
-    rc = push_fits(t, n, first);
-  }
+  int rc = first && acc ? tsort(t, keys, n) : ps__seterr(c, PS_ENOMEM, "out of memory");
+  if (!rc) rc = push_fits(t, n, first);
   if (!rc && ps__grow((void **)&c->kgrp, &c->kgrp_cap, first[nps] ? first[nps] : 1,
                       sizeof *c->kgrp))
     rc = ps__seterr(c, PS_ENOMEM, "out of memory");
   if (!rc)
-    ps__key_layout(c->kp, n, (uint32_t)nps, first, first + nps + 1, NULL, NULL, c->kgrp);
+    ps__key_layout(t->kp, n, (uint32_t)nps, first, first + nps + 1, NULL, NULL, c->kgrp);
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
   for (int p = 0; p < c->num_ps && !rc; p++) {
     /* Every ps gets one, possibly empty: it counts toward the step. */
@@ -365,14 +403,14 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
                       t->name, cnt);
       break;
     }
-    push_fill(t, c->kp, n, c->kgrp, first[p], first[p + 1], grads, d, acc);
+    push_fill(t, t->kp, n, c->kgrp, first[p], first[p + 1], grads, d, acc);
     ps__req_expect(r, p, 1);
     ps__telem_bytes(&c->telem, p, 0, cnt * per_key);
     ps__conn_flush(c, &c->conns[p]);
   }
   free(first);
   free(acc);
-  tscratch_trim(c);
+  tscratch_trim(t, n);
   return rc;
 }
 
