@@ -363,7 +363,12 @@ static void push_fill(const ps_table *t, const ps__kp *kp, size_t n, const size_
     size_t i = grp[g];
     uint64_t key = kp[i].key;
     memcpy(d + (g - lo) * sizeof(uint64_t), &key, sizeof key);
-    memcpy(acc, grads + kp[i].pos * dim, row);
+    const float *first = grads + kp[i].pos * dim;
+    if (i + 1 >= n || kp[i + 1].key != key) { /* no duplicate: one copy */
+      memcpy(gd + (g - lo) * row, first, row);
+      continue;
+    }
+    memcpy(acc, first, row);
     /* Duplicates in the caller's order (the sort is stable). */
     for (i++; i < n && kp[i].key == key; i++) {
       const float *src = grads + kp[i].pos * dim;
