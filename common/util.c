@@ -1,6 +1,10 @@
 /* util.c - one clock, overflow-checked growth, percentiles, host:port. */
 #include "util.h"
 
+#include <unistd.h>
+
+#include "invariant.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,4 +101,14 @@ int ps__parse_hostport(const char *s, char *host, size_t hostcap, int *port) {
   host[hlen] = '\0';
   *port = (int)p;
   return 0;
+}
+
+void ps__assert_fail(const char *cond, const char *file, int line) {
+  char buf[512];
+  int n = snprintf(buf, sizeof buf, "%s:%d: invariant broken: %s\n", file, line, cond);
+  if (n > 0) {
+    ssize_t w = write(2, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+    (void)w;
+  }
+  abort();
 }

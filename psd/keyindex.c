@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "invariant.h"
+
 #include "wire.h"
 
 /* XORed into a key before mixing, so a key 0 does not hash to 0. */
@@ -111,6 +113,9 @@ int psd_kindex_reserve(psd_kindex *x, uint64_t entries) {
 }
 
 void psd_kindex_insert(psd_kindex *x, uint64_t key, uint32_t val) {
+  /* The load factor (psd_kindex_reserve) keeps an empty slot in every probe
+   * sequence: without one, find and free_slot would never end. */
+  PS_ASSERT(x->n + 1 < x->nslots);
   uint64_t i = free_slot(x, key);
   x->slots[i].key = key;
   x->slots[i].val = val;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "invariant.h"
 #include "optimizer.h"
 #include "wire.h"
 
@@ -268,6 +269,7 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
     return PS_ESTALE;
   }
   if (step > sl->step) return PS_EINVAL;
+  PS_ASSERT(worker < s->num_workers && sl->count < s->replicas);
   if (sl->pushed[worker] == step + 1) return PS_EDUPLICATE;
   sl->pushed[worker] = step + 1;
   if (sl->count + 1 >= s->replicas) {

@@ -5,7 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "invariant.h"
 #include "util.h"
 #include "wire.h"
 #include "testutil.h"
@@ -158,6 +162,31 @@ START_TEST(test_hostport_bad) {
 }
 END_TEST
 
+/* PS_ASSERT is on in every build (this one defines NDEBUG): a broken
+ * invariant names itself and its line on stderr and aborts. */
+START_TEST(test_assert_always_on) {
+  int fds[2];
+  ck_assert_int_eq(pipe(fds), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 2);
+    volatile int slots = 4;
+    PS_ASSERT(slots < 4);
+    _exit(0);
+  }
+  close(fds[1]);
+  char buf[512] = "";
+  ssize_t n = read(fds[0], buf, sizeof buf - 1);
+  close(fds[0]);
+  buf[n > 0 ? n : 0] = '\0';
+  int st;
+  waitpid(pid, &st, 0);
+  ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT, "status 0x%x", st);
+  ck_assert_msg(strstr(buf, "test_util.c:") && strstr(buf, "invariant broken: slots < 4"),
+                "%s", buf);
+}
+END_TEST
+
 Suite *suite_util(void) {
   Suite *s = suite_create("util");
   TCase *tc = tcase_create("grow");
@@ -168,6 +197,7 @@ Suite *suite_util(void) {
   TCase *tm = tcase_create("misc");
   tcase_add_test(tm, test_percentile);
   tcase_add_test(tm, test_clocks);
+  tcase_add_test(tm, test_assert_always_on);
   suite_add_tcase(s, tm);
   TCase *th = tcase_create("hostport");
   tcase_add_test(th, test_hostport_ok);
