@@ -90,6 +90,18 @@ outlived_and_psctl() {
   else bad "loopback: psd outliving the workers / psctl from the environment (rc $rc, ${took}s)" "$out"; fi
 }
 
+# usr1_when JOB PATTERN FILE PID: once FILE has a line matching PATTERN
+# (60 s at most), scancel --signal=USR1 the job named JOB; returns the exit
+# status of the srun PID.
+usr1_when() {
+  for _ in $(seq 600); do
+    grep -q "$2" "$3" 2>/dev/null && break
+    sleep 0.1
+  done
+  scancel --signal=USR1 "$(squeue -h -n "$1" -o %i | head -1)"
+  wait "$4"
+}
+
 preemption() {
   local out=$WORK/preempt.log synth=$WORK/synth
   local args="--steps 120 --batch 16 --threads 1 --lr 0.05"
@@ -156,14 +168,9 @@ preemption() {
   out=$WORK/preempt2.log
   timeout 300 srun -J psd-preempt2 -N2 -n3 "$BIN/psrun" --ps=1 --checkpoint-dir "$WORK/ck2" -- \
     "$BIN/cifar_worker" --data "$synth" $args --dump-params "$WORK/resumed2.bin" >"$out" 2>&1 &
-  local srun_pid=$!
-  for _ in $(seq 300); do
-    grep -q 'w0 step' "$out" 2>/dev/null && break
-    sleep 0.2
-  done
-  scancel --signal=USR1 "$(squeue -h -n psd-preempt2 -o %i | head -1)"
-  wait $srun_pid
-  local rc1=$?
+  local rc1
+  usr1_when psd-preempt2 'w0 step' "$out" $!
+  rc1=$?
   timeout 300 srun -J psd-preempt2 -N2 -n3 "$BIN/psrun" --ps=1 --checkpoint-dir "$WORK/ck2" -- \
     "$BIN/cifar_worker" --data "$synth" $args --dump-params "$WORK/resumed2.bin" >>"$out" 2>&1
   local rc2=$?
@@ -298,13 +305,7 @@ ddp_preemption() {
     preempt "$WORK/ddp_ref.pt" 80 >"$out.ref" 2>&1
   timeout 180 "${run[@]}" --checkpoint-dir "$WORK/ck-ddp" -- /usr/bin/python3 "$w" \
     preempt "$WORK/ddp_out.pt" 80 >"$out" 2>&1 &
-  local srun_pid=$!
-  for _ in $(seq 600); do
-    grep -q 'step 9$' "$out" 2>/dev/null && break
-    sleep 0.1
-  done
-  scancel --signal=USR1 "$(squeue -h -n psd-ddp-preempt -o %i | head -1)"
-  wait $srun_pid
+  usr1_when psd-ddp-preempt 'step 9$' "$out" $!
   rc1=$?
   timeout 180 "${run[@]}" --checkpoint-dir "$WORK/ck-ddp" -- /usr/bin/python3 "$w" \
     preempt "$WORK/ddp_out.pt" 80 >>"$out" 2>&1
