@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "config.h"
+#include "psclient.h"
 #include "ps.pb-c.h"
 
 /* Exit statuses, so a launcher can tell why psd ended. */
@@ -35,7 +36,7 @@ enum {
                                 job cannot resume from this stop, only from an
                                 older checkpoint (EX_UNAVAILABLE). A launcher
                                 must not requeue it as if it had been saved. */
-  PSD_EXIT_STOPPED = 75,     /* stopped on request (SIGTERM/SIGUSR1) after
+  PSD_EXIT_STOPPED = PS_EXIT_STOPPED, /* 75 */     /* stopped on request (SIGTERM/SIGUSR1) after
                                 this ps wrote its stop checkpoint (fsynced,
                                 renamed): run it again to resume there
                                 (EX_TEMPFAIL: "try again later") */

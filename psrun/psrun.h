@@ -5,11 +5,12 @@
 #include "layout.h"
 #include "log.h"
 #include "opt.h"
+#include "psclient.h"
 
 /* Exit status of a task (psd or worker) that stopped on request after a
  * checkpoint (SIGTERM/SIGUSR1 with --checkpoint-dir): not a failure, the
  * others follow on their own, and psrun exits with it so a requeue can tell. */
-#define PSR_EXIT_STOPPED 75
+#define PSR_EXIT_STOPPED PS_EXIT_STOPPED /* 75: psclient.h */
 
 /* Seconds the ps tasks have to exit after the last worker did (--local and
  * task 0 under Slurm): psd exits by itself once every worker finished, so

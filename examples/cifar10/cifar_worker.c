@@ -282,7 +282,7 @@ static double evaluate(cnn *m, const cifar_set *test, int B, float *img, uint8_t
 
 /* Exit status of a worker stopped on request after a checkpoint (preempted,
  * walltime): EX_TEMPFAIL, as psd uses, so scripts can requeue. */
-#define EXIT_STOPPED 75
+#define EXIT_STOPPED PS_EXIT_STOPPED
 
 /* SIGTERM/SIGUSR1 from Slurm (preemption, --signal, walltime): ask the job
  * to checkpoint and stop instead of dying mid-step. The handler only sets

@@ -59,6 +59,16 @@ extern "C" {
 #define PS_VERSION_MINOR 2
 #define PS_VERSION_PATCH 6
 
+/* The exit status of a process of a job that stopped on request after its
+ * checkpoint (PS_ESTOPPED): psd, psrun and the examples exit with it, and
+ * a launcher that sees it may requeue the job, which then resumes. The one
+ * definition of 75 (sysexits' EX_TEMPFAIL). */
+#define PS_EXIT_STOPPED 75
+
+/* "MAJOR.MINOR.PATCH" of the library actually loaded, which may be newer
+ * than the PS_VERSION_* a program was built with. Added in 0.2.6. */
+PS_EXTERN const char *ps_version(void);
+
 /* Error codes: one table generates the enum and ps_strerror(). The same
  * numbers travel on the wire in Error messages. */
 #define PS_ERRNO_MAP(X)                                                        \

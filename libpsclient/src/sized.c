@@ -39,6 +39,12 @@ int ps__sized_read(void *dst, size_t lib_size, const void *src, size_t v1_size,
   return 0;
 }
 
+#define PS__STR(x) #x
+#define PS__XSTR(x) PS__STR(x)
+const char *ps_version(void) {
+  return PS__XSTR(PS_VERSION_MAJOR) "." PS__XSTR(PS_VERSION_MINOR) "." PS__XSTR(PS_VERSION_PATCH);
+}
+
 void ps_config_init_sized(ps_config *cfg, size_t size) {
   if (!cfg || size < sizeof cfg->struct_size) return;
   memset(cfg, 0, size); /* every field's default is 0 / NULL */

@@ -37,3 +37,4 @@ from .table import Table
 EXIT_STOPPED = 75
 
 library_path = _clib.path  # the libpsclient this package loaded
+library_version = _clib.ps_version().decode()  # its ps_version(), "0.2.6"

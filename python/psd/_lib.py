@@ -90,6 +90,7 @@ _PROTOS = {
     "ps_client_var_assign": (cint, [P, PP, size_t, u64]),
     "ps_client_step_current": (u64, [P]),
     "ps_client_stop_step": (u64, [P]),
+    "ps_version": (_c.c_char_p, []),
     "ps_client_push_async": (cint, [P, u64, PP, size_t, PP]),
     "ps_client_pull_async": (cint, [P, u64, PP, size_t, PP]),
     "ps_req_wait": (cint, [P, cint, U64P]),

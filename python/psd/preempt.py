@@ -41,7 +41,7 @@ import torch.distributed as dist
 
 __all__ = ["Checkpoint"]
 
-EXIT_STOPPED = 75
+from . import EXIT_STOPPED  # noqa: E402  (psclient.h's PS_EXIT_STOPPED)
 SUBDIR = "torch"  # inside psrun's --checkpoint-dir, beside psd's step-* files
 FORMAT = 1
 

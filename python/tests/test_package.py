@@ -21,7 +21,10 @@ def header_version():
 
 
 def test_version_is_the_library_s():
-    assert psd.__version__ == header_version()
+    assert psd.__version__ == header_version() == psd.library_version  # ps_version()
+    with open(os.path.join(ROOT, "libpsclient", "include", "psclient.h")) as f:
+        stopped = int(re.search(r"#define PS_EXIT_STOPPED (\d+)", f.read()).group(1))
+    assert psd.EXIT_STOPPED == stopped == 75
     major, minor, _ = psd.__version__.split(".")
     assert psd._version.SONAME == "libpsclient.so.%s.%s" % (major, minor)
 
