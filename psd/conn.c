@@ -430,6 +430,13 @@ void psd_conns_close_all(psd_conns *cs) {
   psd_conns_reap(cs);
 }
 
+uint64_t psd_conns_held_bytes(const psd_conns *cs) {
+  uint64_t b = 0;
+  for (const psd_conn *c = cs->head; c; c = c->next)
+    b += c->out.len + c->stage_cap * sizeof(float) + c->stage16_cap * sizeof(uint16_t);
+  return b;
+}
+
 int psd_conns_pending(const psd_conns *cs) {
   for (const psd_conn *c = cs->head; c; c = c->next)
     if (psd_conn_pending(c)) return 1;
@@ -519,6 +526,7 @@ static int dispatch(psd_conn *c, const uint8_t *meta) {
  * c->stage, where the hook finds every item as float32. */
 static void item_done(psd_conn *c) {
   psd_conn_hooks *k = &c->reg->hooks;
+  if (c->blob_skip) return; /* refused already: its bytes were dropped */
   const Ps__Item *it = c->blob_len ? NULL : c->items[c->item];
   if (it && it->dtype != PS__DT_F32)
     ps__wire_decode(it->dtype, c->stage, c->stage16, it->count);
@@ -539,6 +547,7 @@ static void frame_done(psd_conn *c) {
     c->stage_cap = 0;
   }
   c->blob_len = 0;
+  c->blob_skip = 0;
   c->shm_src = NULL;
   c->state = PSD_CONN_HEADER;
   frame_reset(c);
@@ -572,8 +581,19 @@ int psd_conn_begin_blob(psd_conn *c, uint64_t bytes) {
   c->item = 0;
   c->item_got = 0;
   c->blob_len = bytes;
+  c->blob_skip = 0;
   c->state = PSD_CONN_DATA;
   return 0;
+}
+
+void psd_conn_skip_blob(psd_conn *c, uint64_t bytes) {
+  c->items = NULL;
+  c->n_items = 1;
+  c->item = 0;
+  c->item_got = 0;
+  c->blob_len = bytes;
+  c->blob_skip = 1;
+  c->state = PSD_CONN_DATA;
 }
 
 /* A PS__FLAG_SHM frame's position (desc, after its protobuf part): its
@@ -691,7 +711,7 @@ static int step(psd_conn *c, uint64_t *shm_budget) {
     uint64_t need = item_len(c) - c->item_got;
     uint64_t take = c->in_len < need ? c->in_len : need;
     if (take == 0 && need > 0) return 0;
-    memcpy(item_dst(c) + c->item_got, c->in + c->in_off, take);
+    if (!c->blob_skip) memcpy(item_dst(c) + c->item_got, c->in + c->in_off, take);
     c->in_off += take;
     c->in_len -= take;
     c->item_got += take;
@@ -747,7 +767,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
       break;
     }
     ssize_t n;
-    if (c->state == PSD_CONN_DATA && c->in_len == 0 &&
+    if (c->state == PSD_CONN_DATA && c->in_len == 0 && !c->blob_skip &&
         item_len(c) - c->item_got >= PSD_DIRECT_READ_MIN) {
       /* Big tensor: straight into the staging buffer. */
       uint64_t need = item_len(c) - c->item_got;

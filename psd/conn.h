@@ -157,6 +157,8 @@ typedef struct psd_conn {
   uint64_t shm_pos;           /* ... and its ring position */
   uint64_t blob_len;          /* DATA of a TABLE_* frame: its whole data part
                                  is one item of this many bytes (0: items) */
+  int blob_skip;              /* ... read and dropped: the request was refused
+                                 before its data came (psd_conn_skip_blob) */
   const void *blob_msg;       /* ... and its unpacked message (in arena) */
   uint64_t stage_cap;         /* floats in stage */
   int32_t *status;            /* per item result of the current Push */
@@ -240,6 +242,17 @@ static inline int psd_conn_send(psd_conn *c, unsigned type, const ProtobufCMessa
  * one item into c->stage (TABLE_* frames): the item hook gets it, then the
  * frame hook. 0 or PS_ENOMEM (nothing changed). */
 int psd_conn_begin_blob(psd_conn *c, uint64_t bytes);
+/* Enters DATA for a TABLE_* frame refused before its data (bytes > 0)
+ * came: the bytes are read and dropped (nothing is staged, no hook is
+ * called), then the next frame is read. The caller has queued the
+ * refusal. */
+void psd_conn_skip_blob(psd_conn *c, uint64_t bytes);
+/* Bytes every open connection holds in memory now beyond its fixed
+ * buffers: replies queued and not yet written (copied into the output
+ * queue: table rows, detached parameters, headers) and request data
+ * staged (a TABLE_PUSH's keys and gradients, a Push item). Counted
+ * against --max-memory by the tables (tables.c). */
+uint64_t psd_conns_held_bytes(const psd_conns *cs);
 /* Queues an Error reply; fatal ones put c in CLOSING. */
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
