@@ -7,7 +7,12 @@
  * this file never calls back into handlers.c. Checkpoints (persist.c):
  * a table registered while a checkpoint is being restored gets its rows
  * from it before the reply; a table reaching a new step is offered for
- * capture before any parked pull is answered.
+ * capture before any parked pull is answered. Memory: what table requests
+ * make psd hold (a pull's reply until its connection reads it, a push's
+ * staged data, parked pulls' keys, every connection's unread replies and
+ * staging: psd_conns_held_bytes) counts against --max-memory with the
+ * variables and the tables' reservations; a request that would pass it is
+ * refused with a non-fatal PS_ENOMEM naming the table, bytes and limit.
  */
 #ifndef PSD_TABLES_H
 #define PSD_TABLES_H
@@ -26,8 +31,9 @@
 /* Keys all parked TablePulls of this psd may hold: each parked pull keeps
  * its keys (up to PS__MAX_TABLE_KEYS x 8 bytes) until its step comes, one
  * per table and connection; beyond this a pull for a future step is
- * refused (PS_EBUSY), so waiting pulls cannot grow psd without bound. A
- * sync job parks at most one pull per worker and table. */
+ * refused (PS_EBUSY), so waiting pulls cannot grow psd without bound (and
+ * their keys count against --max-memory too). A sync job parks at most one
+ * pull per worker and table. */
 #define PSD_TABLES_MAX_PARKED_BYTES ((uint64_t)1 << 30)
 
 /* A TablePull waiting for its table to reach min_step. */

@@ -1566,6 +1566,278 @@ START_TEST(test_table_parked_pulls_of_slow_reader_bounded) {
 }
 END_TEST
 
+/* ---- 6: what table requests hold counts against --max-memory ------------- */
+
+/* The limit these tests run psd under, as in the review that found the
+ * holes: 512 MiB. */
+#define TM_LIMIT ((uint64_t)512 << 20)
+#define TM_LIMIT_ARG "536870912"
+/* psd's own RSS before any table (code, libraries, fixed buffers) is not
+ * what --max-memory counts; each test measures it and allows this much
+ * on top of the limit for allocator slack and page tables. */
+#define TM_SLACK_KIB (48L << 10)
+
+static void start_psd_mem(tu_psd *p, const char *workers) {
+  const char *args[] = {"--num-ps", "1", "--ps-index", "0", "--startup-timeout", "30",
+                        "--grace-period", "5", "--workers", workers, "--max-memory",
+                        TM_LIMIT_ARG, NULL};
+  ck_assert_msg(tu_psd_start(p, args) == 0, "psd did not start (log %s)", p->log_path);
+}
+
+/* A connection that completed its handshake as worker w of nw. */
+static int tm_worker(tu_psd *p, uint32_t w, uint32_t nw) {
+  static rframe f;
+  int fd = tu_connect(p->addr);
+  ck_assert(fd >= 0);
+  hbuf h = {{0}, 0};
+  put_hello(&h, hello_default(w, nw));
+  ck_assert_int_eq(tu_send_all(fd, h.b, h.n), 0);
+  ck_assert_msg(read_frame(fd, &f, 5.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY,
+                "the handshake as worker %u failed (reply type %u)", w, f.h.type);
+  return fd;
+}
+
+/* A normal table step from worker fd while the others hold what they can:
+ * a pull of 4 keys of table id (dim floats a row) answered with the rows,
+ * and the push of their gradients accepted. */
+static void tm_legit_step(int fd, uint32_t id, uint32_t dim, const char *during) {
+  static rframe f;
+  herr e;
+  uint64_t keys[4] = {11, 12, 13, 14};
+  send_table_pull_head(fd, 900, id, 0, 4, sizeof keys, 0);
+  ck_assert_int_eq(tu_send_all(fd, keys, sizeof keys), 0);
+  int t = table_reply(fd, &f, &e, 10.0);
+  ck_assert_msg(t == PS__MSG_TABLE_PULL_REPLY && f.h.data_len == 4ull * dim * sizeof(float),
+                "%s: a legitimate pull of 4 keys got frame %d (%llu data bytes): %s", during,
+                t, (unsigned long long)f.h.data_len, e.msg);
+  size_t n = sizeof keys + 4ull * dim * sizeof(float);
+  uint8_t *d = calloc(1, n);
+  ck_assert(d);
+  memcpy(d, keys, sizeof keys);
+  send_table_push_head(fd, 901, id, 0, 4, n);
+  ck_assert_int_eq(tu_send_all(fd, d, n), 0);
+  free(d);
+  t = table_reply(fd, &f, &e, 10.0);
+  Ps__TablePushReply *r = t == PS__MSG_TABLE_PUSH_REPLY
+                              ? ps__table_push_reply__unpack(NULL, f.h.meta_len, f.meta)
+                              : NULL;
+  int status = r ? r->status : -1;
+  char msg[1100];
+  snprintf(msg, sizeof msg, "%s", r && r->message ? r->message : e.msg);
+  if (r) ps__table_push_reply__free_unpacked(r, NULL);
+  ck_assert_msg(status == 0, "%s: a legitimate push of 4 keys got frame %d status %d: %s",
+                during, t, status, msg);
+}
+
+/* The refusal's sentence names the table, the bytes and the limit. */
+static void tm_expect_sentence(const char *msg, const char *table, const char *bytes,
+                               const char *what) {
+  ck_assert_msg(strstr(msg, table) && strstr(msg, bytes) && strstr(msg, "--max-memory") &&
+                    strstr(msg, TM_LIMIT_ARG),
+                "%s: the refusal should name %s, %s bytes and --max-memory " TM_LIMIT_ARG
+                ": %s", what, table, bytes, msg);
+}
+
+/* Reads frames of fd until an Error (copied into e) or a TablePushReply
+ * (its status and message into e) that is not a success; 1 if one came. */
+static int tm_next_refusal(int fd, herr *e, double timeout_s) {
+  static rframe f;
+  double end = ps__now() + timeout_s;
+  while (ps__now() < end) {
+    int t = table_reply(fd, &f, e, end - ps__now());
+    if (t < 0) return 0;
+    if (t == PS__MSG_ERROR) return 1;
+    if (t != PS__MSG_TABLE_PUSH_REPLY) continue;
+    Ps__TablePushReply *r = ps__table_push_reply__unpack(NULL, f.h.meta_len, f.meta);
+    ck_assert(r);
+    e->found = 1;
+    e->code = r->status;
+    snprintf(e->msg, sizeof e->msg, "%s", r->message ? r->message : "");
+    ps__table_push_reply__free_unpacked(r, NULL);
+    if (e->code) return 1;
+  }
+  return 0;
+}
+
+/* The reviewer's first case: a TABLE_PULL of 32 KiB of keys (4,096 keys of
+ * a dim-65536 table) asks for a 1 GiB reply, and two connections that never
+ * read took psd to 2,051 MiB under --max-memory 512M. Now a reply is
+ * counted while it waits to be read: the 1 GiB ones are refused with
+ * PS_ENOMEM and a sentence, a 256 MiB one is built for the first
+ * connection and refused to the second (together they would pass the
+ * limit), psd's peak RSS stays under the limit, and a third worker's step
+ * goes through meanwhile. */
+START_TEST(test_table_mem_unread_replies) {
+  enum { DIM = 65536 };
+  tu_psd p;
+  start_psd_mem(&p, "3");
+  int a = tm_worker(&p, 0, 3), b = tm_worker(&p, 1, 3), c = tm_worker(&p, 2, 3);
+  herr e;
+  Ps__TableSpec big = tspec("big", DIM, 64), small = tspec("small", 8, 1024);
+  ck_assert_int_eq(table_register(a, &big, &e), 0);
+  ck_assert_int_eq(table_register(c, &small, &e), 1);
+  usleep(100000);
+  long base = vm_kib(p.pid, "VmRSS:");
+  uint64_t *keys = malloc(4096 * sizeof *keys);
+  ck_assert(keys);
+  for (int i = 0; i < 4096; i++) keys[i] = (uint64_t)i + 1;
+  int fds[2] = {a, b};
+  for (int i = 0; i < 2; i++) { /* 1 GiB each, read_only (no rows needed) */
+    send_table_pull_head(fds[i], 10, 0, 0, 4096, 4096 * sizeof *keys, 1);
+    ck_assert_int_eq(tu_send_all(fds[i], keys, 4096 * sizeof *keys), 0);
+  }
+  for (int i = 0; i < 2; i++) { /* 256 MiB each: the first fits, not both */
+    send_table_pull_head(fds[i], 11, 0, 0, 1024, 1024 * sizeof *keys, 1);
+    ck_assert_int_eq(tu_send_all(fds[i], keys, 1024 * sizeof *keys), 0);
+    usleep(300000);
+  }
+  free(keys);
+  tm_legit_step(c, 1, 8, "two connections holding unread pulls of 'big'");
+  long hwm = vm_kib(p.pid, "VmHWM:");
+  fprintf(stderr, "table memory: unread replies: psd VmRSS %ld KiB before, peak %ld KiB "
+          "(limit %llu KiB)\n", base, hwm, (unsigned long long)(TM_LIMIT >> 10));
+  /* Now read: the refusals, then a's reply. */
+  herr ea1, eb1, eb2;
+  int ra1 = tm_next_refusal(a, &ea1, 10.0);
+  int got_a = drain_pull_replies(a, 1, 30.0);
+  int rb1 = tm_next_refusal(b, &eb1, 10.0), rb2 = tm_next_refusal(b, &eb2, 10.0);
+  close(a);
+  close(b);
+  close(c);
+  expect_serving(&p, "huge pulls from connections that never read");
+  tu_psd_kill(&p);
+  ck_assert_msg(hwm - base < (long)(TM_LIMIT >> 10) + TM_SLACK_KIB,
+                "psd peaked at %ld KiB (%ld at start) under --max-memory 512M", hwm, base);
+  ck_assert_msg(ra1 && ea1.code == PS_ENOMEM && rb1 && eb1.code == PS_ENOMEM,
+                "the 1 GiB pulls should be refused with PS_ENOMEM: %d %d (%s | %s)",
+                ea1.code, eb1.code, ea1.msg, eb1.msg);
+  tm_expect_sentence(ea1.msg, "table 'big'", "1073741824", "1 GiB pull");
+  ck_assert_msg(got_a == 1, "the first connection's 256 MiB reply did not come");
+  ck_assert_msg(rb2 && eb2.code == PS_ENOMEM, "the second 256 MiB reply should be refused: "
+                "%d (%s)", eb2.code, eb2.msg);
+  tm_expect_sentence(eb2.msg, "table 'big'", "268435456", "second 256 MiB pull");
+}
+END_TEST
+
+/* The second case: TABLE_PUSH staging, 3 connections each sending a push
+ * of 256 MiB and holding back its last byte (771 MiB before). The first
+ * is staged (counted); the others are refused at their header with a
+ * TablePushReply PS_ENOMEM and a sentence, their bytes read and dropped
+ * on a connection that stays usable. */
+START_TEST(test_table_mem_staged_pushes) {
+  enum { DIM = 65536, NK = 1023 };
+  const uint64_t len = (uint64_t)NK * (sizeof(uint64_t) + DIM * sizeof(float));
+  tu_psd p;
+  start_psd_mem(&p, "4");
+  int w[3], c = tm_worker(&p, 3, 4);
+  for (int i = 0; i < 3; i++) w[i] = tm_worker(&p, (uint32_t)i, 4);
+  herr e;
+  Ps__TableSpec big = tspec("big", DIM, 64), small = tspec("small", 8, 1024);
+  ck_assert_int_eq(table_register(w[0], &big, &e), 0);
+  ck_assert_int_eq(table_register(c, &small, &e), 1);
+  usleep(100000);
+  long base = vm_kib(p.pid, "VmRSS:");
+  uint8_t *d = calloc(1, len);
+  ck_assert(d);
+  for (uint64_t i = 0; i < NK; i++) { /* ascending keys; zero gradients */
+    uint64_t k = i + 1;
+    memcpy(d + i * sizeof k, &k, sizeof k);
+  }
+  for (int i = 0; i < 3; i++) {
+    send_table_push_head(w[i], 20, 0, 0, NK, len);
+    ck_assert_int_eq(tu_send_all(w[i], d, len - 1), 0);
+    usleep(200000);
+  }
+  tm_legit_step(c, 1, 8, "three connections staging 256 MiB pushes");
+  long hwm = vm_kib(p.pid, "VmHWM:");
+  fprintf(stderr, "table memory: staged pushes: psd VmRSS %ld KiB before, peak %ld KiB "
+          "(limit %llu KiB)\n", base, hwm, (unsigned long long)(TM_LIMIT >> 10));
+  herr e1, e2;
+  int r1 = tm_next_refusal(w[1], &e1, 10.0), r2 = tm_next_refusal(w[2], &e2, 10.0);
+  /* The first push completes: staged and applied (its keys have no rows). */
+  ck_assert_int_eq(tu_send_all(w[0], d + len - 1, 1), 0);
+  static rframe f;
+  herr e0;
+  int t0 = table_reply(w[0], &f, &e0, 10.0);
+  /* A refused connection is still in step: the rest of its push is
+   * dropped, its next frame is read. */
+  ck_assert_int_eq(tu_send_all(w[1], d + len - 1, 1), 0);
+  send_table_push_head(w[1], 21, 1, 0, 0, 0);
+  int t1 = table_reply(w[1], &f, &e, 10.0);
+  free(d);
+  for (int i = 0; i < 3; i++) close(w[i]);
+  close(c);
+  expect_serving(&p, "staged pushes of several connections");
+  tu_psd_kill(&p);
+  ck_assert_msg(hwm - base < (long)(TM_LIMIT >> 10) + TM_SLACK_KIB,
+                "psd peaked at %ld KiB (%ld at start) under --max-memory 512M", hwm, base);
+  ck_assert_msg(r1 && e1.code == PS_ENOMEM && r2 && e2.code == PS_ENOMEM,
+                "the second and third staged pushes should be refused with PS_ENOMEM: %d %d "
+                "(%s | %s)", e1.code, e2.code, e1.msg, e2.msg);
+  char bytes[32];
+  snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)len);
+  tm_expect_sentence(e1.msg, "table 'big'", bytes, "staged push");
+  ck_assert_msg(t0 == PS__MSG_TABLE_PUSH_REPLY, "the staged push got no reply (%d)", t0);
+  ck_assert_msg(t1 == PS__MSG_TABLE_PUSH_REPLY, "a refused push's connection no longer "
+                "answers (%d: %s)", t1, e.msg);
+}
+END_TEST
+
+/* The third case: parked pulls. Four connections park a pull of 2^22 keys
+ * (32 MiB) on each of 8 tables for a step that never comes (1 GiB of keys;
+ * 1,027 MiB before, capped only by a fixed 1 GiB). Now parked keys count:
+ * the pulls that would pass the limit are refused with PS_ENOMEM, and
+ * psd's peak stays under it. */
+START_TEST(test_table_mem_parked_pulls) {
+  enum { K = 8, NA = 4 };
+  const uint64_t nk = PS__MAX_TABLE_KEYS;
+  tu_psd p;
+  start_psd_mem(&p, "5");
+  int w[NA], c = tm_worker(&p, NA, NA + 1);
+  for (int i = 0; i < NA; i++) w[i] = tm_worker(&p, (uint32_t)i, NA + 1);
+  herr e;
+  char name[K][8];
+  for (int i = 0; i < K; i++) {
+    snprintf(name[i], sizeof name[i], "p%d", i);
+    Ps__TableSpec s = tspec(name[i], 1, 1024);
+    ck_assert_int_eq(table_register(w[0], &s, &e), i);
+  }
+  Ps__TableSpec small = tspec("small", 8, 1024);
+  ck_assert_int_eq(table_register(c, &small, &e), K);
+  usleep(100000);
+  long base = vm_kib(p.pid, "VmRSS:");
+  uint64_t *keys = malloc(nk * sizeof *keys);
+  ck_assert(keys);
+  for (uint64_t i = 0; i < nk; i++) keys[i] = i + 1;
+  for (int i = 0; i < NA; i++)
+    for (int t = 0; t < K; t++) { /* for step 1: parked (nobody pushes) */
+      send_table_pull_head(w[i], 30 + (uint64_t)t, (uint32_t)t, 1, nk, nk * sizeof *keys, 1);
+      ck_assert_int_eq(tu_send_all(w[i], keys, nk * sizeof *keys), 0);
+    }
+  free(keys);
+  usleep(200000);
+  tm_legit_step(c, K, 8, "32 parked pulls of 32 MiB of keys");
+  long hwm = vm_kib(p.pid, "VmHWM:");
+  fprintf(stderr, "table memory: parked pulls: psd VmRSS %ld KiB before, peak %ld KiB "
+          "(limit %llu KiB)\n", base, hwm, (unsigned long long)(TM_LIMIT >> 10));
+  /* The last connection's pulls came when the limit was reached. */
+  herr r;
+  int refused = tm_next_refusal(w[NA - 1], &r, 5.0);
+  for (int i = 0; i < NA; i++) close(w[i]);
+  close(c);
+  expect_serving(&p, "parked pulls of 32 MiB of keys each");
+  tu_psd_kill(&p);
+  ck_assert_msg(hwm - base < (long)(TM_LIMIT >> 10) + TM_SLACK_KIB,
+                "psd peaked at %ld KiB (%ld at start) under --max-memory 512M", hwm, base);
+  ck_assert_msg(refused && r.code == PS_ENOMEM,
+                "a pull parked past the limit should be refused with PS_ENOMEM: %d (%s)",
+                r.code, r.msg);
+  ck_assert_msg(strstr(r.msg, "table 'p") && strstr(r.msg, "--max-memory") &&
+                    strstr(r.msg, TM_LIMIT_ARG),
+                "the refusal should name the table and the limit: %s", r.msg);
+}
+END_TEST
+
 Suite *suite_hostile(void) {
   Suite *s = suite_create("hostile");
   TCase *tc = tcase_create("cases");
@@ -1595,5 +1867,11 @@ Suite *suite_hostile(void) {
   tcase_add_test(tt, test_table_register_float_zero_refused);
   tcase_add_test(tt, test_table_parked_pulls_of_slow_reader_bounded);
   suite_add_tcase(s, tt);
+  TCase *tm = tcase_create("table_memory");
+  tcase_set_timeout(tm, 60);
+  tcase_add_test(tm, test_table_mem_unread_replies);
+  tcase_add_test(tm, test_table_mem_staged_pushes);
+  tcase_add_test(tm, test_table_mem_parked_pulls);
+  suite_add_tcase(s, tm);
   return s;
 }
