@@ -1,6 +1,7 @@
 /* Sparse tables from the client's side, misused: sizes that overflow,
  * NULL pointers, keys and rows in the same memory, configurations whose
- * fields are valid doubles but not usable floats. Each must be refused
+ * fields are valid doubles but not usable floats, requests past psd's
+ * --max-memory. Each must be refused
  * (or answered right) with a sentence naming the problem, and leave the
  * client working. (test_tables.c covers the tables' semantics.) */
 #include <check.h>
@@ -152,6 +153,53 @@ START_TEST(keys_and_out_aliased) {
 }
 END_TEST
 
+/* Table requests past psd's --max-memory (64 MiB here) through the API: a
+ * pull whose reply and a push whose data would pass it fail with
+ * PS_ENOMEM and psd's sentence (the table, the bytes, the limit) in
+ * ps_client_errmsg; the connection goes on and small requests of the same
+ * table work. */
+START_TEST(memory_refusals_reach_the_caller) {
+  enum { DIM = 4096, N = 4096 }; /* 64 MiB of rows, 64 MiB + 32 KiB pushed */
+  tu_psd p;
+  const char *args[] = {"--num-ps", "1", "--ps-index", "0", "--max-memory", "67108864", NULL};
+  ck_assert_msg(tu_psd_start(&p, args) == 0, "psd did not start");
+  ps_client *c = th_connect(p.addr);
+  ps_table *t = NULL;
+  ps_table_config g = th_cfg(DIM);
+  g.capacity = 16;
+  ck_assert_int_eq(ps_client_table_create(c, "emb", &g, &t), 0);
+  uint64_t *keys = malloc(N * sizeof *keys);
+  float *rows = calloc((size_t)N * DIM, sizeof *rows);
+  ck_assert(keys && rows);
+  for (int i = 0; i < N; i++) keys[i] = (uint64_t)i + 1;
+  int rc = ps_table_pull(t, 0, keys, N, rows, PS_TABLE_READ_ONLY, NULL);
+  ck_assert_msg(rc == PS_ENOMEM && strstr(ps_client_errmsg(c), "table 'emb'") &&
+                    strstr(ps_client_errmsg(c), "67108864") &&
+                    strstr(ps_client_errmsg(c), "--max-memory"),
+                "a 64 MiB reply under --max-memory 64 MiB: %s: %s", ps_strerror(rc),
+                ps_client_errmsg(c));
+  ck_assert_int_eq(ps_table_pull(t, 0, keys, 4, rows, 0, NULL), 0);
+  ps_req *r = NULL;
+  ck_assert_int_eq(ps_table_push_async(t, 0, keys, N, rows, &r), 0);
+  rc = ps_req_wait(r, 10000, NULL);
+  ps_req_destroy(r);
+  ck_assert_msg(rc == PS_ENOMEM && strstr(ps_client_errmsg(c), "table 'emb'") &&
+                    strstr(ps_client_errmsg(c), "67141632") &&
+                    strstr(ps_client_errmsg(c), "--max-memory"),
+                "a 64 MiB push under --max-memory 64 MiB: %s: %s", ps_strerror(rc),
+                ps_client_errmsg(c));
+  ck_assert_int_eq(ps_table_push_async(t, 0, keys, 4, rows, &r), 0);
+  rc = ps_req_wait(r, 10000, NULL);
+  ps_req_destroy(r);
+  ck_assert_msg(rc == 0, "a small push after the refusal: %s: %s", ps_strerror(rc),
+                ps_client_errmsg(c));
+  free(keys);
+  free(rows);
+  ps_client_destroy(c);
+  tu_psd_kill(&p);
+}
+END_TEST
+
 Suite *suite_tables_hostile(void) {
   Suite *s = suite_create("tables_hostile");
   TCase *tc = tcase_create("tables_hostile");
@@ -159,6 +207,7 @@ Suite *suite_tables_hostile(void) {
   tcase_add_test(tc, float_zero_config_refused);
   tcase_add_test(tc, bad_sizes_and_pointers_refused);
   tcase_add_test(tc, keys_and_out_aliased);
+  tcase_add_test(tc, memory_refusals_reach_the_caller);
   suite_add_tcase(s, tc);
   return s;
 }
