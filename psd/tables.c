@@ -3,6 +3,7 @@
 #include "tables.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,29 +203,38 @@ static uint64_t held_bytes(const psd_tables *ts, const psd_conn *c, uint64_t *co
          ts->parked_bytes + *conns;
 }
 
-/* 0 if `bytes` more (what: "a reply of 4096 rows (1073741824 bytes)", for
- * the sentence) fit under --max-memory; else PS_ENOMEM with the refusal's sentence in err,
- * naming the table, the bytes and the limit. */
-static int mem_check(const psd_tables *ts, const psd_conn *c, const char *table,
-                     const char *what, uint64_t bytes, char *err, size_t errlen) {
+/* "table 'NAME'" of id, or "table id N" for an id no table has. */
+static void table_label(const psd_tables *ts, uint32_t id, char *out, size_t len) {
+  if (id < ts->n) snprintf(out, len, "table '%s'", psd_table_spec_of(ts->v[id].t)->name);
+  else snprintf(out, len, "table id %u", id);
+}
+
+/* 0 if `bytes` more fit under --max-memory; else PS_ENOMEM with the
+ * refusal's sentence in err, naming table id, what is asked (fmt: "a reply
+ * of 4096 rows (1073741824 bytes)"), the limit and what is held. Nothing
+ * is formatted when it fits (every pull and push comes here). */
+static int mem_check(const psd_tables *ts, const psd_conn *c, uint32_t id, uint64_t bytes,
+                     char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+static int mem_check(const psd_tables *ts, const psd_conn *c, uint32_t id, uint64_t bytes,
+                     char *err, size_t errlen, const char *fmt, ...) {
   uint64_t conns, have = held_bytes(ts, c, &conns);
   if ((double)have + (double)bytes <= ts->cfg->max_memory) return 0;
+  char label[300], what[200];
+  table_label(ts, id, label, sizeof label);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
   snprintf(err, errlen,
            "%s: %s would take this server past --max-memory (%.0f bytes; "
            "%llu already held: variables, tables reserved at capacity, checkpoint copies, "
            "%llu of parked pulls, and %llu of replies not yet read by their connections "
            "and requests being received): refused; pull or push fewer keys at once, read "
            "replies as they come, or raise --max-memory",
-           table, what, ts->cfg->max_memory,
-           (unsigned long long)have, (unsigned long long)ts->parked_bytes,
-           (unsigned long long)conns);
+           label, what, ts->cfg->max_memory, (unsigned long long)have,
+           (unsigned long long)ts->parked_bytes, (unsigned long long)conns);
   return PS_ENOMEM;
-}
-
-/* "table 'NAME'" of id, or "table id N" for an id no table has. */
-static void table_label(const psd_tables *ts, uint32_t id, char *out, size_t len) {
-  if (id < ts->n) snprintf(out, len, "table '%s'", psd_table_spec_of(ts->v[id].t)->name);
-  else snprintf(out, len, "table id %u", id);
 }
 
 /* Bytes c's staging must grow by to take `bytes` of request data. */
@@ -274,10 +284,9 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   if (reply_too_big(e, c, req, n)) return;
   /* The reply is built whole in c's output queue and held until c reads
    * it: counted against --max-memory with everything else psd holds. */
-  char label[300], what[96], err[900];
-  table_label(ts, id, label, sizeof label);
-  snprintf(what, sizeof what, "a reply of %zu rows (%llu bytes)", n, (unsigned long long)bytes);
-  if (mem_check(ts, c, label, what, bytes, err, sizeof err)) {
+  char err[900];
+  if (mem_check(ts, c, id, bytes, err, sizeof err, "a reply of %zu rows (%llu bytes)", n,
+                (unsigned long long)bytes)) {
     psd_conn_error(c, req, PS_ENOMEM, 0, "%s", err);
     return;
   }
@@ -321,13 +330,12 @@ static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__Table
       return 0;
     }
   /* Its keys are held until its step: counted against --max-memory. */
-  char label[300], what[128], err[900];
+  char err[900];
   const uint64_t held = m->count * sizeof(uint64_t) + sizeof(psd_tpull);
-  table_label(ts, m->table_id, label, sizeof label);
-  snprintf(what, sizeof what, "a pull of %llu keys parked until step %llu (%llu bytes held)",
-           (unsigned long long)m->count, (unsigned long long)m->min_step,
-           (unsigned long long)held);
-  if (mem_check(ts, c, label, what, held, err, sizeof err)) {
+  if (mem_check(ts, c, m->table_id, held, err, sizeof err,
+                "a pull of %llu keys parked until step %llu (%llu bytes held)",
+                (unsigned long long)m->count, (unsigned long long)m->min_step,
+                (unsigned long long)held)) {
     psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "%s", err);
     return 0;
   }
@@ -396,18 +404,15 @@ static int handle_pull(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   uint64_t reply = m->table_id < ts->n
                        ? m->count * psd_table_spec_of(ts->v[m->table_id].t)->dim * sizeof(float)
                        : 0;
-  if (reply <= PS__MAX_DATA) {
-    char label[300], what[160], err[900];
-    table_label(ts, m->table_id, label, sizeof label);
-    snprintf(what, sizeof what, "a pull of %llu keys (a reply of %llu bytes, and %llu bytes "
-             "of keys to receive)", (unsigned long long)m->count, (unsigned long long)reply,
-             (unsigned long long)c->hdr.data_len);
-    if (mem_check(ts, c, label, what, stage_growth(c, c->hdr.data_len) + reply, err,
-                  sizeof err)) {
-      psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "%s", err);
-      psd_conn_skip_blob(c, c->hdr.data_len);
-      return 0;
-    }
+  if (reply > PS__MAX_DATA) reply = 0; /* PS_ETOOBIG once the keys are in */
+  char err[900];
+  if (mem_check(ts, c, m->table_id, stage_growth(c, c->hdr.data_len) + reply, err, sizeof err,
+                "a pull of %llu keys (a reply of %llu bytes, and %llu bytes of keys to "
+                "receive)", (unsigned long long)m->count, (unsigned long long)reply,
+                (unsigned long long)c->hdr.data_len)) {
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "%s", err);
+    psd_conn_skip_blob(c, c->hdr.data_len);
+    return 0;
   }
   if (psd_conn_begin_blob(c, c->hdr.data_len) != 0) {
     psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory for %llu keys",
@@ -576,11 +581,10 @@ static int handle_push(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   /* Its keys and gradients are staged whole before they are applied:
    * counted against --max-memory, refused (and read and dropped, the
    * connection staying open) if they would pass it. */
-  char label[300], what[128], err[900];
-  table_label(ts, m->table_id, label, sizeof label);
-  snprintf(what, sizeof what, "a push of %llu keys (%llu bytes to receive)",
-           (unsigned long long)m->count, (unsigned long long)c->hdr.data_len);
-  if (mem_check(ts, c, label, what, stage_growth(c, c->hdr.data_len), err, sizeof err)) {
+  char err[900];
+  if (mem_check(ts, c, m->table_id, stage_growth(c, c->hdr.data_len), err, sizeof err,
+                "a push of %llu keys (%llu bytes to receive)", (unsigned long long)m->count,
+                (unsigned long long)c->hdr.data_len)) {
     push_reply(ts, c, m->request_id, PS_ENOMEM, err, 0,
                m->table_id < ts->n ? psd_table_step(ts->v[m->table_id].t) : 0);
     psd_conn_skip_blob(c, c->hdr.data_len);
