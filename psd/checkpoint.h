@@ -48,7 +48,7 @@ typedef struct psd_ckpt_rec {
   uint64_t offset;             /* first element of the slice */
   uint64_t length;             /* elements in the slice */
   uint32_t opt_kind;           /* ps_opt_kind: the state layout depends on it */
-  uint32_t state_per;          /* optimizer state floats per element (0-2) */
+  uint32_t state_per;          /* optimizer state floats per element (0-4) */
   uint64_t step;               /* the slice's step */
   const void *param;           /* length floats (unaligned when read back) */
   const void *state;           /* length * state_per floats, or NULL */

@@ -574,6 +574,7 @@ static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
       return 0;
     }
   }
+  if (m->average) return psd_handlers_pull_average(h, c, m);
   double now = ps__now();
   double timeout = m->timeout_ms ? m->timeout_ms / 1000.0 : h->cfg->pull_timeout_s;
   for (size_t i = 0; i < m->n_slice_ids; i++) {

@@ -56,6 +56,11 @@ void psd_handlers_munge_done(psd_handlers *h);
 void psd_handlers_act(psd_handlers *h, unsigned actions);
 /* psd_waiters_expire callback (ctx: h): tells the owner of set that w's
  * request timed out. */
+/* Answers a Pull with `average` set (2.7), whose slice ids handle_pull
+ * checked: each slice's moving average, at once and whatever min_step, or
+ * a non-fatal Error (no average, not initialized, --protocol-minor < 7).
+ * 0, or -1 when c failed (out of memory). */
+int psd_handlers_pull_average(psd_handlers *h, psd_conn *c, const Ps__Pull *m);
 void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w);
 /* Lowest step of any slice or table (for logs). */
 uint64_t psd_handlers_step(const psd_handlers *h);

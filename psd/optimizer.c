@@ -95,9 +95,27 @@ static int validate_rule(const ps_optimizer *o, char *err, size_t errlen) {
   }
 }
 
+/* The moving average's fields (2.7), which every kind may set. */
+static int validate_average(const ps_optimizer *o, char *err, size_t errlen) {
+  if (!ps__opt_average_name(o->average))
+    return ps__errf(PS_EINVAL, err, errlen,
+                    "optimizer average must be %d (none), %d (ema), %d (ema_num_updates) or "
+                    "%d (polyak), got %d",
+                    PS_AVERAGE_NONE, PS_AVERAGE_EMA, PS_AVERAGE_EMA_NUM_UPDATES,
+                    PS_AVERAGE_POLYAK, o->average);
+  if ((o->average == PS_AVERAGE_EMA || o->average == PS_AVERAGE_EMA_NUM_UPDATES) &&
+      !in_unit_halfopen(o->average_decay))
+    return ps__errf(PS_EINVAL, err, errlen,
+                    "optimizer average_decay must be in [0, 1) with average %s, got %g",
+                    ps__opt_average_name(o->average), o->average_decay);
+  return 0;
+}
+
 int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (!o) return ps__errf(PS_EINVAL, err, errlen, "optimizer configuration is missing");
+  int arc = validate_average(o, err, errlen);
+  if (arc) return arc;
   /* A variable that is not trained, or only averaged, has no rule:
    * nothing else is read (but a mean's scale). */
   if (o->kind == PS_OPT_NONE) return 0;
@@ -160,8 +178,8 @@ int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
   return 0;
 }
 
-size_t psd_opt_state_per_elem(const ps_optimizer *o) {
-  if (!o) return 0;
+/* The rule's own state floats per element (the average comes after). */
+static size_t rule_state_per_elem(const ps_optimizer *o) {
   switch (o->kind) {
     case PS_OPT_MOMENTUM: return 1;
     case PS_OPT_ADAM: return 2;
@@ -169,6 +187,16 @@ size_t psd_opt_state_per_elem(const ps_optimizer *o) {
     case PS_OPT_RMSPROP: return 1 + (o->momentum > 0.0) + (o->centered != 0);
     default: return 0;
   }
+}
+
+size_t psd_opt_state_per_elem(const ps_optimizer *o) {
+  if (!o) return 0;
+  return rule_state_per_elem(o) + (o->average != PS_AVERAGE_NONE);
+}
+
+float *psd_opt_average(const ps_optimizer *o, float *state, size_t n) {
+  if (!o || !state || o->average == PS_AVERAGE_NONE) return NULL;
+  return state + rule_state_per_elem(o) * n;
 }
 
 void psd_opt_state_init(const ps_optimizer *o, float *state, size_t n) {
@@ -217,12 +245,26 @@ double psd_opt_lr(const ps_optimizer *o, uint64_t step) {
   return lr;
 }
 
+static void describe_rule(const ps_optimizer *o, char *buf, size_t len);
+
 void psd_opt_describe(const ps_optimizer *o, char *buf, size_t len) {
   if (!buf || len == 0) return;
   if (!o) {
     snprintf(buf, len, "(no optimizer)");
     return;
   }
+  describe_rule(o, buf, len);
+  if (o->average == PS_AVERAGE_NONE) return;
+  size_t bl = strlen(buf);
+  if (o->average == PS_AVERAGE_POLYAK)
+    snprintf(buf + bl, len - bl, " average=polyak");
+  else
+    snprintf(buf + bl, len - bl, " average=%s decay=%.9g",
+             ps__opt_average_name(o->average) ? ps__opt_average_name(o->average) : "unknown",
+             o->average_decay);
+}
+
+static void describe_rule(const ps_optimizer *o, char *buf, size_t len) {
   const char *kn = kind_name((int)o->kind);
   const char *dn = decay_name((int)o->decay);
   char head[160], tail[160];

@@ -19,9 +19,16 @@ int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen);
 /* Floats of optimizer state per parameter element: 0 (SGD), 1 (momentum),
  * 2 (Adam: m then v, each n long), 1 (Adagrad: the accumulator), 1 to 3
  * (RMSProp: the square average, then the momentum buffer if momentum > 0,
- * then the gradient average if centered). At most PSD_OPT_MAX_STATE. */
+ * then the gradient average if centered); plus 1, last, for a moving
+ * average (2.7). The average lives in the state so that checkpoints,
+ * restores and memory accounting keep it with no code of their own. At
+ * most PSD_OPT_MAX_STATE. */
 size_t psd_opt_state_per_elem(const ps_optimizer *o);
-#define PSD_OPT_MAX_STATE 3
+#define PSD_OPT_MAX_STATE 4
+
+/* The moving average inside state (n floats), or NULL when o keeps none;
+ * average.h updates it. */
+float *psd_opt_average(const ps_optimizer *o, float *state, size_t n);
 
 /* Sets a new slice's state (psd_opt_state_per_elem(o) * n floats) to
  * where the rule starts: zeros, Adagrad's accumulator at

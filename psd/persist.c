@@ -645,10 +645,11 @@ int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t e
     return PS_EMISMATCH;
   }
   if (r->state_per != psd_opt_state_per_elem(&sl->opt)) {
-    /* The same rule with other state: RMSProp's momentum or centered. */
+    /* The same rule with other state: RMSProp's momentum or centered, or a
+     * moving average added or dropped (it has no values to resume from). */
     snprintf(err, errlen,
              "variable '%s' was trained with optimizer %s keeping %u state floats per element "
-             "in checkpoint %s, now %zu (its momentum or centered changed)",
+             "in checkpoint %s, now %zu (its momentum, centered or average changed)",
              sl->name, kind_or_unknown((int)r->opt_kind), r->state_per, img->path,
              psd_opt_state_per_elem(&sl->opt));
     return PS_EMISMATCH;

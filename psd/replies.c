@@ -1,11 +1,13 @@
 /* replies.c - answering parked pulls (see handlers.h): the PullReply of
  * each connection's ready waiters, float32 through the worker's pull ring
  * when it has room, else from the slices in place over TCP; 16-bit
- * encoded into the output queue; and a waiter's timeout. */
+ * encoded into the output queue; a pull of moving averages (2.7),
+ * answered at once; and a waiter's timeout. */
 #include <stdio.h>
 #include <string.h>
 
 #include "handlers.h"
+#include "optimizer.h"
 
 /* A PullReply of n items (bytes of parameters, in c->reply_data) through
  * c's pull ring, when c has a segment with room: the parameters are
@@ -92,6 +94,78 @@ static void flush_conn(psd_handlers *h, psd_conn *c) {
     }
     psd_telem_sent(h->telem, c->worker, bytes);
   }
+}
+
+/* An average pull's refusal: 0 and a non-fatal Error if every slice of
+ * m keeps an initialized average, else -1 (the Error is queued). */
+static int check_average_pull(psd_handlers *h, psd_conn *c, const Ps__Pull *m) {
+  if (h->cfg->protocol_minor < 7) {
+    /* --protocol-minor below 7 acts as a 2.6 psd that knew no such flag
+     * would have to; the client checks the minor first and never sends it. */
+    psd_conn_error(c, m->request_id, PS_EUNSUPPORTED, 0,
+                   "a pull of moving averages needs protocol 2.7; this psd speaks 2.%d",
+                   h->cfg->protocol_minor);
+    return -1;
+  }
+  for (size_t i = 0; i < m->n_slice_ids; i++) {
+    const psd_slice *sl = h->shard->slices[m->slice_ids[i]];
+    if (sl->opt.average == PS_AVERAGE_NONE) {
+      psd_conn_error(c, m->request_id, PS_EINVAL, 0,
+                     "variable '%s' keeps no moving average (its optimizer's average is none): "
+                     "create it with one to pull an average, or pull its parameters", sl->name);
+      return -1;
+    }
+    if (!sl->initialized) {
+      psd_conn_error(c, m->request_id, PS_ESTATE, 0,
+                     "variable '%s' has no average yet: it is not initialized", sl->name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int psd_handlers_pull_average(psd_handlers *h, psd_conn *c, const Ps__Pull *m) {
+  if (check_average_pull(h, c, m) != 0) return 0;
+  const uint32_t dtype = m->dtype;
+  const uint64_t esize = ps__dtype_size(dtype);
+  /* Answered at once, copied into the output queue: evaluation reads the
+   * average now, and no update has to detach it from a slow reader. */
+  for (size_t i = 0; i < m->n_slice_ids;) {
+    size_t n = 0;
+    uint64_t bytes = 0;
+    while (i + n < m->n_slice_ids && n < c->reply_cap && n < PS__MAX_ITEMS_PER_FRAME) {
+      psd_slice *sl = h->shard->slices[m->slice_ids[i + n]];
+      if (n && bytes + sl->length * esize > PS__MAX_DATA) break; /* next frame */
+      bytes += sl->length * esize;
+      Ps__Item *it = &c->reply_items[n];
+      ps__item__init(it);
+      it->slice_id = sl->id;
+      it->count = sl->length;
+      it->step = sl->step;
+      it->dtype = dtype;
+      c->reply_ptrs[n] = it;
+      c->reply_data[n] = psd_opt_average(&sl->opt, sl->state, sl->length);
+      c->reply_count[n] = sl->length;
+      n++;
+    }
+    Ps__PullReply r = PS__PULL_REPLY__INIT;
+    r.request_id = m->request_id;
+    r.n_items = n;
+    r.items = c->reply_ptrs;
+    psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+    uint8_t *d = ps__outq_frame_inline(&c->out, PS__MSG_PULL_REPLY, &r.base, bytes);
+    if (!d) {
+      psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory building a pull reply");
+      return -1;
+    }
+    for (size_t j = 0; j < n; j++) {
+      ps__wire_encode(dtype, d, c->reply_data[j], c->reply_count[j]);
+      d += c->reply_count[j] * esize;
+    }
+    psd_telem_sent(h->telem, c->worker, bytes);
+    i += n;
+  }
+  return 0;
 }
 
 void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w) {

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "invariant.h"
+#include "average.h"
 #include "optimizer.h"
 #include "wire.h"
 
@@ -200,6 +201,7 @@ int psd_shard_init_values(psd_shard *s, psd_slice *sl, const float *values) {
   (void)s;
   if (sl->initialized) return 0;
   memcpy(sl->param, values, sl->length * sizeof(float));
+  psd_avg_start(&sl->opt, sl->state, sl->param, sl->length);
   sl->initialized = 1;
   sl->step = 0;
   return 0;
@@ -208,6 +210,14 @@ int psd_shard_init_values(psd_shard *s, psd_slice *sl, const float *values) {
 /* acc += g over n floats (auto-vectorized). */
 static void add_into(float *restrict acc, const float *restrict g, uint64_t n) {
   for (uint64_t i = 0; i < n; i++) acc[i] += g[i];
+}
+
+/* The slice's step advanced to sl->step with new parameters: its moving
+ * average (if any) takes them in. Called on every path that advances the
+ * step (an applied update, a chief's assign that replaces one), never on
+ * a training step's wire path. */
+static void after_step(psd_slice *sl) {
+  psd_avg_update(&sl->opt, sl->step, sl->state, sl->param, sl->length);
 }
 
 /* Makes sure no queued reply or checkpoint record still reads sl's
@@ -235,6 +245,7 @@ int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *va
     memcpy(sl->param, values, sl->length * sizeof(float));
     if (s->async_mode || sl->step == step + 1) return 0;
     sl->step = step + 1;
+    after_step(sl);
     return 1;
   }
   if (sl->step != step) {
@@ -262,6 +273,7 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
     psd_opt_apply(&sl->opt, sl->step, sl->param, sl->state, grad, NULL, 1.0f,
                   sl->length);
     sl->step++;
+    after_step(sl);
     return 1;
   }
   if (step < sl->step) {
@@ -286,6 +298,7 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
     }
     sl->count = 0;
     sl->step++;
+    after_step(sl);
     sl->stall_logged_at = 0;
     return 1;
   }

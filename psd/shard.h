@@ -32,7 +32,8 @@ typedef struct psd_slice {
                               conflicts: "registered first by worker N") */
   float *param;            /* parameters, length floats */
   float *acc;              /* sum of this step's gradients so far */
-  float *state;            /* optimizer state (0-2 x length floats) */
+  float *state;            /* optimizer state, the moving average last (0-4
+                              x length floats, psd_opt_state_per_elem) */
   int initialized;         /* the chief has sent initial values */
   int assign_pending;      /* sync: acc holds the values the chief assigned at
                               `step`; they replace this step's update */

@@ -140,6 +140,13 @@ START_TEST(create_idempotent_and_find) {
   ck_assert_int_eq(ps_client_var_create(c, "w", shape, 2, &init, &o2, &again), PS_EMISMATCH);
   ck_assert_msg(strstr(ps_client_errmsg(c), "lr_scale 1 (the first create) vs 0.5 (this call)"),
                 "%s", ps_client_errmsg(c));
+  /* 2.7's average too, on every kind, and its decay where it is read. */
+  o2 = opt;
+  o2.average = PS_AVERAGE_EMA;
+  o2.average_decay = 0.9;
+  ck_assert_int_eq(ps_client_var_create(c, "w", shape, 2, &init, &o2, &again), PS_EMISMATCH);
+  ck_assert_msg(strstr(ps_client_errmsg(c), "average none (the first create) vs ema (this call)"),
+                "%s", ps_client_errmsg(c));
   /* Fields the rule does not use may differ (momentum for SGD). */
   o2 = opt;
   o2.momentum = 0.5;

@@ -168,6 +168,10 @@ static const char *resume_matches_uninterrupted(void) {
   ck_assert_msg(tu_params_equal(&j.t[0], &full),
                 "resumed parameters differ from the uninterrupted run's (W[0] %.9g vs %.9g)",
                 j.t[0].W[0], full.W[0]);
+  /* The moving averages too (zeros when the rules keep none). */
+  ck_assert_msg(memcmp(j.t[0].avg_W, full.avg_W, sizeof full.avg_W) == 0 &&
+                    memcmp(j.t[0].avg_b, full.avg_b, sizeof full.avg_b) == 0,
+                "resumed averages differ (W[0] %.9g vs %.9g)", j.t[0].avg_W[0], full.avg_W[0]);
   return d;
 }
 
@@ -199,6 +203,30 @@ START_TEST(resume_keeps_adagrad_and_rmsprop_state) {
   ob.centered = 0;
   int64_t shape[1] = {TU_C};
   restore_refuses(d, "b", shape, 1, &ob, "rmsprop keeping 3 state floats per element");
+}
+END_TEST
+
+/* Moving averages (2.7) are state floats too: W's EMA with num_updates
+ * over Adam, b's Polyak mean over momentum resume bit-identical (and are
+ * averages: not the parameters); an average dropped on resume is refused. */
+START_TEST(resume_keeps_average) {
+  ps_optimizer ow, ob;
+  ps_optimizer_default(&ow, 0.01);
+  ow.kind = PS_OPT_ADAM;
+  ow.average = PS_AVERAGE_EMA_NUM_UPDATES;
+  ow.average_decay = 0.999;
+  ps_optimizer_default(&ob, 0.1);
+  ob.kind = PS_OPT_MOMENTUM;
+  ob.average = PS_AVERAGE_POLYAK;
+  g_opt_w = &ow;
+  g_opt_b = &ob;
+  tu_train last = run_job(ckdir("avg"), 3, NULL);
+  ck_assert_msg(memcmp(last.avg_W, last.W, sizeof last.W) != 0, "W's average is W");
+  const char *d = resume_matches_uninterrupted();
+  g_opt_w = g_opt_b = NULL;
+  ob.average = PS_AVERAGE_NONE;
+  int64_t shape[1] = {TU_C};
+  restore_refuses(d, "b", shape, 1, &ob, "momentum keeping 2 state floats per element");
 }
 END_TEST
 
@@ -604,6 +632,7 @@ Suite *suite_persist(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, resume_reproduces_uninterrupted);
   tcase_add_test(tc, resume_keeps_adagrad_and_rmsprop_state);
+  tcase_add_test(tc, resume_keeps_average);
   tcase_add_test(tc, signal_to_one_ps_stops_all_at_one_step);
   tcase_add_test(tc, stop_with_backup_workers);
   tcase_add_test(tc, timed_checkpoints_agree);

@@ -505,6 +505,151 @@ END_TEST
 
 /* Parameter value after s SGD steps of gradient 1 from 0, in the server's
  * float arithmetic. */
+/* Moving averages (2.7): the reference of one variable, in double, from
+ * the parameters pulled after each step (TF's form: d = min(decay, (1 +
+ * t) / (10 + t)) for num_updates; Polyak the mean of w_1..w_t). */
+static void avg_ref(int average, double decay, uint64_t t, double *a, const float *w,
+                    double *sum, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    sum[i] += w[i];
+    if (average == PS_AVERAGE_POLYAK) {
+      a[i] = sum[i] / (double)t;
+      continue;
+    }
+    double warm = (1.0 + (double)t) / (10.0 + (double)t), d = decay < warm ? decay : warm;
+    a[i] = d * a[i] + (1.0 - d) * w[i];
+  }
+}
+
+/* Each line of a worker's telemetry file carries "pull_bytes":[want]:
+ * a training step's PullReplies carry the parameters alone. */
+static void expect_pull_bytes(const char *path, uint64_t want, int steps) {
+  FILE *f = fopen(path, "r");
+  ck_assert_msg(f != NULL, "%s", path);
+  char line[1024], key[64];
+  snprintf(key, sizeof key, "\"pull_bytes\":[%llu]", (unsigned long long)want);
+  int n = 0;
+  while (fgets(line, sizeof line, f)) {
+    ck_assert_msg(strstr(line, key), "want %s in %s", key, line);
+    n++;
+  }
+  fclose(f);
+  ck_assert_int_eq(n, steps);
+}
+
+/* A job whose variables keep averages: the averages pulled equal a double
+ * reference computed from the parameters pulled after each step (EMA with
+ * num_updates, Polyak), start at the initial values, leave ps_var_data and
+ * the client's step alone; training steps pull no extra byte; a variable
+ * without an average, or a pull while another is in flight, is refused. */
+START_TEST(test_average_pull) {
+  enum { NE = 300, NP = 7, NN = 5, STEPS = 12 };
+  tu_psd ps[1];
+  char hosts[1][64], tele[600];
+  const char *hp[1];
+  start_ps(ps, 1, hosts, hp, NULL);
+  snprintf(tele, sizeof tele, "%s/avg_tele.jsonl", tu_tmpdir());
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  cfg.telemetry = tele;
+  ps_client *c = NULL;
+  char err[256];
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  ps_init init = PS_SIZED(ps_init, .kind = PS_INIT_UNIFORM, .a = -1, .b = 1, .seed = 5);
+  ps_optimizer oe, op, on;
+  ps_optimizer_default(&oe, 0.1);
+  oe.average = PS_AVERAGE_EMA_NUM_UPDATES;
+  oe.average_decay = 0.99;
+  ps_optimizer_default(&op, 0.05);
+  op.kind = PS_OPT_MOMENTUM;
+  op.average = PS_AVERAGE_POLYAK;
+  ps_optimizer_default(&on, 0.1);
+  int64_t se[1] = {NE}, sp[1] = {NP}, sn[1] = {NN};
+  ps_var *ve, *vp, *vn;
+  ck_assert_int_eq(ps_client_var_create(c, "e", se, 1, &init, &oe, &ve), 0);
+  ck_assert_int_eq(ps_client_var_create(c, "p", sp, 1, &init, &op, &vp), 0);
+  ck_assert_int_eq(ps_client_var_create(c, "n", sn, 1, &init, &on, &vn), 0);
+  uint64_t step = 0, got = 99;
+  ck_assert_int_eq(ps_client_pull(c, 0, &step), 0);
+  static double ae[NE], ap[NP], sume[NE], sump[NP];
+  static float oute[NE], outp[NP], keep[NE];
+  for (int i = 0; i < NE; i++) ae[i] = ps_var_data(ve)[i];
+  for (int i = 0; i < NP; i++) ap[i] = ps_var_data(vp)[i];
+  ps_var *both[2] = {ve, vp};
+  float *out[2] = {oute, outp};
+  /* Before any update the average is the initial values, bit for bit. */
+  ck_assert_int_eq(ps_client_pull_average(c, both, 2, out, &got), 0);
+  ck_assert_uint_eq(got, 0);
+  ck_assert(memcmp(oute, ps_var_data(ve), sizeof oute) == 0);
+  for (int s = 0; s < STEPS; s++) {
+    for (int i = 0; i < NE; i++) ps_var_grad(ve)[i] = (float)(0.3 + 0.01 * ((i + s) % 7));
+    for (int i = 0; i < NP; i++) ps_var_grad(vp)[i] = (float)(i - 3) * 0.2f;
+    for (int i = 0; i < NN; i++) ps_var_grad(vn)[i] = 1.0f;
+    int stale = 0;
+    ck_assert_int_eq(ps_client_step(c, &step, &stale), 0);
+    ck_assert_uint_eq(step, (uint64_t)s + 1);
+    avg_ref(PS_AVERAGE_EMA_NUM_UPDATES, 0.99, step, ae, ps_var_data(ve), sume, NE);
+    avg_ref(PS_AVERAGE_POLYAK, 0, step, ap, ps_var_data(vp), sump, NP);
+  }
+  memcpy(keep, ps_var_data(ve), sizeof keep);
+  ck_assert_int_eq(ps_client_pull_average(c, both, 2, out, &got), 0);
+  ck_assert_uint_eq(got, STEPS);
+  ck_assert_uint_eq(ps_client_step_current(c), STEPS);
+  ck_assert(memcmp(keep, ps_var_data(ve), sizeof keep) == 0); /* parameters untouched */
+  for (int i = 0; i < NE; i++)
+    ck_assert_msg(fabs(oute[i] - ae[i]) <= 1e-5 * (1.0 + fabs(ae[i])), "e[%d] %.9g vs %.9g", i,
+                  oute[i], ae[i]);
+  for (int i = 0; i < NP; i++)
+    ck_assert_msg(fabs(outp[i] - ap[i]) <= 1e-5 * (1.0 + fabs(ap[i])), "p[%d] %.9g vs %.9g", i,
+                  outp[i], ap[i]);
+  ck_assert(fabs(oute[0] - keep[0]) > 1e-3); /* an average, not the parameters */
+  /* Refusals: no average; another request in flight. */
+  float outn[NN];
+  float *on1[1] = {outn};
+  ck_assert_int_eq(ps_client_pull_average(c, &vn, 1, on1, NULL), PS_EINVAL);
+  ck_assert_msg(strstr(ps_client_errmsg(c), "variable 'n' keeps no moving average"), "%s",
+                ps_client_errmsg(c));
+  ps_req *r;
+  ck_assert_int_eq(ps_client_pull_async(c, 0, NULL, 0, &r), 0);
+  ck_assert_int_eq(ps_client_pull_average(c, both, 2, out, NULL), PS_ESTATE);
+  ck_assert_int_eq(ps_req_wait(r, -1, NULL), 0);
+  ps_req_destroy(r);
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  expect_clean_exit(ps, 1);
+  expect_pull_bytes(tele, (NE + NP + NN) * sizeof(float), STEPS);
+}
+END_TEST
+
+/* A 2.6 psd (--protocol-minor 6) keeps no averages: a variable asking
+ * for one is refused with PS_EUNSUPPORTED naming it, the protocol and the
+ * server. */
+START_TEST(test_average_needs_2_7) {
+  tu_psd ps[1];
+  const char *extra[] = {"--protocol-minor", "6", NULL};
+  ps_client *c = solo_client(ps, extra);
+  int64_t shape[1] = {4};
+  ps_optimizer o;
+  ps_optimizer_default(&o, 0.1);
+  o.average = PS_AVERAGE_EMA;
+  o.average_decay = 0.9;
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "avg", shape, 1, NULL, &o, &v), PS_EUNSUPPORTED);
+  const char *m = ps_client_errmsg(c);
+  ck_assert_msg(strstr(m, "variable 'avg': a moving average (optimizer average) needs protocol "
+                          "2.7") && strstr(m, "speaks only 2.6") && strstr(m, "ps 0 at"),
+                "%s", m);
+  o.average = PS_AVERAGE_NONE;
+  ck_assert_int_eq(ps_client_var_create(c, "plain", shape, 1, NULL, &o, &v), 0);
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  expect_clean_exit(ps, 1);
+}
+END_TEST
+
 static float big_value(uint64_t s) {
   float v = 0;
   for (uint64_t i = 0; i < s; i++) v -= BIG_LR * 1.0f;
@@ -665,6 +810,8 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_mean_variable_backups);
   tcase_add_test(tc, test_mean_needs_2_5);
   tcase_add_test(tc, test_new_rules_need_2_6);
+  tcase_add_test(tc, test_average_pull);
+  tcase_add_test(tc, test_average_needs_2_7);
   tcase_add_test(tc, test_max_memory);
   tcase_add_test(tc, test_consistent_reply_under_updates);
 #ifdef PS_MALLOC_COUNT_SO

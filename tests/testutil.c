@@ -438,7 +438,12 @@ void *tu_train_worker(void *arg) {
     memcpy(t->W, ps_var_data(vw), sizeof t->W);
     memcpy(t->b, ps_var_data(vb), sizeof t->b);
     t->final_step = step;
-    t->rc = ps_client_finish(c);
+    if (t->opt_w && t->opt_w->average && t->opt_b && t->opt_b->average) {
+      ps_var *both[2] = {vw, vb};
+      float *out[2] = {t->avg_W, t->avg_b};
+      t->rc = ps_client_pull_average(c, both, 2, out, NULL);
+    }
+    if (!t->rc) t->rc = ps_client_finish(c);
     if (t->rc) snprintf(t->err, sizeof t->err, "%s", ps_client_errmsg(c));
   }
   ps_client_destroy(c);

@@ -28,6 +28,7 @@ Suite *suite_tables_hostile(void);
 Suite *suite_waits(void);
 Suite *suite_stop(void);
 Suite *suite_optimizer(void);
+Suite *suite_average(void);
 Suite *suite_config(void);
 Suite *suite_opt(void);
 Suite *suite_rendezvous(void);
@@ -188,6 +189,9 @@ typedef struct tu_train {
   const ps_optimizer *opt_w, *opt_b; /* W's and b's rules; NULL: tu_model_opts */
   /* results */
   float W[TU_D * TU_C], b[TU_C];
+  float avg_W[TU_D * TU_C], avg_b[TU_C]; /* the servers' moving averages after
+                                            the last step, when opt_w and
+                                            opt_b both keep one; else 0 */
   int stale;                /* stale pushes seen */
   int pushes;               /* pushes made (slow mode) */
   int rc;                   /* first error (0 if none) */

@@ -42,6 +42,8 @@ void ps_optimizer_default_sized(ps_optimizer *opt, size_t size, double lr) {
   opt->centered = 0;
   opt->decoupled_weight_decay = 0;
   opt->torch_epsilon = 0;
+  opt->average = PS_AVERAGE_NONE;
+  opt->average_decay = 0.0;
 }
 
 void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m) {
@@ -67,6 +69,8 @@ void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m) {
   m->centered = o->centered != 0;
   m->decoupled_weight_decay = o->decoupled_weight_decay != 0;
   m->torch_epsilon = o->torch_epsilon != 0;
+  m->average = (Ps__Average)o->average;
+  m->average_decay = o->average_decay;
 }
 
 void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o) {
@@ -93,6 +97,8 @@ void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o) {
   o->centered = m->centered;
   o->decoupled_weight_decay = m->decoupled_weight_decay;
   o->torch_epsilon = m->torch_epsilon;
+  o->average = (int)m->average;
+  o->average_decay = m->average_decay;
 }
 
 int ps__opt_needs_2_1(const ps_optimizer *o) {
@@ -109,6 +115,8 @@ static int needs_2_6(const ps_optimizer *o) {
 }
 
 int ps__opt_min_minor(const ps_optimizer *o) {
+  /* A 2.6 server would drop the average unseen and refuse its pulls. */
+  if (o->average != PS_AVERAGE_NONE) return 7;
   if (needs_2_6(o)) return 6;
   if (o->kind == PS_OPT_MEAN) return 5;
   return ps__opt_needs_2_1(o) ? 1 : 0;
@@ -116,6 +124,7 @@ int ps__opt_min_minor(const ps_optimizer *o) {
 
 const char *ps__opt_min_minor_what(const ps_optimizer *o) {
   switch (ps__opt_min_minor(o)) {
+    case 7: return "a moving average (optimizer average)";
     case 6:
       if (o->kind == PS_OPT_ADAGRAD) return "optimizer adagrad";
       if (o->kind == PS_OPT_RMSPROP) return "optimizer rmsprop";
@@ -139,6 +148,16 @@ const char *ps__opt_kind_name(int kind) {
     case PS_OPT_MEAN: return "mean";
     case PS_OPT_ADAGRAD: return "adagrad";
     case PS_OPT_RMSPROP: return "rmsprop";
+    default: return NULL;
+  }
+}
+
+const char *ps__opt_average_name(int average) {
+  switch (average) {
+    case PS_AVERAGE_NONE: return "none";
+    case PS_AVERAGE_EMA: return "ema";
+    case PS_AVERAGE_EMA_NUM_UPDATES: return "ema_num_updates";
+    case PS_AVERAGE_POLYAK: return "polyak";
     default: return NULL;
   }
 }
@@ -222,6 +241,16 @@ int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, c
   if (a->kind == PS_OPT_MEAN) {
     DIFF_D(mean_scale)
     return 0;
+  }
+  /* The average (2.7) applies to every kind: a second worker must not
+   * silently read another average than the one it asked for. */
+  if (a->average != b->average) {
+    snprintf(buf, len, "average %s (%s) vs %s (%s)", or_unknown(ps__opt_average_name(a->average)),
+             al, or_unknown(ps__opt_average_name(b->average)), bl);
+    return 1;
+  }
+  if (a->average == PS_AVERAGE_EMA || a->average == PS_AVERAGE_EMA_NUM_UPDATES) {
+    DIFF_D(average_decay)
   }
   if (!ps__opt_has_rule((int)a->kind)) return 0; /* no update rule: nothing else is used */
   DIFF_D(lr)

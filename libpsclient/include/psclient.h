@@ -57,7 +57,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 6
+#define PS_VERSION_PATCH 7
 
 /* The exit status of a process of a job that stopped on request after its
  * checkpoint (PS_ESTOPPED): psd, psrun and the examples exit with it, and
@@ -148,6 +148,25 @@ typedef enum ps_lr_decay {
                                total_steps, constant after. Needs protocol 2.1. */
 } ps_lr_decay;
 
+/* A moving average of a variable's parameters that the servers keep beside
+ * them (ps_optimizer.average; protocol 2.7, added in 0.2.7). It starts equal
+ * to the initial values, is updated on the servers each time the
+ * variable's step advances (an applied update, or the chief's assign that
+ * replaces one), is kept in checkpoints, and travels only when asked for
+ * (ps_client_pull_average): training steps send nothing more. With t the
+ * number of updates applied, this one included, and w the new parameters: */
+typedef enum ps_average {
+  PS_AVERAGE_NONE = 0,            /* no average (the default) */
+  PS_AVERAGE_EMA = 1,             /* a -= (1 - d) * (a - w), d = average_decay
+                                     (TensorFlow's ExponentialMovingAverage) */
+  PS_AVERAGE_EMA_NUM_UPDATES = 2, /* the same with d = min(average_decay,
+                                     (1 + t) / (10 + t)): TF's num_updates form,
+                                     given the global step after the update */
+  PS_AVERAGE_POLYAK = 3           /* a += (w - a) / t: the mean of the
+                                     parameters after each update so far
+                                     (average_decay unused) */
+} ps_average;
+
 typedef struct ps_optimizer {
   size_t struct_size;   /* sizeof(ps_optimizer) as compiled by the caller:
                            set by ps_optimizer_init/ps_optimizer_default */
@@ -206,6 +225,13 @@ typedef struct ps_optimizer {
                             (sqrt(v)/sqrt(1-b2^t) + eps); 0 (the default):
                             TensorFlow's epsilon-hat, w -= lr_t*sqrt(1-b2^t)/
                             (1-b1^t) * m / (sqrt(v) + eps) */
+  /* Added in 0.2.7 (protocol 2.7; a program built before it gets 0: no
+   * average). A server older than 2.7 refuses a variable with an average
+   * (PS_EUNSUPPORTED naming it). Any kind may have one. */
+  int average;           /* a ps_average: the moving average the servers keep */
+  double average_decay;  /* PS_AVERAGE_EMA and _EMA_NUM_UPDATES: the decay, in
+                            [0, 1), e.g. 0.999 (TF's CIFAR-10 uses 0.9999);
+                            default 0 */
 } ps_optimizer;
 
 /* Fills *opt (size bytes, struct_size included) with plain SGD at
@@ -597,6 +623,22 @@ PS_EXTERN int ps_client_step_push(ps_client *c, uint64_t step, ps_var *const *va
  * smallest among variables and tables. Used to start or resume:
  * ps_client_pull(c, 0, &s). */
 PS_EXTERN int ps_client_pull(ps_client *c, uint64_t min_step, uint64_t *step_out);
+
+/* Reads the moving averages the servers keep of vars[0..n) (each created
+ * with ps_optimizer.average set) into out[i], numel floats each, for
+ * evaluation; the variables' own data (ps_var_data) is not touched, so the
+ * next ps_client_step computes on the parameters as before. Blocking: the
+ * servers answer at once with the averages as they are now (no step is
+ * waited for), in float32 whatever the variables' wire dtype; *step_out
+ * (may be NULL) gets the smallest step among the slices, the number of
+ * updates the averages include. Nothing else changes: the client's step
+ * (ps_client_step_current) stays. Returns 0; PS_EINVAL for a variable
+ * without an average, a NULL buffer, or n 0; PS_ESTATE while another
+ * request of this client is in flight (its replies would land in out);
+ * PS_EUNSUPPORTED if a server speaks a protocol older than 2.7; or a
+ * server's refusal (a variable not yet initialized). Added in 0.2.7. */
+PS_EXTERN int ps_client_pull_average(ps_client *c, ps_var *const *vars, size_t n,
+                                     float *const *out, uint64_t *step_out);
 
 /* Tells every server this worker is done; they exit when all are. */
 PS_EXTERN int ps_client_finish(ps_client *c);

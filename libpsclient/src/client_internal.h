@@ -162,6 +162,9 @@ struct ps_req {
   int refused;           /* checkpoint: some server said no */
   uint64_t max_step;     /* checkpoint: most advanced server's step */
   double first_reply_at; /* pull: when its first PullReply came (telemetry) */
+  int average;           /* pull of moving averages (2.7): its data lands in
+                            the caller's buffers, so a frame still arriving
+                            once it is released goes to the discard sink */
   ps_var *reg_var;       /* register: the variable whose slices it names */
   ps_table *reg_table;   /* table register: the table whose ids it collects */
   struct ps__tpull *tp;  /* table pull of keys: one malloc'd block (keys,
@@ -509,6 +512,11 @@ int ps__req_wait_release(ps_client *c, ps_req *r);
  * and, for a push, trainable; every connection is up. 0 or PS_EINVAL /
  * PS_ECLOSED with the message set. */
 int ps__check_vars(ps_client *c, ps_var *const *vars, size_t n, int push);
+/* Queues r's Pulls of the moving averages of vars (2.7) on every ps,
+ * float32 whatever the variables' wire dtype (an average is read for
+ * evaluation, rarely): the replies land in each variable's data pointer.
+ * 0, or an error with r released. */
+int ps__pull_average_send(ps_client *c, ps_req *r, ps_var *const *vars, size_t n);
 
 /* ---- var.c --------------------------------------------------------------- */
 

@@ -222,7 +222,7 @@ static int on_pull_reply(ps_client *c, ps__conn *k, const Ps__PullReply *m) {
   if (r && !r->first_reply_at) r->first_reply_at = ps__now();
   ps__telem_bytes(&c->telem, k->index, 1, k->hdr.data_len);
   k->data_kind = PS__DATA_PULL;
-  k->data_own = 0;
+  k->data_own = r && r->average;
   int rc = plan_pull_data(c, k, m, r);
   k->data_req = m->request_id;
   k->data_items = (int)m->n_items;

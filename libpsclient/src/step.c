@@ -1,6 +1,8 @@
 /* step.c - the training step (pull and push together), the chief's
- * checkpoint arrangement with the servers, stopping on request, finish. */
+ * checkpoint arrangement with the servers, stopping on request, finish,
+ * and the blocking pull of moving averages for evaluation. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "client_internal.h"
@@ -310,4 +312,61 @@ int ps_client_finish(ps_client *c) {
     return rc;
   }
   return ps__req_wait_release(c, r);
+}
+
+/* The checks of ps_client_pull_average before anything is sent. */
+static int check_average_pull(ps_client *c, ps_var *const *vars, size_t n, float *const *out) {
+  if (!vars || n == 0 || !out)
+    return ps__seterr(c, PS_EINVAL, "ps_client_pull_average: vars and out must list n > 0 "
+                                    "variables and buffers");
+  int rc = ps__check_vars(c, vars, n, 0);
+  if (rc) return rc;
+  for (size_t i = 0; i < n; i++) {
+    if (!out[i])
+      return ps__seterr(c, PS_EINVAL, "ps_client_pull_average: out[%zu] ('%s') is NULL", i,
+                        vars[i]->name);
+    if (vars[i]->opt.average == PS_AVERAGE_NONE)
+      return ps__seterr(c, PS_EINVAL,
+                        "variable '%s' keeps no moving average on the servers: create it with "
+                        "ps_optimizer.average set to pull one", vars[i]->name);
+  }
+  /* Its replies land in out through the variables' data pointers: any
+   * other pull in flight would land there too. */
+  if (c->reqs.n)
+    return ps__seterr(c, PS_ESTATE, "ps_client_pull_average: %zu other request%s of this "
+                      "client in flight; wait for them first", c->reqs.n,
+                      c->reqs.n == 1 ? " is" : "s are");
+  return ps__need_minor(c, 7, "pulling moving averages");
+}
+
+int ps_client_pull_average(ps_client *c, ps_var *const *vars, size_t n, float *const *out,
+                           uint64_t *step_out) {
+  if (!c) return PS_EINVAL;
+  int rc = check_average_pull(c, vars, n, out);
+  if (rc) return rc;
+  ps_req *r = ps__req_new(c, PS__REQ_PULL);
+  if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  r->average = 1;
+  /* The replies land where each variable's data points: out, for this
+   * call only, so the parameters the next step computes on stay put. */
+  float **saved = malloc(n * sizeof *saved);
+  if (!saved) {
+    ps__req_release(c, r);
+    return ps__seterr(c, PS_ENOMEM, "out of memory");
+  }
+  for (size_t i = 0; i < n; i++) {
+    saved[i] = vars[i]->data;
+    vars[i]->data = out[i];
+  }
+  uint64_t got = 0;
+  rc = ps__pull_average_send(c, r, vars, n); /* releases r on error */
+  if (rc == 0) {
+    if (r->pending == 0) ps__req_finish(c, r);
+    rc = ps_req_wait(r, -1, &got);
+    ps__req_release(c, r);
+  }
+  for (size_t i = 0; i < n; i++) vars[i]->data = saved[i];
+  free(saved);
+  if (rc == 0 && step_out) *step_out = got;
+  return rc;
 }

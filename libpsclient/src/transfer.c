@@ -150,12 +150,13 @@ int ps_client_push_async(ps_client *c, uint64_t step, ps_var *const *vars, size_
   return 0;
 }
 
-/* Queues one Pull of the first k scratch ids to ps p, answered in dtype
- * (released on error). */
+/* Queues one Pull of the first k scratch ids to ps p, answered in dtype,
+ * of the moving averages when r->average (released on error). */
 static int pull_frame(ps_client *c, ps_req *r, int p, uint64_t min_step, size_t k,
                       uint32_t dtype) {
   Ps__Pull m = PS__PULL__INIT;
   m.request_id = r->id;
+  m.average = r->average != 0;
   m.min_step = min_step;
   m.dtype = dtype;
   m.n_slice_ids = k;
@@ -207,3 +208,24 @@ int ps_client_pull_async(ps_client *c, uint64_t min_step, ps_var *const *vars, s
   return 0;
 }
 
+
+int ps__pull_average_send(ps_client *c, ps_req *r, ps_var *const *vars, size_t n) {
+  int rc;
+  if (scratch_items(c, c->nslices)) {
+    ps__req_release(c, r);
+    return ps__seterr(c, PS_ENOMEM, "out of memory");
+  }
+  for (int p = 0; p < c->num_ps; p++) {
+    size_t k = 0;
+    FOR_SLICES(c, vars, n, p, s, {
+      c->ids[k++] = s->remote_id;
+      if (k == PS__MAX_ITEMS_PER_FRAME) {
+        if ((rc = pull_frame(c, r, p, 0, k, PS__DT_F32)) != 0) return rc;
+        k = 0;
+      }
+    });
+    if (k && (rc = pull_frame(c, r, p, 0, k, PS__DT_F32)) != 0) return rc;
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  return 0;
+}
