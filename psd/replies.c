@@ -29,16 +29,50 @@ static int send_pull_shm(psd_conn *c, const Ps__PullReply *r, size_t n, uint64_t
   return ps__outq_frame_shm(&c->out, PS__MSG_PULL_REPLY, &r->base, bytes, pos) == 0 ? 1 : -1;
 }
 
-/* Queues a PullReply of c's first n reply items (bytes of data in dtype):
- * float32 through c's pull ring if it has room, else from the slices in
- * place; 16-bit (TCP only, §1a) encoded into the output queue. 0 or -1. */
-static int send_pull_reply(psd_handlers *h, psd_conn *c, uint64_t req, size_t n,
-                           uint32_t dtype, uint64_t bytes) {
+/* Sets c's reply item n: slice sl, its `data` (parameters or average)
+ * in dtype. */
+static void reply_item(psd_conn *c, size_t n, const psd_slice *sl, const float *data,
+                       uint32_t dtype) {
+  Ps__Item *it = &c->reply_items[n];
+  ps__item__init(it);
+  it->slice_id = sl->id;
+  it->count = sl->length;
+  it->step = sl->step;
+  it->dtype = dtype;
+  c->reply_ptrs[n] = it;
+  c->reply_data[n] = data;
+  c->reply_count[n] = sl->length;
+}
+
+/* A PullReply of c's first n reply items, with the persist flags. */
+static Ps__PullReply reply_head(psd_handlers *h, psd_conn *c, uint64_t req, size_t n) {
   Ps__PullReply r = PS__PULL_REPLY__INIT;
   r.request_id = req;
   r.n_items = n;
   r.items = c->reply_ptrs;
   psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+  return r;
+}
+
+/* Queues r with its n items' data (bytes in dtype) encoded into c's
+ * output queue: a copy, which no later update can change. 0 or -1. */
+static int send_inline(psd_conn *c, const Ps__PullReply *r, size_t n, uint32_t dtype,
+                       uint64_t bytes) {
+  uint8_t *d = ps__outq_frame_inline(&c->out, PS__MSG_PULL_REPLY, &r->base, bytes);
+  if (!d) return -1;
+  for (size_t i = 0; i < n; i++) {
+    ps__wire_encode(dtype, d, c->reply_data[i], c->reply_count[i]);
+    d += c->reply_count[i] * ps__dtype_size(dtype);
+  }
+  return 0;
+}
+
+/* Queues a PullReply of c's first n reply items (bytes of data in dtype):
+ * float32 through c's pull ring if it has room, else from the slices in
+ * place; 16-bit (TCP only, §1a) encoded into the output queue. 0 or -1. */
+static int send_pull_reply(psd_handlers *h, psd_conn *c, uint64_t req, size_t n,
+                           uint32_t dtype, uint64_t bytes) {
+  Ps__PullReply r = reply_head(h, c, req, n);
   if (dtype == PS__DT_F32) {
     int sent = send_pull_shm(c, &r, n, bytes);
     if (sent != 0) return sent > 0 ? 0 : -1;
@@ -46,13 +80,7 @@ static int send_pull_reply(psd_handlers *h, psd_conn *c, uint64_t req, size_t n,
     return psd_conn_send(c, PS__MSG_PULL_REPLY, &r.base, c->reply_data, c->reply_count,
                          c->reply_refs, n);
   }
-  uint8_t *d = ps__outq_frame_inline(&c->out, PS__MSG_PULL_REPLY, &r.base, bytes);
-  if (!d) return -1;
-  for (size_t i = 0; i < n; i++) {
-    ps__wire_encode(dtype, d, c->reply_data[i], c->reply_count[i]);
-    d += c->reply_count[i] * ps__dtype_size(dtype);
-  }
-  return 0;
+  return send_inline(c, &r, n, dtype, bytes);
 }
 
 static void flush_conn(psd_handlers *h, psd_conn *c) {
@@ -73,15 +101,7 @@ static void flush_conn(psd_handlers *h, psd_conn *c) {
       psd_slice *sl = sh->slices[w->slice_id];
       if (n && bytes + sl->length * esize > PS__MAX_DATA) break; /* next frame */
       bytes += sl->length * esize;
-      Ps__Item *it = &c->reply_items[n];
-      ps__item__init(it);
-      it->slice_id = sl->id;
-      it->count = sl->length;
-      it->step = sl->step;
-      it->dtype = dtype;
-      c->reply_ptrs[n] = it;
-      c->reply_data[n] = sl->param;
-      c->reply_count[n] = sl->length;
+      reply_item(c, n, sl, sl->param, dtype);
       c->reply_refs[n] = sl;
       n++;
       psd_waiter *next = w->ready_next;
@@ -137,30 +157,13 @@ int psd_handlers_pull_average(psd_handlers *h, psd_conn *c, const Ps__Pull *m) {
       psd_slice *sl = h->shard->slices[m->slice_ids[i + n]];
       if (n && bytes + sl->length * esize > PS__MAX_DATA) break; /* next frame */
       bytes += sl->length * esize;
-      Ps__Item *it = &c->reply_items[n];
-      ps__item__init(it);
-      it->slice_id = sl->id;
-      it->count = sl->length;
-      it->step = sl->step;
-      it->dtype = dtype;
-      c->reply_ptrs[n] = it;
-      c->reply_data[n] = psd_opt_average(&sl->opt, sl->state, sl->length);
-      c->reply_count[n] = sl->length;
+      reply_item(c, n, sl, psd_opt_average(&sl->opt, sl->state, sl->length), dtype);
       n++;
     }
-    Ps__PullReply r = PS__PULL_REPLY__INIT;
-    r.request_id = m->request_id;
-    r.n_items = n;
-    r.items = c->reply_ptrs;
-    psd_persist_flags(h->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
-    uint8_t *d = ps__outq_frame_inline(&c->out, PS__MSG_PULL_REPLY, &r.base, bytes);
-    if (!d) {
+    Ps__PullReply r = reply_head(h, c, m->request_id, n);
+    if (send_inline(c, &r, n, dtype, bytes) != 0) {
       psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory building a pull reply");
       return -1;
-    }
-    for (size_t j = 0; j < n; j++) {
-      ps__wire_encode(dtype, d, c->reply_data[j], c->reply_count[j]);
-      d += c->reply_count[j] * esize;
     }
     psd_telem_sent(h->telem, c->worker, bytes);
     i += n;
