@@ -23,7 +23,7 @@ need pytest python3-pytest
 case "$what" in
   core) files=(test_client.py test_package.py) ;;
   torch) need torch python3-torch
-    files=(test_torch.py test_server_rules.py test_readme.py test_ctr_example.py
+    files=(test_torch.py test_server_rules.py test_average.py test_readme.py test_ctr_example.py
            test_examples.py) ;;
   c10d) need torch python3-torch
     files=(test_c10d.py test_horovod.py) ;;

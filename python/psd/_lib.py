@@ -35,7 +35,8 @@ class Optimizer(_c.Structure):
                 ("weight_decay", dbl), ("warmup_steps", u64), ("total_steps", u64),
                 ("min_lr_factor", dbl), ("mean_scale", dbl), ("lr_scale", dbl),
                 ("initial_accumulator", dbl), ("alpha", dbl), ("centered", cint),
-                ("decoupled_weight_decay", cint), ("torch_epsilon", cint)]
+                ("decoupled_weight_decay", cint), ("torch_epsilon", cint),
+                ("average", cint), ("average_decay", dbl)]
 
 
 class Init(_c.Structure):
@@ -98,6 +99,7 @@ _PROTOS = {
     "ps_client_step": (cint, [P, U64P, _c.POINTER(cint)]),
     "ps_client_step_push": (cint, [P, u64, PP, size_t]),
     "ps_client_pull": (cint, [P, u64, U64P]),
+    "ps_client_pull_average": (cint, [P, PP, size_t, _c.POINTER(FP), U64P]),
     "ps_client_finish": (cint, [P]),
     "ps_client_request_stop": (None, [P]),
     "ps_client_table_create": (cint, [P, _c.c_char_p, _c.POINTER(TableConfig), PP]),

@@ -212,6 +212,7 @@ class Client:
         self._finished = False
         self._deferred: Optional[BaseException] = None  # raised by the next step()
         self.stale = False  # the last step() skipped ahead past a stale push
+        self.average_step = 0  # the step the last pull_average()'s averages include
         if _ptr is None:
             _ptr = self._create(hosts, locals())
         self._hd = _Handle(_ptr)
@@ -412,6 +413,24 @@ class Client:
         got = ctypes.c_uint64(0)
         self._call(lib.ps_client_pull, config.count("min_step", min_step), ctypes.byref(got))
         return got.value
+
+    def pull_average(self, vars: Iterable[Variable]) -> Dict[str, np.ndarray]:
+        """The moving averages the servers keep of ``vars`` (each created
+        with an optimizer's ``average``), as new float32 arrays by variable
+        name, for evaluation (ps_client_pull_average): the variables'
+        ``data`` is left alone, so training goes on from the parameters.
+        ``average_step`` becomes the step the averages include. Needs psd
+        0.2.7; a variable without an average is psd.InvalidArgument naming it;
+        another request of this client in flight is psd.StateError."""
+        vars = list(vars)
+        arr, n = self._list(vars)
+        outs = [np.empty(v.shape, dtype=np.float32) for v in vars]
+        ptrs = (ctypes.POINTER(ctypes.c_float) * max(1, n))(
+            *[o.ctypes.data_as(ctypes.POINTER(ctypes.c_float)) for o in outs])
+        got = ctypes.c_uint64(0)
+        self._call(lib.ps_client_pull_average, arr, n, ptrs, ctypes.byref(got))
+        self.average_step = got.value
+        return {v.name: o for v, o in zip(vars, outs)}
 
     def step(self) -> int:
         """One synchronous step (ps_client_step) from ``current_step``:

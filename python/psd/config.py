@@ -11,6 +11,8 @@ from ._lib import lib
 # Enum values of psclient.h.
 _OPT_SGD, _OPT_MOMENTUM, _OPT_ADAM, _OPT_NONE, _OPT_MEAN, _OPT_ADAGRAD, _OPT_RMSPROP = range(7)
 _DECAY_NONE, _DECAY_EXP, _DECAY_STEP, _DECAY_COSINE = 0, 1, 2, 3
+# ps_average: the moving averages the servers keep (psd 0.2.7).
+_AVERAGES = {None: 0, "none": 0, "ema": 1, "ema_num_updates": 2, "polyak": 3}
 _TOPT = {"sgd": 0, "adagrad": 1, "adam": 2, "ftrl": 3}
 
 
@@ -91,14 +93,28 @@ class Optimizer:
     rule, as torch.optim.AdamW; needs psd 0.2.6) and ``lr_scale``, this
     variable's multiplier of the (scheduled) learning rate (0.2.6 unless
     1). ``replace(weight_decay=0.0)`` gives a copy with fields changed: one
-    rule per variable, such as no decay for biases."""
+    rule per variable, such as no decay for biases.
+
+    ``average`` keeps a moving average of the parameters on the servers
+    (psd 0.2.7), read by Client.pull_average and
+    DistributedModule.averaged() for evaluation: ``"ema"`` (a = d*a +
+    (1-d)*w with d = ``average_decay``), ``"ema_num_updates"``
+    (TensorFlow's form: d = min(average_decay, (1+t)/(10+t)) at step t) or
+    ``"polyak"`` (the mean of the parameters after each step); None (the
+    default) keeps none. It starts at the initial values and costs the
+    training steps no traffic."""
     _kind = _OPT_SGD
 
     def __init__(self, lr: float, weight_decay: float = 0.0,
                  schedule: Optional[Schedule] = None, *, decoupled_weight_decay: bool = False,
-                 lr_scale: float = 1.0):
+                 lr_scale: float = 1.0, average: Optional[str] = None,
+                 average_decay: float = 0.999):
         self.lr, self.weight_decay, self.schedule = float(lr), float(weight_decay), schedule
         self.decoupled_weight_decay, self.lr_scale = bool(decoupled_weight_decay), float(lr_scale)
+        if average not in _AVERAGES:
+            raise ValueError("average must be None, 'ema', 'ema_num_updates' or 'polyak', "
+                             "got %r" % (average,))
+        self.average, self.average_decay = average, float(average_decay)
 
     def replace(self, **changes) -> "Optimizer":
         """A copy with the attributes named changed (``weight_decay=0.0``,
@@ -117,6 +133,8 @@ class Optimizer:
         o = _lib.sized(_lib.Optimizer, lib.ps_optimizer_default_sized, self.lr)
         o.kind, o.weight_decay = self._kind, self.weight_decay
         o.decoupled_weight_decay, o.lr_scale = int(self.decoupled_weight_decay), self.lr_scale
+        o.average = _AVERAGES[self.average]
+        o.average_decay = self.average_decay if o.average else 0.0
         if self.schedule is not None:
             self.schedule._fill(o)
         return o
