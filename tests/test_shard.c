@@ -1,19 +1,21 @@
 /* psd's shard rules for protocol 2.1, on the shard itself: the chief's
  * assign at a step boundary (sync, trainable), at once (not trainable,
  * async), the steps it refuses, and gradients refused for a variable that
- * is not trained. */
+ * is not trained; and (2.7) when the moving average takes a step in. */
 #include <check.h>
 #include <string.h>
 
 #include "shard.h"
 #include "testutil.h"
 
-/* One slice of 4 floats, initialized to 1, in a shard of 2 workers. */
-static psd_slice *one_slice(psd_shard *s, int async_mode, ps_opt_kind kind) {
+/* One slice of 4 floats, initialized to 1, in a shard of 2 workers; with
+ * a Polyak mean when `average` (2.7). */
+static psd_slice *avg_slice(psd_shard *s, int async_mode, ps_opt_kind kind, int average) {
   psd_shard_init(s, 2, 2, async_mode);
   ps_optimizer o;
   ps_optimizer_default(&o, 0.5);
   o.kind = kind;
+  o.average = average ? PS_AVERAGE_POLYAK : PS_AVERAGE_NONE;
   const uint64_t shape[1] = {4};
   psd_slice *sl = NULL;
   char err[256];
@@ -22,6 +24,49 @@ static psd_slice *one_slice(psd_shard *s, int async_mode, ps_opt_kind kind) {
   psd_shard_init_values(s, sl, ones);
   return sl;
 }
+
+static psd_slice *one_slice(psd_shard *s, int async_mode, ps_opt_kind kind) {
+  return avg_slice(s, async_mode, kind, 0);
+}
+
+/* The moving average (a Polyak mean, element 0: the last state slot)
+ * starts at the initial values and takes in the parameters each time the
+ * step advances: a sync step's update, a chief's assign that replaces
+ * one, an async push, a not-trained variable's assign; never a gradient
+ * that only accumulates. */
+START_TEST(average_follows_every_step) {
+  psd_shard s;
+  const float g[4] = {1, 1, 1, 1}, vals[4] = {7, 8, 9, 10};
+  char err[256];
+  psd_slice *sl = avg_slice(&s, 0, PS_OPT_MOMENTUM, 1);
+  float *avg = sl->state + 4; /* after momentum's buffer */
+  ck_assert_float_eq(avg[0], 1.0f);
+  ck_assert_int_eq(psd_shard_push(&s, sl, 0, 0, g, 0), 0);
+  ck_assert_float_eq(avg[0], 1.0f); /* accumulated only */
+  ck_assert_int_eq(psd_shard_push(&s, sl, 1, 0, g, 0), 1);
+  ck_assert_float_eq(sl->param[0], 0.5f);
+  ck_assert_float_eq(avg[0], 0.5f); /* mean of w_1 */
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 1, vals, err, sizeof err), 0);
+  ck_assert_int_eq(psd_shard_push(&s, sl, 0, 1, g, 0), 0);
+  ck_assert_int_eq(psd_shard_push(&s, sl, 1, 1, g, 0), 1);
+  ck_assert_float_eq(avg[0], (0.5f + 7.0f) / 2); /* the assigned values are w_2 */
+  psd_shard_free(&s);
+
+  sl = avg_slice(&s, 1, PS_OPT_SGD, 1);
+  ck_assert_int_eq(psd_shard_push(&s, sl, 0, 0, g, 0), 1);
+  ck_assert_int_eq(psd_shard_push(&s, sl, 1, 0, g, 0), 1);
+  ck_assert_float_eq(sl->param[0], 0.0f);
+  ck_assert_float_eq(sl->state[0], 0.25f); /* (0.5 + 0) / 2 */
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 2, vals, err, sizeof err), 0);
+  ck_assert_float_eq(sl->state[0], 0.25f); /* async: no step, no average */
+  psd_shard_free(&s);
+
+  sl = avg_slice(&s, 0, PS_OPT_NONE, 1);
+  ck_assert_int_eq(psd_shard_assign(&s, sl, 0, vals, err, sizeof err), 1);
+  ck_assert_float_eq(sl->state[0], 7.0f); /* t = 1: the values */
+  psd_shard_free(&s);
+}
+END_TEST
 
 START_TEST(assign_sync_trainable) {
   psd_shard s;
@@ -85,6 +130,7 @@ Suite *suite_shard(void) {
   TCase *tc = tcase_create("assign");
   tcase_add_test(tc, assign_sync_trainable);
   tcase_add_test(tc, assign_not_trainable_and_async);
+  tcase_add_test(tc, average_follows_every_step);
   suite_add_tcase(s, tc);
   return s;
 }
