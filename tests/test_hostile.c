@@ -382,6 +382,10 @@ static const hcase CASES[] = {
     {"init_bf16_float32_length", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "add up to 8 bytes", 0},
     {"push_unknown_dtype", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "wire dtype 3", 0},
     {"pull_unknown_dtype", SETUP_VAR, 0, X_FATAL, PS_EPROTO, "wire dtype 7", 0},
+    /* 2.7: a pull of the moving average of a variable that keeps none (the
+     * reference client refuses it before sending) */
+    {"pull_average_without_one", SETUP_INIT, 0, X_NONFATAL, PS_EINVAL,
+     "variable 'x' keeps no moving average", 0},
 };
 #define NCASES ((int)(sizeof CASES / sizeof CASES[0]))
 /* The cases the barrage draws from: those before the first 2.1 case. */
@@ -519,6 +523,14 @@ static void build_case(int i, hbuf *h, uint32_t slice) {
     m.slice_ids = ids;
     m.n_slice_ids = 1;
     m.dtype = 7;
+    put_msg(h, PS__MSG_PULL, &m.base, NULL, 0);
+  } else if (!strcmp(n, "pull_average_without_one")) {
+    Ps__Pull m = PS__PULL__INIT;
+    uint32_t ids[1] = {slice};
+    m.request_id = 77;
+    m.slice_ids = ids;
+    m.n_slice_ids = 1;
+    m.average = 1;
     put_msg(h, PS__MSG_PULL, &m.base, NULL, 0);
   } else if (!strcmp(n, "register_with_data")) {
     put_register(h, 77, "y", s4, 1, 1, 4, 8);
