@@ -133,6 +133,9 @@ class Optimizer:
         o = _lib.sized(_lib.Optimizer, lib.ps_optimizer_default_sized, self.lr)
         o.kind, o.weight_decay = self._kind, self.weight_decay
         o.decoupled_weight_decay, o.lr_scale = int(self.decoupled_weight_decay), self.lr_scale
+        if self.average not in _AVERAGES:  # set through replace()
+            raise ValueError("average must be None, 'ema', 'ema_num_updates' or 'polyak', "
+                             "got %r" % (self.average,))
         o.average = _AVERAGES[self.average]
         o.average_decay = self.average_decay if o.average else 0.0
         if self.schedule is not None:

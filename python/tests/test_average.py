@@ -122,9 +122,10 @@ def test_distributed_module_averaged(start_psd):
 
 
 def test_average_errors(start_psd):
-    """An unknown form is a ValueError; a psd of protocol 2.6 refuses an
-    average by name before the variable is registered; averaged() on a
-    module whose rules keep none names the parameter."""
+    """An unknown form is a ValueError (given or through replace()); a psd
+    of protocol 2.6 refuses an average by name before the variable is
+    registered; averaged() on a module whose rules keep none names the
+    parameter."""
     with pytest.raises(ValueError, match="average must be"):
         psd.SGD(0.1, average="mean")
     ps = start_psd(1, "--protocol-minor", "6")
@@ -136,6 +137,8 @@ def test_average_errors(start_psd):
     assert ps[0].wait() == 0
     ps = start_psd(1)
     with psd.Client(hosts=hosts(ps), telemetry="off") as c:
+        with pytest.raises(ValueError, match="average must be"):
+            c.variable("r", (4,), optimizer=psd.SGD(0.1).replace(average="mean"))
         model = psd.torch.DistributedModule(_Net(), c, optimizer=psd.SGD(0.1))
         model.start()
         with pytest.raises(psd.InvalidArgument, match="keeps no moving average"):
