@@ -161,7 +161,7 @@ void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
   if (fatal)
-    psd_ratelog_say(&c->reg->plog[c->handshaken ? PSD_PLOG_PROTOCOL : PSD_PLOG_HANDSHAKE],
+    ps__ratelog_say(&c->reg->plog[c->handshaken ? PSD_PLOG_PROTOCOL : PSD_PLOG_HANDSHAKE],
                 ps__now(), "%s (%s): %s; closing the connection", c->name, c->peer, msg);
   else
     psd_info("%s (%s): request %llu failed: %s", c->name, c->peer,
@@ -228,7 +228,7 @@ static int admit(psd_conns *cs, const char *peer) {
   if (cs->n_open >= cs->lim.total)
     psd_conns_evict_oldest(cs, "the connections are at --max-connections");
   if (cs->n_open < cs->lim.total) return 0;
-  psd_ratelog_say(&cs->plog[PSD_PLOG_REFUSED], ps__now(),
+  ps__ratelog_say(&cs->plog[PSD_PLOG_REFUSED], ps__now(),
               "refused a connection from %s: %zu connections, all authenticated, are at "
               "--max-connections",
               peer, cs->n_open);
@@ -444,7 +444,7 @@ int psd_conns_pending(const psd_conns *cs) {
 }
 
 void psd_conns_tick(psd_conns *cs, double now) {
-  for (int k = 0; k < PSD_PLOG_KINDS_; k++) psd_ratelog_flush(&cs->plog[k], now);
+  for (int k = 0; k < PSD_PLOG_KINDS_; k++) ps__ratelog_flush(&cs->plog[k], now, 0);
   for (psd_conn *c = cs->head, *next; c; c = next) {
     next = c->next;
     if (c->state == PSD_CONN_CLOSING && now - c->closing_since > PSD_CLOSING_MAX_S) {
@@ -795,7 +795,7 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
     }
     if (n == 0) {
       if (c->state != PSD_CONN_HEADER || c->in_len)
-        psd_ratelog_say(&cs->plog[PSD_PLOG_TRUNCATED], ps__now(),
+        ps__ratelog_say(&cs->plog[PSD_PLOG_TRUNCATED], ps__now(),
                         "%s (%s): connection closed in the middle of a frame", c->name,
                         c->peer);
       psd_conn_close(c, "peer closed the connection");

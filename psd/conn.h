@@ -101,7 +101,7 @@ typedef struct psd_conns {
   size_t n_admin;             /* ... of them admin tools */
   uint64_t n_evicted;         /* unauthenticated connections evicted */
   struct psd_conn *unauth_head, *unauth_tail; /* unauthenticated, oldest first */
-  psd_ratelog plog[PSD_PLOG_KINDS_]; /* rate-limited peer-triggered lines */
+  ps__ratelog plog[PSD_PLOG_KINDS_]; /* rate-limited peer-triggered lines */
 } psd_conns;
 
 typedef struct psd_conn {

@@ -1,6 +1,6 @@
 /* Integration: psd's connection caps and what an unauthenticated flood
  * costs (psd/conn.c, psd/server.c), rate-limited peer log lines
- * (psd/ratelog.c), keepalive on accepted sockets. 1000 held
+ * (common/ratelog.c's rule: the util suite), keepalive on accepted sockets. 1000 held
  * unauthenticated connections must not keep workers or psctl out, nor
  * grow psd past PSD_TEST_RSS_PER_CONN each. */
 #define _GNU_SOURCE
@@ -352,9 +352,9 @@ START_TEST(test_bad_frame_flood) {
   }
   usleep(1500000); /* the last window's summary */
   int lines = count_lines(&p) - before;
-  /* Per kind: PSD_RATELOG_BURST a second over ~4 windows, plus summaries. */
+  /* Per kind: PS__RATELOG_BURST a second over ~4 windows, plus summaries. */
   ck_assert_msg(sent > 200, "only %d bad frames sent", sent);
-  ck_assert_msg(lines <= 2 * 4 * (int)(PSD_RATELOG_BURST + 1),
+  ck_assert_msg(lines <= 2 * 4 * (int)(PS__RATELOG_BURST + 1),
                 "%d log lines for %d bad frames (log %s)", lines, sent, p.log_path);
   ck_assert_msg(count_lines_with(&p, "suppressed") >= 1, "no 'suppressed' summary (log %s)",
                 p.log_path);
@@ -414,23 +414,6 @@ START_TEST(test_keepalive) {
 }
 END_TEST
 
-/* ---- ratelog: the rule itself ---------------------------------------------- */
-
-START_TEST(test_ratelog_rule) {
-  psd_ratelog r = {.what = "test lines", .level = PS_LOG_DEBUG};
-  int printed = 0;
-  for (int i = 0; i < 100; i++) printed += psd_ratelog_say(&r, 10.0 + i * 0.001, "line %d", i);
-  ck_assert_int_eq(printed, (int)PSD_RATELOG_BURST);
-  ck_assert_uint_eq(r.suppressed, 100 - PSD_RATELOG_BURST);
-  psd_ratelog_flush(&r, 10.5); /* window not over: the count waits */
-  ck_assert_uint_eq(r.suppressed, 100 - PSD_RATELOG_BURST);
-  psd_ratelog_flush(&r, 11.0);
-  ck_assert_uint_eq(r.suppressed, 0);
-  ck_assert_int_eq(psd_ratelog_say(&r, 11.2, "a new window"), 1);
-  ck_assert_uint_eq(r.total, 101);
-}
-END_TEST
-
 Suite *suite_admission(void) {
   struct rlimit rl;
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0 ||
@@ -444,13 +427,11 @@ Suite *suite_admission(void) {
     setrlimit(RLIMIT_NOFILE, &rl);
   }
   Suite *s = suite_create("admission");
-  TCase *tu = tcase_create("ratelog");
-  tcase_add_test(tu, test_ratelog_rule);
-  suite_add_tcase(s, tu);
   TCase *tc = tcase_create("caps");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_held_unauthenticated);
   tcase_add_test(tc, test_descriptor_limit);
+                      (int)(sizeof CHURN_NOFILE / sizeof CHURN_NOFILE[0]));
   tcase_add_loop_test(tc, test_evicts_oldest, 0, 2);
   if (psctl_path()) tcase_add_test(tc, test_admin_cap);
   else printf("admission: psctl not built; its admin-cap test is left out\n");

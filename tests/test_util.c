@@ -1,5 +1,6 @@
 /* The shared helpers (common/util.c): overflow-checked growth of one array
- * and of parallel arrays, percentiles, the clocks, host:port parsing. */
+ * and of parallel arrays, percentiles, the clocks, host:port parsing; and
+ * the rate limit of peer-triggered log lines (common/ratelog.c). */
 #include <check.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,6 +11,8 @@
 #include <unistd.h>
 
 #include "invariant.h"
+#include "log.h"
+#include "ratelog.h"
 #include "util.h"
 #include "wire.h"
 #include "testutil.h"
@@ -187,6 +190,38 @@ START_TEST(test_assert_always_on) {
 }
 END_TEST
 
+/* ---- ratelog: the rule ------------------------------------------------- */
+
+START_TEST(test_ratelog_rule) {
+  ps__ratelog r = {.what = "test lines", .level = PS_LOG_DEBUG};
+  int printed = 0;
+  for (int i = 0; i < 100; i++) printed += ps__ratelog_say(&r, 10.0 + i * 0.001, "line %d", i);
+  ck_assert_int_eq(printed, (int)PS__RATELOG_BURST);
+  ck_assert_uint_eq(r.suppressed, 100 - PS__RATELOG_BURST);
+  ps__ratelog_flush(&r, 10.5, 0); /* window not over: the count waits */
+  ck_assert_uint_eq(r.suppressed, 100 - PS__RATELOG_BURST);
+  ps__ratelog_flush(&r, 11.0, 0);
+  ck_assert_uint_eq(r.suppressed, 0);
+  ck_assert_int_eq(ps__ratelog_say(&r, 11.2, "a new window"), 1);
+  ck_assert_uint_eq(r.total, 101);
+}
+END_TEST
+
+/* A kind with its own burst and window (psrun task 0's: one line per 5 s),
+ * and a forced summary before the window ends. */
+START_TEST(test_ratelog_own_window) {
+  ps__ratelog r = {.what = "slow lines", .level = PS_LOG_DEBUG, .burst = 1, .window_s = 5.0};
+  ck_assert_int_eq(ps__ratelog_say(&r, 20.0, "first"), 1);
+  for (int i = 0; i < 50; i++) ck_assert_int_eq(ps__ratelog_say(&r, 20.1 + i * 0.05, "more"), 0);
+  ps__ratelog_flush(&r, 24.0, 0);
+  ck_assert_uint_eq(r.suppressed, 50);
+  ps__ratelog_flush(&r, 24.0, 1);
+  ck_assert_uint_eq(r.suppressed, 0);
+  ck_assert_int_eq(ps__ratelog_say(&r, 25.0, "next window"), 1);
+  ck_assert_uint_eq(r.total, 52);
+}
+END_TEST
+
 Suite *suite_util(void) {
   Suite *s = suite_create("util");
   TCase *tc = tcase_create("grow");
@@ -203,5 +238,9 @@ Suite *suite_util(void) {
   tcase_add_test(th, test_hostport_ok);
   tcase_add_test(th, test_hostport_bad);
   suite_add_tcase(s, th);
+  TCase *tr = tcase_create("ratelog");
+  tcase_add_test(tr, test_ratelog_rule);
+  tcase_add_test(tr, test_ratelog_own_window);
+  suite_add_tcase(s, tr);
   return s;
 }
