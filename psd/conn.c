@@ -210,10 +210,14 @@ static void unauth_unlink(psd_conn *c) {
 }
 
 int psd_conns_evict_oldest(psd_conns *cs, const char *why) {
+  /* A connection whose Hello waits for its MUNGE verdict has done its
+   * part: it goes only when every other one is in the same state. */
   psd_conn *c = cs->unauth_head;
+  while (c && c->auth_wait && c->unext) c = c->unext;
+  if (c && c->auth_wait) c = cs->unauth_head;
   if (!c) return 0;
   cs->n_evicted++;
-  psd_ratelog_say(&cs->plog[PSD_PLOG_EVICT], ps__now(),
+  ps__ratelog_say(&cs->plog[PSD_PLOG_EVICT], ps__now(),
               "%s (%s): evicted after %.1f s without a handshake: %s", c->name, c->peer,
               ps__now() - c->opened_at, why);
   psd_conn_close(c, "evicted");

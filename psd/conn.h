@@ -192,7 +192,8 @@ void psd_conns_init(psd_conns *cs, struct event_base *base, psd_pace *pace,
  * its handshake, a connection holds only an input buffer for one Hello. */
 psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer);
 /* Closes the oldest unauthenticated connection (logged, rate-limited), to
- * free a descriptor or a slot. 1 if there was one, else 0. */
+ * free a descriptor or a slot; one whose Hello waits for its MUNGE verdict
+ * only when all do. 1 if there was one, else 0. */
 int psd_conns_evict_oldest(psd_conns *cs, const char *why);
 /* Closes c: tells the message layer, drops its replies. The memory stays
  * valid (c->dead set) until psd_conns_reap frees it, so any caller up the

@@ -34,6 +34,14 @@
 #define PSD_FD_RESERVE (32 + 1 + PSD_SHM_MAX_PENDING)
 /* Unanswered keepalive probes before a peer is dropped. */
 #define PSD_KEEPCNT 3
+/* Connections accepted per wake-up of the listener at most; fewer when the
+ * caps are small: at most 1/PSD_ACCEPT_TURNOVER of the unauthenticated
+ * slots turn over per pass of the event loop, so under a flood a peer that
+ * answers its Challenge at once is read within that many passes, before
+ * newer connections could evict it (a flood of 64 accepts at a 64-slot
+ * cap evicted every connection of the batch before reading any). */
+#define PSD_ACCEPT_BATCH 64
+#define PSD_ACCEPT_TURNOVER 8
 
 /* TCP_NODELAY, the send buffer, and keepalive: a silent peer whose host
  * died (no FIN, no RST) is dropped about keepalive_s seconds later: probes
@@ -221,7 +229,11 @@ static void on_signal(evutil_socket_t sig, short what, void *arg) {
 static void on_accept(evutil_socket_t lfd, short what, void *arg) {
   (void)what;
   psd_server *srv = arg;
-  for (int i = 0; i < 64; i++) {
+  const psd_conn_limits *lim = &srv->conns.lim;
+  size_t slots = lim->unauth < lim->total ? lim->unauth : lim->total;
+  size_t batch = slots / PSD_ACCEPT_TURNOVER;
+  if (batch > PSD_ACCEPT_BATCH) batch = PSD_ACCEPT_BATCH;
+  for (size_t i = 0; i < (batch ? batch : 1); i++) {
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);

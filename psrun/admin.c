@@ -14,10 +14,16 @@
 
 #include "ps.pb-c.h"
 #include "admin.h"
+#include "backoff.h"
 
 /* Largest reply an admin tool reads: Stats of 1M workers is ~60 MB of
  * protobuf, more than any frame may carry anyway. */
 #define PS__ADMIN_MAX_REPLY PS__MAX_META
+/* Waits before a handshake psd closed is tried again (it shed us under a
+ * flood): from 20 ms, doubling to 0.5 s, jittered, within the exchange's
+ * timeout. */
+#define PS__ADMIN_RETRY_FIRST_S 0.02
+#define PS__ADMIN_RETRY_MAX_S 0.5
 
 static int wait_fd(int fd, short ev, double deadline) {
   for (;;) {
@@ -135,26 +141,39 @@ static int connect_to(const char *addr, double deadline, int *fd_out, char *err,
   return rc;
 }
 
+/* Connects to addr and completes the admin handshake (the same mutual
+ * handshake as a worker's, wire/handshake.c: psd must prove the secret
+ * before we show it anything). A handshake psd closed without an Error
+ * (it shed our connection for a newer one at its caps under a flood) is
+ * tried again on a fresh connection, with backoff, until deadline. fd, or
+ * -1 with *rc and err. */
+static int admin_open(const char *addr, const ps__auth *auth, double deadline, int *rc,
+                      char *err, size_t errlen) {
+  ps__backoff b;
+  ps__backoff_init(&b, PS__ADMIN_RETRY_FIRST_S, PS__ADMIN_RETRY_MAX_S);
+  for (;;) {
+    int fd = -1;
+    if ((*rc = connect_to(addr, deadline, &fd, err, errlen)) != 0) return -1;
+    Ps__Hello h = PS__HELLO__INIT;
+    h.protocol_version = PS__PROTOCOL_VERSION;
+    h.role = PS__ROLE__ROLE_ADMIN;
+    h.client_id = "psctl";
+    Ps__HelloReply *hr = NULL;
+    *rc = ps__handshake(fd, auth, &h, addr, deadline, &hr, err, errlen);
+    if (hr) ps__hello_reply__free_unpacked(hr, NULL);
+    if (*rc == 0) return fd;
+    close(fd);
+    if (*rc != PS_ECLOSED || ps__backoff_sleep(&b, deadline) < 0) return -1;
+  }
+}
+
 int ps__admin_stats(const char *addr, const ps__auth *auth, int timeout_ms,
                     Ps__StatsReply **out, char *err, size_t errlen) {
   *out = NULL;
   double deadline = ps__now() + timeout_ms / 1000.0;
-  int fd = -1;
-  int rc = connect_to(addr, deadline, &fd, err, errlen);
-  if (rc) return rc;
-  /* The same mutual handshake as a worker's (wire/handshake.c): psd must
-   * prove the secret before we show it anything. */
-  Ps__Hello h = PS__HELLO__INIT;
-  h.protocol_version = PS__PROTOCOL_VERSION;
-  h.role = PS__ROLE__ROLE_ADMIN;
-  h.client_id = "psctl";
-  Ps__HelloReply *hr = NULL;
-  rc = ps__handshake(fd, auth, &h, addr, deadline, &hr, err, errlen);
-  if (hr) ps__hello_reply__free_unpacked(hr, NULL);
-  if (rc) {
-    close(fd);
-    return rc;
-  }
+  int rc;
+  int fd = admin_open(addr, auth, deadline, &rc, err, errlen);
+  if (fd < 0) return rc;
   uint8_t *meta = NULL;
   ps__frame_header fh;
   char derr[256] = "";

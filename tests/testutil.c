@@ -443,7 +443,7 @@ void *tu_train_worker(void *arg) {
       float *out[2] = {t->avg_W, t->avg_b};
       t->rc = ps_client_pull_average(c, both, 2, out, NULL);
     }
-    if (!t->rc) t->rc = ps_client_finish(c);
+    if (!t->rc && !t->skip_finish) t->rc = ps_client_finish(c);
     if (t->rc) snprintf(t->err, sizeof t->err, "%s", ps_client_errmsg(c));
   }
   ps_client_destroy(c);

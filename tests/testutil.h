@@ -184,6 +184,9 @@ typedef struct tu_train {
   uint64_t until;           /* if set: train until the step reaches it
                                (instead of `steps` calls; resumes count) */
   int delay_us;             /* sleep this long per step (compute time) */
+  int skip_finish;          /* leave without ps_client_finish, as a killed
+                               worker does (psd counts it lost until a new
+                               client of its index rejoins) */
   int stopped;              /* result: the job stopped on request
                                (PS_ESTOPPED; finish was still called) */
   const ps_optimizer *opt_w, *opt_b; /* W's and b's rules; NULL: tu_model_opts */

@@ -240,8 +240,10 @@ static int client_setup(ps_client *c, const ps_config *cfg) {
 
 /* The handshake on k (wire/handshake.c, blocking until the deadline): psd's
  * Challenge, our Hello with a proof bound to both nonces, and psd's
- * HelloReply whose proof we check, before the pump takes the connection. */
-static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
+ * HelloReply whose proof we check, before the pump takes the connection.
+ * *again: psd closed the connection during the handshake without saying
+ * why (worth a fresh connection). */
+static int conn_hello(ps_client *c, ps__conn *k, double deadline, int *again) {
   Ps__Hello h = PS__HELLO__INIT;
   char cid[128], hn[64] = "", who[400];
   gethostname(hn, sizeof hn - 1);
@@ -262,6 +264,7 @@ static int conn_hello(ps_client *c, ps__conn *k, double deadline) {
   Ps__HelloReply *r = NULL;
   char err[700];
   int rc = ps__handshake(k->fd, &au, &h, who, deadline, &r, err, sizeof err);
+  *again = rc == PS_ECLOSED; /* closed without an Error: shed, not refused */
   if (rc) return ps__seterr(c, rc, "%s", err);
   if (r->checkpoints) c->checkpoints = 1;
   k->minor = r->protocol_minor;
@@ -286,6 +289,33 @@ static int note_fd_from_env(void) {
     return -1;
   fcntl((int)fd, F_SETFD, FD_CLOEXEC);
   return fcntl((int)fd, F_DUPFD_CLOEXEC, 3);
+}
+
+/* Connects to ps k and completes the handshake. A handshake psd closed
+ * without an Error frame (it shed our connection for a newer one at its
+ * connection caps under a flood, or every slot was authenticated) is tried
+ * again on a fresh connection, with backoff, until the connect deadline;
+ * a line on stderr says so (the first time, then every PS__CONNECT_LOG_S).
+ * A refusal psd explains (an Error: wrong secret, another job) is final. */
+static int conn_open(ps_client *c, ps__conn *k, double deadline) {
+  ps__backoff b;
+  ps__backoff_init(&b, PS__HANDSHAKE_RETRY_FIRST_S, PS__HANDSHAKE_RETRY_MAX_S);
+  double logged = 0;
+  for (;;) {
+    int again = 0, rc = ps__conn_connect(c, k, deadline);
+    if (rc == 0) rc = conn_hello(c, k, deadline + PS__HANDSHAKE_S, &again);
+    if (!again) return rc;
+    close(k->fd);
+    k->fd = -1;
+    double now = ps__now();
+    if (now - logged >= PS__CONNECT_LOG_S) {
+      fprintf(stderr, "psclient: worker %d: %s; trying again (attempt %d, within the %.0f s "
+              "connect timeout)\n", c->worker_index, c->errmsg, b.tries + 2,
+              c->connect_timeout_ms / 1000.0);
+      logged = now;
+    }
+    if (ps__backoff_sleep(&b, deadline) < 0) return rc;
+  }
 }
 
 int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_t errlen) {
@@ -315,9 +345,7 @@ int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_
   if ((rc = client_setup(c, cfg)) != 0) goto fail;
   double deadline = ps__now() + c->connect_timeout_ms / 1000.0;
   for (int i = 0; i < c->num_ps; i++)
-    if ((rc = ps__conn_connect(c, &c->conns[i], deadline)) != 0) goto fail;
-  for (int i = 0; i < c->num_ps; i++)
-    if ((rc = conn_hello(c, &c->conns[i], deadline + 10.0)) != 0) goto fail;
+    if ((rc = conn_open(c, &c->conns[i], deadline)) != 0) goto fail;
   ps__telem_idle(&c->telem, ps__now());
   /* Only a client that exists holds them: a failed create leaves the
    * signals as they were. */

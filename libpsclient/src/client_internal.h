@@ -37,6 +37,7 @@
 #include <sys/uio.h>
 
 #include "ps.pb-c.h"
+#include "backoff.h"
 #include "wire.h"
 #include "ps_telemetry.h"
 #include "psclient.h"
@@ -58,6 +59,19 @@
 /* While a ps cannot be reached, a line on stderr this often (seconds)
  * names it: a wrong PS_HOSTS is not silent for the whole connect timeout. */
 #define PS__CONNECT_LOG_S 3.0
+/* The handshake may take this long past the connect deadline (a connection
+ * made at the deadline still completes it). */
+#define PS__HANDSHAKE_S 10.0
+/* Waits before a handshake psd closed is tried again (it shed us for a
+ * newer connection under a flood): from 20 ms, doubling to 0.5 s,
+ * jittered, so a restarted worker gets back within a second of a flood's
+ * end. */
+#define PS__HANDSHAKE_RETRY_FIRST_S 0.02
+#define PS__HANDSHAKE_RETRY_MAX_S 0.5
+/* Waits between attempts to connect to a ps that does not listen yet: from
+ * 50 ms, doubling to 1 s, jittered. */
+#define PS__CONNECT_RETRY_FIRST_S 0.05
+#define PS__CONNECT_RETRY_MAX_S 1.0
 #define PS__DEFAULT_REQUEST_MS 600000
 /* A ps on a node that died sends no FIN: TCP keepalive probes after 5 s of
  * silence, every 2 s, 3 times, and unacknowledged data gives up after 15 s,

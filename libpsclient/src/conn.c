@@ -158,14 +158,13 @@ int ps__conn_connect(ps_client *c, ps__conn *k, double deadline) {
     return ps__seterr(c, PS_EINVAL, "ps %d address '%s' is not host:port", k->index, k->addr);
   char ports[16];
   snprintf(ports, sizeof ports, "%d", port);
-  double backoff = 0.05, start = ps__now(), logged = start;
+  double start = ps__now(), logged = start;
   char last[256] = "no attempt";
+  ps__backoff b;
+  ps__backoff_init(&b, PS__CONNECT_RETRY_FIRST_S, PS__CONNECT_RETRY_MAX_S);
   for (;;) {
     if (try_connect(k, host, ports, last, sizeof last) == 0) return 0;
     double now = ps__now();
-    if (now + backoff > deadline)
-      return ps__seterr(c, PS_ECONNECT, "could not connect to ps %d at %s within %.0f s: %s",
-                        k->index, k->addr, c->connect_timeout_ms / 1000.0, last);
     if (now - logged >= PS__CONNECT_LOG_S) {
       /* The library has no logger: stderr is where a worker's launcher
        * (psrun, Slurm) shows it, prefixed like the worker's own lines. */
@@ -174,8 +173,8 @@ int ps__conn_connect(ps_client *c, ps__conn *k, double deadline) {
               now - start, c->connect_timeout_ms / 1000.0, last);
       logged = now;
     }
-    struct timespec ts = {(time_t)backoff, (long)((backoff - (time_t)backoff) * 1e9)};
-    nanosleep(&ts, NULL);
-    backoff = backoff * 2 > 1.0 ? 1.0 : backoff * 2;
+    if (ps__backoff_sleep(&b, deadline) < 0)
+      return ps__seterr(c, PS_ECONNECT, "could not connect to ps %d at %s within %.0f s: %s",
+                        k->index, k->addr, c->connect_timeout_ms / 1000.0, last);
   }
 }
