@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "backoff.h"
 #include "util.h"
 
 /* ---- codec ------------------------------------------------------------------- */
@@ -328,27 +330,55 @@ int psr_tcp_listen(const char *addr, int port, int *bound, char *err, size_t err
   return fd;
 }
 
-int psr_tcp_connect(const char *addr, int port, double deadline, char *err, size_t errlen) {
-  double backoff = 0.05;
-  for (;;) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {0};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons((uint16_t)port);
-    inet_pton(AF_INET, addr, &sa.sin_addr);
-    if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
-      int one = 1;
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      return fd;
+/* One connection attempt to addr:port, given up at `until`: fd (blocking,
+ * TCP_NODELAY), or -1 with errno (ETIMEDOUT when it took too long). */
+static int connect_once(const char *addr, int port, double until) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in sa = {0};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons((uint16_t)port);
+  inet_pton(AF_INET, addr, &sa.sin_addr);
+  int e = 0;
+  if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+    e = errno == EINPROGRESS ? ETIMEDOUT : errno;
+    for (double left; e == ETIMEDOUT && (left = until - ps__now()) > 0;) {
+      struct pollfd p = {fd, POLLOUT, 0};
+      if (poll(&p, 1, (int)(left * 1000) + 1) <= 0) continue;
+      socklen_t sl = sizeof e;
+      if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &sl) != 0) e = errno;
     }
+  }
+  struct sockaddr_in me = {0}, peer = {0};
+  socklen_t ml = sizeof me, pl = sizeof peer;
+  if (!e && getsockname(fd, (struct sockaddr *)&me, &ml) == 0 &&
+      getpeername(fd, (struct sockaddr *)&peer, &pl) == 0 && me.sin_port == peer.sin_port &&
+      me.sin_addr.s_addr == peer.sin_addr.s_addr)
+    e = ECONNREFUSED; /* connected to itself (a port in the ephemeral range, nobody there) */
+  if (e) {
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+int psr_tcp_connect(const char *addr, int port, double deadline, int wait_listen, char *err,
+                    size_t errlen) {
+  ps__backoff b;
+  ps__backoff_init(&b, PSR_CONNECT_RETRY_FIRST_S, PSR_CONNECT_RETRY_MAX_S);
+  for (;;) {
+    double until = ps__now() + PSR_CONNECT_TRY_S;
+    int fd = connect_once(addr, port, until < deadline ? until : deadline);
+    if (fd >= 0) return fd;
     int e = errno;
-    if (fd >= 0) close(fd);
-    if (ps__now() + backoff > deadline) {
-      snprintf(err, errlen, "cannot reach psrun task 0 at %s:%d: %s", addr, port, strerror(e));
+    if ((e == ECONNREFUSED && !wait_listen) || ps__backoff_sleep(&b, deadline) < 0) {
+      snprintf(err, errlen, "cannot reach psrun task 0 at %s:%d: %s%s", addr, port, strerror(e),
+               e == ECONNREFUSED && !wait_listen ? " (it no longer listens: it stopped)" : "");
       return -1;
     }
-    struct timespec ts = {(time_t)backoff, (long)((backoff - (time_t)backoff) * 1e9)};
-    nanosleep(&ts, NULL);
-    backoff = backoff * 2 > 0.5 ? 0.5 : backoff * 2;
   }
 }

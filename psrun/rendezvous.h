@@ -44,6 +44,14 @@
 #define PSR_PROOF_MAX 2048
 /* Hex digits of a nonce or an HMAC (32 bytes). */
 #define PSR_HEX_LEN 64
+/* One connection attempt to task 0 may take this long: a SYN into a full
+ * listen backlog (a flood) is retried by the kernel for minutes, so the
+ * attempt gives up and a fresh one goes on. */
+#define PSR_CONNECT_TRY_S 2.0
+/* Waits between attempts to reach task 0 (it may not listen yet, or a
+ * flood turned us away): from 50 ms, doubling to 1 s, jittered. */
+#define PSR_CONNECT_RETRY_FIRST_S 0.05
+#define PSR_CONNECT_RETRY_MAX_S 1.0
 
 typedef enum psr_msg_type {
   PSR_MSG_RDV = 0,   /* task 0's greeting: its authentication mode (text) */
@@ -130,7 +138,12 @@ void psr_peer_name(int fd, char *out, size_t len);
 /* Listens on addr:port (0: any; SO_REUSEADDR); the port in *bound. fd,
  * or -1 with err (a port held by another process says so). */
 int psr_tcp_listen(const char *addr, int port, int *bound, char *err, size_t errlen);
-/* Connects to psrun task 0 at addr:port, retrying until deadline. fd or -1. */
-int psr_tcp_connect(const char *addr, int port, double deadline, char *err, size_t errlen);
+/* Connects to psrun task 0 at addr:port, retrying with backoff until
+ * deadline; each attempt gives up after PSR_CONNECT_TRY_S. A refused
+ * connection is retried only with wait_listen (task 0 may not listen yet;
+ * once it greeted us, a refusal means it stopped). fd (blocking) or -1
+ * with err. */
+int psr_tcp_connect(const char *addr, int port, double deadline, int wait_listen, char *err,
+                    size_t errlen);
 
 #endif

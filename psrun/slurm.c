@@ -26,12 +26,23 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "backoff.h"
+#include "log.h"
 #include "mac.h"
+#include "ratelog.h"
 #include "rdvauth.h"
 #include "rdvdir.h"
 #include "util.h"
 #include "step.h"
 #include "task0.h"
+
+/* How long one check-in attempt waits for task 0's greeting (RDV), which
+ * task 0 sends as it accepts: a longer silence means our connection waits
+ * behind a flood or was lost, and a fresh one is tried. */
+#define PSR_GREETING_S 5.0
+/* Lines about check-ins tried again: the first, then one summary per
+ * window (a long flood must not fill the task's log). */
+#define PSR_RETRY_LOG_WINDOW_S 10.0
 
 static const char *env_get(const char *name) { return getenv(name); }
 
@@ -103,22 +114,34 @@ static int member_key(psr_step *s, psr_auth *a, double deadline, char *err, size
   return psr_rdv_key_read(dir, s->env.step_id, a->key, deadline, err, errlen);
 }
 
+/* What one check-in attempt came to. */
+enum { CHECKIN_OK = 0, CHECKIN_FAILED = -1, CHECKIN_AGAIN = 1 };
+
 /* Our side of the proofs, in the mode task 0 announced (RDV). MUNGE's
  * socket: Slurm's AuthInfo when slurm.conf can be read, else MUNGE's
- * default (the decision itself is task 0's). */
-static int member_auth(psr_step *s, psr_conn *ctl, psr_auth *a, double deadline, char *err,
-                       size_t errlen) {
+ * default (the decision itself is task 0's). CHECKIN_AGAIN when no
+ * greeting came (*greeted stays 0). */
+static int member_auth(psr_step *s, psr_conn *ctl, psr_auth *a, double deadline, int *greeted,
+                       char *err, size_t errlen) {
   int eof;
   psr_msg m;
-  char *line = psr_conn_wait_line(ctl, deadline, &eof);
-  int mode = line && psr_msg_decode(line, &m) == 0 && m.type == PSR_MSG_RDV
-                 ? psr_auth_mode_parse(m.text)
-                 : -1;
+  double until = ps__now() + PSR_GREETING_S;
+  char *line = psr_conn_wait_line(ctl, until < deadline ? until : deadline, &eof);
+  if (!line) {
+    snprintf(err, errlen, eof ? "it closed our connection before greeting it (a flood of "
+                                "connections may have pushed ours out)"
+                              : "it did not greet our connection within %.0f s",
+             PSR_GREETING_S);
+    return CHECKIN_AGAIN;
+  }
+  int mode = psr_msg_decode(line, &m) == 0 && m.type == PSR_MSG_RDV ? psr_auth_mode_parse(m.text)
+                                                                    : -1;
   free(line);
   if (mode < 0) {
     snprintf(err, errlen, "it did not greet with " PSR_HELLO_MAGIC);
-    return -1;
+    return CHECKIN_FAILED;
   }
+  *greeted = 1;
   memset(a, 0, sizeof *a);
   a->mode = (psr_auth_mode)mode;
   a->job_id = s->env.job_id;
@@ -130,41 +153,48 @@ static int member_auth(psr_step *s, psr_conn *ctl, psr_auth *a, double deadline,
     snprintf(o.rdv_auth, sizeof o.rdv_auth, "munge");
     probe.o = &o;
     psr_auth_mode dummy;
-    if (psr_auth_decide(&probe, &dummy, err, errlen) != 0) return -1;
+    if (psr_auth_decide(&probe, &dummy, err, errlen) != 0) return CHECKIN_FAILED;
     memcpy(s->munge_socket, probe.munge_socket, sizeof s->munge_socket);
-    return 0;
+    return CHECKIN_OK;
   }
-  return member_key(s, a, deadline, err, errlen);
+  return member_key(s, a, deadline, err, errlen) == 0 ? CHECKIN_OK : CHECKIN_FAILED;
 }
 
-/* Sends our check-in and verifies task 0's answer: our role and the
- * step's secret. 0, or -1 with the reason (not yet a sentence). */
-static int trade_proofs(psr_step *s, psr_conn *ctl, psr_hello *me, double deadline, char *err,
-                        size_t errlen) {
+/* Sends our check-in (a fresh nonce each time) and verifies task 0's
+ * answer: our role and the step's secret. CHECKIN_OK, CHECKIN_AGAIN (task
+ * 0 closed the connection before judging our line: it was shed), or
+ * CHECKIN_FAILED, with the reason in err (not yet a sentence). */
+static int trade_proofs(psr_step *s, psr_conn *ctl, psr_hello *me, double deadline, int *greeted,
+                        char *err, size_t errlen) {
   psr_env *e = &s->env;
   psr_auth a;
-  if (member_auth(s, ctl, &a, deadline, err, errlen) != 0) return -1;
+  int rc = member_auth(s, ctl, &a, deadline, greeted, err, errlen);
+  if (rc != CHECKIN_OK) return rc;
   psr_msg m = {.type = PSR_MSG_HELLO};
   m.hello = (psr_hello){e->job_id, e->step_id, (unsigned)getuid(), e->ntasks, e->procid, "",
                         e->localid, "", ""};
   snprintf(m.hello.node, sizeof m.hello.node, "%s", e->nodename);
   if (psr_auth_nonce(m.hello.nonce) != 0 || psr_auth_hello_proof(&a, &m.hello, err, errlen) != 0)
-    return -1;
+    return CHECKIN_FAILED;
   *me = m.hello;
   psr_msg_send(ctl->fd, &m);
   int eof;
   char *line = psr_conn_wait_line(ctl, deadline, &eof);
+  if (!line && eof) {
+    snprintf(err, errlen, "it closed our connection before answering our check-in");
+    return CHECKIN_AGAIN;
+  }
   int ok = line && psr_msg_decode(line, &m) == 0;
   if (!ok || m.type != PSR_MSG_ROLE) {
     snprintf(err, errlen, "%s%s", !line ? "it assigned no role in time" : "it answered: ",
              !line ? "" : ok && m.type == PSR_MSG_REJECT ? m.text : line);
     free(line);
-    return -1;
+    return CHECKIN_FAILED;
   }
   free(line);
   char sock[sizeof s->munge_socket];
   if (psr_auth_check_role(&a, me, &m.role, s->secret, sock, sizeof sock, err, errlen) != 0)
-    return -1;
+    return CHECKIN_FAILED;
   s->munge = a.mode == PSR_AUTH_MUNGE;
   if (s->munge) memcpy(s->munge_socket, sock, sizeof sock);
   s->role.is_ps = m.role.is_ps;
@@ -172,23 +202,44 @@ static int trade_proofs(psr_step *s, psr_conn *ctl, psr_hello *me, double deadli
   s->num_ps = m.role.num_ps;
   s->num_workers = m.role.num_workers;
   s->role.rank = e->procid;
-  return 0;
+  return CHECKIN_OK;
 }
 
 /* Connects to task 0, checks in and takes the role it assigns, once task 0
- * has proven itself. */
+ * has proven itself. A connection task 0 closed before judging our line
+ * (a flood shed it), or one it never greeted, is tried again with backoff
+ * until --connect-timeout; its lines are rate-limited. */
 static int check_in(psr_step *s, psr_conn *ctl, psr_hello *me, char *err, size_t errlen) {
-  char addr[160];
-  int port = 0;
+  char addr[160], why[4096];
+  int port = 0, greeted = 0;
   if (locate_task0(s, addr, sizeof addr, &port, err, errlen) != 0) return -1;
   double deadline = ps__now() + s->o->timeout_s;
-  ctl->fd = psr_tcp_connect(addr, port, deadline, err, errlen);
-  if (ctl->fd < 0) return -1;
-  char why[4096];
-  if (trade_proofs(s, ctl, me, deadline, why, sizeof why) == 0) return 0;
-  snprintf(err, errlen, "task 0 at %s:%d did not prove itself, so this task does not trust it: "
-                        "%s", addr, port, why);
-  return -1;
+  ps__backoff b;
+  ps__backoff_init(&b, PSR_CONNECT_RETRY_FIRST_S, PSR_CONNECT_RETRY_MAX_S);
+  ps__ratelog said = {.what = "check-ins tried again", .level = PS_LOG_INFO, .burst = 1,
+                      .window_s = PSR_RETRY_LOG_WINDOW_S};
+  int rc = CHECKIN_AGAIN;
+  while (rc == CHECKIN_AGAIN) {
+    ctl->fd = psr_tcp_connect(addr, port, deadline, !greeted, err, errlen);
+    if (ctl->fd < 0) break;
+    rc = trade_proofs(s, ctl, me, deadline, &greeted, why, sizeof why);
+    if (rc == CHECKIN_FAILED)
+      snprintf(err, errlen, "task 0 at %s:%d did not prove itself, so this task does not "
+                            "trust it: %s", addr, port, why);
+    if (rc != CHECKIN_AGAIN) break;
+    psr_conn_close(ctl);
+    ps__ratelog_say(&said, ps__now(), "task 0 at %s:%d: %s; checking in again (attempt %d, "
+                    "until the %.0f s --connect-timeout)", addr, port, why, b.tries + 2,
+                    s->o->timeout_s);
+    if (ps__backoff_sleep(&b, deadline) < 0) {
+      snprintf(err, errlen, "could not check in with task 0 at %s:%d within the %.0f s "
+                            "--connect-timeout (%d attempts): %s", addr, port, s->o->timeout_s,
+               b.tries, why);
+      break;
+    }
+  }
+  ps__ratelog_flush(&said, ps__now(), 1);
+  return rc == CHECKIN_OK ? 0 : -1;
 }
 
 /* Worker 0's task: picks MASTER_ADDR and MASTER_PORT on this node and

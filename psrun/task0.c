@@ -1,7 +1,8 @@
 /*
  * task0.c - psrun task 0 of a Slurm step, as stages over one struct:
  *   listen     on the rendezvous port (published through PMI-2 if any)
- *   check-in   every task says HELLO; strangers are refused
+ *   check-in   every task says HELLO; strangers are refused, silent
+ *              connections dropped or shed (pending.h)
  *   plan       the layout as the check-ins tell it, the roles, the secret
  *   addresses  each ps task's psd address
  *   world      worker 0's MASTER address; HOSTS and WORLD to the workers
@@ -12,6 +13,7 @@
 #include "task0.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <slurm/pmi2.h>
 #include <stdio.h>
@@ -21,19 +23,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pending.h"
 #include "rdvauth.h"
 #include "rdvdir.h"
 #include "mac.h"
 #include "util.h"
 #include "wire.h"
-
-/* A connection has this long to send its check-in line after it is
- * accepted; a silent one is dropped then, without delaying the others. */
-#define PSR_CHECKIN_LINE_S 10.0
-/* Connections waiting for their check-in line at once: beyond this, new
- * ones are refused at once (a flood cannot grow task 0 without bound;
- * the step's own tasks retry their connect). */
-#define PSR_PENDING_MAX 1024
 
 typedef struct peer {
   psr_conn c;              /* control connection (fd -1 for ourselves) */
@@ -63,18 +58,14 @@ typedef struct task0 {
   char *hostlist;          /* the same, comma-separated */
   psr_auth auth;           /* how check-ins and roles are proven */
   char rdvdir[4200];       /* key mode without PMI-2: where the key file is, else "" */
-  peer *pending;           /* accepted connections awaiting their check-in */
-  double *pend_deadline;   /* each one's deadline (ps__now() seconds) */
-  int npending;
+  psr_pending pend;        /* accepted connections awaiting their check-in */
   double ps_deadline;      /* every worker's task exited: ps tasks exit by then, 0 */
 } task0;
 
 static void task0_free(task0 *t) {
   if (t->lfd >= 0) close(t->lfd);
   if (t->rdvdir[0]) psr_rdv_key_remove(t->rdvdir, t->e->step_id);
-  for (int i = 0; i < t->npending; i++) psr_conn_close(&t->pending[i].c);
-  free(t->pending);
-  free(t->pend_deadline);
+  if (t->pend.v) psr_pending_free(&t->pend);
   for (int r = 0; t->peers && r < t->n; r++) psr_conn_close(&t->peers[r].c);
   free(t->peers);
   if (t->hosts) psr_hosts_free(t->hosts, t->nhosts);
@@ -206,9 +197,7 @@ static int stage_init(task0 *t, psr_step *s, char *err, size_t errlen) {
   t->peers = calloc((size_t)t->n, sizeof *t->peers);
   t->node_of = calloc((size_t)t->n, sizeof *t->node_of);
   t->roles = calloc((size_t)t->n, sizeof *t->roles);
-  t->pending = calloc(PSR_PENDING_MAX, sizeof *t->pending);
-  t->pend_deadline = calloc(PSR_PENDING_MAX, sizeof *t->pend_deadline);
-  if (!t->peers || !t->node_of || !t->roles || !t->pending || !t->pend_deadline) {
+  if (!t->peers || !t->node_of || !t->roles || psr_pending_init(&t->pend) != 0) {
     snprintf(err, errlen, "out of memory");
     return -1;
   }
@@ -243,6 +232,7 @@ static int stage_listen(task0 *t, char *err, size_t errlen) {
   int bound = 0;
   t->lfd = psr_tcp_listen(t->s->addr, port, &bound, err, errlen);
   if (t->lfd < 0) return -1;
+  fcntl(t->lfd, F_SETFL, fcntl(t->lfd, F_GETFL) | O_NONBLOCK); /* accepts drain the backlog */
   if (e->pmi2) {
     char val[128];
     snprintf(val, sizeof val, "%s:%d", t->s->addr, bound);
@@ -268,30 +258,29 @@ static int stage_listen(task0 *t, char *err, size_t errlen) {
   return 0;
 }
 
-/* Refuses pending connection p: REJECT why, logged with its address. */
-static void refuse(peer *p, const char *why) {
-  psr_log("refused a check-in from %s: %s", p->addr, why);
-  psr_send_text(p->c.fd, PSR_MSG_REJECT, "%s", why);
-}
-
 /* A verified claim of rank r that is already taken: a replay or a second
- * task with our identity. The step stops, naming both. */
-static int double_claim(task0 *t, const peer *p, int r, char *err, size_t errlen) {
+ * task with our identity. The step stops, naming both (the second is told
+ * so too: it must not check in again). */
+static int double_claim(task0 *t, int i, long long uid, int r, char *err, size_t errlen) {
   const peer *o = &t->peers[r];
+  psr_pending_conn *p = &t->pend.v[i];
   snprintf(err, errlen, "rank %d was claimed twice, by %s (uid %lld) and by %s (uid %lld), "
                         "both with valid proofs: a replayed check-in or a second copy of the "
-                        "task; stopping", r, o->addr, o->uid, p->addr, p->uid);
+                        "task; stopping", r, o->addr, o->uid, p->addr, uid);
+  psr_send_text(p->c.fd, PSR_MSG_REJECT, "%s", err);
   return -1;
 }
 
-/* Judges pending connection p's check-in line: 1 when it is one of ours
+/* Judges pending connection i's check-in line: 1 when it is one of ours
  * (moved into t->peers), 0 when refused, -1 (err) when the step must stop. */
-static int check_in(task0 *t, peer *p, const char *line, char *err, size_t errlen) {
+static int check_in(task0 *t, int i, const char *line, char *err, size_t errlen) {
   const psr_env *e = t->e;
+  psr_pending_conn *p = &t->pend.v[i];
+  long long uid = -1;
   psr_msg m;
   char why[600];
   if (psr_msg_decode(line, &m) != 0 || m.type != PSR_MSG_HELLO) {
-    refuse(p, "not a psrun check-in (" PSR_HELLO_MAGIC ")");
+    psr_pending_refuse(&t->pend, i, "not a psrun check-in (" PSR_HELLO_MAGIC ")");
     return 0;
   }
   psr_hello *h = &m.hello;
@@ -300,71 +289,43 @@ static int check_in(task0 *t, peer *p, const char *line, char *err, size_t errle
     snprintf(why, sizeof why, "this is job %lld step %lld with %d tasks, not job %lld step %lld "
              "with %d tasks and rank %d", e->job_id, e->step_id, t->n, h->job_id, h->step_id,
              h->ntasks, h->rank);
-    refuse(p, why);
+    psr_pending_refuse(&t->pend, i, why);
     return 0;
   }
   char aerr[400];
-  if (psr_auth_check_hello(&t->auth, h, &p->uid, aerr, sizeof aerr) != 0) {
+  if (psr_auth_check_hello(&t->auth, h, &uid, aerr, sizeof aerr) != 0) {
     snprintf(why, sizeof why, "claimed rank %d (uid %u), but %s", h->rank, h->uid, aerr);
-    refuse(p, why);
+    psr_pending_refuse(&t->pend, i, why);
     return 0;
   }
   for (int r = 1; r < t->n; r++)
     if (t->peers[r].c.fd >= 0 && strcmp(t->peers[r].hello.nonce, h->nonce) == 0) {
       snprintf(why, sizeof why, "claimed rank %d with a check-in already seen (a replay)",
                h->rank);
-      refuse(p, why);
+      psr_pending_refuse(&t->pend, i, why);
       return 0;
     }
-  if (t->peers[h->rank].c.fd >= 0) return double_claim(t, p, h->rank, err, errlen);
+  if (t->peers[h->rank].c.fd >= 0) return double_claim(t, i, uid, h->rank, err, errlen);
   peer *q = &t->peers[h->rank];
   q->c = p->c;
   q->hello = *h;
-  q->uid = p->uid;
+  q->uid = uid;
   snprintf(q->addr, sizeof q->addr, "%s", p->addr);
   p->c = (psr_conn){-1, NULL, 0, 0};
   return 1;
 }
 
-/* Accepts one connection into the pending set and greets it with RDV. */
-static void accept_one(task0 *t) {
-  int fd = accept4(t->lfd, NULL, NULL, SOCK_CLOEXEC);
-  if (fd < 0) return;
-  if (t->npending >= PSR_PENDING_MAX) {
-    close(fd);
-    return;
-  }
-  peer *p = &t->pending[t->npending];
-  memset(p, 0, sizeof *p);
-  p->c = (psr_conn){fd, NULL, 0, 0};
-  p->uid = -1;
-  psr_peer_name(fd, p->addr, sizeof p->addr);
-  psr_msg m = {.type = PSR_MSG_RDV, .text = psr_auth_mode_name(t->auth.mode)};
-  psr_msg_send(fd, &m);
-  t->pend_deadline[t->npending++] = ps__now() + PSR_CHECKIN_LINE_S;
-}
-
-/* Drops pending connection i (closed unless it became a peer). */
-static void drop_pending(task0 *t, int i) {
-  psr_conn_close(&t->pending[i].c);
-  t->pending[i] = t->pending[t->npending - 1];
-  t->pend_deadline[i] = t->pend_deadline[t->npending - 1];
-  t->npending--;
-}
-
 /* Reads what pending connection i sent: its check-in, judged. 1 joined,
  * 0 nothing decided or refused, -1 the step must stop. */
 static int serve_pending(task0 *t, int i, double now, char *err, size_t errlen) {
-  peer *p = &t->pending[i];
   int eof;
-  char *line = psr_conn_read_line(&p->c, 0, &eof);
-  if (!line && !eof && now < t->pend_deadline[i]) return 0;
+  char *line = psr_pending_line(&t->pend, i, &eof);
+  if (!line && !eof && now < t->pend.v[i].deadline) return 0;
   int rc = 0;
-  if (line) rc = check_in(t, p, line, err, errlen);
-  else if (!eof) psr_log("dropped a silent connection from %s after %.0f s", p->addr,
-                         PSR_CHECKIN_LINE_S);
+  if (line) rc = check_in(t, i, line, err, errlen);
+  else if (!eof) psr_pending_silent(&t->pend, i, now);
   free(line);
-  drop_pending(t, i);
+  psr_pending_drop(&t->pend, i);
   return rc;
 }
 
@@ -379,39 +340,28 @@ static void missing(task0 *t, char *err, size_t errlen) {
 }
 
 /* 2. Every task checks in; all connections are served at once, each with
- * its own deadline. */
+ * its own deadline; a flood of silent ones sheds its oldest (pending.h). */
 static int stage_checkin(task0 *t, char *err, size_t errlen) {
   double deadline = ps__now() + t->o->timeout_s;
-  struct pollfd *pf = calloc(PSR_PENDING_MAX + 1, sizeof *pf);
-  if (!pf) {
-    snprintf(err, errlen, "out of memory");
-    return -1;
-  }
+  psr_msg rdv = {.type = PSR_MSG_RDV, .text = psr_auth_mode_name(t->auth.mode)};
   int rc = 0;
   for (int joined = 1; joined < t->n && rc == 0;) {
-    double now = ps__now(), wake = deadline;
-    if (now >= deadline) {
+    if (ps__now() >= deadline) {
       missing(t, err, errlen);
       rc = -1;
       break;
     }
-    pf[0] = (struct pollfd){t->lfd, POLLIN, 0};
-    for (int i = 0; i < t->npending; i++) {
-      pf[i + 1] = (struct pollfd){t->pending[i].c.fd, POLLIN, 0};
-      if (t->pend_deadline[i] < wake) wake = t->pend_deadline[i];
-    }
-    int np = t->npending;
-    poll(pf, (nfds_t)np + 1, (int)((wake - now) * 1000) + 1);
-    now = ps__now();
-    for (int i = np - 1; i >= 0 && rc == 0; i--) { /* from the end: drops move the last */
-      if (!pf[i + 1].revents && now < t->pend_deadline[i]) continue;
+    int incoming = psr_pending_poll(&t->pend, t->lfd, deadline);
+    double now = ps__now();
+    for (int i = t->pend.n - 1; i >= 0 && rc == 0; i--) { /* from the end: drops move the last */
+      if (!psr_pending_due(&t->pend, i, now)) continue;
       int r = serve_pending(t, i, now, err, errlen);
       if (r < 0) rc = -1;
       joined += r > 0;
     }
-    if (rc == 0 && (pf[0].revents & POLLIN)) accept_one(t);
+    if (rc == 0 && incoming) psr_pending_accept(&t->pend, t->lfd, &rdv);
   }
-  free(pf);
+  psr_pending_free(&t->pend); /* strangers still waiting are closed; their summaries logged */
   close(t->lfd);
   t->lfd = -1;
   if (rc != 0) broadcast_abort(t, err);

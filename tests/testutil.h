@@ -38,6 +38,7 @@ Suite *suite_hostile(void);
 Suite *suite_layout(void);
 Suite *suite_psrun(void);
 Suite *suite_psrun_slurm(void);
+Suite *suite_psrun_flood(void);
 Suite *suite_cnn(void);
 Suite *suite_cnn_dev(void);
 Suite *suite_cifar_data(void);
