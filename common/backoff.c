@@ -25,8 +25,11 @@ double ps__backoff_next(ps__backoff *b) {
 }
 
 double ps__backoff_sleep(ps__backoff *b, double deadline) {
-  double w = ps__backoff_next(b);
-  if (ps__now() + w > deadline) return -1;
+  double w = ps__backoff_next(b), left = deadline - ps__now();
+  if (left <= 0) return -1;
+  /* The last wait ends at the deadline, for one more try there: a caller
+   * whose timeout is T tries for T, not for T less a whole wait. */
+  if (w > left) w = left;
   struct timespec ts = {(time_t)w, (long)((w - (double)(time_t)w) * 1e9)};
   nanosleep(&ts, NULL); /* a signal cuts it short: the caller's loop looks again */
   return w;

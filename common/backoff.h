@@ -20,8 +20,9 @@ typedef struct ps__backoff {
 void ps__backoff_init(ps__backoff *b, double first_s, double max_s);
 /* The next wait, jittered (the state advances). */
 double ps__backoff_next(ps__backoff *b);
-/* Sleeps the next wait unless it would end past deadline (ps__now()
- * seconds): the seconds slept, or -1 (nothing slept: give up). */
+/* Sleeps the next wait, cut short to end at deadline (ps__now() seconds)
+ * so that the caller tries once more there: the seconds slept, or -1 once
+ * the deadline has passed (nothing slept: give up). */
 double ps__backoff_sleep(ps__backoff *b, double deadline);
 
 #endif /* PS_BACKOFF_H */

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backoff.h"
 #include "invariant.h"
 #include "log.h"
 #include "ratelog.h"
@@ -222,6 +223,20 @@ START_TEST(test_ratelog_own_window) {
 }
 END_TEST
 
+/* The last wait is cut to end at the deadline, for one more try there;
+ * after it the caller gives up (waits had ended early: a 5-s connect
+ * timeout gave up after 3.9 s). */
+START_TEST(test_backoff_tries_until_the_deadline) {
+  ps__backoff b;
+  ps__backoff_init(&b, 10.0, 10.0);
+  double start = ps__now(), deadline = start + 0.2;
+  double slept = ps__backoff_sleep(&b, deadline);
+  ck_assert_msg(slept > 0.1 && slept <= 0.2, "slept %.3f s", slept);
+  ck_assert_msg(ps__now() >= deadline - 0.01, "woke %.3f s early", deadline - ps__now());
+  ck_assert(ps__backoff_sleep(&b, deadline) < 0);
+}
+END_TEST
+
 Suite *suite_util(void) {
   Suite *s = suite_create("util");
   TCase *tc = tcase_create("grow");
@@ -233,6 +248,7 @@ Suite *suite_util(void) {
   tcase_add_test(tm, test_percentile);
   tcase_add_test(tm, test_clocks);
   tcase_add_test(tm, test_assert_always_on);
+  tcase_add_test(tm, test_backoff_tries_until_the_deadline);
   suite_add_tcase(s, tm);
   TCase *th = tcase_create("hostport");
   tcase_add_test(th, test_hostport_ok);
