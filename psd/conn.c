@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "invariant.h"
 #include "log.h"
 
 /* Input buffer of an authenticated connection for headers, protobuf and
@@ -173,7 +174,7 @@ void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
   e.fatal = fatal;
   psd_conn_send(c, PS__MSG_ERROR, &e.base, NULL, NULL, NULL, 0);
   if (fatal && c->state != PSD_CONN_CLOSING) {
-    c->state = PSD_CONN_CLOSING;
+    psd_conn_set_state(c, PSD_CONN_CLOSING);
     c->closing_since = ps__now();
     event_del(c->rev);
   }
@@ -537,6 +538,17 @@ static void item_done(psd_conn *c) {
   k->item(k->ctx, c);
 }
 
+void psd_conn_set_state(psd_conn *c, psd_conn_state to) {
+  static const unsigned char ok[PSD_CONN_STATE_MAX_][PSD_CONN_STATE_MAX_] = {
+      [PSD_CONN_HEADER] = {[PSD_CONN_META] = 1, [PSD_CONN_DATA] = 1, [PSD_CONN_CLOSING] = 1},
+      [PSD_CONN_META] = {[PSD_CONN_HEADER] = 1, [PSD_CONN_CLOSING] = 1},
+      [PSD_CONN_DATA] = {[PSD_CONN_HEADER] = 1, [PSD_CONN_CLOSING] = 1},
+  };
+  if (c->state == PSD_CONN_CLOSING) return;
+  PS_ASSERT((unsigned)to < PSD_CONN_STATE_MAX_ && ok[c->state][to]);
+  c->state = to;
+}
+
 /* The last item of a Push/Init is in: reply and go back to HEADER. */
 static void frame_done(psd_conn *c) {
   psd_conn_hooks *k = &c->reg->hooks;
@@ -553,7 +565,7 @@ static void frame_done(psd_conn *c) {
   c->blob_len = 0;
   c->blob_skip = 0;
   c->shm_src = NULL;
-  c->state = PSD_CONN_HEADER;
+  psd_conn_set_state(c, PSD_CONN_HEADER);
   frame_reset(c);
 }
 
@@ -586,7 +598,7 @@ int psd_conn_begin_blob(psd_conn *c, uint64_t bytes) {
   c->item_got = 0;
   c->blob_len = bytes;
   c->blob_skip = 0;
-  c->state = PSD_CONN_DATA;
+  psd_conn_set_state(c, PSD_CONN_DATA);
   return 0;
 }
 
@@ -597,7 +609,7 @@ void psd_conn_skip_blob(psd_conn *c, uint64_t bytes) {
   c->item_got = 0;
   c->blob_len = bytes;
   c->blob_skip = 1;
-  c->state = PSD_CONN_DATA;
+  psd_conn_set_state(c, PSD_CONN_DATA);
 }
 
 /* A PS__FLAG_SHM frame's position (desc, after its protobuf part): its
@@ -680,7 +692,7 @@ static int step(psd_conn *c, uint64_t *shm_budget) {
     }
     c->in_off += PS__HEADER_SIZE;
     c->in_len -= PS__HEADER_SIZE;
-    c->state = PSD_CONN_META;
+    psd_conn_set_state(c, PSD_CONN_META);
     return 1;
   }
   case PSD_CONN_META: {
@@ -703,7 +715,7 @@ static int step(psd_conn *c, uint64_t *shm_budget) {
     if (shm_locate(c, meta + c->hdr.meta_len) != 0) return -1;
     c->in_off += mb;
     c->in_len -= mb;
-    c->state = PSD_CONN_HEADER;
+    psd_conn_set_state(c, PSD_CONN_HEADER);
     if (dispatch(c, meta) != 0) return -1;
     if (c->state == PSD_CONN_DATA && c->n_items == 0) frame_done(c);
     else if (c->state == PSD_CONN_DATA && c->shm_src) return shm_items(c, shm_budget);
@@ -729,6 +741,7 @@ static int step(psd_conn *c, uint64_t *shm_budget) {
     return 1;
   }
   case PSD_CONN_CLOSING:
+  case PSD_CONN_STATE_MAX_: /* never a state (psd_conn_set_state) */
     return 0;
   }
   return 0;

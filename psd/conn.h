@@ -33,7 +33,8 @@ typedef enum psd_conn_state {
   PSD_CONN_HEADER,  /* waiting for a frame header */
   PSD_CONN_META,    /* waiting for the protobuf part */
   PSD_CONN_DATA,    /* streaming the tensor items of a Push or Init */
-  PSD_CONN_CLOSING  /* an error was sent; close once it is written */
+  PSD_CONN_CLOSING, /* an error was sent; close once it is written (final) */
+  PSD_CONN_STATE_MAX_
 } psd_conn_state;
 
 /* Bump allocator for protobuf-c unpacking, reset after every frame, so a
@@ -266,5 +267,12 @@ int psd_conn_backlogged(const psd_conn *c);
 /* Writes pending output; closes a CLOSING connection once drained. Returns
  * -1 if c is (now) closed. */
 int psd_conn_write(psd_conn *c);
+
+/* The one way the input parser's state changes: HEADER -> META -> HEADER
+ * for each frame, HEADER -> DATA (a handler starts a Push's items) ->
+ * HEADER, and any -> CLOSING, which is final (moving a closing connection
+ * is a no-op: a frame's reply hook may have sent the fatal error that
+ * closes it). Any other move is a bug: PS_ASSERT. */
+void psd_conn_set_state(struct psd_conn *c, psd_conn_state to);
 
 #endif

@@ -497,7 +497,7 @@ static int begin_data(psd_handlers *h, psd_conn *c, uint64_t req, uint64_t step,
   if (step != c->data_step || c->hdr.type != PS__MSG_PUSH) c->pace_done = 0;
   c->data_step = step;
   c->data_req = req;
-  c->state = PSD_CONN_DATA;
+  psd_conn_set_state(c, PSD_CONN_DATA);
   return 0;
 }
 
