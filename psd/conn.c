@@ -583,6 +583,17 @@ static char *item_dst(const psd_conn *c) {
   return (char *)c->stage;
 }
 
+/* DATA state for one blob of bytes: staged (skip 0) or read and dropped. */
+static void start_blob(psd_conn *c, uint64_t bytes, int skip) {
+  c->items = NULL;
+  c->n_items = 1;
+  c->item = 0;
+  c->item_got = 0;
+  c->blob_len = bytes;
+  c->blob_skip = skip;
+  psd_conn_set_state(c, PSD_CONN_DATA);
+}
+
 int psd_conn_begin_blob(psd_conn *c, uint64_t bytes) {
   uint64_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
   if (floats > c->stage_cap) {
@@ -592,25 +603,11 @@ int psd_conn_begin_blob(psd_conn *c, uint64_t bytes) {
     c->stage = ns;
     c->stage_cap = floats;
   }
-  c->items = NULL;
-  c->n_items = 1;
-  c->item = 0;
-  c->item_got = 0;
-  c->blob_len = bytes;
-  c->blob_skip = 0;
-  psd_conn_set_state(c, PSD_CONN_DATA);
+  start_blob(c, bytes, 0);
   return 0;
 }
 
-void psd_conn_skip_blob(psd_conn *c, uint64_t bytes) {
-  c->items = NULL;
-  c->n_items = 1;
-  c->item = 0;
-  c->item_got = 0;
-  c->blob_len = bytes;
-  c->blob_skip = 1;
-  psd_conn_set_state(c, PSD_CONN_DATA);
-}
+void psd_conn_skip_blob(psd_conn *c, uint64_t bytes) { start_blob(c, bytes, 1); }
 
 /* A PS__FLAG_SHM frame's position (desc, after its protobuf part): its
  * data must lie inside the push ring of a segment this connection handed

@@ -320,19 +320,18 @@ class _DistributedOptimizer:
         self._psd_op, self._psd_compression = op, compression
         self._psd_passes = backward_passes_per_step
         self._psd_counts: Dict[int, int] = {id(p): 0 for p in params}
-        self._psd_buckets: List[_Bucket] = []
-        self._psd_of: Dict[int, _Bucket] = {}
+        groups: List[List[torch.nn.Parameter]] = []
         size_now = 0
         for p in reversed(params):  # backward produces late layers first
             nbytes = p.numel() * 4
-            if not self._psd_buckets or size_now + nbytes > BUCKET_BYTES:
-                self._psd_buckets.append(_Bucket([]))
+            if not groups or size_now + nbytes > BUCKET_BYTES:
+                groups.append([])
                 size_now = 0
-            self._psd_buckets[-1].params.append(p)
-            self._psd_of[id(p)] = self._psd_buckets[-1]
+            groups[-1].append(p)
             size_now += nbytes
-        for b in self._psd_buckets:
-            b.flat = torch.zeros(sum(p.numel() for p in b.params), dtype=torch.float32)
+        self._psd_buckets = [_Bucket(g) for g in groups]
+        self._psd_of: Dict[int, _Bucket] = {id(p): b for b in self._psd_buckets
+                                            for p in b.params}
         self._psd_next = 0  # buckets go out in order: the same calls on every rank
         self._psd_skip = False
         self._psd_synced = False  # synchronize() ran since the last backward
