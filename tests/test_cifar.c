@@ -164,6 +164,48 @@ START_TEST(test_recipe_options) {
 }
 END_TEST
 
+static double json_num(const char *s, const char *key) {
+  char k[64];
+  snprintf(k, sizeof k, "\"%s\":", key);
+  const char *p = strstr(s, k);
+  ck_assert_msg(p != NULL, "no %s in %s", key, s);
+  return atof(p + strlen(k));
+}
+
+/* --average: the servers keep a moving average that the chief evaluates
+ * beside the parameters; --eval-views 10 predicts from ten views. Both
+ * land in the chief's summary, each a trained network's accuracy (chance
+ * is 0.1); bad values are refused with a sentence. */
+START_TEST(test_average_and_eval_views) {
+  char *argv[] = {(char *)bin("psrun"), "--local", "-n", "2", "--ps", "1", "--",
+                  (char *)bin("cifar_worker"), "--data", (char *)synth_dir(), "--steps", "30",
+                  "--batch", "32", "--lr", "0.02", "--momentum", "0.9", "--threads", "1",
+                  "--no-lrn", "--average", "0.9", "--eval-views", "10", NULL};
+  char *out;
+  int rc = run(argv, &out, 240);
+  ck_assert_msg(rc == 0, "psrun exited %d:\n%s", rc, tail_of(out));
+  const char *sum = strstr(out, "[w0] {\"test_accuracy\":");
+  ck_assert_msg(sum != NULL, "no summary from the chief:\n%s", tail_of(out));
+  ck_assert_int_eq((int)json_num(sum, "eval_views"), 10);
+  const char *keys[] = {"test_accuracy", "test_accuracy_average", "test_accuracy_views",
+                        "test_accuracy_average_views"};
+  for (int k = 0; k < 4; k++) {
+    double a = json_num(sum, keys[k]);
+    ck_assert_msg(a > 0.4 && a <= 1, "%s %.3f after 30 steps", keys[k], a);
+  }
+  free(out);
+  const char *bad[][2] = {{"--eval-views", "3"}, {"--average", "1"}};
+  const char *want[] = {"--eval-views must be 1, 2 or 10", "--average must be a number"};
+  for (int k = 0; k < 2; k++) {
+    char *b[] = {(char *)bin("cifar_worker"), "--data", (char *)synth_dir(), (char *)bad[k][0],
+                 (char *)bad[k][1], NULL};
+    ck_assert_int_ne(run(b, &out, 30), 0);
+    ck_assert_msg(out && strstr(out, want[k]), "%s", tail_of(out));
+    free(out);
+  }
+}
+END_TEST
+
 /* 2 workers x batch 16 and 1 worker x batch 32 see the same images each
  * step (the sampler deals each global batch out in slices), and the server
  * averages the two workers' mean gradients, which is the mean over 32: the
@@ -392,6 +434,7 @@ Suite *suite_cifar(void) {
   tcase_add_test(tc, test_learns_far_above_chance);
   tcase_add_test(tc, test_two_workers_equal_one_with_double_batch);
   tcase_add_test(tc, test_recipe_options);
+  tcase_add_test(tc, test_average_and_eval_views);
   tcase_add_test(tc, test_preempted_job_resumes_exactly);
   tcase_add_test(tc, test_killed_ps_fails_fast_and_relaunch_resumes);
   tcase_add_test(tc, test_device_gpu_or_clear_error);

@@ -679,6 +679,33 @@ START_TEST(test_eval_centre_crop) {
 }
 END_TEST
 
+/* The ten evaluation views: centre and corners, each mirrored; view 0 is
+ * cifar_eval_batch's, an out-of-range view is view 0. */
+START_TEST(test_eval_views) {
+  static const int at[5][2] = {{4, 4}, {0, 0}, {0, 8}, {8, 0}, {8, 8}};
+  cifar_set s = mem_set(4, fill_random);
+  float *img = malloc(sizeof(float) * IN * 4), *centre = malloc(sizeof(float) * IN * 4);
+  uint8_t lab[4];
+  double *ref = malloc(sizeof(double) * IN);
+  cifar_eval_batch(&s, 0, 4, centre, lab);
+  for (int v = -1; v <= CIFAR_EVAL_VIEWS; v++) {
+    int view = v < 0 || v >= CIFAR_EVAL_VIEWS ? 0 : v;
+    memset(lab, 0xEE, sizeof lab);
+    cifar_eval_view(&s, 0, 4, v, img, lab);
+    for (int i = 0; i < 4; i++) {
+      ck_assert_uint_eq(lab[i], s.labels[i]);
+      ref_crop(s.pixels + (size_t)i * IMG, at[view % 5][0], at[view % 5][1], view >= 5, ref);
+      ck_assert_msg(close_img(img + (size_t)i * IN, ref), "view %d image %d", v, i);
+    }
+    ck_assert_int_eq(view == 0, !memcmp(img, centre, sizeof(float) * IN * 4));
+  }
+  free(ref);
+  free(img);
+  free(centre);
+  cifar_set_free(&s);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------- */
 /* cifar_synth */
 
@@ -913,6 +940,7 @@ Suite *suite_cifar_data(void) {
   tcase_add_test(ts, test_sampler_threads);
   tcase_add_test(ts, test_standardization);
   tcase_add_test(ts, test_eval_centre_crop);
+  tcase_add_test(ts, test_eval_views);
   suite_add_tcase(s, ts);
 
   TCase *tc = tcase_create("synth");

@@ -786,7 +786,7 @@ static double model_loss(void *vc) {
 
 /* The network of nn.h written out naively in double, NCHW, from the
  * spec: returns the mean cross-entropy (no L2) and the predictions. */
-static double ref_model(const model_ctx *c, int lrn, int *pred) {
+static double ref_model(const model_ctx *c, int lrn, int *pred, double *logits) {
   const float *const *P = (const float *const *)c->val;
   double loss = 0.0;
   static double a1[64][24][24], p1[64][12][12], a2[64][12][12], p2[64][6][6];
@@ -879,6 +879,7 @@ static double ref_model(const model_ctx *c, int lrn, int *pred) {
       double s = P[9][o];
       for (int i = 0; i < 192; i++) s += f4[i] * P[8][i * 10 + o];
       z[o] = s;
+      if (logits) logits[b * 10 + o] = s;
       if (z[o] > z[am]) am = o;
     }
     double se = 0;
@@ -895,7 +896,15 @@ START_TEST(test_model_reference) {
   model_ctx c;
   model_init(&c, cnn_backend_cpu(2), 3, lrn, 0);
   int pred[3], rpred[3];
-  double ref = ref_model(&c, lrn, rpred);
+  double rlog[30];
+  float lg[30];
+  double ref = ref_model(&c, lrn, rpred, rlog);
+  ck_assert_int_eq(cnn_eval_logits(c.m, c.img, 3, lg), 0);
+  for (int k = 0; k < 30; k++)
+    CHECK(fabs(lg[k] - rlog[k]) <= 1e-4 * (1 + fabs(rlog[k])), "logit %d: %g, reference %g", k,
+          (double)lg[k], rlog[k]);
+  ck_assert_int_eq(cnn_eval_logits(c.m, c.img, 3, NULL), -1);
+  ck_assert_int_eq(cnn_eval_logits(c.m, c.img, 0, lg), -1);
   float ev = cnn_eval(c.m, c.img, c.lab, 3, pred);
   CHECK(fabs(ev - ref) <= 1e-4 * (1 + fabs(ref)), "eval %g, reference %g",
                 (double)ev, ref);

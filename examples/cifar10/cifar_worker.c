@@ -49,6 +49,8 @@ typedef struct opts {
   int bench_steps;     /* --bench-steps */
   char dump[4096];     /* --dump-params: chief writes the final parameters */
   char device[8];      /* --device: cpu, gpu or auto */
+  int eval_views;      /* --eval-views: 1 (centre crop), 2 (and its mirror) or 10 */
+  double average;      /* --average DECAY: the servers keep an EMA (0: none) */
 } opts;
 
 static double now_s(void) {
@@ -92,6 +94,12 @@ static void usage(FILE *f) {
           "  --eval-every N    chief evaluates test accuracy every N steps [0: at the end]\n"
           "  --no-lrn          drop both LRN layers\n"
           "  --dump-params F   chief writes the final parameters (float32, in order) to F\n"
+          "  --average DECAY   the servers keep an exponential moving average of the\n"
+          "                    parameters (TensorFlow's, with its num_updates warm-up);\n"
+          "                    the chief also evaluates it (test_accuracy_average)\n"
+          "  --eval-views N    predict from the mean softmax over N views of each test\n"
+          "                    image: 1 centre crop, 2 and its mirror, 10 centre and\n"
+          "                    corners, each mirrored [1]\n"
           "  --device D        cpu, gpu (CUDA; the GPU Slurm gives the task, else local\n"
           "                    rank modulo the visible GPUs) or auto (gpu if one is visible) [cpu];\n"
           "                    gpu with no GPU at all exits 69, a GPU that cannot be used exits 1\n"
@@ -115,6 +123,7 @@ static void parse(opts *o, int argc, char **argv) {
   o->seed = 1;
   o->lrn = 1;
   o->bench_steps = 10;
+  o->eval_views = 1;
   snprintf(o->device, sizeof o->device, "cpu");
   for (int a = 1; a < argc; a++) {
     const char *f = argv[a];
@@ -149,6 +158,12 @@ static void parse(opts *o, int argc, char **argv) {
     else if (!strcmp(f, "--momentum")) o->momentum = num(f, v, 0, 0.999);
     else if (!strcmp(f, "--warmup-epochs")) o->warmup_epochs = num(f, v, 0, 1e6);
     else if (!strcmp(f, "--dump-params")) snprintf(o->dump, sizeof o->dump, "%s", v);
+    else if (!strcmp(f, "--average")) o->average = num(f, v, 0.5, 0.999999);
+    else if (!strcmp(f, "--eval-views")) {
+      o->eval_views = (int)num(f, v, 1, CIFAR_EVAL_VIEWS);
+      if (o->eval_views != 1 && o->eval_views != 2 && o->eval_views != CIFAR_EVAL_VIEWS)
+        die("--eval-views must be 1, 2 or %d, got '%s'", CIFAR_EVAL_VIEWS, v);
+    }
     else if (!strcmp(f, "--device")) {
       if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto"))
         die("--device must be cpu, gpu or auto, got '%s'", v);
@@ -263,19 +278,41 @@ static void bench(const opts *o) {
   for (int i = 0; i < 2 * cnn_num_params(); i++) free(bufs[i]);
 }
 
-/* Test accuracy of the current parameters over the whole test set. A
- * failed evaluation is fatal: its predictions were never written, and
- * counting them gave a plausible-looking accuracy (0.1 from zeroed memory)
- * instead of the error. */
-static double evaluate(cnn *m, const cifar_set *test, int B, float *img, uint8_t *lab,
-                       int *pred) {
+/* Test accuracy of the current parameters over the whole test set, each
+ * image predicted from the mean softmax of `views` views (1: the centre
+ * crop). A failed evaluation is fatal: its predictions were never written,
+ * and counting them gave a plausible-looking accuracy (0.1 from zeroed
+ * memory) instead of the error. */
+typedef struct evalbuf {
+  float *img, *logits, *prob; /* batch x 1728, batch x 10, batch x 10 */
+  uint8_t *lab;
+} evalbuf;
+
+static double evaluate(cnn *m, const cifar_set *test, int B, int views, const evalbuf *e) {
   size_t right = 0;
+  enum { K = CNN_NUM_CLASSES };
   for (size_t first = 0; first < test->n; first += (size_t)B) {
     int n = test->n - first < (size_t)B ? (int)(test->n - first) : B;
-    cifar_eval_batch(test, first, n, img, lab);
-    if (isnan(cnn_eval(m, img, lab, n, pred)))
-      die("evaluation failed: %s", cnn_error(m) ? cnn_error(m) : "bad arguments");
-    for (int i = 0; i < n; i++) right += pred[i] == lab[i];
+    memset(e->prob, 0, (size_t)n * K * sizeof(float));
+    for (int v = 0; v < views; v++) {
+      /* 2 views: the centre crop (0) and its mirror (5) */
+      cifar_eval_view(test, first, n, views == 2 ? v * 5 : v, e->img, e->lab);
+      if (cnn_eval_logits(m, e->img, n, e->logits) != 0)
+        die("evaluation failed: %s", cnn_error(m) ? cnn_error(m) : "bad arguments");
+      for (int i = 0; i < n; i++) {
+        const float *z = e->logits + (size_t)i * K;
+        float mx = z[0], sum = 0, p[K];
+        for (int k = 1; k < K; k++) mx = z[k] > mx ? z[k] : mx;
+        for (int k = 0; k < K; k++) sum += p[k] = expf(z[k] - mx);
+        for (int k = 0; k < K; k++) e->prob[(size_t)i * K + k] += p[k] / sum;
+      }
+    }
+    for (int i = 0; i < n; i++) {
+      int best = 0;
+      for (int k = 1; k < K; k++)
+        if (e->prob[(size_t)i * K + k] > e->prob[(size_t)i * K + best]) best = k;
+      right += best == e->lab[i];
+    }
   }
   return test->n ? (double)right / (double)test->n : 0;
 }
@@ -308,14 +345,15 @@ typedef struct trainer {
   ps_var *vars[64];
   uint64_t step, first_step;
   FILE *metrics;
-  float *img;                /* evaluation batch */
-  uint8_t *lab;
-  int *pred;
+  evalbuf ev;                /* evaluation batch */
+  float *avg[64];            /* --average: the servers' moving averages */
   float *pimg[2];            /* prefetch buffers (page-locked on a GPU) */
   uint8_t *plab[2];
   cifar_prefetch *pf;
   /* The training loop: progress since the last report. */
-  double t0, last_report, epoch, acc, wall;
+  double t0, last_report, epoch, wall;
+  double acc[2], acc_views[2]; /* test accuracy (centre crop; --eval-views):
+                                  the parameters, their moving average */
   uint64_t report_step;
   double loss_sum;
   int loss_n;
@@ -369,6 +407,10 @@ static void trainer_connect(trainer *t) {
     opt.decay_steps = (uint64_t)fmax(1, round(o->decay_epochs * t->steps_per_epoch));
   }
   opt.warmup_steps = (uint64_t)round(o->warmup_epochs * t->steps_per_epoch);
+  if (o->average > 0) {
+    opt.average = PS_AVERAGE_EMA_NUM_UPDATES;
+    opt.average_decay = o->average;
+  }
   if (o->cosine) {
     opt.decay = PS_DECAY_COSINE;
     opt.total_steps = (uint64_t)t->total;
@@ -407,10 +449,13 @@ static void trainer_buffers(trainer *t) {
     if (!(t->metrics = fopen(path, "w")))
       die("cannot write --metrics %s: %s", path, strerror(errno));
   }
-  t->img = malloc((size_t)o->batch * IMG_FLOATS * sizeof(float));
-  t->lab = malloc((size_t)o->batch);
-  t->pred = malloc((size_t)o->batch * sizeof *t->pred);
-  if (!t->img || !t->lab || !t->pred) die("out of memory");
+  t->ev.img = malloc((size_t)o->batch * IMG_FLOATS * sizeof(float));
+  t->ev.lab = malloc((size_t)o->batch);
+  t->ev.logits = malloc((size_t)o->batch * CNN_NUM_CLASSES * sizeof(float));
+  t->ev.prob = malloc((size_t)o->batch * CNN_NUM_CLASSES * sizeof(float));
+  if (!t->ev.img || !t->ev.lab || !t->ev.logits || !t->ev.prob) die("out of memory");
+  for (int i = 0; o->average > 0 && t->chief && i < cnn_num_params(); i++)
+    if (!(t->avg[i] = malloc(ps_var_numel(t->vars[i]) * sizeof(float)))) die("out of memory");
   /* The next batch is made in the background while a step trains, into
    * page-locked buffers on a GPU (copied by DMA straight from there). */
   for (int i = 0; i < 2; i++) {
@@ -432,13 +477,19 @@ static void trainer_report(trainer *t, double now, int do_eval) {
   double loss = t->loss_sum / t->loss_n;
   fprintf(stderr, "w%d step %llu epoch %.2f loss %.4f images/s %.1f eta %.0fs%s\n", w, step,
           t->epoch, loss, ips, eta, do_eval ? "" : "");
-  if (do_eval) fprintf(stderr, "w%d step %llu test accuracy %.4f\n", w, step, t->acc);
+  if (do_eval && t->o.average > 0)
+    fprintf(stderr, "w%d step %llu test accuracy %.4f (moving average %.4f)\n", w, step, t->acc[0],
+            t->acc[1]);
+  else if (do_eval)
+    fprintf(stderr, "w%d step %llu test accuracy %.4f\n", w, step, t->acc[0]);
   if (t->metrics) {
     fprintf(t->metrics,
             "{\"worker\":%d,\"wall_s\":%.3f,\"step\":%llu,\"epoch\":%.4f,\"loss\":%.5f,"
             "\"images_per_sec\":%.2f",
             w, now - t->t0, step, t->epoch, loss, ips);
-    if (do_eval) fprintf(t->metrics, ",\"test_accuracy\":%.5f", t->acc);
+    if (do_eval) fprintf(t->metrics, ",\"test_accuracy\":%.5f", t->acc[0]);
+    if (do_eval && t->o.average > 0)
+      fprintf(t->metrics, ",\"test_accuracy_average\":%.5f", t->acc[1]);
     fprintf(t->metrics, "}\n");
     fflush(t->metrics);
   }
@@ -469,13 +520,28 @@ static int trainer_step(trainer *t) {
   return 0;
 }
 
+/* The chief's evaluation with `views` views: acc[0] of the parameters,
+ * and with --average acc[1] of the servers' moving averages (bound in
+ * their place for the evaluation, then the variables' own buffers again). */
+static void trainer_evaluate(trainer *t, int views, double acc[2]) {
+  const opts *o = &t->o;
+  int n = cnn_num_params();
+  acc[0] = evaluate(t->m, &t->test, o->batch, views, &t->ev);
+  if (o->average <= 0) return;
+  if (ps_client_pull_average(t->c, t->vars, (size_t)n, t->avg, NULL) != 0)
+    die("pulling the moving averages: %s", ps_client_errmsg(t->c));
+  for (int i = 0; i < n; i++) cnn_bind(t->m, i, t->avg[i], ps_var_grad(t->vars[i]));
+  acc[1] = evaluate(t->m, &t->test, o->batch, views, &t->ev);
+  for (int i = 0; i < n; i++) cnn_bind(t->m, i, ps_var_data(t->vars[i]), ps_var_grad(t->vars[i]));
+}
+
 /* Steps until the total (or a stop), reporting about once a second and
  * when the chief evaluates (--eval-every). */
 static void trainer_train(trainer *t) {
   const opts *o = &t->o;
   t->t0 = now_s();
   t->last_report = t->t0;
-  t->acc = NAN;
+  t->acc[0] = t->acc[1] = NAN;
   t->first_step = t->report_step = t->step;
   while ((long)t->step < t->total) {
     if (trainer_step(t) != 0) {
@@ -485,10 +551,24 @@ static void trainer_train(trainer *t) {
     double now = now_s();
     int do_eval = t->chief && o->eval_every > 0 && t->step % (uint64_t)o->eval_every == 0 &&
                   (long)t->step < t->total;
-    if (do_eval) t->acc = evaluate(t->m, &t->test, o->batch, t->img, t->lab, t->pred);
+    if (do_eval) trainer_evaluate(t, 1, t->acc); /* the curve: centre crops */
     if (now - t->last_report >= 1.0 || do_eval) trainer_report(t, now, do_eval);
   }
   t->wall = now_s() - t->t0;
+}
+
+/* The chief's final accuracies as JSON fields: test_accuracy (centre
+ * crops), with --average test_accuracy_average, with --eval-views N > 1
+ * the same two predicted from N views ("..._views", and "eval_views"). */
+static void acc_fields(const trainer *t, char *buf, size_t len) {
+  const opts *o = &t->o;
+  int k = snprintf(buf, len, "\"test_accuracy\":%.5f", t->acc[0]);
+  if (o->average > 0) k += snprintf(buf + k, len - k, ",\"test_accuracy_average\":%.5f", t->acc[1]);
+  if (o->eval_views > 1)
+    k += snprintf(buf + k, len - k, ",\"eval_views\":%d,\"test_accuracy_views\":%.5f", o->eval_views,
+                  t->acc_views[0]);
+  if (o->eval_views > 1 && o->average > 0)
+    snprintf(buf + k, len - k, ",\"test_accuracy_average_views\":%.5f", t->acc_views[1]);
 }
 
 /* After the loop: the chief's final accuracy and --dump-params, the
@@ -497,7 +577,8 @@ static void trainer_train(trainer *t) {
 static void trainer_end(trainer *t) {
   const opts *o = &t->o;
   int w = t->w, nw = t->nw, chief = t->chief, stopped = t->stopped;
-  if (chief && !stopped) t->acc = evaluate(t->m, &t->test, o->batch, t->img, t->lab, t->pred);
+  if (chief && !stopped) trainer_evaluate(t, 1, t->acc);
+  if (chief && !stopped && o->eval_views > 1) trainer_evaluate(t, o->eval_views, t->acc_views);
   if (chief && o->dump[0] && !stopped) {
     FILE *f = fopen(o->dump, "wb");
     if (!f) die("cannot write --dump-params %s: %s", o->dump, strerror(errno));
@@ -509,21 +590,24 @@ static void trainer_end(trainer *t) {
   unsigned long long step = (unsigned long long)t->step;
   double wall = t->wall, epochs = (double)t->step / t->steps_per_epoch;
   double ips = wall > 0 ? (double)(t->step - t->first_step) * o->batch * nw / wall : 0;
+  char accs[256];
+  acc_fields(t, accs, sizeof accs);
   if (t->metrics && !stopped) {
     fprintf(t->metrics,
             "{\"worker\":%d,\"wall_s\":%.3f,\"step\":%llu,\"epoch\":%.4f,\"loss\":%.5f,"
             "\"images_per_sec\":%.2f%s",
             w, wall, step, epochs, t->loss, ips, chief ? "" : "}\n");
-    if (chief) fprintf(t->metrics, ",\"test_accuracy\":%.5f}\n", t->acc);
+    if (chief) fprintf(t->metrics, ",%s}\n", accs);
   }
   if (t->metrics) fclose(t->metrics);
   t->metrics = NULL;
   if (stopped)
     ; /* the run goes on when the job is run again */
-  else if (chief)
-    printf("{\"test_accuracy\":%.4f,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
+  else if (chief) {
+    printf("{%s,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
            "\"wall_s\":%.2f,\"workers\":%d,\"batch\":%d,\"loss\":%.4f}\n",
-           t->acc, ips, step, epochs, wall, nw, o->batch, t->loss);
+           accs, ips, step, epochs, wall, nw, o->batch, t->loss);
+  }
   else
     printf("{\"test_accuracy\":null,\"images_per_sec\":%.1f,\"steps\":%llu,\"epochs\":%.3f,"
            "\"wall_s\":%.2f,\"worker\":%d,\"loss\":%.4f}\n",
@@ -543,9 +627,11 @@ static void trainer_free(trainer *t) {
   cifar_set_free(&t->train);
   cifar_set_free(&t->test);
   ps_client_destroy(t->c);
-  free(t->img);
-  free(t->lab);
-  free(t->pred);
+  free(t->ev.img);
+  free(t->ev.lab);
+  free(t->ev.logits);
+  free(t->ev.prob);
+  for (int i = 0; i < 64; i++) free(t->avg[i]);
 }
 
 int main(int argc, char **argv) {

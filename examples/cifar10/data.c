@@ -415,13 +415,21 @@ double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *image
   return (double)(gfirst / S) + (double)(gfirst % S) / (double)S;
 }
 
-void cifar_eval_batch(const cifar_set *s, size_t first, int B, float *images,
-                      uint8_t *labels) {
-  const int off = (CIFAR_SIDE - CIFAR_CROP) / 2;
+void cifar_eval_view(const cifar_set *s, size_t first, int B, int view, float *images,
+                     uint8_t *labels) {
+  /* The centre and the four corners (AlexNet's ten crops with flips). */
+  static const int at[5][2] = {{4, 4}, {0, 0}, {0, 8}, {8, 0}, {8, 8}};
+  if (view < 0 || view >= CIFAR_EVAL_VIEWS) view = 0;
+  const int dy = at[view % 5][0], dx = at[view % 5][1], flip = view >= 5;
   for (int i = 0; i < B && first + (size_t)i < s->n; i++) {
     size_t rec = first + (size_t)i;
     labels[i] = s->labels[rec];
-    prep_image(s->pixels + rec * CIFAR_IMAGE_BYTES, off, off, 0,
+    prep_image(s->pixels + rec * CIFAR_IMAGE_BYTES, dy, dx, flip,
                images + (size_t)i * CIFAR_INPUT_FLOATS);
   }
+}
+
+void cifar_eval_batch(const cifar_set *s, size_t first, int B, float *images,
+                      uint8_t *labels) {
+  cifar_eval_view(s, first, B, 0, images, labels);
 }

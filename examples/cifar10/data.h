@@ -103,6 +103,15 @@ void cifar_sampler_destroy(cifar_sampler *sp);
 void cifar_eval_batch(const cifar_set *s, size_t first, int B, float *images,
                       uint8_t *labels);
 
+/* The same for one of CIFAR_EVAL_VIEWS views of each image, for evaluation
+ * that averages the network's predictions over several views (AlexNet's
+ * ten crops): view % 5 picks the centre crop (0) or a corner (1 top left,
+ * 2 top right, 3 bottom left, 4 bottom right), view >= 5 flips it
+ * horizontally. View 0 is cifar_eval_batch's; a view out of range is 0. */
+#define CIFAR_EVAL_VIEWS 10
+void cifar_eval_view(const cifar_set *s, size_t first, int B, int view, float *images,
+                     uint8_t *labels);
+
 #ifdef __cplusplus
 }
 #endif

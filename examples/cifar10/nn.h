@@ -153,6 +153,11 @@ float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
 float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
                int *pred);
 
+/* Forward only: writes the logits, B rows of CNN_NUM_CLASSES floats, to
+ * logits (host memory). For evaluation that combines several views of an
+ * image. 0, or -1 on bad arguments or a device error (cnn_error). */
+int cnn_eval_logits(cnn *m, const float *images, int B, float *logits);
+
 /* Plain SGD on every bound parameter: value -= lr * grad (grad from the
  * last cnn_train_step). For running without a parameter server. On a
  * device backend it updates the device copy and copies it into the bound

@@ -797,24 +797,34 @@ float cnn_train_step(cnn *m, const float *images, const uint8_t *labels,
   return (float)loss;
 }
 
-float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
-               int *pred) {
-  if (!ready(m, images, labels, B)) return NAN;
+/* The forward pass of an evaluation (cnn_eval, cnn_eval_logits): the
+ * inputs staged and uploaded, the logits in m->lg; *dlab the labels on the
+ * device (NULL without labels). */
+static void eval_forward(cnn *m, const float *images, const uint8_t *labels, int B,
+                         const uint8_t **dlab) {
   const cnn_backend *be = m->be;
   double t0 = 0.0;
   const float *himg, *dimg;
-  const uint8_t *hlab, *dlab;
+  const uint8_t *hlab;
   int prof = m->prof;
   m->prof = 0; /* the profile is of training steps */
   if (!be->host_mapped) pin_params(m);
   stage_inputs(m, images, labels, B, &himg, &hlab);
   stand_ins(m, 1);
-  upload(m, himg, hlab, B, &dimg, &dlab);
+  upload(m, himg, hlab, B, &dimg, dlab);
   forward(m, dimg, B, &t0);
   if (hlab) need(m, SLOT_LAB);
+  m->prof = prof;
+}
+
+float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
+               int *pred) {
+  if (!ready(m, images, labels, B)) return NAN;
+  const cnn_backend *be = m->be;
+  const uint8_t *dlab;
+  eval_forward(m, images, labels, B, &dlab);
   be->softmax_xent(be, B, 10, m->lg, dlab, 0.0f, NULL, pred ? m->pred : NULL,
                    m->dloss + LOSS_XENT);
-  m->prof = prof;
   if (!be->host_mapped)
     be->to_host(be, m->hloss, m->dloss, LOSS_SLOTS * sizeof(float));
   if (pred) be->to_host(be, m->hpred, m->pred, (size_t)B * sizeof(int32_t));
@@ -823,6 +833,16 @@ float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
   if (pred)
     for (int b = 0; b < B; b++) pred[b] = m->hpred[b];
   return labels ? m->hloss[LOSS_XENT] / (float)B : 0.0f;
+}
+
+int cnn_eval_logits(cnn *m, const float *images, int B, float *logits) {
+  if (!logits || !ready(m, images, NULL, B)) return -1;
+  const cnn_backend *be = m->be;
+  const uint8_t *dlab;
+  eval_forward(m, images, NULL, B, &dlab);
+  be->to_host(be, logits, m->lg, (size_t)B * CNN_NUM_CLASSES * sizeof(float));
+  if (be->sync) be->sync(be);
+  return be->error && be->error(be) ? -1 : 0;
 }
 
 void cnn_sgd_local(cnn *m, float lr) {
