@@ -111,10 +111,25 @@ static int validate_average(const ps_optimizer *o, char *err, size_t errlen) {
   return 0;
 }
 
+/* The aggregation rule (2.8): a known one, and only where gradients come. */
+static int validate_aggregate(const ps_optimizer *o, char *err, size_t errlen) {
+  if (!ps__opt_aggregate_name(o->aggregate))
+    return ps__errf(PS_EINVAL, err, errlen,
+                    "optimizer aggregate must be %d (job), %d (all) or %d (first), got %d",
+                    PS_AGGREGATE_JOB, PS_AGGREGATE_ALL, PS_AGGREGATE_FIRST, o->aggregate);
+  if (o->kind == PS_OPT_NONE && o->aggregate != PS_AGGREGATE_JOB)
+    return ps__errf(PS_EINVAL, err, errlen,
+                    "optimizer aggregate %s on a variable that is not trained (kind none): it "
+                    "takes no gradients",
+                    ps__opt_aggregate_name(o->aggregate));
+  return 0;
+}
+
 int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (!o) return ps__errf(PS_EINVAL, err, errlen, "optimizer configuration is missing");
   int arc = validate_average(o, err, errlen);
+  if (!arc) arc = validate_aggregate(o, err, errlen);
   if (arc) return arc;
   /* A variable that is not trained, or only averaged, has no rule:
    * nothing else is read (but a mean's scale). */

@@ -135,7 +135,7 @@ static void check_stalls(psd_server *srv, double now) {
     }
     psd_warn("step %llu stalled for %.1f s: %u of %u gradients in, waiting for worker(s) %s; "
              "variables: %s",
-             (unsigned long long)step, now - sl->first_grad_at, sl->count, sh->replicas, who,
+             (unsigned long long)step, now - sl->first_grad_at, sl->count, psd_slice_replicas(sh, sl), who,
              vars);
   }
 }

@@ -264,6 +264,14 @@ int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *va
   return 0;
 }
 
+uint32_t psd_slice_replicas(const psd_shard *s, const psd_slice *sl) {
+  switch (sl->opt.aggregate) {
+    case PS_AGGREGATE_ALL: return s->num_workers;
+    case PS_AGGREGATE_FIRST: return 1;
+    default: return s->replicas;
+  }
+}
+
 int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
                    const float *grad, double now) {
   if (sl->opt.kind == PS_OPT_NONE) return PS_EUNSUPPORTED;
@@ -281,10 +289,11 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
     return PS_ESTALE;
   }
   if (step > sl->step) return PS_EINVAL;
-  PS_ASSERT(worker < s->num_workers && sl->count < s->replicas);
+  const uint32_t replicas = psd_slice_replicas(s, sl);
+  PS_ASSERT(worker < s->num_workers && sl->count < replicas);
   if (sl->pushed[worker] == step + 1) return PS_EDUPLICATE;
   sl->pushed[worker] = step + 1;
-  if (sl->count + 1 >= s->replicas) {
+  if (sl->count + 1 >= replicas) {
     /* Last gradient of the step: average and apply in one fused pass. */
     before_update(s, sl);
     if (sl->assign_pending) {

@@ -5,7 +5,9 @@
  * optimizer state and step counter. Parameters are at step s (the number of
  * updates applied). A gradient computed at step t < s is stale; at t == s it
  * is accumulated, once per worker; when replicas_to_aggregate gradients are
- * in, their average is applied and the slice moves to s+1. In async mode
+ * in (or the variable's own rule's count, ps_optimizer.aggregate: every
+ * worker's, or the first alone), their average is applied and the slice
+ * moves to s+1. In async mode
  * every gradient is applied at once. Everything here runs on the event-loop
  * thread, so an update is never observed half-applied.
  */
@@ -106,6 +108,10 @@ int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *va
  * PS_EUNSUPPORTED (the variable is not trainable). */
 int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
                    const float *grad, double now);
+
+/* Gradients that complete a step of sl: the job's replicas, or its
+ * variable's own rule (ps_optimizer.aggregate). */
+uint32_t psd_slice_replicas(const psd_shard *s, const psd_slice *sl);
 
 /* Workers that have not pushed to sl for its current step: fills
  * missing[0..n) and returns n. */

@@ -543,6 +543,20 @@ START_TEST(mean_rule) {
   o.mean_scale = -1.0;
   ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), PS_EINVAL);
   ck_assert(strstr(err, "mean_scale") != NULL);
+  /* The aggregation rule (2.8): job, all or first; none on a variable
+   * that takes no gradients. */
+  o.mean_scale = 0.0;
+  for (int g = PS_AGGREGATE_JOB; g <= PS_AGGREGATE_FIRST; g++) {
+    o.aggregate = g;
+    ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), 0);
+  }
+  o.aggregate = 3;
+  ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), PS_EINVAL);
+  ck_assert_msg(strstr(err, "aggregate must be 0 (job), 1 (all) or 2 (first), got 3"), "%s", err);
+  o.kind = PS_OPT_NONE;
+  o.aggregate = PS_AGGREGATE_FIRST;
+  ck_assert_int_eq(psd_opt_validate(&o, err, sizeof err), PS_EINVAL);
+  ck_assert_msg(strstr(err, "aggregate first on a variable that is not trained"), "%s", err);
 }
 END_TEST
 

@@ -68,6 +68,47 @@ START_TEST(average_follows_every_step) {
 }
 END_TEST
 
+/* A variable's own aggregation rule (2.8) in a job of 3 workers with one
+ * backup (replicas 2): the job's rule completes a step with the first two
+ * gradients, ALL waits for the third, FIRST completes it with the first
+ * alone and finds the others' pushes for that step stale. */
+START_TEST(aggregate_rules) {
+  const int rules[3] = {PS_AGGREGATE_JOB, PS_AGGREGATE_ALL, PS_AGGREGATE_FIRST};
+  const uint32_t want[3] = {2, 3, 1};
+  const float g[4] = {3, 3, 3, 3};
+  for (int r = 0; r < 3; r++) {
+    psd_shard s;
+    psd_shard_init(&s, 3, 2, 0);
+    ps_optimizer o;
+    ps_optimizer_default(&o, 1.0);
+    o.kind = PS_OPT_MEAN;
+    o.aggregate = rules[r];
+    const uint64_t shape[1] = {4};
+    psd_slice *sl = NULL;
+    char err[256];
+    ck_assert_int_eq(psd_shard_register(&s, "m", 1, shape, 0, 4, &o, 0, &sl, err, sizeof err), 0);
+    const float zeros[4] = {0};
+    psd_shard_init_values(&s, sl, zeros);
+    ck_assert_uint_eq(psd_slice_replicas(&s, sl), want[r]);
+    for (uint32_t w = 0; w < 3; w++) {
+      int rc = psd_shard_push(&s, sl, 2 - w, 0, g, 0);
+      int expect = w + 1 < want[r] ? 0 : w + 1 == want[r] ? 1 : PS_ESTALE;
+      ck_assert_msg(rc == expect, "rule %d, push %u: %d, want %d", rules[r], w, rc, expect);
+    }
+    ck_assert_uint_eq(sl->step, 1);
+    ck_assert_float_eq(sl->param[0], 3.0f); /* the mean of equal gradients */
+    /* A second worker that asks for another rule is refused by name. */
+    ps_optimizer other = o;
+    other.aggregate = rules[(r + 1) % 3];
+    psd_slice *sl2 = NULL;
+    ck_assert_int_eq(psd_shard_register(&s, "m", 1, shape, 0, 4, &other, 1, &sl2, err, sizeof err),
+                     PS_EMISMATCH);
+    ck_assert_msg(strstr(err, "aggregate"), "%s", err);
+    psd_shard_free(&s);
+  }
+}
+END_TEST
+
 START_TEST(assign_sync_trainable) {
   psd_shard s;
   psd_slice *sl = one_slice(&s, 0, PS_OPT_SGD);
@@ -131,6 +172,7 @@ Suite *suite_shard(void) {
   tcase_add_test(tc, assign_sync_trainable);
   tcase_add_test(tc, assign_not_trainable_and_async);
   tcase_add_test(tc, average_follows_every_step);
+  tcase_add_test(tc, aggregate_rules);
   suite_add_tcase(s, tc);
   return s;
 }

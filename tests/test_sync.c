@@ -650,6 +650,31 @@ START_TEST(test_average_needs_2_7) {
 }
 END_TEST
 
+/* A variable with its own aggregation rule (2.8) is refused by a 2.7 psd,
+ * which would aggregate it by the job's rule unseen. */
+START_TEST(test_aggregate_needs_2_8) {
+  tu_psd ps[1];
+  const char *extra[] = {"--protocol-minor", "7", NULL};
+  ps_client *c = solo_client(ps, extra);
+  int64_t shape[1] = {4};
+  ps_optimizer o;
+  ps_optimizer_default(&o, 0.1);
+  o.kind = PS_OPT_MEAN;
+  o.aggregate = PS_AGGREGATE_ALL;
+  ps_var *v;
+  ck_assert_int_eq(ps_client_var_create(c, "all", shape, 1, NULL, &o, &v), PS_EUNSUPPORTED);
+  const char *m = ps_client_errmsg(c);
+  ck_assert_msg(strstr(m, "variable 'all': an aggregation rule of its own (optimizer aggregate) "
+                          "needs protocol 2.8") && strstr(m, "speaks only 2.7"),
+                "%s", m);
+  o.aggregate = PS_AGGREGATE_JOB;
+  ck_assert_int_eq(ps_client_var_create(c, "job", shape, 1, NULL, &o, &v), 0);
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  expect_clean_exit(ps, 1);
+}
+END_TEST
+
 static float big_value(uint64_t s) {
   float v = 0;
   for (uint64_t i = 0; i < s; i++) v -= BIG_LR * 1.0f;
@@ -812,6 +837,7 @@ Suite *suite_sync(void) {
   tcase_add_test(tc, test_new_rules_need_2_6);
   tcase_add_test(tc, test_average_pull);
   tcase_add_test(tc, test_average_needs_2_7);
+  tcase_add_test(tc, test_aggregate_needs_2_8);
   tcase_add_test(tc, test_max_memory);
   tcase_add_test(tc, test_consistent_reply_under_updates);
 #ifdef PS_MALLOC_COUNT_SO

@@ -44,6 +44,7 @@ void ps_optimizer_default_sized(ps_optimizer *opt, size_t size, double lr) {
   opt->torch_epsilon = 0;
   opt->average = PS_AVERAGE_NONE;
   opt->average_decay = 0.0;
+  opt->aggregate = PS_AGGREGATE_JOB;
 }
 
 void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m) {
@@ -71,6 +72,7 @@ void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m) {
   m->torch_epsilon = o->torch_epsilon != 0;
   m->average = (Ps__Average)o->average;
   m->average_decay = o->average_decay;
+  m->aggregate = (Ps__Aggregate)o->aggregate;
 }
 
 void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o) {
@@ -99,6 +101,7 @@ void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o) {
   o->torch_epsilon = m->torch_epsilon;
   o->average = (int)m->average;
   o->average_decay = m->average_decay;
+  o->aggregate = (int)m->aggregate;
 }
 
 int ps__opt_needs_2_1(const ps_optimizer *o) {
@@ -115,6 +118,8 @@ static int needs_2_6(const ps_optimizer *o) {
 }
 
 int ps__opt_min_minor(const ps_optimizer *o) {
+  /* A 2.7 server would aggregate by the job's rule unseen. */
+  if (o->aggregate != PS_AGGREGATE_JOB) return 8;
   /* A 2.6 server would drop the average unseen and refuse its pulls. */
   if (o->average != PS_AVERAGE_NONE) return 7;
   if (needs_2_6(o)) return 6;
@@ -124,6 +129,7 @@ int ps__opt_min_minor(const ps_optimizer *o) {
 
 const char *ps__opt_min_minor_what(const ps_optimizer *o) {
   switch (ps__opt_min_minor(o)) {
+    case 8: return "an aggregation rule of its own (optimizer aggregate)";
     case 7: return "a moving average (optimizer average)";
     case 6:
       if (o->kind == PS_OPT_ADAGRAD) return "optimizer adagrad";
@@ -158,6 +164,15 @@ const char *ps__opt_average_name(int average) {
     case PS_AVERAGE_EMA: return "ema";
     case PS_AVERAGE_EMA_NUM_UPDATES: return "ema_num_updates";
     case PS_AVERAGE_POLYAK: return "polyak";
+    default: return NULL;
+  }
+}
+
+const char *ps__opt_aggregate_name(int aggregate) {
+  switch (aggregate) {
+    case PS_AGGREGATE_JOB: return "job";
+    case PS_AGGREGATE_ALL: return "all";
+    case PS_AGGREGATE_FIRST: return "first";
     default: return NULL;
   }
 }
@@ -236,6 +251,14 @@ int ps__opt_diff(const ps_optimizer *a, const char *al, const ps_optimizer *b, c
     snprintf(buf, len, "kind %s=%d (%s) vs %s=%d (%s)",
              or_unknown(ps__opt_kind_name((int)a->kind)), (int)a->kind, al,
              or_unknown(ps__opt_kind_name((int)b->kind)), (int)b->kind, bl);
+    return 1;
+  }
+  /* The rule that completes a step (2.8): workers that disagree would
+   * wait for different sets of gradients. */
+  if (a->aggregate != b->aggregate) {
+    snprintf(buf, len, "aggregate %s (%s) vs %s (%s)",
+             or_unknown(ps__opt_aggregate_name(a->aggregate)), al,
+             or_unknown(ps__opt_aggregate_name(b->aggregate)), bl);
     return 1;
   }
   if (a->kind == PS_OPT_MEAN) {

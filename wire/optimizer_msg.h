@@ -19,7 +19,7 @@ void ps__opt_from_msg(const Ps__Optimizer *m, ps_optimizer *o);
 int ps__opt_needs_2_1(const ps_optimizer *o);
 /* The protocol minor a server needs to run o: 0, 1 (2.1's additions), 5
  * (PS_OPT_MEAN), 6 (Adagrad, RMSProp, lr_scale, decoupled weight decay,
- * Adam's torch_epsilon) or 7 (a moving average). */
+ * Adam's torch_epsilon), 7 (a moving average) or 8 (an aggregation rule). */
 int ps__opt_min_minor(const ps_optimizer *o);
 /* What in o needs that minor, for a message ("optimizer adagrad",
  * "decoupled weight decay"): "<it> needs protocol 2.6". */
@@ -33,6 +33,8 @@ const char *ps__opt_kind_name(int kind);
 /* "none", "ema", "ema_num_updates", "polyak", or NULL for an unknown
  * ps_average. */
 const char *ps__opt_average_name(int average);
+/* "job", "all", "first", or NULL for an unknown ps_aggregate. */
+const char *ps__opt_aggregate_name(int aggregate);
 /* "none", "exponential", "step", "cosine", or NULL for an unknown decay. */
 const char *ps__opt_decay_name(int decay);
 /* Whether a and b are the same update rule, comparing exactly (==) only

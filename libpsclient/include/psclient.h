@@ -57,7 +57,7 @@ extern "C" {
 
 #define PS_VERSION_MAJOR 0
 #define PS_VERSION_MINOR 2
-#define PS_VERSION_PATCH 7
+#define PS_VERSION_PATCH 8
 
 /* The exit status of a process of a job that stopped on request after its
  * checkpoint (PS_ESTOPPED): psd, psrun and the examples exit with it, and
@@ -167,6 +167,22 @@ typedef enum ps_average {
                                      (average_decay unused) */
 } ps_average;
 
+/* Which gradients complete a step of a variable (ps_optimizer.aggregate;
+ * protocol 2.8, added in 0.2.8). Sync mode only: in async mode every
+ * gradient is applied at once. */
+typedef enum ps_aggregate {
+  PS_AGGREGATE_JOB = 0,   /* the job's replicas_to_aggregate (the default):
+                             with backup workers, the first N - K */
+  PS_AGGREGATE_ALL = 1,   /* every worker's, backups or not: for values
+                             that need each worker's part (an exact
+                             all-gather); a lost worker stalls the variable
+                             until its waiters' deadlines */
+  PS_AGGREGATE_FIRST = 2  /* the first gradient of each step alone (a
+                             broadcast: one worker pushes, the others pull
+                             the step after it); later pushes for that step
+                             are stale */
+} ps_aggregate;
+
 typedef struct ps_optimizer {
   size_t struct_size;   /* sizeof(ps_optimizer) as compiled by the caller:
                            set by ps_optimizer_init/ps_optimizer_default */
@@ -232,6 +248,10 @@ typedef struct ps_optimizer {
   double average_decay;  /* PS_AVERAGE_EMA and _EMA_NUM_UPDATES: the decay, in
                             [0, 1), e.g. 0.999 (TF's CIFAR-10 uses 0.9999);
                             default 0 */
+  /* Added in 0.2.8 (protocol 2.8; a program built before it gets 0: the
+   * job's rule). A server older than 2.8 refuses a variable that sets it
+   * (PS_EUNSUPPORTED naming it). Any trainable kind, PS_OPT_MEAN included. */
+  int aggregate;         /* a ps_aggregate: which gradients complete a step */
 } ps_optimizer;
 
 /* Fills *opt (size bytes, struct_size included) with plain SGD at

@@ -36,7 +36,7 @@ class Optimizer(_c.Structure):
                 ("min_lr_factor", dbl), ("mean_scale", dbl), ("lr_scale", dbl),
                 ("initial_accumulator", dbl), ("alpha", dbl), ("centered", cint),
                 ("decoupled_weight_decay", cint), ("torch_epsilon", cint),
-                ("average", cint), ("average_decay", dbl)]
+                ("average", cint), ("average_decay", dbl), ("aggregate", cint)]
 
 
 class Init(_c.Structure):

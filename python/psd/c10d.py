@@ -103,16 +103,32 @@ def _int_pieces(t: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------ engine
 
+def _aggregate(key: str) -> str:
+    """Which parts complete a step of the variables of a kind of call (psd
+    0.2.8's Mean(aggregate=)), which matters with backup workers: a
+    broadcast completes with its root's part alone (the others push
+    nothing), exact calls and barriers with every rank's, means (DDP's
+    buckets, all_reduce SUM and AVG of floats, the stop vote) with the
+    job's N - K."""
+    if key.startswith("x/bcast/"):
+        return "first"
+    if key.startswith(("x/", "barrier/")):
+        return "all"
+    return "job"
+
+
 class _Op:
     """One collective: ``fill(var)`` puts what this rank pushes in the
     variable's gradient (var.grad, a float32 array of ``numel``, or memory
     bound with var.bind_buffers); ``done(var)`` turns the mean (var.data,
     or the bound memory) into the call's result."""
     __slots__ = ("what", "key", "numel", "fill", "done", "future", "var", "req", "push",
-                 "start", "seq", "name")
+                 "start", "seq", "name", "pull_only")
 
-    def __init__(self, what: str, key: str, numel: int, fill: Callable, done: Callable):
+    def __init__(self, what: str, key: str, numel: int, fill: Callable, done: Callable,
+                 pull_only: bool = False):
         self.what, self.key, self.numel, self.fill, self.done = what, key, numel, fill, done
+        self.pull_only = pull_only  # a broadcast's receiver: it pushes nothing
         self.future = Future()
         self.var = self.req = self.push = None
         self.start = 0.0
@@ -227,7 +243,8 @@ class _Engine(threading.Thread):
         slot = self.slots.get(op.name)
         if slot is None:  # the first call of this kind and size: create it
             scale = float(self.size) if op.key.startswith(("sum/", "hsum/")) else 1.0
-            v = self.client.variable(op.name, (op.numel,), init=Zeros(), optimizer=Mean(scale))
+            v = self.client.variable(op.name, (op.numel,), init=Zeros(),
+                                     optimizer=Mean(scale, _aggregate(op.key)))
             if op.key.startswith("x"):  # exact calls: float32 whatever the job's wire dtype
                 v.set_wire_dtype("f32", "f32")
             elif op.key.startswith("h"):  # mean_async(wire="fp16"): Horovod's Compression.fp16
@@ -235,7 +252,7 @@ class _Engine(threading.Thread):
             slot = self.slots[op.name] = _Slot(v)
         op.var, op.start = slot.var, time.monotonic()
         op.fill(slot.var)
-        op.push = self.client.push_async([slot.var], step=slot.step)
+        op.push = None if op.pull_only else self.client.push_async([slot.var], step=slot.step)
         op.req = self.client.pull_async([slot.var], min_step=slot.step + 1)
         slot.busy = op
 
@@ -254,8 +271,15 @@ class _Engine(threading.Thread):
         # op stays in inflight until its result is set: an error from here
         # on fails it with the others (run()).
         try:
-            op.push.wait()  # done already: each ps answers the push before the pull
-        except (StaleError, DuplicateError) as e:
+            if op.push is not None:
+                op.push.wait()  # done already: each ps answers the push before the pull
+        except StaleError:
+            # Backup workers: the servers completed the step with the first
+            # N - K parts and this rank gets their mean, as psd's own
+            # variables do. Exact calls wait for every part (never stale).
+            if _aggregate(op.key) != "job":
+                raise
+        except DuplicateError as e:
             raise BackendError(
                 "psd backend, rank %d of %d: %s (variable %r): this rank's part came after "
                 "the servers completed the step without it (%s); the torch.distributed "
@@ -265,7 +289,8 @@ class _Engine(threading.Thread):
         slot.step += 1
         slot.busy = None
         op.req.release()
-        op.push.release()
+        if op.push is not None:
+            op.push.release()
         result = op.done(slot.var)
         inflight.popleft()
         op.future.set_result(result)
@@ -386,8 +411,8 @@ class ProcessGroupPsd(dist.ProcessGroup):
         return self.engine.stop(timeout) if self.engine.is_alive() else True
 
     # -- helpers
-    def _submit(self, what, key, numel, fill, done):
-        return self.engine.submit(_Op(what, key, numel, fill, done))
+    def _submit(self, what, key, numel, fill, done, pull_only=False):
+        return self.engine.submit(_Op(what, key, numel, fill, done, pull_only))
 
     def _exact_allgather(self, what: str, flat: torch.Tensor) -> Future:
         """Every rank's float32 vector ``flat`` (the same length on every
@@ -526,24 +551,27 @@ class ProcessGroupPsd(dist.ProcessGroup):
         return _work(w.get_future().then(unflatten))
 
     def broadcast(self, tensors, opts=None):
+        # The root pushes its bytes (as 16-bit pieces, exact); the step
+        # completes with that part alone and the others pull it.
         root = getattr(opts, "rootRank", 0)
-        size, rank = self._size, self._rank
+        rank = self._rank
         futs = []
         for t in tensors:
-            pieces = _to_pieces(t)
-            n = pieces.numel()
+            pieces = _to_pieces(t) if rank == root else None
+            n = (t.numel() * t.element_size() + 1) // 2
 
             def fill(v, pieces=pieces):
-                v.grad[:] = pieces.numpy() if rank == root else 0
+                if pieces is not None:
+                    v.grad[:] = pieces.numpy()
 
             def done(v, t=t):
                 if rank != root:
                     with torch.no_grad():
-                        t.copy_(_from_pieces(torch.from_numpy(v.data.copy()).mul_(size), t))
+                        t.copy_(_from_pieces(torch.from_numpy(v.data.copy()), t))
                 return [t]
 
             what = "broadcast(%s%s, src=%d)" % (t.dtype, tuple(t.shape), root)
-            futs.append(self._submit(what, "x/bcast/%d" % n, n, fill, done))
+            futs.append(self._submit(what, "x/bcast/%d" % n, n, fill, done, rank != root))
         return _work(_all(futs, tensors))
 
     def allgather(self, output_tensors, input_tensors, opts=None):
@@ -650,12 +678,6 @@ def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupPsd:
             "psd backend: init_process_group gave rank %d of %d, but psrun started this "
             "worker as %s of %s; leave rank and world_size out (psrun sets RANK and "
             "WORLD_SIZE) or pass the same" % (rank, size, w, nw))
-    rep = _env_int("PS_REPLICAS_TO_AGGREGATE")
-    if rep is not None and 0 < rep < size:
-        raise RuntimeError(
-            "psd backend: backup workers (psrun --backup-workers, replicas_to_aggregate %d "
-            "of %d) are not supported by the torch.distributed backend yet: its collectives "
-            "need every rank's part; run without --backup-workers" % (rep, size))
     if os.environ.get("PS_ASYNC", "0") not in ("", "0"):
         raise RuntimeError("psd backend: asynchronous training (PS_ASYNC) applies each "
                            "rank's part alone, which no collective means; run without it")

@@ -243,21 +243,34 @@ class NotTrainable(Optimizer):
         super().__init__(1.0)
 
 
+# ps_aggregate: which gradients complete a step (psd 0.2.8).
+_AGGREGATES = {"job": 0, "all": 1, "first": 2}
+
+
 class Mean(Optimizer):
     """No update rule: at each step the servers average the workers'
     gradients and the variable's value becomes that mean (PS_OPT_MEAN,
     needs psd 0.2.5), times ``scale`` (the number of workers gives the
     sum). For optimizers that run on the workers: push a gradient in
-    ``grad``, and after step() ``data`` holds the mean."""
+    ``grad``, and after step() ``data`` holds the mean.
+
+    ``aggregate`` (psd 0.2.8) says which gradients complete a step:
+    ``"job"`` (the job's replicas_to_aggregate: with backup workers the
+    first N - K), ``"all"`` (every worker's, backups or not) or ``"first"``
+    (the first alone: one worker pushes, the others only pull)."""
     _kind = _OPT_MEAN
 
-    def __init__(self, scale: float = 1.0):
+    def __init__(self, scale: float = 1.0, aggregate: str = "job"):
         super().__init__(1.0)
+        if aggregate not in _AGGREGATES:
+            raise ValueError("aggregate must be 'job', 'all' or 'first', got %r" % (aggregate,))
         self.scale = float(scale)
+        self.aggregate = aggregate
 
     def _struct(self):
         o = super()._struct()
         o.mean_scale = self.scale
+        o.aggregate = _AGGREGATES[self.aggregate]
         return o
 
 

@@ -12,6 +12,10 @@
                    epochs) with psd.torch.Checkpoint: N steps, printing
                    "step k" after each; rank 0 saves the final
                    state_dict to OUT
+  backup OUT       under psrun --backup-workers 1 with 3 ranks: means are
+                   over the first two parts, exact calls over all three;
+                   then DDP trains on, rank 2 dying after step 4; ranks 0
+                   and 1 save their state_dicts to OUT.<rank>
 """
 import os
 import sys
@@ -192,6 +196,45 @@ def preempt(out, steps):
     dist.destroy_process_group()
 
 
+def backup(out):
+    dist.init_process_group("psd")
+    r, n = dist.get_rank(), dist.get_world_size()
+    assert n == 3
+    # A mean of floats is over the first two parts to arrive, the same on
+    # every rank; exact calls wait for all three.
+    t = torch.tensor([float(r + 1)])
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    assert t.item() in (1.5, 2.0, 2.5), t
+    got = [torch.zeros(1) for _ in range(n)]
+    dist.all_gather(got, t)
+    assert all(g.item() == t.item() for g in got), (got, t)
+    got = [torch.zeros(2, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(got, torch.tensor([r, 2**40 + r]))
+    assert [g.tolist() for g in got] == [[k, 2**40 + k] for k in range(n)], got
+    b = torch.tensor([7 * r, -r], dtype=torch.int32)
+    dist.broadcast(b, src=1)
+    assert b.tolist() == [7, -1], b
+    dist.barrier()
+    torch.manual_seed(7)
+    net = small_net()
+    start = [p.detach().clone() for p in net.parameters()]
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    for step in range(12):
+        if r == 2 and step == 4:
+            print("rank 2 dies", flush=True)
+            os._exit(1)
+        x, y = batches(step, n)
+        x, y = x[r * B:(r + 1) * B], y[r * B:(r + 1) * B]
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    assert all(not torch.equal(a, p) for a, p in zip(start, net.parameters()))
+    torch.save(net.state_dict(), "%s.%d" % (out, r))
+    print("rank %d trained 12 steps" % r, flush=True)
+    dist.destroy_process_group()
+
+
 def skip():
     # The timeout bounds init's start-up barrier too: 12 s leaves room for
     # a loaded machine to start both ranks (importing torch takes seconds).
@@ -213,6 +256,8 @@ if __name__ == "__main__":
         collectives()
     elif mode == "equivalence":
         equivalence(sys.argv[2])
+    elif mode == "backup":
+        backup(sys.argv[2])
     elif mode == "skip":
         skip()
     elif mode == "preempt":
