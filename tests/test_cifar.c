@@ -206,6 +206,39 @@ START_TEST(test_average_and_eval_views) {
 }
 END_TEST
 
+/* --metrics and --dump-params are created as psd's outputs are
+ * (common/wfile.c): a link planted at the name is refused with a sentence
+ * naming it, and the file it points to is left as it was. */
+START_TEST(test_outputs_refuse_planted_links) {
+  char victim[600], link[600];
+  snprintf(victim, sizeof victim, "%s/victim", tu_tmpdir());
+  snprintf(link, sizeof link, "%s/planted", tu_tmpdir());
+  FILE *f = fopen(victim, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("precious\n", f);
+  fclose(f);
+  ck_assert_int_eq(symlink(victim, link), 0);
+  const char *opt[] = {"--metrics", "--dump-params"};
+  for (int k = 0; k < 2; k++) {
+    char *argv[] = {(char *)bin("psrun"), "--local", "-n", "2", "--ps", "1", "--",
+                    (char *)bin("cifar_worker"), "--data", (char *)synth_dir(), "--steps", "2",
+                    "--batch", "8", "--threads", "1", "--no-lrn", (char *)opt[k], link, NULL};
+    char *out;
+    ck_assert_int_ne(run(argv, &out, 120), 0);
+    char want[800];
+    snprintf(want, sizeof want, "%s %s: is a symbolic link", opt[k], link);
+    ck_assert_msg(out && strstr(out, want), "no '%s' in:\n%s", want, tail_of(out));
+    free(out);
+    char buf[64] = {0};
+    f = fopen(victim, "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(fgets(buf, sizeof buf, f));
+    fclose(f);
+    ck_assert_str_eq(buf, "precious\n");
+  }
+}
+END_TEST
+
 /* 2 workers x batch 16 and 1 worker x batch 32 see the same images each
  * step (the sampler deals each global batch out in slices), and the server
  * averages the two workers' mean gradients, which is the mean over 32: the
@@ -435,6 +468,7 @@ Suite *suite_cifar(void) {
   tcase_add_test(tc, test_two_workers_equal_one_with_double_batch);
   tcase_add_test(tc, test_recipe_options);
   tcase_add_test(tc, test_average_and_eval_views);
+  tcase_add_test(tc, test_outputs_refuse_planted_links);
   tcase_add_test(tc, test_preempted_job_resumes_exactly);
   tcase_add_test(tc, test_killed_ps_fails_fast_and_relaunch_resumes);
   tcase_add_test(tc, test_device_gpu_or_clear_error);

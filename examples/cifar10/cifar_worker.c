@@ -26,6 +26,7 @@
 #include "nn.h"
 #include "prefetch.h"
 #include "psclient.h"
+#include "wfile.h" /* common/: output files created safely */
 
 #define IMG_FLOATS (3 * 24 * 24)
 
@@ -446,8 +447,11 @@ static void trainer_buffers(trainer *t) {
     char path[4200];
     if (t->w == 0) snprintf(path, sizeof path, "%s", o->metrics);
     else snprintf(path, sizeof path, "%s.w%d", o->metrics, t->w);
-    if (!(t->metrics = fopen(path, "w")))
-      die("cannot write --metrics %s: %s", path, strerror(errno));
+    /* Created as psd's own outputs are (common/wfile.c): never through a
+     * link or into a file another user planted, mode 0600. */
+    char err[1200];
+    if (!(t->metrics = ps__wfile_stream(path, 0600, "--metrics", err, sizeof err)))
+      die("%s", err);
   }
   t->ev.img = malloc((size_t)o->batch * IMG_FLOATS * sizeof(float));
   t->ev.lab = malloc((size_t)o->batch);
@@ -580,11 +584,12 @@ static void trainer_end(trainer *t) {
   if (chief && !stopped) trainer_evaluate(t, 1, t->acc);
   if (chief && !stopped && o->eval_views > 1) trainer_evaluate(t, o->eval_views, t->acc_views);
   if (chief && o->dump[0] && !stopped) {
-    FILE *f = fopen(o->dump, "wb");
-    if (!f) die("cannot write --dump-params %s: %s", o->dump, strerror(errno));
+    ps__wfile wf;
+    char err[1200];
+    if (ps__wfile_begin(&wf, o->dump, 0600, "--dump-params", err, sizeof err) != 0) die("%s", err);
     for (int i = 0; i < cnn_num_params(); i++)
-      fwrite(ps_var_data(t->vars[i]), sizeof(float), ps_var_numel(t->vars[i]), f);
-    if (fclose(f) != 0) die("writing --dump-params %s failed", o->dump);
+      fwrite(ps_var_data(t->vars[i]), sizeof(float), ps_var_numel(t->vars[i]), wf.fp);
+    if (ps__wfile_commit(&wf, 0, err, sizeof err) != 0) die("%s", err);
   }
   if (ps_client_finish(t->c) != 0) die("finish: %s", ps_client_errmsg(t->c));
   unsigned long long step = (unsigned long long)t->step;

@@ -37,6 +37,7 @@
 #include "ctr_embed.h"
 #include "ctr_model.h"
 #include "psclient.h"
+#include "wfile.h" /* common/: output files created safely */
 
 /* Exit status of a worker stopped on request after a checkpoint (as
  * cifar_worker and psd: EX_TEMPFAIL, so scripts can requeue). */
@@ -396,8 +397,11 @@ static FILE *open_per_worker(const char *name, int w, const char *what) {
   char path[4200];
   if (w == 0) snprintf(path, sizeof path, "%s", name);
   else snprintf(path, sizeof path, "%s.w%d", name, w);
-  FILE *f = fopen(path, "w");
-  if (!f) die("cannot write %s %s: %s", what, path, strerror(errno));
+  /* Created as psd's own outputs are (common/wfile.c): never through a
+   * link or into a file another user planted, mode 0600. */
+  char err[1200];
+  FILE *f = ps__wfile_stream(path, 0600, what, err, sizeof err);
+  if (!f) die("%s", err);
   return f;
 }
 
