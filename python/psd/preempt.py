@@ -21,10 +21,17 @@ restores that state when the job is resumed, and from then on:
   rank saves its state, rank 0 marks the checkpoint complete once all
   have, and the process exits 75 (psd.EXIT_STOPPED); psd exits 75 too.
 
-The loop starts at ckpt.step (and ckpt.epoch); the loader (a DataLoader
-over a DistributedSampler, or any sampler) skips the batches the stopped
-run had consumed in that epoch. Files: DIR/torch/step-<step>/rank-<r>.pt
-and `complete`, DIR being psrun's --checkpoint-dir (PS_CHECKPOINT_DIR).
+That line is all a script over epochs and its loader needs: resumed, the
+loader (a DataLoader over a DistributedSampler, or any sampler) yields
+nothing in the epochs the stopped run had finished and skips the batches
+it had consumed in the epoch it stopped in; the model's state is loaded
+at once, and the optimizer's, the scheduler's and the random generators'
+at the first training batch, so whatever the skipped epochs' own code did
+(scheduler.step() once per epoch) is replaced by the saved state. A
+script may instead start its loop at ckpt.epoch (and count its steps from
+ckpt.step), which also spares the skipped epochs' evaluation. Files:
+DIR/torch/step-<step>/rank-<r>.pt and `complete`, DIR being psrun's
+--checkpoint-dir (PS_CHECKPOINT_DIR).
 """
 import functools
 import os
@@ -43,6 +50,7 @@ __all__ = ["Checkpoint"]
 
 from . import EXIT_STOPPED  # noqa: E402  (psclient.h's PS_EXIT_STOPPED)
 SUBDIR = "torch"  # inside psrun's --checkpoint-dir, beside psd's step-* files
+_WHOLE = -1  # _skip_for: every batch of the epoch
 FORMAT = 1
 
 
@@ -144,6 +152,7 @@ class Checkpoint:
         self._opt, self._sched, self._loader = optimizer, scheduler, loader
         self._skip = None  # (epoch, batches) the resumed loader skips
         self._rng = None  # restored at the first training forward
+        self._pending = None  # (optimizer, scheduler) states, restored then too
         self._epoch_now, self._batches = 0, 0
         self._asked, self._stopping, self._vote = False, False, None
         self._load()
@@ -178,12 +187,11 @@ class Checkpoint:
         chief = mine if self.rank == 0 else torch.load(os.path.join(d, "rank-0.pt"),
                                                        map_location="cpu")
         self._module.load_state_dict(chief["model"])
-        self._opt.load_state_dict(chief["optimizer"])
-        if self._sched is not None:
-            if chief["scheduler"] is None:
-                raise RuntimeError("psd.torch.Checkpoint: %s has no scheduler state but a "
-                                   "scheduler was given" % d)
-            self._sched.load_state_dict(chief["scheduler"])
+        if self._sched is not None and chief["scheduler"] is None:
+            raise RuntimeError("psd.torch.Checkpoint: %s has no scheduler state but a "
+                               "scheduler was given" % d)
+        self._opt.load_state_dict(chief["optimizer"])  # now, and again at the first batch
+        self._pending = (chief["optimizer"], chief["scheduler"])
         self.step, self.epoch, self.resumed = mine["step"], mine["epoch"], True
         self._skip = (mine["epoch"], mine["batches"])
         self._rng = mine["rng"]
@@ -234,6 +242,12 @@ class Checkpoint:
         if self._rng is not None:  # the resumed run's first step: draws as before
             _set_rng_state(self._rng)
             self._rng = None
+        if self._pending is not None:  # over what skipped epochs' code did
+            opt, sched = self._pending
+            self._pending = None
+            self._opt.load_state_dict(opt)
+            if self._sched is not None:
+                self._sched.load_state_dict(sched)
         if self._stopping:
             self._save_and_exit()
         self._batches += 1  # this forward's batch is consumed
@@ -269,11 +283,17 @@ class Checkpoint:
                              "(batch_size=None); pass loader=None and skip to ckpt.step in "
                              "the script")
         base, cp = type(bs), self
+        passes = [0]  # epochs of a sampler without set_epoch: the loader's passes
 
         def __iter__(self):
-            epoch = getattr(getattr(self, "sampler", None), "epoch", 0)
+            epoch = getattr(getattr(self, "sampler", None), "epoch", None)
+            if epoch is None:
+                epoch = passes[0]
+            passes[0] += 1
             cp._epoch_now, cp._batches = epoch, 0
             skip = cp._skip_for(epoch)
+            if skip == _WHOLE:
+                return  # an epoch the stopped run had finished
             for i, b in enumerate(base.__iter__(self)):
                 if i >= skip:
                     yield b
@@ -281,13 +301,17 @@ class Checkpoint:
         bs.__class__ = type("Resumable" + base.__name__, (base,), {"__iter__": __iter__})
 
     def _skip_for(self, epoch: int) -> int:
+        """Batches of this epoch the resumed loader skips (all of an epoch
+        the stopped run had finished)."""
         if self._skip is None:
             return 0
         want, n = self._skip
+        if epoch < want:
+            return _WHOLE
         self._skip = None
-        if epoch != want:
+        if epoch > want:
             raise RuntimeError(
                 "psd.torch.Checkpoint: the job resumes at step %d in epoch %d, but the loader "
-                "starts epoch %d: start the loop at ckpt.epoch (sampler.set_epoch(ckpt.epoch))"
-                % (self.step, want, epoch))
+                "starts epoch %d: start the loop at epoch 0 or at ckpt.epoch, and call "
+                "sampler.set_epoch(epoch) each epoch" % (self.step, want, epoch))
         return n

@@ -11,7 +11,9 @@
                    DistributedSampler, dropout, BatchNorm, AdamW, StepLR,
                    epochs) with psd.torch.Checkpoint: N steps, printing
                    "step k" after each; rank 0 saves the final
-                   state_dict to OUT
+                   state_dict to OUT; its loop starts at ckpt.epoch
+  preempt1 OUT N   the same with the loop as it was before the one added
+                   line (epochs from 0, the scheduler stepped per epoch)
   backup OUT       under psrun --backup-workers 1 with 3 ranks: means are
                    over the first two parts, exact calls over all three;
                    then DDP trains on, rank 2 dying after step 4; ranks 0
@@ -163,7 +165,7 @@ def equivalence(out):
     dist.destroy_process_group()
 
 
-def preempt(out, steps):
+def preempt(out, steps, from_zero=False):
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
     dist.init_process_group("psd")
     r = dist.get_rank()
@@ -171,12 +173,28 @@ def preempt(out, steps):
     net = torch.nn.Sequential(small_net(), torch.nn.Dropout(0.3), torch.nn.Linear(5, 5))
     ddp = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.AdamW(groups(net), lr=0.01)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=7, gamma=0.5)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2 if from_zero else 7, gamma=0.5)
     g = torch.Generator().manual_seed(5)
     data = TensorDataset(torch.randn(44, 3, 6, 6, generator=g), torch.randint(0, 5, (44,), generator=g))
     sampler = DistributedSampler(data, seed=3)
     loader = DataLoader(data, batch_size=4, sampler=sampler)  # 6 batches a rank: 4,4,4,4,4,2
     ckpt = psd.torch.Checkpoint(ddp, opt, sched, loader)
+    if from_zero:  # the script's own loop, unchanged: `steps` counts epochs here
+        n = 0
+        for epoch in range(steps):
+            sampler.set_epoch(epoch)
+            for x, y in loader:
+                opt.zero_grad()
+                F.cross_entropy(ddp(x), y).backward()
+                opt.step()
+                n += 1
+                print("step %d" % n, flush=True)  # this process's steps
+                time.sleep(0.02)
+            sched.step()
+        if r == 0:
+            torch.save(net.state_dict(), out)
+        dist.destroy_process_group()
+        return
     step, epoch = ckpt.step, ckpt.epoch
     while step < steps:
         sampler.set_epoch(epoch)
@@ -260,7 +278,7 @@ if __name__ == "__main__":
         backup(sys.argv[2])
     elif mode == "skip":
         skip()
-    elif mode == "preempt":
-        preempt(sys.argv[2], int(sys.argv[3]))
+    elif mode in ("preempt", "preempt1"):
+        preempt(sys.argv[2], int(sys.argv[3]), mode == "preempt1")
     else:
         sys.exit("unknown mode " + mode)

@@ -183,23 +183,26 @@ def _state(path):
     return torch.load(path)
 
 
-def test_sigterm_stops_after_a_checkpoint_and_resumes_bit_identical(tmpdir_short):
+@pytest.mark.parametrize("mode", ["preempt", "preempt1"])
+def test_sigterm_stops_after_a_checkpoint_and_resumes_bit_identical(tmpdir_short, mode):
     """psd.torch.Checkpoint: SIGTERM to psrun in the middle of a DDP run
     (dropout, BatchNorm, AdamW, StepLR, a DataLoader over a
     DistributedSampler) ends it with status 75 after a checkpoint; the same
     command resumes it, and the final parameters and buffers are
-    bit-identical to an uninterrupted run's."""
+    bit-identical to an uninterrupted run's. preempt: the loop starts at
+    ckpt.epoch; preempt1: the script's loop unchanged (epochs from 0, the
+    scheduler stepped per epoch), the Checkpoint line its only change."""
     import signal
     import time
-    steps = "40"
+    steps = "40" if mode == "preempt" else "7"  # preempt1: 7 epochs of 6 steps
     ref = os.path.join(tmpdir_short, "ref.pt")
-    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), "preempt", ref, steps,
+    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), mode, ref, steps,
               extra=("--checkpoint-dir", os.path.join(tmpdir_short, "ck-ref")))
     assert p.returncode == 0, p.stdout + p.stderr
     out = os.path.join(tmpdir_short, "out.pt")
     ck = os.path.join(tmpdir_short, "ck")
     cmd = [os.path.join(BIN, "psrun"), "--local", "-n", "3", "--ps", "1", "--checkpoint-dir",
-           ck, "--", PY, os.path.join(HERE, "c10d_worker.py"), "preempt", out, steps]
+           ck, "--", PY, os.path.join(HERE, "c10d_worker.py"), mode, out, steps]
     env = dict(os.environ)
     env.pop("PSD_LIBPSCLIENT", None)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -216,7 +219,7 @@ def test_sigterm_stops_after_a_checkpoint_and_resumes_bit_identical(tmpdir_short
     assert proc.returncode == 75, text
     assert "stopped on request after step" in text, text
     stop = int(text.split("stopped on request after step ")[1].split(";")[0])
-    assert 9 <= stop < int(steps), text
+    assert 9 <= stop < (int(steps) if mode == "preempt" else 42), text
     assert not os.path.exists(out)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
