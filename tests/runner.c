@@ -2,8 +2,10 @@
  * `NAME_tests SUITE...` runs the named suites (all when none is named). The
  * suites an executable holds come from its generated list PS_SUITES_INC
  * (tests/CMakeLists.txt), one PS_SUITE(name) line each. Exit status: 0 all
- * passed, 1 a test failed, 2 usage, 77 every requested suite was skipped
- * (its constructor returned NULL: a dependency is not installed). */
+ * passed, 1 a test failed, 2 usage, 77 skipped: every requested suite was
+ * (its constructor returned NULL: a dependency is not installed), or the
+ * rest passed but a suite left tests out (tu_skip_tests): a run that did
+ * not run everything is never reported as a pass. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,5 +59,11 @@ int main(int argc, char **argv) {
   srunner_run_all(sr, CK_NORMAL);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  if (failed) return EXIT_FAILURE;
+  if (skipped || tu_skipped()) {
+    printf("SKIP: the rest passed, but %d suite(s) and %d group(s) of tests were left out "
+           "(the SKIP lines above say why)\n", skipped, tu_skipped());
+    return TU_EXIT_SKIPPED;
+  }
+  return EXIT_SUCCESS;
 }

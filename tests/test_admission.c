@@ -560,7 +560,7 @@ Suite *suite_admission(void) {
                       (int)(sizeof CHURN_NOFILE / sizeof CHURN_NOFILE[0]));
   tcase_add_loop_test(tc, test_evicts_oldest, 0, 2);
   if (psctl_path()) tcase_add_test(tc, test_admin_cap);
-  else printf("admission: psctl not built; its admin-cap test is left out\n");
+  else tu_skip_tests("admission", "test_admin_cap", "psctl is not built");
   tcase_add_test(tc, test_bad_frame_flood);
   tcase_add_test(tc, test_keepalive);
   suite_add_tcase(s, tc);

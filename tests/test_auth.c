@@ -638,7 +638,7 @@ Suite *suite_auth(void) {
   tcase_add_test(tc, test_proof_replay);
   suite_add_tcase(s, tc);
   if (!munged_installed()) {
-    printf("SKIP: auth: the MUNGE cases (munged is not installed: apt-get install munge)\n");
+    tu_skip_tests("auth", "the MUNGE cases", "munged is not installed: apt-get install munge");
     return s;
   }
   tc = tcase_create("munge");

@@ -568,7 +568,6 @@ END_TEST
 /* Another user can neither read the credential nor make psctl use one of
  * theirs (it would have psctl trust their psd). */
 START_TEST(test_psctl_credential_others) {
-  tu_need_root();
   char out[1200], line[2400], addr[256], file[1024], po[1200], args[5000], planted[1200];
   pid_t pid = local_job_for_psctl(out, sizeof out, line, sizeof line, addr, file);
   snprintf(args, sizeof args, "cat '%s'", file);
@@ -599,7 +598,6 @@ END_TEST
 /* A psrun-UID directory planted by another user is not used: psrun says
  * so, prints no psctl line and runs the job anyway (it costs psctl only). */
 START_TEST(test_psctl_planted_directory) {
-  tu_need_root();
   char base[1100], planted[1200], env0[1200], out[1200];
   snprintf(base, sizeof base, "%s/xdg-planted", tu_tmpdir());
   mkdir(base, 01777);
@@ -647,8 +645,13 @@ Suite *suite_psrun(void) {
   tcase_add_test(tc, test_print_plan_bad_env);
   tcase_add_test(tc, test_print_plan_local);
   tcase_add_test(tc, test_local_psctl_line);
-  tcase_add_test(tc, test_psctl_credential_others);
-  tcase_add_test(tc, test_psctl_planted_directory);
+  if (tu_can_be_another_user()) {
+    tcase_add_test(tc, test_psctl_credential_others);
+    tcase_add_test(tc, test_psctl_planted_directory);
+  } else {
+    tu_skip_tests("psrun", "test_psctl_credential_others, test_psctl_planted_directory",
+                  "acting as another user (nobody) needs root and setpriv");
+  }
   suite_add_tcase(s, tc);
   return s;
 }

@@ -182,7 +182,6 @@ static pid_t as_nobody(const char *script, char *out, size_t outlen) {
  * claiming rank 1 before the real rank 1 arrives: the forgery is refused,
  * the silent connections cost nothing, the real step completes. */
 START_TEST(test_slurm_forged_and_silent_checkins) {
-  tu_need_root();
   char dir[1100], o0[1200], o1[1200], oa[1200], script[1200];
   snprintf(dir, sizeof dir, "%s/rdv-forge", tu_tmpdir());
   mkdir(dir, 0700);
@@ -226,7 +225,6 @@ END_TEST
 /* A rendezvous directory planted by nobody is refused, by task 0 and by
  * a --role=worker step, with a sentence naming its owner. */
 START_TEST(test_slurm_planted_directory) {
-  tu_need_root();
   char dir[1100], planted[1200], out[1200];
   snprintf(dir, sizeof dir, "%s/rdv-planted", tu_tmpdir());
   mkdir(dir, 01777);
@@ -256,17 +254,12 @@ END_TEST
 /* A stranger (nobody) holding the rendezvous port and answering like task
  * 0: task 0 says so and stops; the member refuses the stranger. */
 START_TEST(test_slurm_stolen_port) {
-  tu_need_root();
   char dir[1100], o0[1200], o1[1200], oa[1200], script[600];
   snprintf(dir, sizeof dir, "%s/rdv-stolen", tu_tmpdir());
   mkdir(dir, 0700);
   int port = free_port(), job = 7000 + (int)(getpid() % 1000);
   /* socat-free listener: python is not assumed; bash cannot listen, so
    * the stranger is a tiny nc-like loop in python only if present. */
-  if (access("/usr/bin/python3", X_OK) != 0) {
-    printf("SKIP: the stolen-port test needs python3 for the stranger's listener\n");
-    exit(77);
-  }
   snprintf(script, sizeof script,
            "exec /usr/bin/python3 -c \"import socket,time\ns=socket.socket()\n"
            "s.bind(('127.0.0.1',%d)); s.listen(8); print('listening', flush=True)\n"
@@ -297,7 +290,6 @@ END_TEST
 /* Two tasks with valid proofs both claim rank 1 (a replay or a second
  * copy): task 0 stops the step, naming both peers. */
 START_TEST(test_slurm_rank_claimed_twice) {
-  tu_need_root();
   char dir[1100], o0[1200], o1[1200], o2[1200];
   snprintf(dir, sizeof dir, "%s/rdv-twice", tu_tmpdir());
   mkdir(dir, 0700);
@@ -819,10 +811,19 @@ Suite *suite_psrun_slurm(void) {
   Suite *s = suite_create("psrun_slurm");
   TCase *tc = tcase_create("psrun_slurm");
   tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, test_slurm_forged_and_silent_checkins);
-  tcase_add_test(tc, test_slurm_planted_directory);
-  tcase_add_test(tc, test_slurm_stolen_port);
-  tcase_add_test(tc, test_slurm_rank_claimed_twice);
+  if (tu_can_be_another_user()) {
+    tcase_add_test(tc, test_slurm_forged_and_silent_checkins);
+    tcase_add_test(tc, test_slurm_planted_directory);
+    tcase_add_test(tc, test_slurm_rank_claimed_twice);
+    /* The stranger's listener is a python3 one-liner (bash cannot listen). */
+    if (access("/usr/bin/python3", X_OK) == 0) tcase_add_test(tc, test_slurm_stolen_port);
+    else tu_skip_tests("psrun_slurm", "test_slurm_stolen_port", "/usr/bin/python3 is missing");
+  } else {
+    tu_skip_tests("psrun_slurm",
+                  "test_slurm_forged_and_silent_checkins, test_slurm_planted_directory, "
+                  "test_slurm_rank_claimed_twice, test_slurm_stolen_port",
+                  "acting as another user (nobody) needs root and setpriv");
+  }
   tcase_add_test(tc, test_slurm_auth_never_downgrades);
   tcase_add_test(tc, test_slurm_address_and_connect_timeout);
   tcase_add_test(tc, test_slurm_closed_checkin_tried_again);
@@ -833,8 +834,8 @@ Suite *suite_psrun_slurm(void) {
   tcase_add_test(tc, test_slurm_torch_env);
   suite_add_tcase(s, tc);
   if (system("command -v munged >/dev/null 2>&1") != 0) {
-    printf("SKIP: psrun_slurm: the psctl MUNGE cases (munged is not installed: apt-get install "
-           "munge)\n");
+    tu_skip_tests("psrun_slurm", "the psctl MUNGE cases",
+                  "munged is not installed: apt-get install munge");
     return s;
   }
   tc = tcase_create("psctl");

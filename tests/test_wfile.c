@@ -453,7 +453,7 @@ Suite *suite_wfile(void) {
     tcase_add_test(tu, test_foreign_file_refused);
     suite_add_tcase(s, tu);
   } else {
-    printf("wfile: the cases with another user's files need root (chown to nobody): left out\n");
+    tu_skip_tests("wfile", "the cases with another user's files", "they need root (chown to nobody)");
   }
   TCase *tp = tcase_create("programs");
   tcase_set_timeout(tp, 120);

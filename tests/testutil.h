@@ -132,9 +132,18 @@ int tu_wait_pid(pid_t pid, double timeout_s, int *status);
 int tu_wait_text(const char *file, const char *needle, double timeout_s);
 /* The uid and gid of the other user the tests act as (nobody). */
 #define TU_NOBODY 65534
-/* Exits 77 (skipped) unless this is root with setpriv, which the tests
- * that act as another user (nobody) need. */
-void tu_need_root(void);
+/* Whether this process may act as another user (nobody): root with
+ * setpriv. The suites add the tests that need it only then, else they
+ * report them with tu_skip_tests. */
+int tu_can_be_another_user(void);
+/* Tests a suite leaves out because something they need is missing: prints
+ * "SKIP: SUITE: TESTS: WHY" and counts them; the runner then exits 77
+ * (skipped) once the rest passed, never 0 (a failure still exits 1). A
+ * test never exits 77 itself: Check counts that as an error in fork mode
+ * and, without fork, it would end the suite and hide earlier results. */
+void tu_skip_tests(const char *suite, const char *tests, const char *why);
+/* How many tu_skip_tests calls this process made. */
+int tu_skipped(void);
 
 /* Worker scripts (sh -c, tiny_worker in $TW) the psrun suites share.
  * Worker 1 trains 20 steps, then is killed by SIGABRT; the others train 200. */
