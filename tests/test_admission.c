@@ -217,7 +217,7 @@ START_TEST(test_held_unauthenticated) {
          HELD, rss0, rss1, (rss1 - rss0) * 1024 / HELD);
   if (psctl_path()) {
     int rc = psctl_stats_vs(&p, &idle, &s);
-    ck_assert_msg(rc == 0 && s < 1.0, "psctl stats: exit %d, %.2f s slower than when psd was "
+    ck_assert_msg(rc == 0 && s < tu_time_limit(1.0), "psctl stats: exit %d, %.2f s slower than when psd was "
                   "idle (%.2f s)", rc, s, idle);
   }
   double t0 = ps__now();
@@ -225,7 +225,7 @@ START_TEST(test_held_unauthenticated) {
   train(p.addr, t);
   double dt = ps__now() - t0;
   expect_trained(t, "under 1000 held connections");
-  ck_assert_msg(dt < 5.0, "training took %.2f s with held connections", dt);
+  ck_assert_msg(dt < tu_time_limit(5.0), "training took %.2f s with held connections", dt);
   for (int i = 0; i < HELD; i++) close(held[i]);
   ck_assert_msg(tu_psd_wait(&p, 10) == 0 && WIFEXITED(p.status) && WEXITSTATUS(p.status) == 0,
                 "psd did not exit 0 after training (log %s)", p.log_path);
@@ -259,7 +259,7 @@ START_TEST(test_descriptor_limit) {
   usleep(300000);
   if (psctl_path()) {
     int rc = psctl_stats_vs(&p, &idle_s, &s);
-    ck_assert_msg(rc == 0 && s < 1.0, "at the descriptor limit: psctl stats: exit %d, %.2f s "
+    ck_assert_msg(rc == 0 && s < tu_time_limit(1.0), "at the descriptor limit: psctl stats: exit %d, %.2f s "
                   "slower than when psd was idle (%.2f s)", rc, s, idle_s);
   }
   double t0 = ps__now();
@@ -267,7 +267,7 @@ START_TEST(test_descriptor_limit) {
   train(p.addr, t);
   double dt = ps__now() - t0;
   expect_trained(t, "at the descriptor limit");
-  ck_assert_msg(dt < 5.0, "training took %.2f s at the descriptor limit", dt);
+  ck_assert_msg(dt < tu_time_limit(5.0), "training took %.2f s at the descriptor limit", dt);
   ck_assert_msg(tu_log_contains(&p, "evicted"), "no eviction logged (log %s)", p.log_path);
   for (int i = 0; i < IDLE; i++)
     if (idle[i] >= 0) close(idle[i]);
@@ -423,7 +423,7 @@ START_TEST(test_evicts_oldest) {
                 p.log_path);
   if (psctl_path()) {
     int rc = psctl_stats_vs(&p, &idle, &s);
-    ck_assert_msg(rc == 0 && s < 1.0, "%s 8 full: psctl stats: exit %d, %.2f s slower than "
+    ck_assert_msg(rc == 0 && s < tu_time_limit(1.0), "%s 8 full: psctl stats: exit %d, %.2f s slower than "
                   "when psd was idle (%.2f s)", CAP_OPTS[_i][0], rc, s, idle);
   }
   /* Both caps full of unauthenticated peers: workers still get in. */

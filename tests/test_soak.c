@@ -1,11 +1,14 @@
 /* Soak: a sync run with backup workers in which random workers are killed
- * with SIGKILL at random moments and restarted (they rejoin at the current
- * step). It must finish, every wait is bounded, and no process is left. */
+ * with SIGKILL at random steps and restarted (they rejoin at the current
+ * step). It must finish, every wait is bounded, and no process is left.
+ * The schedule (who, at which step) comes from the seed (PS_TEST_SEED
+ * replays it); the moment within that step is the machine's. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +31,8 @@ static double now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static volatile uint64_t *g_progress; /* per worker: its step (shared memory) */
+
 static pid_t start_worker(const char **hp, int i) {
   pid_t pid = fork();
   if (pid == 0) {
@@ -41,6 +46,7 @@ static pid_t start_worker(const char **hp, int i) {
     t.batch = 4;
     t.until = SOAK_STEPS;
     t.delay_us = 2000 + 1000 * i; /* uneven speeds: stale gradients happen */
+    t.progress = &g_progress[i];
     t.split_threshold = 16;
     t.max_slice_bytes = 16;
     tu_train_worker(&t);
@@ -52,8 +58,32 @@ static pid_t start_worker(const char **hp, int i) {
   return pid;
 }
 
-START_TEST(random_kills_with_backups) {
+/* The kill schedule, drawn from the seed before the run so that the seed
+ * replays it: kill k hits worker who[k] once the job reaches step at[k]
+ * (spread over the first 80% of the run, increasing). */
+static void draw_kills(int at[SOAK_KILLS], int who[SOAK_KILLS]) {
   srand(tu_seed("soak"));
+  for (int k = 0; k < SOAK_KILLS; k++) {
+    at[k] = (k + 1) * (SOAK_STEPS * 8 / 10) / (SOAK_KILLS + 1) +
+            rand() % (SOAK_STEPS / (2 * SOAK_KILLS + 2));
+    who[k] = rand() % SOAK_WORKERS;
+  }
+}
+
+/* The furthest step any worker has reported. */
+static uint64_t job_step(void) {
+  uint64_t m = 0;
+  for (int i = 0; i < SOAK_WORKERS; i++)
+    if (g_progress[i] > m) m = g_progress[i];
+  return m;
+}
+
+START_TEST(random_kills_with_backups) {
+  int at[SOAK_KILLS], who[SOAK_KILLS];
+  draw_kills(at, who);
+  g_progress = mmap(NULL, SOAK_WORKERS * sizeof *g_progress, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ck_assert(g_progress != MAP_FAILED);
   tu_psd ps[2];
   /* Checkpoints keep being written while workers die and come back. */
   char ckdir[600];
@@ -73,10 +103,10 @@ START_TEST(random_kills_with_backups) {
   int killed_once[SOAK_WORKERS] = {0};
   for (int i = 0; i < SOAK_WORKERS; i++) pid[i] = start_worker(hp, i);
   int kills = 0, done = 0;
-  double t0 = now_s(), next_kill = t0 + 0.1;
+  double t0 = now_s();
   while (done < SOAK_WORKERS) {
-    ck_assert_msg(now_s() - t0 < SOAK_LIMIT_S, "soak did not finish in %.0f s (%d kills)",
-                  SOAK_LIMIT_S, kills);
+    ck_assert_msg(now_s() - t0 < tu_time_limit(SOAK_LIMIT_S),
+                  "soak did not finish in %.0f s (%d kills)", tu_time_limit(SOAK_LIMIT_S), kills);
     /* Reap whoever exited. */
     for (int i = 0; i < SOAK_WORKERS; i++) {
       if (!pid[i]) continue;
@@ -88,16 +118,14 @@ START_TEST(random_kills_with_backups) {
                     "worker %d failed (status 0x%x) after %d kills", i, st, kills);
       done++;
     }
-    if (kills < SOAK_KILLS && now_s() >= next_kill) {
-      int i = rand() % SOAK_WORKERS;
-      if (pid[i]) {
-        kill(pid[i], SIGKILL);
-        ck_assert_int_eq(waitpid(pid[i], NULL, 0), pid[i]);
-        killed_once[i] = 1;
-        kills++;
-        pid[i] = start_worker(hp, i);
-      }
-      next_kill = now_s() + 0.03 + (rand() % 200) / 1000.0;
+    if (kills < SOAK_KILLS && job_step() >= (uint64_t)at[kills]) {
+      int i = who[kills];
+      ck_assert_msg(pid[i] != 0, "worker %d finished before its kill at step %d", i, at[kills]);
+      kill(pid[i], SIGKILL);
+      ck_assert_int_eq(waitpid(pid[i], NULL, 0), pid[i]);
+      killed_once[i] = 1;
+      kills++;
+      pid[i] = start_worker(hp, i);
     }
     struct timespec ts = {0, 5 * 1000000};
     nanosleep(&ts, NULL);
@@ -126,6 +154,7 @@ START_TEST(random_kills_with_backups) {
   ck_assert_int_eq(waitpid(-1, NULL, WNOHANG), -1);
   ck_assert_int_eq(errno, ECHILD);
   fprintf(stderr, "soak: %d kills, %.1f s\n", kills, now_s() - t0);
+  munmap((void *)g_progress, SOAK_WORKERS * sizeof *g_progress);
 }
 END_TEST
 

@@ -428,6 +428,7 @@ void *tu_train_worker(void *arg) {
     int stale = 0;
     t->rc = ps_client_step(c, &step, &stale);
     t->stale += stale;
+    if (t->progress) *t->progress = step;
   }
   if (t->rc == PS_ESTOPPED) {
     t->stopped = 1;
@@ -529,6 +530,20 @@ int tu_wait_text(const char *file, const char *needle, double timeout_s) {
     nanosleep(&ts, NULL);
   }
   return -1;
+}
+
+double tu_time_limit(double seconds) {
+  static double scale;
+  if (scale == 0) {
+    const char *v = getenv("PS_TEST_TIME_SCALE");
+    char *end = NULL;
+    scale = v && *v ? strtod(v, &end) : 1.0;
+    if (v && *v && (*end || !(scale >= 1 && scale <= 100))) {
+      fprintf(stderr, "PS_TEST_TIME_SCALE must be a number from 1 to 100, got '%s'\n", v);
+      abort();
+    }
+  }
+  return seconds * scale;
 }
 
 int tu_can_be_another_user(void) {

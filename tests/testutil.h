@@ -132,6 +132,12 @@ int tu_wait_pid(pid_t pid, double timeout_s, int *status);
 int tu_wait_text(const char *file, const char *needle, double timeout_s);
 /* The uid and gid of the other user the tests act as (nobody). */
 #define TU_NOBODY 65534
+/* An upper bound on elapsed time, `seconds` as measured on an idle
+ * machine, times PS_TEST_TIME_SCALE (default 1; a number from 1 to 100)
+ * for a loaded machine or a sanitized build. Lower bounds (a wait that
+ * must last at least its timeout) are not scaled. */
+double tu_time_limit(double seconds);
+
 /* Whether this process may act as another user (nobody): root with
  * setpriv. The suites add the tests that need it only then, else they
  * report them with tu_skip_tests. */
@@ -194,6 +200,8 @@ typedef struct tu_train {
   uint64_t until;           /* if set: train until the step reaches it
                                (instead of `steps` calls; resumes count) */
   int delay_us;             /* sleep this long per step (compute time) */
+  volatile uint64_t *progress; /* if set: the step after each ps_client_step
+                                  (memory shared with the test's process) */
   int skip_finish;          /* leave without ps_client_finish, as a killed
                                worker does (psd counts it lost until a new
                                client of its index rejoins) */
