@@ -36,6 +36,11 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
  * gets a sketch whose collisions are rare). */
 #define SKETCH_ROWS 4u
 #define SKETCH_MIN_WIDTH 1024u
+/* The sketch's counts halve after this many keys pulled (sightings of
+ * stored keys too) per counter of a row: TinyLFU's sample of 10 x its
+ * width. So a key sighted a few times long ago is not admitted by one
+ * stray sighting, and the counters never stay saturated. */
+#define SKETCH_SAMPLE_PER_WIDTH 10u
 /* Keys a lookup looks ahead to prefetch their index slots: enough to
  * cover a memory latency with the probes of the keys in between (a probe
  * that hits the cache is a few ns, a miss ~100 ns). */
@@ -46,8 +51,11 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
  * the stack: 1 KiB of row numbers. */
 #define LOOKUP_BATCH 256u
 #define ROW_AHEAD 4u
-/* Admission generator's state at the front of the aux bytes. */
+/* Admission generator's state at the front of the aux bytes, then (with
+ * a sketch) the keys pulled since its counts last halved, then the sketch.
+ * Checkpoints before the count (0.2.7) hold the generator and the sketch. */
 #define AUX_RNG_BYTES sizeof(uint64_t)
+#define AUX_SINCE_BYTES sizeof(uint64_t)
 /* Salts that make the admission generator and the sketch's two hashes
  * streams of their own (not the initializer's, not ps__table_shard's). */
 #define ADMIT_RNG_SALT 0x6a09e667f3bcc909ULL
@@ -130,7 +138,7 @@ static uint64_t sketch_width(const psd_table_spec *s) {
 
 static uint64_t aux_bytes(const psd_table_spec *s) {
   if (!counts_sightings(s)) return AUX_RNG_BYTES;
-  return sat_add(AUX_RNG_BYTES, sat_mul(SKETCH_ROWS, sketch_width(s)));
+  return sat_add(AUX_RNG_BYTES + AUX_SINCE_BYTES, sat_mul(SKETCH_ROWS, sketch_width(s)));
 }
 
 uint64_t psd_table_bytes(const psd_table_spec *s) {
@@ -210,7 +218,7 @@ static int table_alloc(psd_table *t) {
   if (psd_kindex_init(&t->index) != 0 || psd_kindex_init(&t->acc_index) != 0)
     return PS_ENOMEM;
   if (counts_sightings(&t->spec)) {
-    t->sketch = t->aux + AUX_RNG_BYTES;
+    t->sketch = t->aux + AUX_RNG_BYTES + AUX_SINCE_BYTES;
     t->sketch_mask = sketch_width(&t->spec) - 1;
   }
   uint64_t seed = ps__mix64(t->init_salt ^ ADMIT_RNG_SALT);
@@ -439,6 +447,22 @@ static uint32_t sketch_sight(psd_table *t, uint64_t key) {
   return (uint32_t)min + 1;
 }
 
+/* n more keys pulled: past the sample (SKETCH_SAMPLE_PER_WIDTH x width
+ * since the last time), every counter halves. At the end of a pull, so
+ * the halving falls between pulls, the same on a resumed run. */
+static void sketch_age(psd_table *t, size_t n) {
+  if (!t->sketch) return;
+  uint64_t since;
+  memcpy(&since, t->aux + AUX_RNG_BYTES, sizeof since);
+  const uint64_t w = t->sketch_mask + 1;
+  since += n;
+  if (since >= SKETCH_SAMPLE_PER_WIDTH * w) {
+    for (uint64_t i = 0; i < SKETCH_ROWS * w; i++) t->sketch[i] >>= 1;
+    since = 0;
+  }
+  memcpy(t->aux + AUX_RNG_BYTES, &since, sizeof since);
+}
+
 /* A sighting of a key with no row: whether to store it now. */
 static int admit(psd_table *t, uint64_t key) {
   const psd_table_spec *s = &t->spec;
@@ -491,6 +515,7 @@ int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, flo
       rc = pull_one(t, keys[b + j], rows[j], create, rc, &stored, out + (b + j) * dim);
     }
   }
+  if (create) sketch_age(t, n);
   return rc;
 }
 
@@ -666,6 +691,13 @@ void psd_table_walk(const psd_table *t, psd_table_row_fn fn, void *ctx) {
 }
 
 int psd_table_restore_aux(psd_table *t, const void *aux, size_t len) {
+  if (t->sketch && len == t->aux_len - AUX_SINCE_BYTES) {
+    /* A checkpoint from before the sketch aged (0.2.7): no count kept. */
+    memcpy(t->aux, aux, AUX_RNG_BYTES);
+    memset(t->aux + AUX_RNG_BYTES, 0, AUX_SINCE_BYTES);
+    memcpy(t->sketch, (const uint8_t *)aux + AUX_RNG_BYTES, len - AUX_RNG_BYTES);
+    return 0;
+  }
   if (len != t->aux_len) return PS_EINVAL;
   memcpy(t->aux, aux, len);
   return 0;

@@ -800,6 +800,44 @@ END_TEST
 /* admit_count 3: a key becomes a row at exactly its 3rd sighting (a few
  * keys in a 1024-wide sketch do not collide in all 4 rows); read-only
  * pulls are no sightings; until admitted, pulls read the initializer. */
+/* The sketch's counts halve once 10 x its width (1024 here) keys have been
+ * pulled since they last did: a key sighted once long ago needs two fresh
+ * sightings again, one sighted within the sample is admitted at its
+ * second. A checkpoint's aux from 0.2.7 (no count) restores. */
+START_TEST(admit_counts_decay) {
+  psd_table_spec s = spec_base("decay", 4, 100);
+  s.admit_count = 2;
+  psd_table *t = mk(&s, 1, 1, 0);
+  float out[4];
+  const uint64_t a = 7, b = 9, c = 11;
+  ck_assert_int_eq(psd_table_pull(t, &a, 1, 1, out), 0);       /* a: 1 sighting */
+  for (int i = 0; i < 10000; i++) ck_assert_int_eq(psd_table_pull(t, &b, 1, 1, out), 0);
+  ck_assert_int_eq(psd_table_pull(t, &a, 1, 1, out), 0);       /* within the sample */
+  ck_assert_uint_eq(psd_table_get_stats(t).rows, 2);           /* b and a */
+  ck_assert_int_eq(psd_table_pull(t, &c, 1, 1, out), 0);       /* c: 1 sighting */
+  for (int i = 0; i < 10240; i++) ck_assert_int_eq(psd_table_pull(t, &b, 1, 1, out), 0);
+  /* read-only pulls count nothing: they would not age it either */
+  for (int i = 0; i < 20000; i++) ck_assert_int_eq(psd_table_pull(t, &b, 1, 0, out), 0);
+  ck_assert_int_eq(psd_table_pull(t, &c, 1, 1, out), 0);       /* c's count halved to 0 */
+  ck_assert_uint_eq(psd_table_get_stats(t).rows, 2);
+  /* An aux without the count (0.2.7's layout) restores the generator and
+   * the counters: c, at 1 again, is admitted at its next sighting. */
+  size_t len;
+  const uint8_t *aux = psd_table_aux(t, &len);
+  uint8_t *old = malloc(len - 8);
+  memcpy(old, aux, 8);
+  memcpy(old + 8, aux + 16, len - 16);
+  psd_table *r = mk(&s, 1, 1, 0);
+  ck_assert_int_eq(psd_table_restore_aux(r, old, len - 8), 0);
+  ck_assert_int_eq(psd_table_restore_aux(r, old, len - 9), PS_EINVAL);
+  ck_assert_int_eq(psd_table_pull(r, &c, 1, 1, out), 0);
+  ck_assert_uint_eq(psd_table_get_stats(r).rows, 1);
+  free(old);
+  psd_table_destroy(r);
+  psd_table_destroy(t);
+}
+END_TEST
+
 START_TEST(admit_by_count) {
   psd_table_spec s = spec_base("count", 4, 100);
   s.init_kind = PS_INIT_UNIFORM, s.init_a = -1, s.init_b = 1;
@@ -826,7 +864,8 @@ START_TEST(admit_by_count) {
   ck_assert_uint_eq(psd_table_get_stats(t).hits, K);
   size_t len;
   psd_table_aux(t, &len);
-  ck_assert_uint_eq(len, 8 + 4 * 1024); /* generator, then 4 x 1024 counters */
+  ck_assert_uint_eq(len, 16 + 4 * 1024); /* generator, keys since the counts halved, then
+                                            4 x 1024 counters */
   psd_table_destroy(t);
 
   /* admit_count 0 and 1: the first sighting */
@@ -1322,6 +1361,7 @@ Suite *suite_table(void) {
   suite_add_tcase(s, tc);
   tc = tcase_create("admission");
   tcase_add_test(tc, admit_by_count);
+  tcase_add_test(tc, admit_counts_decay);
   tcase_add_test(tc, admit_by_probability);
   tcase_add_test(tc, evict_lru_order);
   tcase_add_test(tc, evict_ttl_boundary);
