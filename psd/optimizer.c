@@ -159,33 +159,8 @@ int psd_opt_validate(const ps_optimizer *o, char *err, size_t errlen) {
     return ps__errf(PS_EINVAL, err, errlen,
                     "%s lr_scale must be a finite number > 0 (or 0: 1), got %g",
                     kind_name((int)o->kind), o->lr_scale);
-  if (!decay_name((int)o->decay))
-    return ps__errf(PS_EINVAL, err, errlen,
-                "optimizer decay must be %d (none), %d (exponential), %d "
-                "(step) or %d (cosine), got %d",
-                PS_DECAY_NONE, PS_DECAY_EXPONENTIAL, PS_DECAY_STEP,
-                PS_DECAY_COSINE, (int)o->decay);
-  if (o->decay == PS_DECAY_COSINE) {
-    if (o->total_steps <= o->warmup_steps)
-      return ps__errf(PS_EINVAL, err, errlen,
-                      "optimizer total_steps must be > warmup_steps (%" PRIu64
-                      ") with cosine decay, got %" PRIu64,
-                      o->warmup_steps, o->total_steps);
-    if (!(o->min_lr_factor >= 0.0 && o->min_lr_factor <= 1.0))
-      return ps__errf(PS_EINVAL, err, errlen,
-                      "optimizer min_lr_factor must be in [0, 1] with cosine decay, got %g",
-                      o->min_lr_factor);
-  } else if (o->decay != PS_DECAY_NONE) {
-    if (!(o->decay_rate > 0.0 && o->decay_rate <= 1.0))
-      return ps__errf(PS_EINVAL, err, errlen,
-                  "optimizer decay_rate must be in (0, 1] with %s decay, "
-                  "got %g",
-                  decay_name((int)o->decay), o->decay_rate);
-    if (o->decay_steps == 0)
-      return ps__errf(PS_EINVAL, err, errlen,
-                  "optimizer decay_steps must be > 0 with %s decay, got 0",
-                  decay_name((int)o->decay));
-  }
+  rc = ps__opt_check_schedule(o, "optimizer", err, errlen);
+  if (rc) return rc;
   if (!(isfinite(o->weight_decay) && o->weight_decay >= 0.0))
     return ps__errf(PS_EINVAL, err, errlen,
                 "optimizer weight_decay must be a finite number >= 0, got %g",

@@ -680,7 +680,9 @@ int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, cha
     return PS_EMISMATCH;
   }
   char diff[400];
-  if (psd_table_diff(&r->spec, "the checkpoint", sp, who, diff, sizeof diff)) {
+  psd_table_spec kept = r->spec; /* the checkpoint keeps no schedule: the workers' runs */
+  psd_table_take_schedule(&kept, sp);
+  if (psd_table_diff(&kept, "the checkpoint", sp, who, diff, sizeof diff)) {
     snprintf(err, errlen, "table '%s' differs from the one in checkpoint %s: %s (resume with "
              "the same table configuration, or start afresh with --restore=none)", sp->name,
              img->path, diff);

@@ -53,6 +53,11 @@ void psd_rowopt_init(psd_rowopt *o, const psd_table_spec *spec) {
   o->ftrl_beta = spec->ftrl_beta;
 }
 
+void psd_rowopt_set_lr(psd_rowopt *o, double lr) {
+  o->lr = (float)lr;
+  o->lr_d = lr;
+}
+
 void psd_rowopt_new_state(const psd_rowopt *o, float *state) {
   const uint32_t d = o->dim;
   switch (o->kind) {

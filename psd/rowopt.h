@@ -41,6 +41,9 @@ uint64_t psd_rowopt_stride(const psd_table_spec *spec);
 /* The rule of a checked spec. */
 void psd_rowopt_init(psd_rowopt *o, const psd_table_spec *spec);
 
+/* The learning rate of the next updates (a table's schedule at its step). */
+void psd_rowopt_set_lr(psd_rowopt *o, double lr);
+
 /* A new row's state (psd_table_state_floats floats): zeros, Adagrad's
  * accumulators at initial_accumulator, Adam's t at 0. */
 void psd_rowopt_new_state(const psd_rowopt *o, float *state);

@@ -17,6 +17,7 @@
 
 #include "keyindex.h"
 #include "rowinit.h"
+#include "optimizer.h"
 #include "rowopt.h"
 #include "wire.h"
 
@@ -65,6 +66,8 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
 struct psd_table {
   psd_table_spec spec;  /* what defines it (checked) */
   psd_rowopt opt;       /* the rule's constants for the kernels */
+  ps_optimizer sched;   /* the learning-rate schedule (psd_table_schedule) */
+  int scheduled;        /* it has one: opt's lr is set for each step */
   uint64_t init_salt;   /* the initializer's seed mixed with the name */
   uint32_t num_workers; /* entries of pushed */
   uint32_t replicas;    /* pushes per step (sync) */
@@ -236,6 +239,8 @@ int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t 
     return ps__errf(PS_ENOMEM, err, errlen, "out of memory creating table '%s'", spec->name);
   t->spec = *spec;
   psd_rowopt_init(&t->opt, spec);
+  psd_table_schedule(spec, &t->sched);
+  t->scheduled = psd_table_has_schedule(spec);
   t->init_salt = psd_rowinit_salt(spec);
   t->num_workers = num_workers;
   t->replicas = replicas;
@@ -665,6 +670,9 @@ int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t 
   uint64_t drops = 0;
   if (dropped) *dropped = 0;
   if (worker >= t->num_workers) return PS_EINVAL;
+  /* The update that completes step s (or, async, is applied at s) runs
+   * at the schedule's lr_s, as a dense variable's. */
+  if (t->scheduled) psd_rowopt_set_lr(&t->opt, psd_opt_lr(&t->sched, t->step));
   int rc;
   if (t->async_mode) {
     drops = apply_push(t, keys, n, grads);

@@ -54,6 +54,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "psclient.h"
+
 /* What defines a table; every worker must send the same (psd_table_diff). */
 typedef struct psd_table_spec {
   char name[256];             /* table name (PS_MAX_NAME bytes + NUL) */
@@ -74,6 +76,13 @@ typedef struct psd_table_spec {
                                  at most PSD_TABLE_MAX_ADMIT_COUNT */
   double admit_prob;          /* or probability per sighting, in [0, 1] (0: off) */
   uint64_t evict_after_steps; /* evict rows untouched this many steps (0: never) */
+  /* The learning-rate schedule (2.8): ps_optimizer's fields, over the
+   * table's step (not with FTRL). Not kept in checkpoints: a resumed job
+   * runs the schedule its workers give, as for dense variables. */
+  uint32_t decay;             /* ps_lr_decay */
+  double decay_rate;
+  uint64_t decay_steps, warmup_steps, total_steps;
+  double min_lr_factor;
 } psd_table_spec;
 
 /* Most rows one ps holds of one table: row numbers are uint32 with
@@ -82,6 +91,14 @@ typedef struct psd_table_spec {
 #define PSD_TABLE_MAX_ROWS ((uint64_t)1 << 31)
 /* Largest admit_count: the sketch's counters are 8 bits and saturate. */
 #define PSD_TABLE_MAX_ADMIT_COUNT 255u
+
+/* The schedule fields of s as a ps_optimizer's (lr and kind SGD too), for
+ * psd_opt_validate and psd_opt_lr. */
+void psd_table_schedule(const psd_table_spec *s, ps_optimizer *o);
+/* Whether s has a schedule (a decay or a warm-up). */
+int psd_table_has_schedule(const psd_table_spec *s);
+/* Copies src's schedule into dst (a checkpoint's spec, which keeps none). */
+void psd_table_take_schedule(psd_table_spec *dst, const psd_table_spec *src);
 
 /* Counters (psctl, telemetry). */
 typedef struct psd_table_stats {

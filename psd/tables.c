@@ -91,6 +91,12 @@ static int spec_from_msg(const psd_tables *ts, const Ps__TableSpec *w, psd_table
   sp->admit_count = w->admit_count;
   sp->admit_prob = w->admit_prob;
   sp->evict_after_steps = w->evict_after_steps;
+  sp->decay = (uint32_t)w->decay;
+  sp->decay_rate = w->decay_rate;
+  sp->decay_steps = w->decay_steps;
+  sp->warmup_steps = w->warmup_steps;
+  sp->total_steps = w->total_steps;
+  sp->min_lr_factor = w->min_lr_factor;
   return psd_table_spec_check(sp, err, errlen);
 }
 

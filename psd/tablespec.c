@@ -136,6 +136,43 @@ static int check_opt(const psd_table_spec *s, char *err, size_t errlen) {
   return 0;
 }
 
+int psd_table_has_schedule(const psd_table_spec *s) {
+  return s->decay != PS_DECAY_NONE || s->warmup_steps != 0;
+}
+
+void psd_table_schedule(const psd_table_spec *s, ps_optimizer *o) {
+  ps_optimizer_default(o, s->lr);
+  o->decay = (ps_lr_decay)s->decay;
+  o->decay_rate = s->decay_rate;
+  o->decay_steps = s->decay_steps;
+  o->warmup_steps = s->warmup_steps;
+  o->total_steps = s->total_steps;
+  o->min_lr_factor = s->min_lr_factor;
+}
+
+void psd_table_take_schedule(psd_table_spec *dst, const psd_table_spec *src) {
+  dst->decay = src->decay;
+  dst->decay_rate = src->decay_rate;
+  dst->decay_steps = src->decay_steps;
+  dst->warmup_steps = src->warmup_steps;
+  dst->total_steps = src->total_steps;
+  dst->min_lr_factor = src->min_lr_factor;
+}
+
+/* The schedule (2.8), checked as a variable's; FTRL's rate is per element. */
+static int check_schedule(const psd_table_spec *s, char *err, size_t errlen) {
+  if (!psd_table_has_schedule(s)) return 0;
+  if (s->opt == PS_TOPT_FTRL)
+    return ps__errf(PS_EINVAL, err, errlen,
+                    "table '%s': FTRL takes no learning-rate schedule (its rate is per "
+                    "element): leave decay and warmup_steps at 0", s->name);
+  ps_optimizer o;
+  psd_table_schedule(s, &o);
+  char e[300];
+  int rc = ps__opt_check_schedule(&o, "", e, sizeof e);
+  return rc ? ps__errf(rc, err, errlen, "table '%s':%s", s->name, e) : 0;
+}
+
 int psd_table_spec_check(const psd_table_spec *s, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (!s) return ps__errf(PS_EINVAL, err, errlen, "table spec is missing");
@@ -159,6 +196,7 @@ int psd_table_spec_check(const psd_table_spec *s, char *err, size_t errlen) {
   if (rc == 0 && !(s->admit_prob >= 0.0 && s->admit_prob <= 1.0))
     rc = ps__errf(PS_EINVAL, err, errlen, "table '%s': admit_prob must be in [0, 1], got %g",
                   s->name, s->admit_prob);
+  if (rc == 0) rc = check_schedule(s, err, errlen);
   return rc;
 }
 
@@ -246,6 +284,17 @@ int psd_table_diff(const psd_table_spec *a, const char *wa, const psd_table_spec
   if (a->admit_prob == 0.0 && ca != cb)
     return diff_u64("admit_count", a->admit_count, wa, b->admit_count, wb, err, errlen);
   D_U64(evict_after_steps, "evict_after_steps");
+  if (a->decay != b->decay)
+    return diff_u64("decay", a->decay, wa, b->decay, wb, err, errlen);
+  if (a->decay == PS_DECAY_EXPONENTIAL || a->decay == PS_DECAY_STEP) {
+    D_DOUBLE(decay_rate, "decay_rate");
+    D_U64(decay_steps, "decay_steps");
+  }
+  if (a->decay == PS_DECAY_COSINE) {
+    D_U64(total_steps, "total_steps");
+    D_DOUBLE(min_lr_factor, "min_lr_factor");
+  }
+  D_U64(warmup_steps, "warmup_steps");
   return 0;
 }
 

@@ -450,6 +450,12 @@ static int tw_setup(tworker *t, ps_client **c, ps_var **w, ps_table **tab) {
   tc.admit_count = t->admit_count;
   tc.admit_prob = t->admit_prob;
   tc.evict_after_steps = t->evict_after;
+  /* A learning-rate schedule (0.2.8), which checkpoints do not keep: the
+   * resumed table takes the workers' and still matches the run never
+   * stopped bit for bit. */
+  tc.decay = PS_DECAY_EXPONENTIAL;
+  tc.decay_rate = 0.9;
+  tc.decay_steps = 5;
   return ps_client_table_create(*c, "emb", &tc, tab);
 }
 

@@ -839,6 +839,74 @@ START_TEST(bad_configs_are_named) {
 }
 END_TEST
 
+/* A table's learning-rate schedule (0.2.8) runs over its step as a
+ * variable's: SGD with gradient 1 moves a row by -lr_s at each step s.
+ * Step decay (x0.5 every 2 steps), warm-up (over 2 steps) and cosine
+ * (to 0 at step 4) against the closed forms; FTRL and bad fields are
+ * refused naming them; another schedule is a mismatch; a 2.7 psd refuses
+ * a table with one. */
+START_TEST(lr_schedule_over_the_table_step) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  start_ps(ps, 1, hosts, hp, NULL);
+  ps_client *c = connect_ok(hp, 1, 0, 1, 0, 0);
+  const double pi = 3.14159265358979323846;
+  const double want[3][4] = {{0.5, 0.5, 0.25, 0.25},
+                             {0.25, 0.5, 0.5, 0.5},
+                             {0.5, 0.5 * (1 + cos(pi / 4)) / 2, 0.25, 0.5 * (1 + cos(3 * pi / 4)) / 2}};
+  for (int k = 0; k < 3; k++) {
+    ps_table_config g = tcfg(2, PS_TOPT_SGD, 0.5);
+    if (k == 0) g.decay = PS_DECAY_STEP, g.decay_rate = 0.5, g.decay_steps = 2;
+    if (k == 1) g.warmup_steps = 2;
+    if (k == 2) g.decay = PS_DECAY_COSINE, g.total_steps = 4;
+    char name[16];
+    snprintf(name, sizeof name, "sched%d", k);
+    ps_table *t = create_ok(c, name, &g);
+    uint64_t key = 77;
+    float row[2], ones[2] = {1, 1};
+    double w = 0;
+    ck_assert_int_eq(ps_table_pull(t, 0, &key, 1, row, 0, NULL), 0);
+    for (int s = 0; s < 4; s++) {
+      ps_req *r = NULL;
+      ck_assert_int_eq(ps_table_push_async(t, (uint64_t)s, &key, 1, ones, &r), 0);
+      ck_assert_int_eq(ps_req_wait(r, -1, NULL), 0);
+      ps_req_destroy(r);
+      ck_assert_int_eq(ps_table_pull(t, (uint64_t)s + 1, &key, 1, row, 0, NULL), 0);
+      w -= want[k][s];
+      ck_assert_msg(fabs(row[0] - w) < 1e-6, "schedule %d step %d: row %.9g, want %.9g", k, s,
+                    row[0], w);
+    }
+    g.decay = PS_DECAY_EXPONENTIAL; /* attach with another schedule */
+    g.decay_rate = 0.25, g.decay_steps = 2;
+    ps_table *t2;
+    ck_assert_int_eq(ps_client_table_create(c, name, &g, &t2), PS_EMISMATCH);
+    ck_assert_msg(strstr(ps_client_errmsg(c), "decay"), "%s", ps_client_errmsg(c));
+  }
+  ps_table_config g = tcfg(2, PS_TOPT_FTRL, 0.5);
+  g.warmup_steps = 3;
+  expect_bad(c, &g, PS_EINVAL, "FTRL takes no learning-rate schedule");
+  g = tcfg(2, PS_TOPT_SGD, 0.5);
+  g.decay = PS_DECAY_STEP, g.decay_rate = 1.5, g.decay_steps = 2;
+  expect_bad(c, &g, PS_EINVAL, "table 'bad': decay_rate must be in (0, 1] with step decay");
+  g = tcfg(2, PS_TOPT_SGD, 0.5);
+  g.decay = PS_DECAY_COSINE, g.total_steps = 2, g.warmup_steps = 2;
+  expect_bad(c, &g, PS_EINVAL, "total_steps must be > warmup_steps");
+  ps_client_destroy(c);
+  stop_ps(ps, 1);
+  const char *old[] = {"--protocol-minor", "7", NULL};
+  start_ps(ps, 1, hosts, hp, old);
+  c = connect_ok(hp, 1, 0, 1, 0, 0);
+  g = tcfg(2, PS_TOPT_SGD, 0.5);
+  g.warmup_steps = 2;
+  expect_bad(c, &g, PS_EUNSUPPORTED, "a learning-rate schedule needs protocol 2.8");
+  g.warmup_steps = 0;
+  create_ok(c, "constant", &g);
+  ps_client_destroy(c);
+  stop_ps(ps, 1);
+}
+END_TEST
+
 START_TEST(create_idempotent_and_mismatch) {
   tu_psd ps[2];
   char hosts[2][64];
@@ -1026,6 +1094,7 @@ Suite *suite_tables(void) {
   tcase_add_test(tc, duplicate_push_is_applied);
   tcase_add_test(tc, stale_push_after_backups_skips_ahead);
   tcase_add_test(tc, update_rules_match_reference);
+  tcase_add_test(tc, lr_schedule_over_the_table_step);
   tcase_add_test(tc, bad_configs_are_named);
   tcase_add_test(tc, create_idempotent_and_mismatch);
   tcase_add_test(tc, pull_split_into_frames);

@@ -2,6 +2,7 @@
  * defaults (a variable registered without one gets SGD at lr 0.01 on the
  * server, exactly what ps_optimizer_default gives a worker) and its codec
  * to and from the wire message. */
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -166,6 +167,36 @@ const char *ps__opt_average_name(int average) {
     case PS_AVERAGE_POLYAK: return "polyak";
     default: return NULL;
   }
+}
+
+int ps__opt_check_schedule(const ps_optimizer *o, const char *what, char *err, size_t errlen) {
+  const char *dn = ps__opt_decay_name((int)o->decay);
+  if (!dn)
+    return ps__errf(PS_EINVAL, err, errlen,
+                    "%s decay must be %d (none), %d (exponential), %d (step) or %d (cosine), "
+                    "got %d",
+                    what, PS_DECAY_NONE, PS_DECAY_EXPONENTIAL, PS_DECAY_STEP, PS_DECAY_COSINE,
+                    (int)o->decay);
+  if (o->decay == PS_DECAY_COSINE) {
+    if (o->total_steps <= o->warmup_steps)
+      return ps__errf(PS_EINVAL, err, errlen,
+                      "%s total_steps must be > warmup_steps (%" PRIu64
+                      ") with cosine decay, got %" PRIu64,
+                      what, o->warmup_steps, o->total_steps);
+    if (!(o->min_lr_factor >= 0.0 && o->min_lr_factor <= 1.0))
+      return ps__errf(PS_EINVAL, err, errlen,
+                      "%s min_lr_factor must be in [0, 1] with cosine decay, got %g", what,
+                      o->min_lr_factor);
+  } else if (o->decay != PS_DECAY_NONE) {
+    if (!(o->decay_rate > 0.0 && o->decay_rate <= 1.0))
+      return ps__errf(PS_EINVAL, err, errlen,
+                      "%s decay_rate must be in (0, 1] with %s decay, got %g", what, dn,
+                      o->decay_rate);
+    if (o->decay_steps == 0)
+      return ps__errf(PS_EINVAL, err, errlen,
+                      "%s decay_steps must be > 0 with %s decay, got 0", what, dn);
+  }
+  return 0;
 }
 
 const char *ps__opt_aggregate_name(int aggregate) {

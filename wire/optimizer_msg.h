@@ -33,6 +33,11 @@ const char *ps__opt_kind_name(int kind);
 /* "none", "ema", "ema_num_updates", "polyak", or NULL for an unknown
  * ps_average. */
 const char *ps__opt_average_name(int average);
+/* The learning-rate schedule's fields of o (decay, decay_rate,
+ * decay_steps, warmup_steps, total_steps, min_lr_factor), for a variable
+ * and for a table alike: 0, or PS_EINVAL with "WHAT FIELD must be ..." in
+ * err. */
+int ps__opt_check_schedule(const ps_optimizer *o, const char *what, char *err, size_t errlen);
 /* "job", "all", "first", or NULL for an unknown ps_aggregate. */
 const char *ps__opt_aggregate_name(int aggregate);
 /* "none", "exponential", "step", "cosine", or NULL for an unknown decay. */

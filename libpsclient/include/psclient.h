@@ -746,7 +746,8 @@ typedef struct ps_table_config {
                                  Glorot: a row has no fans); init.seed with
                                  the table name and the key seed each row */
   ps_table_opt opt;           /* update rule */
-  double lr;                  /* learning rate, > 0 (no schedule) */
+  double lr;                  /* learning rate, > 0 (the base of the schedule
+                                 below, if any) */
   double initial_accumulator; /* PS_TOPT_ADAGRAD: default 0.1 */
   double beta1;               /* PS_TOPT_ADAM: default 0.9 */
   double beta2;               /* PS_TOPT_ADAM: default 0.999 */
@@ -768,6 +769,19 @@ typedef struct ps_table_config {
   uint64_t evict_after_steps; /* T: a row last touched (pulled, or updated) at
                                  step s is evicted when the table reaches
                                  step s + T + 1; 0: never */
+  /* Added in 0.2.8 (protocol 2.8; a program built before it gets 0: a
+   * constant lr). The learning-rate schedule of ps_optimizer, over the
+   * table's step (the update that completes step s runs at lr_s): the same
+   * fields, meanings and checks. Not with PS_TOPT_FTRL, whose rate is per
+   * element. A server older than 2.8 refuses a table that sets one
+   * (PS_EUNSUPPORTED naming it). */
+  ps_lr_decay decay;          /* PS_DECAY_NONE (default), _EXPONENTIAL,
+                                 _STEP or _COSINE */
+  double decay_rate;          /* _EXPONENTIAL, _STEP: factor per decay_steps */
+  uint64_t decay_steps;       /* _EXPONENTIAL, _STEP: > 0 */
+  uint64_t warmup_steps;      /* linear warm-up over the first steps; 0: none */
+  uint64_t total_steps;       /* _COSINE: where lr * min_lr_factor is reached */
+  double min_lr_factor;       /* _COSINE: in [0, 1] */
 } ps_table_config;
 
 /* Fills *cfg (size bytes): dim 0 and capacity 0 (the caller must set

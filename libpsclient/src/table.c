@@ -110,6 +110,35 @@ static int check_num(ps_client *c, const char *name, const char *field, double v
                     lo_open ? '(' : '[', lo, hi, hi_open ? ')' : ']');
 }
 
+/* Whether g sets a learning-rate schedule (0.2.8). */
+static int has_schedule(const ps_table_config *g) {
+  return g->decay != PS_DECAY_NONE || g->warmup_steps != 0;
+}
+
+/* g's schedule as the ps_optimizer fields it shares them with. */
+static void schedule_of(const ps_table_config *g, ps_optimizer *o) {
+  ps_optimizer_default(o, g->lr);
+  o->decay = g->decay;
+  o->decay_rate = g->decay_rate;
+  o->decay_steps = g->decay_steps;
+  o->warmup_steps = g->warmup_steps;
+  o->total_steps = g->total_steps;
+  o->min_lr_factor = g->min_lr_factor;
+}
+
+/* The learning-rate schedule (0.2.8), checked as a variable's is. */
+static int check_schedule(ps_client *c, const char *name, const ps_table_config *g) {
+  if (!has_schedule(g)) return 0;
+  if (g->opt == PS_TOPT_FTRL)
+    return ps__seterr(c, PS_EINVAL, "table '%s': FTRL takes no learning-rate schedule (its "
+                      "rate is per element): leave decay and warmup_steps at 0", name);
+  ps_optimizer o;
+  schedule_of(g, &o);
+  char e[300];
+  int rc = ps__opt_check_schedule(&o, "", e, sizeof e);
+  return rc ? ps__seterr(c, rc, "table '%s':%s", name, e) : 0;
+}
+
 /* The spec the servers would accept: a sentence naming the field if not. */
 static int check_config(ps_client *c, const char *name, const ps_table_config *g) {
   if (g->dim < 1 || g->dim > PS__MAX_TABLE_DIM)
@@ -140,6 +169,7 @@ static int check_config(ps_client *c, const char *name, const ps_table_config *g
     rc = ps__seterr(c, PS_EINVAL, "table '%s': admit_count %u must be at most %u (the "
                     "servers count sightings in 8 bits)", name, g->admit_count,
                     PS__TABLE_MAX_ADMIT_COUNT);
+  if (!rc) rc = check_schedule(c, name, g);
   return rc;
 }
 
@@ -214,6 +244,12 @@ static int config_diff(const ps_table_config *a, const ps_table_config *b, char 
   DIFF_U(admit_count, 1)
   DIFF_D(admit_prob, 1)
   DIFF_U(evict_after_steps, 1)
+  DIFF_U(decay, 1)
+  DIFF_D(decay_rate, a->decay == PS_DECAY_EXPONENTIAL || a->decay == PS_DECAY_STEP)
+  DIFF_U(decay_steps, a->decay == PS_DECAY_EXPONENTIAL || a->decay == PS_DECAY_STEP)
+  DIFF_U(total_steps, a->decay == PS_DECAY_COSINE)
+  DIFF_D(min_lr_factor, a->decay == PS_DECAY_COSINE)
+  DIFF_U(warmup_steps, 1)
 #undef DIFF_U
 #undef DIFF_D
   return 0;
@@ -221,12 +257,15 @@ static int config_diff(const ps_table_config *a, const ps_table_config *b, char 
 
 /* 0 if every server speaks protocol 2.2, else PS_EUNSUPPORTED naming the
  * first that does not. */
-static int need_tables(ps_client *c, const char *name) {
+static int need_tables(ps_client *c, const char *name, const ps_table_config *g) {
+  unsigned want = has_schedule(g) ? 8 : 2;
   for (int p = 0; p < c->num_ps; p++)
-    if (c->conns[p].minor < 2)
+    if (c->conns[p].minor < want)
       return ps__seterr(c, PS_EUNSUPPORTED,
-                        "table '%s': sparse tables need protocol 2.2, and ps %d at %s speaks "
-                        "only 2.%u: upgrade psd", name, p, c->conns[p].addr, c->conns[p].minor);
+                        "table '%s': %s need%s protocol 2.%u, and ps %d at %s speaks only 2.%u: "
+                        "upgrade psd", name,
+                        want == 8 ? "a learning-rate schedule" : "sparse tables",
+                        want == 8 ? "s" : "", want, p, c->conns[p].addr, c->conns[p].minor);
   return 0;
 }
 
@@ -270,7 +309,7 @@ int ps_client_table_create(ps_client *c, const char *name, const ps_table_config
     *out = had;
     return 0;
   }
-  if ((rc = need_tables(c, name)) != 0 || (rc = ps__check_vars(c, NULL, 0, 0)) != 0) return rc;
+  if ((rc = need_tables(c, name, &g)) != 0 || (rc = ps__check_vars(c, NULL, 0, 0)) != 0) return rc;
   ps_table *t = calloc(1, sizeof *t);
   if (t) {
     t->c = c;

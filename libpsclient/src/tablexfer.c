@@ -97,6 +97,12 @@ static void spec_of(const ps_table *t, Ps__TableSpec *s) {
   s->admit_count = g->admit_count;
   s->admit_prob = g->admit_prob;
   s->evict_after_steps = g->evict_after_steps;
+  s->decay = (Ps__LrDecay)g->decay;
+  s->decay_rate = g->decay_rate;
+  s->decay_steps = g->decay_steps;
+  s->warmup_steps = g->warmup_steps;
+  s->total_steps = g->total_steps;
+  s->min_lr_factor = g->min_lr_factor;
 }
 
 int ps__treg_queue(ps_client *c, ps_table *t, ps_req *r) {

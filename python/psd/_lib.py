@@ -51,7 +51,9 @@ class TableConfig(_c.Structure):
                 ("opt", cint), ("lr", dbl), ("initial_accumulator", dbl), ("beta1", dbl),
                 ("beta2", dbl), ("epsilon", dbl), ("l1", dbl), ("l2", dbl),
                 ("ftrl_beta", dbl), ("admit_count", u32), ("admit_prob", dbl),
-                ("evict_after_steps", u64)]
+                ("evict_after_steps", u64), ("decay", cint), ("decay_rate", dbl),
+                ("decay_steps", u64), ("warmup_steps", u64), ("total_steps", u64),
+                ("min_lr_factor", dbl)]
 
 
 P = _c.c_void_p  # every opaque handle (ps_client *, ps_var *, ps_req *, ps_table *)

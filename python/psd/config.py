@@ -346,19 +346,30 @@ class GlorotNormal(GlorotUniform):
 # ------------------------------------------------------------ table rules
 
 class TableOptimizer:
-    """A per-row update rule of a sparse table (ps_table_config.opt)."""
+    """A per-row update rule of a sparse table (ps_table_config.opt).
+    ``schedule`` (psd 0.2.8): a learning-rate schedule over the table's
+    step, as a variable's (Warmup, ExponentialDecay, StepDecay, Cosine);
+    not for TableFTRL, whose rate is per element."""
     _rule = "sgd"
 
-    def __init__(self, lr: float, **fields):
+    def __init__(self, lr: float, schedule: Optional[Schedule] = None, **fields):
+        if schedule is not None and not isinstance(schedule, Schedule):
+            raise TypeError("schedule must be a psd schedule (psd.Cosine(...), "
+                            "psd.StepDecay(...)), got %r" % (schedule,))
         self.lr, self.fields = float(lr), {k: float(v) for k, v in fields.items()}
+        self.schedule = schedule
 
     def _fill(self, cfg):
         cfg.opt, cfg.lr = _TOPT[self._rule], self.lr
         for k, v in self.fields.items():
             setattr(cfg, k, v)
+        if self.schedule is not None:
+            self.schedule._fill(cfg)
 
     def __repr__(self):
         extra = "".join(", %s=%r" % kv for kv in self.fields.items())
+        if self.schedule is not None:
+            extra += ", schedule=%r" % (self.schedule,)
         return "%s(lr=%r%s)" % (type(self).__name__, self.lr, extra)
 
 
@@ -370,8 +381,9 @@ class TableAdagrad(TableOptimizer):
     """Adagrad per row; ``initial_accumulator`` (0.1), ``epsilon``."""
     _rule = "adagrad"
 
-    def __init__(self, lr: float, initial_accumulator: float = 0.1, epsilon: float = 0.0):
-        super().__init__(lr, initial_accumulator=initial_accumulator, epsilon=epsilon)
+    def __init__(self, lr: float, initial_accumulator: float = 0.1, epsilon: float = 0.0,
+                 schedule: Optional[Schedule] = None):
+        super().__init__(lr, schedule, initial_accumulator=initial_accumulator, epsilon=epsilon)
 
 
 class TableAdam(TableOptimizer):
@@ -379,8 +391,8 @@ class TableAdam(TableOptimizer):
     _rule = "adam"
 
     def __init__(self, lr: float = 0.001, beta1: float = 0.9, beta2: float = 0.999,
-                 epsilon: float = 0.0):
-        super().__init__(lr, beta1=beta1, beta2=beta2, epsilon=epsilon)
+                 epsilon: float = 0.0, schedule: Optional[Schedule] = None):
+        super().__init__(lr, schedule, beta1=beta1, beta2=beta2, epsilon=epsilon)
 
 
 class TableFTRL(TableOptimizer):
@@ -388,7 +400,7 @@ class TableFTRL(TableOptimizer):
     _rule = "ftrl"
 
     def __init__(self, lr: float, l1: float = 0.0, l2: float = 0.0, ftrl_beta: float = 1.0):
-        super().__init__(lr, l1=l1, l2=l2, ftrl_beta=ftrl_beta)
+        super().__init__(lr, None, l1=l1, l2=l2, ftrl_beta=ftrl_beta)
 
 
 def init_struct(init: Optional[Init]):

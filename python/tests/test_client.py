@@ -94,6 +94,24 @@ def test_table_pull_add_grad(start_psd):
             t.pull([1.5])
 
 
+def test_table_lr_schedule(start_psd):
+    """TableSGD(schedule=psd.StepDecay(0.5, 2)): the rate halves every 2 of
+    the table's steps, as a variable's would (psd 0.2.8); FTRL takes none."""
+    ps = start_psd(1)
+    with client(ps) as c:
+        t = c.table("s", dim=2, capacity=10,
+                    optimizer=psd.TableSGD(0.5, schedule=psd.StepDecay(0.5, 2)))
+        t.pull([3])
+        for s, want in enumerate([-0.5, -1.0, -1.25, -1.5]):
+            t.add_grad(np.array([3]), np.ones((1, 2)))
+            assert c.step() == s + 1
+            np.testing.assert_allclose(t.pull([3]), [[want, want]])
+        with pytest.raises(TypeError):  # its rate is per element
+            psd.TableFTRL(0.5, schedule=psd.Warmup(2))
+        with pytest.raises(TypeError, match="schedule must be a psd schedule"):
+            psd.TableAdam(schedule=0.5)
+
+
 def sockets():
     n = 0
     for f in os.listdir("/proc/self/fd"):
