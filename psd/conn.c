@@ -165,8 +165,9 @@ void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
     ps__ratelog_say(&c->reg->plog[c->handshaken ? PSD_PLOG_PROTOCOL : PSD_PLOG_HANDSHAKE],
                 ps__now(), "%s (%s): %s; closing the connection", c->name, c->peer, msg);
   else
-    psd_info("%s (%s): request %llu failed: %s", c->name, c->peer,
-             (unsigned long long)request_id, msg);
+    ps__ratelog_say(&c->reg->plog[PSD_PLOG_FAILED], ps__now(),
+                    "%s (%s): request %llu failed: %s", c->name, c->peer,
+                    (unsigned long long)request_id, msg);
   Ps__Error e = PS__ERROR__INIT;
   e.request_id = request_id;
   e.code = code;
@@ -191,10 +192,10 @@ void psd_conns_init(psd_conns *cs, struct event_base *base, psd_pace *pace,
   cs->lim = (psd_conn_limits){SIZE_MAX, SIZE_MAX, SIZE_MAX};
   static const char *const what[PSD_PLOG_KINDS_] = {
       "protocol errors", "failed handshakes", "evictions", "refused connections",
-      "truncated frames"};
+      "truncated frames", "failed requests", "refused pushes"};
   for (int k = 0; k < PSD_PLOG_KINDS_; k++) {
     cs->plog[k].what = what[k];
-    cs->plog[k].level = PSD_LOG_WARN;
+    cs->plog[k].level = k == PSD_PLOG_FAILED ? PSD_LOG_INFO : PSD_LOG_WARN;
   }
 }
 

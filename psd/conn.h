@@ -85,6 +85,11 @@ enum {
   PSD_PLOG_TRUNCATED, /* peers that closed in the middle of a frame: a kind
                          of its own, so a flood of other failures cannot
                          hide them */
+  PSD_PLOG_FAILED,    /* requests answered with a non-fatal Error
+                         (psd_conn_error): refused registrations of tables
+                         and variables, refused pulls (info lines) */
+  PSD_PLOG_PUSH,      /* pushes (and assigns) refused for their data: a step
+                         not reached, bad keys, a NaN or infinite gradient */
   PSD_PLOG_KINDS_
 };
 
@@ -255,7 +260,8 @@ void psd_conn_skip_blob(psd_conn *c, uint64_t bytes);
  * staged (a TABLE_PUSH's keys and gradients, a Push item). Counted
  * against --max-memory by the tables (tables.c). */
 uint64_t psd_conns_held_bytes(const psd_conns *cs);
-/* Queues an Error reply; fatal ones put c in CLOSING. */
+/* Queues an Error reply; fatal ones put c in CLOSING. Logged, rate-limited
+ * (PSD_PLOG_PROTOCOL or _HANDSHAKE if fatal, else PSD_PLOG_FAILED). */
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 /* 1 if replies are waiting to be written. */

@@ -681,7 +681,8 @@ static void push_refused(psd_conn *c, const psd_slice *sl, int rc) {
   else
     snprintf(e, sizeof e, "gradient of '%s' for step %llu refused: %s", sl->name, s,
              ps_strerror(rc));
-  if (rc == PS_EINVAL) psd_warn("%s: %s", c->name, e);
+  if (rc == PS_EINVAL)
+    ps__ratelog_say(&c->reg->plog[PSD_PLOG_PUSH], ps__now(), "%s: %s", c->name, e);
   if (c->data_rc) return; /* the first refusal is the one reported */
   c->data_rc = rc;
   snprintf(c->data_err, sizeof c->data_err, "%s", e);
@@ -704,7 +705,7 @@ static void item_done(void *ctx, psd_conn *c) {
     if (rc < 0 && !c->data_rc) { /* the first refusal is the one reported */
       c->data_rc = rc;
       snprintf(c->data_err, sizeof c->data_err, "%s", err);
-      psd_warn("%s: %s", c->name, err);
+      ps__ratelog_say(&c->reg->plog[PSD_PLOG_PUSH], ps__now(), "%s: %s", c->name, err);
     }
     return;
   }

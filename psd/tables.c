@@ -141,8 +141,6 @@ static int create_table(psd_tables *ts, const psd_table_spec *sp, uint32_t *id, 
   ts->v[ts->n] = (psd_tentry){t, NULL, need};
   ts->reserved += need;
   *id = ts->n++;
-  psd_info("table '%s' created: dim %u, up to %llu rows here (%llu bytes reserved)", sp->name,
-           sp->dim, (unsigned long long)sp->capacity, (unsigned long long)need);
   return 0;
 }
 
@@ -157,7 +155,15 @@ static int adopt(psd_tables *ts, uint32_t id, const char *who, char *err, size_t
              psd_table_spec_of(e->t)->name);
     rc = PS_ENOMEM;
   }
-  if (rc == 0) return 0;
+  if (rc == 0) {
+    /* Only now: a table refused here (a checkpoint that lacks it) is not
+     * logged once per attempt. */
+    const psd_table_spec *sp = psd_table_spec_of(e->t);
+    psd_info("table '%s' created: dim %u, up to %llu rows here (%llu bytes reserved)",
+             sp->name, sp->dim, (unsigned long long)sp->capacity,
+             (unsigned long long)e->reserved);
+    return 0;
+  }
   psd_table_destroy(e->t);
   ts->reserved -= e->reserved;
   ts->n--; /* id was the last one */
@@ -544,7 +550,8 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
   if (rc == 0)
     rc = psd_table_push(e->t, (uint32_t)c->worker, m->step, keys, n, grads, &dropped);
   if (rc < 0 && !err[0]) push_refusal(c, e->t, m->step, rc, err, sizeof err);
-  if (rc == PS_EINVAL) psd_warn("%s: %s", c->name, err);
+  if (rc == PS_EINVAL) /* a peer's bad data, as often as it likes: rate-limited */
+    ps__ratelog_say(&c->reg->plog[PSD_PLOG_PUSH], ps__now(), "%s: %s", c->name, err);
   push_reply(ts, c, m->request_id, rc > 0 ? 0 : rc, rc < 0 ? err : "", dropped,
              psd_table_step(e->t));
   if (rc != 1) return;

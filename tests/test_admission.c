@@ -96,22 +96,6 @@ static int still_open(int fd) {
   }
 }
 
-static int count_lines_with(const tu_psd *p, const char *needle) {
-  char *s = tu_read_file(p->log_path);
-  int n = 0;
-  for (char *q = s; q && (q = strstr(q, needle)); q += strlen(needle)) n++;
-  free(s);
-  return n;
-}
-
-static int count_lines(const tu_psd *p) {
-  char *s = tu_read_file(p->log_path);
-  int n = 0;
-  for (char *q = s; q && *q; q++) n += *q == '\n';
-  free(s);
-  return n;
-}
-
 /* psctl next to psd, or NULL if it was not built. */
 static const char *psctl_path(void) {
   static char path[1100];
@@ -464,7 +448,7 @@ START_TEST(test_bad_frame_flood) {
   tu_psd p;
   ck_assert(tu_psd_start(&p, (const char *const[]){"--workers", "1", NULL}) == 0);
   usleep(100000);
-  int before = count_lines(&p);
+  int before = tu_log_count(&p, "\n");
   static const uint8_t junk[PS__HEADER_SIZE] = "this is not a psd frame";
   int sent = 0;
   double t0 = ps__now();
@@ -476,12 +460,12 @@ START_TEST(test_bad_frame_flood) {
     sent++;
   }
   usleep(1500000); /* the last window's summary */
-  int lines = count_lines(&p) - before;
+  int lines = tu_log_count(&p, "\n") - before;
   /* Per kind: PS__RATELOG_BURST a second over ~4 windows, plus summaries. */
   ck_assert_msg(sent > 200, "only %d bad frames sent", sent);
   ck_assert_msg(lines <= 2 * 4 * (int)(PS__RATELOG_BURST + 1),
                 "%d log lines for %d bad frames (log %s)", lines, sent, p.log_path);
-  ck_assert_msg(count_lines_with(&p, "suppressed") >= 1, "no 'suppressed' summary (log %s)",
+  ck_assert_msg(tu_log_count(&p, "suppressed") >= 1, "no 'suppressed' summary (log %s)",
                 p.log_path);
   printf("admission: %d bad frames in 3 s -> %d log lines\n", sent, lines);
   tu_psd_kill(&p);

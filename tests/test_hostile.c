@@ -1241,14 +1241,6 @@ static double cpu_s(pid_t pid) {
   return v;
 }
 
-static int count_lines_with(const tu_psd *p, const char *needle) {
-  char *s = tu_read_file(p->log_path);
-  int n = 0;
-  for (char *q = s; q && (q = strstr(q, needle)); q += strlen(needle)) n++;
-  free(s);
-  return n;
-}
-
 /* Connections that never say HELLO, more than psd has descriptors for: psd
  * must neither spin nor flood its log while it cannot accept, and must
  * serve again once they are gone. */
@@ -1271,7 +1263,7 @@ START_TEST(test_descriptor_exhaustion) {
   double c0 = cpu_s(p.pid);
   usleep(1000000);
   double c1 = cpu_s(p.pid);
-  int warnings = count_lines_with(&p, "accept failed");
+  int warnings = tu_log_count(&p, "accept failed");
   for (int i = 0; i < IDLE; i++)
     if (fds[i] >= 0) close(fds[i]);
   if (c1 - c0 > 0.5 || warnings > 100) tu_psd_kill(&p);

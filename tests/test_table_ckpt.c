@@ -790,6 +790,9 @@ START_TEST(changed_table_spec_is_refused) {
                       strstr(j.t[0].err, cases[k].want),
                   "%s", j.t[0].err);
     ck_assert_msg(tu_log_contains(&j.ps[0], cases[k].want), "psd's log does not say why");
+    /* Refused, so never created (was: logged as created at each attempt). */
+    ck_assert_msg(!tu_log_contains(&j.ps[0], "table 'emb' created"),
+                  "a refused table is logged as created (log %s)", j.ps[0].log_path);
     tu_psd_kill(&j.ps[0]);
   }
 }

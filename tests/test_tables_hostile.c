@@ -3,15 +3,20 @@
  * fields are valid doubles but not usable floats, requests past psd's
  * --max-memory. Each must be refused
  * (or answered right) with a sentence naming the problem, and leave the
- * client working. (test_tables.c covers the tables' semantics.) */
+ * client working. And psd's log under a worker that sends refused
+ * requests as fast as it can. (test_tables.c covers the tables'
+ * semantics.) */
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "ratelog.h"
 #include "testutil.h"
+#include "util.h"
 
 static ps_client *th_connect(const char *addr) {
   const char *hp[1] = {addr};
@@ -153,34 +158,55 @@ START_TEST(keys_and_out_aliased) {
 }
 END_TEST
 
-/* Table requests past psd's --max-memory (64 MiB here) through the API: a
- * pull whose reply and a push whose data would pass it fail with
- * PS_ENOMEM and psd's sentence (the table, the bytes, the limit) in
- * ps_client_errmsg; the connection goes on and small requests of the same
- * table work. */
-START_TEST(memory_refusals_reach_the_caller) {
-  enum { DIM = 4096, N = 4096 }; /* 64 MiB of rows, 64 MiB + 32 KiB pushed */
+/* psd under --max-memory 64 MiB, a client, its table "emb" (dim 4096, 16
+ * rows), keys 1..4096 and room for their rows: a pull of them asks for a
+ * 64 MiB reply, a push of them sends 64 MiB + 32 KiB, both past the limit. */
+enum { MEM_DIM = 4096, MEM_KEYS = 4096 };
+typedef struct mem_job {
   tu_psd p;
+  ps_client *c;
+  ps_table *t;
+  uint64_t *keys;
+  float *rows;
+} mem_job;
+
+static void mem_start(mem_job *m) {
   const char *args[] = {"--num-ps", "1", "--ps-index", "0", "--max-memory", "67108864", NULL};
-  ck_assert_msg(tu_psd_start(&p, args) == 0, "psd did not start");
-  ps_client *c = th_connect(p.addr);
-  ps_table *t = NULL;
-  ps_table_config g = th_cfg(DIM);
+  ck_assert_msg(tu_psd_start(&m->p, args) == 0, "psd did not start");
+  m->c = th_connect(m->p.addr);
+  ps_table_config g = th_cfg(MEM_DIM);
   g.capacity = 16;
-  ck_assert_int_eq(ps_client_table_create(c, "emb", &g, &t), 0);
-  uint64_t *keys = malloc(N * sizeof *keys);
-  float *rows = calloc((size_t)N * DIM, sizeof *rows);
-  ck_assert(keys && rows);
-  for (int i = 0; i < N; i++) keys[i] = (uint64_t)i + 1;
-  int rc = ps_table_pull(t, 0, keys, N, rows, PS_TABLE_READ_ONLY, NULL);
+  ck_assert_int_eq(ps_client_table_create(m->c, "emb", &g, &m->t), 0);
+  m->keys = malloc(MEM_KEYS * sizeof *m->keys);
+  m->rows = calloc((size_t)MEM_KEYS * MEM_DIM, sizeof *m->rows);
+  ck_assert(m->keys && m->rows);
+  for (int i = 0; i < MEM_KEYS; i++) m->keys[i] = (uint64_t)i + 1;
+}
+
+static void mem_stop(mem_job *m) {
+  free(m->keys);
+  free(m->rows);
+  ps_client_destroy(m->c);
+  tu_psd_kill(&m->p);
+}
+
+/* Table requests past psd's --max-memory through the API: a pull whose
+ * reply and a push whose data would pass it fail with PS_ENOMEM and psd's
+ * sentence (the table, the bytes, the limit) in ps_client_errmsg; the
+ * connection goes on and small requests of the same table work. */
+START_TEST(memory_refusals_reach_the_caller) {
+  mem_job m;
+  mem_start(&m);
+  ps_client *c = m.c;
+  int rc = ps_table_pull(m.t, 0, m.keys, MEM_KEYS, m.rows, PS_TABLE_READ_ONLY, NULL);
   ck_assert_msg(rc == PS_ENOMEM && strstr(ps_client_errmsg(c), "table 'emb'") &&
                     strstr(ps_client_errmsg(c), "67108864") &&
                     strstr(ps_client_errmsg(c), "--max-memory"),
                 "a 64 MiB reply under --max-memory 64 MiB: %s: %s", ps_strerror(rc),
                 ps_client_errmsg(c));
-  ck_assert_int_eq(ps_table_pull(t, 0, keys, 4, rows, 0, NULL), 0);
+  ck_assert_int_eq(ps_table_pull(m.t, 0, m.keys, 4, m.rows, 0, NULL), 0);
   ps_req *r = NULL;
-  ck_assert_int_eq(ps_table_push_async(t, 0, keys, N, rows, &r), 0);
+  ck_assert_int_eq(ps_table_push_async(m.t, 0, m.keys, MEM_KEYS, m.rows, &r), 0);
   rc = ps_req_wait(r, 10000, NULL);
   ps_req_destroy(r);
   ck_assert_msg(rc == PS_ENOMEM && strstr(ps_client_errmsg(c), "table 'emb'") &&
@@ -188,15 +214,61 @@ START_TEST(memory_refusals_reach_the_caller) {
                     strstr(ps_client_errmsg(c), "--max-memory"),
                 "a 64 MiB push under --max-memory 64 MiB: %s: %s", ps_strerror(rc),
                 ps_client_errmsg(c));
-  ck_assert_int_eq(ps_table_push_async(t, 0, keys, 4, rows, &r), 0);
+  ck_assert_int_eq(ps_table_push_async(m.t, 0, m.keys, 4, m.rows, &r), 0);
   rc = ps_req_wait(r, 10000, NULL);
   ps_req_destroy(r);
   ck_assert_msg(rc == 0, "a small push after the refusal: %s: %s", ps_strerror(rc),
                 ps_client_errmsg(c));
-  free(keys);
-  free(rows);
-  ps_client_destroy(c);
-  tu_psd_kill(&p);
+  mem_stop(&m);
+}
+END_TEST
+
+/* ---- psd's log under a misbehaving worker ---------------------------------- */
+
+/* One refused push (PS_EINVAL: a step the table has not reached), one
+ * refused pull (PS_ENOMEM: its 64 MiB reply) and one refused TableRegister
+ * (PS_ENOMEM: a table past --max-memory); each checked. */
+static void refuse_three(mem_job *m) {
+  ps_req *r = NULL;
+  ck_assert_int_eq(ps_table_push_async(m->t, 5, m->keys, 1, m->rows, &r), 0);
+  int rc = ps_req_wait(r, 10000, NULL);
+  ps_req_destroy(r);
+  ck_assert_msg(rc == PS_EINVAL, "push of a future step: %s", ps_client_errmsg(m->c));
+  rc = ps_table_pull(m->t, 0, m->keys, MEM_KEYS, m->rows, PS_TABLE_READ_ONLY, NULL);
+  ck_assert_msg(rc == PS_ENOMEM, "pull past --max-memory: %s", ps_client_errmsg(m->c));
+  ps_table_config big = th_cfg(64);
+  big.capacity = 1u << 20; /* 256 MiB of rows */
+  ps_table *t2 = NULL;
+  rc = ps_client_table_create(m->c, "huge", &big, &t2);
+  ck_assert_msg(rc == PS_ENOMEM, "table past --max-memory: %s", ps_client_errmsg(m->c));
+}
+
+/* A worker (it has the job's secret) refusing to behave, as fast as it
+ * can: psd logs at most PS__RATELOG_BURST lines a second of each kind
+ * (refused pushes; failed requests: refused pulls and registrations), then
+ * "suppressed K similar messages (KIND)" (was: one line per request, 3,000
+ * here). */
+START_TEST(refused_requests_leave_a_short_log) {
+  enum { N = 1000 };
+  mem_job m;
+  mem_start(&m);
+  int before = tu_log_count(&m.p, "\n");
+  double t0 = ps__now();
+  for (int i = 0; i < N; i++) refuse_three(&m);
+  double took = ps__now() - t0;
+  usleep(1300000); /* the last window ends: its summaries are written */
+  int lines = tu_log_count(&m.p, "\n") - before;
+  /* Two kinds, each its burst per window and a summary, over the windows
+   * the flood took (and the one after it). */
+  int most = 2 * ((int)took + 3) * (int)(PS__RATELOG_BURST + 1);
+  printf("tables_hostile: %d refused requests in %.1f s -> %d log lines (at most %d)\n", 3 * N,
+         took, lines, most);
+  ck_assert_msg(lines <= most && most < N, "%d log lines for %d refused requests in %.1f s "
+                "(log %s)", lines, 3 * N, took, m.p.log_path);
+  ck_assert_msg(tu_log_contains(&m.p, "similar messages (refused pushes)") &&
+                    tu_log_contains(&m.p, "similar messages (failed requests)"),
+                "no summary of the suppressed lines (log %s)", m.p.log_path);
+  mem_stop(&m);
 }
 END_TEST
 
@@ -208,6 +280,7 @@ Suite *suite_tables_hostile(void) {
   tcase_add_test(tc, bad_sizes_and_pointers_refused);
   tcase_add_test(tc, keys_and_out_aliased);
   tcase_add_test(tc, memory_refusals_reach_the_caller);
+  tcase_add_test(tc, refused_requests_leave_a_short_log);
   suite_add_tcase(s, tc);
   return s;
 }

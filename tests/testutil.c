@@ -167,11 +167,14 @@ void tu_psd_kill(tu_psd *p) {
   }
 }
 
-int tu_log_contains(const tu_psd *p, const char *needle) {
+int tu_log_contains(const tu_psd *p, const char *needle) { return tu_log_count(p, needle) > 0; }
+
+int tu_log_count(const tu_psd *p, const char *needle) {
   char *s = tu_read_file(p->log_path);
-  int found = s && strstr(s, needle) != NULL;
+  int n = 0;
+  for (char *q = s; q && (q = strstr(q, needle)); q += strlen(needle)) n++;
   free(s);
-  return found;
+  return n;
 }
 
 int tu_connect(const char *addr) {

@@ -93,6 +93,8 @@ int tu_psd_wait(tu_psd *p, double timeout_s);
 void tu_psd_kill(tu_psd *p);
 /* 1 if the psd's log contains needle. */
 int tu_log_contains(const tu_psd *p, const char *needle);
+/* How often needle occurs in the psd's log ("\n": its lines). */
+int tu_log_count(const tu_psd *p, const char *needle);
 /* Whole file, NUL-terminated, malloc'd (NULL if unreadable). */
 char *tu_read_file(const char *path);
 /* A fresh private directory for this test process. */
