@@ -1,4 +1,5 @@
-/* util.c - one clock, overflow-checked growth, percentiles, host:port. */
+/* util.c - one clock, overflow-checked growth, percentiles, host:port,
+ * escaped names. */
 #include "util.h"
 
 #include <unistd.h>
@@ -54,6 +55,48 @@ int ps__errf(int code, char *err, size_t errlen, const char *fmt, ...) {
     va_end(ap);
   }
   return code;
+}
+
+/* Bytes of the valid UTF-8 sequence of a printable character at s (2..4),
+ * or 0: a stray continuation byte, an overlong form, a surrogate, past
+ * U+10FFFF, cut short (a NUL is not a continuation byte, so nothing past
+ * the end is read), or a C1 control (U+0080..U+009F: 0xC2 0x9B is CSI to
+ * some terminals). */
+static size_t utf8_len(const unsigned char *s) {
+  const unsigned char c = s[0];
+  const size_t n = c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
+  unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+  if (c == 0xc2) lo = 0xa0;
+  else if (c == 0xe0) lo = 0xa0;
+  else if (c == 0xed) hi = 0x9f;
+  else if (c == 0xf0) lo = 0x90;
+  else if (c == 0xf4) hi = 0x8f;
+  if (n == 0 || s[1] < lo || s[1] > hi) return 0;
+  for (size_t i = 2; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80) return 0;
+  return n;
+}
+
+const char *ps__escape(const char *s, char *out, size_t outlen) {
+  if (!outlen) return out;
+  size_t o = 0;
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p;) {
+    char e[8];
+    size_t n = 1, k; /* bytes of s taken, of out written */
+    if (*p == '\\' || *p == '\'' || *p == '"') k = (size_t)snprintf(e, sizeof e, "\\%c", *p);
+    else if (*p == '\n') k = (size_t)snprintf(e, sizeof e, "\\n");
+    else if (*p == '\r') k = (size_t)snprintf(e, sizeof e, "\\r");
+    else if (*p == '\t') k = (size_t)snprintf(e, sizeof e, "\\t");
+    else if (*p >= 0x20 && *p < 0x7f) k = 1, e[0] = (char)*p;
+    else if ((n = utf8_len(p)) > 0) k = n, memcpy(e, p, n);
+    else n = 1, k = (size_t)snprintf(e, sizeof e, "\\x%02x", *p);
+    if (o + k >= outlen) break;
+    memcpy(out + o, e, k);
+    o += k;
+    p += n;
+  }
+  out[o] = '\0';
+  return out;
 }
 
 static double clock_s(clockid_t id) {

@@ -1,7 +1,8 @@
 /*
  * util.h - the few helpers every layer shares: one clock, overflow-checked
- * arithmetic and growth, percentiles, "host:port" parsing. Internal (ps__
- * names); compiled into libpsclient, psd and the tools alike, never exported.
+ * arithmetic and growth, percentiles, "host:port" parsing, names a peer
+ * chose escaped for printing. Internal (ps__ names); compiled into
+ * libpsclient, psd and the tools alike, never exported.
  */
 #ifndef PS_UTIL_H
 #define PS_UTIL_H
@@ -40,6 +41,23 @@ int ps__grow_all(const ps__array *a, size_t n, size_t *cap, size_t need);
  * "...", ...)` is how a check reports what it refused. */
 int ps__errf(int code, char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* Text a peer chose (a table's or a variable's name), made safe to print
+ * between single quotes in a log line or an error message: a backslash
+ * and both quotes get a backslash, \n \r \t are written so, and every other
+ * control byte (C0, DEL, the C1 controls U+0080..U+009F) and every byte
+ * that is not part of valid UTF-8 is written \xHH; printable UTF-8 stays as
+ * it is. So a name cannot end a log line and forge the next, send the
+ * terminal an escape sequence, or close the quotes around it. Writes into
+ * out (outlen bytes, NUL-terminated; cut at an escape's edge if it does not
+ * fit) and returns out, a printf argument: PS__ESC is the usual form. */
+const char *ps__escape(const char *s, char *out, size_t outlen);
+/* Bytes that hold the escaped form of any name of up to 255 bytes
+ * (PS_MAX_NAME; 4 per byte at most, and the NUL). */
+#define PS__ESC_BYTES 1024
+/* ps__escape(s) into a buffer that lives to the end of the enclosing
+ * block: psd_info("table '%s' created", PS__ESC(name)). */
+#define PS__ESC(s) ps__escape((s), (char[PS__ESC_BYTES]){0}, PS__ESC_BYTES)
 
 /* Monotonic clock in seconds: every deadline and duration. */
 double ps__now(void);

@@ -238,7 +238,7 @@ int psd_ckpt_table_parse(const uint8_t *b, size_t avail, psd_ckpt_table *t, size
   get_spec(&r, &t->spec);
   char e[400];
   if (psd_table_spec_check(&t->spec, e, sizeof e) != 0)
-    return bad(msg, msglen, "table '%s' has a bad spec: %s", t->spec.name, e);
+    return bad(msg, msglen, "table '%s' has a bad spec: %s", PS__ESC(t->spec.name), e);
   t->step = get64(&r);
   uint64_t c[NCOUNTERS];
   for (int i = 0; i < NCOUNTERS; i++) c[i] = get64(&r);
@@ -246,7 +246,7 @@ int psd_ckpt_table_parse(const uint8_t *b, size_t avail, psd_ckpt_table *t, size
   t->state_floats = get32(&r);
   if (t->state_floats != psd_table_state_floats(&t->spec))
     return bad(msg, msglen, "table '%s' has %u optimizer state floats per row, its optimizer "
-               "%u keeps %u", t->spec.name, t->state_floats, t->spec.opt,
+               "%u keeps %u", PS__ESC(t->spec.name), t->state_floats, t->spec.opt,
                psd_table_state_floats(&t->spec));
   if (parse_tail(&r, end, t, msg, msglen) != 0) return -1;
   *used = (size_t)len;
@@ -256,7 +256,7 @@ int psd_ckpt_table_parse(const uint8_t *b, size_t avail, psd_ckpt_table *t, size
 /* ---- restoring -------------------------------------------------------------- */
 
 int psd_ckpt_table_restore(const psd_ckpt_table *rec, psd_table *t, char *err, size_t errlen) {
-  const char *name = rec->spec.name;
+  const char *name = PS__ESC(rec->spec.name);
   const psd_table_spec *sp = psd_table_spec_of(t);
   if (sp->dim != rec->spec.dim || psd_table_state_floats(sp) != rec->state_floats) {
     snprintf(err, errlen, "table '%s': the checkpoint's rows have %u + %u floats, this table's "

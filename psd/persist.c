@@ -141,7 +141,7 @@ static uint8_t *copy_buffer(psd_persist *p, const char *name, size_t len, size_t
 static void capture_table(psd_persist *p, uint32_t id) {
   psd_persist_tab *tb = &p->tabs[id];
   if (!p->cur || tb->ck_gen == p->gen || id >= p->cur_ntables) return;
-  const char *name = psd_table_spec_of(tb->t)->name;
+  const char *name = PS__ESC(psd_table_spec_of(tb->t)->name);
   double t0 = ps__now();
   size_t len = psd_ckpt_table_size(tb->t), cap = 0;
   int reused = 0;
@@ -247,7 +247,7 @@ static int can_begin(const psd_persist *p, uint64_t step, int final, char *err,
       return -1;
     }
   for (uint32_t i = 0; i < p->ntabs; i++) {
-    const char *name = psd_table_spec_of(p->tabs[i].t)->name;
+    const char *name = PS__ESC(psd_table_spec_of(p->tabs[i].t)->name);
     uint64_t at = psd_table_step(p->tabs[i].t);
     if (at > step) {
       snprintf(err, errlen, "table '%s' is already at step %" PRIu64, name, at);
@@ -675,7 +675,8 @@ int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, cha
       r = &img->tables[i];
   if (!r) {
     snprintf(err, errlen, "table '%s' is not in checkpoint %s: it was written for a different "
-             "model (start with --restore=none to move it aside and start afresh)", sp->name,
+             "model (start with --restore=none to move it aside and start afresh)",
+             PS__ESC(sp->name),
              img->path);
     return PS_EMISMATCH;
   }
@@ -684,7 +685,8 @@ int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, cha
   psd_table_take_schedule(&kept, sp);
   if (psd_table_diff(&kept, "the checkpoint", sp, who, diff, sizeof diff)) {
     snprintf(err, errlen, "table '%s' differs from the one in checkpoint %s: %s (resume with "
-             "the same table configuration, or start afresh with --restore=none)", sp->name,
+             "the same table configuration, or start afresh with --restore=none)",
+             PS__ESC(sp->name),
              img->path, diff);
     return PS_EMISMATCH;
   }
@@ -695,7 +697,7 @@ int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, cha
     return rc;
   }
   r->claimed = 1;
-  psd_info("table '%s' restored from %s: %" PRIu64 " rows at step %" PRIu64, sp->name,
+  psd_info("table '%s' restored from %s: %" PRIu64 " rows at step %" PRIu64, PS__ESC(sp->name),
            img->path, r->nrows, r->step);
   claimed_one(p);
   return 0;

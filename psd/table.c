@@ -236,7 +236,8 @@ int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t 
   if (rc != 0) return rc;
   psd_table *t = calloc(1, sizeof *t);
   if (!t)
-    return ps__errf(PS_ENOMEM, err, errlen, "out of memory creating table '%s'", spec->name);
+    return ps__errf(PS_ENOMEM, err, errlen, "out of memory creating table '%s'",
+                    PS__ESC(spec->name));
   t->spec = *spec;
   psd_rowopt_init(&t->opt, spec);
   psd_table_schedule(spec, &t->sched);
@@ -252,7 +253,8 @@ int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t 
   t->free_head = t->lru_old = t->lru_new = NIL;
   if (table_alloc(t) != 0) {
     psd_table_destroy(t);
-    return ps__errf(PS_ENOMEM, err, errlen, "out of memory creating table '%s'", spec->name);
+    return ps__errf(PS_ENOMEM, err, errlen, "out of memory creating table '%s'",
+                    PS__ESC(spec->name));
   }
   *out = t;
   return 0;

@@ -114,7 +114,7 @@ static int create_table(psd_tables *ts, const psd_table_spec *sp, uint32_t *id, 
                         size_t errlen) {
   if (ts->n >= PS__MAX_TABLES) {
     snprintf(err, errlen, "table '%s': this server already holds %u tables, the most it "
-             "takes", sp->name, PS__MAX_TABLES);
+             "takes", PS__ESC(sp->name), PS__MAX_TABLES);
     return PS_ETOOBIG;
   }
   uint64_t need = psd_table_bytes(sp);
@@ -125,8 +125,8 @@ static int create_table(psd_tables *ts, const psd_table_spec *sp, uint32_t *id, 
              "which would take this server past --max-memory (%.0f bytes; %llu already "
              "held or reserved, checkpoint copies included): lower the capacity or raise "
              "--max-memory",
-             sp->name, (unsigned long long)sp->capacity, sp->dim, (unsigned long long)need,
-             ts->cfg->max_memory, (unsigned long long)have);
+             PS__ESC(sp->name), (unsigned long long)sp->capacity, sp->dim,
+             (unsigned long long)need, ts->cfg->max_memory, (unsigned long long)have);
     return PS_ENOMEM;
   }
   if (ts->n == ts->cap) {
@@ -152,7 +152,7 @@ static int adopt(psd_tables *ts, uint32_t id, const char *who, char *err, size_t
   int rc = psd_persist_restore_table(ts->persist, e->t, who, err, errlen);
   if (rc == 0 && psd_persist_table_added(ts->persist, e->t) != 0) {
     snprintf(err, errlen, "out of memory registering table '%s'",
-             psd_table_spec_of(e->t)->name);
+             PS__ESC(psd_table_spec_of(e->t)->name));
     rc = PS_ENOMEM;
   }
   if (rc == 0) {
@@ -160,7 +160,7 @@ static int adopt(psd_tables *ts, uint32_t id, const char *who, char *err, size_t
      * logged once per attempt. */
     const psd_table_spec *sp = psd_table_spec_of(e->t);
     psd_info("table '%s' created: dim %u, up to %llu rows here (%llu bytes reserved)",
-             sp->name, sp->dim, (unsigned long long)sp->capacity,
+             PS__ESC(sp->name), sp->dim, (unsigned long long)sp->capacity,
              (unsigned long long)e->reserved);
     return 0;
   }
@@ -183,8 +183,8 @@ static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
     snprintf(who, sizeof who, "worker %d", c->worker);
     if (e && psd_table_diff(psd_table_spec_of(e->t), "this server's table", &sp, who, diff,
                             sizeof diff)) {
-      snprintf(err, sizeof err, "table '%s' exists with another configuration: %s", sp.name,
-               diff);
+      snprintf(err, sizeof err, "table '%s' exists with another configuration: %s",
+               PS__ESC(sp.name), diff);
       rc = PS_EMISMATCH;
     } else if (!e) {
       rc = create_table(ts, &sp, &id, err, sizeof err);
@@ -215,9 +215,13 @@ static uint64_t held_bytes(const psd_tables *ts, const psd_conn *c, uint64_t *co
          ts->parked_bytes + *conns;
 }
 
-/* "table 'NAME'" of id, or "table id N" for an id no table has. */
+/* "table 'NAME'" of id (escaped, and cut to fit a refusal's sentence), or
+ * "table id N" for an id no table has. */
 static void table_label(const psd_tables *ts, uint32_t id, char *out, size_t len) {
-  if (id < ts->n) snprintf(out, len, "table '%s'", psd_table_spec_of(ts->v[id].t)->name);
+  char name[256];
+  if (id < ts->n)
+    snprintf(out, len, "table '%s'",
+             ps__escape(psd_table_spec_of(ts->v[id].t)->name, name, sizeof name));
   else snprintf(out, len, "table id %u", id);
 }
 
@@ -282,7 +286,7 @@ static int reply_too_big(psd_tentry *e, psd_conn *c, uint64_t req, size_t n) {
   if ((uint64_t)n * sp->dim * sizeof(float) <= PS__MAX_DATA) return 0;
   psd_conn_error(c, req, PS_ETOOBIG, 0,
                  "table '%s': %zu rows of %u floats do not fit one reply (%llu bytes at "
-                 "most): pull fewer keys at once", sp->name, n, sp->dim,
+                 "most): pull fewer keys at once", PS__ESC(sp->name), n, sp->dim,
                  (unsigned long long)PS__MAX_DATA);
   return 1;
 }
@@ -311,7 +315,7 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   float *dst = ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes);
   if (!dst) {
     psd_conn_error(c, req, PS_ENOMEM, 0, "out of memory for a %llu-byte reply of table '%s'",
-                   (unsigned long long)bytes, sp->name);
+                   (unsigned long long)bytes, PS__ESC(sp->name));
     return;
   }
   /* Even a read-only pull touches rows (LRU order): a checkpoint of this
@@ -329,7 +333,8 @@ static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__Table
       PSD_TABLES_MAX_PARKED_BYTES) {
     psd_conn_error(c, m->request_id, PS_EBUSY, 0,
                    "pull of table '%s' for step %llu refused: %llu bytes of keys already "
-                   "wait for later steps here (at most %llu)", psd_table_spec_of(e->t)->name,
+                   "wait for later steps here (at most %llu)",
+                   PS__ESC(psd_table_spec_of(e->t)->name),
                    (unsigned long long)m->min_step, (unsigned long long)ts->parked_bytes,
                    (unsigned long long)PSD_TABLES_MAX_PARKED_BYTES);
     return 0;
@@ -338,7 +343,7 @@ static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__Table
     if (p->conn == c) {
       psd_conn_error(c, m->request_id, PS_EBUSY, 0,
                      "a pull of table '%s' is already waiting on this connection",
-                     psd_table_spec_of(e->t)->name);
+                     PS__ESC(psd_table_spec_of(e->t)->name));
       return 0;
     }
   /* Its keys are held until its step: counted against --max-memory. */
@@ -380,7 +385,7 @@ static void do_pull(psd_tables *ts, psd_conn *c, const Ps__TablePull *m, const u
   int rc = check_keys(ts, keys, (size_t)m->count, err, sizeof err);
   if (rc) {
     psd_conn_error(c, m->request_id, rc, 0, "TABLE_PULL of '%s': %s",
-                   psd_table_spec_of(e->t)->name, err);
+                   PS__ESC(psd_table_spec_of(e->t)->name), err);
     return;
   }
   /* Once the job stopped, no later step comes: answered at once. */
@@ -483,7 +488,7 @@ static void push_reply(psd_tables *ts, psd_conn *c, uint64_t req, int status,
 /* The sentence of a push's refusal (the client's ps_client_errmsg). */
 static void push_refusal(const psd_conn *c, const psd_table *t, uint64_t step, int rc,
                          char *err, size_t errlen) {
-  const char *name = psd_table_spec_of(t)->name;
+  const char *name = PS__ESC(psd_table_spec_of(t)->name);
   unsigned long long s = step, at = psd_table_step(t);
   if (rc == PS_EINVAL)
     snprintf(err, errlen, "gradient of table '%s' for step %llu, but the table is only at "
@@ -516,7 +521,8 @@ static int grads_check(const psd_table *t, const uint64_t *keys, const float *g,
   while (isfinite(g[i])) i++;
   snprintf(err, errlen, "gradient of table '%s' for key %llu (position %zu), element %zu, "
            "is %s: the push is refused whole (a NaN or infinite gradient would make the "
-           "row NaN for every worker); nothing of it was applied", psd_table_spec_of(t)->name,
+           "row NaN for every worker); nothing of it was applied",
+           PS__ESC(psd_table_spec_of(t)->name),
            (unsigned long long)keys[i / dim], i / dim, i % dim,
            isnan(g[i]) ? "NaN" : g[i] > 0 ? "+Inf" : "-Inf");
   return PS_EINVAL;
@@ -677,7 +683,8 @@ void psd_tables_expire(psd_tables *ts, double now) {
         psd_conn_error(p->conn, p->req, PS_EBUSY, 0,
                        "pull of table '%s' for step %llu: the table is at step %llu, but "
                        "this connection has %llu bytes of replies it has not read",
-                       psd_table_spec_of(e->t)->name, (unsigned long long)p->min_step,
+                       PS__ESC(psd_table_spec_of(e->t)->name),
+                       (unsigned long long)p->min_step,
                        (unsigned long long)psd_table_step(e->t),
                        (unsigned long long)ps__outq_bytes(&p->conn->out));
         psd_conn_write(p->conn);
@@ -693,7 +700,8 @@ void psd_tables_expire(psd_tables *ts, double now) {
       if (!p->conn->dead) {
         psd_conn_error(p->conn, p->req, PS_ETIMEDOUT, 0,
                        "pull of table '%s' for step %llu timed out at step %llu: waiting "
-                       "for the push of worker(s) %s%s", psd_table_spec_of(e->t)->name,
+                       "for the push of worker(s) %s%s",
+                       PS__ESC(psd_table_spec_of(e->t)->name),
                        (unsigned long long)p->min_step,
                        (unsigned long long)psd_table_step(e->t), nm ? who : "(none)",
                        nm > 8 ? " and more" : "");

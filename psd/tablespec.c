@@ -56,30 +56,30 @@ static int check_init(const psd_table_spec *s, char *err, size_t errlen) {
       if (float_finite(a)) return 0;
       return ps__errf(PS_EINVAL, err, errlen,
                       "table '%s': init.a must be a finite float for constant init, got %g",
-                      s->name, a);
+                      PS__ESC(s->name), a);
     case PS_INIT_UNIFORM:
       if (float_finite(a) && float_finite(b) && a < b) return 0;
       return ps__errf(PS_EINVAL, err, errlen,
                       "table '%s': init must have finite a < b for uniform init, got a %g, b %g",
-                      s->name, a, b);
+                      PS__ESC(s->name), a, b);
     case PS_INIT_NORMAL:
     case PS_INIT_TRUNCATED_NORMAL:
       if (float_finite(a) && float_finite(b) && b > 0.0) return 0;
       return ps__errf(PS_EINVAL, err, errlen,
                       "table '%s': init must have a finite mean a and stddev b > 0 for %s "
                       "init, got a %g, b %g",
-                      s->name, init_name(s->init_kind), a, b);
+                      PS__ESC(s->name), init_name(s->init_kind), a, b);
     case PS_INIT_GLOROT_UNIFORM:
     case PS_INIT_GLOROT_NORMAL:
       return ps__errf(PS_EINVAL, err, errlen,
                       "table '%s': init.kind %s (%u) needs fan_in and fan_out, which a "
                       "table row does not have: use uniform, normal or truncated_normal",
-                      s->name, init_name(s->init_kind), s->init_kind);
+                      PS__ESC(s->name), init_name(s->init_kind), s->init_kind);
     default:
       return ps__errf(PS_EINVAL, err, errlen,
                       "table '%s': init.kind must be %d..%d (zeros, constant, uniform, "
                       "normal, truncated_normal), got %u",
-                      s->name, PS_INIT_ZEROS, PS_INIT_TRUNCATED_NORMAL, s->init_kind);
+                      PS__ESC(s->name), PS_INIT_ZEROS, PS_INIT_TRUNCATED_NORMAL, s->init_kind);
   }
 }
 
@@ -87,8 +87,8 @@ static int check_init(const psd_table_spec *s, char *err, size_t errlen) {
 static int field_bad(const psd_table_spec *s, int ok, const char *field, const char *want,
                      double v, char *err, size_t errlen) {
   if (ok) return 0;
-  return ps__errf(PS_EINVAL, err, errlen, "table '%s': %s must be %s, got %g", s->name, field,
-                  want, v);
+  return ps__errf(PS_EINVAL, err, errlen, "table '%s': %s must be %s, got %g",
+                  PS__ESC(s->name), field, want, v);
 }
 
 /* The update rule and the fields it reads (the others are ignored). */
@@ -126,7 +126,8 @@ static int check_opt(const psd_table_spec *s, char *err, size_t errlen) {
       return ps__errf(PS_EINVAL, err, errlen,
                       "table '%s': opt must be %d (sgd), %d (adagrad), %d (adam) or %d "
                       "(ftrl), got %u",
-                      s->name, PS_TOPT_SGD, PS_TOPT_ADAGRAD, PS_TOPT_ADAM, PS_TOPT_FTRL, s->opt);
+                      PS__ESC(s->name), PS_TOPT_SGD, PS_TOPT_ADAGRAD, PS_TOPT_ADAM, PS_TOPT_FTRL,
+                      s->opt);
   }
   /* adagrad and adam divide by sqrt(...) + epsilon */
   if (field_bad(s, float_positive(s->epsilon), "epsilon",
@@ -165,12 +166,12 @@ static int check_schedule(const psd_table_spec *s, char *err, size_t errlen) {
   if (s->opt == PS_TOPT_FTRL)
     return ps__errf(PS_EINVAL, err, errlen,
                     "table '%s': FTRL takes no learning-rate schedule (its rate is per "
-                    "element): leave decay and warmup_steps at 0", s->name);
+                    "element): leave decay and warmup_steps at 0", PS__ESC(s->name));
   ps_optimizer o;
   psd_table_schedule(s, &o);
   char e[300];
   int rc = ps__opt_check_schedule(&o, "", e, sizeof e);
-  return rc ? ps__errf(rc, err, errlen, "table '%s':%s", s->name, e) : 0;
+  return rc ? ps__errf(rc, err, errlen, "table '%s':%s", PS__ESC(s->name), e) : 0;
 }
 
 int psd_table_spec_check(const psd_table_spec *s, char *err, size_t errlen) {
@@ -181,21 +182,21 @@ int psd_table_spec_check(const psd_table_spec *s, char *err, size_t errlen) {
                     sizeof s->name);
   if (s->dim == 0 || s->dim > PS__MAX_TABLE_DIM)
     return ps__errf(PS_EINVAL, err, errlen, "table '%s': dim must be in 1..%u, got %u",
-                    s->name, PS__MAX_TABLE_DIM, s->dim);
+                    PS__ESC(s->name), PS__MAX_TABLE_DIM, s->dim);
   if (s->capacity == 0 || s->capacity > PSD_TABLE_MAX_ROWS)
     return ps__errf(PS_EINVAL, err, errlen,
                     "table '%s': capacity must be in 1..%" PRIu64 " rows per ps, got %" PRIu64,
-                    s->name, (uint64_t)PSD_TABLE_MAX_ROWS, s->capacity);
+                    PS__ESC(s->name), (uint64_t)PSD_TABLE_MAX_ROWS, s->capacity);
   int rc = check_init(s, err, errlen);
   if (rc == 0) rc = check_opt(s, err, errlen);
   if (rc == 0 && s->admit_count > PSD_TABLE_MAX_ADMIT_COUNT)
     rc = ps__errf(PS_EINVAL, err, errlen,
                   "table '%s': admit_count must be at most %u (8-bit sketch counters), "
                   "got %u",
-                  s->name, PSD_TABLE_MAX_ADMIT_COUNT, s->admit_count);
+                  PS__ESC(s->name), PSD_TABLE_MAX_ADMIT_COUNT, s->admit_count);
   if (rc == 0 && !(s->admit_prob >= 0.0 && s->admit_prob <= 1.0))
     rc = ps__errf(PS_EINVAL, err, errlen, "table '%s': admit_prob must be in [0, 1], got %g",
-                  s->name, s->admit_prob);
+                  PS__ESC(s->name), s->admit_prob);
   if (rc == 0) rc = check_schedule(s, err, errlen);
   return rc;
 }

@@ -272,6 +272,41 @@ START_TEST(refused_requests_leave_a_short_log) {
 }
 END_TEST
 
+/* Table names come from clients and may hold any byte but NUL (psd checks
+ * their length only): psd's log lines and the sentences it sends back
+ * print them escaped, so a name cannot end a log line and forge the next,
+ * send a terminal an escape sequence, or carry bytes that are not UTF-8
+ * (was: printed as they came). */
+START_TEST(table_names_printed_escaped) {
+  static const char name[] = "e\n2026-01-01T00:00:00.000Z ERROR [ps0] forged\x1b[2J\xff'";
+  static const char shown[] = "table 'e\\n2026-01-01T00:00:00.000Z ERROR [ps0] forged"
+                              "\\x1b[2J\\xff\\''";
+  tu_psd p;
+  th_start(&p);
+  ps_client *c = th_connect(p.addr);
+  ps_table *t = NULL;
+  ps_table_config g = th_cfg(4);
+  ck_assert_int_eq(ps_client_table_create(c, name, &g, &t), 0);
+  uint64_t k = 1;
+  float gr[4] = {0};
+  ps_req *r = NULL;
+  ck_assert_int_eq(ps_table_push_async(t, 5, &k, 1, gr, &r), 0);
+  int rc = ps_req_wait(r, 10000, NULL);
+  ps_req_destroy(r);
+  ck_assert_msg(rc == PS_EINVAL && strstr(ps_client_errmsg(c), shown),
+                "push of a future step: %s: %s", ps_strerror(rc), ps_client_errmsg(c));
+  char created[200];
+  snprintf(created, sizeof created, "%s created", shown);
+  ck_assert_msg(tu_log_contains(&p, created), "no escaped 'created' line (log %s)", p.log_path);
+  ck_assert_msg(tu_log_count(&p, shown) == 2, "not 2 escaped lines (log %s)", p.log_path);
+  ck_assert_msg(!tu_log_contains(&p, "\n2026-01-01T00:00:00.000Z ERROR [ps0] forged") &&
+                    !tu_log_contains(&p, "\x1b") && !tu_log_contains(&p, "\xff"),
+                "the name reached the log raw (log %s)", p.log_path);
+  ps_client_destroy(c);
+  tu_psd_kill(&p);
+}
+END_TEST
+
 Suite *suite_tables_hostile(void) {
   Suite *s = suite_create("tables_hostile");
   TCase *tc = tcase_create("tables_hostile");
@@ -281,6 +316,7 @@ Suite *suite_tables_hostile(void) {
   tcase_add_test(tc, keys_and_out_aliased);
   tcase_add_test(tc, memory_refusals_reach_the_caller);
   tcase_add_test(tc, refused_requests_leave_a_short_log);
+  tcase_add_test(tc, table_names_printed_escaped);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -223,6 +223,34 @@ START_TEST(test_ratelog_own_window) {
 }
 END_TEST
 
+/* ---- escaped names ------------------------------------------------------ */
+
+/* What a peer chose, printed: line breaks, terminal escapes, quotes and
+ * bytes that are not UTF-8 come out as backslash sequences (printable
+ * ASCII and UTF-8 as they are), and the output is cut, never overrun. */
+START_TEST(test_escape_names) {
+  static const struct { const char *in, *out; } cases[] = {
+      {"emb", "emb"},
+      {"emb.v2-\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80", "emb.v2-\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"},
+      {"a\nINFO [ps0] forged", "a\\nINFO [ps0] forged"},
+      {"\x1b[2J\x1b]0;t\x07", "\\x1b[2J\\x1b]0;t\\x07"},
+      {"it's \"q\" \\ \r\t\x7f", "it\\'s \\\"q\\\" \\\\ \\r\\t\\x7f"},
+      {"\xff\xc3(\xc0\xaf\xed\xa0\x80\xf4\x90\x80\x80\xc3",
+       "\\xff\\xc3(\\xc0\\xaf\\xed\\xa0\\x80\\xf4\\x90\\x80\\x80\\xc3"},
+      {"c1 \xc2\x9b" "31m \xc2\x85", "c1 \\xc2\\x9b31m \\xc2\\x85"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    ck_assert_str_eq(PS__ESC(cases[i].in), cases[i].out);
+  char all[256], big[PS__ESC_BYTES], small[5];
+  memset(all, 0x9b, 255);
+  all[255] = '\0';
+  ck_assert_uint_eq(strlen(ps__escape(all, big, sizeof big)), 4 * 255);
+  ck_assert_str_eq(ps__escape("ab\ncd", small, sizeof small), "ab\\n"); /* cut at an edge */
+  ck_assert_str_eq(ps__escape("ab\x1b", small, sizeof small), "ab");
+  ck_assert_str_eq(ps__escape(NULL, small, sizeof small), "");
+}
+END_TEST
+
 /* The last wait is cut to end at the deadline, for one more try there;
  * after it the caller gives up (waits had ended early: a 5-s connect
  * timeout gave up after 3.9 s). */
@@ -253,6 +281,7 @@ Suite *suite_util(void) {
   TCase *th = tcase_create("hostport");
   tcase_add_test(th, test_hostport_ok);
   tcase_add_test(th, test_hostport_bad);
+  tcase_add_test(th, test_escape_names);
   suite_add_tcase(s, th);
   TCase *tr = tcase_create("ratelog");
   tcase_add_test(tr, test_ratelog_rule);
