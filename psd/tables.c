@@ -326,8 +326,28 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   psd_table_pull(e->t, keys, n, !read_only, dst);
 }
 
+/* One parked pull per table and connection: a later one replaces it (its
+ * client abandoned it, e.g. a step whose push was refused, or asks again),
+ * and the earlier request is answered now rather than never. Its keys
+ * were not read yet: nothing of the table changes. */
+static void replace_parked(psd_tables *ts, psd_tentry *e, psd_conn *c, uint64_t req) {
+  for (psd_tpull **pp = &e->parked; *pp; pp = &(*pp)->next) {
+    psd_tpull *p = *pp;
+    if (p->conn != c) continue;
+    *pp = p->next;
+    psd_conn_error(c, p->req, PS_EBUSY, 0,
+                   "pull of table '%s' for step %llu replaced by a later pull of it on this "
+                   "connection (request %llu): a server keeps one waiting pull per table "
+                   "and connection", PS__ESC(psd_table_spec_of(e->t)->name),
+                   (unsigned long long)p->min_step, (unsigned long long)req);
+    tpull_free(ts, p);
+    return;
+  }
+}
+
 static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__TablePull *m,
                      const uint64_t *keys) {
+  replace_parked(ts, e, c, m->request_id);
   /* Each costs its keys and its record (a pull of no keys is not free). */
   if (ts->parked_bytes + m->count * sizeof(uint64_t) + sizeof(psd_tpull) >
       PSD_TABLES_MAX_PARKED_BYTES) {
@@ -339,13 +359,6 @@ static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__Table
                    (unsigned long long)PSD_TABLES_MAX_PARKED_BYTES);
     return 0;
   }
-  for (psd_tpull *p = e->parked; p; p = p->next)
-    if (p->conn == c) {
-      psd_conn_error(c, m->request_id, PS_EBUSY, 0,
-                     "a pull of table '%s' is already waiting on this connection",
-                     PS__ESC(psd_table_spec_of(e->t)->name));
-      return 0;
-    }
   /* Its keys are held until its step: counted against --max-memory. */
   char err[900];
   const uint64_t held = m->count * sizeof(uint64_t) + sizeof(psd_tpull);

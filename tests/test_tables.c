@@ -4,7 +4,8 @@
  * bit, over 1 to 3 ps), keys in any order with duplicates, the
  * initializer's values for keys never stored, read-only pulls, the step
  * with tables (alone and with variables) waiting for them, stale,
- * duplicate and refused pushes, each update rule against a double
+ * duplicate and refused pushes (and the step after a refused one), a
+ * parked pull replaced by a later one, each update rule against a double
  * reference, configuration errors and mismatches, pulls split into
  * several frames, and a pull abandoned in the middle of its rows. */
 #include <check.h>
@@ -591,6 +592,83 @@ START_TEST(refused_push_fails_at_once) {
 }
 END_TEST
 
+/* One psd, its only worker (*c, a 60 s request timeout) and table `name`
+ * of dim 1, SGD with lr 1: a row moves by minus each gradient. */
+static ps_table *solo_table(tu_psd *ps, char hosts[][64], const char **hp, ps_client **c,
+                            const char *name) {
+  start_ps(ps, 1, hosts, hp, NULL);
+  *c = connect_ok(hp, 1, 0, 1, 0, 60000);
+  ps_table_config g = tcfg(1, PS_TOPT_SGD, 1.0);
+  return create_ok(*c, name, &g);
+}
+
+/* A step whose push is refused (a NaN gradient) leaves its zero-key pull
+ * parked on psd for a step that comes only with the next push: the next
+ * step's own pull replaces it (not PS_EBUSY), and that step completes at
+ * once with the good gradient applied, the refused one nowhere. */
+START_TEST(step_after_refused_push_goes_on) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  ps_client *c;
+  ps_table *t = solo_table(ps, hosts, hp, &c, "f");
+  uint64_t k = 11, step = 0;
+  float v, nan = NAN, one = 1;
+  double t0 = now_s();
+  ck_assert_int_eq(ps_table_pull(t, 0, &k, 1, &v, 0, NULL), 0); /* stores its row */
+  ck_assert_int_eq(ps_table_add_grad(t, &k, 1, &nan), 0);
+  int rc = ps_client_step(c, &step, NULL);
+  ck_assert_msg(rc == PS_EINVAL && strstr(ps_client_errmsg(c), "NaN"), "rc %d: %s", rc,
+                ps_client_errmsg(c));
+  ck_assert_uint_eq(step, 0);
+  for (int s = 0; s < 2; s++) {
+    ck_assert_int_eq(ps_table_add_grad(t, &k, 1, &one), 0);
+    rc = ps_client_step(c, &step, NULL);
+    ck_assert_msg(rc == 0, "step %d after the refused one: %s (%s)", s, ps_strerror(rc),
+                  ps_client_errmsg(c));
+  }
+  ck_assert_uint_eq(step, 2);
+  ck_assert_msg(now_s() - t0 < 5.0, "the steps took %.1f s", now_s() - t0);
+  ck_assert_int_eq(ps_table_pull(t, 0, &k, 1, &v, 0, NULL), 0);
+  ck_assert_msg(v == -2.0f, "the row is %g: two good gradients of 1 make -2", v);
+  ps_client_destroy(c);
+  stop_ps(ps, 1);
+}
+END_TEST
+
+/* One parked pull per table and connection: a later one replaces it, and
+ * the earlier one fails at once with PS_EBUSY naming the later request
+ * (no request waits for an answer that will not come). */
+START_TEST(later_parked_pull_replaces_earlier) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  ps_client *c;
+  ps_table *t = solo_table(ps, hosts, hp, &c, "p");
+  uint64_t k = 5, got = 0;
+  float v = 7, one = 1;
+  ps_req *first = NULL, *later = NULL, *push = NULL;
+  double t0 = now_s();
+  ck_assert_int_eq(ps_table_pull_async(t, 1, &k, 1, &v, 0, &first), 0);
+  ck_assert_int_eq(ps_table_pull_async(t, 1, NULL, 0, NULL, 0, &later), 0);
+  int rc = ps_req_wait(first, 5000, NULL);
+  const char *m = ps_client_errmsg(c);
+  ck_assert_msg(rc == PS_EBUSY && strstr(m, "replaced by a later pull"), "rc %d: %s", rc, m);
+  ck_assert(v == 7.0f); /* out untouched */
+  ck_assert_int_eq(ps_table_push_async(t, 0, &k, 1, &one, &push), 0);
+  ck_assert_int_eq(ps_req_wait(push, -1, NULL), 0);
+  rc = ps_req_wait(later, 5000, &got);
+  ck_assert_msg(rc == 0, "the later pull: %s (%s)", ps_strerror(rc), ps_client_errmsg(c));
+  ck_assert_uint_eq(got, 1);
+  ck_assert_msg(now_s() - t0 < 5.0, "took %.1f s", now_s() - t0);
+  ps_req_destroy(first);
+  ps_req_destroy(later);
+  ps_req_destroy(push);
+  ps_client_destroy(c);
+  stop_ps(ps, 1);
+}
+END_TEST
+
 typedef struct dupw {
   const char **hp;
   int nw, replicas, worker, delay_ms;
@@ -1091,6 +1169,8 @@ Suite *suite_tables(void) {
   tcase_add_test(tc, step_with_tables_and_variables);
   tcase_add_test(tc, step_async_tables);
   tcase_add_test(tc, refused_push_fails_at_once);
+  tcase_add_test(tc, step_after_refused_push_goes_on);
+  tcase_add_test(tc, later_parked_pull_replaces_earlier);
   tcase_add_test(tc, duplicate_push_is_applied);
   tcase_add_test(tc, stale_push_after_backups_skips_ahead);
   tcase_add_test(tc, update_rules_match_reference);

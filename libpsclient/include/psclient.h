@@ -840,9 +840,10 @@ PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
  * in several frames, each after the previous one's rows.
  * n == 0 (keys and out may be NULL) asks every ps for the
  * table's step only: it waits for min_step there (sync mode).
- * A server keeps one waiting pull per table and connection: a second pull
- * of the same table with a min_step it has not reached, while the first
- * still waits, fails with PS_EBUSY (ps_client_step's own pull counts).
+ * A server keeps one waiting pull per table and connection: a later pull
+ * of the same table with a min_step it has not reached replaces one still
+ * waiting, which fails at once with PS_EBUSY (ps_client_step's own pull
+ * counts, so the pull a failed step left waiting never blocks the next).
  * A server's error (PS_ETIMEDOUT, PS_EBUSY, PS_ENOMEM...) fails the request
  * with the server's sentence in ps_client_errmsg; out is then left as it
  * was. Releasing the request before it completes is safe: rows still
