@@ -374,7 +374,7 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   }
   psd_pace_init(&srv->pace, cfg->pace_ahead, cfg->pace_loopback, cfg->recv_buf,
                 psd_conn_pace_progress);
-  psd_tables_init(&srv->tables, cfg, &srv->job, &srv->shard, &srv->persist);
+  psd_tables_init(&srv->tables, cfg, &srv->job, &srv->shard, &srv->persist, &srv->telem);
   srv->h = (psd_handlers){.cfg = cfg, .shard = &srv->shard, .tables = &srv->tables,
                           .job = &srv->job,
                           .persist = &srv->persist, .waiters = &srv->waiters,

@@ -22,12 +22,13 @@
   }
 
 void psd_tables_init(psd_tables *ts, const psd_config *cfg, psd_job *job,
-                     const psd_shard *shard, psd_persist *persist) {
+                     const psd_shard *shard, psd_persist *persist, psd_telem *telem) {
   memset(ts, 0, sizeof *ts);
   ts->cfg = cfg;
   ts->job = job;
   ts->shard = shard;
   ts->persist = persist;
+  ts->telem = telem;
 }
 
 unsigned psd_tables_take_actions(psd_tables *ts) {
@@ -324,6 +325,7 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   /* PS_ENOMEM here leaves initializer values in the rows it could not
    * store: the reply is still right for this step. */
   psd_table_pull(e->t, keys, n, !read_only, dst);
+  psd_telem_sent(ts->telem, c->worker, bytes);
 }
 
 /* One parked pull per table and connection: a later one replaces it (its
@@ -566,8 +568,14 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
   int rc = check_keys(ts, keys, n, err, sizeof err);
   if (rc == 0) rc = grads_check(e->t, keys, grads, n, err, sizeof err);
   uint64_t dropped = 0;
+  double at = ps__now(); /* its data is in: the worker's arrival */
   if (rc == 0)
     rc = psd_table_push(e->t, (uint32_t)c->worker, m->step, keys, n, grads, &dropped);
+  /* The table's step is the job's step when it has no variables: its
+   * pushes are the step's arrivals, as a Push's (refusals are not). */
+  if (rc >= 0 || rc == PS_ESTALE)
+    psd_telem_push(ts->telem, c->worker, m->step, at, c->hdr.data_len, ps__now() - at,
+                   rc == PS_ESTALE);
   if (rc < 0 && !err[0]) push_refusal(c, e->t, m->step, rc, err, sizeof err);
   if (rc == PS_EINVAL) /* a peer's bad data, as often as it likes: rate-limited */
     ps__ratelog_say(&c->reg->plog[PSD_PLOG_PUSH], ps__now(), "%s: %s", c->name, err);

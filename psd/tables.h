@@ -27,6 +27,7 @@
 #include "ps.pb-c.h"
 #include "shard.h"
 #include "table.h"
+#include "telemetry.h"
 
 /* Keys all parked TablePulls of this psd may hold: each parked pull keeps
  * its keys (up to PS__MAX_TABLE_KEYS x 8 bytes) until its step comes, one
@@ -65,11 +66,13 @@ typedef struct psd_tables {
   const psd_shard *shard;  /* the variables' bytes, for --max-memory */
   psd_persist *persist;    /* checkpoints: restore at registration, capture
                               when a table reaches a checkpoint's step */
+  psd_telem *telem;        /* per-step telemetry: pushes are a step's
+                              arrivals (a job of tables alone has steps) */
   unsigned actions;        /* PSD_PERSIST_* gathered since the last take */
 } psd_tables;
 
 void psd_tables_init(psd_tables *ts, const psd_config *cfg, psd_job *job,
-                     const psd_shard *shard, psd_persist *persist);
+                     const psd_shard *shard, psd_persist *persist, psd_telem *telem);
 void psd_tables_free(psd_tables *ts);
 
 /* 1 if type is a TABLE_* request this file handles. */

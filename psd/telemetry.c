@@ -117,7 +117,10 @@ void psd_telem_push(psd_telem *t, int w, uint64_t step, double at, uint64_t byte
   }
   s->agg += agg;
   s->stale += stale;
-  if (s->arrive[w] < 0) s->arrivals++;
+  if (s->arrive[w] < 0) {
+    s->arrivals++;
+    wk->steps++;
+  }
   if (at > s->arrive[w]) s->arrive[w] = at; /* a worker's last frame of the step */
   if (at < s->first) s->first = at;
   if (w == s->last_worker) {
@@ -250,7 +253,7 @@ void psd_telem_print_summary(psd_telem *t, const psd_telem_view *v, FILE *f) {
               psd_job_worker_state(v->job, w));
     else
       fprintf(f, "%-6s %7llu %9s %9s | %9s %9s %9s %9s | %6s %6.1f %9.3f %9s\n", rank,
-              (unsigned long long)wk->pushes, "-", "-", "-", "-", "-", "-", "-", lastp, lag,
+              (unsigned long long)wk->steps, "-", "-", "-", "-", "-", "-", "-", lastp, lag,
               psd_job_worker_state(v->job, w));
   }
   /* Bytes per ps shard, as the workers counted them (every ps). */

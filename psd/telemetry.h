@@ -2,8 +2,10 @@
  * telemetry.h - psd's per-step telemetry: for every step (the step a Push
  * names) when each worker's gradient arrived, how long aggregation and the
  * optimizer took, and stale gradients; per worker how often it was the last
- * to arrive and how long the others waited for it. Always on: fixed arrays
- * sized when the job's worker count is pinned, nothing allocated per step.
+ * to arrive and how long the others waited for it. A sparse table's push
+ * is an arrival like a Push (a job of tables alone has steps too). Always
+ * on: fixed arrays sized when the job's worker count is pinned, nothing
+ * allocated per step.
  * Feeds `--telemetry FILE` (JSON lines, docs/telemetry.md), the end-of-run
  * summary table (`--summary`) and psctl's Stats.
  */
@@ -42,7 +44,9 @@ typedef struct psd_telem_slot {
 
 /* One worker as this psd saw it over the run. */
 typedef struct psd_telem_worker {
-  uint64_t pushes;     /* Push frames received */
+  uint64_t pushes;     /* Push and TablePush frames received */
+  uint64_t steps;      /* steps it pushed for (one per step, however many
+                          frames: the summary's view without its own) */
   uint64_t bytes_in;   /* gradient bytes received */
   uint64_t bytes_out;  /* parameter bytes sent */
   uint64_t shm_tcp_frames; /* its frames of tensor data, either way, that
@@ -80,9 +84,10 @@ int psd_telem_pin(psd_telem *t, uint32_t num_workers);
 /* Closes the open steps, writes them, frees everything. */
 void psd_telem_free(psd_telem *t);
 
-/* Worker w's Push for `step` was read completely: its data had arrived at
- * `at`, it carried `bytes`, aggregation/optimizer took agg seconds, and
- * `stale` of its gradients were dropped. */
+/* Worker w's Push or TablePush for `step` was read completely: its data
+ * had arrived at `at`, it carried `bytes`, aggregation/optimizer took agg
+ * seconds, and `stale` of its gradients (slices, or the table push) were
+ * dropped. */
 void psd_telem_push(psd_telem *t, int w, uint64_t step, double at, uint64_t bytes,
                     double agg, uint32_t stale);
 /* A frame of worker w's tensor data went over TCP although it has a

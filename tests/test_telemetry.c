@@ -28,7 +28,34 @@ typedef struct slow_worker {
   int async_mode;        /* ps_config.async_mode */
   int transport;         /* ps_config.transport (0: the default) */
   const int *hold;       /* NULL, or: after its steps, waits while *hold */
+  int tables;            /* 2 sparse tables instead of the variable */
 } slow_worker;
+
+#define TW_TABLES 2
+
+/* Tables "a" and "b" (dim 2) in t. 0 or the error. */
+static int tw_create(ps_client *c, ps_table **t) {
+  ps_table_config tc;
+  ps_table_config_init(&tc);
+  tc.dim = 2;
+  tc.capacity = 100;
+  const char *names[TW_TABLES] = {"a", "b"};
+  int rc = 0;
+  for (int i = 0; i < TW_TABLES && !rc; i++) rc = ps_client_table_create(c, names[i], &tc, &t[i]);
+  return rc;
+}
+
+/* One step's work on the tables: pull two keys' rows, add their gradients. */
+static int tw_step(ps_table **t, int worker, uint64_t step) {
+  uint64_t keys[2] = {1 + (uint64_t)worker, 100};
+  float rows[4], g[4] = {0.1f, 0.1f, 0.1f, 0.1f};
+  int rc = 0;
+  for (int i = 0; i < TW_TABLES && !rc; i++) {
+    rc = ps_table_pull(t[i], step, keys, 2, rows, 0, NULL);
+    if (!rc) rc = ps_table_add_grad(t[i], keys, 2, g);
+  }
+  return rc;
+}
 
 static void *slow_main(void *arg) {
   slow_worker *s = arg;
@@ -49,13 +76,16 @@ static void *slow_main(void *arg) {
   if (s->rc) return NULL;
   int64_t shape[1] = {16};
   ps_var *v;
-  s->rc = ps_client_var_create(c, "v", shape, 1, NULL, NULL, &v);
+  ps_table *t[TW_TABLES];
+  if (s->tables) s->rc = tw_create(c, t);
+  else s->rc = ps_client_var_create(c, "v", shape, 1, NULL, NULL, &v);
   uint64_t step = 0;
   if (!s->rc) s->rc = ps_client_pull(c, 0, &step);
   for (int i = 0; i < s->steps && !s->rc; i++) {
     struct timespec ts = {0, s->sleep_ms * 1000000L};
     nanosleep(&ts, NULL);
-    s->rc = ps_client_step(c, &step, NULL);
+    if (s->tables) s->rc = tw_step(t, s->worker, step);
+    if (!s->rc) s->rc = ps_client_step(c, &step, NULL);
   }
   while (!s->rc && s->hold && __atomic_load_n(s->hold, __ATOMIC_ACQUIRE)) {
     struct timespec ts = {0, 1000000};
@@ -65,6 +95,25 @@ static void *slow_main(void *arg) {
   if (s->rc) snprintf(s->err, sizeof s->err, "%s", ps_client_errmsg(c));
   ps_client_destroy(c);
   return NULL;
+}
+
+/* Joins n workers; each must have succeeded. */
+static void join_ok(pthread_t *th, slow_worker *w, int n) {
+  for (int i = 0; i < n; i++) {
+    pthread_join(th[i], NULL);
+    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
+  }
+}
+
+/* psd for 2 workers writing its summary to sum and its records to pst
+ * (files `tag`.txt and `tag`.ps0 in the test's directory). */
+static void start_recording(tu_psd *ps, char *sum, char *pst, size_t len, const char *tag) {
+  snprintf(sum, len, "%s/%s.txt", tu_tmpdir(), tag);
+  snprintf(pst, len, "%s/%s.ps0", tu_tmpdir(), tag);
+  tu_psd_secret = SECRET;
+  const char *args[] = {"--workers", "2", "--summary", sum, "--telemetry", pst, NULL};
+  ck_assert_int_eq(tu_psd_start(ps, args), 0);
+  tu_psd_secret = NULL;
 }
 
 /* Median of the numbers after `key` on every line of a JSON-lines file
@@ -108,10 +157,7 @@ START_TEST(test_async_has_no_straggler) {
                          .sleep_ms = i == 1 ? 8 : 2, .async_mode = 1};
     pthread_create(&th[i], NULL, slow_main, &w[i]);
   }
-  for (int i = 0; i < 2; i++) {
-    pthread_join(th[i], NULL);
-    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
-  }
+  join_ok(th, w, 2);
   ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
   char *s = tu_read_file(sum);
   ck_assert_msg(s != NULL, "no summary at %s", sum);
@@ -124,13 +170,8 @@ END_TEST
 START_TEST(test_straggler_summary) {
   enum { STEPS = 40 };
   char sum[600], pst[600], wt[2][600];
-  snprintf(sum, sizeof sum, "%s/summary.txt", tu_tmpdir());
-  snprintf(pst, sizeof pst, "%s/tel.ps0", tu_tmpdir());
-  tu_psd_secret = SECRET;
   tu_psd ps;
-  const char *args[] = {"--workers", "2", "--summary", sum, "--telemetry", pst, NULL};
-  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
-  tu_psd_secret = NULL;
+  start_recording(&ps, sum, pst, sizeof sum, "straggler");
   slow_worker w[2];
   pthread_t th[2];
   memset(w, 0, sizeof w);
@@ -140,10 +181,7 @@ START_TEST(test_straggler_summary) {
                          .sleep_ms = i == 1 ? 8 : 2, .telemetry = wt[i]};
     pthread_create(&th[i], NULL, slow_main, &w[i]);
   }
-  for (int i = 0; i < 2; i++) {
-    pthread_join(th[i], NULL);
-    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
-  }
+  join_ok(th, w, 2);
   ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
   ck_assert(WIFEXITED(ps.status) && WEXITSTATUS(ps.status) == 0);
 
@@ -290,10 +328,7 @@ START_TEST(test_stats_live_from_step_one) {
   ck_assert_msg(last1 >= recorded / 2, "w1 (30 ms a step) last in %llu of %llu steps",
                 (unsigned long long)last1, (unsigned long long)recorded);
   ck_assert_msg(lag1 > 5.0, "w1's mean lag %.3f ms", lag1);
-  for (int i = 0; i < 2; i++) {
-    pthread_join(th[i], NULL);
-    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
-  }
+  join_ok(th, w, 2);
   ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
 }
 END_TEST
@@ -356,10 +391,7 @@ START_TEST(test_transport_reported) {
   ck_assert_msg(strstr(text, " via\n"), "no via column: %s", text);
   free(text);
   __atomic_store_n(&hold, 0, __ATOMIC_RELEASE);
-  for (int i = 0; i < 2; i++) {
-    pthread_join(th[i], NULL);
-    ck_assert_msg(w[i].rc == 0, "worker %d: %s (%s)", i, ps_strerror(w[i].rc), w[i].err);
-  }
+  join_ok(th, w, 2);
   ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
   /* Every record of each file names its transport. */
   for (int i = 0; i < 2; i++) {
@@ -433,6 +465,74 @@ START_TEST(test_stats_tables) {
 }
 END_TEST
 
+/* A job of sparse tables alone (2 tables, no variable): its steps count.
+ * Stats records them live, with the TablePush frames and the bytes of
+ * gradients in and rows out; the summary's header and each worker's row
+ * (its own view off: psd's, one step however many tables) say STEPS, and
+ * the records hold one line per step with both workers' arrivals. */
+START_TEST(test_tables_only_steps) {
+  enum { STEPS = 6 };
+  char sum[600], pst[600];
+  tu_psd ps;
+  start_recording(&ps, sum, pst, sizeof sum, "tables");
+  int hold = 1;
+  slow_worker w[2];
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    w[i] = (slow_worker){.host = ps.addr, .worker = i, .nw = 2, .steps = STEPS,
+                         .telemetry = "off", .hold = &hold, .tables = 1};
+    pthread_create(&th[i], NULL, slow_main, &w[i]);
+  }
+  ps__auth au = {SECRET, strlen(SECRET), 0, NULL, 0, 0};
+  Ps__StatsReply *r = NULL;
+  char err[600];
+  uint64_t recorded = 0;
+  for (int k = 0; k < 1000 && recorded < STEPS; k++) {
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+    if (r) ps__stats_reply__free_unpacked(r, NULL);
+    int rc = ps__admin_stats(ps.addr, &au, 5000, &r, err, sizeof err);
+    ck_assert_msg(rc == 0, "stats: %s (%s)", ps_strerror(rc), err);
+    recorded = r->steps_recorded;
+  }
+  ck_assert_msg(recorded == STEPS, "steps_recorded %llu of %d", (unsigned long long)recorded,
+                STEPS);
+  ck_assert_uint_eq(r->n_workers, 2);
+  for (int i = 0; i < 2; i++) {
+    const Ps__WorkerStats *ws = r->workers[i];
+    ck_assert_msg(ws->pushes == STEPS * TW_TABLES && ws->bytes_in > 0 && ws->bytes_out > 0,
+                  "w%d: %llu pushes, %llu bytes in, %llu out", i,
+                  (unsigned long long)ws->pushes, (unsigned long long)ws->bytes_in,
+                  (unsigned long long)ws->bytes_out);
+  }
+  ps__stats_reply__free_unpacked(r, NULL);
+  __atomic_store_n(&hold, 0, __ATOMIC_RELEASE);
+  join_ok(th, w, 2);
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+  char *s = tu_read_file(sum);
+  ck_assert_msg(s != NULL, "no summary at %s", sum);
+  char head[64];
+  snprintf(head, sizeof head, "2 workers, %d steps ==", STEPS);
+  ck_assert_msg(strstr(s, head), "summary without '%s':\n%s", head, s);
+  for (int i = 0; i < 2; i++) {
+    char row[16];
+    snprintf(row, sizeof row, "\nw%d", i);
+    const char *p = strstr(s, row);
+    unsigned long long steps = 0;
+    ck_assert_msg(p && sscanf(p + 1, "%*s %llu", &steps) == 1 && steps == STEPS,
+                  "w%d's row does not say %d steps:\n%s", i, STEPS, s);
+  }
+  ck_assert_msg(!strstr(s, "gradients in 0 B") && !strstr(s, "parameters out 0 B"),
+                "no bytes counted:\n%s", s);
+  free(s);
+  int records, both;
+  median_field(pst, "\"type\":\"ps\"", "\"step\":", &records);
+  median_field(pst, "\"arrivals\":2,", "\"step\":", &both);
+  ck_assert_msg(records == STEPS && both == STEPS, "%d records, %d with both arrivals", records,
+                both);
+}
+END_TEST
+
 /* psctl authenticates psd as a worker does: a psd that cannot prove our
  * secret (it has none) is refused, named, before any Stats go out. */
 START_TEST(test_stats_impostor) {
@@ -461,6 +561,7 @@ Suite *suite_telemetry(void) {
   tcase_add_test(tc, test_stats_live_from_step_one);
   tcase_add_test(tc, test_transport_reported);
   tcase_add_test(tc, test_stats_tables);
+  tcase_add_test(tc, test_tables_only_steps);
   suite_add_tcase(s, tc);
   return s;
 }
