@@ -14,7 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 
 /* Starts o's average inside state at the initial values (TF's
  * ExponentialMovingAverage does too): param is n floats. No-op without an

@@ -18,7 +18,8 @@
 
 #include "ckpt_table.h"
 #include "ckptdir.h"
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 
 /* Format version written in every file. Version 3 added table records
  * (and their count in the header); readers also take version 2 (no

@@ -12,6 +12,7 @@
 #include "log.h"
 #include "memlimit.h"
 #include "opt.h"
+#include "ps/version.h"
 #include "wire.h"
 
 #define F(field) PS_OPT_FIELD(psd_config, field)

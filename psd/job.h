@@ -14,7 +14,8 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 #include "ps.pb-c.h"
 
 /* Exit statuses, so a launcher can tell why psd ended. */

@@ -10,7 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 
 /* Checks an optimizer configuration received from a worker. Returns 0, or
  * PS_EINVAL with a sentence naming the bad field in err. */

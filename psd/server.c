@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "ps/version.h"
 #include "wfile.h"
 
 /* Timer period for deadlines, stall checks and the grace period: fine

@@ -16,7 +16,8 @@
 
 #include <stdint.h>
 
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 
 
 struct psd_ckptq_rec;

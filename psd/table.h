@@ -54,7 +54,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 
 /* What defines a table; every worker must send the same (psd_table_diff). */
 typedef struct psd_table_spec {
@@ -73,7 +74,7 @@ typedef struct psd_table_spec {
   double l1, l2;              /* FTRL: regularization, >= 0 */
   double ftrl_beta;           /* FTRL: beta, >= 0 */
   uint32_t admit_count;       /* sightings before a key is stored (<= 1: first),
-                                 at most PSD_TABLE_MAX_ADMIT_COUNT */
+                                 at most PS_TABLE_MAX_ADMIT_COUNT */
   double admit_prob;          /* or probability per sighting, in [0, 1] (0: off) */
   uint64_t evict_after_steps; /* evict rows untouched this many steps (0: never) */
   /* The learning-rate schedule (2.8): ps_optimizer's fields, over the
@@ -89,8 +90,6 @@ typedef struct psd_table_spec {
  * UINT32_MAX as "no row", and 2^31 rows (32 GiB at dim 1 and up) is far
  * beyond one server's memory at any useful dim. */
 #define PSD_TABLE_MAX_ROWS ((uint64_t)1 << 31)
-/* Largest admit_count: the sketch's counters are 8 bits and saturate. */
-#define PSD_TABLE_MAX_ADMIT_COUNT 255u
 
 /* The schedule fields of s as a ps_optimizer's (lr and kind SGD too), for
  * psd_opt_validate and psd_opt_lr. */

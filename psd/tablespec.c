@@ -189,11 +189,11 @@ int psd_table_spec_check(const psd_table_spec *s, char *err, size_t errlen) {
                     PS__ESC(s->name), (uint64_t)PSD_TABLE_MAX_ROWS, s->capacity);
   int rc = check_init(s, err, errlen);
   if (rc == 0) rc = check_opt(s, err, errlen);
-  if (rc == 0 && s->admit_count > PSD_TABLE_MAX_ADMIT_COUNT)
+  if (rc == 0 && s->admit_count > PS_TABLE_MAX_ADMIT_COUNT)
     rc = ps__errf(PS_EINVAL, err, errlen,
                   "table '%s': admit_count must be at most %u (8-bit sketch counters), "
                   "got %u",
-                  PS__ESC(s->name), PSD_TABLE_MAX_ADMIT_COUNT, s->admit_count);
+                  PS__ESC(s->name), PS_TABLE_MAX_ADMIT_COUNT, s->admit_count);
   if (rc == 0 && !(s->admit_prob >= 0.0 && s->admit_prob <= 1.0))
     rc = ps__errf(PS_EINVAL, err, errlen, "table '%s': admit_prob must be in [0, 1], got %g",
                   PS__ESC(s->name), s->admit_prob);

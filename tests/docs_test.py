@@ -71,7 +71,8 @@ def check_options(bin_dir, readme, docs, errors):
 
 def check_exits(protocol, errors):
     public = dict(re.findall(r"#define (PS_[A-Z_]+) (\d+)",
-                             read(os.path.join(ROOT, "libpsclient", "include", "psclient.h"))))
+                             read(os.path.join(ROOT, "libpsclient", "include", "ps",
+                                               "errno.h"))))
     code = dict((n, int(public.get(v, v))) for n, v in re.findall(
         r"(PSD_EXIT_[A-Z_]+) = (\d+|PS_[A-Z_]+)", read(os.path.join(ROOT, "psd", "job.h"))))
     doc = dict((n, int(v)) for v, n in re.findall(r"^\| (\d+) \| `(PSD_EXIT_[A-Z_]+)`",

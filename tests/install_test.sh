@@ -26,7 +26,8 @@ unset LD_LIBRARY_PATH
 
 prefix=$tmp/prefix
 cmake --install "$build" --prefix "$prefix" >/dev/null
-for f in include/psclient.h bin/psd bin/psrun bin/psctl bin/psplot; do
+for f in include/psclient.h include/ps/errno.h include/ps/export.h include/ps/types.h \
+    include/ps/version.h bin/psd bin/psrun bin/psctl bin/psplot; do
   [ -e "$prefix/$f" ] || fail "$f not installed"
 done
 pc=$(find "$prefix" -name psclient.pc | head -1)

@@ -1290,7 +1290,7 @@ START_TEST(spec_check) {
   s = ok, s.admit_prob = -0.1, refused(&s, "admit_prob");
   s = ok, s.admit_prob = 1.5, refused(&s, "admit_prob");
   s = ok, s.admit_prob = NAN, refused(&s, "admit_prob");
-  s = ok, s.admit_count = PSD_TABLE_MAX_ADMIT_COUNT + 1, refused(&s, "admit_count");
+  s = ok, s.admit_count = PS_TABLE_MAX_ADMIT_COUNT + 1, refused(&s, "admit_count");
   s = ok, memset(s.name, 'x', sizeof s.name), refused(&s, "name");
   /* fields of other rules are not read */
   s = ok, s.beta1 = NAN, s.l1 = -5, s.epsilon = 0;

@@ -3,7 +3,8 @@
 
 #include <sodium.h>
 
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 
 int ps__mac_init(void) { return sodium_init() < 0 ? PS_EINTERNAL : 0; }
 

@@ -7,7 +7,8 @@
 #define PS_WIRE_OPTIMIZER_MSG_H
 
 #include "ps.pb-c.h"
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 
 /* Fills m (initialized here) from o; m points into nothing of o's. */
 void ps__opt_to_msg(const ps_optimizer *o, Ps__Optimizer *m);

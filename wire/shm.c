@@ -14,7 +14,8 @@
 #include <sys/vfs.h>
 #include <unistd.h>
 
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 
 /* statfs f_type of tmpfs, where memfd_create's files live (linux/magic.h
  * TMPFS_MAGIC); hugetlbfs memfds, whose pages can run out at fault time

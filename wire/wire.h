@@ -13,7 +13,8 @@
 
 #include <protobuf-c/protobuf-c.h>
 
-#include "psclient.h"
+#include "ps/errno.h"
+#include "ps/types.h"
 #include "util.h"
 #include "outq.h"
 #include "placement.h"

@@ -16,8 +16,6 @@
 /* Rule defaults of epsilon, which ps_table_config_init leaves at 0. */
 #define PS__TABLE_ADAM_EPSILON 1e-8
 #define PS__TABLE_ADAGRAD_EPSILON 1e-7
-/* Sightings a server counts before it admits a key (psclient.h). */
-#define PS__TABLE_MAX_ADMIT_COUNT 255u
 
 void ps_table_config_init_sized(ps_table_config *cfg, size_t size) {
   if (!cfg || size < sizeof cfg->struct_size) return;
@@ -165,10 +163,10 @@ static int check_config(ps_client *c, const char *name, const ps_table_config *g
   if (!rc) rc = check_num(c, name, "l2", g->l2, ftrl, 0, 0, inf, 1);
   if (!rc) rc = check_num(c, name, "ftrl_beta", g->ftrl_beta, ftrl, 0, 0, inf, 1);
   if (!rc) rc = check_num(c, name, "admit_prob", g->admit_prob, 1, 0, 0, 1, 0);
-  if (!rc && g->admit_count > PS__TABLE_MAX_ADMIT_COUNT)
+  if (!rc && g->admit_count > PS_TABLE_MAX_ADMIT_COUNT)
     rc = ps__seterr(c, PS_EINVAL, "table '%s': admit_count %u must be at most %u (the "
                     "servers count sightings in 8 bits)", name, g->admit_count,
-                    PS__TABLE_MAX_ADMIT_COUNT);
+                    PS_TABLE_MAX_ADMIT_COUNT);
   if (!rc) rc = check_schedule(c, name, g);
   return rc;
 }

@@ -13,17 +13,20 @@ from conftest import BIN, ROOT, hosts
 import psd
 
 
+def header(name):
+    with open(os.path.join(ROOT, "libpsclient", "include", "ps", name)) as f:
+        return f.read()
+
+
 def header_version():
-    with open(os.path.join(ROOT, "libpsclient", "include", "psclient.h")) as f:
-        text = f.read()
+    text = header("version.h")
     return ".".join(re.search(r"#define PS_VERSION_%s (\d+)" % k, text).group(1)
                     for k in ("MAJOR", "MINOR", "PATCH"))
 
 
 def test_version_is_the_library_s():
     assert psd.__version__ == header_version() == psd.library_version  # ps_version()
-    with open(os.path.join(ROOT, "libpsclient", "include", "psclient.h")) as f:
-        stopped = int(re.search(r"#define PS_EXIT_STOPPED (\d+)", f.read()).group(1))
+    stopped = int(re.search(r"#define PS_EXIT_STOPPED (\d+)", header("errno.h")).group(1))
     assert psd.EXIT_STOPPED == stopped == 75
     major, minor, _ = psd.__version__.split(".")
     assert psd._version.SONAME == "libpsclient.so.%s.%s" % (major, minor)
