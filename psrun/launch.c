@@ -220,7 +220,7 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   }
   snprintf(e_hosts, hl, "PS_HOSTS=%s", hosts);
   char e_idx[64], e_nw[64], e_nps[64], e_local[64], e_lw[64], e_secret[300], e_job[64],
-      e_step[64], e_sock[1100], e_rep[64], label[32];
+      e_step[64], e_sock[1100], e_rep[64], e_restarts[64], label[32];
   snprintf(e_idx, sizeof e_idx, "PS_WORKER_INDEX=%d", t->index);
   snprintf(e_nw, sizeof e_nw, "PS_NUM_WORKERS=%d", t->num_workers);
   snprintf(e_nps, sizeof e_nps, "PS_NUM_PS=%d", t->num_ps);
@@ -244,6 +244,10 @@ int psr_start_worker(psr_procs *p, const psr_task *t, const char *hosts, char *e
   if (replicas > 0) env[ne++] = e_rep;
   /* Workers sharing this machine's cores size their thread pools by it. */
   if (t->local_workers > 0) env[ne++] = e_lw;
+  /* A restarted worker knows it is one (the torch.distributed backend
+   * refuses to start such a rank: docs/python.md). */
+  snprintf(e_restarts, sizeof e_restarts, "PS_WORKER_RESTARTS=%d", t->restarts);
+  if (t->restarts > 0) env[ne++] = e_restarts;
   if (t->secret && t->secret[0]) env[ne++] = e_secret;
   if (t->o->telemetry[0]) env[ne++] = e_tele;
   if (t->o->wire_dtype[0]) env[ne++] = e_wire;

@@ -29,6 +29,9 @@ typedef struct psr_task {
   long long job_id;         /* what MUNGE credentials name */
   long long step_id;        /* ... (-1 for psd: any step of the job) */
   const char *summary;      /* ps0's end-of-run table: file, "-" stdout, NULL none */
+  int restarts;             /* worker: > 0 when this start is a restart
+                               (--restart-workers; the restarts made so far,
+                               this one included): PS_WORKER_RESTARTS */
 } psr_task;
 
 /* Starts psd for task t, waits (bounded) for its port file and returns its

@@ -127,7 +127,10 @@ static int worker_lost(psr_sup *s, psr_procs *procs, psr_child *c) {
     s->t->index = w;
     s->t->local_rank = w;
     s->restarts_left--;
-    if (psr_start_worker(procs, s->t, s->hosts, err, sizeof err) >= 0) {
+    s->t->restarts = s->o->restart_workers - s->restarts_left;
+    int started = psr_start_worker(procs, s->t, s->hosts, err, sizeof err);
+    s->t->restarts = 0;
+    if (started >= 0) {
       psr_log("%s %s; restarted it (%d restart(s) left)", label, d, s->restarts_left);
       return 1;
     }

@@ -127,6 +127,7 @@ static psr_task task_of(psr_step *s) {
   /* psd of a ps step of its own serves worker steps with other step ids. */
   t.step_id = s->role.is_ps && strcmp(s->o->role, "ps") == 0 ? -1 : s->env.step_id;
   t.summary = "-"; /* ps0 prints the telemetry table into the job's output */
+  t.restarts = s->restarts;
   return t;
 }
 

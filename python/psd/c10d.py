@@ -678,6 +678,15 @@ def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupPsd:
             "psd backend: init_process_group gave rank %d of %d, but psrun started this "
             "worker as %s of %s; leave rank and world_size out (psrun sets RANK and "
             "WORLD_SIZE) or pass the same" % (rank, size, w, nw))
+    restarts = _env_int("PS_WORKER_RESTARTS")
+    if restarts:
+        raise RuntimeError(
+            "psd backend: rank %d was restarted by psrun --restart-workers, but a "
+            "torch.distributed job cannot take a restarted rank back: the other ranks are in "
+            "the middle of their collectives and the model and optimizer state live in each "
+            "rank's memory. The job stops here; run it again (with psd.torch.Checkpoint it "
+            "resumes from its last stop), or use --backup-workers K to go on without a dead "
+            "rank" % rank)
     if os.environ.get("PS_ASYNC", "0") not in ("", "0"):
         raise RuntimeError("psd backend: asynchronous training (PS_ASYNC) applies each "
                            "rank's part alone, which no collective means; run without it")

@@ -18,6 +18,9 @@
                    over the first two parts, exact calls over all three;
                    then DDP trains on, rank 2 dying after step 4; ranks 0
                    and 1 save their state_dicts to OUT.<rank>
+  restart MARKER   DDP for 10 steps; rank 1 dies at step 3 unless MARKER
+                   exists (it creates it): under --restart-workers the
+                   restarted rank must refuse to start, saying why
 """
 import os
 import sys
@@ -253,6 +256,23 @@ def backup(out):
     dist.destroy_process_group()
 
 
+def restart(marker):
+    dist.init_process_group("psd")
+    r = dist.get_rank()
+    ddp = torch.nn.parallel.DistributedDataParallel(small_net())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(10):
+        if r == 1 and step == 3 and not os.path.exists(marker):
+            open(marker, "w").close()
+            print("rank 1 dies", flush=True)
+            os._exit(1)
+        x, y = batches(step, 2)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x[r * B:(r + 1) * B]), y[r * B:(r + 1) * B]).backward()
+        opt.step()
+    dist.destroy_process_group()
+
+
 def skip():
     # The timeout bounds init's start-up barrier too: 12 s leaves room for
     # a loaded machine to start both ranks (importing torch takes seconds).
@@ -276,6 +296,8 @@ if __name__ == "__main__":
         equivalence(sys.argv[2])
     elif mode == "backup":
         backup(sys.argv[2])
+    elif mode == "restart":
+        restart(sys.argv[2])
     elif mode == "skip":
         skip()
     elif mode in ("preempt", "preempt1"):

@@ -179,6 +179,23 @@ def test_backup_workers_ddp_goes_on_without_a_dead_rank(tmpdir_short):
             assert torch.equal(a[k], b[k]), k
 
 
+def test_restarted_rank_refused_with_a_sentence(tmpdir_short):
+    """psrun --restart-workers restarts a dead rank, which a torch.distributed
+    job cannot take back: the restarted rank refuses to start, saying so and
+    what to do, and the job ends at once instead of waiting out the group's
+    timeout."""
+    import time
+    marker = os.path.join(tmpdir_short, "died")
+    t0 = time.monotonic()
+    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), "restart", marker,
+              extra=("--restart-workers", "1"), timeout=120)
+    log = p.stdout + p.stderr
+    assert p.returncode != 0, log
+    assert "rank 1 dies" in log and "restarted it" in log, log
+    assert "rank 1 was restarted by psrun --restart-workers" in log, log
+    assert time.monotonic() - t0 < 90, log
+
+
 def _state(path):
     return torch.load(path)
 
