@@ -79,7 +79,7 @@ static float grad(const float *W, const float *b, uint64_t first, uint64_t n, fl
 
 int main(int argc, char **argv) {
   int steps = 50, batch = 32, fail_at = -1, sleep_ms = 0, skip_finish = 0;
-  for (int a = 1; a < argc; a++) {
+  for (int a = 1; a < argc; a += 2) { /* each option takes a value */
     int *dst = NULL;
     if (!strcmp(argv[a], "--steps")) dst = &steps;
     else if (!strcmp(argv[a], "--batch")) dst = &batch;
@@ -92,7 +92,6 @@ int main(int argc, char **argv) {
                       "--sleep-ms MS)\n", argv[a]);
       return 2;
     }
-    a++;
   }
   ps_client *c;
   char err[512];
