@@ -220,7 +220,8 @@ int psd_ckpt_add_header(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, si
   size_t nlen = strlen(r->name);
   uint8_t h[4 + 4 + PS_MAX_NAME + 4 + 8 * PS_MAX_DIMS + 8 + 8 + 4 + 4 + 8];
   if (nlen > PS_MAX_NAME || r->ndim > PS_MAX_DIMS || r->state_per > PSD_OPT_MAX_STATE) {
-    snprintf(err, errlen, "checkpoint %s: slice '%s' cannot be recorded", w->tmp, r->name);
+    snprintf(err, errlen, "checkpoint %s: slice '%s' cannot be recorded", w->tmp,
+             PS__ESC(r->name));
     return -1;
   }
   size_t o = 0;
@@ -487,12 +488,13 @@ static int parse_slice(psd_ckpt_image *img, size_t *at, size_t end, uint32_t i, 
   r->ndim = get32(b + o);
   o += 4;
   if (r->ndim < 1 || r->ndim > PS_MAX_DIMS || end - o < 8ull * r->ndim + 36)
-    return bad(img, err, errlen, "slice '%s' has %u dimensions", r->name, r->ndim);
+    return bad(img, err, errlen, "slice '%s' has %u dimensions", PS__ESC(r->name),
+               r->ndim);
   uint64_t numel = 1;
   for (uint32_t k = 0; k < r->ndim; k++, o += 8) {
     r->shape[k] = get64(b + o);
     if (r->shape[k] == 0 || ps__mul_u64(numel, r->shape[k], &numel))
-      return bad(img, err, errlen, "slice '%s' has a bad shape", r->name);
+      return bad(img, err, errlen, "slice '%s' has a bad shape", PS__ESC(r->name));
   }
   r->offset = get64(b + o);
   r->length = get64(b + o + 8);
@@ -502,15 +504,15 @@ static int parse_slice(psd_ckpt_image *img, size_t *at, size_t end, uint32_t i, 
   o += 32;
   if (r->length == 0 || r->offset > numel || r->length > numel - r->offset)
     return bad(img, err, errlen, "slice '%s' [%" PRIu64 ", +%" PRIu64
-               ") lies outside its %" PRIu64 " elements", r->name, r->offset, r->length,
-               numel);
+               ") lies outside its %" PRIu64 " elements", PS__ESC(r->name), r->offset,
+               r->length, numel);
   if (r->state_per > PSD_OPT_MAX_STATE)
     return bad(img, err, errlen, "slice '%s' has %u optimizer state floats per element",
-               r->name, r->state_per);
+               PS__ESC(r->name), r->state_per);
   uint64_t need = r->length * (1 + r->state_per) * sizeof(float);
   if (r->length > (uint64_t)1 << 40 || end - o < need)
-    return bad(img, err, errlen, "slice '%s' needs %" PRIu64 " bytes, %zu are left", r->name,
-               need, end - o);
+    return bad(img, err, errlen, "slice '%s' needs %" PRIu64 " bytes, %zu are left",
+               PS__ESC(r->name), need, end - o);
   r->param = b + o;
   o += r->length * sizeof(float);
   r->state = r->state_per ? b + o : NULL;

@@ -304,8 +304,8 @@ static void write_rec(psd_ckptq *q, psd_ckptq_file *f, psd_ckptq_rec *rec) {
     rec->pos = pos + n;
     pthread_mutex_unlock(&q->mu);
     if (lost) {
-      snprintf(err, sizeof err, "out of memory keeping slice '%.200s' for checkpoint %.900s",
-               rec->name, f->w.tmp);
+      snprintf(err, sizeof err, "out of memory keeping slice '%s' for checkpoint %.900s",
+               PS__ESC(rec->name), f->w.tmp);
       fail(f, err);
     }
     if (f->failed || n == 0) break;

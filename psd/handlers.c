@@ -82,7 +82,7 @@ static int hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m, int munge_rc,
   snprintf(c->name, sizeof c->name, "w%u", t.worker);
   psd_pace_joined(h->pace, &c->pace, c->fd, c->name);
   psd_info("worker %u %s from %s%s%s", t.worker, rejoin ? "rejoined" : "joined", c->peer,
-           m->client_id && m->client_id[0] ? " " : "", m->client_id ? m->client_id : "");
+           m->client_id && m->client_id[0] ? " " : "", PS__ESC(m->client_id));
   if (rejoin) check_done(h);
   return 0;
 }
@@ -280,7 +280,7 @@ static int check_memory(const psd_handlers *h, const char *name, uint64_t length
            "variable '%s': %llu more bytes would take this server past --max-memory "
            "(%.0f bytes; slices hold %llu, per-slice tables %llu, sparse tables reserve %llu "
            "with their checkpoint copies)",
-           name, (unsigned long long)need, h->cfg->max_memory,
+           PS__ESC(name), (unsigned long long)need, h->cfg->max_memory,
            (unsigned long long)h->shard->bytes_alloc, (unsigned long long)tables,
            (unsigned long long)sparse);
   return PS_ETOOBIG;
@@ -312,22 +312,23 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
       snprintf(err, sizeof err, "variable name must be 1 to %d bytes", PS_MAX_NAME);
     else if (sp->dtype != 1)
       snprintf(err, sizeof err, "variable '%s': dtype %u is not supported (only 1 = float32)",
-               name, sp->dtype);
+               PS__ESC(name), sp->dtype);
     else if (sp->n_shape < 1 || sp->n_shape > PS_MAX_DIMS)
-      snprintf(err, sizeof err, "variable '%s': %zu dimensions (must be 1 to %d)", name,
-               sp->n_shape, PS_MAX_DIMS);
+      snprintf(err, sizeof err, "variable '%s': %zu dimensions (must be 1 to %d)",
+               PS__ESC(name), sp->n_shape, PS_MAX_DIMS);
     else
       rc = 0;
     for (size_t d = 0; rc == 0 && d < sp->n_shape; d++)
       if (sp->shape[d] == 0 || ps__mul_u64(numel, sp->shape[d], &numel)) {
         snprintf(err, sizeof err, "variable '%s': dimension %zu is zero or the size overflows",
-                 name, d);
+                 PS__ESC(name), d);
         rc = PS_ESHAPE;
       }
     if (rc == 0 && sp->length > PS__MAX_SLICE_BYTES / sizeof(float)) {
       snprintf(err, sizeof err,
-               "variable '%s': slice of %llu elements exceeds the %llu-byte slice limit", name,
-               (unsigned long long)sp->length, (unsigned long long)PS__MAX_SLICE_BYTES);
+               "variable '%s': slice of %llu elements exceeds the %llu-byte slice limit",
+               PS__ESC(name), (unsigned long long)sp->length,
+               (unsigned long long)PS__MAX_SLICE_BYTES);
       rc = PS_ETOOBIG;
     }
     if (rc == 0)
@@ -339,12 +340,12 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     if (rc == 0) {
       char e2[400];
       rc = psd_opt_validate(&opt, e2, sizeof e2);
-      if (rc) snprintf(err, sizeof err, "variable '%s': %s", name, e2);
+      if (rc) snprintf(err, sizeof err, "variable '%s': %s", PS__ESC(name), e2);
       else if (ps__opt_min_minor(&opt) > h->cfg->protocol_minor) {
         /* psd --protocol-minor below the newest (a test of older servers) refuses
          * what it does not announce, as an older psd would. */
         snprintf(err, sizeof err, "variable '%s': %s needs protocol 2.%d; this psd speaks 2.%d",
-                 name, ps__opt_min_minor_what(&opt), ps__opt_min_minor(&opt),
+                 PS__ESC(name), ps__opt_min_minor_what(&opt), ps__opt_min_minor(&opt),
                  h->cfg->protocol_minor);
         rc = PS_EUNSUPPORTED;
       }
@@ -442,23 +443,25 @@ static int begin_data(psd_handlers *h, psd_conn *c, uint64_t req, uint64_t step,
     psd_slice *sl = sh->slices[it->slice_id];
     if (psd_conn_seen_twice(c, it->slice_id)) {
       psd_conn_error(c, req, PS_EPROTO, 1, "%s lists slice %u of '%s' twice",
-                     ps__msg_name(c->hdr.type), it->slice_id, sl->name);
+                     ps__msg_name(c->hdr.type), it->slice_id, PS__ESC(sl->name));
       return -1;
     }
     if (it->n_rows || it->row_width) {
       psd_conn_error(c, req, PS_EUNSUPPORTED, 1,
-                     "row-sparse update of '%s' is not supported by this server", sl->name);
+                     "row-sparse update of '%s' is not supported by this server",
+                     PS__ESC(sl->name));
       return -1;
     }
     if (it->count != sl->length) {
       psd_conn_error(c, req, PS_ESHAPE, 1,
                      "%s of '%s' (slice at %llu) carries %llu values, the slice has %llu",
-                     ps__msg_name(c->hdr.type), sl->name, (unsigned long long)sl->offset,
+                     ps__msg_name(c->hdr.type), PS__ESC(sl->name), (unsigned long long)sl->offset,
                      (unsigned long long)it->count, (unsigned long long)sl->length);
       return -1;
     }
-    char what[PS_MAX_NAME + 40];
-    snprintf(what, sizeof what, "%s item of '%s'", ps__msg_name(c->hdr.type), sl->name);
+    char what[PS__ESC_BYTES + 40];
+    snprintf(what, sizeof what, "%s item of '%s'", ps__msg_name(c->hdr.type),
+             PS__ESC(sl->name));
     if (check_dtype(h, c, req, it->dtype, what) != 0) return -1;
     total += it->count * ps__dtype_size(it->dtype); /* each <= 64M, n <= 1M: no overflow */
     if (it->count > maxlen) maxlen = it->count;
@@ -564,13 +567,13 @@ static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     }
     if (psd_conn_seen_twice(c, id)) {
       psd_conn_error(c, m->request_id, PS_EPROTO, 1, "PULL lists slice %u of '%s' twice", id,
-                     sh->slices[id]->name);
+                     PS__ESC(sh->slices[id]->name));
       return -1;
     }
     if (psd_waitset_busy(&c->waits, id)) {
       psd_conn_error(c, m->request_id, PS_EBUSY, 0,
                      "a pull of '%s' is already being answered on this connection",
-                     sh->slices[id]->name);
+                     PS__ESC(sh->slices[id]->name));
       return 0;
     }
   }
@@ -667,19 +670,20 @@ static int handle_stats(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
  * what psd saw instead of a bare code; a future step is also logged here. */
 static void push_refused(psd_conn *c, const psd_slice *sl, int rc) {
   char e[sizeof c->data_err];
+  const char *name = PS__ESC(sl->name);
   unsigned long long s = c->data_step, at = sl->step;
   if (rc == PS_EINVAL)
     snprintf(e, sizeof e, "gradient of '%s' for step %llu, but the slice is only at step "
-             "%llu (push the step you last pulled)", sl->name, s, at);
+             "%llu (push the step you last pulled)", name, s, at);
   else if (rc == PS_EDUPLICATE)
     snprintf(e, sizeof e, "worker %d already pushed its gradient of '%s' for step %llu: "
-             "the server has it", c->worker, sl->name, s);
+             "the server has it", c->worker, name, s);
   else if (rc == PS_ESTATE)
-    snprintf(e, sizeof e, "'%s' is not initialized yet", sl->name);
+    snprintf(e, sizeof e, "'%s' is not initialized yet", name);
   else if (rc == PS_EUNSUPPORTED)
-    snprintf(e, sizeof e, "'%s' is not trainable: it takes no gradients", sl->name);
+    snprintf(e, sizeof e, "'%s' is not trainable: it takes no gradients", name);
   else
-    snprintf(e, sizeof e, "gradient of '%s' for step %llu refused: %s", sl->name, s,
+    snprintf(e, sizeof e, "gradient of '%s' for step %llu refused: %s", name, s,
              ps_strerror(rc));
   if (rc == PS_EINVAL)
     ps__ratelog_say(&c->reg->plog[PSD_PLOG_PUSH], ps__now(), "%s: %s", c->name, e);

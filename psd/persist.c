@@ -73,7 +73,7 @@ void psd_persist_release(psd_persist *p, psd_slice *sl) {
   if (!sl->ck_hold) return;
   if (psd_ckptq_release(p->q, sl->ck_hold) != 0)
     psd_error("out of memory keeping slice '%s' for the checkpoint being written; that "
-              "checkpoint will fail", sl->name);
+              "checkpoint will fail", PS__ESC(sl->name));
   sl->ck_hold = NULL;
 }
 
@@ -95,8 +95,8 @@ static void capture(psd_persist *p, psd_slice *sl) {
    * not moved): that file takes its own copy of what it has not written. */
   psd_persist_release(p, sl);
   if (psd_ckptq_add(p->q, p->cur, &r, &sl->ck_hold) != 0) {
-    psd_error("out of memory queueing slice '%s' for checkpoint step %" PRIu64, sl->name,
-              p->cur_step);
+    psd_error("out of memory queueing slice '%s' for checkpoint step %" PRIu64,
+              PS__ESC(sl->name), p->cur_step);
     abort_ckpt(p, "out of memory");
     return;
   }
@@ -242,8 +242,8 @@ static int can_begin(const psd_persist *p, uint64_t step, int final, char *err,
   if (sh->async_mode) return 0;
   for (uint32_t i = 0; i < sh->n; i++)
     if (sh->slices[i]->step > step) {
-      snprintf(err, errlen, "slice '%s' is already at step %" PRIu64, sh->slices[i]->name,
-               sh->slices[i]->step);
+      snprintf(err, errlen, "slice '%s' is already at step %" PRIu64,
+               PS__ESC(sh->slices[i]->name), sh->slices[i]->step);
       return -1;
     }
   for (uint32_t i = 0; i < p->ntabs; i++) {
@@ -625,7 +625,7 @@ int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t e
     snprintf(err, errlen,
              "variable '%s' (slice at %" PRIu64 ", %" PRIu64 " elements) is not in checkpoint "
              "%s: it was written for a different model or ps layout",
-             sl->name, sl->offset, sl->length, img->path);
+             PS__ESC(sl->name), sl->offset, sl->length, img->path);
     return PS_EMISMATCH;
   }
   int same = r->ndim == sl->ndim && r->length == sl->length;
@@ -634,13 +634,13 @@ int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t e
     snprintf(err, errlen,
              "variable '%s' (slice at %" PRIu64 ") has %" PRIu64 " elements in checkpoint %s "
              "but %" PRIu64 " (or another shape) now",
-             sl->name, sl->offset, r->length, img->path, sl->length);
+             PS__ESC(sl->name), sl->offset, r->length, img->path, sl->length);
     return PS_ESHAPE;
   }
   if (r->opt_kind != (uint32_t)sl->opt.kind) {
     snprintf(err, errlen,
              "variable '%s' was trained with optimizer %s in checkpoint %s, now %s",
-             sl->name, kind_or_unknown((int)r->opt_kind), img->path,
+             PS__ESC(sl->name), kind_or_unknown((int)r->opt_kind), img->path,
              kind_or_unknown((int)sl->opt.kind));
     return PS_EMISMATCH;
   }
@@ -650,7 +650,7 @@ int psd_persist_restore_slice(psd_persist *p, psd_slice *sl, char *err, size_t e
     snprintf(err, errlen,
              "variable '%s' was trained with optimizer %s keeping %u state floats per element "
              "in checkpoint %s, now %zu (its momentum, centered or average changed)",
-             sl->name, kind_or_unknown((int)r->opt_kind), r->state_per, img->path,
+             PS__ESC(sl->name), kind_or_unknown((int)r->opt_kind), r->state_per, img->path,
              psd_opt_state_per_elem(&sl->opt));
     return PS_EMISMATCH;
   }

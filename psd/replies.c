@@ -132,12 +132,14 @@ static int check_average_pull(psd_handlers *h, psd_conn *c, const Ps__Pull *m) {
     if (sl->opt.average == PS_AVERAGE_NONE) {
       psd_conn_error(c, m->request_id, PS_EINVAL, 0,
                      "variable '%s' keeps no moving average (its optimizer's average is none): "
-                     "create it with one to pull an average, or pull its parameters", sl->name);
+                     "create it with one to pull an average, or pull its parameters",
+                     PS__ESC(sl->name));
       return -1;
     }
     if (!sl->initialized) {
       psd_conn_error(c, m->request_id, PS_ESTATE, 0,
-                     "variable '%s' has no average yet: it is not initialized", sl->name);
+                     "variable '%s' has no average yet: it is not initialized",
+                     PS__ESC(sl->name));
       return -1;
     }
   }
@@ -177,7 +179,8 @@ void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w)
   const psd_slice *sl = h->shard->slices[w->slice_id];
   psd_conn_error(c, w->request_id, PS_ETIMEDOUT, 0,
                  "pull of '%s' for step >= %llu timed out (the slice is at step %llu)",
-                 sl->name, (unsigned long long)w->min_step, (unsigned long long)sl->step);
+                 PS__ESC(sl->name), (unsigned long long)w->min_step,
+                 (unsigned long long)sl->step);
 }
 
 void psd_handlers_flush(psd_handlers *h) {

@@ -107,7 +107,7 @@ static void check_stalls(psd_server *srv, double now) {
     if (sl->count == 0 || now - sl->first_grad_at < srv->cfg->stall_s) continue;
     if (sl->stall_logged_at && now - sl->stall_logged_at < srv->cfg->stall_s) continue;
     uint64_t step = sl->step;
-    char vars[512];
+    char vars[PS__ESC_BYTES + 8]; /* the longest escaped name fits */
     size_t vo = 0, nvars = 0;
     vars[0] = '\0';
     for (uint32_t j = i; j < sh->n; j++) {
@@ -116,9 +116,12 @@ static void check_stalls(psd_server *srv, double now) {
       if (o->stall_logged_at && now - o->stall_logged_at < srv->cfg->stall_s) continue;
       o->stall_logged_at = now;
       nvars++;
-      if (vo + strlen(o->name) + 8 < sizeof vars &&
-          (j == i || strcmp(o->name, sh->slices[j - 1]->name) != 0))
-        vo += (size_t)snprintf(vars + vo, sizeof vars - vo, "%s%s", vo ? ", " : "", o->name);
+      if (j != i && strcmp(o->name, sh->slices[j - 1]->name) == 0) continue;
+      /* Escaped (a worker chose the name); one that no longer fits whole
+       * is left out rather than cut. */
+      const char *shown = PS__ESC(o->name);
+      if (vo + strlen(shown) + 8 < sizeof vars)
+        vo += (size_t)snprintf(vars + vo, sizeof vars - vo, "%s%s", vo ? ", " : "", shown);
     }
     uint32_t missing[PSD_STALL_NAMES];
     uint32_t nm = psd_slice_missing(sh, sl, missing, PSD_STALL_NAMES);

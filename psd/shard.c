@@ -94,7 +94,7 @@ static int shape_conflict(const psd_slice *sl, const char *name, uint32_t ndim,
   snprintf(err, errlen,
            "variable '%s' has shape %s here (slice at %llu of %llu elements), registered "
            "first by worker %d; worker %d asks for shape %s (slice at %llu of %llu elements)",
-           name, have, (unsigned long long)sl->offset, (unsigned long long)sl->length,
+           PS__ESC(name), have, (unsigned long long)sl->offset, (unsigned long long)sl->length,
            (int)sl->created_by, worker, want, (unsigned long long)offset,
            (unsigned long long)length);
   return PS_ESHAPE;
@@ -117,7 +117,8 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
       snprintf(la, sizeof la, "worker %d, who registered it first", (int)sl->created_by);
       snprintf(lb, sizeof lb, "worker %d", worker);
       if (ps__opt_diff(&sl->opt, la, opt, lb, diff, sizeof diff)) {
-        snprintf(err, errlen, "variable '%s' has another optimizer here: %s", name, diff);
+        snprintf(err, errlen, "variable '%s' has another optimizer here: %s", PS__ESC(name),
+                 diff);
         return PS_EMISMATCH;
       }
       *out = sl;
@@ -136,7 +137,7 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
     if (offset < o->offset + o->length && o->offset < offset + length) {
       snprintf(err, errlen,
                "slice [%llu, %llu) of variable '%s' overlaps the registered slice [%llu, %llu)",
-               (unsigned long long)offset, (unsigned long long)(offset + length), name,
+               (unsigned long long)offset, (unsigned long long)(offset + length), PS__ESC(name),
                (unsigned long long)o->offset, (unsigned long long)(o->offset + o->length));
       return PS_ESHAPE;
     }
@@ -192,8 +193,8 @@ int psd_shard_register(psd_shard *s, const char *name, uint32_t ndim,
   return 0;
 nomem:
   slice_free(sl);
-  snprintf(err, errlen, "out of memory registering variable '%s' (%llu elements)", name,
-           (unsigned long long)length);
+  snprintf(err, errlen, "out of memory registering variable '%s' (%llu elements)",
+           PS__ESC(name), (unsigned long long)length);
   return PS_ENOMEM;
 }
 
@@ -230,7 +231,7 @@ int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *va
                      char *err, size_t errlen) {
   unsigned long long at = (unsigned long long)sl->step, want = (unsigned long long)step;
   if (!sl->initialized) {
-    snprintf(err, errlen, "cannot assign '%s': it is not initialized yet", sl->name);
+    snprintf(err, errlen, "cannot assign '%s': it is not initialized yet", PS__ESC(sl->name));
     return PS_ESTATE;
   }
   if (sl->opt.kind == PS_OPT_NONE || s->async_mode) {
@@ -238,7 +239,7 @@ int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *va
     if (!s->async_mode && sl->step > step + 1) {
       snprintf(err, errlen,
                "cannot assign '%s' for step %llu: the chief already assigned it for step %llu",
-               sl->name, want, at - 1);
+               PS__ESC(sl->name), want, at - 1);
       return PS_ESTALE;
     }
     before_update(s, sl);
@@ -254,7 +255,7 @@ int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *va
                  ? "cannot assign '%s' (slice at %llu) for step %llu: it is at step %llu "
                    "already (backup workers completed the step without the chief)"
                  : "cannot assign '%s' (slice at %llu) for step %llu: it is only at step %llu",
-             sl->name, (unsigned long long)sl->offset, want, at);
+             PS__ESC(sl->name), (unsigned long long)sl->offset, want, at);
     return sl->step > step ? PS_ESTALE : PS_EINVAL;
   }
   /* This step's gradients would only be overwritten: acc now holds the

@@ -173,10 +173,11 @@ static void put_msg(hbuf *h, unsigned type, const ProtobufCMessage *msg, const v
 typedef struct hello_args {
   uint32_t version, role, worker, nworkers, num_ps, ps_index;
   uint64_t max_slice_bytes;
+  const char *client_id; /* NULL: "test_hostile" */
 } hello_args;
 
 static hello_args hello_default(uint32_t worker, uint32_t nworkers) {
-  hello_args a = {PS__PROTOCOL_VERSION, PS__ROLE__ROLE_WORKER, worker, nworkers, 1, 0, 0};
+  hello_args a = {PS__PROTOCOL_VERSION, PS__ROLE__ROLE_WORKER, worker, nworkers, 1, 0, 0, NULL};
   return a;
 }
 
@@ -189,7 +190,7 @@ static void put_hello(hbuf *h, hello_args a) {
   m.num_ps = a.num_ps;
   m.ps_index = a.ps_index;
   m.max_slice_bytes = a.max_slice_bytes;
-  m.client_id = (char *)"test_hostile";
+  m.client_id = (char *)(a.client_id ? a.client_id : "test_hostile");
   put_msg(h, PS__MSG_HELLO, &m.base, NULL, 0);
 }
 
@@ -1842,6 +1843,101 @@ START_TEST(test_table_mem_parked_pulls) {
 }
 END_TEST
 
+/* ---- 5: names a worker chose, printed ------------------------------------- */
+
+/* A name that would end a log line and forge the next, clear the screen,
+ * carry a byte that is not UTF-8 and close the quotes around it. */
+#define HOSTILE_NAME "v\n2026-01-01T00:00:00.000Z ERROR [ps0] forged\x1b[2J\xff'\""
+/* ... as psd prints it (ps__escape). */
+#define HOSTILE_SHOWN "v\\n2026-01-01T00:00:00.000Z ERROR [ps0] forged\\x1b[2J\\xff\\'\\\""
+
+/* The reply to what fd sent: the Error's or the PushReply's sentence into
+ * msg. The frame's type. */
+static unsigned reply_sentence(int fd, char *msg, size_t len) {
+  static rframe f;
+  ck_assert_msg(read_frame(fd, &f, 3.0) == 0, "no reply within 3 s");
+  msg[0] = '\0';
+  if (f.h.type == PS__MSG_ERROR) {
+    herr e;
+    copy_error(f.meta, f.h.meta_len, &e);
+    snprintf(msg, len, "%s", e.msg);
+  } else if (f.h.type == PS__MSG_PUSH_REPLY) {
+    Ps__PushReply *r = ps__push_reply__unpack(NULL, f.h.meta_len, f.meta);
+    ck_assert_ptr_nonnull(r);
+    snprintf(msg, len, "%s", r->message ? r->message : "");
+    ps__push_reply__free_unpacked(r, NULL);
+  }
+  return f.h.type;
+}
+
+/* A sentence psd sent back names the variable escaped, never raw. */
+static void expect_escaped(const char *msg, const char *what) {
+  ck_assert_msg(strstr(msg, "'" HOSTILE_SHOWN "'"), "%s: the name is not escaped: %s", what,
+                msg);
+  ck_assert_msg(!strchr(msg, '\n') && !strchr(msg, '\x1b') && !strchr(msg, '\xff'),
+                "%s: the name came back raw: %s", what, msg);
+}
+
+/* Variable names (and a Hello's client_id) come from workers and may hold
+ * any byte but NUL: psd's log lines about them (a refused register, a
+ * refused push, a stalled step, a join) and the sentences it sends back
+ * print them escaped (was: printed as they came). */
+START_TEST(test_variable_names_printed_escaped) {
+  tu_psd p;
+  const char *args[] = {"--num-ps", "1", "--ps-index", "0", "--workers", "2",
+                        "--stall-timeout", "0.2", "--startup-timeout", "30",
+                        "--grace-period", "5", NULL};
+  ck_assert_msg(tu_psd_start(&p, args) == 0, "psd did not start (log %s)", p.log_path);
+  int fd[2];
+  static rframe f;
+  for (int w = 0; w < 2; w++) {
+    fd[w] = tu_connect(p.addr);
+    ck_assert_int_ge(fd[w], 0);
+    hbuf h = {{0}, 0};
+    hello_args a = hello_default((uint32_t)w, 2);
+    a.client_id = HOSTILE_NAME;
+    put_hello(&h, a);
+    ck_assert_int_eq(tu_send_all(fd[w], h.b, h.n), 0);
+    ck_assert(read_frame(fd[w], &f, 3.0) == 0 && f.h.type == PS__MSG_HELLO_REPLY);
+  }
+  static const uint64_t s4[1] = {4}, s8[1] = {8};
+  hbuf h = {{0}, 0};
+  put_register(&h, 2, HOSTILE_NAME, s4, 1, 1, 4, 0);
+  tu_send_all(fd[0], h.b, h.n);
+  ck_assert(read_frame(fd[0], &f, 3.0) == 0 && f.h.type == PS__MSG_REGISTER_REPLY);
+  char msg[1024];
+  h.n = 0; /* worker 1 asks for another shape: refused, logged */
+  put_register(&h, 2, HOSTILE_NAME, s8, 1, 1, 8, 0);
+  tu_send_all(fd[1], h.b, h.n);
+  ck_assert_uint_eq(reply_sentence(fd[1], msg, sizeof msg), PS__MSG_ERROR);
+  expect_escaped(msg, "a register of another shape");
+  float v[4] = {1, 2, 3, 4};
+  h.n = 0;
+  put_push(&h, PS__MSG_INIT, 3, 0, 0, 4, 0, v, sizeof v);
+  put_push(&h, PS__MSG_PUSH, 4, 5, 0, 4, 0, v, sizeof v); /* a step not reached */
+  tu_send_all(fd[0], h.b, h.n);
+  ck_assert(read_frame(fd[0], &f, 3.0) == 0 && f.h.type == PS__MSG_ACK);
+  ck_assert_uint_eq(reply_sentence(fd[0], msg, sizeof msg), PS__MSG_PUSH_REPLY);
+  expect_escaped(msg, "a push of a step not reached");
+  h.n = 0; /* worker 0's gradient of step 0 alone: the step stalls */
+  put_push(&h, PS__MSG_PUSH, 5, 0, 0, 4, 0, v, sizeof v);
+  tu_send_all(fd[0], h.b, h.n);
+  ck_assert_msg(tu_wait_text(p.log_path, "stalled", tu_time_limit(5)) == 0,
+                "no stalled step logged (log %s)", p.log_path);
+  close(fd[0]);
+  close(fd[1]);
+  /* Two joins (the client_id), the register, the push, the stalled step. */
+  ck_assert_msg(tu_log_contains(&p, "variables: " HOSTILE_SHOWN "\n") &&
+                    tu_log_count(&p, "'" HOSTILE_SHOWN "'") == 2 &&
+                    tu_log_count(&p, HOSTILE_SHOWN) == 5,
+                "not every line names the variable escaped (log %s)", p.log_path);
+  ck_assert_msg(!tu_log_contains(&p, "\n2026-01-01T00:00:00.000Z ERROR [ps0] forged") &&
+                    !tu_log_contains(&p, "\x1b") && !tu_log_contains(&p, "\xff"),
+                "the name reached the log raw (log %s)", p.log_path);
+  tu_psd_kill(&p);
+}
+END_TEST
+
 Suite *suite_hostile(void) {
   Suite *s = suite_create("hostile");
   TCase *tc = tcase_create("cases");
@@ -1877,5 +1973,9 @@ Suite *suite_hostile(void) {
   tcase_add_test(tm, test_table_mem_staged_pushes);
   tcase_add_test(tm, test_table_mem_parked_pulls);
   suite_add_tcase(s, tm);
+  TCase *tn = tcase_create("names");
+  tcase_set_timeout(tn, 30);
+  tcase_add_test(tn, test_variable_names_printed_escaped);
+  suite_add_tcase(s, tn);
   return s;
 }
