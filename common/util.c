@@ -57,12 +57,7 @@ int ps__errf(int code, char *err, size_t errlen, const char *fmt, ...) {
   return code;
 }
 
-/* Bytes of the valid UTF-8 sequence of a printable character at s (2..4),
- * or 0: a stray continuation byte, an overlong form, a surrogate, past
- * U+10FFFF, cut short (a NUL is not a continuation byte, so nothing past
- * the end is read), or a C1 control (U+0080..U+009F: 0xC2 0x9B is CSI to
- * some terminals). */
-static size_t utf8_len(const unsigned char *s) {
+size_t ps__utf8_len(const unsigned char *s) {
   const unsigned char c = s[0];
   const size_t n = c < 0xc2 ? 0 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : c < 0xf5 ? 4 : 0;
   unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
@@ -88,7 +83,7 @@ const char *ps__escape(const char *s, char *out, size_t outlen) {
     else if (*p == '\r') k = (size_t)snprintf(e, sizeof e, "\\r");
     else if (*p == '\t') k = (size_t)snprintf(e, sizeof e, "\\t");
     else if (*p >= 0x20 && *p < 0x7f) k = 1, e[0] = (char)*p;
-    else if ((n = utf8_len(p)) > 0) k = n, memcpy(e, p, n);
+    else if ((n = ps__utf8_len(p)) > 0) k = n, memcpy(e, p, n);
     else n = 1, k = (size_t)snprintf(e, sizeof e, "\\x%02x", *p);
     if (o + k >= outlen) break;
     memcpy(out + o, e, k);

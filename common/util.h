@@ -58,6 +58,12 @@ const char *ps__escape(const char *s, char *out, size_t outlen);
 /* ps__escape(s) into a buffer that lives to the end of the enclosing
  * block: psd_info("table '%s' created", PS__ESC(name)). */
 #define PS__ESC(s) ps__escape((s), (char[PS__ESC_BYTES]){0}, PS__ESC_BYTES)
+/* Bytes of the valid UTF-8 sequence of a printable character at s (2..4),
+ * or 0: an ASCII byte, a stray continuation byte, an overlong form, a
+ * surrogate, past U+10FFFF, cut short (a NUL is not a continuation byte,
+ * so nothing past the end is read), or a C1 control (U+0080..U+009F: 0xC2
+ * 0x9B is CSI to some terminals). ps__escape's test, and psctl's for JSON. */
+size_t ps__utf8_len(const unsigned char *s);
 
 /* Monotonic clock in seconds: every deadline and duration. */
 double ps__now(void);

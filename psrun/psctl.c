@@ -118,12 +118,22 @@ static int load_secret(psctl_opts *o, char *buf, size_t cap, size_t *len, char *
   return 0;
 }
 
+/* s as a JSON string. Names come from workers and may hold any byte but
+ * NUL: every control character (C0, DEL and the C1 controls) is written
+ * \u00XX and every byte that is not part of valid UTF-8 \ufffd (the
+ * replacement character, as a UTF-8 decoder reads it), so the output stays
+ * valid JSON and sends a terminal no escape. */
 static void json_str(const char *s) {
   putchar('"');
-  for (; s && *s; s++) {
-    if (*s == '"' || *s == '\\') printf("\\%c", *s);
-    else if ((unsigned char)*s < 0x20) printf("\\u%04x", (unsigned char)*s);
-    else putchar(*s);
+  for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p;) {
+    size_t n = 1;
+    if (*p == '"' || *p == '\\') printf("\\%c", *p);
+    else if (*p >= 0x20 && *p < 0x7f) putchar(*p);
+    else if ((n = ps__utf8_len(p)) > 0) fwrite(p, 1, n, stdout);
+    else if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) printf("\\u%04x", p[1]), n = 2;
+    else if (*p < 0x80) printf("\\u%04x", *p), n = 1;
+    else printf("\\ufffd"), n = 1;
+    p += n;
   }
   putchar('"');
 }
@@ -161,7 +171,7 @@ static void print_tables_text(const Ps__StatsReply *r) {
     const Ps__TableStats *t = r->tables[i];
     double steps = t->step ? (double)t->step : 1.0; /* keys per step, on average */
     printf("%-16s %5u %8llu %10llu %10llu %12.1f %12.1f %6.1f %10llu %10llu %10llu %10llu\n",
-           t->name ? t->name : "?", t->dim, (unsigned long long)t->step,
+           PS__ESC(t->name ? t->name : "?"), t->dim, (unsigned long long)t->step,
            (unsigned long long)t->rows, (unsigned long long)t->capacity,
            (double)t->keys_pulled / steps, (double)t->keys_pushed / steps, hit_pct(t),
            (unsigned long long)t->admissions, (unsigned long long)t->evictions_lru,
@@ -202,8 +212,9 @@ static void print_json(const char *addr, const Ps__StatsReply *r) {
 }
 
 static void print_text(const char *addr, const Ps__StatsReply *r) {
-  printf("%s at %s: ps %u of %u, up %.1f s\n", r->server_id && r->server_id[0] ? r->server_id : "psd",
-         addr, r->ps_index, r->num_ps, r->uptime_s);
+  printf("%s at %s: ps %u of %u, up %.1f s\n",
+         PS__ESC(r->server_id && r->server_id[0] ? r->server_id : "psd"), addr,
+         r->ps_index, r->num_ps, r->uptime_s);
   printf("step %llu (slices between %llu and %llu), %u slices, %.2f MiB of parameters\n",
          (unsigned long long)r->step, (unsigned long long)r->step,
          (unsigned long long)r->max_step, r->slices, r->bytes_held / 1048576.0);
@@ -223,10 +234,11 @@ static void print_text(const char *addr, const Ps__StatsReply *r) {
   for (size_t i = 0; i < r->n_workers; i++) {
     const Ps__WorkerStats *w = r->workers[i];
     printf("w%-6u %-10s %9llu %8llu %13.3f %10.3f %12llu %12llu %4s%s\n", w->worker,
-           w->state ? w->state : "?", (unsigned long long)w->pushes,
+           PS__ESC(w->state ? w->state : "?"), (unsigned long long)w->pushes,
            (unsigned long long)w->last_count, w->waited_for_ms, w->arrive_mean_ms,
            (unsigned long long)w->bytes_in, (unsigned long long)w->bytes_out,
-           w->transport && w->transport[0] ? w->transport : "-", w->shm_tcp_frames ? "*" : "");
+           PS__ESC(w->transport && w->transport[0] ? w->transport : "-"),
+           w->shm_tcp_frames ? "*" : "");
     fell_back |= w->shm_tcp_frames != 0;
   }
   for (size_t i = 0; fell_back && i < r->n_workers; i++)

@@ -550,6 +550,66 @@ START_TEST(test_stats_impostor) {
 }
 END_TEST
 
+/* A table name a worker chose reaches the admin's terminal through psctl
+ * stats: its text prints it escaped (ps__escape), its JSON with control
+ * characters as \u escapes and bytes that are not UTF-8 as \ufffd, so
+ * neither output holds a control byte (but its line ends) or invalid UTF-8
+ * (was: the text printed the name raw, the JSON its DEL, C1 and non-UTF-8
+ * bytes). */
+START_TEST(test_stats_names_escaped) {
+  static const char name[] = "t\n2026-01-01T00:00:00.000Z ERROR [ps0] forged\x1b[2J\xff"
+                             "\xc2\x9b\x7f\xc3\xa9'\"";
+  static const char text_shown[] = "t\\n2026-01-01T00:00:00.000Z ERROR [ps0] forged\\x1b[2J"
+                                   "\\xff\\xc2\\x9b\\x7f\xc3\xa9\\'\\\"";
+  static const char json_shown[] = "\"name\":\"t\\u000a2026-01-01T00:00:00.000Z ERROR [ps0] "
+                                   "forged\\u001b[2J\\ufffd\\u009b\\u007f\xc3\xa9'\\\"\"";
+  tu_psd_secret = SECRET;
+  tu_psd ps;
+  const char *args[] = {"--workers", "1", NULL};
+  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  tu_psd_secret = NULL;
+  const char *hosts[1] = {ps.addr};
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hosts;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  cfg.credential = SECRET;
+  cfg.credential_len = strlen(SECRET);
+  ps_client *c = NULL;
+  char err[600];
+  ck_assert_int_eq(ps_client_create(&cfg, &c, err, sizeof err), 0);
+  ps_table_config tc;
+  ps_table_config_init(&tc);
+  tc.dim = 2;
+  tc.capacity = 100;
+  ps_table *t;
+  ck_assert_int_eq(ps_client_table_create(c, name, &tc, &t), 0);
+  char cmd[2048], out[2][600];
+  for (int json = 0; json < 2; json++) {
+    snprintf(out[json], sizeof out[json], "%s/psctl_names.%d.out", tu_tmpdir(), json);
+    snprintf(cmd, sizeof cmd, "PSD_SECRET=%s '%s' stats %s%s > '%s'", SECRET, tu_bin("psctl"),
+             ps.addr, json ? " --json" : "", out[json]);
+    ck_assert_int_eq(system(cmd), 0);
+  }
+  ck_assert_int_eq(ps_client_finish(c), 0);
+  ps_client_destroy(c);
+  ck_assert_int_eq(tu_psd_wait(&ps, 10), 0);
+  for (int json = 0; json < 2; json++) {
+    char *o = tu_read_file(out[json]);
+    ck_assert_ptr_nonnull(o);
+    ck_assert_msg(strstr(o, json ? json_shown : text_shown), "the name is not escaped in:\n%s",
+                  o);
+    for (const unsigned char *p = (const unsigned char *)o; *p; p++)
+      ck_assert_msg((*p >= 0x20 && *p != 0x7f && *p != 0xff && *p != 0xc2) || *p == '\n',
+                    "psctl%s printed byte 0x%02x raw at %zu:\n%s", json ? " --json" : "", *p,
+                    (size_t)((const char *)p - o), o);
+    ck_assert_msg(!strstr(o, "\n2026-01-01"), "a forged line in:\n%s", o);
+    free(o);
+  }
+}
+END_TEST
+
 Suite *suite_telemetry(void) {
   Suite *s = suite_create("telemetry");
   TCase *tc = tcase_create("telemetry");
@@ -562,6 +622,7 @@ Suite *suite_telemetry(void) {
   tcase_add_test(tc, test_transport_reported);
   tcase_add_test(tc, test_stats_tables);
   tcase_add_test(tc, test_tables_only_steps);
+  tcase_add_test(tc, test_stats_names_escaped);
   suite_add_tcase(s, tc);
   return s;
 }
