@@ -406,16 +406,14 @@ START_TEST(test_transport_reported) {
 }
 END_TEST
 
-/* psctl's per-table counters (StatsReply.tables): rows, admissions,
- * keys pulled and pushed, hits and dropped gradients, as one worker's
- * pulls and step made them. */
-START_TEST(test_stats_tables) {
+/* A psd with the secret for one worker, and that worker (c) with a table
+ * called name (dim 2, capacity 100, lr lr) in *t. */
+static ps_client *table_worker(tu_psd *ps, const char *name, double lr, ps_table **t) {
   tu_psd_secret = SECRET;
-  tu_psd ps;
   const char *args[] = {"--workers", "1", NULL};
-  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
+  ck_assert_int_eq(tu_psd_start(ps, args), 0);
   tu_psd_secret = NULL;
-  const char *hosts[1] = {ps.addr};
+  const char *hosts[1] = {ps->addr};
   ps_config cfg;
   ps_config_init(&cfg);
   cfg.hosts = hosts;
@@ -425,14 +423,24 @@ START_TEST(test_stats_tables) {
   cfg.credential_len = strlen(SECRET);
   ps_client *c = NULL;
   char err[600];
-  ck_assert_int_eq(ps_client_create(&cfg, &c, err, sizeof err), 0);
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
   ps_table_config tc;
   ps_table_config_init(&tc);
   tc.dim = 2;
   tc.capacity = 100;
-  tc.lr = 0.1;
+  if (lr > 0) tc.lr = lr;
+  ck_assert_int_eq(ps_client_table_create(c, name, &tc, t), 0);
+  return c;
+}
+
+/* psctl's per-table counters (StatsReply.tables): rows, admissions,
+ * keys pulled and pushed, hits and dropped gradients, as one worker's
+ * pulls and step made them. */
+START_TEST(test_stats_tables) {
+  tu_psd ps;
   ps_table *t;
-  ck_assert_int_eq(ps_client_table_create(c, "emb", &tc, &t), 0);
+  ps_client *c = table_worker(&ps, "emb", 0.1, &t);
+  char err[600];
   uint64_t keys[3] = {1, 2, 3}, ro[1] = {4}, pk[2] = {1, 5}, step = 0;
   float rows[6], g[4] = {1, 1, 1, 1};
   ck_assert_int_eq(ps_table_pull(t, 0, keys, 3, rows, 0, NULL), 0);
@@ -563,28 +571,9 @@ START_TEST(test_stats_names_escaped) {
                                    "\\xff\\xc2\\x9b\\x7f\xc3\xa9\\'\\\"";
   static const char json_shown[] = "\"name\":\"t\\u000a2026-01-01T00:00:00.000Z ERROR [ps0] "
                                    "forged\\u001b[2J\\ufffd\\u009b\\u007f\xc3\xa9'\\\"\"";
-  tu_psd_secret = SECRET;
   tu_psd ps;
-  const char *args[] = {"--workers", "1", NULL};
-  ck_assert_int_eq(tu_psd_start(&ps, args), 0);
-  tu_psd_secret = NULL;
-  const char *hosts[1] = {ps.addr};
-  ps_config cfg;
-  ps_config_init(&cfg);
-  cfg.hosts = hosts;
-  cfg.num_ps = 1;
-  cfg.num_workers = 1;
-  cfg.credential = SECRET;
-  cfg.credential_len = strlen(SECRET);
-  ps_client *c = NULL;
-  char err[600];
-  ck_assert_int_eq(ps_client_create(&cfg, &c, err, sizeof err), 0);
-  ps_table_config tc;
-  ps_table_config_init(&tc);
-  tc.dim = 2;
-  tc.capacity = 100;
   ps_table *t;
-  ck_assert_int_eq(ps_client_table_create(c, name, &tc, &t), 0);
+  ps_client *c = table_worker(&ps, name, 0, &t);
   char cmd[2048], out[2][600];
   for (int json = 0; json < 2; json++) {
     snprintf(out[json], sizeof out[json], "%s/psctl_names.%d.out", tu_tmpdir(), json);
