@@ -51,7 +51,7 @@ typedef struct psr_opts {
 
 /* Replicas to aggregate per step for W workers: W - --backup-workers, or
  * PS_REPLICAS_TO_AGGREGATE from psrun's own environment when the option is
- * 0 (so the variable the README documents makes psrun tolerate losses too);
+ * 0 (so the variable docs/psrun.md documents makes psrun tolerate losses too);
  * 0 when every worker's gradient is needed. Sets *backups to W - R. */
 int psr_replicas(const psr_opts *o, int num_workers, int *backups);
 

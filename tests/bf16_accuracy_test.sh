@@ -4,7 +4,7 @@
 # a few steps each, through psrun. Checks the script's report: a row per
 # seed with both accuracies, the per-seed differences, and the mean with
 # its interval and verdict. (The accuracy figure itself needs the real
-# data set and is in the README, with the command.)
+# data set and is in docs/measured.md, with the command.)
 set -euo pipefail
 bin=$(cd "$1" && pwd)
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -6,7 +6,7 @@
 # against the installed psd (PREFIX/bin/psd, no LD_LIBRARY_PATH anywhere):
 # it creates a variable, steps, checks the updated values and finishes, and
 # psd must exit 0. Also: the installed programs carry RUNPATH $ORIGIN/../lib;
-# a shared pkg-config build without the README's -Wl,-rpath fails to find
+# a shared pkg-config build without docs/build.md's -Wl,-rpath fails to find
 # libpsclient.so (the reason for that advice) and with it runs; the example
 # programs are installed exactly when PS_INSTALL_EXAMPLES is ON.
 # Usage: install_test.sh BUILD_DIR SOURCE_DIR PS_INSTALL_EXAMPLES(ON|OFF)
@@ -136,7 +136,7 @@ needs_shared() { # PROGRAM YES|NO: whether it links libpsclient.so
 
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 # 1. pkg-config, shared library: without an RPATH the loader does not find
-#    libpsclient.so in a non-system prefix (what psclient.pc and the README
+#    libpsclient.so in a non-system prefix (what psclient.pc and docs/build.md
 #    warn about); with the advised -Wl,-rpath it runs.
 # shellcheck disable=SC2046 # pkg-config's output is a list of flags
 cc -o "$tmp/hello_norpath" "$tmp/hello.c" $(pkg-config --cflags --libs psclient) -lm

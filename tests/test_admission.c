@@ -30,7 +30,7 @@
 #define FD_SLACK 200
 /* Bound on psd's resident growth per held unauthenticated connection that
  * has sent the most a peer may before its Hello is accepted (measured: about
- * 5.2 KiB; README "Who may connect" documents 8 KiB). A psd built with
+ * 5.2 KiB; docs/psd.md, "Who may connect", documents 8 KiB). A psd built with
  * AddressSanitizer pays its redzones and allocator metadata on top (about
  * 8.3 KiB measured), so the sanitizer build checks twice the bound. */
 #ifdef PS_TEST_SANITIZED

@@ -211,7 +211,7 @@ START_TEST(test_local_backup_worker_lost) {
 }
 END_TEST
 
-/* The README's own way, PS_REPLICAS_TO_AGGREGATE=2 for 3 workers, makes
+/* docs/psrun.md's own way, PS_REPLICAS_TO_AGGREGATE=2 for 3 workers, makes
  * psrun tolerate the loss too (psd already did). */
 START_TEST(test_local_replicas_env_tolerates_loss) {
   const char *opts[] = {NULL};

@@ -57,7 +57,7 @@ void fuzz_server_feed(const uint8_t *data, size_t size, uint64_t shape);
 
 /* Bytes of Register slices (parameters, accumulator and optimizer state)
  * an input may make psd allocate; frames past the budget are not sent.
- * psd itself has no such cap (see README). */
+ * psd itself has no such cap (see docs/psd.md). */
 #define FUZZ_REGISTER_BUDGET ((uint64_t)64 << 20)
 
 /* The pin every input may rely on: what a fresh server gets from the seed
