@@ -5,17 +5,19 @@ the code says:
 
 - every option of `psd --help`, `psrun --help` and `psctl --help` is
   documented (as `--name` in README.md or docs/), and every option in the
-  README's psd and psrun option tables exists in that program's --help;
+  option tables of docs/psd.md and docs/psrun.md (their "## Options"
+  sections) exists in that program's --help;
 - psd's exit statuses (psd/job.h) and the table in docs/protocol.md agree,
   both ways;
 - the message types (wire/wire.h) and docs/protocol.md's §3 table agree,
   both ways, and the header section's range ("1..N") is the real one;
-- the protocol minor (wire/wire.h) is the one README.md's `--protocol-minor`
-  row names.
+- the protocol minor (wire/wire.h) is the one docs/psd.md's
+  `--protocol-minor` row names.
 
-Then it plants two contradictions in a copy of the docs (a wrong exit
-status, a wrong type range) and fails unless both are found: the check
-itself is checked."""
+Then it plants four contradictions in a copy of the docs (a wrong exit
+status, a wrong type range, an option psrun does not have in
+docs/psrun.md's table, a wrong minor in docs/psd.md's row) and fails
+unless every one is found: the check itself is checked."""
 import glob
 import os
 import re
@@ -39,8 +41,8 @@ def help_options(binary):
 
 
 def section(text, heading):
-    """The lines of README's section under `heading` (to the next ## )."""
-    m = re.search(r"^## %s\b.*?$(.*?)(?=^## )" % re.escape(heading), text, re.M | re.S)
+    """The lines of a page's section under `heading` (to the next ## or the end)."""
+    m = re.search(r"^## %s\b.*?$(.*?)(?=^## |\Z)" % re.escape(heading), text, re.M | re.S)
     return m.group(1) if m else ""
 
 
@@ -54,19 +56,26 @@ def table_options(text):
     return out
 
 
-def check_options(bin_dir, readme, docs, errors):
+# Each program's option table: the "## Options" section of its page in docs/.
+OPTION_TABLES = (("psd", "psd.md"), ("psrun", "psrun.md"), ("psctl", None))
+
+
+def check_options(bin_dir, readme, docs, pages, errors):
     documented = set(re.findall(r"`(--[a-z0-9][a-z0-9-]*)", readme + docs))
-    for prog, heading in (("psd", "psd options"), ("psrun", "psrun"), ("psctl", None)):
+    for prog, page in OPTION_TABLES:
         have = help_options(os.path.join(bin_dir, prog))
         if not have:
             errors.append("%s --help lists no options" % prog)
             continue
         for opt in sorted(have - documented):
             errors.append("%s --help has %s, which README.md and docs/ never mention" % (prog, opt))
-        if heading:
-            for opt in sorted(table_options(section(readme, heading)) - have):
-                errors.append("README.md's %s table documents %s, which `%s --help` does not "
-                              "have" % (heading, opt, prog))
+        if page:
+            table = table_options(section(pages.get(page, ""), "Options"))
+            if not table:
+                errors.append("docs/%s has no option table under \"## Options\"" % page)
+            for opt in sorted(table - have):
+                errors.append("docs/%s's option table documents %s, which `%s --help` does not "
+                              "have" % (page, opt, prog))
 
 
 def check_exits(protocol, errors):
@@ -105,42 +114,60 @@ def check_messages(protocol, errors):
                           "one is %d" % (k, last + 1))
 
 
-def check_minor(readme, errors):
+def check_minor(psd_page, errors):
     m = re.search(r"#define PS__PROTOCOL_MINOR (\d+)u", read(os.path.join(ROOT, "wire",
                                                                         "wire.h")))
-    row = [line for line in readme.splitlines() if line.startswith("| `--protocol-minor")]
+    row = [line for line in section(psd_page, "Options").splitlines()
+           if line.startswith("| `--protocol-minor")]
     if not m or not row:
         errors.append("no PS__PROTOCOL_MINOR in wire/wire.h or no --protocol-minor row in "
-                      "README.md")
+                      "docs/psd.md's option table")
     elif "(%s)" % m.group(1) not in row[0]:
-        errors.append("README.md's --protocol-minor row does not name this psd's minor (%s): %s"
+        errors.append("docs/psd.md's --protocol-minor row does not name this psd's minor (%s): %s"
                       % (m.group(1), row[0]))
 
 
 def contradictions(bin_dir, docs_dir):
     readme = read(os.path.join(docs_dir, "README.md"))
-    docs = "".join(read(f) for f in sorted(glob.glob(os.path.join(docs_dir, "docs", "*.md"))))
-    protocol = read(os.path.join(docs_dir, "docs", "protocol.md"))
+    pages = dict((os.path.basename(f), read(f))
+                 for f in sorted(glob.glob(os.path.join(docs_dir, "docs", "*.md"))))
+    docs = "".join(pages.values())
+    protocol = pages.get("protocol.md", "")
     errors = []
-    check_options(bin_dir, readme, docs, errors)
+    check_options(bin_dir, readme, docs, pages, errors)
     check_exits(protocol, errors)
     check_messages(protocol, errors)
-    check_minor(readme, errors)
+    check_minor(pages.get("psd.md", ""), errors)
     return errors
+
+
+def plant(path, old, new):
+    """Replaces the first `old` (a regular expression) in the file; fails if absent."""
+    text = read(path)
+    changed = re.sub(old, new, text, 1, re.M)
+    if changed == text:
+        raise SystemExit("docs_test.py: cannot plant a contradiction in %s: no %r"
+                         % (path, old))
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(changed)
 
 
 def planted_are_found(bin_dir):
     with tempfile.TemporaryDirectory() as d:
         shutil.copy(os.path.join(ROOT, "README.md"), d)
         shutil.copytree(os.path.join(ROOT, "docs"), os.path.join(d, "docs"))
-        path = os.path.join(d, "docs", "protocol.md")
-        text = read(path)
-        text = text.replace("| 75 | `PSD_EXIT_STOPPED`", "| 76 | `PSD_EXIT_STOPPED`", 1)
-        text = re.sub(r"the message type, 1\.\.\d+", "the message type, 1..17", text, 1)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+        docs = os.path.join(d, "docs")
+        plant(os.path.join(docs, "protocol.md"), r"^\| 75 \| `PSD_EXIT_STOPPED`",
+              "| 76 | `PSD_EXIT_STOPPED`")
+        plant(os.path.join(docs, "protocol.md"), r"the message type, 1\.\.\d+",
+              "the message type, 1..17")
+        plant(os.path.join(docs, "psrun.md"), r"^(\| `--grace S` .*)$",
+              "\\1\n| `--planted-option` | | not psrun's | |")
+        plant(os.path.join(docs, "psd.md"), r"^(\| `--protocol-minor N` \| this psd's )\(\d+\)",
+              "\\1(999)")
         found = contradictions(bin_dir, d)
-    want = ("exit status PSD_EXIT_STOPPED", "message types run 1..17")
+    want = ("exit status PSD_EXIT_STOPPED", "message types run 1..17",
+            "documents --planted-option", "row does not name this psd's minor")
     missed = [w for w in want if not any(w in e for e in found)]
     for w in missed:
         print("FAIL: a planted contradiction (%s) was not found" % w)

@@ -10,7 +10,8 @@
   edges);
 - no function over MAX_FUNC lines and no source file over MAX_FILE lines in
   those directories (tables excepted: they are data, not functions);
-- README.md's Layout section names every source file of those directories;
+- docs/layout.md names every source file of those directories (a missing
+  page fails too);
 - honest skips: no test in tests/*.c exits 77 itself (Check counts it as an
   error in fork mode and, without fork, it ends the suite and hides what ran
   before); a suite leaves tests out through tu_skip_tests, which makes the
@@ -150,13 +151,14 @@ def main(root):
             errors.append(f'{d}/: include cycle ' + ' -> '.join(c))
         for c in cycles(call_graph):
             errors.append(f'{d}/: call cycle ' + ' -> '.join(c))
-    readme = os.path.join(root, 'README.md')
-    if os.path.exists(readme):
-        text = open(readme).read()
-        layout = text[text.find('## Layout'):]
+    layout_md = os.path.join(root, 'docs', 'layout.md')
+    if not os.path.exists(layout_md):
+        errors.append('docs/layout.md: missing (it must name every source file)')
+    else:
+        layout = open(layout_md, encoding='utf-8').read()
         for f in sorted(files):
             if os.path.basename(f) not in layout:
-                errors.append(f'{f}: not in README.md\'s Layout section')
+                errors.append(f'{f}: not in docs/layout.md')
     skip77 = re.compile(r'\b_?exit\s*\(\s*77\s*\)')
     tdir = os.path.join(root, 'tests')
     for f in sorted(os.listdir(tdir)) if os.path.isdir(tdir) else []:

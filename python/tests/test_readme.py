@@ -1,6 +1,12 @@
-"""The README's PyTorch example, run as written (fewer steps, and a batch
-function of its own) through psrun --local: it trains, and SIGTERM stops
-it after a checkpoint with exit 75, and the same command resumes it."""
+"""The README's PyTorch lines and the example they point to.
+
+README.md's "PyTorch: one line changed" names only what exists: the
+backend's name, the psrun line's script, psd.torch.Checkpoint's one line and
+Horovod's import. The whole DistributedModule example (docs/python.md,
+"PyTorch") is run as written (fewer steps, and a batch function of its
+own) through psrun --local: it trains, and SIGTERM stops it after a
+checkpoint with exit 75, and the same command resumes it."""
+import inspect
 import os
 import re
 import signal
@@ -16,15 +22,41 @@ def batch(step, worker):
 '''
 
 
-def readme_example(steps):
-    with open(os.path.join(ROOT, "README.md")) as f:
+def section(path, heading):
+    """The text of the file's section under `## heading` (to the next ## )."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
         text = f.read()
-    section = text.split("## Python and PyTorch", 1)[1]
-    # The DistributedModule example (the section opens with DDP's two lines)
-    code = [c for c in re.findall(r"```python\n(.*?)```", section, re.S)
-            if "DistributedModule" in c][0]
-    assert "5000" in code
-    return BATCH + code.replace("5000", str(steps))
+    m = re.search(r"^## %s$(.*?)(?=^## |\Z)" % re.escape(heading), text, re.M | re.S)
+    assert m, "%s has no section %r" % (path, heading)
+    return m.group(1)
+
+
+def readme_example(steps):
+    # The whole script of docs/python.md's PyTorch section (its later
+    # blocks are fragments: no_decay, averaged())
+    code = [c for c in re.findall(r"```python\n(.*?)```", section("docs/python.md", "PyTorch"),
+                                  re.S) if "while step < 5000" in c]
+    assert len(code) == 1, code
+    return BATCH + code[0].replace("5000", str(steps))
+
+
+def test_readme_lines_are_the_real_ones():
+    text = section("README.md", "PyTorch: one line changed")
+    python = "".join(re.findall(r"```python\n(.*?)```", text, re.S))
+    assert 'dist.init_process_group("psd")' in python
+    scripts = re.findall(r"\b(examples/python/\S+\.py)", text)
+    assert scripts == ["examples/python/train_ddp_psd.py"], scripts
+    with open(os.path.join(ROOT, scripts[0]), encoding="utf-8") as f:
+        assert re.search(r'^BACKEND = "psd"', f.read(), re.M)
+    import psd.torch
+    call = re.search(r"psd\.torch\.Checkpoint\(([^)]*)\)", python)
+    assert call, python
+    args = [a.strip() for a in call.group(1).split(",")]
+    inspect.signature(psd.torch.Checkpoint).bind(*args)  # TypeError if the line is stale
+    hvd = re.search(r"`(import psd\.horovod as hvd)`", text)
+    assert hvd, text
+    exec(hvd.group(1), {})
+    assert "DistributedModule" in text and "docs/python.md" in text
 
 
 def psrun(script, tmp, *extra):
