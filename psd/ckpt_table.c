@@ -81,16 +81,25 @@ static uint64_t row_bytes(uint32_t dim, uint32_t state_floats) {
   return 16 + 4 * ((uint64_t)dim + state_floats);
 }
 
-size_t psd_ckpt_table_size(const psd_table *t) {
+/* Bytes of t's record when it holds `rows` rows (0: not a size_t). */
+static size_t size_with(const psd_table *t, uint64_t rows) {
   const psd_table_spec *sp = psd_table_spec_of(t);
   size_t aux_len = 0;
   psd_table_aux(t, &aux_len);
-  uint64_t rows = psd_table_get_stats(t).rows, body, total;
+  uint64_t body, total;
   if (ps__mul_u64(rows, row_bytes(sp->dim, psd_table_state_floats(sp)), &body) ||
       ps__add_u64(body, (uint64_t)FIXED_BYTES + strlen(sp->name) + aux_len, &total) ||
       total > SIZE_MAX)
     return 0;
   return (size_t)total;
+}
+
+size_t psd_ckpt_table_size(const psd_table *t) {
+  return size_with(t, psd_table_get_stats(t).rows);
+}
+
+size_t psd_ckpt_table_max_size(const psd_table *t) {
+  return size_with(t, psd_table_spec_of(t)->capacity);
 }
 
 static void put_spec(wcur *w, const psd_table_spec *s) {

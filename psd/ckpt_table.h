@@ -42,6 +42,9 @@ typedef struct psd_ckpt_table {
 /* Bytes t's record takes (what psd_ckpt_table_encode writes); 0 if it
  * would not fit in a size_t. */
 size_t psd_ckpt_table_size(const psd_table *t);
+/* ... and when it holds as many rows as its capacity allows: the most it
+ * can take (the admission state's size is fixed by the spec). */
+size_t psd_ckpt_table_max_size(const psd_table *t);
 /* Writes t's record into buf (size: psd_ckpt_table_size(t) bytes). Rows
  * must not change meanwhile (the event loop's thread). 0, or -1 if the
  * rows walked do not match the table's row count (nothing is written past
