@@ -7,7 +7,8 @@
  * Writing: psd_ckpt_table_encode serializes a table into one buffer on the
  * event loop, at the moment the table holds the checkpoint's step (rows
  * change on pulls too, so the table cannot be read in place later); the
- * checkpoint writer thread (ckptq.c) writes the buffer and frees it.
+ * checkpoint writer thread (ckptq.c) writes the buffer and keeps it for
+ * the table's next copy.
  * Reading: psd_ckpt_table_parse checks every length against the bytes
  * that are left before anything points into them; psd_ckpt_table_restore
  * fills a table just created with the same spec.

@@ -1,4 +1,5 @@
 /* ckptq.c - the checkpoint writer thread (see ckptq.h). */
+#define _GNU_SOURCE /* mremap */
 #include "ckptq.h"
 
 #include <errno.h>
@@ -6,12 +7,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "bg.h"
 #include "util.h"
+#include "wire.h"
 
-typedef enum { JOB_BEGIN, JOB_ADD, JOB_COMMIT, JOB_ABORT } job_kind;
+/* Bytes of a table buffer faulted in per call while preparing it: the
+ * kernel holds the process's memory map for the call, and the loop's own
+ * mmap or munmap (a big malloc or free) waits for it meanwhile; 4 MiB
+ * takes about a millisecond. */
+#define POPULATE_CHUNK ((size_t)4 << 20)
+
+typedef enum { JOB_BEGIN, JOB_ADD, JOB_COMMIT, JOB_ABORT, JOB_PREPARE } job_kind;
 
 /* One queued piece of work; embedded in the file or record it is for, so
  * queueing allocates nothing beyond those. */
@@ -32,6 +41,7 @@ struct psd_ckptq_file {
   uint64_t copy_bytes;    /* loop only: table records queued for it */
   uint64_t copy_cap;      /* loop only: their buffers' sizes */
   double copy_ms;         /* loop only: their encoding time */
+  uint64_t copy_faults;   /* loop only: its page faults meanwhile */
   job begin, end;         /* JOB_BEGIN, and JOB_COMMIT or JOB_ABORT */
 };
 
@@ -48,9 +58,13 @@ struct psd_ckptq_rec {
   int done;                     /* the writer is finished with it (under mu) */
   int lost;                     /* a release could not copy: the file fails */
   int table;                    /* own holds a whole table record (no slice) */
-  size_t cap;                   /* table: own's size (>= total) */
-  psd_ckptq_rec *next_spare;    /* table, once written: the spares' list */
-  job j;                        /* its JOB_ADD */
+  uint32_t tab;                 /* table: whose (its id) */
+  size_t cap;                   /* table: own's size (>= total), mapped */
+  int preparing;                /* table spare: the writer is mapping or
+                                   growing it to `want` bytes (under mu) */
+  size_t want;
+  psd_ckptq_rec *next_gone;     /* a list of spares to free */
+  job j;                        /* its JOB_ADD or JOB_PREPARE */
 };
 
 struct psd_ckptq {
@@ -61,10 +75,11 @@ struct psd_ckptq {
   uint32_t ps_index, num_ps;    /* whose files, for pruning */
   int keep;                     /* complete checkpoints pruning keeps */
   uint8_t *bounce;              /* PSD_CKPTQ_CHUNK bytes: the writer's copy of a chunk */
-  psd_ckptq_rec *spares;        /* table buffers written out, to reuse (under mu) */
-  uint64_t spare_bytes;         /* their sizes (under mu) */
+  psd_ckptq_rec *spare[PS__MAX_TABLES]; /* each table's spare buffer, by
+                                   table id (under mu) */
   uint64_t table_bytes;         /* every table buffer the queue holds: on
-                                   their way and spare (under mu) */
+                                   their way, spare and being prepared
+                                   (under mu) */
 };
 
 static void run_job(psd_bg_job *bj);
@@ -130,20 +145,67 @@ static void copy_out(const psd_ckptq_rec *rec, size_t pos, uint8_t *dst, size_t 
   }
 }
 
-int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint8_t *buf, size_t cap, size_t len,
-                        double copy_ms) {
-  psd_ckptq_rec *rec = calloc(1, sizeof *rec);
+/* ---- table buffers -------------------------------------------------------- */
+
+/* Faults in every page of b[0, len) (page-aligned b) on this thread. Out
+ * of memory, it stops: the copy then faults in the rest as it goes. */
+static void populate(uint8_t *b, size_t len) {
+  size_t o = 0;
+#ifdef MADV_POPULATE_WRITE
+  for (; o < len; o += POPULATE_CHUNK)
+    if (madvise(b + o, len - o < POPULATE_CHUNK ? len - o : POPULATE_CHUNK,
+                MADV_POPULATE_WRITE) != 0)
+      break;
+  if (o >= len || errno != EINVAL) return;
+#endif
+  /* A kernel before 5.14: a write per page faults it in all the same (what
+   * the buffer holds does not matter). */
+  for (size_t pg = (size_t)sysconf(_SC_PAGESIZE); o < len; o += pg)
+    ((volatile uint8_t *)b)[o] = 0;
+}
+
+/* Mapped rather than malloc'd, so a spare can grow by mremap: the pages it
+ * has stay, and only the new ones are faulted in. */
+static uint8_t *map_buf(size_t cap) {
+  void *b = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return b == MAP_FAILED ? NULL : b;
+}
+
+uint8_t *psd_ckptq_buf_new(size_t cap) {
+  uint8_t *b = map_buf(cap);
+  if (b) populate(b, cap); /* faster than a fault per page as it is written */
+  return b;
+}
+
+void psd_ckptq_buf_free(uint8_t *buf, size_t cap) {
+  if (buf) munmap(buf, cap);
+}
+
+/* Frees a list of spare records (linked by next_gone), outside the lock. */
+static void free_gone(psd_ckptq_rec *gone) {
+  for (psd_ckptq_rec *r = gone, *nx; r; r = nx) {
+    nx = r->next_gone;
+    psd_ckptq_buf_free(r->own, r->cap);
+    free(r);
+  }
+}
+
+int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint32_t tab, uint8_t *buf,
+                        size_t cap, size_t len, double copy_ms, uint64_t copy_faults) {
+  psd_ckptq_rec *rec = tab < PS__MAX_TABLES ? calloc(1, sizeof *rec) : NULL;
   if (!rec) {
-    free(buf);
+    psd_ckptq_buf_free(buf, cap);
     return -1;
   }
   rec->own = buf;
   rec->cap = cap;
   rec->total = len;
   rec->table = 1; /* no slice holds it: the writer makes it a spare */
+  rec->tab = tab;
   f->copy_bytes += len;
   f->copy_cap += cap;
   f->copy_ms += copy_ms;
+  f->copy_faults += copy_faults;
   pthread_mutex_lock(&q->mu);
   q->table_bytes += cap;
   pthread_mutex_unlock(&q->mu);
@@ -151,16 +213,15 @@ int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint8_t *buf, size_t ca
   return 0;
 }
 
-uint8_t *psd_ckptq_spare(psd_ckptq *q, size_t len, size_t *cap) {
+uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap) {
+  if (tab >= PS__MAX_TABLES) return NULL;
   pthread_mutex_lock(&q->mu);
-  psd_ckptq_rec **best = NULL;
-  for (psd_ckptq_rec **pp = &q->spares; *pp; pp = &(*pp)->next_spare)
-    if ((*pp)->cap >= len && (!best || (*pp)->cap < (*best)->cap)) best = pp;
-  psd_ckptq_rec *r = best ? *best : NULL;
-  if (r) {
-    *best = r->next_spare;
-    q->spare_bytes -= r->cap;
+  psd_ckptq_rec *r = q->spare[tab];
+  if (r && !r->preparing && r->cap >= len) {
+    q->spare[tab] = NULL;
     q->table_bytes -= r->cap; /* the loop's now, until it queues it again */
+  } else {
+    r = NULL;
   }
   pthread_mutex_unlock(&q->mu);
   if (!r) return NULL;
@@ -170,6 +231,40 @@ uint8_t *psd_ckptq_spare(psd_ckptq *q, size_t len, size_t *cap) {
   return b;
 }
 
+size_t psd_ckptq_ready(psd_ckptq *q, uint32_t tab) {
+  if (tab >= PS__MAX_TABLES) return 0;
+  pthread_mutex_lock(&q->mu);
+  const psd_ckptq_rec *r = q->spare[tab];
+  size_t n = !r ? 0 : r->preparing ? r->want : r->cap;
+  pthread_mutex_unlock(&q->mu);
+  return n;
+}
+
+int psd_ckptq_prepare(psd_ckptq *q, uint32_t tab, size_t cap) {
+  if (tab >= PS__MAX_TABLES) return -1;
+  psd_ckptq_rec *fresh = calloc(1, sizeof *fresh);
+  if (!fresh) return -1;
+  pthread_mutex_lock(&q->mu);
+  psd_ckptq_rec *r = q->spare[tab];
+  int queue = !r || (!r->preparing && r->cap < cap);
+  if (queue) {
+    if (!r) {
+      r = fresh;
+      fresh = NULL;
+      r->table = 1;
+      r->tab = tab;
+      q->spare[tab] = r;
+    }
+    r->preparing = 1; /* the writer's alone until it is ready */
+    r->want = cap;
+    q->table_bytes += cap - r->cap;
+  }
+  pthread_mutex_unlock(&q->mu);
+  free(fresh);
+  if (queue) push_job(q, &r->j, JOB_PREPARE, NULL, r);
+  return 0;
+}
+
 uint64_t psd_ckptq_table_bytes(psd_ckptq *q) {
   pthread_mutex_lock(&q->mu);
   uint64_t n = q->table_bytes;
@@ -177,30 +272,20 @@ uint64_t psd_ckptq_table_bytes(psd_ckptq *q) {
   return n;
 }
 
-/* Frees the smallest spares until at most `keep` bytes are left. */
-static void trim_spares(psd_ckptq *q, uint64_t keep) {
+void psd_ckptq_drop_spares(psd_ckptq *q) {
   psd_ckptq_rec *gone = NULL;
   pthread_mutex_lock(&q->mu);
-  while (q->spare_bytes > keep) {
-    psd_ckptq_rec **small = &q->spares;
-    for (psd_ckptq_rec **pp = &q->spares; *pp; pp = &(*pp)->next_spare)
-      if ((*pp)->cap < (*small)->cap) small = pp;
-    psd_ckptq_rec *r = *small;
-    *small = r->next_spare;
-    q->spare_bytes -= r->cap;
+  for (uint32_t i = 0; i < PS__MAX_TABLES; i++) {
+    psd_ckptq_rec *r = q->spare[i];
+    if (!r || r->preparing) continue;
+    q->spare[i] = NULL;
     q->table_bytes -= r->cap;
-    r->next_spare = gone;
+    r->next_gone = gone;
     gone = r;
   }
   pthread_mutex_unlock(&q->mu);
-  for (psd_ckptq_rec *r = gone, *nx; r; r = nx) { /* freed outside the lock */
-    nx = r->next_spare;
-    free(r->own);
-    free(r);
-  }
+  free_gone(gone);
 }
-
-void psd_ckptq_drop_spares(psd_ckptq *q) { trim_spares(q, 0); }
 
 int psd_ckptq_release(psd_ckptq *q, psd_ckptq_rec *rec) {
   if (!rec) return 0;
@@ -245,8 +330,7 @@ int psd_ckptq_next(psd_ckptq *q, psd_ckptq_result *out) {
   out->copy_bytes = f->copy_bytes;
   out->copy_cap = f->copy_cap;
   out->copy_ms = f->copy_ms;
-  /* Spares beyond one file's worth (this one's) go. */
-  trim_spares(q, f->copy_cap);
+  out->copy_faults = f->copy_faults;
   free(f);
   q->busy--;
   return 1;
@@ -276,6 +360,54 @@ static void rec_done(psd_ckptq *q, psd_ckptq_rec *rec) {
   }
 }
 
+/* A table's record is in the file (the page cache holds it now): its
+ * buffer becomes the table's spare from here on, while the MAC and fsync
+ * still run. One spare a table: the smaller of two is freed here. */
+static void spare_back(psd_ckptq *q, psd_ckptq_rec *rec) {
+  psd_ckptq_rec *gone = rec;
+  pthread_mutex_lock(&q->mu);
+  psd_ckptq_rec **s = &q->spare[rec->tab];
+  if (!*s || (!(*s)->preparing && (*s)->cap < rec->cap)) {
+    gone = *s;
+    *s = rec;
+  }
+  if (gone) {
+    q->table_bytes -= gone->cap;
+    gone->next_gone = NULL;
+  }
+  pthread_mutex_unlock(&q->mu);
+  free_gone(gone);
+}
+
+/* Maps (or grows) a table's spare to r->want bytes and faults its pages
+ * in. r is the writer's alone meanwhile (preparing): the loop neither
+ * takes nor frees it. */
+static void prepare_spare(psd_ckptq *q, psd_ckptq_rec *r) {
+  uint8_t *b = NULL;
+  if (!r->own) {
+    b = map_buf(r->want);
+  } else {
+    void *m = mremap(r->own, r->cap, r->want, MREMAP_MAYMOVE);
+    b = m == MAP_FAILED ? NULL : m; /* the old mapping stays then */
+  }
+  if (b) populate(b, r->want); /* the old pages are in already: cheap */
+  psd_ckptq_rec *gone = NULL;
+  pthread_mutex_lock(&q->mu);
+  if (b) {
+    r->own = b;
+    r->cap = r->want;
+  } else {
+    q->table_bytes -= r->want - r->cap;
+    if (!r->own) { /* nothing to keep */
+      q->spare[r->tab] = NULL;
+      gone = r;
+    }
+  }
+  r->preparing = 0;
+  pthread_mutex_unlock(&q->mu);
+  free(gone);
+}
+
 /* Writes one record: its header, then its data a chunk at a time, each
  * chunk copied out under the lock so a release in between sees exactly
  * what is still unread. */
@@ -284,13 +416,7 @@ static void write_rec(psd_ckptq *q, psd_ckptq_file *f, psd_ckptq_rec *rec) {
   if (rec->table) { /* owned by the queue: nothing else reads it */
     if (!f->failed && psd_ckpt_add_table(&f->w, rec->own, rec->total, err, sizeof err) != 0)
       fail(f, err);
-    /* In the file (the page cache holds it now): a spare from here on,
-     * while the MAC and fsync still run. */
-    pthread_mutex_lock(&q->mu);
-    rec->next_spare = q->spares;
-    q->spares = rec;
-    q->spare_bytes += rec->cap;
-    pthread_mutex_unlock(&q->mu);
+    spare_back(q, rec);
     return;
   }
   if (!f->failed && psd_ckpt_add_header(&f->w, &rec->hdr, err, sizeof err) != 0)
@@ -349,6 +475,9 @@ static void run_job(psd_bg_job *bj) {
   case JOB_COMMIT:
   case JOB_ABORT:
     finish_file(q, j->f, j->kind == JOB_COMMIT);
+    break;
+  case JOB_PREPARE:
+    prepare_spare(q, j->rec);
     break;
   }
 }

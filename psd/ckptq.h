@@ -42,7 +42,8 @@ typedef struct psd_ckptq_result {
   int pruned;             /* older files removed after it (ok) */
   uint64_t copy_bytes;    /* table records copied on the loop for it */
   uint64_t copy_cap;      /* ... the buffers they took (now spare) */
-  double copy_ms;         /* ... and the loop's time to copy them */
+  double copy_ms;         /* ... the loop's time to copy them */
+  uint64_t copy_faults;   /* ... and the page faults it took meanwhile */
   char path[PSD_CKPT_PATH_MAX + 96]; /* the file (ok) */
   char err[PSD_CKPTQ_ERR]; /* why it failed (!ok && !aborted) */
 } psd_ckptq_result;
@@ -72,27 +73,45 @@ psd_ckptq_file *psd_ckptq_begin(psd_ckptq *q, const psd_ckpt_meta *m);
 int psd_ckptq_add(psd_ckptq *q, psd_ckptq_file *f, const psd_ckpt_rec *r, psd_ckptq_rec **hold);
 /* Table records are encoded on the loop (psd_ckpt_table_encode) into a
  * buffer the queue then owns, so nothing on the loop waits for the disk.
- * Once the writer has written a record into its file (before the MAC and
- * fsync), the buffer becomes a spare, and the next copy reuses one:
- * memory that is already mapped costs the loop no page faults (a fresh
- * 150 MB buffer can cost more to fault in than to fill). Spares beyond one
- * file's worth (the tables of the file finished last) are freed when a
- * file's result is taken.
+ * A fresh buffer's pages cost the loop a fault each (a 150 MB buffer can
+ * cost more to fault in than to fill), so the loop should find one whose
+ * pages are in already: each table (by its id, `tab`) keeps at most one
+ * spare buffer. Once the writer has written a table's record into its
+ * file (before the MAC and fsync), the buffer becomes that table's spare
+ * (a smaller spare it had is freed there, off the loop), and the table's
+ * next copy reuses it. Before a table's first checkpoint, or once it has
+ * outgrown its spare, psd_ckptq_prepare has the writer map (or grow, by
+ * mremap, keeping the pages it had) and fault in a buffer for it.
+ * Table buffers are mapped (psd_ckptq_buf_new), never malloc'd.
  *
- * A spare of at least len bytes (the smallest that fits), taken out of
- * the pool (the caller owns it), with *cap its size; NULL when none fits. */
-uint8_t *psd_ckptq_spare(psd_ckptq *q, size_t len, size_t *cap);
+ * Table tab's spare when it has at least len bytes and is not being
+ * prepared, taken out of the pool (the caller owns it), with *cap its
+ * size; NULL otherwise. */
+uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap);
+/* The size of table tab's spare, or of the one being prepared for it; 0
+ * when it has none. */
+size_t psd_ckptq_ready(psd_ckptq *q, uint32_t tab);
+/* Queues preparing a buffer of cap bytes for table tab, every page faulted
+ * in, off the loop: its spare grown, or a new one. Its bytes count in
+ * psd_ckptq_table_bytes from now. Nothing happens when the table's spare
+ * is that big already or being prepared. 0, or -1 (out of memory). */
+int psd_ckptq_prepare(psd_ckptq *q, uint32_t tab, size_t cap);
+/* A table buffer of cap bytes, its pages faulted in (on the caller's
+ * thread), or NULL; freed with psd_ckptq_buf_free. */
+uint8_t *psd_ckptq_buf_new(size_t cap);
+void psd_ckptq_buf_free(uint8_t *buf, size_t cap);
 /* Bytes of the table buffers the queue holds now, on their way to the
- * disk and spare (for --max-memory). */
+ * disk, spare and being prepared (for --max-memory). */
 uint64_t psd_ckptq_table_bytes(psd_ckptq *q);
-/* Frees every spare. */
+/* Frees every spare (not those being prepared). */
 void psd_ckptq_drop_spares(psd_ckptq *q);
-/* Queues a table record: rec (cap bytes, malloc'd) holds it in its first
- * len bytes. The queue owns rec from now on. copy_ms (the loop's time to
- * encode it), len and cap are reported with f's result. 0, or -1 (out of
- * memory: rec is freed, the file will fail). */
-int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint8_t *rec, size_t cap, size_t len,
-                        double copy_ms);
+/* Queues table tab's record: rec (cap bytes, from psd_ckptq_buf_new or
+ * psd_ckptq_spare) holds it in its first len bytes. The queue owns rec from
+ * now on. copy_ms (the loop's time to encode it), copy_faults (the page
+ * faults the loop took meanwhile), len and cap are reported with f's
+ * result. 0, or -1 (out of memory: rec is freed, the file will fail). */
+int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint32_t tab, uint8_t *rec,
+                        size_t cap, size_t len, double copy_ms, uint64_t copy_faults);
 /* The slice behind a hold is about to change: copies what the writer has
  * not read yet and drops the hold. 0, or -1 (out of memory: the file will
  * fail, and the hold is dropped all the same). NULL is a no-op. */

@@ -1,10 +1,12 @@
 /* persist.c - checkpoint scheduling, the stop protocol and restoring. */
+#define _GNU_SOURCE /* RUSAGE_THREAD */
 #include "persist.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "ckpt_table.h"
 #include "job.h"
@@ -104,22 +106,43 @@ static void capture(psd_persist *p, psd_slice *sl) {
   p->cur_written++;
 }
 
-/* A buffer of at least len bytes for a table's copy: a spare the writer
- * handed back (no page faults), else a new one with some room to grow, if
- * --max-memory allows it. NULL with a logged error otherwise. */
-static uint8_t *copy_buffer(psd_persist *p, const char *name, size_t len, size_t *cap,
-                            int *reused) {
-  uint8_t *buf = psd_ckptq_spare(p->q, len, cap);
+/* A table's copy buffer has 1/8 more room than the copy, and ROOM_MIN
+ * bytes at least: rows added before its next checkpoint then still fit,
+ * and a buffer prepared ahead (prepare_copy) is grown again only every
+ * 1/8 of growth, not at each step of a small table. */
+#define ROOM_MIN ((size_t)64 << 10)
+
+/* A buffer size for a copy of len bytes of table t, with room to grow
+ * (never more than its copy at capacity). */
+static size_t with_room(const psd_table *t, size_t len) {
+  size_t room = len / 8 > ROOM_MIN ? len / 8 : ROOM_MIN, most = psd_ckpt_table_max_size(t);
+  size_t cap = len > SIZE_MAX - room ? len : len + room;
+  if (most && cap > most) cap = most;
+  return cap > len ? cap : len;
+}
+
+/* Whether `more` bytes fit under --max-memory with the slices, the
+ * tables' reservations and the checkpoint buffers; *have gets those. */
+static int fits(const psd_persist *p, uint64_t more, uint64_t *have) {
+  *have = p->shard->bytes_alloc + tables_reserved(p) + psd_persist_held_bytes(p);
+  return (double)*have + (double)more <= p->cfg->max_memory;
+}
+
+/* A buffer of at least len bytes for table id's copy: its spare (no page
+ * faults), else a new one with some room to grow, if --max-memory allows
+ * it. NULL with a logged error otherwise. */
+static uint8_t *copy_buffer(psd_persist *p, uint32_t id, const char *name, size_t len,
+                            size_t *cap, int *reused) {
+  uint8_t *buf = psd_ckptq_spare(p->q, id, len, cap);
   *reused = buf != NULL;
   if (buf) return buf;
-  *cap = len + len / 8 < len ? len : len + len / 8; /* rows may grow by the next one */
-  uint64_t have = p->shard->bytes_alloc + tables_reserved(p) + psd_persist_held_bytes(p);
-  if ((double)have + (double)*cap > p->cfg->max_memory) {
+  *cap = with_room(p->tabs[id].t, len);
+  uint64_t have;
+  if (!fits(p, *cap, &have)) {
     psd_ckptq_drop_spares(p->q); /* too small anyway: make room */
     *cap = len;
-    have = p->shard->bytes_alloc + tables_reserved(p) + psd_persist_held_bytes(p);
   }
-  if ((double)have + (double)*cap > p->cfg->max_memory) {
+  if (!fits(p, *cap, &have)) {
     /* The copy is real memory: past --max-memory it could get psd killed
      * (a cgroup's OOM killer) with every step since the last checkpoint. */
     psd_error("table '%s' needs a %zu-byte copy for checkpoint step %" PRIu64 ", which would "
@@ -128,11 +151,18 @@ static uint8_t *copy_buffer(psd_persist *p, const char *name, size_t len, size_t
               name, len, p->cur_step, p->cfg->max_memory, have);
     return NULL;
   }
-  buf = malloc(*cap);
+  buf = psd_ckptq_buf_new(*cap);
   if (!buf)
     psd_error("out of memory copying table '%s' (%zu bytes) for checkpoint step %" PRIu64,
               name, len, p->cur_step);
   return buf;
+}
+
+/* Page faults this thread has taken so far. */
+static uint64_t faults_now(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_THREAD, &ru) == 0 ? (uint64_t)ru.ru_minflt + (uint64_t)ru.ru_majflt
+                                            : 0;
 }
 
 /* Copies table id into the current file now: the writer gets the copy
@@ -143,22 +173,24 @@ static void capture_table(psd_persist *p, uint32_t id) {
   if (!p->cur || tb->ck_gen == p->gen || id >= p->cur_ntables) return;
   const char *name = PS__ESC(psd_table_spec_of(tb->t)->name);
   double t0 = ps__now();
+  uint64_t f0 = faults_now();
   size_t len = psd_ckpt_table_size(tb->t), cap = 0;
   int reused = 0;
-  uint8_t *buf = len ? copy_buffer(p, name, len, &cap, &reused) : NULL;
+  uint8_t *buf = len ? copy_buffer(p, id, name, len, &cap, &reused) : NULL;
   if (!buf) {
     abort_ckpt(p, "no memory for a table's copy");
     return;
   }
   if (psd_ckpt_table_encode(tb->t, buf, len) != 0) {
-    free(buf);
+    psd_ckptq_buf_free(buf, cap);
     psd_error("table '%s': its rows do not match its row count; checkpoint step %" PRIu64
               " cannot hold it", name, p->cur_step);
     abort_ckpt(p, "a table could not be copied");
     return;
   }
   double ms = (ps__now() - t0) * 1e3;
-  if (psd_ckptq_add_table(p->q, p->cur, buf, cap, len, ms) != 0) {
+  uint64_t faults = faults_now() - f0;
+  if (psd_ckptq_add_table(p->q, p->cur, id, buf, cap, len, ms, faults) != 0) {
     psd_error("out of memory queueing table '%s' for checkpoint step %" PRIu64, name,
               p->cur_step);
     abort_ckpt(p, "out of memory");
@@ -167,8 +199,28 @@ static void capture_table(psd_persist *p, uint32_t id) {
   tb->ck_gen = p->gen;
   p->cur_written++;
   psd_debug("table '%s' copied for checkpoint step %" PRIu64 ": %" PRIu64 " rows, %zu bytes in "
-            "%.1f ms (%s buffer)", name, p->cur_step, psd_table_get_stats(tb->t).rows, len, ms,
-            reused ? "a reused" : "a new");
+            "%.1f ms, %" PRIu64 " page faults (%s buffer)", name, p->cur_step,
+            psd_table_get_stats(tb->t).rows, len, ms, faults,
+            reused ? "its spare" : "a new");
+}
+
+/* Has the writer prepare a buffer for table id's next copy, off the loop,
+ * when the table has outgrown the one it has (or has none: its first
+ * checkpoint): a copy into fresh memory takes a page fault per 4 KiB on
+ * the loop, which for a big table costs more than the copy. Only while no
+ * file is on its way: the buffers of those come back as spares, and
+ * preparing another meanwhile would hold two for a table. */
+static void prepare_copy(psd_persist *p, uint32_t id) {
+  if (!p->q || psd_ckptq_busy(p->q)) return;
+  psd_table *t = p->tabs[id].t;
+  size_t len = psd_ckpt_table_size(t), ready = psd_ckptq_ready(p->q, id);
+  if (!len || ready >= len) return;
+  size_t cap = with_room(t, len);
+  uint64_t have;
+  if (!fits(p, cap - ready, &have)) return; /* the copy itself says so, if it comes to that */
+  if (psd_ckptq_prepare(p->q, id, cap) != 0)
+    psd_warn("out of memory preparing a buffer for table '%s''s checkpoint copy",
+             PS__ESC(psd_table_spec_of(t)->name));
 }
 
 uint64_t psd_persist_held_bytes(const psd_persist *p) {
@@ -213,10 +265,10 @@ static void finished(psd_persist *p, const psd_ckptq_result *r) {
     psd_error("checkpoint at step %" PRIu64 " failed: %s", r->step, r->err);
     return;
   }
-  char tabs[96] = "";
+  char tabs[128] = "";
   if (r->copy_bytes)
-    snprintf(tabs, sizeof tabs, "; tables copied on the loop: %.1f MB in %.1f ms",
-             r->copy_bytes / 1e6, r->copy_ms);
+    snprintf(tabs, sizeof tabs, "; tables copied on the loop: %.1f MB in %.1f ms, %" PRIu64
+             " page faults", r->copy_bytes / 1e6, r->copy_ms, r->copy_faults);
   psd_info("checkpoint at step %" PRIu64 " written to %s (%.1f MB, %.0f ms to flush%s)", r->step,
            r->path, r->bytes / 1e6, r->flush_ms, tabs);
   if (!p->have_last || r->step >= p->last_step) p->last_step = r->step;
@@ -349,6 +401,7 @@ unsigned psd_persist_table_advanced(psd_persist *p, uint32_t id) {
   } else {
     every_due(p, step, p->shard->n == 0 && id == 0);
   }
+  prepare_copy(p, id); /* rows came since the last step */
   return take_actions(p);
 }
 
@@ -364,6 +417,7 @@ int psd_persist_table_added(psd_persist *p, psd_table *t) {
     p->tabs_cap = (uint32_t)cap;
   }
   p->tabs[p->ntabs++] = (psd_persist_tab){t, 0, 0};
+  prepare_copy(p, p->ntabs - 1); /* a restored table has its rows already */
   return 0;
 }
 

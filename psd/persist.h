@@ -10,7 +10,10 @@
  * runs on the event loop. A sparse table is captured at the same moments,
  * but copied at once (ckpt_table.h): its rows change on pulls too, so the
  * writer could not read them later; the copy goes to the writer, which
- * frees it once written. T is agreed either locally
+ * keeps its buffer for the table's next copy once written. As a table
+ * grows, the writer prepares (maps and faults in) a buffer big enough for
+ * its next copy, so even the first copy takes the loop no page faults.
+ * T is agreed either locally
  * (--checkpoint-every N: every multiple of N, the same on every ps) or by the
  * chief worker in two phases (prepare/commit, see proto/ps.proto
  * Checkpoint), which is how timed checkpoints and stops pick a step no ps
@@ -118,7 +121,8 @@ void psd_persist_table_read(psd_persist *p, uint32_t id);
 unsigned psd_persist_table_advanced(psd_persist *p, uint32_t id);
 
 /* Memory checkpoints hold beyond the model: the buffers of table copies on
- * their way to the disk, and the spares kept for the next copy. Counted
+ * their way to the disk, and the spare each table keeps (or is having
+ * prepared) for its next copy. Counted
  * against --max-memory with the slices and the tables' reservations. */
 uint64_t psd_persist_held_bytes(const psd_persist *p);
 
