@@ -219,7 +219,7 @@ static void prepare_copy(psd_persist *p, uint32_t id) {
   uint64_t have;
   if (!fits(p, cap - ready, &have)) return; /* the copy itself says so, if it comes to that */
   if (psd_ckptq_prepare(p->q, id, cap) != 0)
-    psd_warn("out of memory preparing a buffer for table '%s''s checkpoint copy",
+    psd_warn("out of memory preparing a checkpoint copy buffer for table '%s'",
              PS__ESC(psd_table_spec_of(t)->name));
 }
 
