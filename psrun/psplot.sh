@@ -100,10 +100,14 @@ place() {
 term="set terminal pngcairo size $width,$height font 'sans,10' noenhanced"
 
 # training.png: a panel per y key (loss, test_accuracy, images_per_sec)
-# and x key (step, wall_s) that occur together in the file.
+# and x key (step, wall_s) that occur together in the file; the test
+# accuracy panels add test_accuracy_average (cifar_worker --average: the
+# servers' moving average) when the file has it.
 training_plot() {
   local f=$1 dat=$tmp/m.dat
-  table "$f" "$dat" step wall_s loss test_accuracy images_per_sec
+  table "$f" "$dat" step wall_s loss test_accuracy images_per_sec test_accuracy_average
+  local avg=0
+  present "$dat" 6 && avg=1
   [ -s "$dat" ] || die "--metrics $f holds no JSON objects (one per line, see docs/telemetry.md)"
   local xkeys=(step wall_s) xlabels=("step" "wall time (s)") xnames=("step" "wall time")
   local ykeys=(loss test_accuracy images_per_sec)
@@ -130,10 +134,16 @@ training_plot() {
         say "no line of $f has both \"${xkeys[$i]}\" and \"${ykeys[$j]}\": leaving out that plot"
         continue
       fi
+      local series="'$dat' using $((i + 1)):$((j + 3)) with ${ystyles[$j]}" key="set key off"
+      if [ "$j" = 1 ] && [ "$avg" = 1 ]; then
+        series+=" title 'parameters', '$dat' using $((i + 1)):6 with linespoints pt 6 lw 2 lc rgb '#9467bd' title 'moving average'"
+        key="set key bottom right"
+      fi
       panels+="set xlabel '${xlabels[$i]}'
 set ylabel '${ylabels[$j]}'
 ${yranges[$j]}
-plot '$dat' using $((i + 1)):$((j + 3)) with ${ystyles[$j]}
+$key
+plot $series
 "
       n=$((n + 1))
     done

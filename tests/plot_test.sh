@@ -110,6 +110,22 @@ no_gnuplot_errors
 check_png subset/training.png 640 480
 echo "ok: a subset of keys plots what it can and names what is missing"
 
+# The servers' moving average (cifar_worker --average) is a second series
+# in the test-accuracy panels: another picture than without it.
+mkdir -p avg noavg
+printf '{"step": %d, "wall_s": %d, "loss": 1, "test_accuracy": 0.%d}\n' 10 1 5 20 2 6 30 3 7 > noavg/m.jsonl
+printf '{"step": %d, "wall_s": %d, "loss": 1, "test_accuracy": 0.%d, "test_accuracy_average": 0.%d}\n' \
+  10 1 5 6 20 2 6 7 30 3 7 8 > avg/m.jsonl
+psplot --metrics noavg/m.jsonl --out noavg --size 640x480
+expect 0 ""
+psplot --metrics avg/m.jsonl --out avg --size 640x480
+expect 0 ""
+no_gnuplot_errors
+check_png avg/training.png 640 480
+cmp -s avg/training.png noavg/training.png &&
+  { echo "FAIL: test_accuracy_average drew nothing more"; exit 1; }
+echo "ok: the moving average is drawn beside the test accuracy"
+
 # Nothing to plot: a sentence and exit 2, no picture.
 printf '{"step": %d, "epoch": 0.5}\n' 1 2 > nothing/m.jsonl
 psplot --metrics nothing/m.jsonl --out nothing --size 640x480
