@@ -550,6 +550,98 @@ START_TEST(test_sampler_augmentation) {
 }
 END_TEST
 
+/* The crop (record, offsets, flip) an image without contrast came from. */
+static void find_crop(const cifar_set *s, const float *img, uint8_t lab, size_t *rec, int *cdy,
+                      int *cdx, int *cflip, double *ref) {
+  int matches = 0;
+  for (size_t r = 0; r < s->n; r++) {
+    if (s->labels[r] != lab) continue;
+    for (int dy = 0; dy < 9; dy++)
+      for (int dx = 0; dx < 9; dx++)
+        for (int f = 0; f < 2; f++) {
+          ref_crop(s->pixels + r * IMG, dy, dx, f, ref);
+          if (close_img(img, ref)) *rec = r, *cdy = dy, *cdx = dx, *cflip = f, matches++;
+        }
+  }
+  ck_assert_int_eq(matches, 1);
+}
+
+/* TF's adjust_contrast by f on a crop, then the standardization, in double. */
+static void ref_contrast(const uint8_t *src, int dy, int dx, int flip, double f, double *out) {
+  double sum = 0, sq = 0;
+  for (int c = 0; c < 3; c++) {
+    double m = 0;
+    for (int y = 0; y < 24; y++)
+      for (int x = 0; x < 24; x++) m += src[c * 1024 + (dy + y) * 32 + (flip ? dx + 23 - x : dx + x)];
+    m /= 576;
+    for (int y = 0; y < 24; y++)
+      for (int x = 0; x < 24; x++) {
+        double v = (src[c * 1024 + (dy + y) * 32 + (flip ? dx + 23 - x : dx + x)] - m) * f + m;
+        out[c * 576 + y * 24 + x] = v;
+        sum += v;
+        sq += v * v;
+      }
+  }
+  double mean = sum / IN, var = sq / IN - mean * mean;
+  double sd = fmax(sqrt(var > 0 ? var : 0), 1.0 / sqrt((double)IN));
+  for (int k = 0; k < IN; k++) out[k] = (out[k] - mean) / sd;
+}
+
+/* cifar_sampler_set_contrast: factor 1 is the sampler without it, bit for
+ * bit; a fixed factor is TF's adjust_contrast before the standardization,
+ * on the same crops; 0.2..1.8 draws factors across that range. */
+START_TEST(test_sampler_contrast) {
+  cifar_set s = mem_set(20, fill_random);
+  enum { B = 40 };
+  float *a = malloc(sizeof(float) * IN * B), *b = malloc(sizeof(float) * IN * B);
+  uint8_t la[B], lb[B];
+  double *ref = malloc(sizeof(double) * IN);
+  cifar_sampler *sa = cifar_sampler_create(&s, 0, 1, 9), *sb = cifar_sampler_create(&s, 0, 1, 9);
+  ck_assert_int_eq(cifar_sampler_set_contrast(sb, 1, 1), 0);
+  cifar_sampler_batch(sa, 3, B, a, la);
+  cifar_sampler_batch(sb, 3, B, b, lb);
+  ck_assert(memcmp(a, b, sizeof(float) * IN * B) == 0);
+  ck_assert_int_eq(cifar_sampler_set_contrast(sb, 0.5, 0.5), 0);
+  cifar_sampler_batch(sb, 3, B, b, lb);
+  for (int i = 0; i < B; i++) {
+    size_t r;
+    int dy, dx, flip;
+    find_crop(&s, a + (size_t)i * IN, la[i], &r, &dy, &dx, &flip, ref);
+    ref_contrast(s.pixels + r * IMG, dy, dx, flip, 0.5, ref);
+    ck_assert_msg(close_img(b + (size_t)i * IN, ref), "image %d", i);
+  }
+  /* 0.2..1.8: the factor of each image, recovered from the slope of its
+   * first channel against the image without contrast (see ref_contrast). */
+  ck_assert_int_eq(cifar_sampler_set_contrast(sb, 0.2, 1.8), 0);
+  cifar_sampler_batch(sb, 3, B, b, lb);
+  double lo = 10, hi = 0;
+  for (int i = 0; i < B; i++) {
+    size_t r;
+    int dy, dx, flip;
+    find_crop(&s, a + (size_t)i * IN, la[i], &r, &dy, &dx, &flip, ref);
+    double best = -1, err = 1e9;
+    for (double f = 0.19; f <= 1.81; f += 0.0005) {
+      ref_contrast(s.pixels + r * IMG, dy, dx, flip, f, ref);
+      double e = 0;
+      for (int k = 0; k < IN; k++) e = fmax(e, fabs(b[(size_t)i * IN + k] - ref[k]));
+      if (e < err) err = e, best = f;
+    }
+    ck_assert_msg(err < 2e-3, "image %d fits no factor in [0.2, 1.8] (best %g, error %g)", i,
+                  best, err);
+    lo = fmin(lo, best), hi = fmax(hi, best);
+  }
+  ck_assert_msg(lo < 0.6 && hi > 1.4, "factors drawn only in [%g, %g]", lo, hi);
+  ck_assert_int_eq(cifar_sampler_set_contrast(sb, 0, 1), -1);
+  ck_assert_int_eq(cifar_sampler_set_contrast(sb, 1.5, 1), -1);
+  cifar_sampler_destroy(sa);
+  cifar_sampler_destroy(sb);
+  free(ref);
+  free(a);
+  free(b);
+  cifar_set_free(&s);
+}
+END_TEST
+
 /* Samplers used from several threads at once (one each) give the same
  * batches as used one after the other: no hidden shared state. */
 typedef struct {
@@ -937,6 +1029,7 @@ Suite *suite_cifar_data(void) {
   tcase_add_test(ts, test_sampler_shuffle);
   tcase_add_test(ts, test_sampler_resume);
   tcase_add_test(ts, test_sampler_augmentation);
+  tcase_add_test(ts, test_sampler_contrast);
   tcase_add_test(ts, test_sampler_threads);
   tcase_add_test(ts, test_standardization);
   tcase_add_test(ts, test_eval_centre_crop);

@@ -52,6 +52,7 @@ typedef struct opts {
   char device[8];      /* --device: cpu, gpu or auto */
   int eval_views;      /* --eval-views: 1 (centre crop), 2 (and its mirror) or 10 */
   double average;      /* --average DECAY: the servers keep an EMA (0: none) */
+  double contrast_lo, contrast_hi; /* --contrast LO:HI (1:1: none) */
 } opts;
 
 static double now_s(void) {
@@ -77,6 +78,7 @@ static void usage(FILE *f) {
           "                    [--lr-decay RATE:EPOCHS | --cosine] [--momentum M]\n"
           "                    [--warmup-epochs W] [--threads T] [--seed N]\n"
           "                    [--metrics FILE] [--eval-every N] [--no-lrn]\n"
+          "                    [--average DECAY] [--eval-views N] [--contrast LO:HI]\n"
           "                    [--device cpu|gpu|auto]\n"
           "       cifar_worker --bench [--batch B] [--threads T] [--bench-steps N] [--no-lrn]\n"
           "Trains the TensorFlow CIFAR-10 tutorial CNN through psd (run it under psrun).\n"
@@ -98,6 +100,9 @@ static void usage(FILE *f) {
           "  --average DECAY   the servers keep an exponential moving average of the\n"
           "                    parameters (TensorFlow's, with its num_updates warm-up);\n"
           "                    the chief also evaluates it (test_accuracy_average)\n"
+          "  --contrast LO:HI  TensorFlow's random contrast: each training image's\n"
+          "                    channels scaled about their means by a factor in\n"
+          "                    [LO, HI] before the standardization (its recipe: 0.2:1.8)\n"
           "  --eval-views N    predict from the mean softmax over N views of each test\n"
           "                    image: 1 centre crop, 2 and its mirror, 10 centre and\n"
           "                    corners, each mirrored [1]\n"
@@ -125,6 +130,7 @@ static void parse(opts *o, int argc, char **argv) {
   o->lrn = 1;
   o->bench_steps = 10;
   o->eval_views = 1;
+  o->contrast_lo = o->contrast_hi = 1;
   snprintf(o->device, sizeof o->device, "cpu");
   for (int a = 1; a < argc; a++) {
     const char *f = argv[a];
@@ -160,6 +166,14 @@ static void parse(opts *o, int argc, char **argv) {
     else if (!strcmp(f, "--warmup-epochs")) o->warmup_epochs = num(f, v, 0, 1e6);
     else if (!strcmp(f, "--dump-params")) snprintf(o->dump, sizeof o->dump, "%s", v);
     else if (!strcmp(f, "--average")) o->average = num(f, v, 0.5, 0.999999);
+    else if (!strcmp(f, "--contrast")) {
+      char lo[64];
+      const char *colon = strchr(v, ':');
+      if (!colon) die("--contrast must be LO:HI (TensorFlow's recipe: 0.2:1.8), got '%s'", v);
+      snprintf(lo, sizeof lo, "%.*s", (int)(colon - v), v);
+      o->contrast_lo = num("--contrast LO", lo, 0.01, 10);
+      o->contrast_hi = num("--contrast HI", colon + 1, o->contrast_lo, 10);
+    }
     else if (!strcmp(f, "--eval-views")) {
       o->eval_views = (int)num(f, v, 1, CIFAR_EVAL_VIEWS);
       if (o->eval_views != 1 && o->eval_views != 2 && o->eval_views != CIFAR_EVAL_VIEWS)
@@ -384,6 +398,8 @@ static void trainer_setup(trainer *t) {
   t->threads = o->threads ? o->threads : default_threads();
   t->sp = cifar_sampler_create(&t->train, t->w, t->nw, o->seed);
   if (!t->sp) die("training set too small for %d workers", t->nw);
+  if (cifar_sampler_set_contrast(t->sp, o->contrast_lo, o->contrast_hi) != 0)
+    die("--contrast %g:%g refused", o->contrast_lo, o->contrast_hi);
   /* Steps: every worker sees its shard once per epoch. */
   t->steps_per_epoch = (double)t->train.n / ((double)t->nw * o->batch);
   t->total = o->steps ? o->steps : (long)ceil(o->epochs * t->steps_per_epoch);

@@ -244,8 +244,31 @@ static inline uint64_t below(uint64_t r, uint64_t bound) {
 /* ------------------------------------------------------------------------ */
 /* Crop, flip and standardize one image. */
 
-/* src: 3 planes of 32x32; dst: 3 planes of 24x24 floats. */
-static void prep_image(const uint8_t *restrict src, int dy, int dx, int flip,
+/* TensorFlow's random_contrast before the standardization: each channel's
+ * deviations from its mean scaled by f (tf.image.adjust_contrast). */
+static void contrast_standardize(const uint8_t *restrict tmp, float f, float *restrict dst) {
+  double x[CIFAR_INPUT_FLOATS], sum = 0, sumsq = 0;
+  for (int c = 0; c < CIFAR_CHANNELS; c++) {
+    const uint8_t *p = tmp + c * CROP_PLANE;
+    double m = 0;
+    for (int k = 0; k < CROP_PLANE; k++) m += p[k];
+    m /= CROP_PLANE;
+    for (int k = 0; k < CROP_PLANE; k++) {
+      double v = (p[k] - m) * f + m;
+      x[c * CROP_PLANE + k] = v;
+      sum += v;
+      sumsq += v * v;
+    }
+  }
+  const double N = CIFAR_INPUT_FLOATS, mean = sum / N;
+  double var = sumsq / N - mean * mean;
+  double sd = sqrt(var > 0 ? var : 0), min_sd = 1.0 / sqrt(N);
+  const double inv = 1.0 / (sd > min_sd ? sd : min_sd);
+  for (int k = 0; k < CIFAR_INPUT_FLOATS; k++) dst[k] = (float)((x[k] - mean) * inv);
+}
+
+/* src: 3 planes of 32x32; dst: 3 planes of 24x24 floats; contrast 1: none. */
+static void prep_image(const uint8_t *restrict src, int dy, int dx, int flip, float contrast,
                        float *restrict dst) {
   uint8_t tmp[CIFAR_INPUT_FLOATS];
   for (int c = 0; c < CIFAR_CHANNELS; c++) {
@@ -268,6 +291,10 @@ static void prep_image(const uint8_t *restrict src, int dy, int dx, int flip,
         memcpy(orow + 16, &w[0], 8);
       }
     }
+  }
+  if (contrast != 1.0f) {
+    contrast_standardize(tmp, contrast, dst);
+    return;
   }
   /* Exact integer moments: sum <= 1728*255, sum of squares <= 1728*255^2 < 2^32. */
   uint32_t sum = 0, sumsq = 0;
@@ -298,6 +325,7 @@ struct cifar_sampler {
   uint64_t epoch[2];
   int valid[2];
   int victim;           /* slot to refill next */
+  float contrast_lo, contrast_hi; /* random contrast factors (1, 1: none) */
 };
 
 cifar_sampler *cifar_sampler_create(const cifar_set *s, int worker, int num_workers,
@@ -326,7 +354,18 @@ cifar_sampler *cifar_sampler_create(const cifar_set *s, int worker, int num_work
   sp->num_workers = num_workers;
   sp->seed = seed;
   sp->size = size;
+  sp->contrast_lo = sp->contrast_hi = 1.0f;
   return sp;
+}
+
+int cifar_sampler_set_contrast(cifar_sampler *sp, double lo, double hi) {
+  if (!sp || !(lo > 0 && lo <= hi && hi < 100)) {
+    errno = EINVAL;
+    return -1;
+  }
+  sp->contrast_lo = (float)lo;
+  sp->contrast_hi = (float)hi;
+  return 0;
 }
 
 size_t cifar_sampler_size(const cifar_sampler *sp) {
@@ -407,8 +446,11 @@ double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *image
       int dy = (int)(((h & 0x1fffff) * CROP_RANGE) >> 21);
       int dx = (int)((((h >> 21) & 0x1fffff) * CROP_RANGE) >> 21);
       int flip = (int)(h >> 63);
+      /* bits 42..62, unused by the crop and the flip: the contrast factor */
+      float u = (float)((h >> 42) & 0x1fffff) * 0x1p-21f;
+      float contrast = sp->contrast_lo + (sp->contrast_hi - sp->contrast_lo) * u;
       labels[base + j] = set->labels[rec[j]];
-      prep_image(set->pixels + rec[j] * CIFAR_IMAGE_BYTES, dy, dx, flip,
+      prep_image(set->pixels + rec[j] * CIFAR_IMAGE_BYTES, dy, dx, flip, contrast,
                  images + (size_t)(base + j) * CIFAR_INPUT_FLOATS);
     }
   }
@@ -424,7 +466,7 @@ void cifar_eval_view(const cifar_set *s, size_t first, int B, int view, float *i
   for (int i = 0; i < B && first + (size_t)i < s->n; i++) {
     size_t rec = first + (size_t)i;
     labels[i] = s->labels[rec];
-    prep_image(s->pixels + rec * CIFAR_IMAGE_BYTES, dy, dx, flip,
+    prep_image(s->pixels + rec * CIFAR_IMAGE_BYTES, dy, dx, flip, 1.0f,
                images + (size_t)i * CIFAR_INPUT_FLOATS);
   }
 }

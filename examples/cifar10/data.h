@@ -94,6 +94,16 @@ double cifar_sampler_batch(cifar_sampler *sp, uint64_t step, int B, float *image
                            uint8_t *labels);
 void cifar_sampler_destroy(cifar_sampler *sp);
 
+/* TensorFlow's random_contrast for the training batches: each image's
+ * channels get their deviations from the channel's mean scaled by a factor
+ * uniform in [lo, hi] (drawn from the image's augmentation hash, so any
+ * split of a global batch sees the same images), before the
+ * standardization. TF's CIFAR-10 recipe uses 0.2 and 1.8; its
+ * random_brightness is left out: the standardization subtracts any
+ * brightness shift exactly. Default 1, 1: none (bit-identical to no
+ * contrast). 0, or -1 with errno EINVAL unless 0 < lo <= hi < 100. */
+int cifar_sampler_set_contrast(cifar_sampler *sp, double lo, double hi);
+
 /* ---- evaluation ----------------------------------------------------------
  * Records first .. first+B-1 of s, centre crop (offset 4,4; no flip), then
  * the same standardization, into images (B*1728 floats, NCHW) and labels.
