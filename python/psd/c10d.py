@@ -33,7 +33,6 @@ import time
 from datetime import timedelta
 from typing import Callable, Dict, List, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import Work, _create_work_from_future
@@ -123,12 +122,13 @@ class _Op:
     bound with var.bind_buffers); ``done(var)`` turns the mean (var.data,
     or the bound memory) into the call's result."""
     __slots__ = ("what", "key", "numel", "fill", "done", "future", "var", "req", "push",
-                 "start", "seq", "name", "pull_only")
+                 "start", "seq", "name", "pull_only", "taken")
 
     def __init__(self, what: str, key: str, numel: int, fill: Callable, done: Callable,
                  pull_only: bool = False):
         self.what, self.key, self.numel, self.fill, self.done = what, key, numel, fill, done
         self.pull_only = pull_only  # a broadcast's receiver: it pushes nothing
+        self.taken = False  # a rejoining rank's part the dead process had sent
         self.future = Future()
         self.var = self.req = self.push = None
         self.start = 0.0
@@ -156,6 +156,12 @@ class _Engine(threading.Thread):
         self.calls: Dict[str, int] = collections.Counter()
         self.failed: Optional[BaseException] = None
         self.closed = False
+        self.lock = threading.Lock()  # calls: counted in the order they were made
+        # Called while the oldest call waits (psd.rejoin.Server.poll).
+        self.on_wait: Optional[Callable[[], None]] = None
+        # A restarted rank redoing the step it rejoined in: its parts the
+        # dead process had pushed are taken as given (psd.rejoin).
+        self.catchup = False
 
     # called from the user's threads
     def submit(self, op: _Op) -> Future:
@@ -168,9 +174,23 @@ class _Engine(threading.Thread):
         if self.closed:
             raise BackendError("psd backend, rank %d: %s after the process group was "
                                "destroyed" % (self.rank, op.what))
-        self.q.put(op)
+        with self.lock:
+            op.seq = self.calls[op.key]
+            self.calls[op.key] += 1
+            op.name = "c10d/%s/%d" % (op.key, op.seq % SLOTS)
+            self.q.put(op)
         self.client.wake()  # the thread may be in a wait: send this one now
         return op.future
+
+    def counters(self) -> Dict[str, int]:
+        """How many calls of each kind were made so far."""
+        with self.lock:
+            return dict(self.calls)
+
+    def set_counters(self, calls: Dict[str, int]) -> None:
+        """A rejoining rank takes the others' count of calls (psd.rejoin)."""
+        with self.lock:
+            self.calls = collections.Counter(calls)
 
     def stop(self, timeout: Optional[float] = None) -> bool:
         """Lets the calls in flight finish (up to timeout seconds) and ends
@@ -232,10 +252,6 @@ class _Engine(threading.Thread):
                                                 op.name, e))
 
     def _can_issue(self, op: _Op) -> bool:
-        if not op.name:
-            op.seq = self.calls[op.key]
-            self.calls[op.key] += 1
-            op.name = "c10d/%s/%d" % (op.key, op.seq % SLOTS)
         slot = self.slots.get(op.name)
         return slot is None or slot.busy is None
 
@@ -250,6 +266,9 @@ class _Engine(threading.Thread):
             elif op.key.startswith("h"):  # mean_async(wire="fp16"): Horovod's Compression.fp16
                 v.set_wire_dtype("fp16", "fp16")
             slot = self.slots[op.name] = _Slot(v)
+            # The n-th call on a variable pushes at its step n (a rank that
+            # rejoins starts with the others' counts).
+            slot.step = op.seq // SLOTS
         op.var, op.start = slot.var, time.monotonic()
         op.fill(slot.var)
         op.push = None if op.pull_only else self.client.push_async([slot.var], step=slot.step)
@@ -260,6 +279,8 @@ class _Engine(threading.Thread):
         op = inflight[0]
         if not op.req.done(POLL_S):  # timed out or woken: look for new calls
             waited = time.monotonic() - op.start
+            if self.on_wait is not None and waited >= POLL_S:
+                self.on_wait()
             if waited > self.timeout_s:
                 raise BackendError(
                     "psd backend, rank %d of %d: %s (variable %r) waited %.0f s, the "
@@ -277,14 +298,20 @@ class _Engine(threading.Thread):
             # Backup workers: the servers completed the step with the first
             # N - K parts and this rank gets their mean, as psd's own
             # variables do. Exact calls wait for every part (never stale).
-            if _aggregate(op.key) != "job":
+            # A rejoining rank's root part of a broadcast the dead process
+            # had sent is stale too.
+            if _aggregate(op.key) != "job" and not self.catchup:
                 raise
+            op.taken = self.catchup
         except DuplicateError as e:
-            raise BackendError(
-                "psd backend, rank %d of %d: %s (variable %r): this rank's part came after "
-                "the servers completed the step without it (%s); the torch.distributed "
-                "backend needs every rank's part" % (self.rank, self.size, op.what, op.name,
-                                                      type(e).__name__)) from None
+            if self.catchup:  # the dead process had pushed this part
+                op.taken = True
+            else:
+                raise BackendError(
+                    "psd backend, rank %d of %d: %s (variable %r): this rank's part came "
+                    "after the servers completed the step without it (%s); the "
+                    "torch.distributed backend needs every rank's part"
+                    % (self.rank, self.size, op.what, op.name, type(e).__name__)) from None
         slot = self.slots[op.name]
         slot.step += 1
         slot.busy = None
@@ -398,6 +425,12 @@ class ProcessGroupPsd(dist.ProcessGroup):
         self.engine = _Engine(client, rank, size, timeout)
         self.engine.start()
         self._warned_f64 = False
+        # A restarted rank before psd.torch.Checkpoint has rejoined it: DDP's
+        # start-up calls are answered here (psd.rejoin).
+        self.prejoin = False
+        self.rebuilt: List[tuple] = []  # DDP's bucket-rebuild broadcasts: (key, seq, value)
+        self.local_bcasts: List[torch.Tensor] = []  # answered here after a rejoin
+        self.split: Optional[tuple] = None  # (layout, numels): a rejoin's first bucket
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -413,6 +446,16 @@ class ProcessGroupPsd(dist.ProcessGroup):
     # -- helpers
     def _submit(self, what, key, numel, fill, done, pull_only=False):
         return self.engine.submit(_Op(what, key, numel, fill, done, pull_only))
+
+    def _before_join(self, what: str) -> None:
+        """A restarted rank's collectives before its Checkpoint line has
+        rejoined it: only DDP's start-up ones are answered (here, by the
+        callers); any other cannot be matched with the others'."""
+        raise BackendError(
+            "psd backend: rank %d was restarted by psrun --restart-workers and has not rejoined "
+            "the others yet, so it cannot make %s: create psd.torch.Checkpoint(ddp, "
+            "optimizer, scheduler, loader) right after DDP and the optimizer, before any other "
+            "collective; it brings this rank the others' state" % (self._rank, what))
 
     def _exact_allgather(self, what: str, flat: torch.Tensor) -> Future:
         """Every rank's float32 vector ``flat`` (the same length on every
@@ -440,6 +483,34 @@ class ProcessGroupPsd(dist.ProcessGroup):
 
         return self._submit("psd.torch.Checkpoint's stop vote", "vote/1", 1, fill, done)
 
+    # -- a restarted rank rejoins (psd.rejoin; psd.torch.Checkpoint calls these)
+    def serve_rejoins(self, provider) -> None:
+        """Rank 0 (and rank 1, for rank 0) answers a restarted rank's
+        request while it waits for that rank: provider(rank) gives (ok,
+        bytes)."""
+        from . import rejoin
+        if self._rank in (0, 1) and self._size > 1:
+            self.engine.on_wait = rejoin.Server(self.client, self._rank, provider).poll
+
+    def request_rejoin(self) -> bytes:
+        """This restarted rank's request for the others' state (its bytes);
+        raises psd.rejoin.RejoinRefused with their reason."""
+        from . import rejoin
+        return rejoin.request(self.client, self._rank, self.engine.timeout_s)
+
+    def join(self, counters, layout, numels, local_bcasts) -> None:
+        """Takes the others' count of calls and DDP's bucket layout; the
+        step this rank redoes takes its parts the dead process sent as
+        given until end_catchup()."""
+        self.engine.set_counters(counters)
+        self.split = (layout, numels) if layout is not None else None
+        self.local_bcasts = list(local_bcasts)
+        self.engine.catchup = True
+        self.prejoin = False
+
+    def end_catchup(self) -> None:
+        self.engine.catchup = False
+
     # -- collectives
     def allreduce(self, tensors, opts=None):
         op = _op_name(opts)
@@ -447,6 +518,14 @@ class ProcessGroupPsd(dist.ProcessGroup):
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
         what = "all_reduce(%s, %s%s)" % (op, t.dtype, tuple(t.shape))
+        if self.prejoin:
+            self._before_join(what)
+        if self.split is not None and t.is_floating_point() and op == "SUM" and \
+                t.numel() == sum(self.split[1]):
+            from . import rejoin
+            layout, numels = self.split
+            self.split = None
+            return _work(rejoin.split_sum(self, t, layout, numels))
         if op not in _SUM_LIKE:
             return _work(self._reduce_by_gather(what, t, op))
         if t.is_floating_point():
@@ -464,6 +543,8 @@ class ProcessGroupPsd(dist.ProcessGroup):
         place: a Future of [t]. wire "fp16" sends it over psd's 16-bit wire
         (psd.horovod's Compression.fp16); "" takes the job's."""
         what = "%s(%s%s)" % ("average" if average else "sum", t.dtype, tuple(t.shape))
+        if self.prejoin:
+            self._before_join(what)
         return self._float_sum(what, t, average, "h" if wire == "fp16" else "")
 
     def _float_sum(self, what: str, t: torch.Tensor, average: bool, kind: str = "") -> Future:
@@ -555,26 +636,57 @@ class ProcessGroupPsd(dist.ProcessGroup):
         # completes with that part alone and the others pull it.
         root = getattr(opts, "rootRank", 0)
         rank = self._rank
+        if self.prejoin:  # DDP's start: the rejoin brings the values
+            return _done_work(tensors)
+        rebuild = _caller_mode() == "cpp" and len(tensors) == 1 and \
+            tensors[0].dtype == torch.int32 and tensors[0].dim() == 1
+        if rebuild and self.local_bcasts and self.local_bcasts[0].shape == tensors[0].shape:
+            # A rejoined rank's DDP rebuilds its buckets: as the others did
+            with torch.no_grad():
+                tensors[0].copy_(self.local_bcasts.pop(0))
+            return _done_work(tensors)
         futs = []
         for t in tensors:
             pieces = _to_pieces(t) if rank == root else None
             n = (t.numel() * t.element_size() + 1) // 2
+            box: List[_Op] = []  # the op, for done()
 
             def fill(v, pieces=pieces):
                 if pieces is not None:
                     v.grad[:] = pieces.numpy()
 
-            def done(v, t=t):
-                if rank != root:
+            def done(v, t=t, box=box):
+                # A rejoining root whose part the dead process had sent
+                # takes that value, as the others did.
+                if rank != root or box[0].taken:
                     with torch.no_grad():
                         t.copy_(_from_pieces(torch.from_numpy(v.data.copy()), t))
                 return [t]
 
             what = "broadcast(%s%s, src=%d)" % (t.dtype, tuple(t.shape), root)
-            futs.append(self._submit(what, "x/bcast/%d" % n, n, fill, done, rank != root))
+            op = _Op(what, "x/bcast/%d" % n, n, fill, done, rank != root)
+            box.append(op)
+            self.engine.submit(op)
+            fut = op.future
+            if rebuild:  # kept for a rank that rejoins later (psd.rejoin)
+                fut = fut.then(self._record(op.key, op.seq, t))
+            futs.append(fut)
         return _work(_all(futs, tensors))
 
+    def _record(self, key: str, seq: int, t: torch.Tensor):
+        def record(f):
+            out = f.value()
+            self.rebuilt = self.rebuilt[-1:] + [(key, seq, t.detach().clone())]
+            return out
+        return record
+
     def allgather(self, output_tensors, input_tensors, opts=None):
+        if self.prejoin:  # DDP's check of the parameters' shapes: this rank's own
+            with torch.no_grad():
+                for outs, t in zip(output_tensors, input_tensors):
+                    for o in outs:
+                        o.copy_(t)
+            return _done_work(output_tensors)
         futs = []
         for outs, t in zip(output_tensors, input_tensors):
             what = "all_gather(%s%s)" % (t.dtype, tuple(t.shape))
@@ -595,6 +707,9 @@ class ProcessGroupPsd(dist.ProcessGroup):
         return _work(self.allgather([parts], [input]).get_future().then(lambda _: [output]))
 
     def barrier(self, opts=None):
+        if self.prejoin:
+            self._before_join("barrier()")
+
         def fill(v):
             v.grad[:] = 1.0
 
@@ -679,14 +794,13 @@ def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupPsd:
             "worker as %s of %s; leave rank and world_size out (psrun sets RANK and "
             "WORLD_SIZE) or pass the same" % (rank, size, w, nw))
     restarts = _env_int("PS_WORKER_RESTARTS")
-    if restarts:
+    replicas = _env_int("PS_REPLICAS_TO_AGGREGATE") or size
+    if restarts and replicas < size:
         raise RuntimeError(
-            "psd backend: rank %d was restarted by psrun --restart-workers, but a "
-            "torch.distributed job cannot take a restarted rank back: the other ranks are in "
-            "the middle of their collectives and the model and optimizer state live in each "
-            "rank's memory. The job stops here; run it again (with psd.torch.Checkpoint it "
-            "resumes from its last stop), or use --backup-workers K to go on without a dead "
-            "rank" % rank)
+            "psd backend: rank %d was restarted by psrun --restart-workers, but with "
+            "--backup-workers the other ranks went on without it and a restarted rank cannot "
+            "rejoin them (it rejoins a job without backup workers, through "
+            "psd.torch.Checkpoint). The job goes on without this rank" % rank)
     if os.environ.get("PS_ASYNC", "0") not in ("", "0"):
         raise RuntimeError("psd backend: asynchronous training (PS_ASYNC) applies each "
                            "rank's part alone, which no collective means; run without it")
@@ -705,7 +819,14 @@ def _create(store, rank: int, size: int, timeout: timedelta) -> ProcessGroupPsd:
     if len(_groups) > 0:
         raise RuntimeError("psd backend: only the default process group is supported; "
                            "new_group(backend='psd') is not (a gloo group works beside it)")
+    if rank == 0 and size > 1:
+        from . import rejoin
+        rejoin.create(_client)
     pg = ProcessGroupPsd(_client, rank, size, timeout)
+    if restarts:
+        # This rank answers DDP's start-up calls itself until
+        # psd.torch.Checkpoint rejoins it (psd.rejoin).
+        pg.prejoin = True
     _groups.append(pg)
     return pg
 
@@ -714,6 +835,9 @@ def register() -> None:
     """Registers the backend under the name "psd" (once)."""
     if not hasattr(dist.Backend, "PSD"):
         dist.Backend.register_backend(BACKEND, _create)
+        if _env_int("PS_WORKER_RESTARTS"):
+            from . import rejoin
+            rejoin.patch_torch_start()
 
 
 def _shutdown() -> None:

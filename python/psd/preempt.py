@@ -52,6 +52,7 @@ from . import EXIT_STOPPED  # noqa: E402  (psclient.h's PS_EXIT_STOPPED)
 SUBDIR = "torch"  # inside psrun's --checkpoint-dir, beside psd's step-* files
 _WHOLE = -1  # _skip_for: every batch of the epoch
 FORMAT = 1
+REJOIN_FORMAT = 1  # what a waiting rank sends a restarted one (psd.rejoin)
 
 
 def _private_dir(path: str) -> None:
@@ -137,26 +138,30 @@ class Checkpoint:
                  directory: Optional[str] = None):
         self._pg = _psd_group()
         self.rank, self.world = self._pg.rank(), self._pg.size()
-        self.step, self.epoch, self.resumed = 0, 0, False
-        directory = directory or os.environ.get("PS_CHECKPOINT_DIR")
-        if not directory:
-            if self.rank == 0:
-                print("psd.torch.Checkpoint: no checkpoint directory (psrun --checkpoint-dir "
-                      "DIR): SIGTERM ends this job without saving it", file=sys.stderr,
-                      flush=True)
-            return
-        self._root = os.path.join(directory, SUBDIR)
-        _private_dir(directory)
-        _private_dir(self._root)
-        self._module = getattr(model, "module", model)
+        self.step, self.epoch, self.resumed, self.rejoined = 0, 0, False, False
+        self._ddp, self._module = model, getattr(model, "module", model)
         self._opt, self._sched, self._loader = optimizer, scheduler, loader
         self._skip = None  # (epoch, batches) the resumed loader skips
         self._rng = None  # restored at the first training forward
         self._pending = None  # (optimizer, scheduler) states, restored then too
         self._epoch_now, self._batches = 0, 0
         self._asked, self._stopping, self._vote = False, False, None
-        self._load()
-        self._on_signals()
+        self._in_step, self._snap, self._catchup = False, None, False
+        directory = directory or os.environ.get("PS_CHECKPOINT_DIR")
+        self._root = os.path.join(directory, SUBDIR) if directory else None
+        if self._root is not None:
+            _private_dir(directory)
+            _private_dir(self._root)
+        if self._pg.prejoin:
+            self._rejoin()
+        elif self._root is not None:
+            self._load()
+        elif self.rank == 0:
+            print("psd.torch.Checkpoint: no checkpoint directory (psrun --checkpoint-dir "
+                  "DIR): SIGTERM ends this job without saving it", file=sys.stderr, flush=True)
+        if self._root is not None:
+            self._on_signals()
+        self._pg.serve_rejoins(self._rejoin_state)
         self._wrap_optimizer()
         model.register_forward_pre_hook(self._before_forward)
         if loader is not None:
@@ -193,6 +198,7 @@ class Checkpoint:
         self._opt.load_state_dict(chief["optimizer"])  # now, and again at the first batch
         self._pending = (chief["optimizer"], chief["scheduler"])
         self.step, self.epoch, self.resumed = mine["step"], mine["epoch"], True
+        self._opt._step_count = 1  # the skipped epochs' scheduler.step() is not early
         self._skip = (mine["epoch"], mine["batches"])
         self._rng = mine["rng"]
         if self.rank == 0:
@@ -229,16 +235,24 @@ class Checkpoint:
         same vote (the one sent after the step before) and gets the same
         mean: the decision to stop is the same on every rank."""
         self.step += 1
+        self._in_step = False
         if self._vote is not None:
             vote, self._vote = self._vote, None
             if vote.wait() > 0:
                 self._stopping = True
-        if not self._stopping:
+        if self._catchup:  # the step this rank rejoined in is done
+            self._catchup = False
+            self._pg.end_catchup()
+        if not self._stopping and self._root is not None:
             self._vote = self._pg.vote(self._asked)
 
     def _before_forward(self, module, inputs) -> None:
         if not module.training:
             return
+        if not self._in_step:  # a step starts: what a restarted rank would redo it from
+            self._in_step = True
+            self._snap = (self.step, self._epoch_now, self._batches, self._pg.engine.counters(),
+                          self._vote is not None)
         if self._rng is not None:  # the resumed run's first step: draws as before
             _set_rng_state(self._rng)
             self._rng = None
@@ -274,6 +288,71 @@ class Checkpoint:
                   "run the same command again to resume (exit %d)"
                   % (self.step, d, EXIT_STOPPED), file=sys.stderr, flush=True)
         raise SystemExit(EXIT_STOPPED)
+
+    # -- a restarted rank rejoins (psd.rejoin)
+    def _rejoin_state(self, who: int):
+        """(ok, bytes) for restarted rank ``who``, in the collective thread
+        while this rank waits for it: the state the step it waits in
+        started from, or why there is none."""
+        from . import rejoin
+        snap = self._snap
+        if not self._in_step or snap is None:
+            return False, (
+                "psd.torch.Checkpoint: restarted rank %d cannot rejoin: rank %d waits for it "
+                "in a collective outside a training step (between optimizer.step() and the "
+                "next training forward: an evaluation, a logging all_reduce, a barrier), which "
+                "a restarted rank cannot redo. Stop the job and run it again (with a "
+                "checkpoint directory it resumes from its last stop)" % (who, self.rank)
+            ).encode()
+        step, epoch, batches, counters, voted = snap
+        state = {"format": REJOIN_FORMAT, "world": self.world, "from": self.rank,
+                 "step": step, "epoch": epoch, "batches": batches, "counters": counters,
+                 "voted": voted, "model": self._module.state_dict(),
+                 "optimizer": self._opt.state_dict(),
+                 "scheduler": self._sched.state_dict() if self._sched is not None else None,
+                 "rebuilt": list(self._pg.rebuilt)}
+        return True, rejoin.dumps(state)
+
+    def _rejoin(self) -> None:
+        """This rank was restarted: takes the others' state and joins them
+        in the step they wait in."""
+        from . import rejoin
+        print("psd.torch.Checkpoint: rank %d was restarted; it asks the others for their "
+              "state" % self.rank, file=sys.stderr, flush=True)
+        st = rejoin.loads(self._pg.request_rejoin())
+        if st.get("format") != REJOIN_FORMAT or st.get("world") != self.world:
+            raise rejoin.RejoinRefused(
+                "psd.torch.Checkpoint: rank %d's state (format %s, %s ranks) does not fit "
+                "this rank (format %d, %d ranks): is every rank running the same psd?"
+                % (st.get("from", -1), st.get("format"), st.get("world"), REJOIN_FORMAT,
+                   self.world))
+        self._module.load_state_dict(st["model"])
+        self._opt.load_state_dict(st["optimizer"])  # now, and again at the first batch
+        self._pending = (st["optimizer"], st["scheduler"])
+        self.step, self.epoch, self.rejoined = st["step"], st["epoch"], True
+        self._opt._step_count = 1  # the skipped epochs' scheduler.step() is not early
+        self._skip = (st["epoch"], st["batches"])
+        counters, rebuilt = dict(st["counters"]), st["rebuilt"]
+        build = getattr(self._ddp, "_build_params_for_reducer", None)
+        numels = [p.numel() for p in build()[0]] if build is not None else []
+        layout = rejoin.rebuilt_layout(rebuilt, numels) if rebuilt else None
+        if rebuilt and layout is None:
+            raise rejoin.RejoinRefused(
+                "psd.torch.Checkpoint: restarted rank %d cannot rejoin: rank %d's DDP bucket "
+                "layout does not describe this rank's parameters (%d): is the model the same "
+                "on every rank?" % (self.rank, st["from"], len(numels)))
+        for key, seq, _v in rebuilt:
+            if seq >= counters.get(key, 0):  # made in the step this rank redoes
+                counters[key] = counters.get(key, 0) + 1
+        if st["voted"]:  # the vote sent before that step: this rank sends it again
+            counters["vote/1"] -= 1
+        self._pg.join(counters, layout, numels, [v for _k, _s, v in rebuilt] if layout else [])
+        self._catchup = True
+        if st["voted"]:
+            self._vote = self._pg.vote(False)
+        print("psd.torch.Checkpoint: rank %d rejoined at step %d (epoch %d) with rank %d's "
+              "state" % (self.rank, self.step, self.epoch, st["from"]), file=sys.stderr,
+              flush=True)
 
     # -- the data
     def _wrap_loader(self, loader) -> None:

@@ -18,9 +18,13 @@
                    over the first two parts, exact calls over all three;
                    then DDP trains on, rank 2 dying after step 4; ranks 0
                    and 1 save their state_dicts to OUT.<rank>
-  restart MARKER   DDP for 10 steps; rank 1 dies at step 3 unless MARKER
-                   exists (it creates it): under --restart-workers the
-                   restarted rank must refuse to start, saying why
+  restart MARKER   DDP for 10 steps without psd.torch.Checkpoint; rank 1
+                   dies at step 3 unless MARKER exists (it creates it):
+                   under --restart-workers the restarted rank must stop,
+                   saying what the script needs to rejoin
+  rejoin OUT DIE [AT]  the same script with psd.torch.Checkpoint; rank DIE
+                   dies in step 8 (AT "before" its optimizer step, the
+                   default, or "after") and rejoins (see rejoin())
 """
 import os
 import sys
@@ -273,6 +277,57 @@ def restart(marker):
     dist.destroy_process_group()
 
 
+def rejoin(out, die, at="before"):
+    """rejoin OUT DIE: a DDP script with psd.torch.Checkpoint (DataLoader
+    over a DistributedSampler, BatchNorm, AdamW, StepLR, small buckets, an
+    all_reduce of the loss after each step); rank DIE (-1: none) dies in
+    the middle of step 8's backward (once: OUT.died marks it), after some
+    of its buckets have gone, or with AT "after" between that step's
+    optimizer step and the all_reduce; psrun --restart-workers starts it
+    again.
+    Every rank saves its final state_dict to OUT.<rank>."""
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    dist._DEFAULT_FIRST_BUCKET_BYTES = 256  # several buckets, rebuilt after step 1
+    dist.init_process_group("psd")
+    r = dist.get_rank()
+    torch.manual_seed(7)
+    net = small_net()
+    ddp = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.001)
+    opt = torch.optim.AdamW(groups(net), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4, gamma=0.5)
+    g = torch.Generator().manual_seed(5)
+    data = TensorDataset(torch.randn(44, 3, 6, 6, generator=g),
+                         torch.randint(0, 5, (44,), generator=g))
+    sampler = DistributedSampler(data, seed=3)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)  # 6 batches a rank
+    ckpt = psd.torch.Checkpoint(ddp, opt, sched, loader)
+    marker = out + ".died"
+    step = ckpt.step
+    first = net[0].weight  # its gradient comes last: the other buckets have gone
+
+    def dies(where):
+        if r == die and step == 7 and where == at and not os.path.exists(marker):
+            open(marker, "w").close()
+            print("rank %d dies %s step 8's optimizer step" % (r, where), flush=True)
+            os._exit(1)
+
+    first.register_hook(lambda g: dies("before"))
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        for x, y in loader:
+            opt.zero_grad()
+            loss = F.cross_entropy(ddp(x), y)
+            loss.backward()
+            opt.step()
+            dies("after")
+            step += 1
+            dist.all_reduce(loss.detach(), op=dist.ReduceOp.AVG)
+        sched.step()
+    torch.save(net.state_dict(), "%s.%d" % (out, r))
+    print("rank %d trained %d steps" % (r, step), flush=True)
+    dist.destroy_process_group()
+
+
 def skip():
     # The timeout bounds init's start-up barrier too: 12 s leaves room for
     # a loaded machine to start both ranks (importing torch takes seconds).
@@ -300,6 +355,8 @@ if __name__ == "__main__":
         restart(sys.argv[2])
     elif mode == "skip":
         skip()
+    elif mode == "rejoin":
+        rejoin(sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
     elif mode in ("preempt", "preempt1"):
         preempt(sys.argv[2], int(sys.argv[3]), mode == "preempt1")
     else:

@@ -180,10 +180,10 @@ def test_backup_workers_ddp_goes_on_without_a_dead_rank(tmpdir_short):
 
 
 def test_restarted_rank_refused_with_a_sentence(tmpdir_short):
-    """psrun --restart-workers restarts a dead rank, which a torch.distributed
-    job cannot take back: the restarted rank refuses to start, saying so and
-    what to do, and the job ends at once instead of waiting out the group's
-    timeout."""
+    """A restarted rank of a script without psd.torch.Checkpoint cannot
+    rejoin: it stops at its first collective after DDP's start, saying what
+    the script needs, and the job ends at once instead of waiting out the
+    group's timeout."""
     import time
     marker = os.path.join(tmpdir_short, "died")
     t0 = time.monotonic()
@@ -192,7 +192,62 @@ def test_restarted_rank_refused_with_a_sentence(tmpdir_short):
     log = p.stdout + p.stderr
     assert p.returncode != 0, log
     assert "rank 1 dies" in log and "restarted it" in log, log
-    assert "rank 1 was restarted by psrun --restart-workers" in log, log
+    assert "rank 1 was restarted by psrun --restart-workers and has not rejoined" in log, log
+    assert "create psd.torch.Checkpoint(ddp, optimizer, scheduler, loader)" in log, log
+    assert time.monotonic() - t0 < 90, log
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The rejoin script's final state_dicts without a death."""
+    out = str(tmp_path_factory.mktemp("rejoin") / "ref")
+    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), "rejoin", out, "-1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    return [_state("%s.%d" % (out, r)) for r in (0, 1)]
+
+
+@pytest.mark.parametrize("die", [1, 0])
+def test_restarted_rank_rejoins_with_the_others_state(tmpdir_short, uninterrupted, die):
+    """psrun --restart-workers: a rank that dies in the middle of a DDP
+    step's backward (some of its buckets sent) is started again and, with
+    psd.torch.Checkpoint's line, rejoins: it takes the others' model,
+    optimizer, scheduler, place in the data and call counts, redoes the
+    step they wait in, and the job ends with every rank's parameters and
+    buffers bit-identical to an uninterrupted run's. die=0: the chief (the
+    torch store's server and broadcasts' root) is the one restarted;
+    die=1 runs with a checkpoint directory (the stop vote's calls too)."""
+    out = os.path.join(tmpdir_short, "out")
+    extra = ["--restart-workers", "1"]
+    if die == 1:
+        extra += ["--checkpoint-dir", os.path.join(tmpdir_short, "ck")]
+    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), "rejoin", out, str(die),
+              extra=tuple(extra), timeout=180)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log
+    assert "rank %d dies before step 8's optimizer step" % die in log, log
+    assert "rank %d rejoined at step 7 (epoch 1) with rank %d's state" % (die, 1 - die) in log, log
+    for r in (0, 1):
+        got, want = _state("%s.%d" % (out, r)), uninterrupted[r]
+        assert list(got) == list(want)
+        for k in got:
+            assert torch.equal(got[k], want[k]), (r, k)
+
+
+def test_restarted_rank_refused_between_steps(tmpdir_short):
+    """A rank that dies between its optimizer step and the script's
+    all_reduce of the loss leaves the others waiting outside a training
+    step, where a restarted rank cannot join them: it is told so by rank 0
+    and stops, and the job ends at once."""
+    import time
+    t0 = time.monotonic()
+    p = psrun(2, os.path.join(HERE, "c10d_worker.py"), "rejoin",
+              os.path.join(tmpdir_short, "out"), "1", "after",
+              extra=("--restart-workers", "1"), timeout=120)
+    log = p.stdout + p.stderr
+    assert p.returncode != 0, log
+    assert "rank 1 dies after step 8's optimizer step" in log, log
+    assert "restarted rank 1 cannot rejoin: rank 0 waits for it in a collective outside a " \
+        "training step" in log, log
     assert time.monotonic() - t0 < 90, log
 
 
