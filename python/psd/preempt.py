@@ -147,6 +147,8 @@ class Checkpoint:
         self._epoch_now, self._batches = 0, 0
         self._asked, self._stopping, self._vote = False, False, None
         self._in_step, self._snap, self._catchup = False, None, False
+        replicas = os.environ.get("PS_REPLICAS_TO_AGGREGATE", "")
+        self._backups = replicas.isdigit() and 0 < int(replicas) < self.world
         directory = directory or os.environ.get("PS_CHECKPOINT_DIR")
         self._root = os.path.join(directory, SUBDIR) if directory else None
         if self._root is not None:
@@ -182,7 +184,18 @@ class Checkpoint:
         if not found:
             return
         d = found[0]
-        mine = torch.load(os.path.join(d, "rank-%d.pt" % self.rank), map_location="cpu")
+        path = os.path.join(d, "rank-%d.pt" % self.rank)
+        if self.rank != 0 and self._backups and not os.path.exists(path):
+            # A backup rank that had died: the others' place in the data is
+            # its place too (the same step), its random draws start afresh.
+            print("psd.torch.Checkpoint: rank %d has no state of its own in %s (it had died and "
+                  "the job went on with backup workers): it resumes from rank 0's place in "
+                  "the data with fresh random generators" % (self.rank, d), file=sys.stderr,
+                  flush=True)
+            path = os.path.join(d, "rank-0.pt")
+        mine = torch.load(path, map_location="cpu")
+        if mine["rank"] != self.rank:
+            mine["rng"] = None
         if mine.get("format") != FORMAT or mine.get("world") != self.world:
             raise RuntimeError(
                 "psd.torch.Checkpoint: %s was saved by a job of %s ranks (format %s); this "
@@ -200,7 +213,7 @@ class Checkpoint:
         self.step, self.epoch, self.resumed = mine["step"], mine["epoch"], True
         self._opt._step_count = 1  # the skipped epochs' scheduler.step() is not early
         self._skip = (mine["epoch"], mine["batches"])
-        self._rng = mine["rng"]
+        self._rng = mine["rng"]  # None: fresh
         if self.rank == 0:
             print("psd.torch.Checkpoint: resuming at step %d (epoch %d) from %s"
                   % (self.step, self.epoch, d), file=sys.stderr, flush=True)
@@ -276,7 +289,10 @@ class Checkpoint:
             state["optimizer"] = self._opt.state_dict()
             state["scheduler"] = self._sched.state_dict() if self._sched is not None else None
         _atomic_write(os.path.join(d, "rank-%d.pt" % self.rank), lambda f: torch.save(state, f))
-        dist.barrier()  # every rank's file is on disk
+        if self._backups:  # the job's N - K ranks' files are on disk (a dead backup has none)
+            self._pg.vote(True).wait()
+        else:
+            dist.barrier()  # every rank's file is on disk
         if self.rank == 0:
             _atomic_write(os.path.join(d, "complete"),
                           lambda f: f.write(b"%d ranks\n" % self.world))

@@ -14,6 +14,8 @@
                    state_dict to OUT; its loop starts at ckpt.epoch
   preempt1 OUT N   the same with the loop as it was before the one added
                    line (epochs from 0, the scheduler stepped per epoch)
+  preempt_backup OUT N  preempt's script under --backup-workers 1 with 3
+                   ranks; rank 2 dies at step 4 (once: OUT.died marks it)
   backup OUT       under psrun --backup-workers 1 with 3 ranks: means are
                    over the first two parts, exact calls over all three;
                    then DDP trains on, rank 2 dying after step 4; ranks 0
@@ -172,7 +174,7 @@ def equivalence(out):
     dist.destroy_process_group()
 
 
-def preempt(out, steps, from_zero=False):
+def preempt(out, steps, from_zero=False, backup=False):
     from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
     dist.init_process_group("psd")
     r = dist.get_rank()
@@ -203,9 +205,14 @@ def preempt(out, steps, from_zero=False):
         dist.destroy_process_group()
         return
     step, epoch = ckpt.step, ckpt.epoch
+    marker = out + ".died"
     while step < steps:
         sampler.set_epoch(epoch)
         for x, y in loader:
+            if backup and r == 2 and step == 4 and not os.path.exists(marker):
+                open(marker, "w").close()
+                print("rank 2 dies", flush=True)
+                os._exit(1)
             opt.zero_grad()
             F.cross_entropy(ddp(x), y).backward()
             opt.step()
@@ -359,5 +366,7 @@ if __name__ == "__main__":
         rejoin(sys.argv[2], int(sys.argv[3]), *sys.argv[4:])
     elif mode in ("preempt", "preempt1"):
         preempt(sys.argv[2], int(sys.argv[3]), mode == "preempt1")
+    elif mode == "preempt_backup":
+        preempt(sys.argv[2], int(sys.argv[3]), backup=True)
     else:
         sys.exit("unknown mode " + mode)

@@ -251,6 +251,40 @@ def test_restarted_rank_refused_between_steps(tmpdir_short):
     assert time.monotonic() - t0 < 90, log
 
 
+def test_stop_with_a_dead_backup_rank_and_resume(tmpdir_short):
+    """psrun --backup-workers 1, 3 ranks, rank 2 dead: SIGTERM still stops
+    the job after a checkpoint (the saved-mark needs the job's N - K ranks,
+    not the dead one) with status 75 at once, and the same command
+    resumes it, rank 2 from rank 0's place in the data."""
+    import signal
+    import time
+    out, ck = os.path.join(tmpdir_short, "out.pt"), os.path.join(tmpdir_short, "ck")
+    cmd = [os.path.join(BIN, "psrun"), "--local", "-n", "4", "--ps", "1", "--backup-workers",
+           "1", "--checkpoint-dir", ck, "--", PY, os.path.join(HERE, "c10d_worker.py"),
+           "preempt_backup", out, "40"]
+    env = dict(os.environ)
+    env.pop("PSD_LIBPSCLIENT", None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:  # SIGTERM once rank 0 has taken 9 steps
+        seen.append(line)
+        if line.startswith("[w0] step 9") or time.monotonic() > deadline:
+            proc.send_signal(signal.SIGTERM)
+            t0 = time.monotonic()
+            break
+    text = "".join(seen) + proc.communicate(timeout=120)[0]
+    assert proc.returncode == 75, text
+    assert time.monotonic() - t0 < 30, text  # not the group's timeout
+    assert "rank 2 dies" in text and "stopped on request after step" in text, text
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, log
+    assert "rank 2 has no state of its own" in log and "resuming at step" in log, log
+    assert os.path.exists(out), log
+
+
 def _state(path):
     return torch.load(path)
 
