@@ -121,9 +121,9 @@ typedef struct ps_config {
                                  worker; PS_SIGNALS=0 for create_from_env */
   /* Added in 0.2.4 (a program built before them gets float32, and
    * transport 0: $PS_TRANSPORT, else auto). */
-  int push_dtype;             /* ps_wire_dtype of gradients on the wire */
-  int pull_dtype;             /* ps_wire_dtype of parameters on the wire */
-  int transport;              /* a ps_transport */
+  ps_wire_dtype push_dtype;   /* gradients on the wire */
+  ps_wire_dtype pull_dtype;   /* parameters on the wire */
+  ps_transport transport;     /* how each ps is reached */
 } ps_config;
 
 /* Zeroes *cfg (size bytes: every field at its default) and sets

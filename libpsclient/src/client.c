@@ -40,14 +40,15 @@ static int getenv_int(const char *name, int required, int def, int lo, int hi, i
 }
 
 /* A wire dtype from the environment ("f32", "bf16", "fp16"; unset: def). */
-static int getenv_dtype(const char *name, int def, int *out, char *err, size_t errlen) {
+static int getenv_dtype(const char *name, ps_wire_dtype def, ps_wire_dtype *out, char *err,
+                        size_t errlen) {
   static const char *const names[] = {"f32", "bf16", "fp16"}; /* by ps_wire_dtype */
   const char *v = getenv(name);
   *out = def;
   if (!v || !*v) return 0;
   for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
     if (strcmp(v, names[i]) == 0) {
-      *out = i;
+      *out = (ps_wire_dtype)i;
       return 0;
     }
   snprintf(err, errlen, "environment variable %s='%s' is not f32, bf16 or fp16", name, v);
@@ -57,8 +58,8 @@ static int getenv_dtype(const char *name, int def, int *out, char *err, size_t e
 /* The wire dtypes of PS_WIRE_DTYPE, then PS_WIRE_PUSH_DTYPE and
  * PS_WIRE_PULL_DTYPE over it. */
 static int env_dtypes(ps_config *cfg, char *err, size_t errlen) {
-  int both = 0;
-  int rc = getenv_dtype("PS_WIRE_DTYPE", 0, &both, err, errlen);
+  ps_wire_dtype both = PS_WIRE_F32;
+  int rc = getenv_dtype("PS_WIRE_DTYPE", PS_WIRE_F32, &both, err, errlen);
   if (!rc) rc = getenv_dtype("PS_WIRE_PUSH_DTYPE", both, &cfg->push_dtype, err, errlen);
   if (!rc) rc = getenv_dtype("PS_WIRE_PULL_DTYPE", both, &cfg->pull_dtype, err, errlen);
   return rc;

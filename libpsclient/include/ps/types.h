@@ -173,14 +173,14 @@ typedef struct ps_optimizer {
   /* Added in 0.2.7 (protocol 2.7; a program built before it gets 0: no
    * average). A server older than 2.7 refuses a variable with an average
    * (PS_EUNSUPPORTED naming it). Any kind may have one. */
-  int average;           /* a ps_average: the moving average the servers keep */
+  ps_average average;    /* the moving average the servers keep */
   double average_decay;  /* PS_AVERAGE_EMA and _EMA_NUM_UPDATES: the decay, in
                             [0, 1), e.g. 0.999 (TF's CIFAR-10 uses 0.9999);
                             default 0 */
   /* Added in 0.2.8 (protocol 2.8; a program built before it gets 0: the
    * job's rule). A server older than 2.8 refuses a variable that sets it
    * (PS_EUNSUPPORTED naming it). Any trainable kind, PS_OPT_MEAN included. */
-  int aggregate;         /* a ps_aggregate: which gradients complete a step */
+  ps_aggregate aggregate; /* which gradients complete a step */
 } ps_optimizer;
 
 /* Fills *opt (size bytes, struct_size included) with plain SGD at
