@@ -65,12 +65,18 @@ static void *arena_alloc(void *ud, size_t size) {
   if (a->n_extra == a->cap_extra) {
     size_t nc = a->cap_extra ? a->cap_extra * 2 : 16;
     void **ne = realloc(a->extra, nc * sizeof *ne);
-    if (!ne) return NULL;
+    if (!ne) {
+      a->failed = 1;
+      return NULL;
+    }
     a->extra = ne;
     a->cap_extra = nc;
   }
   void *p = malloc(size);
-  if (!p) return NULL;
+  if (!p) {
+    a->failed = 1;
+    return NULL;
+  }
   a->extra[a->n_extra++] = p;
   a->extra_bytes += size;
   return p;
@@ -108,6 +114,7 @@ static void arena_reset(psd_arena *a, size_t keep) {
     a->cap_extra = 0;
   }
   a->used = 0;
+  a->failed = 0;
 }
 
 static void arena_destroy(psd_arena *a) {
@@ -156,6 +163,7 @@ int psd_conn_reserve(psd_conn *c, uint32_t n) {
 
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) {
+  if (fatal && c->state == PSD_CONN_CLOSING) return;
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -173,12 +181,35 @@ void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
   e.code = code;
   e.message = msg;
   e.fatal = fatal;
-  psd_conn_send(c, PS__MSG_ERROR, &e.base, NULL, NULL, NULL, 0);
+  /* Out of memory for it too: a fatal one still closes c, which the
+   * peer sees; a lost non-fatal one would leave it waiting. */
+  if (ps__outq_frame(&c->out, PS__MSG_ERROR, &e.base, NULL, NULL, NULL, 0) != 0 && !fatal) {
+    psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory queueing an error reply (%s)", msg);
+    return;
+  }
   if (fatal && c->state != PSD_CONN_CLOSING) {
     psd_conn_set_state(c, PSD_CONN_CLOSING);
     c->closing_since = ps__now();
     event_del(c->rev);
   }
+}
+
+void psd_conn_unpack_failed(psd_conn *c) {
+  if (c->arena.failed)
+    psd_conn_error(c, 0, PS_ENOMEM, 1, "out of memory unpacking a %s message (%u bytes)",
+                   ps__msg_name(c->hdr.type), c->hdr.meta_len);
+  else
+    psd_conn_error(c, 0, PS_EPROTO, 1, "malformed %s message (%u bytes)",
+                   ps__msg_name(c->hdr.type), c->hdr.meta_len);
+}
+
+int psd_conn_send(psd_conn *c, unsigned type, const ProtobufCMessage *msg,
+                  const float *const *data, const uint64_t *counts, void *const *refs,
+                  size_t nseg) {
+  int rc = ps__outq_frame(&c->out, type, msg, data, counts, refs, nseg);
+  if (rc == PS_ENOMEM)
+    psd_conn_error(c, 0, rc, 1, "out of memory queueing a %s frame", ps__msg_name(type));
+  return rc ? -1 : 0;
 }
 
 /* ---- lifecycle ----------------------------------------------------------- */
@@ -277,6 +308,8 @@ psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer) {
   }
   psd_conn *c = calloc(1, sizeof *c);
   if (!c) {
+    ps__ratelog_say(&cs->plog[PSD_PLOG_REFUSED], ps__now(),
+                    "refused a connection from %s: out of memory", peer);
     close(fd);
     return NULL;
   }
@@ -308,6 +341,8 @@ psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer) {
   cs->unauth_tail = c;
   cs->n_unauth++;
   if (!c->in || !c->rev || !c->wev || event_add(c->rev, NULL) != 0) {
+    ps__ratelog_say(&cs->plog[PSD_PLOG_REFUSED], ps__now(),
+                    "refused a connection from %s: out of memory for its buffers", peer);
     psd_conn_close(c, "out of memory");
     return NULL;
   }

@@ -44,6 +44,7 @@ typedef struct psd_arena {
   size_t cap, used;   /* its size and bytes handed out */
   void **extra;       /* overflow blocks until the next reset */
   size_t n_extra, cap_extra, extra_bytes;
+  int failed;         /* an allocation failed since the reset */
 } psd_arena;
 
 /* What the layer above does with a connection's traffic; conn.c only
@@ -239,12 +240,12 @@ static inline int psd_conn_seen_twice(psd_conn *c, uint32_t id) {
 }
 /* Queues one frame: header, packed message, then data segments sent from
  * where they are (refs: the slices whose parameters they are, held until
- * written so no update changes bytes in flight). 0 or -1 (memory). */
-static inline int psd_conn_send(psd_conn *c, unsigned type, const ProtobufCMessage *msg,
-                                const float *const *data, const uint64_t *counts,
-                                void *const *refs, size_t nseg) {
-  return ps__outq_frame(&c->out, type, msg, data, counts, refs, nseg);
-}
+ * written so no update changes bytes in flight). 0, or -1: too big for a
+ * frame (nothing queued), or out of memory, when c also gets a fatal
+ * Error (logged): its peer would otherwise wait for the lost frame. */
+int psd_conn_send(psd_conn *c, unsigned type, const ProtobufCMessage *msg,
+                  const float *const *data, const uint64_t *counts, void *const *refs,
+                  size_t nseg);
 /* Enters DATA for a frame whose whole data part (bytes > 0) is read as
  * one item into c->stage (TABLE_* frames): the item hook gets it, then the
  * frame hook. 0 or PS_ENOMEM (nothing changed). */
@@ -261,9 +262,13 @@ void psd_conn_skip_blob(psd_conn *c, uint64_t bytes);
  * against --max-memory by the tables (tables.c). */
 uint64_t psd_conns_held_bytes(const psd_conns *cs);
 /* Queues an Error reply; fatal ones put c in CLOSING. Logged, rate-limited
- * (PSD_PLOG_PROTOCOL or _HANDSHAKE if fatal, else PSD_PLOG_FAILED). */
+ * (PSD_PLOG_PROTOCOL or _HANDSHAKE if fatal, else PSD_PLOG_FAILED). A
+ * fatal one for a c already CLOSING does nothing: its peer has been told. */
 void psd_conn_error(psd_conn *c, uint64_t request_id, int code, int fatal,
                     const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* The frame's protobuf part did not unpack: a fatal Error naming the
+ * message, out of memory (the arena could not grow) or malformed. */
+void psd_conn_unpack_failed(psd_conn *c);
 /* 1 if replies are waiting to be written. */
 static inline int psd_conn_pending(const psd_conn *c) { return ps__outq_pending(&c->out); }
 /* 1 if c's queued output is above the mark where psd stops reading its

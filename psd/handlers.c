@@ -74,7 +74,7 @@ static int hello(psd_handlers *h, psd_conn *c, const Ps__Hello *m, int munge_rc,
     return 0;
   }
   if (t.pin && pin(h, &t) != 0) {
-    snprintf(err, errlen, "out of memory");
+    snprintf(err, errlen, "out of memory for the job's per-worker state");
     return PS_ENOMEM;
   }
   int rejoin = psd_job_join(h->job, t.worker, c->peer);
@@ -125,6 +125,9 @@ static void slice_advanced(psd_handlers *h, psd_slice *sl) {
   }
 }
 
+/* What a failed reserve() says. */
+#define NOMEM_TABLES "out of memory for the connection's per-slice tables"
+
 /* Ensures c's per-slice tables cover every slice the shard has. */
 static int reserve(psd_handlers *h, psd_conn *c) {
   uint32_t n = h->shard->n;
@@ -155,8 +158,7 @@ static uint64_t slice_overhead(const psd_handlers *h) {
 #define UNPACK(T, fn)                                                         \
   T *m = fn(&c->alloc, c->hdr.meta_len, meta);                                \
   if (!m) {                                                                   \
-    psd_conn_error(c, 0, PS_EPROTO, 1, "malformed %s message (%u bytes)",     \
-                   ps__msg_name(c->hdr.type), c->hdr.meta_len);               \
+    psd_conn_unpack_failed(c);                                                \
     return -1;                                                                \
   }
 
@@ -296,7 +298,7 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     if (!states || !sptrs) {
       free(states);
       free(sptrs);
-      psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory");
+      psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory for a register reply");
       return 0;
     }
   }
@@ -371,7 +373,7 @@ static int handle_register(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   }
   if (rc == 0 && reserve(h, c) != 0) {
     rc = PS_ENOMEM;
-    snprintf(err, sizeof err, "out of memory");
+    snprintf(err, sizeof err, NOMEM_TABLES);
   }
   if (rc != 0) {
     psd_conn_error(c, m->request_id, rc, 0, "%s", err);
@@ -429,7 +431,7 @@ static int begin_data(psd_handlers *h, psd_conn *c, uint64_t req, uint64_t step,
     return -1;
   }
   if (reserve(h, c) != 0) {
-    psd_conn_error(c, req, PS_ENOMEM, 1, "out of memory");
+    psd_conn_error(c, req, PS_ENOMEM, 1, NOMEM_TABLES);
     return -1;
   }
   psd_conn_seen_begin(c);
@@ -515,7 +517,7 @@ static int handle_push(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     return -1;
   }
   if (reserve(h, c) != 0) {
-    psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 1, NOMEM_TABLES);
     return -1;
   }
   if (m->want_stop && h->cfg->ckpt_dir[0] && h->job->pinned) {
@@ -554,7 +556,7 @@ static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     return -1;
   }
   if (reserve(h, c) != 0) {
-    psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 1, NOMEM_TABLES);
     return -1;
   }
   if (check_dtype(h, c, m->request_id, m->dtype, "PULL") != 0) return -1;
@@ -587,7 +589,8 @@ static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
     int now_ok = sl->initialized && (sl->step >= m->min_step || h->persist->stopped);
     if (psd_waiters_pull_dtype(h->waiters, &c->waits, id, m->request_id, m->min_step,
                                now + timeout, now_ok, m->dtype) != 0) {
-      psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory");
+      psd_conn_error(c, m->request_id, PS_ENOMEM, 1, "out of memory parking a pull of '%s'",
+                     PS__ESC(sl->name));
       return -1;
     }
   }
@@ -644,7 +647,7 @@ static int handle_stats(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
   Ps__StatsReply r;
   psd_telem_view v = {h->cfg->name, ps__now() - h->job->started_at, h->job, h->shard};
   if (psd_telem_stats(h->telem, &v, &r) != 0) {
-    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory");
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory for the stats");
     return 0;
   }
   r.request_id = m->request_id;
@@ -653,7 +656,7 @@ static int handle_stats(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
       r.workers[k->worker]->transport = k->shm.map ? (char *)"shm" : (char *)"tcp";
   if (psd_tables_stats(h->tables, &r.tables, &r.n_tables) != 0) {
     psd_telem_stats_free(&r);
-    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory");
+    psd_conn_error(c, m->request_id, PS_ENOMEM, 0, "out of memory for the tables' stats");
     return 0;
   }
   if (psd_conn_send(c, PS__MSG_STATS_REPLY, &r.base, NULL, NULL, NULL, 0) != 0)

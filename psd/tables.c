@@ -16,8 +16,7 @@
 #define TUNPACK(T, fn)                                                        \
   T *m = fn(&c->alloc, c->hdr.meta_len, meta);                                \
   if (!m) {                                                                   \
-    psd_conn_error(c, 0, PS_EPROTO, 1, "malformed %s message (%u bytes)",     \
-                   ps__msg_name(c->hdr.type), c->hdr.meta_len);               \
+    psd_conn_unpack_failed(c);                                                \
     return -1;                                                                \
   }
 

@@ -17,19 +17,7 @@
 
 /* A client for worker `index` of `nw` over ps[0..nps); request_ms 0: default. */
 static ps_client *connect_worker(const char **hp, int nps, int index, int nw, int request_ms) {
-  ps_config cfg;
-  ps_config_init(&cfg);
-  cfg.hosts = hp;
-  cfg.num_ps = nps;
-  cfg.worker_index = index;
-  cfg.num_workers = nw;
-  cfg.request_timeout_ms = request_ms;
-  cfg.telemetry = "off";
-  ps_client *c = NULL;
-  char err[512];
-  int rc = ps_client_create(&cfg, &c, err, sizeof err);
-  ck_assert_msg(rc == 0, "worker %d: %s", index, err);
-  return c;
+  return tu_client(hp, nps, index, nw, 0, request_ms);
 }
 
 /* Starts n psd tasks of one job (--num-ps n) plus extra arguments. */

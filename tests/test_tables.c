@@ -23,32 +23,6 @@
 
 /* ---- helpers -------------------------------------------------------------- */
 
-/* A client for worker `index` of nw (replicas 0: all) over ps[0..nps). */
-static ps_client *tconnect(const char **hp, int nps, int index, int nw, int replicas,
-                           int request_ms, char *err, size_t errlen) {
-  ps_config cfg;
-  ps_config_init(&cfg);
-  cfg.hosts = hp;
-  cfg.num_ps = nps;
-  cfg.worker_index = index;
-  cfg.num_workers = nw;
-  cfg.replicas_to_aggregate = replicas;
-  cfg.request_timeout_ms = request_ms;
-  cfg.telemetry = "off";
-  cfg.no_signal_handlers = 1;
-  ps_client *c = NULL;
-  if (ps_client_create(&cfg, &c, err, errlen) != 0) return NULL;
-  return c;
-}
-
-static ps_client *connect_ok(const char **hp, int nps, int index, int nw, int replicas,
-                             int request_ms) {
-  char err[512];
-  ps_client *c = tconnect(hp, nps, index, nw, replicas, request_ms, err, sizeof err);
-  ck_assert_msg(c != NULL, "worker %d: %s", index, err);
-  return c;
-}
-
 /* Starts n psd tasks of one job plus extra arguments (NULL-terminated). */
 static void start_ps(tu_psd *ps, int n, char hosts[][64], const char **hp,
                      const char *const *extra) {
@@ -199,7 +173,7 @@ static int eq_step(eqw *w, ps_client *c, ps_table *t, int s, uint64_t *step, int
 static void *eq_worker(void *arg) {
   eqw *w = arg;
   char err[512];
-  ps_client *c = tconnect(w->hp, w->nps, w->worker, w->nw, 0, 60000, err, sizeof err);
+  ps_client *c = tu_client_try(w->hp, w->nps, w->worker, w->nw, 0, 60000, err, sizeof err);
   if (!c) {
     w->rc = PS_ECONNECT;
     snprintf(w->err, sizeof w->err, "%s", err);
@@ -270,7 +244,7 @@ START_TEST(pull_order_duplicates_and_initializer) {
   char hosts[2][64];
   const char *hp[2];
   start_ps(ps, 2, hosts, hp, NULL);
-  ps_client *w0 = connect_ok(hp, 2, 0, 2, 0, 0), *w1 = connect_ok(hp, 2, 1, 2, 0, 0);
+  ps_client *w0 = tu_client(hp, 2, 0, 2, 0, 0), *w1 = tu_client(hp, 2, 1, 2, 0, 0);
   ps_table_config gu = tcfg(5, PS_TOPT_SGD, 0.1), gk = tcfg(2, PS_TOPT_SGD, 0.1);
   gu.init = (ps_init)PS_SIZED(ps_init, .kind = PS_INIT_UNIFORM, .a = -2, .b = 3, .seed = 11);
   gk.init = (ps_init)PS_SIZED(ps_init, .kind = PS_INIT_CONSTANT, .a = 0.75);
@@ -323,7 +297,7 @@ START_TEST(duplicate_gradients_summed) {
   char hosts[2][64];
   const char *hp[2];
   start_ps(ps, 2, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 2, 0, 1, 0, 0);
+  ps_client *c = tu_client(hp, 2, 0, 1, 0, 0);
   ps_table_config g = tcfg(2, PS_TOPT_SGD, 1.0);
   ps_table *t = create_ok(c, "s", &g);
   uint64_t big = 0xfedcba9876543210ull;
@@ -390,7 +364,7 @@ START_TEST(read_only_pull_creates_no_rows) {
   char hosts[2][64];
   const char *hp[2];
   start_ps(ps, 2, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 2, 0, 1, 0, 0);
+  ps_client *c = tu_client(hp, 2, 0, 1, 0, 0);
   ps_table_config g = tcfg(1, PS_TOPT_SGD, 1.0);
   ps_table *t = create_ok(c, "ro", &g);
   uint64_t a = 1001, b = 2002;
@@ -438,7 +412,7 @@ typedef struct stw {
 static void *st_worker(void *arg) {
   stw *w = arg;
   char err[512];
-  ps_client *c = tconnect(w->hp, w->nps, w->worker, 2, 0, 60000, err, sizeof err);
+  ps_client *c = tu_client_try(w->hp, w->nps, w->worker, 2, 0, 60000, err, sizeof err);
   if (!c) {
     w->rc = PS_ECONNECT;
     snprintf(w->err, sizeof w->err, "%s", err);
@@ -564,7 +538,7 @@ START_TEST(refused_push_fails_at_once) {
   char hosts[1][64];
   const char *hp[1];
   start_ps(ps, 1, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 1, 0, 1, 0, 60000);
+  ps_client *c = tu_client(hp, 1, 0, 1, 0, 60000);
   ps_table_config g = tcfg(2, PS_TOPT_SGD, 1.0);
   ps_table *t = create_ok(c, "r", &g);
   uint64_t k = 1;
@@ -597,7 +571,7 @@ END_TEST
 static ps_table *solo_table(tu_psd *ps, char hosts[][64], const char **hp, ps_client **c,
                             const char *name) {
   start_ps(ps, 1, hosts, hp, NULL);
-  *c = connect_ok(hp, 1, 0, 1, 0, 60000);
+  *c = tu_client(hp, 1, 0, 1, 0, 60000);
   ps_table_config g = tcfg(1, PS_TOPT_SGD, 1.0);
   return create_ok(*c, name, &g);
 }
@@ -681,7 +655,7 @@ typedef struct dupw {
 static void *one_step_worker(void *arg) {
   dupw *w = arg;
   char err[512];
-  ps_client *c = tconnect(w->hp, 1, w->worker, w->nw, w->replicas, 60000, err, sizeof err);
+  ps_client *c = tu_client_try(w->hp, 1, w->worker, w->nw, w->replicas, 60000, err, sizeof err);
   if (!c) {
     w->rc = PS_ECONNECT;
     snprintf(w->err, sizeof w->err, "%s", err);
@@ -706,7 +680,7 @@ START_TEST(duplicate_push_is_applied) {
   char hosts[1][64];
   const char *hp[1];
   start_ps(ps, 1, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 1, 0, 2, 0, 60000);
+  ps_client *c = tu_client(hp, 1, 0, 2, 0, 60000);
   ps_table_config g = tcfg(1, PS_TOPT_SGD, 1.0);
   ps_table *t = create_ok(c, "d", &g);
   uint64_t k = 3;
@@ -746,7 +720,7 @@ START_TEST(stale_push_after_backups_skips_ahead) {
   char hosts[1][64];
   const char *hp[1];
   start_ps(ps, 1, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 1, 2, 3, 2, 60000);
+  ps_client *c = tu_client(hp, 1, 2, 3, 2, 60000);
   ps_table_config g = tcfg(1, PS_TOPT_SGD, 1.0);
   ps_table *t = create_ok(c, "d", &g);
   dupw w[2];
@@ -814,7 +788,7 @@ START_TEST(update_rules_match_reference) {
   char hosts[1][64];
   const char *hp[1];
   start_ps(ps, 1, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 1, 0, 1, 0, 0);
+  ps_client *c = tu_client(hp, 1, 0, 1, 0, 0);
   const ps_table_opt rules[] = {PS_TOPT_ADAGRAD, PS_TOPT_ADAM, PS_TOPT_FTRL};
   const char *names[] = {"adagrad", "adam", "ftrl"};
   const double gs[2][3] = {{0.5, -1.25, 2.0}, {0.75, 0.5, -3.0}}; /* step, element */
@@ -869,7 +843,7 @@ START_TEST(bad_configs_are_named) {
   char hosts[1][64];
   const char *hp[1];
   start_ps(ps, 1, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 1, 0, 1, 0, 0);
+  ps_client *c = tu_client(hp, 1, 0, 1, 0, 0);
   ps_table_config g = tcfg(4, PS_TOPT_SGD, 0.1);
   g.dim = 0;
   expect_bad(c, &g, PS_EINVAL, "dim 0 must be 1 to 65536");
@@ -928,7 +902,7 @@ START_TEST(lr_schedule_over_the_table_step) {
   char hosts[1][64];
   const char *hp[1];
   start_ps(ps, 1, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 1, 0, 1, 0, 0);
+  ps_client *c = tu_client(hp, 1, 0, 1, 0, 0);
   const double pi = 3.14159265358979323846;
   const double want[3][4] = {{0.5, 0.5, 0.25, 0.25},
                              {0.25, 0.5, 0.5, 0.5},
@@ -974,7 +948,7 @@ START_TEST(lr_schedule_over_the_table_step) {
   stop_ps(ps, 1);
   const char *old[] = {"--protocol-minor", "7", NULL};
   start_ps(ps, 1, hosts, hp, old);
-  c = connect_ok(hp, 1, 0, 1, 0, 0);
+  c = tu_client(hp, 1, 0, 1, 0, 0);
   g = tcfg(2, PS_TOPT_SGD, 0.5);
   g.warmup_steps = 2;
   expect_bad(c, &g, PS_EUNSUPPORTED, "a learning-rate schedule needs protocol 2.8");
@@ -990,7 +964,7 @@ START_TEST(create_idempotent_and_mismatch) {
   char hosts[2][64];
   const char *hp[2];
   start_ps(ps, 2, hosts, hp, NULL);
-  ps_client *w0 = connect_ok(hp, 2, 0, 2, 0, 0), *w1 = connect_ok(hp, 2, 1, 2, 0, 0);
+  ps_client *w0 = tu_client(hp, 2, 0, 2, 0, 0), *w1 = tu_client(hp, 2, 1, 2, 0, 0);
   ps_table_config g = tcfg(4, PS_TOPT_ADAGRAD, 0.1);
   ps_table *t = create_ok(w0, "t", &g), *again = NULL;
   ck_assert_int_eq(ps_client_table_create(w0, "t", &g, &again), 0);
@@ -1043,7 +1017,7 @@ START_TEST(pull_split_into_frames) {
   char hosts[1][64];
   const char *hp[1];
   start_ps(ps, 1, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 1, 0, 1, 0, 0);
+  ps_client *c = tu_client(hp, 1, 0, 1, 0, 0);
   ps_table_config g = tcfg(1, PS_TOPT_SGD, 0.1);
   g.init = (ps_init)PS_SIZED(ps_init, .kind = PS_INIT_NORMAL, .a = 0, .b = 1, .seed = 3);
   ps_table *t = create_ok(c, "big", &g);
@@ -1083,7 +1057,7 @@ START_TEST(abandoned_pull_is_discarded) {
   char hosts[1][64];
   const char *hp[1];
   start_ps(ps, 1, hosts, hp, NULL);
-  ps_client *c = connect_ok(hp, 1, 0, 1, 0, 40);
+  ps_client *c = tu_client(hp, 1, 0, 1, 0, 40);
   ps_table_config g = tcfg(16, PS_TOPT_SGD, 0.1);
   g.init = (ps_init)PS_SIZED(ps_init, .kind = PS_INIT_UNIFORM, .a = 0, .b = 1, .seed = 5);
   ps_table *t = NULL;
@@ -1126,7 +1100,7 @@ START_TEST(pull_released_mid_frame) {
   /* Small send buffers: the rows trickle, so the reader stops mid-frame. */
   const char *extra[] = {"--socket-buffer", "16384", NULL};
   start_ps(ps, 1, hosts, hp, extra);
-  ps_client *c = connect_ok(hp, 1, 0, 1, 0, 0);
+  ps_client *c = tu_client(hp, 1, 0, 1, 0, 0);
   ps_table_config g = tcfg(16, PS_TOPT_SGD, 0.1);
   g.init = (ps_init)PS_SIZED(ps_init, .kind = PS_INIT_UNIFORM, .a = 0, .b = 1, .seed = 5);
   ps_table *t = create_ok(c, "mid", &g);

@@ -257,6 +257,31 @@ int tu_read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t
   }
 }
 
+ps_client *tu_client_try(const char *const *hosts, int nps, int index, int nw, int replicas,
+                         int request_ms, char *err, size_t errlen) {
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hosts;
+  cfg.num_ps = nps;
+  cfg.worker_index = index;
+  cfg.num_workers = nw;
+  cfg.replicas_to_aggregate = replicas;
+  cfg.request_timeout_ms = request_ms;
+  cfg.telemetry = "off";
+  cfg.no_signal_handlers = 1;
+  ps_client *c = NULL;
+  if (ps_client_create(&cfg, &c, err, errlen) != 0) return NULL;
+  return c;
+}
+
+ps_client *tu_client(const char *const *hosts, int nps, int index, int nw, int replicas,
+                     int request_ms) {
+  char err[512];
+  ps_client *c = tu_client_try(hosts, nps, index, nw, replicas, request_ms, err, sizeof err);
+  ck_assert_msg(c != NULL, "worker %d: %s", index, err);
+  return c;
+}
+
 void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs) {
   for (int i = 0; i < n; i++) {
     snprintf(hosts[i], 64, "%s", ps[i].addr);

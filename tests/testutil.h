@@ -65,6 +65,7 @@ Suite *suite_ctr(void);
 Suite *suite_shm(void);
 Suite *suite_shm_hostile(void);
 Suite *suite_shm_users(void);
+Suite *suite_faultsim(void);
 
 /* A psd child process. */
 typedef struct tu_psd {
@@ -113,6 +114,15 @@ int tu_send_all(int fd, const void *buf, size_t n);
 int tu_read_until_eof(int fd, uint8_t *buf, size_t cap, double timeout_s, size_t *n);
 /* Fills hosts[i] (each of 64 bytes) with the addresses of ps[0..n). */
 void tu_hosts(const tu_psd *ps, int n, char hosts[][64], const char **ptrs);
+
+/* A client for worker `index` of `nw` over hosts[0..nps) (replicas 0: all
+ * workers; request_ms 0: the default), telemetry off, no signal handlers;
+ * NULL with the reason in err when it cannot be created. */
+ps_client *tu_client_try(const char *const *hosts, int nps, int index, int nw, int replicas,
+                         int request_ms, char *err, size_t errlen);
+/* The same, failing the test when it cannot be created. */
+ps_client *tu_client(const char *const *hosts, int nps, int index, int nw, int replicas,
+                     int request_ms);
 
 /* Seed of a random test: $PS_TEST_SEED when set (to replay a run), else
  * drawn from the clock; printed as "<what>: seed N (PS_TEST_SEED=N replays

@@ -161,3 +161,21 @@ const char *ps__msg_name(unsigned type) {
   if (type >= PS__MSG_MAX_ || !names[type]) return "UNKNOWN";
   return names[type];
 }
+
+static void *pb_alloc(void *ud, size_t size) {
+  void *p = malloc(size);
+  if (!p) ((ps__pb_alloc *)ud)->failed = 1;
+  return p;
+}
+
+static void pb_free(void *ud, void *p) {
+  (void)ud;
+  free(p);
+}
+
+void ps__pb_alloc_init(ps__pb_alloc *pa) {
+  pa->a.alloc = pb_alloc;
+  pa->a.free = pb_free;
+  pa->a.allocator_data = pa;
+  pa->failed = 0;
+}

@@ -48,12 +48,26 @@ static int recv_frame(int fd, const char *who, double deadline, ps__frame_header
     snprintf(err, errlen, "%s closed the connection during the handshake (not a psd of "
              "this protocol version, or it refused us)", who);
   if (!rc && fh->type == PS__MSG_ERROR) {
-    Ps__Error *m = ps__error__unpack(NULL, fh->meta_len, meta);
-    rc = m && m->code < 0 ? m->code : PS_EPROTO;
-    snprintf(err, errlen, "%s: %s", who, m && m->message ? m->message : "malformed error");
-    if (m) ps__error__free_unpacked(m, NULL);
+    ps__pb_alloc pa;
+    ps__pb_alloc_init(&pa);
+    Ps__Error *m = ps__error__unpack(&pa.a, fh->meta_len, meta);
+    rc = m && m->code < 0 ? m->code : pa.failed ? PS_ENOMEM : PS_EPROTO;
+    snprintf(err, errlen, "%s: %s", who,
+             m && m->message ? m->message
+             : pa.failed     ? "out of memory unpacking its ERROR"
+                             : "malformed error");
+    if (m) ps__error__free_unpacked(m, &pa.a);
   }
   return rc;
+}
+
+/* After a handshake frame did not unpack: PS_ENOMEM naming it when an
+ * allocation failed, else 0 (it is malformed: the caller says so). */
+static int unpack_nomem(const ps__pb_alloc *pa, const char *who, const ps__frame_header *fh,
+                        char *err, size_t errlen) {
+  if (!pa->failed) return 0;
+  snprintf(err, errlen, "out of memory unpacking the %s of %s", ps__msg_name(fh->type), who);
+  return PS_ENOMEM;
 }
 
 static int send_hello(int fd, const Ps__Hello *h, double deadline) {
@@ -72,16 +86,19 @@ static int read_challenge(int fd, const char *who, double deadline, uint8_t *sn,
   uint8_t meta[PS__MAX_PREAUTH_META];
   int rc = recv_frame(fd, who, deadline, &fh, meta, err, errlen);
   if (rc) return rc;
+  ps__pb_alloc pa;
+  ps__pb_alloc_init(&pa);
   Ps__Challenge *m = fh.type == PS__MSG_CHALLENGE
-                         ? ps__challenge__unpack(NULL, fh.meta_len, meta) : NULL;
+                         ? ps__challenge__unpack(&pa.a, fh.meta_len, meta) : NULL;
+  if (!m && (rc = unpack_nomem(&pa, who, &fh, err, errlen)) != 0) return rc;
   if (!m || m->nonce.len != PS__NONCE_BYTES) {
     snprintf(err, errlen, "%s opened the handshake with a malformed %s, not a CHALLENGE", who,
              ps__msg_name(fh.type));
-    if (m) ps__challenge__free_unpacked(m, NULL);
+    if (m) ps__challenge__free_unpacked(m, &pa.a);
     return PS_EPROTO;
   }
   memcpy(sn, m->nonce.data, PS__NONCE_BYTES);
-  ps__challenge__free_unpacked(m, NULL);
+  ps__challenge__free_unpacked(m, &pa.a);
   return 0;
 }
 
@@ -158,8 +175,11 @@ int ps__handshake(int fd, const ps__auth *a, Ps__Hello *h, const char *who, doub
   uint8_t meta[PS__MAX_PREAUTH_META];
   rc = recv_frame(fd, who, deadline, &fh, meta, err, errlen);
   if (rc) return rc;
+  ps__pb_alloc pa; /* *reply is freed with the default allocator: the same free() */
+  ps__pb_alloc_init(&pa);
   Ps__HelloReply *r = fh.type == PS__MSG_HELLO_REPLY
-                          ? ps__hello_reply__unpack(NULL, fh.meta_len, meta) : NULL;
+                          ? ps__hello_reply__unpack(&pa.a, fh.meta_len, meta) : NULL;
+  if (!r && (rc = unpack_nomem(&pa, who, &fh, err, errlen)) != 0) return rc;
   if (!r) {
     snprintf(err, errlen, "%s answered the HELLO with a malformed %s", who,
              ps__msg_name(fh.type));

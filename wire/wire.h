@@ -133,4 +133,14 @@ int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
 /* Name of a message type for logs ("PUSH"), "UNKNOWN" if invalid. */
 const char *ps__msg_name(unsigned type);
 
+/* protobuf-c's allocator over malloc that notes a failed allocation, so
+ * that a message that does not unpack is told apart: out of memory
+ * (failed set: PS_ENOMEM) or malformed (PS_EPROTO). Pass &pa->a to the
+ * unpack and to its free_unpacked. */
+typedef struct ps__pb_alloc {
+  ProtobufCAllocator a;
+  int failed;
+} ps__pb_alloc;
+void ps__pb_alloc_init(ps__pb_alloc *pa);
+
 #endif /* PS_WIRE_H */

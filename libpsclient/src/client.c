@@ -339,7 +339,10 @@ int ps_client_create(const ps_config *user, ps_client **out, char *errmsg, size_
   if (rc) return rc;
   signal(SIGPIPE, SIG_IGN);
   ps_client *c = calloc(1, sizeof *c);
-  if (!c) return PS_ENOMEM;
+  if (!c) {
+    if (errmsg) snprintf(errmsg, errlen, "out of memory for the client");
+    return PS_ENOMEM;
+  }
   /* Without it ps_client_wake fails and bounded waits simply run out. */
   c->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   c->note_fd = note_fd_from_env();

@@ -124,7 +124,8 @@ static int tuned_socket(int family) {
   return fd;
 }
 
-/* One pass over host's addresses: 0 (k->fd set) or -1 with why in last. */
+/* One pass over host's addresses: 0 (k->fd set), -1 with why in last, or
+ * PS_ENOMEM when the resolver ran out of memory (not worth retrying). */
 static int try_connect(ps__conn *k, const char *host, const char *port, char *last,
                        size_t lastlen) {
   struct addrinfo hints = {0}, *res = NULL;
@@ -133,7 +134,7 @@ static int try_connect(ps__conn *k, const char *host, const char *port, char *la
   int g = getaddrinfo(host, port, &hints, &res);
   if (g != 0) {
     snprintf(last, lastlen, "%s", gai_strerror(g));
-    return -1;
+    return g == EAI_MEMORY ? PS_ENOMEM : -1;
   }
   for (struct addrinfo *a = res; a; a = a->ai_next) {
     int fd = tuned_socket(a->ai_family);
@@ -163,7 +164,10 @@ int ps__conn_connect(ps_client *c, ps__conn *k, double deadline) {
   ps__backoff b;
   ps__backoff_init(&b, PS__CONNECT_RETRY_FIRST_S, PS__CONNECT_RETRY_MAX_S);
   for (;;) {
-    if (try_connect(k, host, ports, last, sizeof last) == 0) return 0;
+    int rc = try_connect(k, host, ports, last, sizeof last);
+    if (rc == 0) return 0;
+    if (rc == PS_ENOMEM)
+      return ps__seterr(c, rc, "cannot resolve ps %d at %s: %s", k->index, k->addr, last);
     double now = ps__now();
     if (now - logged >= PS__CONNECT_LOG_S) {
       /* The library has no logger: stderr is where a worker's launcher

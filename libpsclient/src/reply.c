@@ -226,6 +226,8 @@ static int on_pull_reply(ps_client *c, ps__conn *k, const Ps__PullReply *m) {
   int rc = plan_pull_data(c, k, m, r);
   k->data_req = m->request_id;
   k->data_items = (int)m->n_items;
+  if (rc == PS_ENOMEM) /* its data cannot be placed: the stream is lost */
+    ps__conn_break(c, k, rc, "out of memory for a pull reply's data");
   if (rc) return rc;
   /* The request's slices count as received once the data is in. */
   k->rstate = PS__RD_DATA;
@@ -280,16 +282,18 @@ static int on_checkpoint_reply(ps_client *c, ps__conn *k, const Ps__CheckpointRe
  * does not unpack goes to `bad`. */
 #define PS__DISPATCH(fn, unpack, free_fn)                  \
   do {                                                     \
-    void *m_ = unpack(NULL, len, meta);                    \
+    void *m_ = unpack(&pa.a, len, meta);                   \
     if (!m_) goto bad;                                     \
     int rc_ = fn(c, k, m_);                                \
-    free_fn(m_, NULL);                                     \
+    free_fn(m_, &pa.a);                                    \
     return rc_;                                            \
   } while (0)
 
 int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   unsigned t = k->hdr.type;
   size_t len = k->hdr.meta_len;
+  ps__pb_alloc pa;
+  ps__pb_alloc_init(&pa);
   if (t != PS__MSG_PULL_REPLY && t != PS__MSG_TABLE_PULL_REPLY && k->hdr.data_len)
     return ps__proto_err(c, k, "a reply other than a pull reply carries data");
   switch (t) {
@@ -319,6 +323,11 @@ int ps__handle_reply(ps_client *c, ps__conn *k, const uint8_t *meta) {
   }
 bad:;
   char e[160];
+  if (pa.failed) { /* the reply is lost: the request cannot complete */
+    snprintf(e, sizeof e, "out of memory unpacking a %s frame", ps__msg_name(t));
+    ps__conn_break(c, k, PS_ENOMEM, e);
+    return PS_ENOMEM;
+  }
   snprintf(e, sizeof e, "malformed or unexpected %s frame", ps__msg_name(t));
   return ps__proto_err(c, k, e);
 }
