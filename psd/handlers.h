@@ -17,7 +17,7 @@
 #include "job.h"
 #include "mungeq.h"
 #include "pace.h"
-#include "persist.h"
+#include "persist/persist.h"
 #include "shard.h"
 #include "shmgate.h"
 #include "tables.h"

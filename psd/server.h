@@ -28,7 +28,7 @@
 #include "tables.h"
 #include "job.h"
 #include "pace.h"
-#include "persist.h"
+#include "persist/persist.h"
 #include "shmgate.h"
 #include "shard.h"
 #include "telemetry.h"

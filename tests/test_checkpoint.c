@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
+#include "persist/checkpoint.h"
 #include "mac.h"
 #include "testutil.h"
 

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "keyindex.h"
+#include "sparse/keyindex.h"
 #include "psclient.h"
-#include "table.h"
+#include "sparse/table.h"
 #include "testutil.h"
 #include "wire.h"
 

@@ -25,11 +25,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "ckpt_table.h"
-#include "ckptq.h"
+#include "persist/checkpoint.h"
+#include "persist/ckpt_table.h"
+#include "persist/ckptq.h"
 #include "mac.h"
-#include "table.h"
+#include "sparse/table.h"
 #include "testutil.h"
 #include "util.h"
 

@@ -24,8 +24,8 @@
 #include <string.h>
 
 #include "psclient.h"
-#include "rowopt.h"
-#include "table.h"
+#include "sparse/rowopt.h"
+#include "sparse/table.h"
 /* After psclient.h: its parameters named opt would shadow our options. */
 #include "ps_bench_internal.h"
 

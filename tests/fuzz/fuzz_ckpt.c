@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
+#include "persist/checkpoint.h"
 #include "fuzz_server.h" /* LLVMFuzzerTestOneInput prototype */
 #include "mac.h"
 #include "optimizer.h"

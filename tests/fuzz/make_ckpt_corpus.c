@@ -18,9 +18,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "ckpt_table.h"
-#include "table.h"
+#include "persist/checkpoint.h"
+#include "persist/ckpt_table.h"
+#include "sparse/table.h"
 
 static int copy_out(const char *from, const char *to, size_t max) {
   FILE *i = fopen(from, "rb"), *o = fopen(to, "wb");

@@ -30,7 +30,7 @@
 #include "ckptq.h"
 #include "config.h"
 #include "shard.h"
-#include "table.h"
+#include "sparse/table.h"
 
 /* --checkpoint-every files that may be on their way to the disk at once;
  * one more is skipped with a warning (see psd_persist_slice_advanced). */

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "table.h"
+#include "sparse/table.h"
 
 /* A table record's first 4 bytes. */
 #define PSD_CKPT_TABLE_MAGIC "TABL"
