@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "psdlog.h"
 #include "memlimit.h"
 #include "opt.h"
 #include "ps/version.h"

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "psdlog.h"
 #include "optimizer.h"
 #include "replies.h"
 

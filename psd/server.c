@@ -17,7 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "psdlog.h"
 #include "ps/version.h"
 #include "replies.h"
 #include "wfile.h"

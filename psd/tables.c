@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "psdlog.h"
 #include "wire.h"
 
 /* Unpacks a TABLE_* message from the frame's arena; on failure the frame

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "log.h"
+#include "psdlog.h"
 #include "psclient.h"
 #include "testutil.h"
 

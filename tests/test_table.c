@@ -1,4 +1,4 @@
-/* test_table.c - psd/table.c and its parts: the key index against a
+/* test_table.c - psd/sparse/table.c and its parts: the key index against a
  * reference (with clusters wrapping around the slot array), the table
  * against a plain LRU model under random pulls and pushes, each row rule
  * against a double-precision reference, the SyncReplicas rule for rows,

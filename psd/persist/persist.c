@@ -10,7 +10,7 @@
 
 #include "ckpttable.h"
 #include "job.h"
-#include "log.h"
+#include "psdlog.h"
 #include "optimizer.h"
 #include "wire.h"
 
