@@ -1,4 +1,4 @@
-/* psd/checkpoint.c and psd/ckptdir.c: the file format, crash safety,
+/* psd/persist/checkpoint.c and psd/persist/ckptdir.c: the file format, crash safety,
  * finding and pruning; the MAC and run id; the directory's ownership rules,
  * its lock, and --restore=none moving an earlier run aside. */
 #define _GNU_SOURCE

@@ -1,4 +1,4 @@
-/* Sparse tables in checkpoints (psd/ckpttable.c, checkpoint.c, persist.c):
+/* Sparse tables in checkpoints (psd/persist/ckpttable.c, checkpoint.c, persist.c):
  * a table's record through a real file and back (rows bit for bit, LRU
  * order, admission state, step, counters; the restored table then trains
  * exactly like the original), damaged table records refused, version 2

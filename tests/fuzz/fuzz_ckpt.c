@@ -1,5 +1,5 @@
 /*
- * fuzz_ckpt - a checkpoint file from disk (psd/checkpoint.c): psd reads
+ * fuzz_ckpt - a checkpoint file from disk (psd/persist/checkpoint.c): psd reads
  * these at start, and a damaged or hostile file must be refused with a
  * sentence naming it, never crash psd or make it read out of bounds.
  *

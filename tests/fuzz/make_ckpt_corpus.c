@@ -1,6 +1,6 @@
 /*
  * make_ckpt_corpus - writes the seed corpus of fuzz_ckpt with psd's own
- * checkpoint writer (psd/checkpoint.c), so the seeds follow the format:
+ * checkpoint writer (psd/persist/checkpoint.c), so the seeds follow the format:
  *
  *   make_ckpt_corpus DIR   ->  DIR/fuzz_ckpt/valid_two_slices, truncated,
  *                              valid_slice_and_table, fix_one_table
