@@ -9,10 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "psdlog.h"
 #include "memlimit.h"
 #include "opt.h"
 #include "ps/version.h"
+#include "psdlog.h"
 #include "wire.h"
 
 #define F(field) PS_OPT_FIELD(psd_config, field)

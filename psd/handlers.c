@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "psdlog.h"
 #include "optimizer.h"
+#include "psdlog.h"
 #include "replies.h"
 
 /* ---- the job's lifecycle ------------------------------------------------- */

@@ -17,8 +17,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "psdlog.h"
 #include "ps/version.h"
+#include "psdlog.h"
 #include "replies.h"
 #include "wfile.h"
 

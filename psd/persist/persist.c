@@ -10,8 +10,8 @@
 
 #include "ckpttable.h"
 #include "job.h"
-#include "psdlog.h"
 #include "optimizer.h"
+#include "psdlog.h"
 #include "wire.h"
 
 /* An optimizer kind's name for a message ("adam"), or "an unknown kind". */
