@@ -9,10 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "log.h"
 #include "memlimit.h"
 #include "opt.h"
 #include "ps/version.h"
+#include "psdlog.h"
 #include "wire.h"
 
 #define F(field) PS_OPT_FIELD(psd_config, field)
@@ -180,7 +180,7 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
     return -1;
   }
   /* --checkpoint-dir itself is opened, checked (ours, nobody else can
-   * write it) and locked at start by psd/ckptdir.c: exit 65, not 64. */
+   * write it) and locked at start by psd/persist/ckptdir.c: exit 65, not 64. */
   if (cfg->max_memory == 0) default_max_memory(cfg);
   else snprintf(cfg->max_memory_from, sizeof cfg->max_memory_from, "--max-memory");
   if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);

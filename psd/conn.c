@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "invariant.h"
-#include "log.h"
+#include "psdlog.h"
 
 /* Input buffer of an authenticated connection for headers, protobuf and
  * small tensors; grows to hold a whole protobuf part (<= PS__MAX_META)

@@ -5,8 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
 #include "optimizer.h"
+#include "psdlog.h"
+#include "replies.h"
 
 /* ---- the job's lifecycle ------------------------------------------------- */
 
@@ -102,7 +103,7 @@ uint64_t psd_handlers_step(const psd_handlers *h) {
 /* conn.c hook: c is closing. */
 static void conn_closed(void *ctx, psd_conn *c) {
   psd_handlers *h = ctx;
-  psd_waitset_free(h->waiters, &c->waits);
+  psd_waiters_set_free(h->waiters, &c->waits);
   psd_tables_closed(h->tables, c);
   psd_pace_left(h->pace, &c->pace);
   if (c->worker < 0 || !h->job->pinned || !h->job->workers[c->worker].connected) return;
@@ -131,7 +132,7 @@ static void slice_advanced(psd_handlers *h, psd_slice *sl) {
 /* Ensures c's per-slice tables cover every slice the shard has. */
 static int reserve(psd_handlers *h, psd_conn *c) {
   uint32_t n = h->shard->n;
-  if (psd_waitset_reserve(h->waiters, &c->waits, n) != 0) return -1;
+  if (psd_waiters_set_reserve(h->waiters, &c->waits, n) != 0) return -1;
   return psd_conn_reserve(c, n);
 }
 
@@ -241,7 +242,7 @@ static int handle_hello(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
 }
 
 void psd_handlers_munge_done(psd_handlers *h) {
-  for (psd_munge_req *r; (r = psd_mungeq_done(h->mungeq)); psd_munge_req_free(r)) {
+  for (psd_munge_req *r; (r = psd_mungeq_done(h->mungeq)); psd_mungeq_req_free(r)) {
     psd_conn *c = psd_conns_find(h->conns, r->conn_seq);
     if (!c || !c->auth_wait) continue; /* it closed (or was evicted) meanwhile */
     finish_hello(h, c, r->unpacked, r);
@@ -572,14 +573,14 @@ static int handle_pull(psd_handlers *h, psd_conn *c, const uint8_t *meta) {
                      PS__ESC(sh->slices[id]->name));
       return -1;
     }
-    if (psd_waitset_busy(&c->waits, id)) {
+    if (psd_waiters_set_busy(&c->waits, id)) {
       psd_conn_error(c, m->request_id, PS_EBUSY, 0,
                      "a pull of '%s' is already being answered on this connection",
                      PS__ESC(sh->slices[id]->name));
       return 0;
     }
   }
-  if (m->average) return psd_handlers_pull_average(h, c, m);
+  if (m->average) return psd_replies_pull_average(h, c, m);
   double now = ps__now();
   double timeout = m->timeout_ms ? m->timeout_ms / 1000.0 : h->cfg->pull_timeout_s;
   for (size_t i = 0; i < m->n_slice_ids; i++) {
@@ -801,7 +802,7 @@ static int on_message(void *ctx, psd_conn *c, const uint8_t *meta) {
   }
 }
 
-static void flush_hook(void *ctx) { psd_handlers_flush(ctx); }
+static void flush_hook(void *ctx) { psd_replies_flush(ctx); }
 
 void psd_handlers_hooks(psd_handlers *h, psd_conn_hooks *hooks) {
   hooks->message = on_message;

@@ -1,8 +1,7 @@
 /*
  * handlers.h - what psd does with each message: the handshake (admission
  * by job.c, then binding the connection), Register, Init and Push (into
- * the shard), Pull (parked in waiters.c, answered by psd_handlers_flush
- * in replies.c),
+ * the shard), Pull (parked in waiters.c, answered by replies.c),
  * Finish, Checkpoint (persist.c) and Stats (telemetry.c). conn.c calls in
  * through psd_conn_hooks; the event loop (server.c) is reached only
  * through the finish hook, so nothing here depends on server.c.
@@ -17,7 +16,7 @@
 #include "job.h"
 #include "mungeq.h"
 #include "pace.h"
-#include "persist.h"
+#include "persist/persist.h"
 #include "shard.h"
 #include "shmgate.h"
 #include "tables.h"
@@ -47,21 +46,11 @@ typedef struct psd_handlers {
 
 /* The hooks conn.c calls, with h as their context. */
 void psd_handlers_hooks(psd_handlers *h, psd_conn_hooks *hooks);
-/* Builds and queues the replies of every connection with ready pulls. */
-void psd_handlers_flush(psd_handlers *h);
 /* MUNGE answers came back (psd_mungeq_fd readable): each waiting Hello is
  * admitted or refused now. */
 void psd_handlers_munge_done(psd_handlers *h);
 /* Does what persistence asked for (PSD_PERSIST_* flags). */
 void psd_handlers_act(psd_handlers *h, unsigned actions);
-/* psd_waiters_expire callback (ctx: h): tells the owner of set that w's
- * request timed out. */
-/* Answers a Pull with `average` set (2.7), whose slice ids handle_pull
- * checked: each slice's moving average, at once and whatever min_step, or
- * a non-fatal Error (no average, not initialized, --protocol-minor < 7).
- * 0, or -1 when c failed (out of memory). */
-int psd_handlers_pull_average(psd_handlers *h, psd_conn *c, const Ps__Pull *m);
-void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w);
 /* Lowest step of any slice or table (for logs). */
 uint64_t psd_handlers_step(const psd_handlers *h);
 

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "psdlog.h"
 #include "wire.h"
 
 void psd_job_init(psd_job *j, const psd_config *cfg, double now) {

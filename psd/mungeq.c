@@ -62,7 +62,7 @@ psd_munge_req *psd_mungeq_done(psd_mungeq *q) {
   return (psd_munge_req *)j;
 }
 
-void psd_munge_req_free(psd_munge_req *r) {
+void psd_mungeq_req_free(psd_munge_req *r) {
   if (!r) return;
   if (r->unpacked) ps__hello__free_unpacked(r->unpacked, NULL);
   free(r->hello);
@@ -95,7 +95,7 @@ int psd_mungeq_create(psd_mungeq **out, const psd_config *cfg, char *err, size_t
 void psd_mungeq_destroy(psd_mungeq *q) {
   if (!q) return;
   psd_bg_stop(q->bg);
-  for (psd_munge_req *r; (r = psd_mungeq_done(q));) psd_munge_req_free(r);
+  for (psd_munge_req *r; (r = psd_mungeq_done(q));) psd_mungeq_req_free(r);
   psd_bg_destroy(q->bg);
   free(q);
 }

@@ -52,9 +52,9 @@ int psd_mungeq_fd(const psd_mungeq *q);
  * not a Hello with a credential). */
 int psd_mungeq_submit(psd_mungeq *q, uint64_t seq, const uint8_t sn[PS__NONCE_BYTES],
                       const uint8_t *meta, size_t len);
-/* The next answer (the caller frees it with psd_munge_req_free), or NULL. */
+/* The next answer (the caller frees it with psd_mungeq_req_free), or NULL. */
 psd_munge_req *psd_mungeq_done(psd_mungeq *q);
-void psd_munge_req_free(psd_munge_req *r);
+void psd_mungeq_req_free(psd_munge_req *r);
 /* Requests queued and not yet taken back. */
 uint32_t psd_mungeq_pending(const psd_mungeq *q);
 

@@ -7,7 +7,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include "log.h"
+#include "psdlog.h"
 
 void psd_pace_init(psd_pace *pc, int ahead, int loopback, int recv_buf,
                    psd_pace_progress_fn *progress) {

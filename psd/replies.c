@@ -1,12 +1,9 @@
-/* replies.c - answering parked pulls (see handlers.h): the PullReply of
- * each connection's ready waiters, float32 through the worker's pull ring
- * when it has room, else from the slices in place over TCP; 16-bit
- * encoded into the output queue; a pull of moving averages (2.7),
- * answered at once; and a waiter's timeout. */
+/* replies.c - answering parked pulls (see replies.h). */
+#include "replies.h"
+
 #include <stdio.h>
 #include <string.h>
 
-#include "handlers.h"
 #include "optimizer.h"
 
 /* A PullReply of n items (bytes of parameters, in c->reply_data) through
@@ -86,7 +83,7 @@ static int send_pull_reply(psd_handlers *h, psd_conn *c, uint64_t req, size_t n,
 static void flush_conn(psd_handlers *h, psd_conn *c) {
   if (c->dead) return;
   psd_shard *sh = h->shard;
-  psd_waiter *w = psd_waitset_take_ready(&c->waits);
+  psd_waiter *w = psd_waiters_take_ready(&c->waits);
   while (w) {
     /* One PullReply per run of waiters of the same request and dtype (at
      * most one waiter per slice, so reply_cap entries always suffice),
@@ -105,7 +102,7 @@ static void flush_conn(psd_handlers *h, psd_conn *c) {
       c->reply_refs[n] = sl;
       n++;
       psd_waiter *next = w->ready_next;
-      psd_waiter_answered(w);
+      psd_waiters_answered(w);
       w = next;
     }
     if (send_pull_reply(h, c, req, n, dtype, bytes) != 0) {
@@ -146,7 +143,7 @@ static int check_average_pull(psd_handlers *h, psd_conn *c, const Ps__Pull *m) {
   return 0;
 }
 
-int psd_handlers_pull_average(psd_handlers *h, psd_conn *c, const Ps__Pull *m) {
+int psd_replies_pull_average(psd_handlers *h, psd_conn *c, const Ps__Pull *m) {
   if (check_average_pull(h, c, m) != 0) return 0;
   const uint32_t dtype = m->dtype;
   const uint64_t esize = ps__dtype_size(dtype);
@@ -173,7 +170,7 @@ int psd_handlers_pull_average(psd_handlers *h, psd_conn *c, const Ps__Pull *m) {
   return 0;
 }
 
-void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w) {
+void psd_replies_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w) {
   psd_handlers *h = ctx;
   psd_conn *c = set->owner;
   const psd_slice *sl = h->shard->slices[w->slice_id];
@@ -183,7 +180,7 @@ void psd_handlers_pull_expired(void *ctx, psd_waitset *set, const psd_waiter *w)
                  (unsigned long long)sl->step);
 }
 
-void psd_handlers_flush(psd_handlers *h) {
+void psd_replies_flush(psd_handlers *h) {
   psd_waitset *set;
   while ((set = psd_waiters_next_dirty(h->waiters))) {
     psd_conn *c = set->owner;

@@ -17,8 +17,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "log.h"
 #include "ps/version.h"
+#include "psdlog.h"
+#include "replies.h"
 #include "wfile.h"
 
 /* Timer period for deadlines, stall checks and the grace period: fine
@@ -124,7 +125,7 @@ static void check_stalls(psd_server *srv, double now) {
         vo += (size_t)snprintf(vars + vo, sizeof vars - vo, "%s%s", vo ? ", " : "", shown);
     }
     uint32_t missing[PSD_STALL_NAMES];
-    uint32_t nm = psd_slice_missing(sh, sl, missing, PSD_STALL_NAMES);
+    uint32_t nm = psd_shard_slice_missing(sh, sl, missing, PSD_STALL_NAMES);
     char who[256];
     size_t wo = 0;
     who[0] = '\0';
@@ -139,8 +140,8 @@ static void check_stalls(psd_server *srv, double now) {
     }
     psd_warn("step %llu stalled for %.1f s: %u of %u gradients in, waiting for worker(s) %s; "
              "variables: %s",
-             (unsigned long long)step, now - sl->first_grad_at, sl->count, psd_slice_replicas(sh, sl), who,
-             vars);
+             (unsigned long long)step, now - sl->first_grad_at, sl->count,
+             psd_shard_slice_replicas(sh, sl), who, vars);
   }
 }
 
@@ -157,9 +158,9 @@ static void tick(psd_server *srv) {
   }
   psd_conns_tick(&srv->conns, now);
   psd_shmgate_tick(&srv->shmgate, now);
-  psd_waiters_expire(&srv->waiters, now, psd_handlers_pull_expired, &srv->h);
+  psd_waiters_expire(&srv->waiters, now, psd_replies_pull_expired, &srv->h);
   psd_tables_expire(&srv->tables, now);
-  psd_handlers_flush(&srv->h);
+  psd_replies_flush(&srv->h);
   psd_conns_write_pending(&srv->conns);
   if (srv->job.pinned && !srv->shard.async_mode) check_stalls(srv, now);
   psd_handlers_act(&srv->h, psd_persist_tick(&srv->persist, now, srv->job.pinned));

@@ -5,17 +5,21 @@
  *
  * Layering of psd's files (a file includes and calls only files below it;
  * upward calls go through hooks: psd_conn_hooks, psd_handlers.finish, the
- * shard's detach hook, pace's progress accessor):
+ * shard's detach hook, pace's progress accessor; docs/architecture.md):
  *
- *   main.c
+ *   psd.c
  *   server      loop, listener, signals, timers
  *   handlers    what each message does (admission via job, pulls via
- *               waiters, checkpoints via persist, stats via telemetry)
- *   tables      TABLE_* frames: sparse tables (table.c), parked table pulls
+ *   replies     waiters and replies, checkpoints via persist/, stats via
+ *               telemetry); replies builds the PullReplies
+ *   tables      TABLE_* frames: sparse tables (sparse/), parked table pulls
+ *   persist/    checkpoints: persist, ckptq, checkpoint, ckpttable, ckptdir
  *   shmgate     shared-memory handovers (a unix socket; attaches segments to conns)
  *   conn        framing, the HEADER/META/DATA/CLOSING machine, replies out
- *   waiters  job  persist  pace  telemetry  mungeq
- *   shard  ckptq  checkpoint  ckpt_table  table  optimizer  config  log  bg   (and the wire layer)
+ *   telemetry  job  mungeq  shard
+ *   sparse/     the table store: table, rowopt, rowinit, keyindex, tablespec
+ *   config  average  pace  waiters  bg  optimizer  memlimit  psdlog
+ *               (and the wire layer)
  */
 #ifndef PSD_SERVER_H
 #define PSD_SERVER_H
@@ -28,7 +32,7 @@
 #include "tables.h"
 #include "job.h"
 #include "pace.h"
-#include "persist.h"
+#include "persist/persist.h"
 #include "shmgate.h"
 #include "shard.h"
 #include "telemetry.h"

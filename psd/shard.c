@@ -265,7 +265,7 @@ int psd_shard_assign(psd_shard *s, psd_slice *sl, uint64_t step, const float *va
   return 0;
 }
 
-uint32_t psd_slice_replicas(const psd_shard *s, const psd_slice *sl) {
+uint32_t psd_shard_slice_replicas(const psd_shard *s, const psd_slice *sl) {
   switch (sl->opt.aggregate) {
     case PS_AGGREGATE_ALL: return s->num_workers;
     case PS_AGGREGATE_FIRST: return 1;
@@ -290,7 +290,7 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
     return PS_ESTALE;
   }
   if (step > sl->step) return PS_EINVAL;
-  const uint32_t replicas = psd_slice_replicas(s, sl);
+  const uint32_t replicas = psd_shard_slice_replicas(s, sl);
   PS_ASSERT(worker < s->num_workers && sl->count < replicas);
   if (sl->pushed[worker] == step + 1) return PS_EDUPLICATE;
   sl->pushed[worker] = step + 1;
@@ -323,8 +323,8 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
   return 0;
 }
 
-uint32_t psd_slice_missing(const psd_shard *s, const psd_slice *sl,
-                           uint32_t *missing, uint32_t cap) {
+uint32_t psd_shard_slice_missing(const psd_shard *s, const psd_slice *sl,
+                                 uint32_t *missing, uint32_t cap) {
   uint32_t n = 0;
   for (uint32_t w = 0; w < s->num_workers && n < cap; w++)
     if (sl->pushed[w] != sl->step + 1) missing[n++] = w;

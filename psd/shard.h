@@ -112,11 +112,11 @@ int psd_shard_push(psd_shard *s, psd_slice *sl, uint32_t worker, uint64_t step,
 
 /* Gradients that complete a step of sl: the job's replicas, or its
  * variable's own rule (ps_optimizer.aggregate). */
-uint32_t psd_slice_replicas(const psd_shard *s, const psd_slice *sl);
+uint32_t psd_shard_slice_replicas(const psd_shard *s, const psd_slice *sl);
 
 /* Workers that have not pushed to sl for its current step: fills
  * missing[0..n) and returns n. */
-uint32_t psd_slice_missing(const psd_shard *s, const psd_slice *sl,
-                           uint32_t *missing, uint32_t cap);
+uint32_t psd_shard_slice_missing(const psd_shard *s, const psd_slice *sl,
+                                 uint32_t *missing, uint32_t cap);
 
 #endif

@@ -11,7 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "log.h"
+#include "psdlog.h"
 
 static void peer_close(psd_shmgate_peer *p) {
   if (p->fd < 0) return;

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "log.h"
+#include "psdlog.h"
 #include "wire.h"
 
 /* Unpacks a TABLE_* message from the frame's arena; on failure the frame
@@ -97,7 +97,7 @@ static int spec_from_msg(const psd_tables *ts, const Ps__TableSpec *w, psd_table
   sp->warmup_steps = w->warmup_steps;
   sp->total_steps = w->total_steps;
   sp->min_lr_factor = w->min_lr_factor;
-  return psd_table_spec_check(sp, err, errlen);
+  return psd_tablespec_check(sp, err, errlen);
 }
 
 static psd_tentry *find_by_name(psd_tables *ts, const char *name, uint32_t *id) {
@@ -181,8 +181,8 @@ static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
     psd_tentry *e = find_by_name(ts, sp.name, &id);
     char who[32], diff[400];
     snprintf(who, sizeof who, "worker %d", c->worker);
-    if (e && psd_table_diff(psd_table_spec_of(e->t), "this server's table", &sp, who, diff,
-                            sizeof diff)) {
+    if (e && psd_tablespec_diff(psd_table_spec_of(e->t), "this server's table", &sp, who, diff,
+                                sizeof diff)) {
       snprintf(err, sizeof err, "table '%s' exists with another configuration: %s",
                PS__ESC(sp.name), diff);
       rc = PS_EMISMATCH;
@@ -264,7 +264,7 @@ static uint64_t stage_growth(const psd_conn *c, uint64_t bytes) {
 /* Keys ascending and all this ps's; 0 or PS_EINVAL with err. */
 static int check_keys(const psd_tables *ts, const uint64_t *keys, size_t n, char *err,
                       size_t errlen) {
-  int rc = psd_table_keys_check(keys, n, err, errlen);
+  int rc = psd_tablespec_keys_check(keys, n, err, errlen);
   if (rc) return rc;
   uint32_t nps = ts->cfg->num_ps > 0 ? (uint32_t)ts->cfg->num_ps : 1;
   for (size_t i = 0; i < n; i++) {

@@ -23,10 +23,10 @@
 #include "config.h"
 #include "conn.h"
 #include "job.h"
-#include "persist.h"
+#include "persist/persist.h"
 #include "ps.pb-c.h"
 #include "shard.h"
-#include "table.h"
+#include "sparse/table.h"
 #include "telemetry.h"
 
 /* Keys all parked TablePulls of this psd may hold: each parked pull keeps

@@ -120,7 +120,7 @@ static void make_ready(psd_waiters *ws, psd_waiter *w) {
 
 /* ---- sets ---------------------------------------------------------------- */
 
-int psd_waitset_reserve(psd_waiters *ws, psd_waitset *set, uint32_t n) {
+int psd_waiters_set_reserve(psd_waiters *ws, psd_waitset *set, uint32_t n) {
   if (n > ws->nslices) {
     psd_waiter **np = realloc(ws->parked, n * sizeof *np);
     if (!np) return -1;
@@ -138,7 +138,7 @@ int psd_waitset_reserve(psd_waiters *ws, psd_waitset *set, uint32_t n) {
   return 0;
 }
 
-int psd_waitset_busy(const psd_waitset *set, uint32_t slice_id) {
+int psd_waiters_set_busy(const psd_waitset *set, uint32_t slice_id) {
   return slice_id < set->cap && set->by_slice[slice_id] && set->by_slice[slice_id]->ready;
 }
 
@@ -166,18 +166,18 @@ int psd_waiters_pull_dtype(psd_waiters *ws, psd_waitset *set, uint32_t slice_id,
   return 0;
 }
 
-psd_waiter *psd_waitset_take_ready(psd_waitset *set) {
+psd_waiter *psd_waiters_take_ready(psd_waitset *set) {
   psd_waiter *w = set->ready_head;
   set->ready_head = set->ready_tail = NULL;
   return w;
 }
 
-void psd_waiter_answered(psd_waiter *w) {
+void psd_waiters_answered(psd_waiter *w) {
   w->ready = 0;
   w->ready_next = NULL;
 }
 
-void psd_waitset_free(psd_waiters *ws, psd_waitset *set) {
+void psd_waiters_set_free(psd_waiters *ws, psd_waitset *set) {
   for (uint32_t i = 0; i < set->cap; i++) {
     psd_waiter *w = set->by_slice[i];
     if (!w) continue;

@@ -63,9 +63,9 @@ void psd_waiters_init(psd_waiters *ws);
 void psd_waiters_free(psd_waiters *ws);
 
 /* Makes set able to hold a waiter for slice ids below n. 0 or -1 (memory). */
-int psd_waitset_reserve(psd_waiters *ws, psd_waitset *set, uint32_t n);
+int psd_waiters_set_reserve(psd_waiters *ws, psd_waitset *set, uint32_t n);
 /* 1 if set's pull of slice id is being answered (on the ready list). */
-int psd_waitset_busy(const psd_waitset *set, uint32_t slice_id);
+int psd_waiters_set_busy(const psd_waitset *set, uint32_t slice_id);
 /* A Pull of slice id (supersedes an earlier parked one): answered at once
  * if now is set, else parked until the slice reaches min_step or deadline.
  * 0 or -1 (memory). The slice id must be below the reserved size. */
@@ -79,12 +79,12 @@ static inline int psd_waiters_pull(psd_waiters *ws, psd_waitset *set, uint32_t s
   return psd_waiters_pull_dtype(ws, set, slice_id, request_id, min_step, deadline, now, 0);
 }
 /* Detaches set's ready list; the caller answers the waiters in order and
- * calls psd_waiter_answered on each. */
-psd_waiter *psd_waitset_take_ready(psd_waitset *set);
+ * calls psd_waiters_answered on each. */
+psd_waiter *psd_waiters_take_ready(psd_waitset *set);
 /* w's reply is built: it may be pulled again. */
-void psd_waiter_answered(psd_waiter *w);
+void psd_waiters_answered(psd_waiter *w);
 /* Removes every waiter of set (its connection closes) and frees them. */
-void psd_waitset_free(psd_waiters *ws, psd_waitset *set);
+void psd_waiters_set_free(psd_waiters *ws, psd_waitset *set);
 
 /* Slice id reached step: its waiters with min_step <= step become ready. */
 void psd_waiters_wake(psd_waiters *ws, uint32_t slice_id, uint64_t step);

@@ -60,7 +60,7 @@ int psr_spawn(psr_procs *p, const char *label, int is_ps, char *const *argv,
     return -1;
   }
   /* A worker's library writes to it when the job stopped (PS_STOP_NOTE_FD,
-   * libpsclient's step.c): psrun then counts its exit as a stop. */
+   * libpsclient's trainstep.c): psrun then counts its exit as a stop. */
   char e_note[48];
   snprintf(e_note, sizeof e_note, "PS_STOP_NOTE_FD=%d", note[1]);
   /* Build the environment before forking (no allocation in the child). */

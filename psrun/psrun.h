@@ -18,7 +18,7 @@
  * ps_client_finish (psd's own --grace-period is 60 s). */
 #define PSR_PSD_EXIT_S 30.0
 
-/* psrun's options (one table in main.c, parsed by common/opt.c, drives
+/* psrun's options (one table in psrun.c, parsed by common/opt.c, drives
  * parsing and --help). */
 typedef struct psr_opts {
   int ps;                  /* --ps: number of ps tasks */
@@ -81,7 +81,7 @@ int psr_run_local(const psr_opts *o);
 /* Slurm mode (slurm.c). Returns psrun's exit status. */
 int psr_run_slurm(const psr_opts *o);
 
-/* Shared helpers (util.c). */
+/* Shared helpers (psrun_util.c). */
 
 /* Fills out (65 bytes) with a fresh random secret, 64 hex digits. 0 or -1. */
 int psr_new_secret(char out[65]);

@@ -1,4 +1,4 @@
-/* psd/checkpoint.c and psd/ckptdir.c: the file format, crash safety,
+/* psd/persist/checkpoint.c and psd/persist/ckptdir.c: the file format, crash safety,
  * finding and pruning; the MAC and run id; the directory's ownership rules,
  * its lock, and --restore=none moving an earlier run aside. */
 #define _GNU_SOURCE
@@ -13,7 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
+#include "persist/checkpoint.h"
 #include "mac.h"
 #include "testutil.h"
 
@@ -31,8 +31,8 @@ static char *fresh_dir(const char *name) {
 
 /* The open directory handle of a test directory (opened once per test
  * process, as ps 0 of job 1: one psd holds one handle for its life). */
-static psd_ckpt_dir *D(const char *dir) {
-  static psd_ckpt_dir open_dirs[8];
+static psd_ckptdir *D(const char *dir) {
+  static psd_ckptdir open_dirs[8];
   static int n;
   int slot = n;
   for (int i = 0; i < n; i++) {
@@ -40,10 +40,10 @@ static psd_ckpt_dir *D(const char *dir) {
     if (open_dirs[i].fd < 0) slot = i; /* closed by the test: reusable */
   }
   ck_assert_int_lt(slot, 8);
-  psd_ckpt_holder h = {1, 0, 1};
+  psd_ckptdir_holder h = {1, 0, 1};
   char moved[1200], err[1600];
-  ck_assert_msg(psd_ckpt_dir_open(&open_dirs[slot], dir, &h, 0, moved, sizeof moved, err,
-                                  sizeof err) == 0, "%s", err);
+  ck_assert_msg(psd_ckptdir_open(&open_dirs[slot], dir, &h, 0, moved, sizeof moved, err,
+                                 sizeof err) == 0, "%s", err);
   if (slot == n) n++;
   return &open_dirs[slot];
 }
@@ -80,9 +80,9 @@ static void path_of(char *out, size_t n, const char *dir, uint64_t step, int ps,
 
 START_TEST(crc32c_known_value) {
   /* The standard check value of CRC-32C, and incremental use. */
-  ck_assert_uint_eq(psd_crc32c(0, "123456789", 9), 0xE3069283u);
-  ck_assert_uint_eq(psd_crc32c(psd_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
-  ck_assert_uint_eq(psd_crc32c(0, "", 0), 0);
+  ck_assert_uint_eq(psd_ckpt_crc32c(0, "123456789", 9), 0xE3069283u);
+  ck_assert_uint_eq(psd_ckpt_crc32c(psd_ckpt_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+  ck_assert_uint_eq(psd_ckpt_crc32c(0, "", 0), 0);
 }
 END_TEST
 
@@ -275,8 +275,8 @@ END_TEST
 
 /* Rewrites the trailer's CRC (and, with a key, its MAC) so damage inside
  * the records gets past them and reaches the record parser's own checks. */
-static void refresh_crc(char *buf, size_t n, const psd_ckpt_dir *d) {
-  uint32_t c = psd_crc32c(0, buf, n - 36);
+static void refresh_crc(char *buf, size_t n, const psd_ckptdir *d) {
+  uint32_t c = psd_ckpt_crc32c(0, buf, n - 36);
   for (int i = 0; i < 4; i++) buf[n - 36 + i] = (char)(c >> (8 * i));
   if (!d) return;
   ps__mac_part part = {buf, n - 32};
@@ -339,11 +339,11 @@ START_TEST(writer_counts_records) {
   psd_ckpt_abort(&w);
   psd_ckpt_abort(&w);
   ck_assert_int_eq(count_files(d, ".tmp"), 0);
-  psd_ckpt_dir nd;
-  psd_ckpt_holder h = {1, 0, 1};
+  psd_ckptdir nd;
+  psd_ckptdir_holder h = {1, 0, 1};
   char moved[100];
-  ck_assert_int_eq(psd_ckpt_dir_open(&nd, "/proc/no/such/dir", &h, 0, moved, sizeof moved, err,
-                                     sizeof err), -1);
+  ck_assert_int_eq(psd_ckptdir_open(&nd, "/proc/no/such/dir", &h, 0, moved, sizeof moved, err,
+                                    sizeof err), -1);
   ck_assert_msg(strstr(err, "/proc/no/such/dir"), "%s", err);
 }
 END_TEST
@@ -387,18 +387,18 @@ START_TEST(directory_rules) {
   /* attacks 5 and 6: a directory another user owns or can write, or a
    * symlink, is refused with its path, owner and mode named. */
   const char *d = fresh_dir("rules");
-  psd_ckpt_dir x;
-  psd_ckpt_holder h = {3, 0, 1};
+  psd_ckptdir x;
+  psd_ckptdir_holder h = {3, 0, 1};
   char moved[1200], err[1600];
   ck_assert_int_eq(chmod(d, 0770), 0);
-  ck_assert_int_eq(psd_ckpt_dir_open(&x, d, &h, 0, moved, sizeof moved, err, sizeof err), -1);
+  ck_assert_int_eq(psd_ckptdir_open(&x, d, &h, 0, moved, sizeof moved, err, sizeof err), -1);
   ck_assert_msg(strstr(err, d) && strstr(err, "0770") && strstr(err, "writable by its group"),
                 "%s", err);
   ck_assert_int_eq(chmod(d, 0700), 0);
   char link[700];
   snprintf(link, sizeof link, "%s-link", d);
   ck_assert_int_eq(symlink(d, link), 0);
-  ck_assert_int_eq(psd_ckpt_dir_open(&x, link, &h, 0, moved, sizeof moved, err, sizeof err), -1);
+  ck_assert_int_eq(psd_ckptdir_open(&x, link, &h, 0, moved, sizeof moved, err, sizeof err), -1);
   ck_assert_msg(strstr(err, link) && strstr(err, "symlink"), "%s", err);
 }
 END_TEST
@@ -437,14 +437,14 @@ END_TEST
 START_TEST(others_directories_are_refused) {
   /* A directory, or a step directory, another user owns is refused. */
   const char *d = fresh_dir("others");
-  psd_ckpt_dir x;
-  psd_ckpt_holder h = {3, 0, 1};
+  psd_ckptdir x;
+  psd_ckptdir_holder h = {3, 0, 1};
   char moved[1200], err[1600];
   uid_t uid;
   gid_t gid;
   ck_assert(nobody(&uid, &gid));
   ck_assert_int_eq(chown(d, uid, gid), 0);
-  ck_assert_int_eq(psd_ckpt_dir_open(&x, d, &h, 0, moved, sizeof moved, err, sizeof err), -1);
+  ck_assert_int_eq(psd_ckptdir_open(&x, d, &h, 0, moved, sizeof moved, err, sizeof err), -1);
   ck_assert_msg(strstr(err, d) && strstr(err, "owned by nobody"), "%s", err);
   ck_assert_int_eq(chown(d, 0, 0), 0);
   /* A step directory of someone else's is never read from. */
@@ -460,27 +460,27 @@ END_TEST
 
 START_TEST(lock_names_the_holder) {
   const char *d = fresh_dir("lock");
-  psd_ckpt_dir a, b, c;
-  psd_ckpt_holder ha = {41, 0, 2}, ha1 = {41, 1, 2}, hb = {42, 0, 1};
+  psd_ckptdir a, b, c;
+  psd_ckptdir_holder ha = {41, 0, 2}, ha1 = {41, 1, 2}, hb = {42, 0, 1};
   char moved[1200], err[1600];
-  ck_assert_msg(psd_ckpt_dir_open(&a, d, &ha, 0, moved, sizeof moved, err, sizeof err) == 0,
+  ck_assert_msg(psd_ckptdir_open(&a, d, &ha, 0, moved, sizeof moved, err, sizeof err) == 0,
                 "%s", err);
   /* The job's other ps shares the directory (and its key and run id)... */
-  ck_assert_msg(psd_ckpt_dir_open(&c, d, &ha1, 0, moved, sizeof moved, err, sizeof err) == 0,
+  ck_assert_msg(psd_ckptdir_open(&c, d, &ha1, 0, moved, sizeof moved, err, sizeof err) == 0,
                 "%s", err);
   ck_assert_str_eq(a.run_hex, c.run_hex);
   ck_assert(memcmp(a.key, c.key, sizeof a.key) == 0);
   /* ...another job does not. */
-  ck_assert_int_eq(psd_ckpt_dir_open(&b, d, &hb, 0, moved, sizeof moved, err, sizeof err), -1);
+  ck_assert_int_eq(psd_ckptdir_open(&b, d, &hb, 0, moved, sizeof moved, err, sizeof err), -1);
   char pid[32];
   snprintf(pid, sizeof pid, "pid %ld", (long)getpid());
   ck_assert_msg(strstr(err, d) && strstr(err, "job 41, ps 0 of 2") && strstr(err, pid), "%s",
                 err);
-  psd_ckpt_dir_close(&a);
-  ck_assert_msg(psd_ckpt_dir_open(&b, d, &hb, 0, moved, sizeof moved, err, sizeof err) == 0,
+  psd_ckptdir_close(&a);
+  ck_assert_msg(psd_ckptdir_open(&b, d, &hb, 0, moved, sizeof moved, err, sizeof err) == 0,
                 "%s", err);
-  psd_ckpt_dir_close(&b);
-  psd_ckpt_dir_close(&c);
+  psd_ckptdir_close(&b);
+  psd_ckptdir_close(&c);
 }
 END_TEST
 
@@ -505,11 +505,11 @@ START_TEST(foreign_or_old_run_files_are_refused) {
   write_one(d, 0, 1, 9, 1);
   char old_run[40];
   snprintf(old_run, sizeof old_run, "%s", D(d)->run_hex);
-  psd_ckpt_dir_close(D(d));
-  psd_ckpt_dir n;
-  psd_ckpt_holder h = {1, 0, 1};
+  psd_ckptdir_close(D(d));
+  psd_ckptdir n;
+  psd_ckptdir_holder h = {1, 0, 1};
   char moved[1400];
-  ck_assert_msg(psd_ckpt_dir_open(&n, d, &h, 1, moved, sizeof moved, err, sizeof err) == 0,
+  ck_assert_msg(psd_ckptdir_open(&n, d, &h, 1, moved, sizeof moved, err, sizeof err) == 0,
                 "%s", err);
   ck_assert_msg(strstr(moved, "previous-") && strstr(moved, old_run), "%s", moved);
   ck_assert_str_ne(n.run_hex, old_run);
@@ -520,7 +520,7 @@ START_TEST(foreign_or_old_run_files_are_refused) {
   ck_assert_int_eq(psd_ckpt_find(&n, 0, 1, 0, MAXB, &img, err, sizeof err), -1);
   ck_assert_msg(strstr(err, to) && strstr(err, "belongs to run") && strstr(err, old_run), "%s",
                 err);
-  psd_ckpt_dir_close(&n);
+  psd_ckptdir_close(&n);
 }
 END_TEST
 
@@ -529,24 +529,24 @@ START_TEST(restore_none_moves_aside_and_keeps_the_run) {
   write_one(d, 0, 1, 30, 1);
   char run[40];
   snprintf(run, sizeof run, "%s", D(d)->run_hex);
-  psd_ckpt_dir_close(D(d));
-  psd_ckpt_dir n, m;
-  psd_ckpt_holder h = {1, 0, 1};
+  psd_ckptdir_close(D(d));
+  psd_ckptdir n, m;
+  psd_ckptdir_holder h = {1, 0, 1};
   char moved[1400], err[1600];
-  ck_assert_msg(psd_ckpt_dir_open(&n, d, &h, 1, moved, sizeof moved, err, sizeof err) == 0,
+  ck_assert_msg(psd_ckptdir_open(&n, d, &h, 1, moved, sizeof moved, err, sizeof err) == 0,
                 "%s", err);
   char kept[1400];
   snprintf(kept, sizeof kept, "%s/previous-%s/step-000000000030/ps-0-of-1.ckpt", d, run);
   ck_assert_msg(access(kept, F_OK) == 0, "%s is not kept (%s)", kept, moved);
   /* A second fresh start of the same (new, still empty) run keeps its id:
    * how the other ps of one job, starting together, agree on it. */
-  psd_ckpt_holder h1 = {1, 1, 2};
-  ck_assert_msg(psd_ckpt_dir_open(&m, d, &h1, 1, moved, sizeof moved, err, sizeof err) == 0,
+  psd_ckptdir_holder h1 = {1, 1, 2};
+  ck_assert_msg(psd_ckptdir_open(&m, d, &h1, 1, moved, sizeof moved, err, sizeof err) == 0,
                 "%s", err);
   ck_assert_str_eq(moved, "");
   ck_assert_str_eq(m.run_hex, n.run_hex);
-  psd_ckpt_dir_close(&m);
-  psd_ckpt_dir_close(&n);
+  psd_ckptdir_close(&m);
+  psd_ckptdir_close(&n);
 }
 END_TEST
 
@@ -559,15 +559,15 @@ START_TEST(restore_none_ps_starting_together_agree) {
     write_one(d, 1, 2, 5, 1);
     char old[40];
     snprintf(old, sizeof old, "%s", D(d)->run_hex);
-    psd_ckpt_dir_close(D(d));
+    psd_ckptdir_close(D(d));
     int fds[2][2];
     for (int ps = 0; ps < 2; ps++) {
       ck_assert_int_eq(pipe(fds[ps]), 0);
       if (fork() == 0) {
-        psd_ckpt_dir x;
-        psd_ckpt_holder h = {9, ps, 2};
+        psd_ckptdir x;
+        psd_ckptdir_holder h = {9, ps, 2};
         char moved[1400], err[1600], out[1700];
-        int rc = psd_ckpt_dir_open(&x, d, &h, 1, moved, sizeof moved, err, sizeof err);
+        int rc = psd_ckptdir_open(&x, d, &h, 1, moved, sizeof moved, err, sizeof err);
         snprintf(out, sizeof out, "%s", rc == 0 ? x.run_hex : err);
         ssize_t w = write(fds[ps][1], out, strlen(out) + 1);
         _exit(w > 0 && rc == 0 ? 0 : 1);

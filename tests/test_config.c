@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "config.h"
-#include "log.h"
 #include "psclient.h"
+#include "psdlog.h"
 #include "testutil.h"
 
 #define MAXARGS 32

@@ -1,4 +1,4 @@
-/* Integration (psd/persist.c): checkpoints with real psd processes —
+/* Integration (psd/persist/persist.c): checkpoints with real psd processes —
  * a resumed run reproduces the uninterrupted one bit for bit, a signal to
  * one ps stops every ps at one step, timed checkpoints stay consistent,
  * a killed ps is noticed fast, and damaged or mismatched checkpoints are

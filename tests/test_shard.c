@@ -89,7 +89,7 @@ START_TEST(aggregate_rules) {
     ck_assert_int_eq(psd_shard_register(&s, "m", 1, shape, 0, 4, &o, 0, &sl, err, sizeof err), 0);
     const float zeros[4] = {0};
     psd_shard_init_values(&s, sl, zeros);
-    ck_assert_uint_eq(psd_slice_replicas(&s, sl), want[r]);
+    ck_assert_uint_eq(psd_shard_slice_replicas(&s, sl), want[r]);
     for (uint32_t w = 0; w < 3; w++) {
       int rc = psd_shard_push(&s, sl, 2 - w, 0, g, 0);
       int expect = w + 1 < want[r] ? 0 : w + 1 == want[r] ? 1 : PS_ESTALE;

@@ -1,4 +1,4 @@
-/* test_table.c - psd/table.c and its parts: the key index against a
+/* test_table.c - psd/sparse/table.c and its parts: the key index against a
  * reference (with clusters wrapping around the slot array), the table
  * against a plain LRU model under random pulls and pushes, each row rule
  * against a double-precision reference, the SyncReplicas rule for rows,
@@ -13,9 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "keyindex.h"
+#include "sparse/keyindex.h"
 #include "psclient.h"
-#include "table.h"
+#include "sparse/rowinit.h"
+#include "sparse/rowopt.h"
+#include "sparse/table.h"
 #include "testutil.h"
 #include "wire.h"
 
@@ -81,7 +83,7 @@ static int find_row(psd_table *t, uint64_t key, find_ctx *f) {
   memset(f, 0, sizeof *f);
   f->key = key;
   g_dim = psd_table_spec_of(t)->dim;
-  g_nstate = psd_table_state_floats(psd_table_spec_of(t));
+  g_nstate = psd_rowopt_state_floats(psd_table_spec_of(t));
   psd_table_walk(t, find_fn, f);
   return f->found;
 }
@@ -103,7 +105,7 @@ static void dump_fn(void *ctx, uint64_t key, const float *v, const float *st, ui
 }
 static dump dump_of(const psd_table *t) {
   const psd_table_spec *s = psd_table_spec_of(t);
-  dump d = {0, (uint32_t)s->capacity + 1, s->dim, psd_table_state_floats(s), NULL, NULL, NULL,
+  dump d = {0, (uint32_t)s->capacity + 1, s->dim, psd_rowopt_state_floats(s), NULL, NULL, NULL,
             NULL};
   d.keys = calloc(d.cap, sizeof *d.keys);
   d.touched = calloc(d.cap, sizeof *d.touched);
@@ -355,13 +357,13 @@ static void ref_pull(ref_table *m, const uint64_t *keys, size_t n, int create, f
         m->st.evictions_lru++;
       }
       ref_row r = {keys[k], {0}, m->step};
-      psd_table_init_row(&m->spec, keys[k], r.v);
+      psd_rowinit_row(&m->spec, keys[k], r.v);
       m->rows[m->n++] = r;
       m->st.admissions++;
       i = (int)m->n - 1;
     }
     if (i < 0) {
-      psd_table_init_row(&m->spec, keys[k], out + k * RDIM);
+      psd_rowinit_row(&m->spec, keys[k], out + k * RDIM);
       continue;
     }
     i = (int)ref_touch(m, (uint32_t)i);
@@ -576,7 +578,7 @@ START_TEST(rule_adam_lazy) {
     /* the table's step in the correction would be far off */
     ck_assert_msg(!close_to(f.v[j], eager[j]), "element %d matches the non-lazy update", j);
   }
-  ck_assert_uint_eq(psd_table_state_floats(&s), 2 * ODIM + 1);
+  ck_assert_uint_eq(psd_rowopt_state_floats(&s), 2 * ODIM + 1);
   psd_table_destroy(t);
 }
 END_TEST
@@ -742,7 +744,7 @@ START_TEST(sync_refusals) {
   /* the step's rows: one update with the mean of the 2 gradients (1) */
   float out[SDIM], init[SDIM];
   ck_assert_int_eq(psd_table_pull(t, k, 1, 0, out), 0);
-  psd_table_init_row(psd_table_spec_of(t), 4, init);
+  psd_rowinit_row(psd_table_spec_of(t), 4, init);
   ck_assert_float_eq(out[0], init[0] - 0.3f * (0.5f * 2.0f));
   psd_table_destroy(t);
 }
@@ -754,7 +756,7 @@ START_TEST(async_applies_each_push) {
   const uint64_t k = 7;
   float g[SDIM], init[SDIM], out[SDIM];
   for (int i = 0; i < SDIM; i++) g[i] = 1.0f;
-  psd_table_init_row(psd_table_spec_of(t), k, init);
+  psd_rowinit_row(psd_table_spec_of(t), k, init);
   ck_assert_int_eq(psd_table_push(t, 0, 0, &k, 1, g, NULL), 1);
   ck_assert_uint_eq(psd_table_step(t), 1);
   ck_assert_int_eq(psd_table_push(t, 0, 0, &k, 1, g, NULL), 1); /* same worker, same step */
@@ -856,7 +858,7 @@ START_TEST(admit_by_count) {
     ck_assert_uint_eq(st.admissions, sighting < 3 ? 0 : K);
     ck_assert_uint_eq(st.hits, 0);
     for (int i = 0; i < K; i++) {
-      psd_table_init_row(&s, keys[i], init);
+      psd_rowinit_row(&s, keys[i], init);
       ck_assert(memcmp(out + i * 4, init, sizeof init) == 0);
     }
   }
@@ -1057,22 +1059,22 @@ START_TEST(init_deterministic) {
   for (int i = K - 1; i >= 0; i--) { /* one at a time, backwards */
     ck_assert_int_eq(psd_table_pull(b, &keys[i], 1, 1, rb), 0);
     ck_assert(memcmp(rb, ra + i * 16, sizeof rb) == 0);
-    psd_table_init_row(&s, keys[i], ref);
+    psd_rowinit_row(&s, keys[i], ref);
     ck_assert(memcmp(ref, rb, sizeof ref) == 0);
   }
   psd_table_destroy(a);
   psd_table_destroy(b);
   float base[16], other[16];
-  psd_table_init_row(&s, 5, base);
-  psd_table_init_row(&s, 6, other);
+  psd_rowinit_row(&s, 5, base);
+  psd_rowinit_row(&s, 6, other);
   ck_assert(memcmp(base, other, sizeof base) != 0);
   psd_table_spec s2 = s;
   snprintf(s2.name, sizeof s2.name, "emc");
-  psd_table_init_row(&s2, 5, other);
+  psd_rowinit_row(&s2, 5, other);
   ck_assert(memcmp(base, other, sizeof base) != 0);
   s2 = s;
   s2.init_seed = 12;
-  psd_table_init_row(&s2, 5, other);
+  psd_rowinit_row(&s2, 5, other);
   ck_assert(memcmp(base, other, sizeof base) != 0);
   /* the elements of one row differ from one another */
   int same = 0;
@@ -1088,7 +1090,7 @@ static void moments(const psd_table_spec *s, double *mean, double *sd, double *l
   float row[64];
   const int n = 4000;
   for (int k = 0; k < n; k++) {
-    psd_table_init_row(s, (uint64_t)k * 2654435761u, row);
+    psd_rowinit_row(s, (uint64_t)k * 2654435761u, row);
     for (int j = 0; j < 64; j++) {
       sum += row[j], sq += (double)row[j] * row[j];
       *lo = fmin(*lo, row[j]), *hi = fmax(*hi, row[j]);
@@ -1233,14 +1235,14 @@ END_TEST
 START_TEST(keys_check) {
   char err[256];
   const uint64_t ok[4] = {0, 5, 6, UINT64_MAX};
-  ck_assert_int_eq(psd_table_keys_check(ok, 4, err, sizeof err), 0);
-  ck_assert_int_eq(psd_table_keys_check(NULL, 0, err, sizeof err), 0);
-  ck_assert_int_eq(psd_table_keys_check(ok, 1, err, sizeof err), 0);
+  ck_assert_int_eq(psd_tablespec_keys_check(ok, 4, err, sizeof err), 0);
+  ck_assert_int_eq(psd_tablespec_keys_check(NULL, 0, err, sizeof err), 0);
+  ck_assert_int_eq(psd_tablespec_keys_check(ok, 1, err, sizeof err), 0);
   const uint64_t dup[4] = {1, 2, 2, 3};
-  ck_assert_int_eq(psd_table_keys_check(dup, 4, err, sizeof err), PS_EINVAL);
+  ck_assert_int_eq(psd_tablespec_keys_check(dup, 4, err, sizeof err), PS_EINVAL);
   ck_assert_msg(strstr(err, "key 2 (2)") && strstr(err, "key 1 (2)"), "%s", err);
   const uint64_t down[3] = {1, 9, 4};
-  ck_assert_int_eq(psd_table_keys_check(down, 3, err, sizeof err), PS_EINVAL);
+  ck_assert_int_eq(psd_tablespec_keys_check(down, 3, err, sizeof err), PS_EINVAL);
   ck_assert_msg(strstr(err, "key 2 (4)"), "%s", err);
 }
 END_TEST
@@ -1248,7 +1250,7 @@ END_TEST
 /* spec_check refuses s with a sentence containing `what`; create too. */
 static void refused(const psd_table_spec *s, const char *what) {
   char err[512];
-  ck_assert_int_eq(psd_table_spec_check(s, err, sizeof err), PS_EINVAL);
+  ck_assert_int_eq(psd_tablespec_check(s, err, sizeof err), PS_EINVAL);
   ck_assert_msg(strstr(err, what), "'%s' does not mention '%s'", err, what);
   psd_table *t = (psd_table *)1;
   ck_assert_int_eq(psd_table_create(s, 1, 1, 0, &t, err, sizeof err), PS_EINVAL);
@@ -1260,10 +1262,10 @@ START_TEST(spec_check) {
   psd_table_spec ok = spec_base("t", 8, 100), s;
   for (uint32_t opt = PS_TOPT_SGD; opt <= PS_TOPT_FTRL; opt++) {
     s = ok, s.opt = opt;
-    ck_assert_msg(psd_table_spec_check(&s, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(psd_tablespec_check(&s, err, sizeof err) == 0, "%s", err);
   }
   s = ok, s.dim = PS__MAX_TABLE_DIM, s.capacity = PSD_TABLE_MAX_ROWS, s.admit_prob = 1.0;
-  ck_assert_msg(psd_table_spec_check(&s, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(psd_tablespec_check(&s, err, sizeof err) == 0, "%s", err);
   s = ok, s.dim = 0, refused(&s, "dim");
   s = ok, s.dim = PS__MAX_TABLE_DIM + 1, refused(&s, "dim");
   s = ok, s.capacity = 0, refused(&s, "capacity");
@@ -1294,9 +1296,9 @@ START_TEST(spec_check) {
   s = ok, memset(s.name, 'x', sizeof s.name), refused(&s, "name");
   /* fields of other rules are not read */
   s = ok, s.beta1 = NAN, s.l1 = -5, s.epsilon = 0;
-  ck_assert_int_eq(psd_table_spec_check(&s, err, sizeof err), 0);
+  ck_assert_int_eq(psd_tablespec_check(&s, err, sizeof err), 0);
   s = ok, s.dim = 0;
-  ck_assert_int_eq(psd_table_spec_check(&s, err, sizeof err), PS_EINVAL);
+  ck_assert_int_eq(psd_tablespec_check(&s, err, sizeof err), PS_EINVAL);
   ck_assert_msg(strstr(err, "'t'"), "names the table: %s", err);
 }
 END_TEST
@@ -1304,37 +1306,37 @@ END_TEST
 START_TEST(spec_diff) {
   char err[512];
   psd_table_spec a = spec_base("t", 8, 100), b = a;
-  ck_assert_int_eq(psd_table_diff(&a, "worker 0", &b, "worker 1", err, sizeof err), 0);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "worker 0", &b, "worker 1", err, sizeof err), 0);
   b.lr = 0.25;
-  ck_assert_int_eq(psd_table_diff(&a, "worker 0", &b, "worker 1", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "worker 0", &b, "worker 1", err, sizeof err), 1);
   ck_assert_str_eq(err, "lr is 0.5 for worker 0, 0.25 for worker 1");
   b = a, b.dim = 9;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 1);
   ck_assert_str_eq(err, "dim is 8 for A, 9 for B");
   b = a, b.lr = 0.5000000000000001;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 1);
   ck_assert_msg(strstr(err, "0.50000000000000011"), "%s", err);
   b = a, b.opt = PS_TOPT_FTRL;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 1);
   ck_assert_str_eq(err, "opt is sgd (0) for A, ftrl (3) for B");
   /* fields the rule or initializer does not use do not count */
   b = a, b.beta1 = 0.5, b.l1 = 3, b.init_seed = 9, b.init_a = 4, b.admit_count = 1;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 0);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 0);
   /* ... until they do */
   a.opt = b.opt = PS_TOPT_ADAM;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 1);
   ck_assert_str_eq(err, "beta1 is 0.9 for A, 0.5 for B");
   a = spec_base("t", 8, 100), a.init_kind = PS_INIT_NORMAL, a.init_b = 1, b = a, b.init_seed = 2;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 1);
   ck_assert_str_eq(err, "init.seed is 0 for A, 2 for B");
   a = spec_base("t", 8, 100), b = a, b.admit_count = 3;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 1);
   ck_assert_str_eq(err, "admit_count is 0 for A, 3 for B");
   b = a, b.evict_after_steps = 10, b.capacity = 100;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 1);
   ck_assert_str_eq(err, "evict_after_steps is 0 for A, 10 for B");
   b = a, b.init_kind = PS_INIT_UNIFORM;
-  ck_assert_int_eq(psd_table_diff(&a, "A", &b, "B", err, sizeof err), 1);
+  ck_assert_int_eq(psd_tablespec_diff(&a, "A", &b, "B", err, sizeof err), 1);
   ck_assert_str_eq(err, "init.kind is zeros (0) for A, uniform (2) for B");
 }
 END_TEST

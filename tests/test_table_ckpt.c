@@ -1,4 +1,4 @@
-/* Sparse tables in checkpoints (psd/ckpt_table.c, checkpoint.c, persist.c):
+/* Sparse tables in checkpoints (psd/persist/ckpttable.c, checkpoint.c, persist.c):
  * a table's record through a real file and back (rows bit for bit, LRU
  * order, admission state, step, counters; the restored table then trains
  * exactly like the original), damaged table records refused, version 2
@@ -25,11 +25,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "ckpt_table.h"
-#include "ckptq.h"
+#include "persist/checkpoint.h"
+#include "persist/ckpttable.h"
+#include "persist/ckptq.h"
 #include "mac.h"
-#include "table.h"
+#include "sparse/rowopt.h"
+#include "sparse/table.h"
 #include "testutil.h"
 #include "util.h"
 
@@ -46,14 +47,14 @@ static char *fresh_dir(const char *name) {
 
 /* One open directory per test (a test runs in its own process), opened
  * once: psd holds its directory's lock for its life. */
-static psd_ckpt_dir *open_dir(const char *dir) {
-  static psd_ckpt_dir d;
+static psd_ckptdir *open_dir(const char *dir) {
+  static psd_ckptdir d;
   static char opened[600];
   if (strcmp(opened, dir) == 0) return &d;
   snprintf(opened, sizeof opened, "%s", dir);
-  psd_ckpt_holder h = {1, 0, 1};
+  psd_ckptdir_holder h = {1, 0, 1};
   char moved[1200], err[1600];
-  ck_assert_msg(psd_ckpt_dir_open(&d, dir, &h, 0, moved, sizeof moved, err, sizeof err) == 0,
+  ck_assert_msg(psd_ckptdir_open(&d, dir, &h, 0, moved, sizeof moved, err, sizeof err) == 0,
                 "%s", err);
   return &d;
 }
@@ -135,7 +136,7 @@ static void dump_row(void *ctx, uint64_t key, const float *v, const float *st, u
 /* Walk, aux, step and counters of a: equal to b's, bit for bit. */
 static void same_table(const psd_table *a, const psd_table *b) {
   const psd_table_spec *sp = psd_table_spec_of(a);
-  dump x = {NULL, 0, 0, sp->dim, psd_table_state_floats(sp)}, y = x;
+  dump x = {NULL, 0, 0, sp->dim, psd_rowopt_state_floats(sp)}, y = x;
   psd_table_walk(a, dump_row, &x);
   psd_table_walk(b, dump_row, &y);
   ck_assert_msg(x.n == y.n && x.n > 0, "table '%s': %zu vs %zu bytes of rows", sp->name, x.n,
@@ -153,10 +154,10 @@ static void same_table(const psd_table *a, const psd_table *b) {
 
 /* Appends t's record (encoded as psd does on its loop) to w. */
 static void add_table(psd_ckpt_writer *w, const psd_table *t) {
-  size_t len = psd_ckpt_table_size(t);
-  ck_assert_uint_gt(len, PSD_CKPT_TABLE_MIN_BYTES);
+  size_t len = psd_ckpttable_size(t);
+  ck_assert_uint_gt(len, PSD_CKPTTABLE_MIN_BYTES);
   uint8_t *buf = malloc(len);
-  ck_assert_int_eq(psd_ckpt_table_encode(t, buf, len), 0);
+  ck_assert_int_eq(psd_ckpttable_encode(t, buf, len), 0);
   char err[1200];
   ck_assert_msg(psd_ckpt_add_table(w, buf, len, err, sizeof err) == 0, "%s", err);
   free(buf);
@@ -200,14 +201,14 @@ START_TEST(table_roundtrip_through_a_file) {
   ck_assert_uint_eq(img.meta.ntables, 2);
   ck_assert_uint_eq(img.recs[1].offset, 3);
   for (int k = 0; k < 2; k++) {
-    const psd_ckpt_table *r = &img.tables[k];
+    const psd_ckpttable *r = &img.tables[k];
     ck_assert_str_eq(r->spec.name, k ? "emb/adam" : "emb/adagrad");
     ck_assert_uint_eq(r->step, 10);
     ck_assert_uint_eq(r->nrows, psd_table_get_stats(orig[k]).rows);
-    ck_assert_int_eq(psd_table_diff(&r->spec, "file", psd_table_spec_of(orig[k]), "table", err,
-                                    sizeof err), 0);
+    ck_assert_int_eq(psd_tablespec_diff(&r->spec, "file", psd_table_spec_of(orig[k]), "table", err,
+                                        sizeof err), 0);
     psd_table *back = make(psd_table_spec_of(orig[k]));
-    ck_assert_msg(psd_ckpt_table_restore(r, back, err, sizeof err) == 0, "%s", err);
+    ck_assert_msg(psd_ckpttable_restore(r, back, err, sizeof err) == 0, "%s", err);
     same_table(orig[k], back);
     /* The restored table goes on exactly as the original: same
      * admissions (sketch, generator), evictions (LRU order) and values. */
@@ -223,8 +224,8 @@ END_TEST
 
 /* Rewrites CRC and MAC after an edit, so only the record parser can
  * refuse it. */
-static void resign(uint8_t *b, size_t n, const psd_ckpt_dir *d) {
-  uint32_t c = psd_crc32c(0, b, n - 36);
+static void resign(uint8_t *b, size_t n, const psd_ckptdir *d) {
+  uint32_t c = psd_ckpt_crc32c(0, b, n - 36);
   for (int i = 0; i < 4; i++) b[n - 36 + i] = (uint8_t)(c >> (8 * i));
   ps__mac_part part = {b, n - 32};
   ck_assert_int_eq(ps__hmac(d->key, sizeof d->key, &part, 1, b + n - 32), 0);
@@ -239,7 +240,7 @@ static uint8_t *slurp(const char *path, size_t *n) {
   return (uint8_t *)s;
 }
 
-static int parse_copy(const uint8_t *b, size_t n, const psd_ckpt_dir *d, char *err,
+static int parse_copy(const uint8_t *b, size_t n, const psd_ckptdir *d, char *err,
                       size_t errlen) {
   psd_ckpt_image img;
   memset(&img, 0, sizeof img);
@@ -258,7 +259,7 @@ START_TEST(damaged_table_records_are_refused) {
   train(tabs[0], 0, 3);
   train(tabs[1], 0, 3);
   const char *dir = fresh_dir("tdmg");
-  psd_ckpt_dir *d = open_dir(dir);
+  psd_ckptdir *d = open_dir(dir);
   size_t n;
   uint8_t *orig = slurp(write_file(dir, tabs), &n);
   char err[1600];
@@ -314,7 +315,7 @@ START_TEST(version_2_files_are_still_read) {
   /* A version-2 file is a version-3 file without tables, with 2 in the
    * version field. */
   const char *dir = fresh_dir("v2");
-  psd_ckpt_dir *d = open_dir(dir);
+  psd_ckptdir *d = open_dir(dir);
   float p[2] = {4, 5};
   psd_ckpt_rec a = {.name = "v", .ndim = 1, .shape = {2}, .length = 2, .step = 9, .param = p};
   psd_ckpt_meta m = {0, 1, 1, 1, 0, 9, 1, 0};
@@ -371,9 +372,9 @@ static uint8_t *prepared_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *c
 /* Queues table id's record (t encoded into buf, cap bytes) for f. */
 static void add_copy(psd_ckptq *q, psd_ckptq_file *f, uint32_t id, const psd_table *t,
                      uint8_t *buf, size_t cap) {
-  size_t len = psd_ckpt_table_size(t);
+  size_t len = psd_ckpttable_size(t);
   ck_assert_ptr_nonnull(buf);
-  ck_assert_int_eq(psd_ckpt_table_encode(t, buf, len), 0);
+  ck_assert_int_eq(psd_ckpttable_encode(t, buf, len), 0);
   ck_assert_int_eq(psd_ckptq_add_table(q, f, id, buf, cap, len, 0, 0), 0);
 }
 
@@ -385,7 +386,7 @@ START_TEST(table_buffers_one_spare_a_table) {
   psd_table *t[2] = {make(&s0), make(&s1)};
   train(t[0], 0, 3);
   train(t[1], 0, 3);
-  size_t len1 = psd_ckpt_table_size(t[1]);
+  size_t len1 = psd_ckpttable_size(t[1]);
   psd_ckptq *q = NULL;
   char err[PSD_CKPTQ_ERR];
   ck_assert_msg(psd_ckptq_create(&q, open_dir(fresh_dir("spares")), 0, 1, 3, err, sizeof err) == 0,
@@ -438,7 +439,7 @@ static uint64_t faults_now(void) {
 static double encode_ms(const psd_table *t, uint8_t *buf, size_t len, uint64_t *faults) {
   uint64_t f0 = faults_now();
   double t0 = ps__now();
-  ck_assert_int_eq(psd_ckpt_table_encode(t, buf, len), 0);
+  ck_assert_int_eq(psd_ckpttable_encode(t, buf, len), 0);
   double ms = (ps__now() - t0) * 1e3;
   *faults = faults_now() - f0;
   return ms;
@@ -503,7 +504,7 @@ START_TEST(big_table_copy_time) {
   static const char *const what[NKINDS] = {"into a fresh buffer", "mapped and faulted in at once",
                                             "into one prepared off the loop", "into a reused one"};
   psd_table *t = big_table();
-  size_t len = psd_ckpt_table_size(t);
+  size_t len = psd_ckpttable_size(t);
   psd_ckptq *q = NULL;
   char err[PSD_CKPTQ_ERR];
   ck_assert_msg(psd_ckptq_create(&q, open_dir(fresh_dir("big")), 0, 1, 1, err, sizeof err) == 0,
@@ -778,10 +779,10 @@ static long log_number(const tu_psd *p, const char *needle) {
 /* Both ps's files of every complete step in dir hold that step for every
  * slice and for table "emb" (ntables 1). Returns the steps checked. */
 static int files_hold_their_step(const char *dir, int nps, int dense) {
-  psd_ckpt_dir d;
-  psd_ckpt_holder h = {2, 0, nps};
+  psd_ckptdir d;
+  psd_ckptdir_holder h = {2, 0, nps};
   char moved[1200], err[1600];
-  ck_assert_msg(psd_ckpt_dir_open(&d, dir, &h, 0, moved, sizeof moved, err, sizeof err) == 0,
+  ck_assert_msg(psd_ckptdir_open(&d, dir, &h, 0, moved, sizeof moved, err, sizeof err) == 0,
                 "%s", err);
   int steps = 0;
   for (long s = 1; s < 200; s++) {
@@ -804,7 +805,7 @@ static int files_hold_their_step(const char *dir, int nps, int dense) {
     }
     steps++;
   }
-  psd_ckpt_dir_close(&d);
+  psd_ckptdir_close(&d);
   return steps;
 }
 

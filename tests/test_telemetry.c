@@ -1,4 +1,4 @@
-/* Integration: per-step telemetry (libpsclient/src/telemetry.c and
+/* Integration: per-step telemetry (libpsclient/src/ps_telemetry.c and
  * psd/telemetry.c) with real psd processes, the end-of-run summary, and
  * psctl's Stats exchange (psrun/admin.c, psrun/psctl.c). */
 #define _GNU_SOURCE

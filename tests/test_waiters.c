@@ -52,7 +52,7 @@ START_TEST(expire_in_deadline_order) {
   ck_assert_ptr_nonnull(sets);
   uint64_t seed = 0x9e3779b97f4a7c15ULL ^ tu_seed("waiters"), req = 0;
   for (int s = 0; s < NSETS; s++) {
-    ck_assert_int_eq(psd_waitset_reserve(&ws, &sets[s], NSLICES), 0);
+    ck_assert_int_eq(psd_waiters_set_reserve(&ws, &sets[s], NSLICES), 0);
     for (uint32_t i = 0; i < NSLICES; i++) {
       double deadline = 1.0 + (double)(rng(&seed) % 1000000) / 1000.0; /* 1..1001 s */
       ck_assert_int_eq(psd_waiters_pull(&ws, &sets[s], i, ++req, 5, deadline, 0), 0);
@@ -78,7 +78,7 @@ START_TEST(expire_in_deadline_order) {
   ck_assert_int_eq(l.out_of_order, 0);
   ck_assert_int_eq(l.too_early, 0);
   ck_assert_msg(took < tu_time_limit(2.0), "%u expiry passes took %.3f s", passes, took);
-  for (int s = 0; s < NSETS; s++) psd_waitset_free(&ws, &sets[s]);
+  for (int s = 0; s < NSETS; s++) psd_waiters_set_free(&ws, &sets[s]);
   free(sets);
   psd_waiters_free(&ws);
 }
@@ -90,14 +90,14 @@ START_TEST(expire_once_per_request) {
   psd_waiters ws;
   psd_waiters_init(&ws);
   psd_waitset a = {0}, b = {0};
-  ck_assert_int_eq(psd_waitset_reserve(&ws, &a, 8), 0);
-  ck_assert_int_eq(psd_waitset_reserve(&ws, &b, 8), 0);
+  ck_assert_int_eq(psd_waiters_set_reserve(&ws, &a, 8), 0);
+  ck_assert_int_eq(psd_waiters_set_reserve(&ws, &b, 8), 0);
   for (uint32_t i = 0; i < 8; i++) ck_assert_int_eq(psd_waiters_pull(&ws, &a, i, 1, 3, 10.0, 0), 0);
   for (uint32_t i = 0; i < 4; i++) ck_assert_int_eq(psd_waiters_pull(&ws, &b, i, 7, 3, 5.0, 0), 0);
   /* Slice 0 reaches step 3: a's and b's waiters of it are ready. */
   psd_waiters_wake(&ws, 0, 3);
-  ck_assert(psd_waitset_busy(&a, 0));
-  ck_assert(psd_waitset_busy(&b, 0));
+  ck_assert(psd_waiters_set_busy(&a, 0));
+  ck_assert(psd_waiters_set_busy(&b, 0));
   ck_assert_uint_eq(ws.heap_n, 10);
   /* b pulls slice 1 again (request 8, later deadline): supersedes 7's. */
   ck_assert_int_eq(psd_waiters_pull(&ws, &b, 1, 8, 3, 20.0, 0), 0);
@@ -110,19 +110,19 @@ START_TEST(expire_once_per_request) {
   ck_assert_uint_eq(l.reports, 2);
   ck_assert_uint_eq(ws.heap_n, 1);
   /* b closes: its last parked pull leaves the heap. */
-  psd_waitset_free(&ws, &b);
+  psd_waiters_set_free(&ws, &b);
   ck_assert_uint_eq(ws.heap_n, 0);
   ck_assert_uint_eq(psd_waiters_expire(&ws, 100.0, on_expired, &l), 0);
   /* Dirty list: only a is left with a ready pull. */
   ck_assert_ptr_eq(psd_waiters_next_dirty(&ws), &a);
   ck_assert_ptr_null(psd_waiters_next_dirty(&ws));
-  psd_waiter *w = psd_waitset_take_ready(&a);
+  psd_waiter *w = psd_waiters_take_ready(&a);
   ck_assert_ptr_nonnull(w);
   ck_assert_uint_eq(w->slice_id, 0);
   ck_assert_ptr_null(w->ready_next);
-  psd_waiter_answered(w);
-  ck_assert(!psd_waitset_busy(&a, 0));
-  psd_waitset_free(&ws, &a);
+  psd_waiters_answered(w);
+  ck_assert(!psd_waiters_set_busy(&a, 0));
+  psd_waiters_set_free(&ws, &a);
   psd_waiters_free(&ws);
 }
 END_TEST
@@ -132,15 +132,15 @@ START_TEST(wake_all_empties_heap) {
   psd_waiters ws;
   psd_waiters_init(&ws);
   psd_waitset a = {0};
-  ck_assert_int_eq(psd_waitset_reserve(&ws, &a, 64), 0);
+  ck_assert_int_eq(psd_waiters_set_reserve(&ws, &a, 64), 0);
   for (uint32_t i = 0; i < 64; i++)
     ck_assert_int_eq(psd_waiters_pull(&ws, &a, i, i + 1, 9, 50.0 - i, 0), 0);
   psd_waiters_wake_all(&ws);
   ck_assert_uint_eq(ws.heap_n, 0);
   uint32_t n = 0;
-  for (psd_waiter *w = psd_waitset_take_ready(&a); w; w = w->ready_next) n++;
+  for (psd_waiter *w = psd_waiters_take_ready(&a); w; w = w->ready_next) n++;
   ck_assert_uint_eq(n, 64);
-  psd_waitset_free(&ws, &a);
+  psd_waiters_set_free(&ws, &a);
   psd_waiters_free(&ws);
 }
 END_TEST

@@ -1,4 +1,4 @@
-/* ps_bench_store.c - --table-store: psd's table store alone (psd/table.c,
+/* ps_bench_store.c - --table-store: psd's table store alone (psd/sparse/table.c,
  * linked in), on one core, no network: for each --table K:D,
  *
  *   insert   psd_table_pull of K new keys into an empty table of capacity
@@ -24,8 +24,8 @@
 #include <string.h>
 
 #include "psclient.h"
-#include "rowopt.h"
-#include "table.h"
+#include "sparse/rowopt.h"
+#include "sparse/table.h"
 /* After psclient.h: its parameters named opt would shadow our options. */
 #include "ps_bench_internal.h"
 

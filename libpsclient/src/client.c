@@ -276,7 +276,7 @@ static int conn_hello(ps_client *c, ps__conn *k, double deadline, int *again) {
 }
 
 /* psrun's stop note pipe (PS_STOP_NOTE_FD): written once the job stopped at
- * a checkpoint (step.c), so that psrun counts this worker's exit, whatever
+ * a checkpoint (trainstep.c), so that psrun counts this worker's exit, whatever
  * its status, as a stop. A private close-on-exec copy; the inherited one
  * becomes close-on-exec too (the worker's own children must not hold it).
  * -1 when absent or not a pipe (the program closed and reused the fd). */

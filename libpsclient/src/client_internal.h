@@ -7,9 +7,9 @@
  * back into one that calls it (tests/structure_test.py checks it).
  *
  *   client.c    create (connect, handshake), destroy, configuration, accessors
- *   step.c      ps_client_step / pull / finish, the chief's checkpoints, stop
+ *   trainstep.c ps_client_step / pull / finish, the chief's checkpoints, stop
  *   var.c       variables: placement, registration, initialization, undo
- *   table.c     sparse tables: config, create, find, add_grad, the public
+ *   tableapi.c  sparse tables: config, create, find, add_grad, the public
  *               pull and push calls, the step's table requests
  *   transfer.c  Push and Pull frames (never waits)
  *   pump.c      the poll loop, and every wait: ps_req_wait / destroy
@@ -19,11 +19,11 @@
  *               replies (rows read into the request, scattered at the end)
  *   keysort.c   radix sort of (key, position) pairs, grouping by ps
  *   slicemap.c  per server: its slice id -> our slice
- *   shm.c       the shared-memory segment handed to a ps of this node
- *   conn.c      sockets, connecting, queueing and flushing frames, breaking
+ *   shmsetup.c  the shared-memory segment handed to a ps of this node
+ *   srvconn.c   sockets, connecting, queueing and flushing frames, breaking
  *   request.c   in-flight requests, looked up by id in a table
  *   errmsg.c    the last error's text
- *   init.c, sized.c, telemetry.c, signals.c: helpers the files above
+ *   init.c, sized.c, ps_telemetry.c, signals.c: helpers the files above
  *               use, calling none of them (initializers, the public structs
  *               that carry their size, per-step records, the SIGTERM and
  *               SIGUSR1 handlers that start a stop)
@@ -217,7 +217,7 @@ typedef struct ps__tpull {
   size_t *inflight;   /* num_ps: keys of the frame in flight to ps p */
 } ps__tpull;
 
-/* A sparse table (table.c). */
+/* A sparse table (tableapi.c). */
 struct ps_table {
   ps_client *c;           /* owner */
   char *name;             /* table name */
@@ -332,7 +332,7 @@ struct ps_client {
   volatile sig_atomic_t stop_requested; /* ps_client_request_stop was called */
   int signals;                /* holds the library's SIGTERM/SIGUSR1 handlers
                                  (signals.c): a stop signal requests a stop */
-  ps__telem telem;            /* per-step records (telemetry.c) */
+  ps__telem telem;            /* per-step records (ps_telemetry.c) */
   uint64_t cur_step;          /* the step last returned by ps_client_step or
                                  ps_client_pull (ps_client_step_current) */
   ps_table **tables;          /* sparse tables, in creation order */
@@ -409,7 +409,7 @@ void ps__req_answered(ps_client *c, ps_req *r, int p, int n);
 /* Frees every request object and the table. */
 void ps__req_free_all(ps_client *c);
 
-/* ---- conn.c (calls request.c, errmsg.c) ---------------------------------- */
+/* ---- srvconn.c (calls request.c, errmsg.c) ------------------------------- */
 
 /* Connects k, retrying until deadline (the handshake is client.c's). */
 int ps__conn_connect(ps_client *c, ps__conn *k, double deadline);
@@ -455,7 +455,7 @@ void ps__remote_forget(ps_client *c, int p, uint32_t id, size_t si);
 /* Frees every server's map. */
 void ps__remote_free(ps_client *c);
 
-/* ---- reply.c (calls slicemap.c, conn.c, request.c) ----------------------- */
+/* ---- reply.c (calls slicemap.c, srvconn.c, request.c) -------------------- */
 
 /* A complete protobuf part arrived on k. 0, or <0 (connection broken).
  * A PullReply with data moves k's reader to PS__RD_DATA. */
@@ -467,7 +467,7 @@ void ps__pull_data_done(ps_client *c, ps__conn *k);
  * point into its memory): the rest of the data goes to the discard sink. */
 void ps__data_abandon(ps_client *c, ps__conn *k);
 
-/* ---- tablexfer.c (calls keysort.c, conn.c, request.c) -------------------- */
+/* ---- tablexfer.c (calls keysort.c, srvconn.c, request.c) ----------------- */
 
 /* Queues t's TableRegister on every ps for r (r->reg_table = t). */
 int ps__treg_queue(ps_client *c, ps_table *t, ps_req *r);
@@ -498,7 +498,7 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
  * if complete, scatters its rows into the caller's buffer. */
 void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r);
 
-/* ---- shm.c (calls errmsg.c) ---------------------------------------------- */
+/* ---- shmsetup.c (calls errmsg.c) ----------------------------------------- */
 
 /* After k's handshake: hands k's server a shared-memory segment when the
  * transport and the HelloReply r allow (same node, offered). 0 (attached,
@@ -506,13 +506,13 @@ void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r);
  * message naming the server and why. */
 int ps__shm_setup(ps_client *c, ps__conn *k, const Ps__HelloReply *r, double deadline);
 
-/* ---- reader.c (calls reply.c, conn.c) ------------------------------------ */
+/* ---- reader.c (calls reply.c, srvconn.c) --------------------------------- */
 
 /* Processes k's buffered input and reads more until the socket is drained;
  * 0 or <0 (k broken). */
 int ps__conn_read(ps_client *c, ps__conn *k);
 
-/* ---- pump.c (calls reader.c, conn.c, request.c) -------------------------- */
+/* ---- pump.c (calls reader.c, srvconn.c, request.c) ----------------------- */
 
 /* Drives every connection until r is done or the deadline passes (or,
  * wakeable, ps_client_wake is called: PS_ETIMEDOUT either way). */
@@ -520,7 +520,7 @@ int ps__pump(ps_client *c, ps_req *r, double deadline, int wakeable);
 /* Waits for r, then releases it. */
 int ps__req_wait_release(ps_client *c, ps_req *r);
 
-/* ---- transfer.c (calls conn.c, request.c) -------------------------------- */
+/* ---- transfer.c (calls srvconn.c, request.c) ----------------------------- */
 
 /* The listed variables (none when vars is NULL) are c's, each listed once,
  * and, for a push, trainable; every connection is up. 0 or PS_EINVAL /
@@ -542,7 +542,7 @@ int ps__need_minor(ps_client *c, uint32_t minor, const char *what);
 /* Frees every variable and the slice list (not the slice maps). */
 void ps__vars_free(ps_client *c);
 
-/* ---- table.c ------------------------------------------------------------- */
+/* ---- tableapi.c ---------------------------------------------------------- */
 
 /* Frees every table. */
 void ps__tables_free(ps_client *c);

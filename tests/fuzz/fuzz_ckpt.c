@@ -1,5 +1,5 @@
 /*
- * fuzz_ckpt - a checkpoint file from disk (psd/checkpoint.c): psd reads
+ * fuzz_ckpt - a checkpoint file from disk (psd/persist/checkpoint.c): psd reads
  * these at start, and a damaged or hostile file must be refused with a
  * sentence naming it, never crash psd or make it read out of bounds.
  *
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
+#include "persist/checkpoint.h"
 #include "fuzz_server.h" /* LLVMFuzzerTestOneInput prototype */
 #include "mac.h"
 #include "optimizer.h"
@@ -40,9 +40,9 @@ static void put32(uint8_t *p, uint32_t v) {
 
 /* The directory every input is checked against: key bytes 0x5a, run id
  * bytes 0x11 (the corpus files were written with the same). */
-static psd_ckpt_dir fuzz_dir(void) {
-  psd_ckpt_dir d;
-  psd_ckpt_dir_init(&d);
+static psd_ckptdir fuzz_dir(void) {
+  psd_ckptdir d;
+  psd_ckptdir_init(&d);
   memset(d.key, 0x5a, sizeof d.key);
   memset(d.run_id, 0x11, sizeof d.run_id);
   memset(d.run_hex, '1', 2 * PSD_CKPT_RUN_BYTES);
@@ -50,7 +50,7 @@ static psd_ckpt_dir fuzz_dir(void) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  psd_ckpt_dir dir = fuzz_dir();
+  psd_ckptdir dir = fuzz_dir();
   psd_ckpt_image img;
   memset(&img, 0, sizeof img);
   snprintf(img.path, sizeof img.path, "fuzz.ckpt");
@@ -70,7 +70,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     uint8_t *t = img.buf + 80 + body;
     memcpy(t, "PSDCKEND", 8);
     put32(t + 8, (data[3] & 15u) + (data[3] >> 4));
-    put32(t + 12, psd_crc32c(0, img.buf, img.len - 36));
+    put32(t + 12, psd_ckpt_crc32c(0, img.buf, img.len - 36));
     ps__mac_part part = {img.buf, img.len - 32};
     if (ps__hmac(dir.key, sizeof dir.key, &part, 1, t + 16) != 0) abort();
   } else {
@@ -104,7 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     floats += r->length * (1 + r->state_per);
   }
   for (uint32_t i = 0; i < img.meta.ntables; i++) {
-    const psd_ckpt_table *t = &img.tables[i];
+    const psd_ckpttable *t = &img.tables[i];
     uint64_t row = 16 + 4 * ((uint64_t)t->spec.dim + t->state_floats);
     CHECK(t->spec.dim >= 1 && t->nrows <= t->spec.capacity, "table %u", i);
     CHECK(t->aux >= lo && t->aux_len <= (uint64_t)(hi - t->aux), "table %u's aux", i);

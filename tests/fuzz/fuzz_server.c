@@ -13,7 +13,7 @@
 
 #include "config.h"
 #include "conn.h"
-#include "log.h"
+#include "psdlog.h"
 #include "ps.pb-c.h"
 #include "wire.h"
 #include "server.h"
@@ -77,7 +77,7 @@ static void server_start(void) {
       fprintf(stderr, "fuzz: psd_config_parse: %s\n", err);
       abort();
     }
-    /* The secret comes from the environment, as for psd (main.c). */
+    /* The secret comes from the environment, as for psd (psd/psd.c). */
     if (g_secret) setenv("PSD_SECRET", g_secret, 1);
     else unsetenv("PSD_SECRET");
     if (psd_config_load_secret(&g_cfg, err, sizeof err) != 0) {

@@ -1,6 +1,6 @@
 /*
  * make_ckpt_corpus - writes the seed corpus of fuzz_ckpt with psd's own
- * checkpoint writer (psd/checkpoint.c), so the seeds follow the format:
+ * checkpoint writer (psd/persist/checkpoint.c), so the seeds follow the format:
  *
  *   make_ckpt_corpus DIR   ->  DIR/fuzz_ckpt/valid_two_slices, truncated,
  *                              valid_slice_and_table, fix_one_table
@@ -18,9 +18,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "ckpt_table.h"
-#include "table.h"
+#include "persist/checkpoint.h"
+#include "persist/ckpttable.h"
+#include "sparse/table.h"
 
 static int copy_out(const char *from, const char *to, size_t max) {
   FILE *i = fopen(from, "rb"), *o = fopen(to, "wb");
@@ -71,14 +71,14 @@ static psd_table *small_table(void) {
 
 /* psd's own record of the table t, as fuzz_ckpt's FIX input. */
 static int write_fix_table(const char *path, const psd_table *t) {
-  size_t len = psd_ckpt_table_size(t);
+  size_t len = psd_ckpttable_size(t);
   uint8_t *b = malloc(len);
   FILE *o = fopen(path, "wb");
   if (!b || !o) {
     perror(path);
     return 1;
   }
-  if (psd_ckpt_table_encode(t, b, len) != 0) {
+  if (psd_ckpttable_encode(t, b, len) != 0) {
     fprintf(stderr, "table encoding failed\n");
     return 1;
   }
@@ -99,9 +99,9 @@ int main(int argc, char **argv) {
     perror(out);
     return 1;
   }
-  psd_ckpt_dir d;
-  psd_ckpt_holder h = {-1, 0, 1};
-  if (psd_ckpt_dir_open(&d, work, &h, 0, moved, sizeof moved, err, sizeof err) != 0) {
+  psd_ckptdir d;
+  psd_ckptdir_holder h = {-1, 0, 1};
+  if (psd_ckptdir_open(&d, work, &h, 0, moved, sizeof moved, err, sizeof err) != 0) {
     fprintf(stderr, "%s\n", err);
     return 1;
   }
@@ -128,12 +128,12 @@ int main(int argc, char **argv) {
   rc |= copy_out(src, dst, 100);
   /* A slice and a table in one file (step 8), and the table alone. */
   psd_table *t = small_table();
-  size_t tlen = psd_ckpt_table_size(t);
+  size_t tlen = psd_ckpttable_size(t);
   uint8_t *tb = malloc(tlen);
   psd_ckpt_meta m2 = {0, 1, 2, 2, 0, 8, 1, 1};
   a.step = 8;
   snprintf(err, sizeof err, "out of memory, or table encoding failed");
-  if (!tb || psd_ckpt_table_encode(t, tb, tlen) != 0 ||
+  if (!tb || psd_ckpttable_encode(t, tb, tlen) != 0 ||
       psd_ckpt_begin(&w, &d, &m2, err, sizeof err) ||
       psd_ckpt_add(&w, &a, err, sizeof err) || psd_ckpt_add_table(&w, tb, tlen, err, sizeof err) ||
       psd_ckpt_commit(&w, err, sizeof err)) {
@@ -147,7 +147,7 @@ int main(int argc, char **argv) {
   snprintf(dst, sizeof dst, "%s/fix_one_table", out);
   rc |= write_fix_table(dst, t);
   psd_table_destroy(t);
-  psd_ckpt_dir_close(&d);
+  psd_ckptdir_close(&d);
   char cmd[200];
   snprintf(cmd, sizeof cmd, "rm -rf %s", work);
   return rc | (system(cmd) != 0);

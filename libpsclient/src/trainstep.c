@@ -1,4 +1,4 @@
-/* step.c - the training step (pull and push together), the chief's
+/* trainstep.c - the training step (pull and push together), the chief's
  * checkpoint arrangement with the servers, stopping on request, finish,
  * and the blocking pull of moving averages for evaluation. */
 #include <stdio.h>

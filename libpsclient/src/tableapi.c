@@ -1,4 +1,4 @@
-/* table.c - sparse embedding tables (protocol 2.2): the configuration
+/* tableapi.c - sparse embedding tables (protocol 2.2): the configuration
  * (a sized struct, checked here so a bad field is named before anything is
  * sent), creation on every ps at once, lookups, the gradients staged for
  * ps_client_step, and the public pull and push calls. The frames and their

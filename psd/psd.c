@@ -1,8 +1,8 @@
-/* main.c - psd entry point: options, logging, the server loop. */
+/* psd.c - psd's entry point: options, logging, the server loop. */
 #include <stdio.h>
 
 #include "config.h"
-#include "log.h"
+#include "psdlog.h"
 #include "server.h"
 
 int main(int argc, char **argv) {

@@ -1,4 +1,4 @@
-/* util.c - helpers every psrun module shares: the log identity (lines are
+/* psrun_util.c - helpers every psrun module shares: the log identity (lines are
  * written by common/log.c), --print-plan's line, the job's random secret, backup workers, what
  * psd's exit statuses mean, and which workers psd never saw finish. */
 #define _GNU_SOURCE

@@ -1,4 +1,4 @@
-/* log.h - psd's log lines: "2026-11-23T06:40:00.123Z INFO [ps0] text",
+/* psdlog.h - psd's log lines: "2026-11-23T06:40:00.123Z INFO [ps0] text",
  * thin names over the shared writer (common/log.c, the stamped style). */
 #ifndef PSD_LOG_H
 #define PSD_LOG_H

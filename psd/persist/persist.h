@@ -8,7 +8,7 @@
  * reads it in place: no copy of the model is kept unless a slice changes
  * before its turn, a slice never waits, and no disk write, fsync or rename
  * runs on the event loop. A sparse table is captured at the same moments,
- * but copied at once (ckpt_table.h): its rows change on pulls too, so the
+ * but copied at once (ckpttable.h): its rows change on pulls too, so the
  * writer could not read them later; the copy goes to the writer, which
  * keeps its buffer for the table's next copy once written. As a table
  * grows, the writer prepares (maps and faults in) a buffer big enough for
@@ -30,7 +30,7 @@
 #include "ckptq.h"
 #include "config.h"
 #include "shard.h"
-#include "table.h"
+#include "sparse/table.h"
 
 /* --checkpoint-every files that may be on their way to the disk at once;
  * one more is skipped with a warning (see psd_persist_slice_advanced). */
@@ -58,7 +58,7 @@ typedef struct psd_persist {
   const psd_config *cfg;    /* options (not owned) */
   psd_shard *shard;         /* the slices to write and restore (not owned) */
   unsigned actions;         /* PSD_PERSIST_* gathered for the current call */
-  psd_ckpt_dir dir;         /* the verified, locked --checkpoint-dir */
+  psd_ckptdir dir;          /* the verified, locked --checkpoint-dir */
   psd_ckptq *q;             /* the writer thread (NULL without a directory) */
   psd_ckptq_file *cur;      /* the file slices are being captured into, or NULL */
   uint64_t cur_step;        /* its step */

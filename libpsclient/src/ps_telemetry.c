@@ -1,4 +1,4 @@
-/* telemetry.c - the worker's per-step records, their file and summary. */
+/* ps_telemetry.c - the worker's per-step records, their file and summary. */
 #define _GNU_SOURCE
 #include "ps_telemetry.h"
 

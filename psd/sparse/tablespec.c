@@ -1,7 +1,7 @@
-/* tablespec.c - what a sparse table spec may hold (psd_table_spec_check),
- * how two specs differ (psd_table_diff), and the key-order check of pulls
- * and pushes (table.h). */
-#include "table.h"
+/* tablespec.c - what a sparse table spec may hold (psd_tablespec_check),
+ * how two specs differ (psd_tablespec_diff), and the key-order check of pulls
+ * and pushes (tablespec.h). */
+#include "tablespec.h"
 
 #include <float.h>
 #include <inttypes.h>
@@ -137,11 +137,11 @@ static int check_opt(const psd_table_spec *s, char *err, size_t errlen) {
   return 0;
 }
 
-int psd_table_has_schedule(const psd_table_spec *s) {
+int psd_tablespec_has_schedule(const psd_table_spec *s) {
   return s->decay != PS_DECAY_NONE || s->warmup_steps != 0;
 }
 
-void psd_table_schedule(const psd_table_spec *s, ps_optimizer *o) {
+void psd_tablespec_schedule(const psd_table_spec *s, ps_optimizer *o) {
   ps_optimizer_default(o, s->lr);
   o->decay = (ps_lr_decay)s->decay;
   o->decay_rate = s->decay_rate;
@@ -151,7 +151,7 @@ void psd_table_schedule(const psd_table_spec *s, ps_optimizer *o) {
   o->min_lr_factor = s->min_lr_factor;
 }
 
-void psd_table_take_schedule(psd_table_spec *dst, const psd_table_spec *src) {
+void psd_tablespec_take_schedule(psd_table_spec *dst, const psd_table_spec *src) {
   dst->decay = src->decay;
   dst->decay_rate = src->decay_rate;
   dst->decay_steps = src->decay_steps;
@@ -162,19 +162,19 @@ void psd_table_take_schedule(psd_table_spec *dst, const psd_table_spec *src) {
 
 /* The schedule (2.8), checked as a variable's; FTRL's rate is per element. */
 static int check_schedule(const psd_table_spec *s, char *err, size_t errlen) {
-  if (!psd_table_has_schedule(s)) return 0;
+  if (!psd_tablespec_has_schedule(s)) return 0;
   if (s->opt == PS_TOPT_FTRL)
     return ps__errf(PS_EINVAL, err, errlen,
                     "table '%s': FTRL takes no learning-rate schedule (its rate is per "
                     "element): leave decay and warmup_steps at 0", PS__ESC(s->name));
   ps_optimizer o;
-  psd_table_schedule(s, &o);
+  psd_tablespec_schedule(s, &o);
   char e[300];
   int rc = ps__opt_check_schedule(&o, "", e, sizeof e);
   return rc ? ps__errf(rc, err, errlen, "table '%s':%s", PS__ESC(s->name), e) : 0;
 }
 
-int psd_table_spec_check(const psd_table_spec *s, char *err, size_t errlen) {
+int psd_tablespec_check(const psd_table_spec *s, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (!s) return ps__errf(PS_EINVAL, err, errlen, "table spec is missing");
   if (!memchr(s->name, '\0', sizeof s->name))
@@ -271,8 +271,8 @@ static int diff_opt(const psd_table_spec *a, const char *wa, const psd_table_spe
   return 0;
 }
 
-int psd_table_diff(const psd_table_spec *a, const char *wa, const psd_table_spec *b,
-                   const char *wb, char *err, size_t errlen) {
+int psd_tablespec_diff(const psd_table_spec *a, const char *wa, const psd_table_spec *b,
+                       const char *wb, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   if (a->dim != b->dim) return diff_u64("dim", a->dim, wa, b->dim, wb, err, errlen);
   D_U64(capacity, "capacity");
@@ -299,7 +299,7 @@ int psd_table_diff(const psd_table_spec *a, const char *wa, const psd_table_spec
   return 0;
 }
 
-int psd_table_keys_check(const uint64_t *keys, size_t n, char *err, size_t errlen) {
+int psd_tablespec_keys_check(const uint64_t *keys, size_t n, char *err, size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
   for (size_t i = 1; i < n; i++)
     if (keys[i] <= keys[i - 1])

@@ -1,6 +1,6 @@
-/* ckpt_table.c - a sparse table's checkpoint record: encode, parse,
- * restore (see ckpt_table.h; the layout is in docs/checkpoint.md). */
-#include "ckpt_table.h"
+/* ckpttable.c - a sparse table's checkpoint record: encode, parse,
+ * restore (see ckpttable.h; the layout is in docs/checkpoint.md). */
+#include "ckpttable.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "sparse/rowopt.h"
 #include "wire.h"
 
 /* Bytes of the spec's fixed fields. */
@@ -18,7 +19,7 @@
  * step, counters, state floats, aux length, row count. */
 #define FIXED_BYTES (4 + 8 + 4 + SPEC_BYTES + 8 + 8 * NCOUNTERS + 4 + 8 + 8)
 
-_Static_assert(PSD_CKPT_TABLE_MIN_BYTES == FIXED_BYTES + 1, "a record's fewest bytes");
+_Static_assert(PSD_CKPTTABLE_MIN_BYTES == FIXED_BYTES + 1, "a record's fewest bytes");
 
 /* ---- little-endian cursor -------------------------------------------------- */
 
@@ -87,18 +88,18 @@ static size_t size_with(const psd_table *t, uint64_t rows) {
   size_t aux_len = 0;
   psd_table_aux(t, &aux_len);
   uint64_t body, total;
-  if (ps__mul_u64(rows, row_bytes(sp->dim, psd_table_state_floats(sp)), &body) ||
+  if (ps__mul_u64(rows, row_bytes(sp->dim, psd_rowopt_state_floats(sp)), &body) ||
       ps__add_u64(body, (uint64_t)FIXED_BYTES + strlen(sp->name) + aux_len, &total) ||
       total > SIZE_MAX)
     return 0;
   return (size_t)total;
 }
 
-size_t psd_ckpt_table_size(const psd_table *t) {
+size_t psd_ckpttable_size(const psd_table *t) {
   return size_with(t, psd_table_get_stats(t).rows);
 }
 
-size_t psd_ckpt_table_max_size(const psd_table *t) {
+size_t psd_ckpttable_max_size(const psd_table *t) {
   return size_with(t, psd_table_spec_of(t)->capacity);
 }
 
@@ -146,7 +147,7 @@ static void put_row(void *ctx, uint64_t key, const float *values, const float *s
   o->rows++;
 }
 
-int psd_ckpt_table_encode(const psd_table *t, uint8_t *buf, size_t size) {
+int psd_ckpttable_encode(const psd_table *t, uint8_t *buf, size_t size) {
   const psd_table_spec *sp = psd_table_spec_of(t);
   psd_table_stats st = psd_table_get_stats(t);
   size_t aux_len = 0, nlen = strlen(sp->name);
@@ -154,18 +155,18 @@ int psd_ckpt_table_encode(const psd_table *t, uint8_t *buf, size_t size) {
   uint64_t c[NCOUNTERS];
   counters_out(&st, c);
   wcur w = {buf};
-  putb(&w, PSD_CKPT_TABLE_MAGIC, 4);
+  putb(&w, PSD_CKPTTABLE_MAGIC, 4);
   put64(&w, size);
   put32(&w, (uint32_t)nlen);
   putb(&w, sp->name, nlen);
   put_spec(&w, sp);
   put64(&w, psd_table_step(t));
   for (int i = 0; i < NCOUNTERS; i++) put64(&w, c[i]);
-  put32(&w, psd_table_state_floats(sp));
+  put32(&w, psd_rowopt_state_floats(sp));
   put64(&w, aux_len);
   putb(&w, aux, aux_len);
   put64(&w, st.rows);
-  row_out o = {w, buf + size, sp->dim, psd_table_state_floats(sp), 0, 0};
+  row_out o = {w, buf + size, sp->dim, psd_rowopt_state_floats(sp), 0, 0};
   psd_table_walk(t, put_row, &o);
   return o.overflow || o.rows != st.rows || o.w.p != buf + size ? -1 : 0;
 }
@@ -204,7 +205,7 @@ static void get_spec(rcur *r, psd_table_spec *s) {
 
 /* The variable part after the fixed fields: aux and rows, each length
  * checked against what the record says it has left. */
-static int parse_tail(rcur *r, const uint8_t *end, psd_ckpt_table *t, char *msg,
+static int parse_tail(rcur *r, const uint8_t *end, psd_ckpttable *t, char *msg,
                       size_t msglen) {
   const char *name = t->spec.name;
   t->aux_len = get64(r);
@@ -226,10 +227,10 @@ static int parse_tail(rcur *r, const uint8_t *end, psd_ckpt_table *t, char *msg,
   return 0;
 }
 
-int psd_ckpt_table_parse(const uint8_t *b, size_t avail, psd_ckpt_table *t, size_t *used,
-                         char *msg, size_t msglen) {
+int psd_ckpttable_parse(const uint8_t *b, size_t avail, psd_ckpttable *t, size_t *used,
+                        char *msg, size_t msglen) {
   memset(t, 0, sizeof *t);
-  if (avail < FIXED_BYTES + 1 || memcmp(b, PSD_CKPT_TABLE_MAGIC, 4) != 0)
+  if (avail < FIXED_BYTES + 1 || memcmp(b, PSD_CKPTTABLE_MAGIC, 4) != 0)
     return bad(msg, msglen, "table record is missing or malformed");
   rcur r = {b + 4};
   uint64_t len = get64(&r);
@@ -246,17 +247,17 @@ int psd_ckpt_table_parse(const uint8_t *b, size_t avail, psd_ckpt_table *t, size
     return bad(msg, msglen, "table record's name holds a NUL byte");
   get_spec(&r, &t->spec);
   char e[400];
-  if (psd_table_spec_check(&t->spec, e, sizeof e) != 0)
+  if (psd_tablespec_check(&t->spec, e, sizeof e) != 0)
     return bad(msg, msglen, "table '%s' has a bad spec: %s", PS__ESC(t->spec.name), e);
   t->step = get64(&r);
   uint64_t c[NCOUNTERS];
   for (int i = 0; i < NCOUNTERS; i++) c[i] = get64(&r);
   counters_in(c, &t->counters);
   t->state_floats = get32(&r);
-  if (t->state_floats != psd_table_state_floats(&t->spec))
+  if (t->state_floats != psd_rowopt_state_floats(&t->spec))
     return bad(msg, msglen, "table '%s' has %u optimizer state floats per row, its optimizer "
                "%u keeps %u", PS__ESC(t->spec.name), t->state_floats, t->spec.opt,
-               psd_table_state_floats(&t->spec));
+               psd_rowopt_state_floats(&t->spec));
   if (parse_tail(&r, end, t, msg, msglen) != 0) return -1;
   *used = (size_t)len;
   return 0;
@@ -264,13 +265,13 @@ int psd_ckpt_table_parse(const uint8_t *b, size_t avail, psd_ckpt_table *t, size
 
 /* ---- restoring -------------------------------------------------------------- */
 
-int psd_ckpt_table_restore(const psd_ckpt_table *rec, psd_table *t, char *err, size_t errlen) {
+int psd_ckpttable_restore(const psd_ckpttable *rec, psd_table *t, char *err, size_t errlen) {
   const char *name = PS__ESC(rec->spec.name);
   const psd_table_spec *sp = psd_table_spec_of(t);
-  if (sp->dim != rec->spec.dim || psd_table_state_floats(sp) != rec->state_floats) {
+  if (sp->dim != rec->spec.dim || psd_rowopt_state_floats(sp) != rec->state_floats) {
     snprintf(err, errlen, "table '%s': the checkpoint's rows have %u + %u floats, this table's "
              "%u + %u", name, rec->spec.dim, rec->state_floats, sp->dim,
-             psd_table_state_floats(sp));
+             psd_rowopt_state_floats(sp));
     return PS_EMISMATCH;
   }
   if (psd_table_restore_aux(t, rec->aux, (size_t)rec->aux_len) != 0) {

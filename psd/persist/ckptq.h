@@ -51,7 +51,7 @@ typedef struct psd_ckptq_result {
 /* Starts the writer thread for files in d (not owned: it must outlive the
  * queue), pruning to `keep` complete checkpoints after each commit. 0, or
  * -1 with err. */
-int psd_ckptq_create(psd_ckptq **out, const psd_ckpt_dir *d, uint32_t ps_index,
+int psd_ckptq_create(psd_ckptq **out, const psd_ckptdir *d, uint32_t ps_index,
                      uint32_t num_ps, int keep, char *err, size_t errlen);
 /* Finishes every queued job (commits commit, aborted files go) and ends
  * the thread; results and releases still work afterwards. Waits for the
@@ -71,7 +71,7 @@ psd_ckptq_file *psd_ckptq_begin(psd_ckptq *q, const psd_ckpt_meta *m);
  * slice's memory changes or goes. 0, or -1 (out of memory: the file will
  * fail). */
 int psd_ckptq_add(psd_ckptq *q, psd_ckptq_file *f, const psd_ckpt_rec *r, psd_ckptq_rec **hold);
-/* Table records are encoded on the loop (psd_ckpt_table_encode) into a
+/* Table records are encoded on the loop (psd_ckpttable_encode) into a
  * buffer the queue then owns, so nothing on the loop waits for the disk.
  * A fresh buffer's pages cost the loop a fault each (a 150 MB buffer can
  * cost more to fault in than to fill), so the loop should find one whose

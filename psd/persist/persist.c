@@ -8,10 +8,10 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "ckpt_table.h"
+#include "ckpttable.h"
 #include "job.h"
-#include "log.h"
 #include "optimizer.h"
+#include "psdlog.h"
 #include "wire.h"
 
 /* An optimizer kind's name for a message ("adam"), or "an unknown kind". */
@@ -115,7 +115,7 @@ static void capture(psd_persist *p, psd_slice *sl) {
 /* A buffer size for a copy of len bytes of table t, with room to grow
  * (never more than its copy at capacity). */
 static size_t with_room(const psd_table *t, size_t len) {
-  size_t room = len / 8 > ROOM_MIN ? len / 8 : ROOM_MIN, most = psd_ckpt_table_max_size(t);
+  size_t room = len / 8 > ROOM_MIN ? len / 8 : ROOM_MIN, most = psd_ckpttable_max_size(t);
   size_t cap = len > SIZE_MAX - room ? len : len + room;
   if (most && cap > most) cap = most;
   return cap > len ? cap : len;
@@ -174,14 +174,14 @@ static void capture_table(psd_persist *p, uint32_t id) {
   const char *name = PS__ESC(psd_table_spec_of(tb->t)->name);
   double t0 = ps__now();
   uint64_t f0 = faults_now();
-  size_t len = psd_ckpt_table_size(tb->t), cap = 0;
+  size_t len = psd_ckpttable_size(tb->t), cap = 0;
   int reused = 0;
   uint8_t *buf = len ? copy_buffer(p, id, name, len, &cap, &reused) : NULL;
   if (!buf) {
     abort_ckpt(p, "no memory for a table's copy");
     return;
   }
-  if (psd_ckpt_table_encode(tb->t, buf, len) != 0) {
+  if (psd_ckpttable_encode(tb->t, buf, len) != 0) {
     psd_ckptq_buf_free(buf, cap);
     psd_error("table '%s': its rows do not match its row count; checkpoint step %" PRIu64
               " cannot hold it", name, p->cur_step);
@@ -213,7 +213,7 @@ static void capture_table(psd_persist *p, uint32_t id) {
 static void prepare_copy(psd_persist *p, uint32_t id) {
   if (!p->q || psd_ckptq_busy(p->q)) return;
   psd_table *t = p->tabs[id].t;
-  size_t len = psd_ckpt_table_size(t), ready = psd_ckptq_ready(p->q, id);
+  size_t len = psd_ckpttable_size(t), ready = psd_ckptq_ready(p->q, id);
   if (!len || ready >= len) return;
   size_t cap = with_room(t, len);
   uint64_t have;
@@ -587,13 +587,13 @@ int psd_persist_init(psd_persist *p, const psd_config *cfg, psd_shard *shard) {
   memset(p, 0, sizeof *p);
   p->cfg = cfg;
   p->shard = shard;
-  psd_ckpt_dir_init(&p->dir);
+  psd_ckptdir_init(&p->dir);
   p->last_at = ps__now();
   if (!enabled(p)) return 0;
   char err[1600], moved[PSD_CKPT_PATH_MAX + 300];
-  psd_ckpt_holder h = {(long long)cfg->job_id, cfg->ps_index, cfg->num_ps};
-  if (psd_ckpt_dir_open(&p->dir, cfg->ckpt_dir, &h, cfg->restore == PSD_RESTORE_NONE, moved,
-                        sizeof moved, err, sizeof err) != 0) {
+  psd_ckptdir_holder h = {(long long)cfg->job_id, cfg->ps_index, cfg->num_ps};
+  if (psd_ckptdir_open(&p->dir, cfg->ckpt_dir, &h, cfg->restore == PSD_RESTORE_NONE, moved,
+                       sizeof moved, err, sizeof err) != 0) {
     psd_error("%s", err);
     return -1;
   }
@@ -647,7 +647,7 @@ void psd_persist_free(psd_persist *p) {
     p->q = NULL;
   }
   psd_ckpt_image_free(&p->restore);
-  psd_ckpt_dir_close(&p->dir);
+  psd_ckptdir_close(&p->dir);
   free(p->tabs);
   p->tabs = NULL;
   p->ntabs = p->tabs_cap = 0;
@@ -723,7 +723,7 @@ int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, cha
   if (!p->restoring) return 0;
   psd_ckpt_image *img = &p->restore;
   const psd_table_spec *sp = psd_table_spec_of(t);
-  psd_ckpt_table *r = NULL;
+  psd_ckpttable *r = NULL;
   for (uint32_t i = 0; !r && i < img->meta.ntables; i++)
     if (!img->tables[i].claimed && strcmp(img->tables[i].spec.name, sp->name) == 0)
       r = &img->tables[i];
@@ -736,8 +736,8 @@ int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, cha
   }
   char diff[400];
   psd_table_spec kept = r->spec; /* the checkpoint keeps no schedule: the workers' runs */
-  psd_table_take_schedule(&kept, sp);
-  if (psd_table_diff(&kept, "the checkpoint", sp, who, diff, sizeof diff)) {
+  psd_tablespec_take_schedule(&kept, sp);
+  if (psd_tablespec_diff(&kept, "the checkpoint", sp, who, diff, sizeof diff)) {
     snprintf(err, errlen, "table '%s' differs from the one in checkpoint %s: %s (resume with "
              "the same table configuration, or start afresh with --restore=none)",
              PS__ESC(sp->name),
@@ -745,7 +745,7 @@ int psd_persist_restore_table(psd_persist *p, psd_table *t, const char *who, cha
     return PS_EMISMATCH;
   }
   char e[600];
-  int rc = psd_ckpt_table_restore(r, t, e, sizeof e);
+  int rc = psd_ckpttable_restore(r, t, e, sizeof e);
   if (rc) {
     snprintf(err, errlen, "checkpoint %s: %s", img->path, e);
     return rc;

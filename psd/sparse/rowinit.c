@@ -75,6 +75,6 @@ void psd_rowinit_fill(const psd_table_spec *spec, uint64_t salt, uint64_t key, f
   }
 }
 
-void psd_table_init_row(const psd_table_spec *spec, uint64_t key, float *out) {
+void psd_rowinit_row(const psd_table_spec *spec, uint64_t key, float *out) {
   psd_rowinit_fill(spec, psd_rowinit_salt(spec), key, out);
 }

@@ -1,4 +1,4 @@
-/* main.c - psrun: options (one table, parsed by common/opt.c, drives
+/* psrun.c - psrun: options (one table, parsed by common/opt.c, drives
  * parsing, --help and defaults),
  * validation, and the choice between --local and Slurm mode. */
 #define _GNU_SOURCE

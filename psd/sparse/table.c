@@ -66,7 +66,7 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
 struct psd_table {
   psd_table_spec spec;  /* what defines it (checked) */
   psd_rowopt opt;       /* the rule's constants for the kernels */
-  ps_optimizer sched;   /* the learning-rate schedule (psd_table_schedule) */
+  ps_optimizer sched;   /* the learning-rate schedule (psd_tablespec_schedule) */
   int scheduled;        /* it has one: opt's lr is set for each step */
   uint64_t init_salt;   /* the initializer's seed mixed with the name */
   uint32_t num_workers; /* entries of pushed */
@@ -232,7 +232,7 @@ static int table_alloc(psd_table *t) {
 int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t replicas,
                      int async_mode, psd_table **out, char *err, size_t errlen) {
   *out = NULL;
-  int rc = psd_table_spec_check(spec, err, errlen);
+  int rc = psd_tablespec_check(spec, err, errlen);
   if (rc != 0) return rc;
   psd_table *t = calloc(1, sizeof *t);
   if (!t)
@@ -240,14 +240,14 @@ int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t 
                     PS__ESC(spec->name));
   t->spec = *spec;
   psd_rowopt_init(&t->opt, spec);
-  psd_table_schedule(spec, &t->sched);
-  t->scheduled = psd_table_has_schedule(spec);
+  psd_tablespec_schedule(spec, &t->sched);
+  t->scheduled = psd_tablespec_has_schedule(spec);
   t->init_salt = psd_rowinit_salt(spec);
   t->num_workers = num_workers;
   t->replicas = replicas;
   t->async_mode = async_mode;
   t->dim = spec->dim;
-  t->nstate = psd_table_state_floats(spec);
+  t->nstate = psd_rowopt_state_floats(spec);
   t->stride = psd_rowopt_stride(spec);
   t->max_rows = (uint32_t)spec->capacity;
   t->free_head = t->lru_old = t->lru_new = NIL;

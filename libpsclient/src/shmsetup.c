@@ -1,9 +1,9 @@
-/* shm.c - the worker's side of the shared-memory transport (protocol 2.4,
+/* shmsetup.c - the worker's side of the shared-memory transport (protocol 2.4,
  * docs/protocol.md §1a): after the handshake with a ps of this node that
  * offers it, a sealed memfd goes to psd over its abstract unix socket with
  * the token from the HelloReply; from then on Push and Init data are
  * written into the segment's push ring and PullReply data read from its
- * pull ring (conn.c, reader.c), while every frame still travels over TCP.
+ * pull ring (srvconn.c, reader.c), while every frame still travels over TCP.
  * Under PS_TRANSPORT_SHM any failure here fails ps_client_create; under
  * auto the connection stays on TCP. */
 #define _GNU_SOURCE

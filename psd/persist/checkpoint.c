@@ -96,7 +96,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uin
 }
 #endif
 
-uint32_t psd_crc32c(uint32_t crc, const void *buf, size_t len) {
+uint32_t psd_ckpt_crc32c(uint32_t crc, const void *buf, size_t len) {
   crc = ~crc;
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("sse4.2")) return ~crc_hw(crc, buf, len);
@@ -133,7 +133,7 @@ void psd_ckpt_writer_init(psd_ckpt_writer *w) {
 
 static int wr(psd_ckpt_writer *w, const void *buf, size_t len, char *err, size_t errlen) {
   const uint8_t *p = buf;
-  w->crc = psd_crc32c(w->crc, buf, len);
+  w->crc = psd_ckpt_crc32c(w->crc, buf, len);
   w->bytes += len;
   while (len) {
     ssize_t n = write(w->fd, p, len);
@@ -151,7 +151,7 @@ static int wr(psd_ckpt_writer *w, const void *buf, size_t len, char *err, size_t
 
 /* Names the files of a step and opens (creating it) the verified step
  * directory. 0 or -1 with err. */
-static int open_step(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_meta *m,
+static int open_step(psd_ckpt_writer *w, const psd_ckptdir *d, const psd_ckpt_meta *m,
                      char *err, size_t errlen) {
   char step[28]; /* "step-" and at most 20 digits */
   snprintf(step, sizeof step, "step-%012" PRIu64, m->step);
@@ -160,7 +160,7 @@ static int open_step(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_m
   snprintf(w->tmpname, sizeof w->tmpname, "%s.tmp", w->name);
   snprintf(w->path, sizeof w->path, "%s/%s", w->dir, w->name);
   snprintf(w->tmp, sizeof w->tmp, "%s/%s", w->dir, w->tmpname);
-  w->sfd = psd_ckpt_subdir(d, step, 1, err, errlen);
+  w->sfd = psd_ckptdir_subdir(d, step, 1, err, errlen);
   if (w->sfd < 0) {
     w->sfd = -1;
     return -1;
@@ -170,7 +170,7 @@ static int open_step(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_m
   return 0;
 }
 
-int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_meta *m,
+int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckptdir *d, const psd_ckpt_meta *m,
                    char *err, size_t errlen) {
   psd_ckpt_writer_init(w);
   w->d = d;
@@ -178,7 +178,7 @@ int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_met
   /* A leftover temporary of ours goes first; anything else there (another
    * user's file or symlink) is refused, and O_EXCL|O_NOFOLLOW never writes
    * through a name that reappeared in between. */
-  if (psd_ckpt_unlink_own(w->sfd, w->tmpname, w->tmp, err, errlen) != 0) {
+  if (psd_ckptdir_unlink_own(w->sfd, w->tmpname, w->tmp, err, errlen) != 0) {
     psd_ckpt_abort(w);
     return -1;
   }
@@ -256,8 +256,8 @@ int psd_ckpt_append(psd_ckpt_writer *w, const void *buf, size_t len, char *err,
 
 int psd_ckpt_add_table(psd_ckpt_writer *w, const void *rec, size_t len, char *err,
                        size_t errlen) {
-  if (w->tables_written >= w->ntables || len < PSD_CKPT_TABLE_MIN_BYTES ||
-      memcmp(rec, PSD_CKPT_TABLE_MAGIC, 4) != 0) {
+  if (w->tables_written >= w->ntables || len < PSD_CKPTTABLE_MIN_BYTES ||
+      memcmp(rec, PSD_CKPTTABLE_MAGIC, 4) != 0) {
     snprintf(err, errlen, "checkpoint %s: a table record past the %u promised, or not one",
              w->tmp, w->ntables);
     return -1;
@@ -361,7 +361,7 @@ __attribute__((format(printf, 4, 5))) static int bad(psd_ckpt_image *img, char *
 }
 
 /* Reads an open file into img and checks it (fd is closed). */
-static int read_fd(int fd, const psd_ckpt_dir *d, uint64_t max_bytes, psd_ckpt_image *img,
+static int read_fd(int fd, const psd_ckptdir *d, uint64_t max_bytes, psd_ckpt_image *img,
                    char *err, size_t errlen) {
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -404,7 +404,7 @@ static int read_fd(int fd, const psd_ckpt_dir *d, uint64_t max_bytes, psd_ckpt_i
 }
 
 /* Reads dfd/name (label names it in messages), never through a symlink. */
-static int read_at(const psd_ckpt_dir *d, int dfd, const char *name, const char *label,
+static int read_at(const psd_ckptdir *d, int dfd, const char *name, const char *label,
                    uint64_t max_bytes, psd_ckpt_image *img, char *err, size_t errlen) {
   memset(img, 0, sizeof *img);
   snprintf(img->path, sizeof img->path, "%s", label);
@@ -415,7 +415,7 @@ static int read_at(const psd_ckpt_dir *d, int dfd, const char *name, const char 
   return read_fd(fd, d, max_bytes, img, err, errlen);
 }
 
-int psd_ckpt_read(const psd_ckpt_dir *d, const char *path, uint64_t max_bytes,
+int psd_ckpt_read(const psd_ckptdir *d, const char *path, uint64_t max_bytes,
                   psd_ckpt_image *img, char *err, size_t errlen) {
   return read_at(d, AT_FDCWD, path, path, max_bytes, img, err, errlen);
 }
@@ -431,7 +431,7 @@ static void hex(const uint8_t *b, size_t n, char *out) {
 
 /* Magic, version, end marker, CRC, MAC and run id: whether the file is
  * whole, ours and of this run. 0 or -1 (bad() was called). */
-static int check_envelope(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err,
+static int check_envelope(psd_ckpt_image *img, const psd_ckptdir *d, char *err,
                           size_t errlen) {
   const uint8_t *b = img->buf;
   if (img->len < HDR_SIZE + END_SIZE)
@@ -447,7 +447,7 @@ static int check_envelope(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err,
   const uint8_t *t = b + img->len - END_SIZE;
   if (memcmp(t, END_MAGIC, 8) != 0)
     return bad(img, err, errlen, "no end marker (truncated or not finished)");
-  uint32_t crc = psd_crc32c(0, b, img->len - END_SIZE + 12);
+  uint32_t crc = psd_ckpt_crc32c(0, b, img->len - END_SIZE + 12);
   if (crc != get32(t + 12))
     return bad(img, err, errlen, "checksum mismatch (stored %08x, computed %08x): damaged",
                get32(t + 12), crc);
@@ -533,7 +533,7 @@ static int parse_counts(psd_ckpt_image *img, char *err, size_t errlen) {
                m->nslices, m->ntables, get32(t + 8));
   /* Each record takes at least its fixed fields: bounds the counts. */
   uint64_t room = img->len - HDR_SIZE - END_SIZE;
-  if ((uint64_t)m->nslices * 40 + (uint64_t)m->ntables * PSD_CKPT_TABLE_MIN_BYTES > room)
+  if ((uint64_t)m->nslices * 40 + (uint64_t)m->ntables * PSD_CKPTTABLE_MIN_BYTES > room)
     return bad(img, err, errlen, "%u slices and %u tables cannot fit in %zu bytes", m->nslices,
                m->ntables, img->len);
   img->recs = calloc(m->nslices ? m->nslices : 1, sizeof *img->recs);
@@ -542,7 +542,7 @@ static int parse_counts(psd_ckpt_image *img, char *err, size_t errlen) {
   return 0;
 }
 
-int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err, size_t errlen) {
+int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckptdir *d, char *err, size_t errlen) {
   const uint8_t *b = img->buf;
   img->recs = NULL;
   img->tables = NULL;
@@ -561,10 +561,10 @@ int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err, size_t
   while (o < end) {
     if (end - o >= 4 && memcmp(b + o, REC_MAGIC, 4) == 0 && ns < m->nslices) {
       if (parse_slice(img, &o, end, ns++, err, errlen) != 0) return -1;
-    } else if (end - o >= 4 && memcmp(b + o, PSD_CKPT_TABLE_MAGIC, 4) == 0 && nt < m->ntables) {
+    } else if (end - o >= 4 && memcmp(b + o, PSD_CKPTTABLE_MAGIC, 4) == 0 && nt < m->ntables) {
       char msg[400];
       size_t used;
-      if (psd_ckpt_table_parse(b + o, end - o, &img->tables[nt++], &used, msg, sizeof msg))
+      if (psd_ckpttable_parse(b + o, end - o, &img->tables[nt++], &used, msg, sizeof msg))
         return bad(img, err, errlen, "%s", msg);
       o += used;
     } else {
@@ -618,7 +618,7 @@ static DIR *open_stream(int dfd) {
 }
 
 /* Steps that have a step-N directory, newest first (malloc'd; *n). */
-static uint64_t *list_steps(const psd_ckpt_dir *dir, size_t *n) {
+static uint64_t *list_steps(const psd_ckptdir *dir, size_t *n) {
   *n = 0;
   DIR *d = open_stream(dir->fd);
   if (!d) return NULL;
@@ -685,7 +685,7 @@ static int step_complete(int sfd, uint32_t num_ps) {
 
 /* --restore=fallback: the other ps's files of a step read back too, so
  * every ps, deciding alone, falls back to the same step. */
-static int others_usable(const psd_ckpt_dir *d, int sfd, const char *sd, uint32_t ps_index,
+static int others_usable(const psd_ckptdir *d, int sfd, const char *sd, uint32_t ps_index,
                          uint32_t num_ps, uint64_t max_bytes, char *err, size_t errlen) {
   for (uint32_t i = 0; i < num_ps; i++) {
     if (i == ps_index) continue;
@@ -708,7 +708,7 @@ typedef struct find_state {
 
 /* Tries one step: 1 (img filled), 0 (not complete: skipped), -1 (e says
  * why it cannot be used). */
-static int try_step(const psd_ckpt_dir *d, uint64_t step, uint32_t ps_index, uint32_t num_ps,
+static int try_step(const psd_ckptdir *d, uint64_t step, uint32_t ps_index, uint32_t num_ps,
                     int fallback, uint64_t max_bytes, psd_ckpt_image *img, find_state *fs,
                     char *e, size_t elen) {
   char sn[28], sd[PSD_CKPT_PATH_MAX + 32], f[48], label[PSD_CKPT_PATH_MAX + 96];
@@ -716,7 +716,7 @@ static int try_step(const psd_ckpt_dir *d, uint64_t step, uint32_t ps_index, uin
   snprintf(sd, sizeof sd, "%s/%s", d->path, sn);
   ps_name(f, sizeof f, ps_index, num_ps);
   snprintf(label, sizeof label, "%s/%s", sd, f);
-  int sfd = psd_ckpt_subdir(d, sn, 0, e, elen);
+  int sfd = psd_ckptdir_subdir(d, sn, 0, e, elen);
   if (sfd == -2) return 0;
   if (sfd < 0) return -1; /* not ours, or a symlink: never read from it */
   int rc = 0;
@@ -741,7 +741,7 @@ static int try_step(const psd_ckpt_dir *d, uint64_t step, uint32_t ps_index, uin
   return rc;
 }
 
-int psd_ckpt_find(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int fallback,
+int psd_ckpt_find(const psd_ckptdir *d, uint32_t ps_index, uint32_t num_ps, int fallback,
                   uint64_t max_bytes, psd_ckpt_image *img, char *err, size_t errlen) {
   memset(img, 0, sizeof *img);
   if (errlen) err[0] = '\0';
@@ -796,24 +796,24 @@ int psd_ckpt_find(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int
 
 /* Removes this ps's leftover temporary (if ours) and, unless keep_file,
  * its checkpoint file of one step, then the step directory if empty. */
-static int prune_step(const psd_ckpt_dir *d, uint64_t step, uint32_t ps_index, uint32_t num_ps,
+static int prune_step(const psd_ckptdir *d, uint64_t step, uint32_t ps_index, uint32_t num_ps,
                       int keep_file) {
   char sn[28], f[48], t[56], label[PSD_CKPT_PATH_MAX + 96], e[600];
   step_name(sn, sizeof sn, step);
-  int sfd = psd_ckpt_subdir(d, sn, 0, e, sizeof e);
+  int sfd = psd_ckptdir_subdir(d, sn, 0, e, sizeof e);
   if (sfd < 0) return 0;
   ps_name(f, sizeof f, ps_index, num_ps);
   snprintf(t, sizeof t, "%s.tmp", f);
   snprintf(label, sizeof label, "%s/%s/%s", d->path, sn, t);
   int removed = 0;
-  if (file_exists(sfd, t) && psd_ckpt_unlink_own(sfd, t, label, e, sizeof e) == 0) removed++;
+  if (file_exists(sfd, t) && psd_ckptdir_unlink_own(sfd, t, label, e, sizeof e) == 0) removed++;
   if (!keep_file && file_exists(sfd, f) && unlinkat(sfd, f, 0) == 0) removed++;
   close(sfd);
   if (!keep_file) unlinkat(d->fd, sn, AT_REMOVEDIR); /* fails while other ps's files are there */
   return removed;
 }
 
-int psd_ckpt_prune(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int keep) {
+int psd_ckpt_prune(const psd_ckptdir *d, uint32_t ps_index, uint32_t num_ps, int keep) {
   size_t n;
   uint64_t *steps = list_steps(d, &n);
   /* Only steps older than the keep-th newest *complete* one go: a ps must
@@ -824,7 +824,7 @@ int psd_ckpt_prune(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, in
   for (size_t k = 0; k < n && cut == n; k++) {
     char sn[28], e[600];
     step_name(sn, sizeof sn, steps[k]);
-    int sfd = psd_ckpt_subdir(d, sn, 0, e, sizeof e);
+    int sfd = psd_ckptdir_subdir(d, sn, 0, e, sizeof e);
     if (sfd < 0) continue;
     if (step_complete(sfd, num_ps) && ++complete == keep) cut = k + 1;
     close(sfd);

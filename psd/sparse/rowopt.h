@@ -1,7 +1,7 @@
 /*
  * rowopt.h - the per-row update rules of sparse tables (ps_table_opt):
  * SGD, Adagrad, lazy Adam and FTRL-proximal, applied to one stored row
- * (its dim values followed by the rule's state floats, psd_table_state_floats)
+ * (its dim values followed by the rule's state floats, psd_rowopt_state_floats)
  * with one gradient row. The constants of a table's rule are converted once
  * (psd_rowopt_init); each kernel is one pass over the row with restrict
  * pointers so gcc vectorizes it. Adam's bias correction uses the row's own
@@ -14,7 +14,7 @@
 
 #include <stdint.h>
 
-#include "table.h"
+#include "tablespec.h"
 
 /* Rows start on a multiple of this many floats (16 bytes) from the 64-byte
  * aligned storage: aligned SSE loads for every row without padding small
@@ -34,6 +34,11 @@ typedef struct psd_rowopt {
   double l1, l2, ftrl_beta; /* FTRL: regularization and rate beta */
 } psd_rowopt;
 
+/* Floats of optimizer state per row: 0 SGD, dim ADAGRAD, 2 dim + 1 ADAM
+ * (m, v, then the row's step t as the uint32 bits of one float slot),
+ * 2 dim FTRL (z, n). */
+uint32_t psd_rowopt_state_floats(const psd_table_spec *spec);
+
 /* Floats per stored row: dim values, then the state, rounded up to
  * PSD_ROW_ALIGN_FLOATS. Saturates at UINT64_MAX for an unchecked spec. */
 uint64_t psd_rowopt_stride(const psd_table_spec *spec);
@@ -44,7 +49,7 @@ void psd_rowopt_init(psd_rowopt *o, const psd_table_spec *spec);
 /* The learning rate of the next updates (a table's schedule at its step). */
 void psd_rowopt_set_lr(psd_rowopt *o, double lr);
 
-/* A new row's state (psd_table_state_floats floats): zeros, Adagrad's
+/* A new row's state (psd_rowopt_state_floats floats): zeros, Adagrad's
  * accumulators at initial_accumulator, Adam's t at 0. */
 void psd_rowopt_new_state(const psd_rowopt *o, float *state);
 

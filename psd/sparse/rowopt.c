@@ -18,7 +18,7 @@ double sqrt(double x) __attribute__((const, nothrow));
 /* Adam's state: m (dim), v (dim), then t as the uint32 bits of one float. */
 #define ADAM_STATE(dim) (2ull * (dim) + 1ull)
 
-uint32_t psd_table_state_floats(const psd_table_spec *spec) {
+uint32_t psd_rowopt_state_floats(const psd_table_spec *spec) {
   uint64_t d = spec->dim, s;
   switch (spec->opt) {
     case PS_TOPT_ADAGRAD: s = d; break;
@@ -30,7 +30,7 @@ uint32_t psd_table_state_floats(const psd_table_spec *spec) {
 }
 
 uint64_t psd_rowopt_stride(const psd_table_spec *spec) {
-  uint64_t s = (uint64_t)spec->dim + psd_table_state_floats(spec); /* < 2^34 */
+  uint64_t s = (uint64_t)spec->dim + psd_rowopt_state_floats(spec); /* < 2^34 */
   return (s + PSD_ROW_ALIGN_FLOATS - 1) / PSD_ROW_ALIGN_FLOATS * PSD_ROW_ALIGN_FLOATS;
 }
 
@@ -157,6 +157,6 @@ void psd_rowopt_apply(const psd_rowopt *o, float *w, float *state, const float *
     case PS_TOPT_ADAGRAD: adagrad_row(w, state, g, scale, o->lr, o->eps, o->dim); break;
     case PS_TOPT_ADAM: adam_apply(o, w, state, g, scale); break;
     case PS_TOPT_FTRL: ftrl_row(w, state, state + o->dim, g, scale, o, o->dim); break;
-    default: break; /* refused by psd_table_spec_check */
+    default: break; /* refused by psd_tablespec_check */
   }
 }

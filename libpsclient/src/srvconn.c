@@ -1,4 +1,4 @@
-/* conn.c - connections to the servers: connecting with backoff, queueing
+/* srvconn.c - connections to the servers: connecting with backoff, queueing
  * frames and flushing them, and breaking a connection (which fails the
  * requests still waiting for that server). Reading is reader.c's and the
  * poll loop pump.c's: both sit above this file, so a connection never

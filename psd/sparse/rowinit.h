@@ -17,14 +17,18 @@
 
 #include <stdint.h>
 
-#include "table.h"
+#include "tablespec.h"
 
 /* The part of a row's seed shared by every key of the table:
  * mix(seed ^ fnv1a(name)). A table computes it once. */
 uint64_t psd_rowinit_salt(const psd_table_spec *spec);
 
 /* The initializer's values of key into out[spec->dim], given the table's
- * salt (psd_table_init_row is this with the salt computed). */
+ * salt (psd_rowinit_row is this with the salt computed). */
 void psd_rowinit_fill(const psd_table_spec *spec, uint64_t salt, uint64_t key, float *out);
+
+/* The initializer's values of `key` into out[dim] (what a never-stored
+ * key reads as). */
+void psd_rowinit_row(const psd_table_spec *spec, uint64_t key, float *out);
 
 #endif

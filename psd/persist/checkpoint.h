@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ckpt_table.h"
+#include "ckpttable.h"
 #include "ckptdir.h"
 #include "ps/errno.h"
 #include "ps/types.h"
@@ -63,7 +63,7 @@ typedef struct psd_ckpt_writer {
   int sfd;                         /* its verified step directory, -1 when idle */
   char name[48];                   /* ps-i-of-n.ckpt (relative to sfd) */
   char tmpname[56];                /* ps-i-of-n.ckpt.tmp */
-  const psd_ckpt_dir *d;           /* the directory: MAC key, run id (not owned) */
+  const psd_ckptdir *d;            /* the directory: MAC key, run id (not owned) */
   char dir[PSD_CKPT_PATH_MAX + 32];  /* DIR/step-N */
   char path[PSD_CKPT_PATH_MAX + 96]; /* ... /ps-i-of-n.ckpt */
   char tmp[PSD_CKPT_PATH_MAX + 104]; /* ... /ps-i-of-n.ckpt.tmp */
@@ -81,18 +81,18 @@ typedef struct psd_ckpt_image {
   char path[PSD_CKPT_PATH_MAX + 96]; /* the file it came from */
   psd_ckpt_meta meta;                /* its header */
   psd_ckpt_rec *recs;                /* meta.nslices records */
-  psd_ckpt_table *tables;            /* meta.ntables table records */
+  psd_ckpttable *tables;             /* meta.ntables table records */
   uint8_t *buf;                      /* the whole file; recs point into it */
   size_t len;                        /* bytes in buf */
 } psd_ckpt_image;
 
 /* CRC-32C (Castagnoli) of buf, continuing from crc (0 to start). */
-uint32_t psd_crc32c(uint32_t crc, const void *buf, size_t len);
+uint32_t psd_ckpt_crc32c(uint32_t crc, const void *buf, size_t len);
 
 /* Creates DIR/step-N (0700, verified ours) and its temporary file
  * (O_EXCL|O_NOFOLLOW, after removing a leftover of ours) and writes the
  * header. 0, or -1 with a sentence naming the path in err. */
-int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckpt_dir *d, const psd_ckpt_meta *m,
+int psd_ckpt_begin(psd_ckpt_writer *w, const psd_ckptdir *d, const psd_ckpt_meta *m,
                    char *err, size_t errlen);
 /* Appends one record. 0 or -1 (err). */
 int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen);
@@ -102,7 +102,7 @@ int psd_ckpt_add(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t er
 int psd_ckpt_add_header(psd_ckpt_writer *w, const psd_ckpt_rec *r, char *err, size_t errlen);
 int psd_ckpt_append(psd_ckpt_writer *w, const void *buf, size_t len, char *err,
                     size_t errlen);
-/* Appends one table record, already encoded (psd_ckpt_table_encode: len
+/* Appends one table record, already encoded (psd_ckpttable_encode: len
  * bytes starting with its magic). 0 or -1 (err). */
 int psd_ckpt_add_table(psd_ckpt_writer *w, const void *rec, size_t len, char *err,
                        size_t errlen);
@@ -121,13 +121,13 @@ void psd_ckpt_writer_init(psd_ckpt_writer *w);
 /* Reads and checks one file (not a symlink, ours; magic, version,
  * checksum, MAC under d's key, d's run id, every length; at most max_bytes
  * of it). 0, or -1 with a sentence naming the file and the problem in err. */
-int psd_ckpt_read(const psd_ckpt_dir *d, const char *path, uint64_t max_bytes,
+int psd_ckpt_read(const psd_ckptdir *d, const char *path, uint64_t max_bytes,
                   psd_ckpt_image *img, char *err, size_t errlen);
 /* Checks and indexes img->buf (img->len bytes, malloc'd; img->path names
  * it in messages) against d's key and run id (d->fd is not used): what
  * psd_ckpt_read does once the file is in memory. 0, or -1 with err (img is
  * then freed, buf included). */
-int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckpt_dir *d, char *err, size_t errlen);
+int psd_ckpt_parse(psd_ckpt_image *img, const psd_ckptdir *d, char *err, size_t errlen);
 void psd_ckpt_image_free(psd_ckpt_image *img);
 
 /* Finds the checkpoint this ps restores from: the newest step for which all
@@ -138,13 +138,13 @@ void psd_ckpt_image_free(psd_ckpt_image *img);
  * warning if this ps has files but no step is complete: "" otherwise), or
  * -1 with a sentence in err (a damaged or mismatched checkpoint, or a
  * directory that holds only checkpoints of a different ps count). */
-int psd_ckpt_find(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int fallback,
+int psd_ckpt_find(const psd_ckptdir *d, uint32_t ps_index, uint32_t num_ps, int fallback,
                   uint64_t max_bytes, psd_ckpt_image *img, char *err, size_t errlen);
 
 /* Removes this ps's files (and then empty step directories) of the steps
  * older than the keep-th newest complete checkpoint, plus its leftover
  * temporary files; its part of the newest complete checkpoints always
  * stays. Returns how many files it removed. */
-int psd_ckpt_prune(const psd_ckpt_dir *d, uint32_t ps_index, uint32_t num_ps, int keep);
+int psd_ckpt_prune(const psd_ckptdir *d, uint32_t ps_index, uint32_t num_ps, int keep);
 
 #endif

@@ -71,7 +71,7 @@ struct psd_ckptq {
   psd_bg *bg;                   /* the writer thread */
   pthread_mutex_t mu;           /* guards records' pos, held, done, own, lost */
   uint32_t busy;                /* files begun, result not yet taken (loop only) */
-  const psd_ckpt_dir *d;        /* the directory (not owned) */
+  const psd_ckptdir *d;         /* the directory (not owned) */
   uint32_t ps_index, num_ps;    /* whose files, for pruning */
   int keep;                     /* complete checkpoints pruning keeps */
   uint8_t *bounce;              /* PSD_CKPTQ_CHUNK bytes: the writer's copy of a chunk */
@@ -482,7 +482,7 @@ static void run_job(psd_bg_job *bj) {
   }
 }
 
-int psd_ckptq_create(psd_ckptq **out, const psd_ckpt_dir *d, uint32_t ps_index,
+int psd_ckptq_create(psd_ckptq **out, const psd_ckptdir *d, uint32_t ps_index,
                      uint32_t num_ps, int keep, char *err, size_t errlen) {
   *out = NULL;
   psd_ckptq *q = calloc(1, sizeof *q);

@@ -56,48 +56,7 @@
 
 #include "ps/errno.h"
 #include "ps/types.h"
-
-/* What defines a table; every worker must send the same (psd_table_diff). */
-typedef struct psd_table_spec {
-  char name[256];             /* table name (PS_MAX_NAME bytes + NUL) */
-  uint32_t dim;               /* floats per row, 1..PS__MAX_TABLE_DIM */
-  uint64_t capacity;          /* most rows on THIS ps, 1..PSD_TABLE_MAX_ROWS */
-  uint32_t init_kind;         /* ps_init_kind: ZEROS, CONSTANT, UNIFORM,
-                                 NORMAL, TRUNCATED_NORMAL */
-  double init_a, init_b;      /* the distribution's parameters (ps_init) */
-  uint64_t init_seed;         /* with name and key, seeds a row's values */
-  uint32_t opt;               /* ps_table_opt */
-  double lr;                  /* learning rate, > 0 */
-  double initial_accumulator; /* ADAGRAD: accumulator of a new row, >= 0 */
-  double beta1, beta2;        /* ADAM: moment decays in [0, 1) */
-  double epsilon;             /* ADAM, ADAGRAD: > 0 */
-  double l1, l2;              /* FTRL: regularization, >= 0 */
-  double ftrl_beta;           /* FTRL: beta, >= 0 */
-  uint32_t admit_count;       /* sightings before a key is stored (<= 1: first),
-                                 at most PS_TABLE_MAX_ADMIT_COUNT */
-  double admit_prob;          /* or probability per sighting, in [0, 1] (0: off) */
-  uint64_t evict_after_steps; /* evict rows untouched this many steps (0: never) */
-  /* The learning-rate schedule (2.8): ps_optimizer's fields, over the
-   * table's step (not with FTRL). Not kept in checkpoints: a resumed job
-   * runs the schedule its workers give, as for dense variables. */
-  uint32_t decay;             /* ps_lr_decay */
-  double decay_rate;
-  uint64_t decay_steps, warmup_steps, total_steps;
-  double min_lr_factor;
-} psd_table_spec;
-
-/* Most rows one ps holds of one table: row numbers are uint32 with
- * UINT32_MAX as "no row", and 2^31 rows (32 GiB at dim 1 and up) is far
- * beyond one server's memory at any useful dim. */
-#define PSD_TABLE_MAX_ROWS ((uint64_t)1 << 31)
-
-/* The schedule fields of s as a ps_optimizer's (lr and kind SGD too), for
- * psd_opt_validate and psd_opt_lr. */
-void psd_table_schedule(const psd_table_spec *s, ps_optimizer *o);
-/* Whether s has a schedule (a decay or a warm-up). */
-int psd_table_has_schedule(const psd_table_spec *s);
-/* Copies src's schedule into dst (a checkpoint's spec, which keeps none). */
-void psd_table_take_schedule(psd_table_spec *dst, const psd_table_spec *src);
+#include "tablespec.h"
 
 /* Counters (psctl, telemetry). */
 typedef struct psd_table_stats {
@@ -114,20 +73,10 @@ typedef struct psd_table_stats {
 
 typedef struct psd_table psd_table; /* opaque: table.c */
 
-/* Checks a spec (ranges above); 0 or PS_EINVAL with a sentence naming the
- * field and its value in err. */
-int psd_table_spec_check(const psd_table_spec *spec, char *err, size_t errlen);
-
 /* Bytes a table of this spec may take at capacity (rows, state, index,
  * accumulator bound, sketch): what psd reserves against --max-memory.
  * Saturates at UINT64_MAX on overflow. */
 uint64_t psd_table_bytes(const psd_table_spec *spec);
-
-/* Nonzero when a and b differ in a field that matters for their rule or
- * initializer (as ps__opt_diff for variables): err gets "FIELD is X for
- * who_a, Y for who_b". */
-int psd_table_diff(const psd_table_spec *a, const char *who_a, const psd_table_spec *b,
-                   const char *who_b, char *err, size_t errlen);
 
 /* Creates an empty table at step 0 (nothing allocated beyond the indexes'
  * first small blocks, the per-worker record and the aux bytes: the
@@ -147,11 +96,6 @@ psd_table_stats psd_table_get_stats(const psd_table *t);
  * <= psd_table_bytes. The per-worker record (8 bytes a worker) is the
  * job's, not counted in either. */
 uint64_t psd_table_bytes_now(const psd_table *t);
-
-/* Checks that keys[0..n) are strictly ascending; 0 or PS_EINVAL with the
- * first offending position in err. (The ps-ownership check is the
- * caller's: it knows num_ps and its index.) */
-int psd_table_keys_check(const uint64_t *keys, size_t n, char *err, size_t errlen);
 
 /* Rows of keys[0..n) (strictly ascending) into out[n * dim]. create: a key
  * with no row is a sighting and may be admitted (a new row gets the
@@ -176,23 +120,15 @@ int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t 
  * missing[0..) up to cap and returns how many. */
 uint32_t psd_table_missing(const psd_table *t, uint32_t *missing, uint32_t cap);
 
-/* The initializer's values of `key` into out[dim] (what a never-stored
- * key reads as). */
-void psd_table_init_row(const psd_table_spec *spec, uint64_t key, float *out);
-
 /* Checkpoints: calls fn for every stored row, least recently touched
  * first, with its key, values (dim floats), optimizer state
- * (psd_table_state_floats floats) and last-touch step. Restoring the rows
+ * (psd_rowopt_state_floats floats, rowopt.h) and last-touch step. Restoring the rows
  * in that order (psd_table_restore_row) rebuilds the same LRU order, so a
  * resumed job evicts exactly what the original would have. Rows must not
  * change during the walk. */
 typedef void (*psd_table_row_fn)(void *ctx, uint64_t key, const float *values,
                                  const float *state, uint64_t touched);
 void psd_table_walk(const psd_table *t, psd_table_row_fn fn, void *ctx);
-/* Floats of optimizer state per row: 0 SGD, dim ADAGRAD, 2 dim + 1 ADAM
- * (m, v, then the row's step t as the uint32 bits of one float slot),
- * 2 dim FTRL (z, n). */
-uint32_t psd_table_state_floats(const psd_table_spec *spec);
 /* Admission state that is not rows (the sketch's counters and the
  * generator's state), for checkpoints: *len gets its byte size and the
  * return points at it (valid until the table changes). */

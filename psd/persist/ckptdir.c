@@ -57,8 +57,8 @@ static int check_owned(const struct stat *st, const char *what, const char *path
   return 0;
 }
 
-int psd_ckpt_check_dir(const struct stat *st, const char *what, const char *path, char *err,
-                       size_t errlen) {
+int psd_ckptdir_check(const struct stat *st, const char *what, const char *path, char *err,
+                      size_t errlen) {
   if (!S_ISDIR(st->st_mode)) {
     snprintf(err, errlen, "%s %s is not a directory", what, path);
     return -1;
@@ -66,8 +66,8 @@ int psd_ckpt_check_dir(const struct stat *st, const char *what, const char *path
   return check_owned(st, what, path, err, errlen);
 }
 
-int psd_ckpt_unlink_own(int dfd, const char *name, const char *label, char *err,
-                        size_t errlen) {
+int psd_ckptdir_unlink_own(int dfd, const char *name, const char *label, char *err,
+                           size_t errlen) {
   struct stat st;
   if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
   if (S_ISDIR(st.st_mode) || st.st_uid != geteuid()) {
@@ -88,8 +88,8 @@ int psd_ckpt_unlink_own(int dfd, const char *name, const char *label, char *err,
   return 0;
 }
 
-int psd_ckpt_subdir(const psd_ckpt_dir *d, const char *name, int create, char *err,
-                    size_t errlen) {
+int psd_ckptdir_subdir(const psd_ckptdir *d, const char *name, int create, char *err,
+                       size_t errlen) {
   char label[PSD_CKPT_PATH_MAX + 64];
   snprintf(label, sizeof label, "%s/%s", d->path, name);
   if (create && mkdirat(d->fd, name, 0700) != 0 && errno != EEXIST) {
@@ -105,8 +105,8 @@ int psd_ckpt_subdir(const psd_ckpt_dir *d, const char *name, int create, char *e
   }
   struct stat st;
   err[0] = '\0';
-  if (fstat(fd, &st) != 0 || psd_ckpt_check_dir(&st, "checkpoint directory", label, err,
-                                                errlen) != 0) {
+  if (fstat(fd, &st) != 0 || psd_ckptdir_check(&st, "checkpoint directory", label, err,
+                                               errlen) != 0) {
     if (!err[0]) snprintf(err, errlen, "cannot stat %s: %s", label, strerror(errno));
     close(fd);
     return -1;
@@ -131,7 +131,7 @@ static int open_top(const char *path, char *err, size_t errlen) {
   }
   struct stat st;
   err[0] = '\0';
-  if (fstat(fd, &st) != 0 || psd_ckpt_check_dir(&st, "--checkpoint-dir", path, err, errlen)) {
+  if (fstat(fd, &st) != 0 || psd_ckptdir_check(&st, "--checkpoint-dir", path, err, errlen)) {
     if (!err[0]) snprintf(err, errlen, "cannot stat %s: %s", path, strerror(errno));
     close(fd);
     return -1;
@@ -146,7 +146,7 @@ static int open_top(const char *path, char *err, size_t errlen) {
 
 /* Takes .lock-ps-<i> (flock, held while the fd is open) and writes the
  * holder into it. 0, or -1 with err naming the current holder. */
-static int take_lock(psd_ckpt_dir *d, const psd_ckpt_holder *h, char *err, size_t errlen) {
+static int take_lock(psd_ckptdir *d, const psd_ckptdir_holder *h, char *err, size_t errlen) {
   char name[64], label[PSD_CKPT_PATH_MAX + 80];
   snprintf(name, sizeof name, ".lock-ps-%d", h->ps_index);
   snprintf(label, sizeof label, "%s/%s", d->path, name);
@@ -184,7 +184,7 @@ static int take_lock(psd_ckpt_dir *d, const psd_ckpt_holder *h, char *err, size_
 
 /* Reads a small file of ours (mode 0600) into buf. 1, 0 when missing, -1
  * with err (a symlink, another owner, a loose mode, the wrong size). */
-static int read_small(const psd_ckpt_dir *d, const char *name, void *buf, size_t want,
+static int read_small(const psd_ckptdir *d, const char *name, void *buf, size_t want,
                       char *err, size_t errlen) {
   char label[PSD_CKPT_PATH_MAX + 64];
   snprintf(label, sizeof label, "%s/%s", d->path, name);
@@ -208,7 +208,7 @@ static int read_small(const psd_ckpt_dir *d, const char *name, void *buf, size_t
 /* Writes buf as DIR/name (mode 0600) atomically, through the one safe
  * writer (common/wfile.h): a random O_EXCL|O_NOFOLLOW temporary, fsync,
  * renameat. 0 or -1 with err. */
-static int write_small(const psd_ckpt_dir *d, const char *name, const void *buf, size_t len,
+static int write_small(const psd_ckptdir *d, const char *name, const void *buf, size_t len,
                        char *err, size_t errlen) {
   char label[PSD_CKPT_PATH_MAX + 64];
   snprintf(label, sizeof label, "%s/%s", d->path, name);
@@ -225,7 +225,7 @@ static void to_hex(const uint8_t *b, size_t n, char *out) {
 }
 
 /* Loads DIR/.psd-key, or creates it with fresh random bytes. */
-static int load_key(psd_ckpt_dir *d, char *err, size_t errlen) {
+static int load_key(psd_ckptdir *d, char *err, size_t errlen) {
   int rc = read_small(d, KEY_FILE, d->key, sizeof d->key, err, errlen);
   if (rc != 0) return rc > 0 ? 0 : -1;
   if (ps__random(d->key, sizeof d->key) != 0) {
@@ -236,7 +236,7 @@ static int load_key(psd_ckpt_dir *d, char *err, size_t errlen) {
 }
 
 /* Draws a new run id and records it in DIR/run-id. */
-static int new_run(psd_ckpt_dir *d, char *err, size_t errlen) {
+static int new_run(psd_ckptdir *d, char *err, size_t errlen) {
   if (ps__random(d->run_id, sizeof d->run_id) != 0) {
     snprintf(err, errlen, "cannot draw a random run id");
     return -1;
@@ -246,7 +246,7 @@ static int new_run(psd_ckpt_dir *d, char *err, size_t errlen) {
 }
 
 /* 1 if the directory holds step-* entries (checkpoints of the current run). */
-static int has_steps(const psd_ckpt_dir *d) {
+static int has_steps(const psd_ckptdir *d) {
   int fd = openat(d->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
   if (!dir) {
@@ -263,7 +263,7 @@ static int has_steps(const psd_ckpt_dir *d) {
 /* --restore=none on a directory with checkpoints: no other live psd may be
  * using them (our own job's other ps cannot have written any yet: training
  * needs every ps up). 0, or -1 naming the holder. */
-static int others_idle(const psd_ckpt_dir *d, int self, char *err, size_t errlen) {
+static int others_idle(const psd_ckptdir *d, int self, char *err, size_t errlen) {
   int fd = openat(d->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
   if (!dir) {
@@ -295,7 +295,7 @@ static int others_idle(const psd_ckpt_dir *d, int self, char *err, size_t errlen
 
 /* Moves every step-* entry and run-id into a new previous-<run>/ (0700),
  * describing it in `moved`. 0 or -1 with err. */
-static int move_aside(psd_ckpt_dir *d, int have_run, char *moved, size_t movedlen, char *err,
+static int move_aside(psd_ckptdir *d, int have_run, char *moved, size_t movedlen, char *err,
                       size_t errlen) {
   char aside[96] = "";
   for (int k = 0; k < ASIDE_TRIES; k++) {
@@ -341,7 +341,7 @@ static int move_aside(psd_ckpt_dir *d, int have_run, char *moved, size_t movedle
 
 /* The run id: kept, or (fresh, with checkpoints present) a new one after
  * moving the earlier run aside. Called with the directory flock held. */
-static int settle_run(psd_ckpt_dir *d, int self, int fresh, char *moved, size_t movedlen,
+static int settle_run(psd_ckptdir *d, int self, int fresh, char *moved, size_t movedlen,
                       char *err, size_t errlen) {
   int have = read_small(d, RUN_FILE, d->run_id, sizeof d->run_id, err, errlen);
   if (have < 0) return -1;
@@ -358,7 +358,7 @@ static int settle_run(psd_ckpt_dir *d, int self, int fresh, char *moved, size_t 
 /* Takes the directory's short setup flock, waiting at most
  * DIR_LOCK_WAIT_S (a process that holds it longer is stuck or hostile:
  * better an error than a psd that never starts). 0 or -1 with err. */
-static int lock_dir(psd_ckpt_dir *d, char *err, size_t errlen) {
+static int lock_dir(psd_ckptdir *d, char *err, size_t errlen) {
   for (int waited_ms = 0;; waited_ms += 10) {
     if (flock(d->fd, LOCK_EX | LOCK_NB) == 0) return 0;
     if (errno != EWOULDBLOCK || waited_ms >= DIR_LOCK_WAIT_S * 1000) break;
@@ -370,22 +370,22 @@ static int lock_dir(psd_ckpt_dir *d, char *err, size_t errlen) {
   return -1;
 }
 
-void psd_ckpt_dir_init(psd_ckpt_dir *d) {
+void psd_ckptdir_init(psd_ckptdir *d) {
   memset(d, 0, sizeof *d);
   d->fd = -1;
   d->lock_fd = -1;
 }
 
-void psd_ckpt_dir_close(psd_ckpt_dir *d) {
+void psd_ckptdir_close(psd_ckptdir *d) {
   if (d->lock_fd >= 0) close(d->lock_fd); /* releases the flock */
   if (d->fd >= 0) close(d->fd);
   d->lock_fd = -1;
   d->fd = -1;
 }
 
-int psd_ckpt_dir_open(psd_ckpt_dir *d, const char *path, const psd_ckpt_holder *h, int fresh,
-                      char *moved, size_t movedlen, char *err, size_t errlen) {
-  psd_ckpt_dir_init(d);
+int psd_ckptdir_open(psd_ckptdir *d, const char *path, const psd_ckptdir_holder *h, int fresh,
+                     char *moved, size_t movedlen, char *err, size_t errlen) {
+  psd_ckptdir_init(d);
   if (movedlen) moved[0] = '\0';
   if (strlen(path) > PSD_CKPT_PATH_MAX) {
     snprintf(err, errlen, "--checkpoint-dir %.60s... is longer than %d bytes", path,
@@ -407,6 +407,6 @@ int psd_ckpt_dir_open(psd_ckpt_dir *d, const char *path, const psd_ckpt_holder *
     if (rc == 0) rc = settle_run(d, h->ps_index, fresh, moved, movedlen, err, errlen);
     flock(d->fd, LOCK_UN);
   }
-  if (rc != 0) psd_ckpt_dir_close(d);
+  if (rc != 0) psd_ckptdir_close(d);
   return rc;
 }
