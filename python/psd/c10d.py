@@ -429,6 +429,7 @@ class ProcessGroupPsd(dist.ProcessGroup):
         # start-up calls are answered here (psd.rejoin).
         self.prejoin = False
         self.rebuilt: List[tuple] = []  # DDP's bucket-rebuild broadcasts: (key, seq, value)
+        self._last_i32: Optional[tuple] = None
         self.local_bcasts: List[torch.Tensor] = []  # answered here after a rejoin
         self.split: Optional[tuple] = None  # (layout, numels): a rejoin's first bucket
 
@@ -674,9 +675,20 @@ class ProcessGroupPsd(dist.ProcessGroup):
         return _work(_all(futs, tensors))
 
     def _record(self, key: str, seq: int, t: torch.Tensor):
+        """Keeps the pair of int32 broadcasts DDP's reducer makes when it
+        rebuilds its buckets (once): the parameters' indices with the
+        bucket count last, then that many bucket sizes summing to the
+        indices'. Other int32 broadcasts (a model's int32 buffers) are not
+        such a pair."""
         def record(f):
             out = f.value()
-            self.rebuilt = self.rebuilt[-1:] + [(key, seq, t.detach().clone())]
+            cur = (key, seq, t.detach().clone())
+            prev, self._last_i32 = self._last_i32, cur
+            if len(self.rebuilt) < 2 and prev is not None:
+                idx, sizes = prev[2], cur[2]
+                if idx.numel() > 1 and int(idx[-1]) == sizes.numel() and \
+                        int(sizes.sum()) == idx.numel() - 1:
+                    self.rebuilt = [prev, cur]
             return out
         return record
 
