@@ -133,7 +133,13 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
     slot->since = ps__now();
     slot->g = g;
     slot->ev = event_new(g->base, fd, EV_READ | EV_PERSIST, on_peer, slot);
-    if (!slot->ev || event_add(slot->ev, NULL) != 0) peer_close(slot);
+    if (!slot->ev || event_add(slot->ev, NULL) != 0) {
+      /* The worker hears why (it fails with PS_ENOMEM, or takes TCP). */
+      g->refused++;
+      psd_warn("out of memory for a shared-memory handover; refusing it");
+      answer(fd, PS_ENOMEM, "psd is out of memory for a shared-memory handover");
+      peer_close(slot);
+    }
   }
 }
 

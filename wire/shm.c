@@ -317,10 +317,13 @@ int ps__shm_handover(int s, const void *msg, size_t len, const int *fds, int nfd
 
 void ps__shm_host_id(char *out, size_t outlen) {
   char buf[PS__SHM_HOST_ID_MAX] = "";
-  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
-  if (f) {
-    if (!fgets(buf, sizeof buf, f)) buf[0] = '\0';
-    fclose(f);
+  /* read(2), not stdio: no allocation, so a process short of memory does
+   * not take itself for another node (the faultsim suite). */
+  int fd = open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    close(fd);
     buf[strcspn(buf, "\r\n")] = '\0';
   }
   if (!buf[0]) {

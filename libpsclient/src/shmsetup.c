@@ -108,6 +108,9 @@ int ps__shm_setup(ps_client *c, ps__conn *k, const Ps__HelloReply *r, double dea
     return ps__seterr(c, PS_ETIMEDOUT,
                       "ps %d at %s: %s, and it may have taken the segment, so this "
                       "connection cannot fall back to TCP", k->index, k->addr, why);
+  if (c->transport == PS_TRANSPORT_SHM && rc == PS_ENOMEM) /* here or at psd */
+    return ps__seterr(c, PS_ENOMEM, "ps %d at %s: out of memory setting up shared memory: %s",
+                      k->index, k->addr, why);
   if (c->transport == PS_TRANSPORT_SHM)
     return ps__seterr(c, PS_EUNSUPPORTED,
                       "ps %d at %s: the shared-memory transport was asked for "
