@@ -251,32 +251,40 @@ def test_restarted_rank_refused_between_steps(tmpdir_short):
     assert time.monotonic() - t0 < 90, log
 
 
-def test_stop_with_a_dead_backup_rank_and_resume(tmpdir_short):
-    """psrun --backup-workers 1, 3 ranks, rank 2 dead: SIGTERM still stops
-    the job after a checkpoint (the saved-mark needs the job's N - K ranks,
-    not the dead one) with status 75 at once, and the same command
-    resumes it, rank 2 from rank 0's place in the data."""
+def _sigterm_at_step_9(cmd, env):
+    """Runs cmd and sends psrun SIGTERM once rank 0 has taken 9 steps:
+    (status, output, seconds from the signal to the exit)."""
     import signal
     import time
-    out, ck = os.path.join(tmpdir_short, "out.pt"), os.path.join(tmpdir_short, "ck")
-    cmd = [os.path.join(BIN, "psrun"), "--local", "-n", "4", "--ps", "1", "--backup-workers",
-           "1", "--checkpoint-dir", ck, "--", PY, os.path.join(HERE, "c10d_worker.py"),
-           "preempt_backup", out, "40"]
-    env = dict(os.environ)
-    env.pop("PSD_LIBPSCLIENT", None)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
     seen = []
     deadline = time.monotonic() + 120
-    for line in proc.stdout:  # SIGTERM once rank 0 has taken 9 steps
+    t0 = time.monotonic()
+    for line in proc.stdout:
         seen.append(line)
         if line.startswith("[w0] step 9") or time.monotonic() > deadline:
             proc.send_signal(signal.SIGTERM)
             t0 = time.monotonic()
             break
     text = "".join(seen) + proc.communicate(timeout=120)[0]
-    assert proc.returncode == 75, text
-    assert time.monotonic() - t0 < 30, text  # not the group's timeout
+    return proc.returncode, text, time.monotonic() - t0
+
+
+def test_stop_with_a_dead_backup_rank_and_resume(tmpdir_short):
+    """psrun --backup-workers 1, 3 ranks, rank 2 dead: SIGTERM still stops
+    the job after a checkpoint (the saved-mark needs the job's N - K ranks,
+    not the dead one) with status 75 at once, and the same command
+    resumes it, rank 2 from rank 0's place in the data."""
+    out, ck = os.path.join(tmpdir_short, "out.pt"), os.path.join(tmpdir_short, "ck")
+    cmd = [os.path.join(BIN, "psrun"), "--local", "-n", "4", "--ps", "1", "--backup-workers",
+           "1", "--checkpoint-dir", ck, "--", PY, os.path.join(HERE, "c10d_worker.py"),
+           "preempt_backup", out, "40"]
+    env = dict(os.environ)
+    env.pop("PSD_LIBPSCLIENT", None)
+    status, text, took = _sigterm_at_step_9(cmd, env)
+    assert status == 75, text
+    assert took < 30, text  # not the group's timeout
     assert "rank 2 dies" in text and "stopped on request after step" in text, text
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
     log = p.stdout + p.stderr
@@ -298,8 +306,6 @@ def test_sigterm_stops_after_a_checkpoint_and_resumes_bit_identical(tmpdir_short
     bit-identical to an uninterrupted run's. preempt: the loop starts at
     ckpt.epoch; preempt1: the script's loop unchanged (epochs from 0, the
     scheduler stepped per epoch), the Checkpoint line its only change."""
-    import signal
-    import time
     steps = "40" if mode == "preempt" else "7"  # preempt1: 7 epochs of 6 steps
     ref = os.path.join(tmpdir_short, "ref.pt")
     p = psrun(2, os.path.join(HERE, "c10d_worker.py"), mode, ref, steps,
@@ -311,18 +317,8 @@ def test_sigterm_stops_after_a_checkpoint_and_resumes_bit_identical(tmpdir_short
            ck, "--", PY, os.path.join(HERE, "c10d_worker.py"), mode, out, steps]
     env = dict(os.environ)
     env.pop("PSD_LIBPSCLIENT", None)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
-    seen = []
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:  # SIGTERM once rank 0 has taken 9 steps
-        seen.append(line)
-        if line.startswith("[w0] step 9") or time.monotonic() > deadline:
-            proc.send_signal(signal.SIGTERM)
-            break
-    rest = proc.communicate(timeout=120)[0]
-    text = "".join(seen) + rest
-    assert proc.returncode == 75, text
+    status, text, _took = _sigterm_at_step_9(cmd, env)
+    assert status == 75, text
     assert "stopped on request after step" in text, text
     stop = int(text.split("stopped on request after step ")[1].split(";")[0])
     assert 9 <= stop < (int(steps) if mode == "preempt" else 42), text
