@@ -64,6 +64,15 @@ static int handover(psd_shmgate *g, const uint8_t *buf, ssize_t n, int ctrunc,
   uint64_t push, pull;
   int rc = ps__shm_hello_decode(buf, (size_t)n, token, &push, &pull, err, errlen);
   if (rc) return rc;
+  if (ctrunc && nfds == 0) {
+    /* The kernel dropped the descriptor: psd is at its descriptor limit
+     * (a flood of connections). Make room and let the worker try again;
+     * its token stays good. */
+    psd_conns_evict_oldest(g->conns, "out of descriptors for a shared-memory handover");
+    snprintf(err, errlen, "psd had no free descriptor for the segment (at its descriptor "
+             "limit); try again");
+    return PS_EBUSY;
+  }
   if (ctrunc || nfds != 1) {
     snprintf(err, errlen, "a handover carries exactly one descriptor (this one %s%d)",
              ctrunc ? "more than " : "", nfds);
@@ -111,6 +120,9 @@ static void on_accept(evutil_socket_t lfd, short what, void *arg) {
   psd_shmgate *g = arg;
   for (int k = 0; k < PSD_SHM_MAX_PENDING; k++) {
     int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0 && (errno == EMFILE || errno == ENFILE) &&
+        psd_conns_evict_oldest(g->conns, "out of descriptors for a shared-memory handover"))
+      continue; /* as psd's own accept: an unauthenticated connection makes room */
     if (fd < 0) return; /* EAGAIN, or out of descriptors: the tick frees some */
     char err[200];
     if (peer_uid_ok(fd, err, sizeof err) != 0) {

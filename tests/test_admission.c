@@ -68,6 +68,11 @@ static void wait_fds(pid_t pid, int n) {
   for (int i = 0; i < 100 && fd_count(pid) < n; i++) usleep(50000);
 }
 
+/* Waits until psd holds at most n descriptors (it closed the others). */
+static void wait_fds_at_most(pid_t pid, int n) {
+  for (int i = 0; i < 100 && fd_count(pid) > n; i++) usleep(50000);
+}
+
 /* The most a peer may send before its Hello is accepted: a header
  * announcing the largest Hello and most of its bytes. */
 static void send_partial_hello(int fd) {
@@ -388,8 +393,11 @@ START_TEST(test_evicts_oldest) {
   ck_assert(tu_psd_start(&p, (const char *const[]){"--workers", "2", CAP_OPTS[_i][0],
                                                    CAP_OPTS[_i][1], NULL}) == 0);
   double idle = -1, s;
-  if (psctl_path()) psctl_stats_vs(&p, &idle, &s);
   int fd0 = fd_count(p.pid);
+  if (psctl_path()) psctl_stats_vs(&p, &idle, &s);
+  /* psctl has exited, but psd may not have seen it yet: its connection
+   * would still count toward the cap and take a[0]'s eviction. */
+  wait_fds_at_most(p.pid, fd0);
   int a[8];
   for (int i = 0; i < 8; i++) {
     a[i] = tu_connect(p.addr);

@@ -16,8 +16,8 @@
  *    matches the CPU's within 1e-3 relative at every step (float rounding
  *    differences grow through training; 30 steps keep them well under
  *    that), graphs against eager within 1e-5 (the same kernels in the same
- *    order), the final parameters within PARAM_TOL (2e-3) of each tensor's
- *    largest magnitude (+1e-6) of the CPU's, and from cnn_get_run_info
+ *    order), the final parameters within PARAM_TOL (0.1) of how far
+ *    each tensor moved in training (+1e-6) of the CPU's, and from cnn_get_run_info
  *    that graphs really ran: one recording per input buffer (4 cycled),
  *    every step but the eager warm-up replayed, no failure, the buffers
  *    page-locked.
@@ -369,12 +369,23 @@ static void check_info(const char *what, const model *c, int graphs, long steps,
 
 /* Final parameters: a (GPU) against b within tol of each tensor's largest
  * magnitude (plus 1e-6 for tensors still near 0). */
-static void cmp_params(const char *what, const model *a, const model *b, double tol) {
+/* a's parameters against b's, each tensor within tol of how far b's moved
+ * from init (its largest |b - init|) + 1e-6, or exactly when init is NULL
+ * and tol 0. Measured against the update, not the values: biases start at
+ * zero, and rounding differences that grow through training are a share
+ * of what training changed, however small the values are. */
+static void cmp_params(const char *what, const model *a, const model *b, float *const *init,
+                       double tol) {
   for (int i = 0; i < CNN_NUM_PARAMS; i++) {
     char label[96];
     size_t n = cnn_param_numel(i);
     snprintf(label, sizeof label, "%s %s", what, cnn_param_info(i)->name);
-    cmp(label, a->val[i], b->val[i], n, 1.0, tol * maxabs(b->val[i], n) + 1e-6);
+    double moved = 0;
+    for (size_t j = 0; init && j < n; j++)
+      moved = fmax(moved, fabs((double)b->val[i][j] - init[i][j]));
+    if (init)
+      printf("  %-40s moved up to %.3g in training\n", label, moved);
+    cmp(label, a->val[i], b->val[i], n, tol == 0 ? 0 : 1.0, tol * moved + 1e-6);
   }
 }
 
@@ -382,10 +393,14 @@ static void cmp_params(const char *what, const model *a, const model *b, double 
  * cycling 4 random batches so the loss falls: the first step's gradients
  * (1e-4 of each one's largest magnitude), the loss at every step (1e-3
  * relative to the CPU, 1e-5 between graphs and eager: the same kernels in
- * the same order), the final parameters (PARAM_TOL of each tensor's
- * largest magnitude to the CPU; 1e-5 between graphs and eager), the
- * evaluation, and what ran (check_info). */
-#define PARAM_TOL 2e-3
+ * the same order), the final parameters (PARAM_TOL of how far each
+ * tensor moved in training, to the CPU; 1e-5 between graphs and eager),
+ * the evaluation, and what ran (check_info). Measured on an H200
+ * (2026-11-27): the GPU's parameters end 0.2-4.3% of each tensor's update
+ * from the CPU's (local3/biases the most), with losses within 7e-6
+ * relative at every step; the tolerance leaves twice that, while a wrong
+ * kernel misses by about the whole update. */
+#define PARAM_TOL 0.1
 static void compare_run(int lrn, int B, int steps) {
   printf("model (%s, batch %d): %d steps of local SGD, cpu / gpu graphs / gpu eager\n",
          lrn ? "LRN" : "no LRN", B, steps);
@@ -394,6 +409,12 @@ static void compare_run(int lrn, int B, int steps) {
   model_init(&g, gpu, B, lrn);
   model_init(&e, gpu, B, lrn);
   cnn_use_graphs(e.m, 0);
+  float *init[CNN_NUM_PARAMS];
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) {
+    size_t n = cnn_param_numel(i);
+    init[i] = zeros(n);
+    memcpy(init[i], c.val[i], n * sizeof(float));
+  }
   float *img[4];
   uint8_t *lab[4];
   for (int k = 0; k < 4; k++) {
@@ -434,8 +455,9 @@ static void compare_run(int lrn, int B, int steps) {
   }
   printf("  worst relative loss difference: gpu vs cpu %.3g, graphs vs eager %.3g\n", worst,
          worst_ge);
-  cmp_params("final gpu vs cpu:", &g, &c, PARAM_TOL);
-  cmp_params("final graphs vs eager:", &g, &e, 1e-5);
+  cmp_params("final gpu vs cpu:", &g, &c, init, PARAM_TOL);
+  cmp_params("final graphs vs eager:", &g, &e, init, 1e-5);
+  for (int i = 0; i < CNN_NUM_PARAMS; i++) free(init[i]);
   /* the warm-up step used img[0]; each buffer gets its recording on its
    * first later step */
   check_info("gpu with graphs", &g, 1, steps, steps - 1 < 4 ? steps - 1 : 4);

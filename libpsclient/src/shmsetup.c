@@ -79,11 +79,16 @@ static int attach(ps__conn *k, const Ps__HelloReply *r, double deadline, char *e
   uint64_t push = PS__SHM_RING_DEFAULT, pull = PS__SHM_RING_DEFAULT;
   int memfd = ps__shm_create(&k->shm, push, pull, err, errlen);
   if (memfd < 0) return memfd;
-  double left = deadline - ps__now();
-  int ms = left * 1000 < PS__SHM_HANDOVER_MS ? (int)(left * 1000) : PS__SHM_HANDOVER_MS;
-  int s = gate_connect(r->shm_socket, ms > 1 ? ms : 1, err, errlen);
-  int rc = s < 0 ? PS_ECONNECT : handover(s, memfd, r, push, pull, err, errlen);
-  if (s >= 0) close(s);
+  ps__backoff b;
+  ps__backoff_init(&b, PS__HANDSHAKE_RETRY_FIRST_S, PS__HANDSHAKE_RETRY_MAX_S);
+  int rc;
+  do { /* PS_EBUSY: psd was at its descriptor limit and made room */
+    double left = deadline - ps__now();
+    int ms = left * 1000 < PS__SHM_HANDOVER_MS ? (int)(left * 1000) : PS__SHM_HANDOVER_MS;
+    int s = gate_connect(r->shm_socket, ms > 1 ? ms : 1, err, errlen);
+    rc = s < 0 ? PS_ECONNECT : handover(s, memfd, r, push, pull, err, errlen);
+    if (s >= 0) close(s);
+  } while (rc == PS_EBUSY && ps__backoff_sleep(&b, deadline) >= 0);
   close(memfd); /* psd has its own mapping; ours stays */
   if (rc) ps__shm_unmap(&k->shm);
   return rc;
