@@ -329,6 +329,7 @@ psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer) {
   c->out.hold = slice_hold;
   c->out.release = slice_release;
   c->out.ctx = NULL;
+  c->out.keep_recent = 1; /* a table job's replies reuse their buffer (counted: held_bytes) */
   c->rev = event_new(cs->base, fd, EV_READ | EV_PERSIST, on_read, c);
   c->wev = event_new(cs->base, fd, EV_WRITE | EV_PERSIST, on_write, c);
   c->next = cs->head;
@@ -474,7 +475,7 @@ void psd_conns_close_all(psd_conns *cs) {
 uint64_t psd_conns_held_bytes(const psd_conns *cs) {
   uint64_t b = 0;
   for (const psd_conn *c = cs->head; c; c = c->next)
-    b += c->out.len + c->stage_cap * sizeof(float) + c->stage16_cap * sizeof(uint16_t);
+    b += c->out.bufcap + c->stage_cap * sizeof(float) + c->stage16_cap * sizeof(uint16_t);
   return b;
 }
 

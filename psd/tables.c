@@ -253,6 +253,13 @@ static int mem_check(const psd_tables *ts, const psd_conn *c, uint32_t id, uint6
   return PS_ENOMEM;
 }
 
+/* Bytes c's output queue must grow by to take a reply of `bytes` (its
+ * buffer, kept between steps, is counted whole in held_bytes already). */
+static uint64_t out_growth(const psd_conn *c, uint64_t bytes) {
+  uint64_t need = (uint64_t)c->out.len + bytes + PS__HEADER_SIZE + 4096; /* + its meta */
+  return need > c->out.bufcap ? need - c->out.bufcap : 0;
+}
+
 /* Bytes c's staging must grow by to take `bytes` of request data. */
 static uint64_t stage_growth(const psd_conn *c, uint64_t bytes) {
   uint64_t have = c->stage_cap * sizeof(float);
@@ -301,8 +308,8 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   /* The reply is built whole in c's output queue and held until c reads
    * it: counted against --max-memory with everything else psd holds. */
   char err[900];
-  if (mem_check(ts, c, id, bytes, err, sizeof err, "a reply of %zu rows (%llu bytes)", n,
-                (unsigned long long)bytes)) {
+  if (mem_check(ts, c, id, out_growth(c, bytes), err, sizeof err,
+                "a reply of %zu rows (%llu bytes)", n, (unsigned long long)bytes)) {
     psd_conn_error(c, req, PS_ENOMEM, 0, "%s", err);
     return;
   }

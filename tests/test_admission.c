@@ -409,8 +409,8 @@ START_TEST(test_evicts_oldest) {
   ck_assert_msg(closed_within(a[0], 2.0), "%s 8: the oldest connection was not evicted",
                 CAP_OPTS[_i][0]);
   for (int i = 1; i < 8; i++)
-    ck_assert_msg(still_open(a[i]), "%s 8: connection %d (not the oldest) was closed",
-                  CAP_OPTS[_i][0], i);
+    ck_assert_msg(still_open(a[i]), "%s 8: connection %d (not the oldest) was closed (log %s)",
+                  CAP_OPTS[_i][0], i, p.log_path);
   ck_assert_msg(tu_log_contains(&p, "evicted after"), "no eviction logged (log %s)",
                 p.log_path);
   if (psctl_path()) {

@@ -1,10 +1,13 @@
 /* Frame header codec and error table (wire/frame.c). */
 #include <check.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "ps.pb-c.h"
 #include "wire.h"
 #include "testutil.h"
 
@@ -438,6 +441,49 @@ START_TEST(test_error_unknown) {
 }
 END_TEST
 
+/* One frame of `data` bytes queued in place and written to /dev/null. */
+static void drain_one(ps__outq *q, int fd, size_t data) {
+  Ps__TablePullReply m = PS__TABLE_PULL_REPLY__INIT;
+  uint8_t *d = ps__outq_frame_inline(q, PS__MSG_TABLE_PULL_REPLY, &m.base, data);
+  ck_assert_ptr_nonnull(d);
+  memset(d, 0x5a, data);
+  ck_assert_int_eq(ps__outq_write(q, fd), 0);
+  ck_assert(!ps__outq_pending(q));
+}
+
+/* keep_recent: a big buffer survives the small drains between steady
+ * bursts (a table step's pull keys between pushes, a push reply between
+ * pull replies: no fresh pages a step) and goes after 8 small drains in a
+ * row; without keep_recent it goes at once. Was: the first small drain
+ * dropped it, so every table step faulted its frame's pages in anew. */
+START_TEST(test_outq_keeps_steady_bursts) {
+  int fd = open("/dev/null", O_WRONLY);
+  ck_assert_int_ge(fd, 0);
+  const size_t big = (size_t)4 << 20, small = 100;
+  ps__outq q = {0};
+  q.keep_recent = 1;
+  for (int round = 0; round < 3; round++) {
+    drain_one(&q, fd, big);
+    size_t cap = q.bufcap;
+    ck_assert_uint_ge(cap, big);
+    for (int i = 0; i < 7; i++) {
+      drain_one(&q, fd, small);
+      ck_assert_msg(q.bufcap == cap, "round %d: the buffer went after %d small drains", round,
+                    i + 1);
+    }
+  }
+  drain_one(&q, fd, small);
+  ck_assert_msg(q.bufcap < big, "8 small drains in a row kept a %zu-byte buffer", q.bufcap);
+  ps__outq_free(&q);
+  ck_assert_int_eq(q.keep_recent, 1);
+  ps__outq o = {0};
+  drain_one(&o, fd, big);
+  ck_assert_msg(o.bufcap == 0, "without keep_recent a %zu-byte buffer stayed", o.bufcap);
+  ps__outq_free(&o);
+  close(fd);
+}
+END_TEST
+
 Suite *suite_frame(void) {
   Suite *s = suite_create("frame");
   TCase *tc = tcase_create("header");
@@ -453,6 +499,7 @@ Suite *suite_frame(void) {
   tcase_add_test(tc, test_preauth);
   tcase_add_test(tc, test_error_truncated);
   tcase_add_test(tc, test_random_headers);
+  tcase_add_test(tc, test_outq_keeps_steady_bursts);
   suite_add_tcase(s, tc);
   TCase *te = tcase_create("errors");
   tcase_add_test(te, test_error_table);

@@ -349,6 +349,16 @@ START_TEST(duplicate_gradients_summed) {
   ck_assert_uint_eq(step, 2);
   ck_assert_int_eq(ps_table_pull(m, 2, uk, U, mo, PS_TABLE_READ_ONLY, NULL), 0);
   ck_assert(memcmp(mo, want, sizeof want) == 0); /* sums of eighths: exact */
+  /* The same rows in one call: written as the push frames' data at once
+   * (ps__tpush_prepare), duplicates summed across both ps alike. */
+  ck_assert_int_eq(ps_table_add_grad(m, mk, N, mg), 0);
+  rc2 = ps_client_step(c, &step, NULL);
+  ck_assert_msg(rc2 == 0, "%s", ps_client_errmsg(c));
+  ck_assert_uint_eq(step, 3);
+  ck_assert_int_eq(ps_table_pull(m, 3, uk, U, mo, PS_TABLE_READ_ONLY, NULL), 0);
+  for (int i = 0; i < U * 2; i++)
+    ck_assert_msg(mo[i] == 2 * want[i], "row %d element %d: %g, want %g", i / 2, i % 2,
+                  (double)mo[i], (double)(2 * want[i]));
   free(mk);
   free(mg);
   free(mo);

@@ -16,9 +16,12 @@
  * written; steady traffic (headers and protobuf) stays below and so
  * allocates nothing. */
 #define PS__OUTQ_KEEP ((size_t)1 << 20)
-/* keep_recent: a buffer more than this many times the bytes just drained
- * is given back (a one-off burst does not pin its size). */
+/* keep_recent: a buffer more than this many times the bytes drained is
+ * given back after PS__OUTQ_KEEP_DRAINS such drains in a row (a one-off
+ * burst does not pin its size; a table step's pull keys between two big
+ * pushes, or a push reply between two big pull replies, do not drop it). */
 #define PS__OUTQ_SLACK 4
+#define PS__OUTQ_KEEP_DRAINS 8
 /* Alignment of the data of frames written in place (ps__outq_frame_inline):
  * malloc's, so floats and uint64 keys are aligned however long the
  * protobuf part before them is. */
@@ -140,7 +143,10 @@ int ps__outq_write(ps__outq *q, int fd) {
   const size_t used = q->len;
   q->first = q->n = q->first_done = 0;
   q->len = q->ext_len = 0;
-  if (q->bufcap > PS__OUTQ_KEEP && !(q->keep_recent && q->bufcap / PS__OUTQ_SLACK <= used)) {
+  if (q->bufcap / PS__OUTQ_SLACK <= used) q->small_drains = 0;
+  else if (q->small_drains < PS__OUTQ_KEEP_DRAINS) q->small_drains++;
+  if (q->bufcap > PS__OUTQ_KEEP &&
+      !(q->keep_recent && q->small_drains < PS__OUTQ_KEEP_DRAINS)) {
     free(q->buf);
     q->buf = NULL;
     q->bufcap = 0;

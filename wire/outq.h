@@ -32,12 +32,13 @@ typedef struct ps__outq {
   void (*release)(void *ctx, void *ref); /* ... and no longer does */
   void *ctx;                     /* for the hooks */
   int keep_recent;               /* a drained queue keeps a buffer over
-                                    PS__OUTQ_KEEP while it is at most
-                                    PS__OUTQ_SLACK times what the drained
-                                    frames used (a client's steady table
-                                    pushes: no fresh pages a step); 0: gives
-                                    it back (psd: a big reply's memory
-                                    returns once written) */
+                                    PS__OUTQ_KEEP while one of the last
+                                    PS__OUTQ_KEEP_DRAINS drains used at
+                                    least a PS__OUTQ_SLACK-th of it (steady
+                                    table pushes and replies, with small
+                                    frames between them: no fresh pages a
+                                    step); 0: gives it back at once */
+  unsigned small_drains;         /* drains in a row that used less */
 } ps__outq;
 
 /* Queues header + packed m + data segments (refs may be NULL). 0,

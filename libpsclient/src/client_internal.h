@@ -232,6 +232,13 @@ struct ps_table {
                              keys the step pulled reuses the pull's sort */
   size_t kp_n;            /* pairs in kp (0: none valid) */
   size_t kp_cap;          /* entries allocated */
+  uint8_t *pbuf;          /* a step's one add_grad, prepared (tablexfer.c):
+                             each ps's TablePush data (keys, then summed
+                             gradients) back to back, sent from here */
+  size_t pcap;            /* bytes allocated in pbuf */
+  size_t *pfirst;         /* 2 num_ps + 1: each ps's first key in pbuf,
+                             then the layout's scratch */
+  int prepared;           /* pbuf holds this step's rows (not skeys) */
 };
 
 /* In-flight requests by id: slot id & (cap - 1). Ids are handed out so
@@ -483,6 +490,16 @@ int ps__tstep_start(ps_client *c, ps_table *const *tables, size_t n, uint64_t mi
 /* The distinct keys of keys[0..n) that each ps gets fit in one TablePush:
  * 0 or PS_ETOOBIG (message set). */
 int ps__tpush_check(ps_table *t, const uint64_t *keys, size_t n);
+/* A step's first ps_table_add_grad, written straight into t->pbuf as the
+ * TablePush frames' data (sorted, split by ps, duplicates summed), so that
+ * the step sends it without another copy. 0 (prepared), 1 (not possible
+ * now: the caller stages the rows), or PS_ENOMEM. */
+int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *grads);
+/* Moves t's prepared rows into its staging (a second add_grad of the
+ * step). 0 or PS_ENOMEM (nothing changed). */
+int ps__tpush_unprepare(ps_table *t);
+/* Queues t's prepared TablePush frames of step for r, by reference. */
+int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step);
 /* Queues t's TablePush for step on every ps (each its distinct keys,
  * ascending, duplicates' gradients summed; possibly none) for r. 0 or <0
  * (message set; frames queued before the error stay queued). */

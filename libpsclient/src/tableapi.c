@@ -42,6 +42,8 @@ void ps__tables_free(ps_client *c) {
     free(t->skeys);
     free(t->sgrads);
     free(t->kp);
+    free(t->pbuf);
+    free(t->pfirst);
     free(t);
   }
   free(c->tables);
@@ -406,6 +408,10 @@ int ps_table_add_grad(ps_table *t, const uint64_t *keys, size_t n, const float *
   if (!t) return PS_EINVAL;
   int rc = check_grads(t, keys, n, grads, "add_grad");
   if (rc || n == 0) return rc;
+  /* The step's first: written as the push frames' data at once (no
+   * staging copy); a second one stages both. */
+  if (t->sn == 0 && !t->prepared && (rc = ps__tpush_prepare(t, keys, n, grads)) <= 0) return rc;
+  if ((rc = ps__tpush_unprepare(t)) != 0) return rc;
   size_t dim = t->cfg.dim;
   uint64_t total, floats;
   if (ps__add_u64(t->sn, n, &total) || ps__mul_u64(total, dim, &floats) ||
@@ -427,6 +433,7 @@ int ps_table_add_grad(ps_table *t, const uint64_t *keys, size_t n, const float *
 int ps__tables_step_check(ps_client *c) {
   for (size_t i = 0; i < c->ntables; i++) {
     ps_table *t = c->tables[i];
+    if (t->prepared) continue; /* checked when prepared */
     int rc = ps__tpush_check(t, t->skeys, t->sn);
     if (rc) return rc;
   }
@@ -442,7 +449,8 @@ int ps__tables_step_push(ps_client *c, uint64_t step, ps_req **out) {
   if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
   for (size_t i = 0; i < c->ntables; i++) {
     ps_table *t = c->tables[i];
-    int rc = ps__tpush_queue(t, r, step, t->skeys, t->sn, t->sgrads);
+    int rc = t->prepared ? ps__tpush_queue_prepared(t, r, step)
+                         : ps__tpush_queue(t, r, step, t->skeys, t->sn, t->sgrads);
     if (rc) {
       ps__req_release(c, r);
       return rc;

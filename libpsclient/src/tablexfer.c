@@ -5,7 +5,10 @@
  * caller's order when the last one is in; a push's gradients of duplicate
  * keys are summed straight into the frame. Keys and gradients are copied
  * into the output queue (ps__outq_frame_inline), so nothing queued points
- * at memory a request or the caller may free. Nothing here waits. */
+ * at memory a request or the caller may free; the one exception, a step's
+ * single add_grad prepared in the table's own pbuf and sent from there,
+ * is never rewritten while a frame still points into it. Nothing here
+ * waits. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -384,6 +387,97 @@ static void push_fill(const ps_table *t, const ps__kp *kp, size_t n, const size_
   }
 }
 
+/* The TablePush of cnt keys of t for ps p in step, for r. */
+static Ps__TablePush push_msg(const ps_table *t, const ps_req *r, int p, uint64_t step,
+                              size_t cnt) {
+  Ps__TablePush m = PS__TABLE_PUSH__INIT;
+  m.request_id = r->id;
+  m.table_id = t->ids[p];
+  m.step = step;
+  m.count = cnt;
+  m.want_stop = t->c->stop_requested != 0;
+  return m;
+}
+
+int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *grads) {
+  ps_client *c = t->c;
+  size_t nps = (size_t)c->num_ps;
+  /* A step that failed may have left a frame queued that points into
+   * pbuf: it must not change under it. */
+  for (int p = 0; p < c->num_ps; p++)
+    if (c->conns[p].out.ext_len) return 1;
+  if (!t->pfirst && !(t->pfirst = malloc((2 * nps + 1) * sizeof *t->pfirst)))
+    return ps__seterr(c, PS_ENOMEM, "out of memory");
+  int rc = tsort(t, keys, n);
+  if (rc) return rc;
+  size_t *first = t->pfirst;
+  if (push_fits(t, n, first) != 0) return 1; /* refused at the step, as staged rows are */
+  uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
+  size_t bytes = (size_t)(first[nps] * per_key); /* fits: push_fits bounds each ps's */
+  if (too_big(t->pcap, bytes)) {
+    free(t->pbuf);
+    t->pbuf = NULL;
+    t->pcap = 0;
+  }
+  float *acc = malloc((size_t)t->cfg.dim * sizeof *acc);
+  if (!acc || ps__grow((void **)&t->pbuf, &t->pcap, bytes ? bytes : 1, 1) ||
+      ps__grow((void **)&c->kgrp, &c->kgrp_cap, first[nps] ? first[nps] : 1, sizeof *c->kgrp)) {
+    free(acc);
+    return ps__seterr(c, PS_ENOMEM, "table '%s': out of memory staging %zu gradients",
+                      t->name, n);
+  }
+  ps__key_layout(t->kp, n, (uint32_t)nps, first, first + nps + 1, NULL, NULL, c->kgrp);
+  for (size_t p = 0; p < nps; p++)
+    push_fill(t, t->kp, n, c->kgrp, first[p], first[p + 1], grads, t->pbuf + first[p] * per_key,
+              acc);
+  free(acc);
+  tscratch_trim(t, n);
+  t->prepared = 1;
+  return 0;
+}
+
+int ps__tpush_unprepare(ps_table *t) {
+  if (!t->prepared) return 0;
+  size_t nps = (size_t)t->c->num_ps, dim = t->cfg.dim, all = t->pfirst[nps];
+  if (ps__grow((void **)&t->skeys, &t->skcap, t->sn + all, sizeof *t->skeys) ||
+      ps__grow((void **)&t->sgrads, &t->sgcap, (t->sn + all) * dim, sizeof *t->sgrads))
+    return ps__seterr(t->c, PS_ENOMEM, "table '%s': out of memory staging %zu gradients",
+                      t->name, all);
+  uint64_t per_key = sizeof(uint64_t) + (uint64_t)dim * sizeof(float);
+  for (size_t p = 0; p < nps; p++) {
+    size_t cnt = t->pfirst[p + 1] - t->pfirst[p];
+    const uint8_t *d = t->pbuf + t->pfirst[p] * per_key;
+    memcpy(t->skeys + t->sn, d, cnt * sizeof(uint64_t));
+    memcpy(t->sgrads + t->sn * dim, d + cnt * sizeof(uint64_t), cnt * dim * sizeof(float));
+    t->sn += cnt;
+  }
+  t->prepared = 0;
+  return 0;
+}
+
+int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
+  ps_client *c = t->c;
+  uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
+  for (int p = 0; p < c->num_ps; p++) {
+    size_t cnt = t->pfirst[p + 1] - t->pfirst[p];
+    Ps__TablePush m = push_msg(t, r, p, step, cnt);
+    /* By reference: the data is written from pbuf, which nothing changes
+     * while a frame is queued (ps__tpush_prepare checks). */
+    const float *seg = (const float *)(const void *)(t->pbuf + t->pfirst[p] * per_key);
+    uint64_t floats = cnt * per_key / sizeof(float);
+    int rc = ps__outq_frame(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, &seg, &floats, NULL,
+                            cnt ? 1 : 0);
+    if (rc)
+      return ps__seterr(c, rc, "table '%s': %s queueing a push of %zu keys", t->name,
+                        rc == PS_ETOOBIG ? "frame limits exceeded" : "out of memory", cnt);
+    ps__req_expect(r, p, 1);
+    ps__telem_bytes(&c->telem, p, 0, cnt * per_key);
+    ps__conn_flush(c, &c->conns[p]);
+  }
+  t->prepared = 0;
+  return 0;
+}
+
 int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys, size_t n,
                     const float *grads) {
   ps_client *c = t->c;
@@ -401,12 +495,7 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
   for (int p = 0; p < c->num_ps && !rc; p++) {
     /* Every ps gets one, possibly empty: it counts toward the step. */
     size_t cnt = first[p + 1] - first[p];
-    Ps__TablePush m = PS__TABLE_PUSH__INIT;
-    m.request_id = r->id;
-    m.table_id = t->ids[p];
-    m.step = step;
-    m.count = cnt;
-    m.want_stop = c->stop_requested != 0;
+    Ps__TablePush m = push_msg(t, r, p, step, cnt);
     uint8_t *d = ps__outq_frame_inline(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,
                                        cnt * per_key);
     if (!d) {
