@@ -646,6 +646,8 @@ int psd_conn_begin_blob(psd_conn *c, uint64_t bytes) {
 
 void psd_conn_skip_blob(psd_conn *c, uint64_t bytes) { start_blob(c, bytes, 1); }
 
+void psd_conn_begin_shm_blob(psd_conn *c) { start_blob(c, c->hdr.data_len, 0); }
+
 /* A PS__FLAG_SHM frame's position (desc, after its protobuf part): its
  * data must lie inside the push ring of a segment this connection handed
  * over, else the frame is a fatal protocol error. Sets c->shm_src (NULL
@@ -674,7 +676,8 @@ static int shm_locate(psd_conn *c, const uint8_t *desc) {
   return 0;
 }
 
-/* A PS__FLAG_SHM Push or Init whose items begin_data checked: each item
+/* A PS__FLAG_SHM Push or Init whose items begin_data checked (or a
+ * TablePush, one blob): each item
  * is handed over where it lies in the push ring (no copy), pulls it
  * completes are answered at once, then the ring space is given back and
  * the frame answered. The peer may rewrite the bytes meanwhile: that only
@@ -683,7 +686,12 @@ static int shm_locate(psd_conn *c, const uint8_t *desc) {
 static int shm_items(psd_conn *c, uint64_t *shm_budget) {
   const uint8_t *p = c->shm_src;
   psd_conn_hooks *k = &c->reg->hooks;
-  for (size_t i = 0; i < c->n_items; i++) {
+  if (c->blob_len) { /* a TablePush (2.9): the item hook reads it in place */
+    item_done(c);
+    if (c->dead || c->state != PSD_CONN_DATA) return -1;
+    c->item = c->n_items;
+  }
+  for (size_t i = 0; i < c->n_items && !c->blob_len; i++) {
     /* 16-bit items travel over TCP only (§1a): handed over in place they
      * would need a second staging copy, which the segment exists to avoid */
     if (c->items[i]->dtype != PS__DT_F32) {

@@ -255,6 +255,9 @@ int psd_conn_begin_blob(psd_conn *c, uint64_t bytes);
  * called), then the next frame is read. The caller has queued the
  * refusal. */
 void psd_conn_skip_blob(psd_conn *c, uint64_t bytes);
+/* DATA state for a blob that lies in the push ring (c->shm_src, 2.9): the
+ * item hook reads it there, nothing is staged. */
+void psd_conn_begin_shm_blob(psd_conn *c);
 /* Bytes every open connection holds in memory now beyond its fixed
  * buffers: replies queued and not yet written (copied into the output
  * queue: table rows, detached parameters, headers) and request data

@@ -51,6 +51,7 @@ void psd_tables_free(psd_tables *ts) {
     psd_table_destroy(ts->v[i].t);
   }
   free(ts->v);
+  free(ts->kcopy);
   memset(ts, 0, sizeof *ts);
 }
 
@@ -207,12 +208,13 @@ static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
 
 /* Bytes psd holds now, as --max-memory counts them: the variables' slices,
  * every table's reservation at capacity, checkpoint copies, parked pulls'
- * keys, and what the connections hold (replies not yet written, request
- * data staged: psd_conns_held_bytes). *conns gets the last part. */
+ * keys, the copy of a shared-memory push's keys, and what the connections
+ * hold (replies not yet written, request data staged:
+ * psd_conns_held_bytes). *conns gets the last part. */
 static uint64_t held_bytes(const psd_tables *ts, const psd_conn *c, uint64_t *conns) {
   *conns = psd_conns_held_bytes(c->reg);
   return ts->shard->bytes_alloc + ts->reserved + psd_persist_held_bytes(ts->persist) +
-         ts->parked_bytes + *conns;
+         ts->parked_bytes + ts->kcopy_cap * sizeof *ts->kcopy + *conns;
 }
 
 /* "table 'NAME'" of id (escaped, and cut to fit a refusal's sentence), or
@@ -298,18 +300,31 @@ static int reply_too_big(psd_tentry *e, psd_conn *c, uint64_t req, size_t n) {
   return 1;
 }
 
-/* Queues the TablePullReply of keys[0..n) read now. */
+/* Where the rows of a reply of `bytes` go in c's pull ring (2.9: the
+ * client asked with shm_reply), its position in *pos; NULL for TCP (no
+ * segment, or no room now: counted as a ring-full fallback). */
+static float *ring_rows(psd_tables *ts, psd_conn *c, int shm, uint64_t bytes, uint64_t *pos) {
+  if (!shm || !c->shm.map || !bytes || ts->cfg->protocol_minor < 9) return NULL;
+  float *dst = ps__shm_reserve(&c->shm.pull, ps__shm_load(c->shm.pull_done), bytes, pos);
+  if (!dst) psd_telem_shm_tcp(ts->telem, c->worker);
+  return dst;
+}
+
+/* Queues the TablePullReply of keys[0..n) read now: the rows written into
+ * c's pull ring when the client asked for that and it has room (shm), else
+ * into c's output queue. */
 static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
-                        const uint64_t *keys, size_t n, int read_only) {
+                        const uint64_t *keys, size_t n, int read_only, int shm) {
   psd_tentry *e = &ts->v[id];
   const psd_table_spec *sp = psd_table_spec_of(e->t);
-  uint64_t bytes = (uint64_t)n * sp->dim * sizeof(float);
+  uint64_t bytes = (uint64_t)n * sp->dim * sizeof(float), pos = 0;
   if (reply_too_big(e, c, req, n)) return;
+  float *ring = ring_rows(ts, c, shm, bytes, &pos);
   /* The reply is built whole in c's output queue and held until c reads
    * it: counted against --max-memory with everything else psd holds. */
   char err[900];
-  if (mem_check(ts, c, id, out_growth(c, bytes), err, sizeof err,
-                "a reply of %zu rows (%llu bytes)", n, (unsigned long long)bytes)) {
+  if (!ring && mem_check(ts, c, id, out_growth(c, bytes), err, sizeof err,
+                         "a reply of %zu rows (%llu bytes)", n, (unsigned long long)bytes)) {
     psd_conn_error(c, req, PS_ENOMEM, 0, "%s", err);
     return;
   }
@@ -319,7 +334,10 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   r.step = psd_table_step(e->t);
   r.count = n;
   psd_persist_flags(ts->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
-  float *dst = ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes);
+  float *dst = ring ? ring : ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base,
+                                                   bytes);
+  if (ring && ps__outq_frame_shm(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes, pos) != 0)
+    dst = NULL; /* the ring's bytes stay unused: the client never hears of them */
   if (!dst) {
     psd_conn_error(c, req, PS_ENOMEM, 0, "out of memory for a %llu-byte reply of table '%s'",
                    (unsigned long long)bytes, PS__ESC(sp->name));
@@ -388,7 +406,7 @@ static int park_pull(psd_tables *ts, psd_tentry *e, psd_conn *c, const Ps__Table
   if (m->count) memcpy(k, keys, m->count * sizeof *k);
   double wait = m->timeout_ms ? m->timeout_ms / 1000.0 : ts->cfg->pull_timeout_s;
   *p = (psd_tpull){c, m->request_id, m->min_step, ps__now() + wait, m->read_only, k,
-                   (size_t)m->count, e->parked};
+                   (size_t)m->count, e->parked, m->shm_reply};
   e->parked = p;
   ts->parked_bytes += m->count * sizeof *k + sizeof *p;
   return 0;
@@ -415,7 +433,8 @@ static void do_pull(psd_tables *ts, psd_conn *c, const Ps__TablePull *m, const u
     if (!reply_too_big(e, c, m->request_id, (size_t)m->count)) park_pull(ts, e, c, m, keys);
     return;
   }
-  answer_pull(ts, m->table_id, c, m->request_id, keys, (size_t)m->count, m->read_only);
+  answer_pull(ts, m->table_id, c, m->request_id, keys, (size_t)m->count, m->read_only,
+              m->shm_reply);
 }
 
 static int handle_pull(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
@@ -485,7 +504,7 @@ static void wake(psd_tables *ts, uint32_t id, int all) {
   for (psd_tpull *p = ready, *nx; p; p = nx) {
     nx = p->next;
     if (!p->conn->dead) {
-      answer_pull(ts, id, p->conn, p->req, p->keys, p->n, p->read_only);
+      answer_pull(ts, id, p->conn, p->req, p->keys, p->n, p->read_only, p->shm);
       psd_conn_write(p->conn);
     }
     tpull_free(ts, p);
@@ -549,7 +568,10 @@ static int grads_check(const psd_table *t, const uint64_t *keys, const float *g,
   return PS_EINVAL;
 }
 
-static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const uint8_t *data) {
+/* A TablePush whose data (count keys, then count * dim floats) is at
+ * keys and grads (NULL for none). */
+static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const uint64_t *keys,
+                    const float *grads) {
   char err[600] = "";
   if (m->table_id >= ts->n) {
     snprintf(err, sizeof err, "TABLE_PUSH names unknown table id %u", m->table_id);
@@ -569,8 +591,6 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
     return;
   }
   size_t n = (size_t)m->count;
-  const uint64_t *keys = (const uint64_t *)data;
-  const float *grads = data ? (const float *)(data + n * sizeof(uint64_t)) : NULL;
   int rc = check_keys(ts, keys, n, err, sizeof err);
   if (rc == 0) rc = grads_check(e->t, keys, grads, n, err, sizeof err);
   uint64_t dropped = 0;
@@ -592,6 +612,31 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
    * next step changes a row. */
   ts->actions |= psd_persist_table_advanced(ts->persist, m->table_id);
   wake(ts, m->table_id, 0);
+}
+
+/* A TablePush in the push ring: its keys are copied out first, so the
+ * peer cannot change them between their checks and their use (rewriting
+ * its gradients meanwhile only changes its own gradient). Bounded:
+ * PS__MAX_TABLE_KEYS keys (handle_push checked the count). */
+static void do_push_shm(psd_tables *ts, psd_conn *c, const Ps__TablePush *m) {
+  size_t n = (size_t)m->count;
+  char err[900];
+  uint64_t step = m->table_id < ts->n ? psd_table_step(ts->v[m->table_id].t) : 0;
+  uint64_t growth = n > ts->kcopy_cap ? (n - ts->kcopy_cap) * sizeof *ts->kcopy : 0;
+  if (mem_check(ts, c, m->table_id, growth, err, sizeof err, "a push of %zu keys (%llu bytes "
+                "to copy its keys)", n, (unsigned long long)growth)) {
+    push_reply(ts, c, m->request_id, PS_ENOMEM, err, 0, step);
+    return;
+  }
+  if (ps__grow((void **)&ts->kcopy, &ts->kcopy_cap, n ? n : 1, sizeof *ts->kcopy) != 0) {
+    snprintf(err, sizeof err, "out of memory copying the %zu keys of a push", n);
+    ps__ratelog_say(&c->reg->plog[PSD_PLOG_PUSH], ps__now(), "%s: %s", c->name, err);
+    push_reply(ts, c, m->request_id, PS_ENOMEM, err, 0, step);
+    return;
+  }
+  memcpy(ts->kcopy, c->shm_src, n * sizeof(uint64_t));
+  do_push(ts, c, m, ts->kcopy,
+          (const float *)(const void *)((const uint8_t *)c->shm_src + n * sizeof(uint64_t)));
 }
 
 static int handle_push(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
@@ -621,7 +666,12 @@ static int handle_push(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
     return -1;
   }
   if (c->hdr.data_len == 0) {
-    do_push(ts, c, m, NULL);
+    do_push(ts, c, m, NULL, NULL);
+    return 0;
+  }
+  if (c->shm_src) { /* 2.9: in the push ring, read where it lies: nothing staged */
+    psd_conn_begin_shm_blob(c);
+    c->blob_msg = m;
     return 0;
   }
   /* Its keys and gradients are staged whole before they are applied:
@@ -664,8 +714,12 @@ int psd_tables_message(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
 void psd_tables_data(psd_tables *ts, psd_conn *c) {
   if (c->hdr.type == PS__MSG_TABLE_PULL)
     do_pull(ts, c, c->blob_msg, (const uint64_t *)c->stage);
+  else if (c->hdr.type == PS__MSG_TABLE_PUSH && c->shm_src)
+    do_push_shm(ts, c, c->blob_msg);
   else if (c->hdr.type == PS__MSG_TABLE_PUSH)
-    do_push(ts, c, c->blob_msg, (const uint8_t *)c->stage);
+    do_push(ts, c, c->blob_msg, (const uint64_t *)c->stage,
+            (const float *)((const uint8_t *)c->stage +
+                            ((const Ps__TablePush *)c->blob_msg)->count * sizeof(uint64_t)));
 }
 
 void psd_tables_wake_all(psd_tables *ts) {
@@ -695,7 +749,7 @@ void psd_tables_expire(psd_tables *ts, double now) {
       if (due && (p->conn->dead || !psd_conn_backlogged(p->conn))) { /* drained: answer */
         *pp = p->next;
         if (!p->conn->dead) {
-          answer_pull(ts, i, p->conn, p->req, p->keys, p->n, p->read_only);
+          answer_pull(ts, i, p->conn, p->req, p->keys, p->n, p->read_only, p->shm);
           psd_conn_write(p->conn); /* may close it: p is off every list already */
         }
         tpull_free(ts, p);

@@ -47,6 +47,7 @@ typedef struct psd_tpull {
   uint64_t *keys;          /* its keys (owned copy; checked already) */
   size_t n;                /* how many */
   struct psd_tpull *next;  /* the table's list of parked pulls */
+  int shm;                 /* TablePull.shm_reply */
 } psd_tpull;
 
 /* One table here. */
@@ -61,6 +62,8 @@ typedef struct psd_tables {
   uint32_t n, cap;         /* used, allocated */
   uint64_t reserved;       /* sum of the entries' reservations */
   uint64_t parked_bytes;   /* keys held by parked pulls */
+  uint64_t *kcopy;         /* a TablePush's keys out of the push ring */
+  size_t kcopy_cap;        /* entries (at most PS__MAX_TABLE_KEYS) */
   const psd_config *cfg;   /* options (--max-memory, --pull-timeout, ps index) */
   psd_job *job;            /* workers, replicas and mode once pinned */
   const psd_shard *shard;  /* the variables' bytes, for --max-memory */

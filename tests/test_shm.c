@@ -263,8 +263,8 @@ START_TEST(test_hello_and_header) {
   msg[0] ^= 1;
   ck_assert_int_eq(ps__shm_hello_decode(msg, sizeof msg, tok2, &a, &b, err, sizeof err),
                    PS_EPROTO);
-  /* The header flag: only PUSH, INIT, PULL_REPLY with data, after the
-   * handshake; no other bit. */
+  /* The header flag: only PUSH, INIT, PULL_REPLY, TABLE_PUSH and
+   * TABLE_PULL_REPLY (2.9) with data, after the handshake; no other bit. */
   uint8_t h[PS__HEADER_SIZE];
   ps__frame_header fh;
   ps__header_encode_flags(h, PS__MSG_PUSH, 10, 64, PS__FLAG_SHM);
@@ -275,6 +275,12 @@ START_TEST(test_hello_and_header) {
   ps__header_encode_flags(h, PS__MSG_PULL, 10, 0, PS__FLAG_SHM);
   ck_assert_int_eq(ps__header_decode(h, 1, &fh, err, sizeof err), PS_EPROTO);
   ps__header_encode_flags(h, PS__MSG_TABLE_PUSH, 10, 64, PS__FLAG_SHM);
+  ck_assert_int_eq(ps__header_decode(h, 1, &fh, err, sizeof err), 0);
+  ps__header_encode_flags(h, PS__MSG_TABLE_PULL_REPLY, 10, 64, PS__FLAG_SHM);
+  ck_assert_int_eq(ps__header_decode(h, 1, &fh, err, sizeof err), 0);
+  ps__header_encode_flags(h, PS__MSG_TABLE_PULL, 10, 64, PS__FLAG_SHM);
+  ck_assert_int_eq(ps__header_decode(h, 1, &fh, err, sizeof err), PS_EPROTO);
+  ps__header_encode_flags(h, PS__MSG_TABLE_PUSH, 10, 0, PS__FLAG_SHM);
   ck_assert_int_eq(ps__header_decode(h, 1, &fh, err, sizeof err), PS_EPROTO);
   ps__header_encode_flags(h, PS__MSG_PUSH, 10, 0, PS__FLAG_SHM);
   ck_assert_int_eq(ps__header_decode(h, 1, &fh, err, sizeof err), PS_EPROTO);

@@ -1107,8 +1107,10 @@ START_TEST(pull_released_mid_frame) {
   tu_psd ps[1];
   char hosts[1][64];
   const char *hp[1];
-  /* Small send buffers: the rows trickle, so the reader stops mid-frame. */
+  /* Small send buffers: the rows trickle, so the reader stops mid-frame.
+   * Over TCP: through shared memory (2.9) the rows arrive whole. */
   const char *extra[] = {"--socket-buffer", "16384", NULL};
+  setenv("PS_TRANSPORT", "tcp", 1); /* this test's own process (CK_FORK) */
   start_ps(ps, 1, hosts, hp, extra);
   ps_client *c = tu_client(hp, 1, 0, 1, 0, 0);
   ps_table_config g = tcfg(16, PS_TOPT_SGD, 0.1);

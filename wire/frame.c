@@ -99,7 +99,8 @@ int ps__header_decode(const uint8_t in[PS__HEADER_SIZE], int handshaken,
   /* PS__FLAG_SHM (2.4): only on the frames whose data may move through
    * the shared-memory segment, only after the handshake, only with data. */
   int shm_ok = handshaken && data != 0 &&
-               (type == PS__MSG_PUSH || type == PS__MSG_INIT || type == PS__MSG_PULL_REPLY);
+               (type == PS__MSG_PUSH || type == PS__MSG_INIT || type == PS__MSG_PULL_REPLY ||
+                type == PS__MSG_TABLE_PUSH || type == PS__MSG_TABLE_PULL_REPLY); /* 2.9 */
   if (flags != 0 && (flags != PS__FLAG_SHM || !shm_ok)) {
     snprintf(err, errlen, "frame flags 0x%x not allowed on a %s frame%s", flags,
              ps__msg_name(type), data == 0 ? " without data" : "");

@@ -151,6 +151,7 @@ static int tpull_send(ps_client *c, ps_req *r, int p) {
   m.count = k;
   m.read_only = tp->read_only;
   m.timeout_ms = (uint32_t)c->request_timeout_ms;
+  m.shm_reply = c->conns[p].shm.map && c->conns[p].minor >= 9; /* rows through the segment */
   void *d = ps__outq_frame_inline(&c->conns[p].out, PS__MSG_TABLE_PULL, &m.base,
                                   (uint64_t)k * sizeof(uint64_t));
   if (!d) return ps__seterr(c, PS_ENOMEM, "out of memory queueing a pull of %zu keys", k);
@@ -387,6 +388,14 @@ static void push_fill(const ps_table *t, const ps__kp *kp, size_t n, const size_
   }
 }
 
+/* Where `bytes` of a TablePush's data go in k's push ring (2.9), its
+ * position in *pos; NULL: over TCP (no segment, a server older than 2.9,
+ * or no room now). */
+static uint8_t *push_ring(ps__conn *k, uint64_t bytes, uint64_t *pos) {
+  if (!k->shm.map || k->minor < 9 || !bytes) return NULL;
+  return ps__shm_reserve(&k->shm.push, ps__shm_load(k->shm.push_done), bytes, pos);
+}
+
 /* The TablePush of cnt keys of t for ps p in step, for r. */
 static Ps__TablePush push_msg(const ps_table *t, const ps_req *r, int p, uint64_t step,
                               size_t cnt) {
@@ -464,9 +473,13 @@ int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
     /* By reference: the data is written from pbuf, which nothing changes
      * while a frame is queued (ps__tpush_prepare checks). */
     const float *seg = (const float *)(const void *)(t->pbuf + t->pfirst[p] * per_key);
-    uint64_t floats = cnt * per_key / sizeof(float);
-    int rc = ps__outq_frame(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, &seg, &floats, NULL,
-                            cnt ? 1 : 0);
+    uint64_t floats = cnt * per_key / sizeof(float), pos;
+    uint8_t *ring = push_ring(&c->conns[p], cnt * per_key, &pos);
+    if (ring) memcpy(ring, seg, cnt * per_key);
+    int rc = ring ? ps__outq_frame_shm(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,
+                                       cnt * per_key, pos)
+                  : ps__outq_frame(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, &seg, &floats,
+                                   NULL, cnt ? 1 : 0);
     if (rc)
       return ps__seterr(c, rc, "table '%s': %s queueing a push of %zu keys", t->name,
                         rc == PS_ETOOBIG ? "frame limits exceeded" : "out of memory", cnt);
@@ -496,8 +509,13 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
     /* Every ps gets one, possibly empty: it counts toward the step. */
     size_t cnt = first[p + 1] - first[p];
     Ps__TablePush m = push_msg(t, r, p, step, cnt);
-    uint8_t *d = ps__outq_frame_inline(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,
-                                       cnt * per_key);
+    uint64_t pos;
+    uint8_t *ring = push_ring(&c->conns[p], cnt * per_key, &pos);
+    uint8_t *d = ring ? ring : ps__outq_frame_inline(&c->conns[p].out, PS__MSG_TABLE_PUSH,
+                                                     &m.base, cnt * per_key);
+    if (ring && ps__outq_frame_shm(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, cnt * per_key,
+                                   pos) != 0)
+      d = NULL;
     if (!d) {
       rc = ps__seterr(c, PS_ENOMEM, "table '%s': out of memory queueing a push of %zu keys",
                       t->name, cnt);
