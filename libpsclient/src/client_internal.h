@@ -215,6 +215,8 @@ typedef struct ps__tpull {
   size_t *sent;       /* num_ps: keys of ps p sent so far (the frame in
                          flight included); one frame per ps in flight */
   size_t *inflight;   /* num_ps: keys of the frame in flight to ps p */
+  int direct;         /* the rows went straight from the pull ring into
+                         out: nothing to scatter */
 } ps__tpull;
 
 /* A sparse table (tableapi.c). */
@@ -265,6 +267,8 @@ typedef struct ps__conn {
   struct iovec *dst;           /* data destinations of the frame */
   size_t ndst;                 /* entries used */
   size_t capdst;               /* entries allocated */
+  const uint8_t *shm_src;      /* the frame's data in our pull ring, while
+                                  its reply is handled (else NULL) */
   size_t dst_i;                /* entry being filled */
   uint64_t dst_got;            /* bytes of dst[dst_i] received */
   uint64_t data_req;           /* PullReply being received: request id */
@@ -509,7 +513,9 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
 int ps__on_table_register_reply(ps_client *c, ps__conn *k, const Ps__TableRegisterReply *m);
 int ps__on_table_push_reply(ps_client *c, ps__conn *k, const Ps__TablePushReply *m);
 /* A TablePullReply for r (in flight): checks it and aims k's dst at r's
- * rows (k->data_own set); nothing for a step pull. */
+ * rows (k->data_own set); nothing for a step pull. 1 when it took the
+ * rows from the pull ring itself (k->shm_src: a whole pull in one frame),
+ * straight into the caller's order. */
 int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePullReply *m);
 /* Its data is in: the next frame of that ps goes out, and the request,
  * if complete, scatters its rows into the caller's buffer. */

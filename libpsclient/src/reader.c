@@ -55,7 +55,9 @@ static int rd_meta(ps_client *c, ps__conn *k) {
   k->in_off += mb;
   k->in_len -= mb;
   k->rstate = PS__RD_HEADER;
+  k->shm_src = src;
   int rc = ps__handle_reply(c, k, meta);
+  k->shm_src = NULL;
   if (rc < 0) return rc;
   if (k->rstate == PS__RD_DATA && src) {
     /* The one copy of a pull: out of the ring into the variables, then the

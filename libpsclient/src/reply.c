@@ -249,7 +249,11 @@ static int on_table_pull_reply(ps_client *c, ps__conn *k, const Ps__TablePullRep
   k->data_kind = PS__DATA_TABLE;
   k->data_own = 0;
   int rc = r ? ps__table_pull_reply(c, k, r, m) : 0;
-  if (rc) return rc;
+  if (rc < 0) return rc;
+  if (rc == 1) { /* its rows were taken from the pull ring already */
+    k->rstate = PS__RD_DATA;
+    return 0;
+  }
   if (!k->ndst && k->hdr.data_len && plan_discard(k, k->hdr.data_len)) {
     ps__conn_break(c, k, PS_ENOMEM, "out of memory");
     return PS_ENOMEM;

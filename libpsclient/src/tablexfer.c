@@ -291,6 +291,16 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
     return ps__proto_err(c, k, e);
   }
   if (m->step < r->step) r->step = m->step;
+  if (k->shm_src && c->num_ps == 1 && tp->sent[p] == tp->nu && tp->inflight[p] == tp->nu) {
+    /* The whole pull in one frame in the pull ring: its rows go straight
+     * into the caller's order, one copy. */
+    const float *src = (const float *)(const void *)k->shm_src;
+    size_t row = (size_t)tp->dim * sizeof(float);
+    for (size_t i = 0; i < tp->n; i++)
+      memcpy(tp->out + i * tp->dim, src + tp->inv[i] * tp->dim, row);
+    tp->direct = 1;
+    return 1;
+  }
   if (ps__grow((void **)&k->dst, &k->capdst, 1, sizeof *k->dst)) {
     ps__conn_break(c, k, PS_ENOMEM, "out of memory");
     return PS_ENOMEM;
@@ -321,7 +331,7 @@ void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
       ps__req_fail(c, r, PS_ENOMEM, e);
       return;
     }
-    if (r->pending == 1) tpull_scatter(tp); /* this was the last reply */
+    if (r->pending == 1 && !tp->direct) tpull_scatter(tp); /* this was the last reply */
   }
   ps__req_answered(c, r, p, 1);
 }
