@@ -475,7 +475,8 @@ void psd_conns_close_all(psd_conns *cs) {
 uint64_t psd_conns_held_bytes(const psd_conns *cs) {
   uint64_t b = 0;
   for (const psd_conn *c = cs->head; c; c = c->next)
-    b += c->out.bufcap + c->stage_cap * sizeof(float) + c->stage16_cap * sizeof(uint16_t);
+    b += ps__outq_held(&c->out) + c->stage_cap * sizeof(float) +
+         c->stage16_cap * sizeof(uint16_t);
   return b;
 }
 

@@ -260,7 +260,8 @@ void psd_conn_skip_blob(psd_conn *c, uint64_t bytes);
 void psd_conn_begin_shm_blob(psd_conn *c);
 /* Bytes every open connection holds in memory now beyond its fixed
  * buffers: replies queued and not yet written (copied into the output
- * queue: table rows, detached parameters, headers) and request data
+ * queue: table rows, detached parameters, headers), or what an output
+ * buffer kept between table steps last held (ps__outq_held), and request data
  * staged (a TABLE_PUSH's keys and gradients, a Push item). Counted
  * against --max-memory by the tables (tables.c). */
 uint64_t psd_conns_held_bytes(const psd_conns *cs);

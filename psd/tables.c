@@ -255,11 +255,12 @@ static int mem_check(const psd_tables *ts, const psd_conn *c, uint32_t id, uint6
   return PS_ENOMEM;
 }
 
-/* Bytes c's output queue must grow by to take a reply of `bytes` (its
- * buffer, kept between steps, is counted whole in held_bytes already). */
+/* Bytes c's output queue adds to held_bytes with a reply of `bytes`
+ * (a buffer kept between steps is counted there already). */
 static uint64_t out_growth(const psd_conn *c, uint64_t bytes) {
-  uint64_t need = (uint64_t)c->out.len + bytes + PS__HEADER_SIZE + 4096; /* + its meta */
-  return need > c->out.bufcap ? need - c->out.bufcap : 0;
+  uint64_t now = ps__outq_held(&c->out);
+  uint64_t after = (uint64_t)c->out.len + bytes + PS__HEADER_SIZE + 4096; /* + its meta */
+  return after > now ? after - now : 0;
 }
 
 /* Bytes c's staging must grow by to take `bytes` of request data. */

@@ -466,6 +466,9 @@ START_TEST(test_outq_keeps_steady_bursts) {
     drain_one(&q, fd, big);
     size_t cap = q.bufcap;
     ck_assert_uint_ge(cap, big);
+    /* counted as what it last held, not its capacity (up to twice) */
+    ck_assert_uint_ge(ps__outq_held(&q), big);
+    ck_assert_uint_lt(ps__outq_held(&q), big + 4096);
     for (int i = 0; i < 7; i++) {
       drain_one(&q, fd, small);
       ck_assert_msg(q.bufcap == cap, "round %d: the buffer went after %d small drains", round,
@@ -474,6 +477,7 @@ START_TEST(test_outq_keeps_steady_bursts) {
   }
   drain_one(&q, fd, small);
   ck_assert_msg(q.bufcap < big, "8 small drains in a row kept a %zu-byte buffer", q.bufcap);
+  ck_assert_uint_eq(ps__outq_held(&q), 0);
   ps__outq_free(&q);
   ck_assert_int_eq(q.keep_recent, 1);
   ps__outq o = {0};

@@ -553,6 +553,18 @@ START_TEST(test_handover_refused) {
   ck_assert_msg(strstr(why, "no segment"), "%s", why);
   ps__outq_free(&q);
   raw_close(&r);
+  /* The same for a TablePush (2.9): refused before any table is looked at. */
+  raw_open(&r, p.addr, 1);
+  Ps__TablePush tm = PS__TABLE_PUSH__INIT;
+  tm.request_id = 2;
+  tm.count = 1;
+  ck_assert_int_eq(ps__outq_frame_shm(&q, PS__MSG_TABLE_PUSH, &tm.base, 12, 0), 0);
+  raw_send(&r, &q);
+  st = raw_error(&r, why, sizeof why, 5);
+  ck_assert_int_eq(st, PS_EPROTO);
+  ck_assert_msg(strstr(why, "no segment") && strstr(why, "TABLE_PUSH"), "%s", why);
+  ps__outq_free(&q);
+  raw_close(&r);
   /* Still serving: an honest worker gets its segment. */
   int rc;
   ps_client *c = client(p.addr, 0, PS_TRANSPORT_SHM, why, sizeof why, &rc);

@@ -143,14 +143,19 @@ int ps__outq_write(ps__outq *q, int fd) {
   const size_t used = q->len;
   q->first = q->n = q->first_done = 0;
   q->len = q->ext_len = 0;
-  if (q->bufcap / PS__OUTQ_SLACK <= used) q->small_drains = 0;
-  else if (q->small_drains < PS__OUTQ_KEEP_DRAINS) q->small_drains++;
+  if (q->bufcap / PS__OUTQ_SLACK <= used) {
+    q->small_drains = 0;
+    if (q->bufcap > PS__OUTQ_KEEP) q->kept = used;
+  } else if (q->small_drains < PS__OUTQ_KEEP_DRAINS) {
+    q->small_drains++;
+  }
   if (q->bufcap > PS__OUTQ_KEEP &&
       !(q->keep_recent && q->small_drains < PS__OUTQ_KEEP_DRAINS)) {
     free(q->buf);
     q->buf = NULL;
     q->bufcap = 0;
   }
+  if (!q->buf) q->kept = 0;
   if (q->cap * sizeof *q->segs > PS__OUTQ_KEEP) {
     free(q->segs);
     q->segs = NULL;

@@ -39,7 +39,14 @@ typedef struct ps__outq {
                                     frames between them: no fresh pages a
                                     step); 0: gives it back at once */
   unsigned small_drains;         /* drains in a row that used less */
+  size_t kept;                   /* bytes the last big drain used: what a
+                                    kept buffer holds in touched pages
+                                    (its capacity may be up to twice) */
 } ps__outq;
+
+/* Bytes q holds as memory accounting sees them: what is queued, or what
+ * a kept buffer last used, whichever is more. */
+static inline size_t ps__outq_held(const ps__outq *q) { return q->len > q->kept ? q->len : q->kept; }
 
 /* Queues header + packed m + data segments (refs may be NULL). 0,
  * PS_ETOOBIG or PS_ENOMEM. */
