@@ -109,12 +109,13 @@ static int decode(const uint8_t *in, int handshaken, ps__frame_header *h) {
           "pre-handshake frame of %u + %llu bytes", h->meta_len,
           (unsigned long long)h->data_len);
   }
-  /* The one flag (2.4): data in the shared-memory segment, on the three
-   * frame types that carry tensors, after the handshake. */
+  /* The one flag (2.4): data in the shared-memory segment, on the frame
+   * types that carry tensors (2.9: and table rows), after the handshake. */
   CHECK(h->flags == 0 ||
             (h->flags == PS__FLAG_SHM && handshaken && h->data_len != 0 &&
              (h->type == PS__MSG_PUSH || h->type == PS__MSG_INIT ||
-              h->type == PS__MSG_PULL_REPLY)),
+              h->type == PS__MSG_PULL_REPLY || h->type == PS__MSG_TABLE_PUSH ||
+              h->type == PS__MSG_TABLE_PULL_REPLY)),
         "flags 0x%x on %s", h->flags, ps__msg_name(h->type));
   uint8_t re[PS__HEADER_SIZE];
   ps__header_encode_flags(re, h->type, h->meta_len, h->data_len, h->flags);
