@@ -621,6 +621,12 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
  * PS__MAX_TABLE_KEYS keys (handle_push checked the count). */
 static void do_push_shm(psd_tables *ts, psd_conn *c, const Ps__TablePush *m) {
   size_t n = (size_t)m->count;
+  /* An unknown table's frame was checked against no dim: count may claim
+   * more keys than its data holds. do_push refuses it before any read. */
+  if (m->table_id >= ts->n || (uint64_t)n * sizeof(uint64_t) > c->hdr.data_len) {
+    do_push(ts, c, m, NULL, NULL);
+    return;
+  }
   char err[900];
   uint64_t step = m->table_id < ts->n ? psd_table_step(ts->v[m->table_id].t) : 0;
   uint64_t growth = n > ts->kcopy_cap ? (n - ts->kcopy_cap) * sizeof *ts->kcopy : 0;

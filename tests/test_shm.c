@@ -565,6 +565,20 @@ START_TEST(test_handover_refused) {
   ck_assert_msg(strstr(why, "no segment") && strstr(why, "TABLE_PUSH"), "%s", why);
   ps__outq_free(&q);
   raw_close(&r);
+  /* With a segment: a TablePush to an unknown table whose count claims
+   * 2^22 keys in 16 bytes of ring is refused, nothing read past them
+   * (was: psd copied 32 MiB of "keys" from past its mapping). */
+  raw_open(&r, p.addr, 1);
+  ck_assert_int_eq(raw_attach(&r, why, sizeof why), 0);
+  tm.table_id = 77;
+  tm.count = PS__MAX_TABLE_KEYS;
+  ck_assert_int_eq(ps__outq_frame_shm(&q, PS__MSG_TABLE_PUSH, &tm.base, 16, 0), 0);
+  raw_send(&r, &q);
+  ps__outq_free(&q);
+  usleep(300000);
+  int wst;
+  ck_assert_msg(waitpid(p.pid, &wst, WNOHANG) == 0, "psd died of an unknown table's shm push");
+  raw_close(&r);
   /* Still serving: an honest worker gets its segment. */
   int rc;
   ps_client *c = client(p.addr, 0, PS_TRANSPORT_SHM, why, sizeof why, &rc);
