@@ -165,6 +165,19 @@ static size_t pick_keys(uint64_t *rs, const uint64_t *universe, uint32_t u, size
 /* ---------------------------------------------------------------------- */
 /* Key index */
 
+/* psd_kindex_find_batch over keys[0..n) in batches of `batch` (the last
+ * shorter) finds what the reference says, keys present and absent. */
+static void check_batches(const psd_kindex *x, const uint64_t *keys, const uint32_t *ref,
+                          uint32_t n, uint32_t batch) {
+  uint32_t vals[PSD_KINDEX_BATCH];
+  for (uint32_t b = 0; b < n; b += batch) {
+    uint32_t m = n - b < batch ? n - b : batch;
+    psd_kindex_find_batch(x, keys + b, m, n - b, vals);
+    for (uint32_t j = 0; j < m; j++)
+      ck_assert_msg(vals[j] == ref[b + j], "batch of %u at %u: key %u found %u, not %u", batch,
+                    b, j, vals[j], ref[b + j]);
+  }
+}
 /* Random inserts, removals, lookups and clears against a plain array. */
 START_TEST(index_vs_reference) {
   uint64_t rs = tu_seed("index_vs_reference");
@@ -210,10 +223,12 @@ START_TEST(index_vs_reference) {
     if (op % 997 == 0) {
       ck_assert_uint_eq(psd_kindex_check(&x), 0);
       for (uint32_t j = 0; j < U; j++) ck_assert_uint_eq(psd_kindex_find(&x, keys[j]), ref[j]);
+      check_batches(&x, keys, ref, U, 1 + op % PSD_KINDEX_BATCH);
     }
   }
   ck_assert_uint_eq(psd_kindex_check(&x), 0);
   for (uint32_t j = 0; j < U; j++) ck_assert_uint_eq(psd_kindex_find(&x, keys[j]), ref[j]);
+  check_batches(&x, keys, ref, U, PSD_KINDEX_BATCH);
   psd_kindex_free(&x);
   free(keys);
   free(ref);
@@ -254,6 +269,9 @@ START_TEST(index_backward_shift_wraps) {
         ck_assert_uint_eq(psd_kindex_find(&x, keys[perm[e]]), (uint32_t)perm[e]);
       for (int e = 0; e <= d; e++)
         ck_assert_uint_eq(psd_kindex_find(&x, keys[perm[e]]), PSD_KINDEX_NONE);
+      uint32_t ref[7]; /* the batch probes across the wrap too */
+      for (int e = 0; e < 7; e++) ref[perm[e]] = e > d ? (uint32_t)perm[e] : PSD_KINDEX_NONE;
+      check_batches(&x, keys, ref, 7, 1 + (uint32_t)(orders % 7));
     }
     ck_assert_uint_eq(x.n, 0);
     orders++;

@@ -44,7 +44,9 @@ static unsigned log2_u64(uint64_t v) { return (unsigned)__builtin_ctzll(v); }
 /* A zeroed array of n slots (every generation 0: empty), or NULL. */
 static psd_kslot *slots_alloc(uint64_t n) {
   if (n > SIZE_MAX / sizeof(psd_kslot)) return NULL;
-  return calloc((size_t)n, sizeof(psd_kslot));
+  psd_kslot *s = calloc((size_t)n, sizeof(psd_kslot));
+  ps__advise_huge(s, (size_t)n * sizeof(psd_kslot)); /* probed at random: a TLB miss a key */
+  return s;
 }
 
 int psd_kindex_init(psd_kindex *x) {
@@ -68,10 +70,6 @@ uint64_t psd_kindex_home(const psd_kindex *x, uint64_t key) {
   return kindex_hash(key) >> x->shift;
 }
 
-void psd_kindex_prefetch(const psd_kindex *x, uint64_t key) {
-  __builtin_prefetch(&x->slots[kindex_hash(key) >> x->shift]);
-}
-
 uint32_t psd_kindex_find(const psd_kindex *x, uint64_t key) {
   const uint64_t mask = x->nslots - 1;
   const uint32_t gen = x->gen;
@@ -80,6 +78,33 @@ uint32_t psd_kindex_find(const psd_kindex *x, uint64_t key) {
   for (uint64_t i = kindex_hash(key) >> x->shift;; i = (i + 1) & mask) {
     if (s[i].gen != gen) return PSD_KINDEX_NONE;
     if (s[i].key == key) return s[i].val;
+  }
+}
+
+/* Home slots prefetched ahead of the probe: enough misses in flight to
+ * cover a memory latency, not so many that the prefetches wait for line
+ * buffers (measured: 8-64 perform alike on 10M keys). */
+#define KINDEX_AHEAD 16
+void psd_kindex_find_batch(const psd_kindex *x, const uint64_t *keys, size_t n, size_t more,
+                           uint32_t *vals) {
+  const uint64_t mask = x->nslots - 1;
+  const uint32_t gen = x->gen;
+  const psd_kslot *s = x->slots;
+  uint64_t home[PSD_KINDEX_BATCH];
+  PS_ASSERT(n <= PSD_KINDEX_BATCH);
+  for (size_t j = 0; j < n; j++) home[j] = kindex_hash(keys[j]) >> x->shift;
+  for (size_t j = 0; j < n && j < KINDEX_AHEAD; j++) __builtin_prefetch(&s[home[j]]);
+  for (size_t j = 0; j < n; j++) {
+    if (j + KINDEX_AHEAD < n) __builtin_prefetch(&s[home[j + KINDEX_AHEAD]]);
+    else if (j + KINDEX_AHEAD < more) /* the next batch's first keys */
+      __builtin_prefetch(&s[kindex_hash(keys[j + KINDEX_AHEAD]) >> x->shift]);
+    uint32_t v = PSD_KINDEX_NONE;
+    for (uint64_t i = home[j]; s[i].gen == gen; i = (i + 1) & mask)
+      if (s[i].key == keys[j]) {
+        v = s[i].val;
+        break;
+      }
+    vals[j] = v;
   }
 }
 
@@ -92,6 +117,12 @@ static uint64_t free_slot(const psd_kindex *x, uint64_t key) {
 }
 
 int psd_kindex_reserve(psd_kindex *x, uint64_t entries) {
+  /* Room already (every insert asks): no search for the size. nslots <
+   * 2^60 here (it was allocated), so neither product overflows but a
+   * huge `entries`, which the search below refuses. */
+  if (entries <= UINT64_MAX / PSD_KINDEX_LOAD_DEN &&
+      entries * PSD_KINDEX_LOAD_DEN <= x->nslots * PSD_KINDEX_LOAD_NUM)
+    return 0;
   uint64_t want = psd_kindex_slots_for(entries);
   if (want == 0) return PS_ENOMEM;
   if (want <= x->nslots) return 0;

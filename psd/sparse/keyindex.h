@@ -62,12 +62,19 @@ uint64_t psd_kindex_bytes(const psd_kindex *x);
 /* The key's home slot (tests build clusters that wrap around the end). */
 uint64_t psd_kindex_home(const psd_kindex *x, uint64_t key);
 
-/* Starts loading key's home slot into the cache (a batch looks keys up a
- * few ahead of their use, so the misses overlap). */
-void psd_kindex_prefetch(const psd_kindex *x, uint64_t key);
-
 /* The value of key, or PSD_KINDEX_NONE. */
 uint32_t psd_kindex_find(const psd_kindex *x, uint64_t key);
+
+/* Most keys of one psd_kindex_find_batch: its home slots live on the
+ * stack (2 KiB). */
+#define PSD_KINDEX_BATCH 256u
+
+/* vals[j] = psd_kindex_find(x, keys[j]) for j < n <= PSD_KINDEX_BATCH,
+ * the home slots hashed once and prefetched a few keys ahead of their
+ * probe, so the misses overlap (keys[n..more) follow the batch: the
+ * next batch's first ones are prefetched too). */
+void psd_kindex_find_batch(const psd_kindex *x, const uint64_t *keys, size_t n, size_t more,
+                           uint32_t *vals);
 
 /* Makes room for `entries` entries in all (growing by doubling, entries
  * rehashed). 0, or PS_ENOMEM (the index is unchanged). */

@@ -42,15 +42,11 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
  * width. So a key sighted a few times long ago is not admitted by one
  * stray sighting, and the counters never stay saturated. */
 #define SKETCH_SAMPLE_PER_WIDTH 10u
-/* Keys a lookup looks ahead to prefetch their index slots: enough to
- * cover a memory latency with the probes of the keys in between (a probe
- * that hits the cache is a few ns, a miss ~100 ns). */
-#define PREFETCH_AHEAD 16u
 /* Rows a batch looks up before it works on them: the index probes of a
  * batch run back to back with their slots prefetched, then the rows are
  * read or updated with their memory prefetched ROW_AHEAD rows ahead. On
  * the stack: 1 KiB of row numbers. */
-#define LOOKUP_BATCH 256u
+#define LOOKUP_BATCH PSD_KINDEX_BATCH
 #define ROW_AHEAD 4u
 /* Admission generator's state at the front of the aux bytes, then (with
  * a sketch) the keys pulled since its counts last halved, then the sketch.
@@ -172,6 +168,7 @@ static float *alloc_floats(uint64_t n) {
   void *p = NULL;
   if (bytes == 0 || bytes > SIZE_MAX || posix_memalign(&p, TABLE_ALIGN, (size_t)bytes) != 0)
     return NULL;
+  ps__advise_huge(p, (size_t)bytes); /* rows are read and updated at random */
   return p;
 }
 
@@ -179,7 +176,9 @@ static float *alloc_floats(uint64_t n) {
 static void *alloc_array(uint64_t n, size_t elem) {
   uint64_t bytes;
   if (ps__mul_u64(n, elem, &bytes) != 0 || bytes > SIZE_MAX) return NULL;
-  return malloc(bytes ? (size_t)bytes : 1);
+  void *p = malloc(bytes ? (size_t)bytes : 1);
+  ps__advise_huge(p, (size_t)bytes); /* per-row metadata, touched at random */
+  return p;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -409,15 +408,11 @@ static void evict_expired(psd_table *t) {
 /* ---------------------------------------------------------------------- */
 /* Batched lookups */
 
-/* rows[j] = the row of keys[j] (NIL: none) for j < n <= LOOKUP_BATCH,
- * index slots prefetched PREFETCH_AHEAD keys ahead (keys[n..more) are
- * the keys after the batch, prefetched too). */
+/* rows[j] = the row of keys[j] (NIL: none) for j < n <= LOOKUP_BATCH
+ * (keys[n..more) are the keys after the batch: psd_kindex_find_batch). */
 static void lookup_batch(const psd_table *t, const uint64_t *keys, size_t n, size_t more,
                          uint32_t *rows) {
-  for (size_t j = 0; j < n; j++) {
-    if (j + PREFETCH_AHEAD < more) psd_kindex_prefetch(&t->index, keys[j + PREFETCH_AHEAD]);
-    rows[j] = psd_kindex_find(&t->index, keys[j]);
-  }
+  psd_kindex_find_batch(&t->index, keys, n, more, rows);
 }
 
 /* The memory a touch and a read or update of row r will use. */
@@ -478,6 +473,12 @@ static int admit(psd_table *t, uint64_t key) {
   return sketch_sight(t, key) >= s->admit_count;
 }
 
+/* A row's values out (inline: a call to memcpy costs as much as the copy
+ * of a short row). */
+static inline void copy_row(float *restrict o, const float *restrict row, size_t dim) {
+  for (size_t i = 0; i < dim; i++) o[i] = row[i];
+}
+
 /* Key i of a pull (rows[j]: its row as a batch's lookup found it, valid
  * while *stored is 0: a new row may evict one a later key of the batch
  * found, so after one the keys are looked up again). 0 or PS_ENOMEM. */
@@ -503,7 +504,7 @@ static int pull_one(psd_table *t, uint64_t key, uint32_t r, int create, int rc, 
     psd_rowinit_fill(&t->spec, t->init_salt, key, o);
     return rc;
   }
-  memcpy(o, row_at(t, r), dim * sizeof(float));
+  copy_row(o, row_at(t, r), dim);
   touch(t, r);
   return rc;
 }
