@@ -155,12 +155,36 @@ START_TEST(test_recipe_options) {
   ck_assert_msg(differ > n1 / 2, "only %zu of %zu parameters differ from plain SGD", differ, n1);
   free(p1);
   free(p2);
-  char *argv[] = {(char *)bin("cifar_worker"), "--data", (char *)synth_dir(), "--cosine",
-                  "--lr-decay", "0.1:1", NULL};
-  char *out;
-  ck_assert_int_ne(run(argv, &out, 30), 0);
-  ck_assert_msg(out && strstr(out, "choose one schedule"), "%s", tail_of(out));
-  free(out);
+  /* --cosine-floor: the same cosine ends early, at 0.3 x the rate, which
+   * then holds: other parameters again (its server logs the schedule). */
+  char floored[600];
+  snprintf(floored, sizeof floored, "%s/floored.f32", tu_tmpdir());
+  const char *fl[] = {"--momentum", "0.9", "--warmup-epochs", "0.05", "--cosine-floor",
+                      "0.2:0.3", NULL};
+  double b = run_recipe(fl, floored);
+  ck_assert_msg(b > 0.4, "test accuracy %.3f after 30 steps with a floored cosine", b);
+  float *p3 = read_floats(floored, &n1);
+  p2 = read_floats(recipe, &n2);
+  ck_assert_uint_eq(n1, n2);
+  differ = 0;
+  for (size_t i = 0; i < n1; i++) differ += p3[i] != p2[i];
+  ck_assert_msg(differ > n1 / 2, "only %zu of %zu parameters differ from --cosine's", differ, n1);
+  free(p2);
+  free(p3);
+  /* Options after --data D, then the sentence that refuses them. */
+  const char *bad[][5] = {{"--cosine", "--lr-decay", "0.1:1", NULL, "choose one schedule"},
+                          {"--cosine-floor", "0.2:0.3", "--lr-decay", "0.1:1",
+                           "choose one schedule"},
+                          {"--cosine-floor", "75", NULL, NULL, "must be EPOCH:FACTOR"},
+                          {"--cosine-floor", "75:1.5", NULL, NULL, "--cosine-floor FACTOR"}};
+  for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+    char *argv[8] = {(char *)bin("cifar_worker"), "--data", (char *)synth_dir()};
+    for (int j = 0; j < 4 && bad[k][j]; j++) argv[3 + j] = (char *)bad[k][j];
+    char *out;
+    ck_assert_int_ne(run(argv, &out, 30), 0);
+    ck_assert_msg(out && strstr(out, bad[k][4]), "%s: %s", bad[k][0], tail_of(out));
+    free(out);
+  }
 }
 END_TEST
 

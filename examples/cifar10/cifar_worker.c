@@ -41,6 +41,8 @@ typedef struct opts {
   double momentum;     /* --momentum (0: plain SGD) */
   double warmup_epochs; /* --warmup-epochs: linear warm-up of the lr */
   int cosine;          /* --cosine: lr follows a cosine to 0 at the last step */
+  double floor_epoch;  /* --cosine-floor E:F: the cosine ends at epoch E ... */
+  double floor_factor; /* ... at lr * F, and stays there (0, 0: as --cosine) */
   int threads;         /* --threads (0: SLURM_CPUS_PER_TASK or cores) */
   uint64_t seed;       /* --seed */
   char metrics[4096];  /* --metrics: JSON lines file */
@@ -75,8 +77,8 @@ static void die(const char *fmt, ...) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: cifar_worker --data DIR [--epochs E | --steps S] [--batch B] [--lr X]\n"
-          "                    [--lr-decay RATE:EPOCHS | --cosine] [--momentum M]\n"
-          "                    [--warmup-epochs W] [--threads T] [--seed N]\n"
+          "                    [--lr-decay RATE:EPOCHS | --cosine | --cosine-floor E:F]\n"
+          "                    [--momentum M] [--warmup-epochs W] [--threads T] [--seed N]\n"
           "                    [--metrics FILE] [--eval-every N] [--no-lrn]\n"
           "                    [--average DECAY] [--eval-views N] [--contrast LO:HI]\n"
           "                    [--device cpu|gpu|auto]\n"
@@ -91,6 +93,9 @@ static void usage(FILE *f) {
           "  --momentum M      SGD with momentum M (server side) [0: plain SGD]\n"
           "  --warmup-epochs W raise the learning rate linearly over W epochs [0]\n"
           "  --cosine          cosine decay of the learning rate to 0 at the last step\n"
+          "  --cosine-floor E:F cosine decay to F x the learning rate at epoch E, then\n"
+          "                    that rate to the end (a flat tail for --average to\n"
+          "                    average, as stochastic weight averaging does)\n"
           "  --threads T       compute threads [SLURM_CPUS_PER_TASK, else cores/local workers]\n"
           "  --seed N          data order and augmentation [1]\n"
           "  --metrics FILE    one JSON line per progress report (worker i>0: FILE.w<i>)\n"
@@ -184,6 +189,15 @@ static void parse(opts *o, int argc, char **argv) {
         die("--device must be cpu, gpu or auto, got '%s'", v);
       snprintf(o->device, sizeof o->device, "%s", v);
     }
+    else if (!strcmp(f, "--cosine-floor")) {
+      const char *colon = strchr(v, ':');
+      if (!colon) die("--cosine-floor must be EPOCH:FACTOR (e.g. 75:0.2), got '%s'", v);
+      char ep[64];
+      snprintf(ep, sizeof ep, "%.*s", (int)(colon - v), v);
+      o->cosine = 1;
+      o->floor_epoch = num("--cosine-floor EPOCH", ep, 1e-6, 1e6);
+      o->floor_factor = num("--cosine-floor FACTOR", colon + 1, 0, 1);
+    }
     else if (!strcmp(f, "--lr-decay")) {
       char *colon = strchr(v, ':');
       if (!colon) die("--lr-decay must be RATE:EPOCHS (e.g. 0.1:350), got '%s'", v);
@@ -193,7 +207,8 @@ static void parse(opts *o, int argc, char **argv) {
       o->decay_epochs = num("--lr-decay EPOCHS", colon + 1, 1e-6, 1e9);
     } else die("unknown option '%s' (see --help)", f);
   }
-  if (o->decay_rate > 0 && o->cosine) die("--lr-decay and --cosine: choose one schedule");
+  if (o->decay_rate > 0 && o->cosine)
+    die("--lr-decay and --cosine%s: choose one schedule", o->floor_epoch > 0 ? "-floor" : "");
 }
 
 static int default_threads(void) {
@@ -431,6 +446,10 @@ static void trainer_connect(trainer *t) {
   if (o->cosine) {
     opt.decay = PS_DECAY_COSINE;
     opt.total_steps = (uint64_t)t->total;
+    if (o->floor_epoch > 0) {
+      opt.total_steps = (uint64_t)fmax(1, round(o->floor_epoch * t->steps_per_epoch));
+      opt.min_lr_factor = o->floor_factor;
+    }
     if (opt.total_steps <= opt.warmup_steps) die("--cosine needs more steps than the warm-up");
   }
   for (int i = 0; i < cnn_num_params(); i++) {
