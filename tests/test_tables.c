@@ -1059,6 +1059,56 @@ START_TEST(pull_split_into_frames) {
 }
 END_TEST
 
+/* A pull of more keys per ps than PS__TPULL_MIN_FRAME goes out in
+ * pieces, several in flight once the first is answered (tablexfer.c):
+ * here 2 ps, the first piece of each parked for step 1 until the push
+ * completes it, then the rest pipelined. Every row lands at its caller's
+ * positions, repeated keys too, exactly (SGD from zeros: -lr * the summed
+ * gradient, each a small integer). Over TCP and (2 ps) shared memory. */
+START_TEST(pull_in_pieces_parked_then_pipelined) {
+  enum { N = 90000, U = 70000, D = 4 }; /* 20000 keys twice; ~35000 per ps */
+  tu_psd ps[2];
+  char hosts[2][64];
+  const char *hp[2];
+  start_ps(ps, 2, hosts, hp, NULL);
+  ps_client *c = tu_client(hp, 2, 0, 1, 0, 0);
+  ps_table_config g = tcfg(D, PS_TOPT_SGD, 0.5);
+  ps_table *t = create_ok(c, "pieces", &g);
+  uint64_t *keys = malloc(N * sizeof *keys);
+  float *grads = malloc((size_t)N * D * sizeof *grads), *out = malloc((size_t)N * D * sizeof *out);
+  ck_assert(keys && grads && out);
+  for (size_t i = 0; i < N; i++) {
+    keys[i] = ps__mix64(i % U);
+    for (int j = 0; j < D; j++) grads[i * D + j] = (float)(keys[i] % 7 + (uint64_t)j);
+  }
+  ck_assert_msg(ps_table_pull(t, 0, keys, N, out, 0, NULL) == 0, "%s", ps_client_errmsg(c));
+  ps_req *pull = NULL, *push = NULL;
+  ck_assert_int_eq(ps_table_pull_async(t, 1, keys, N, out, 0, &pull), 0);
+  ck_assert_int_eq(ps_table_push_async(t, 0, keys, N, grads, &push), 0);
+  ck_assert_msg(ps_req_wait(push, -1, NULL) == 0, "push: %s", ps_client_errmsg(c));
+  uint64_t got = 0;
+  int rc = ps_req_wait(pull, 30000, &got);
+  ck_assert_msg(rc == 0, "pull: %s (%s)", ps_strerror(rc), ps_client_errmsg(c));
+  ck_assert_uint_eq(got, 1);
+  size_t bad = 0, first_bad = 0;
+  for (size_t i = 0; i < N; i++)
+    for (int j = 0; j < D; j++) {
+      float times = i % U < N - U ? 2.0f : 1.0f; /* a repeated key's gradients are summed */
+      float want = 0.0f - 0.5f * (times * (float)(keys[i] % 7 + (uint64_t)j));
+      if (out[i * D + j] != want && !bad++) first_bad = i;
+    }
+  ck_assert_msg(bad == 0, "%zu values wrong, the first at key position %zu: %g", bad,
+                first_bad, out[first_bad * D]);
+  ps_req_destroy(pull);
+  ps_req_destroy(push);
+  free(keys);
+  free(grads);
+  free(out);
+  ps_client_destroy(c);
+  stop_ps(ps, 2);
+}
+END_TEST
+
 /* A client whose waits are 40 ms gives up on a pull of 128 MiB of rows
  * while they arrive: the rest is read and dropped (not written into the
  * freed request), and its next pulls get the right rows. */
@@ -1164,6 +1214,7 @@ Suite *suite_tables(void) {
   tcase_add_test(tc, bad_configs_are_named);
   tcase_add_test(tc, create_idempotent_and_mismatch);
   tcase_add_test(tc, pull_split_into_frames);
+  tcase_add_test(tc, pull_in_pieces_parked_then_pipelined);
   tcase_add_test(tc, abandoned_pull_is_discarded);
   tcase_add_test(tc, pull_released_mid_frame);
   suite_add_tcase(s, tc);

@@ -212,9 +212,11 @@ typedef struct ps__tpull {
   size_t *inv;        /* n: caller position -> index in keys (and rows) */
   float *rows;        /* nu * dim: the rows as they arrive */
   size_t *first;      /* num_ps + 1: ps p's keys are keys[first[p]..first[p+1]) */
-  size_t *sent;       /* num_ps: keys of ps p sent so far (the frame in
-                         flight included); one frame per ps in flight */
-  size_t *inflight;   /* num_ps: keys of the frame in flight to ps p */
+  size_t *sent;       /* num_ps: keys of ps p sent so far (frames in
+                         flight included) */
+  size_t *done;       /* num_ps: keys of ps p answered (frames are
+                         answered in order, each per_frame keys but a
+                         ps's last) */
   int direct;         /* the rows went straight from the pull ring into
                          out: nothing to scatter */
 } ps__tpull;

@@ -15,6 +15,15 @@
 
 #include "client_internal.h"
 
+/* A pull of many keys goes to each ps in about this many frames, and up
+ * to PS__TPULL_WINDOW of them in flight at once: psd looks up one while
+ * the next is on the wire and the rows of the one before come back (one
+ * frame did each in turn). Frames hold at least PS__TPULL_MIN_FRAME keys,
+ * so a small pull stays one frame (and over shared memory, one copy). */
+#define PS__TPULL_PIECES 8
+#define PS__TPULL_WINDOW 4
+#define PS__TPULL_MIN_FRAME 8192
+
 /* Scratch kept between calls (sort pairs, a push's groups, a pull's
  * block): a steady step reuses its memory and faults in no fresh pages.
  * Each is dropped after a call that needed less than a PS__TKEEP_SLACK-th
@@ -137,9 +146,19 @@ int ps__on_table_register_reply(ps_client *c, ps__conn *k, const Ps__TableRegist
 
 /* ---- pulls ------------------------------------------------------------------- */
 
-/* Queues the next TablePull of r's keys on ps p (one frame in flight per
- * ps: a later frame is sent when the previous one is answered, so a pull
- * parked for its step is never a second one, which psd would refuse). */
+/* Whether ps p answers pulls through the shared-memory segment (2.9). */
+static int tpull_shm(const ps_client *c, int p) {
+  return c->conns[p].shm.map && c->conns[p].minor >= 9;
+}
+
+/* Keys of ps p's oldest frame in flight (0: none): every frame but a
+ * ps's last holds per_frame keys, and replies come in order. */
+static size_t tpull_oldest(const ps__tpull *tp, int p) {
+  size_t open = tp->sent[p] - tp->done[p];
+  return open < tp->per_frame ? open : tp->per_frame;
+}
+
+/* Queues the next TablePull of r's keys on ps p. */
 static int tpull_send(ps_client *c, ps_req *r, int p) {
   ps__tpull *tp = r->tp;
   size_t k = tp->first[p + 1] - tp->first[p] - tp->sent[p];
@@ -151,15 +170,31 @@ static int tpull_send(ps_client *c, ps_req *r, int p) {
   m.count = k;
   m.read_only = tp->read_only;
   m.timeout_ms = (uint32_t)c->request_timeout_ms;
-  m.shm_reply = c->conns[p].shm.map && c->conns[p].minor >= 9; /* rows through the segment */
+  m.shm_reply = tpull_shm(c, p); /* rows through the segment */
   void *d = ps__outq_frame_inline(&c->conns[p].out, PS__MSG_TABLE_PULL, &m.base,
                                   (uint64_t)k * sizeof(uint64_t));
   if (!d) return ps__seterr(c, PS_ENOMEM, "out of memory queueing a pull of %zu keys", k);
   memcpy(d, tp->keys + tp->first[p] + tp->sent[p], k * sizeof(uint64_t));
   tp->sent[p] += k;
-  tp->inflight[p] = k;
   ps__req_expect(r, p, 1);
   ps__telem_bytes(&c->telem, p, 0, (uint64_t)k * sizeof(uint64_t));
+  return 0;
+}
+
+/* Sends ps p's next frames: one alone until it is answered (it may park
+ * for its step, and psd parks one pull per connection), then up to
+ * PS__TPULL_WINDOW in flight, so psd looks up one piece while the next
+ * is on the wire and the last one's rows come back. 0 or PS_ENOMEM. */
+static int tpull_fill(ps_client *c, ps_req *r, int p) {
+  ps__tpull *tp = r->tp;
+  size_t total = tp->first[p + 1] - tp->first[p];
+  size_t window = tp->done[p] ? PS__TPULL_WINDOW : 1;
+  while (tp->sent[p] < total &&
+         (tp->sent[p] - tp->done[p] + tp->per_frame - 1) / tp->per_frame < window) {
+    int rc = tpull_send(c, r, p);
+    if (rc) return rc;
+  }
+  ps__conn_flush(c, &c->conns[p]);
   return 0;
 }
 
@@ -182,7 +217,7 @@ static void tpull_carve(ps__tpull *tp, size_t nps) {
   size_t *z = (size_t *)(tp + 1);
   tp->first = z;
   tp->sent = z + nps + 1;
-  tp->inflight = z + 2 * nps + 1;
+  tp->done = z + 2 * nps + 1;
   tp->inv = z + 4 * nps + 1; /* [3 nps + 1, 4 nps + 1): the layout's scratch */
   tp->keys = (uint64_t *)(tp->inv + tp->n);
   tp->rows = (float *)(tp->keys + tp->nu);
@@ -200,6 +235,22 @@ static ps__tpull *tpull_alloc(ps_client *c, size_t bytes) {
   return tp;
 }
 
+/* Keys per TablePull frame: a ps's keys in PS__TPULL_PIECES pieces (of
+ * the ps with most), none under PS__TPULL_MIN_FRAME, none over what one
+ * frame takes (keys, or rows of data). One ps through shared memory gets
+ * the pull whole: its rows are then copied once, from the pull ring
+ * straight into the caller's order (measured faster than pieces). */
+static size_t tpull_per_frame(const ps_client *c, const ps__tpull *tp, size_t nps) {
+  uint64_t most = 0, cap = PS__MAX_DATA / ((uint64_t)tp->dim * sizeof(float));
+  for (size_t p = 0; p < nps; p++)
+    if (tp->first[p + 1] - tp->first[p] > most) most = tp->first[p + 1] - tp->first[p];
+  uint64_t k = (most + PS__TPULL_PIECES - 1) / PS__TPULL_PIECES;
+  if (k < PS__TPULL_MIN_FRAME) k = PS__TPULL_MIN_FRAME;
+  if (nps == 1 && tpull_shm(c, 0) && most > k) k = most;
+  if (k > cap) k = cap;
+  return k < PS__MAX_TABLE_KEYS ? (size_t)k : PS__MAX_TABLE_KEYS;
+}
+
 int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t n,
                     float *out, int read_only, ps_req **out_req) {
   ps_client *c = t->c;
@@ -215,14 +266,11 @@ int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t
                       t->name, nu);
   *tp = (ps__tpull){.bytes = tp->bytes, .t = t, .out = out, .n = n, .nu = nu,
                     .dim = t->cfg.dim, .min_step = min_step, .read_only = read_only};
-  uint64_t rows_per_frame = PS__MAX_DATA / ((uint64_t)t->cfg.dim * sizeof(float));
-  tp->per_frame = rows_per_frame < PS__MAX_TABLE_KEYS ? (size_t)rows_per_frame
-                                                      : PS__MAX_TABLE_KEYS;
   tpull_carve(tp, nps);
   memset(tp->sent, 0, 3 * nps * sizeof *tp->sent);
   ps__key_split(kp, n, (uint32_t)nps, tp->first);
-  ps__key_layout(kp, n, (uint32_t)nps, tp->first, tp->inflight + nps, tp->keys, tp->inv,
-                 NULL);
+  ps__key_layout(kp, n, (uint32_t)nps, tp->first, tp->done + nps, tp->keys, tp->inv, NULL);
+  tp->per_frame = tpull_per_frame(c, tp, nps);
   tscratch_trim(t, n);
   ps_req *r = ps__req_new(c, PS__REQ_TPULL);
   if (!r) {
@@ -232,12 +280,11 @@ int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t
   r->tp = tp; /* freed with the request */
   for (int p = 0; p < c->num_ps; p++) {
     if (tp->first[p + 1] == tp->first[p]) continue; /* no key of this ps */
-    int rc = tpull_send(c, r, p);
+    int rc = tpull_fill(c, r, p);
     if (rc) {
       ps__req_release(c, r);
       return rc;
     }
-    ps__conn_flush(c, &c->conns[p]);
   }
   *out_req = r;
   return 0;
@@ -280,18 +327,19 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
   if (r->type != PS__REQ_TPULL || !r->tp)
     return ps__proto_err(c, k, "it answered a table pull we never sent");
   ps__tpull *tp = r->tp;
-  uint64_t want = (uint64_t)tp->inflight[p] * tp->dim * sizeof(float);
-  if (!tp->inflight[p] || m->count != tp->inflight[p] || m->table_id != tp->t->ids[p] ||
+  size_t oldest = tpull_oldest(tp, p);
+  uint64_t want = (uint64_t)oldest * tp->dim * sizeof(float);
+  if (!oldest || m->count != oldest || m->table_id != tp->t->ids[p] ||
       k->hdr.data_len != want) {
     char e[300];
     snprintf(e, sizeof e, "it answered a pull of %zu keys of table '%s' (id %u) with %llu "
-             "rows of table id %u in %llu data bytes", tp->inflight[p], tp->t->name,
+             "rows of table id %u in %llu data bytes", oldest, tp->t->name,
              tp->t->ids[p], (unsigned long long)m->count, m->table_id,
              (unsigned long long)k->hdr.data_len);
     return ps__proto_err(c, k, e);
   }
   if (m->step < r->step) r->step = m->step;
-  if (k->shm_src && c->num_ps == 1 && tp->sent[p] == tp->nu && tp->inflight[p] == tp->nu) {
+  if (k->shm_src && c->num_ps == 1 && oldest == tp->nu) {
     /* The whole pull in one frame in the pull ring: its rows go straight
      * into the caller's order, one copy. */
     const float *src = (const float *)(const void *)k->shm_src;
@@ -305,7 +353,7 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
     ps__conn_break(c, k, PS_ENOMEM, "out of memory");
     return PS_ENOMEM;
   }
-  size_t at = tp->first[p] + tp->sent[p] - tp->inflight[p];
+  size_t at = tp->first[p] + tp->done[p];
   k->dst[0].iov_base = tp->rows + at * tp->dim;
   k->dst[0].iov_len = (size_t)want;
   k->ndst = 1;
@@ -324,8 +372,8 @@ void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
   int p = k->index;
   if (r->type == PS__REQ_TPULL) {
     ps__tpull *tp = r->tp;
-    tp->inflight[p] = 0;
-    if (tp->sent[p] < tp->first[p + 1] - tp->first[p] && tpull_send(c, r, p) != 0) {
+    tp->done[p] += tpull_oldest(tp, p);
+    if (tpull_fill(c, r, p) != 0) {
       char e[sizeof c->errmsg];
       snprintf(e, sizeof e, "%s", c->errmsg);
       ps__req_fail(c, r, PS_ENOMEM, e);
