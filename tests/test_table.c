@@ -558,6 +558,37 @@ START_TEST(rule_adagrad) {
 }
 END_TEST
 
+/* Adam's bias correction at a row's step t, from the table computed at
+ * init (t <= PSD_ROWOPT_ADAM_STEPS) and beyond it: each update of a fresh
+ * m = v = 0 matches TF's form at exactly that t (t - 1 or t + 1 would be
+ * ~3e-4 off, relatively, at t = 1024). */
+START_TEST(rule_adam_correction_steps) {
+  psd_table_spec s = spec_base("adam-t", ODIM, 8);
+  s.opt = PS_TOPT_ADAM;
+  s.lr = 0.01, s.beta1 = 0.9, s.beta2 = 0.999, s.epsilon = 1e-8;
+  psd_rowopt o;
+  psd_rowopt_init(&o, &s);
+  const uint32_t ts[] = {1, 2, PSD_ROWOPT_ADAM_STEPS - 1, PSD_ROWOPT_ADAM_STEPS,
+                         PSD_ROWOPT_ADAM_STEPS + 1, 5000};
+  for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) {
+    float row[ODIM], st[2 * ODIM + 1] = {0}, g[ODIM];
+    uint32_t before = ts[k] - 1, after;
+    memcpy(&st[2 * ODIM], &before, sizeof before);
+    for (int j = 0; j < ODIM; j++) row[j] = 0.0f, g[j] = 0.5f + 0.25f * (float)j;
+    psd_rowopt_apply(&o, row, st, g, 1.0f);
+    memcpy(&after, &st[2 * ODIM], sizeof after);
+    ck_assert_uint_eq(after, ts[k]);
+    double lr_t = s.lr * sqrt(1 - pow(s.beta2, ts[k])) / (1 - pow(s.beta1, ts[k]));
+    for (int j = 0; j < ODIM; j++) {
+      double m = (1 - s.beta1) * g[j], v = (1 - s.beta2) * g[j] * g[j];
+      double want = -lr_t * m / (sqrt(v) + s.epsilon); /* float steps: ~1e-7 */
+      ck_assert_msg(fabs(row[j] - want) <= 2e-6 * fabs(want),
+                    "t %u, element %d: %.9g, want %.9g", ts[k], j, row[j], want);
+    }
+  }
+}
+END_TEST
+
 /* Lazy Adam: key 1 gets gradients at steps 0 and 5 only, so its bias
  * correction uses t = 1, then t = 2 (not the table's step 6). */
 START_TEST(rule_adam_lazy) {
@@ -1371,6 +1402,7 @@ Suite *suite_table(void) {
   tcase_add_test(tc, rule_sgd);
   tcase_add_test(tc, rule_adagrad);
   tcase_add_test(tc, rule_adam_lazy);
+  tcase_add_test(tc, rule_adam_correction_steps);
   tcase_add_test(tc, rule_ftrl);
   suite_add_tcase(s, tc);
   tc = tcase_create("sync");

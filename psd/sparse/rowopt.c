@@ -51,6 +51,11 @@ void psd_rowopt_init(psd_rowopt *o, const psd_table_spec *spec) {
   o->l1 = spec->l1;
   o->l2 = spec->l2;
   o->ftrl_beta = spec->ftrl_beta;
+  if (o->kind == PS_TOPT_ADAM)
+    for (uint32_t t = 1; t <= PSD_ROWOPT_ADAM_STEPS; t++) {
+      o->adam_sqrt_c2[t - 1] = sqrt(1.0 - pow(o->beta2, (double)t));
+      o->adam_c1[t - 1] = 1.0 - pow(o->beta1, (double)t);
+    }
 }
 
 void psd_rowopt_set_lr(psd_rowopt *o, double lr) {
@@ -117,9 +122,15 @@ static void adam_apply(const psd_rowopt *o, float *w, float *state, const float 
   memcpy(&t, state + 2ull * d, sizeof t);
   if (t < UINT32_MAX) t++;
   memcpy(state + 2ull * d, &t, sizeof t);
-  const double corr1 = 1.0 - pow(o->beta1, (double)t);
-  const double corr2 = 1.0 - pow(o->beta2, (double)t);
-  const float lr_hat = (float)(o->lr_d * sqrt(corr2) / corr1);
+  double sqrt_c2, c1;
+  if (t <= PSD_ROWOPT_ADAM_STEPS) {
+    sqrt_c2 = o->adam_sqrt_c2[t - 1];
+    c1 = o->adam_c1[t - 1];
+  } else {
+    sqrt_c2 = sqrt(1.0 - pow(o->beta2, (double)t));
+    c1 = 1.0 - pow(o->beta1, (double)t);
+  }
+  const float lr_hat = (float)(o->lr_d * sqrt_c2 / c1);
   adam_row(w, state, state + d, g, s, o, lr_hat, d);
 }
 

@@ -21,6 +21,10 @@
  * rows to a whole cache line (a dim-8 SGD row stays 32 bytes). */
 #define PSD_ROW_ALIGN_FLOATS 4u
 
+/* Row steps t whose Adam bias corrections are computed once, at init:
+ * two pow() calls cost more than the rest of a dim-16 row's update. */
+#define PSD_ROWOPT_ADAM_STEPS 1024u
+
 /* A table's rule, converted once for the kernels. */
 typedef struct psd_rowopt {
   uint32_t kind;            /* ps_table_opt */
@@ -32,6 +36,9 @@ typedef struct psd_rowopt {
   double beta1, beta2;      /* ADAM: decays, for the bias correction */
   float b1, c1, b2, c2;     /* ADAM: beta1, 1 - beta1, beta2, 1 - beta2 */
   double l1, l2, ftrl_beta; /* FTRL: regularization and rate beta */
+  /* ADAM: sqrt(1 - beta2^t) and 1 - beta1^t for t = 1..PSD_ROWOPT_ADAM_STEPS
+   * ([t - 1]); later steps compute them (the same values either way). */
+  double adam_sqrt_c2[PSD_ROWOPT_ADAM_STEPS], adam_c1[PSD_ROWOPT_ADAM_STEPS];
 } psd_rowopt;
 
 /* Floats of optimizer state per row: 0 SGD, dim ADAGRAD, 2 dim + 1 ADAM
