@@ -4,8 +4,9 @@
  * accumulator and the SyncReplicas rule for row gradients.
  *
  * Rows live in one 64-byte aligned array of `stride` floats each (values,
- * then the rule's state); keys, last-touch steps and the LRU links are
- * parallel arrays indexed by the same uint32 row number. Rows freed by
+ * then the rule's state); keys and a 16-byte record of last touch and
+ * LRU links are parallel arrays indexed by the same uint32 row number
+ * (a touch misses once, in the record). Rows freed by
  * eviction go on a free list threaded through the LRU `newer` links. The
  * storage doubles from TABLE_FIRST_ROWS up to the capacity and never
  * beyond, so psd_table_bytes bounds every allocation.
@@ -31,7 +32,7 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
  * few rows stays small, and doubling from here to 2^31 rows is 25 copies. */
 #define TABLE_FIRST_ROWS 64u
 /* Per-row bytes besides the values and state: key, touched, two links. */
-#define ROW_META_BYTES (2 * sizeof(uint64_t) + 2 * sizeof(uint32_t))
+#define ROW_META_BYTES (sizeof(uint64_t) + sizeof(row_meta))
 /* Count-min sketch: rows of counters (4: the estimate's error bound holds
  * with probability 1 - e^-4), each at least this wide (a small table still
  * gets a sketch whose collisions are rare). */
@@ -59,6 +60,16 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
 #define SKETCH_SALT_A 0xbb67ae8584caa73bULL
 #define SKETCH_SALT_B 0x3c6ef372fe94f82bULL
 
+/* What a touch reads and writes of a row besides its values, in one
+ * 16-byte record (a quarter of a cache line): a pull or an update of a
+ * row stored anywhere misses once here, not once per array. */
+typedef struct row_meta {
+  uint64_t touched; /* step of its last pull or update */
+  uint32_t older;   /* next row toward lru_old, or NIL */
+  uint32_t newer;   /* next row toward lru_new (free rows: the next free
+                       row), or NIL */
+} row_meta;
+
 struct psd_table {
   psd_table_spec spec;  /* what defines it (checked) */
   psd_rowopt opt;       /* the rule's constants for the kernels */
@@ -84,10 +95,7 @@ struct psd_table {
   uint32_t lru_new;      /* most recently touched row, or NIL */
   float *vals;           /* rows_cap * stride floats, TABLE_ALIGN aligned */
   uint64_t *keys;        /* per row: its key */
-  uint64_t *touched;     /* per row: step of its last pull or update */
-  uint32_t *older;       /* per row: next row toward lru_old, or NIL */
-  uint32_t *newer;       /* per row: next row toward lru_new (free rows:
-                            the next free row), or NIL */
+  row_meta *meta;        /* per row: last touch and LRU links */
   psd_kindex index;      /* key -> row */
 
   psd_kindex acc_index;  /* key -> accumulator slot, this step's keys */
@@ -189,9 +197,7 @@ void psd_table_destroy(psd_table *t) {
   free(t->pushed);
   free(t->vals);
   free(t->keys);
-  free(t->touched);
-  free(t->older);
-  free(t->newer);
+  free(t->meta);
   psd_kindex_free(&t->index);
   psd_kindex_free(&t->acc_index);
   free(t->acc);
@@ -285,45 +291,43 @@ static int grow_rows(psd_table *t) {
   uint64_t ncap = t->rows_cap ? (uint64_t)t->rows_cap * 2 : TABLE_FIRST_ROWS;
   if (ncap > t->max_rows) ncap = t->max_rows;
   float *v = alloc_floats(ncap * t->stride);
-  uint64_t *k = alloc_array(ncap, sizeof *k), *tc = alloc_array(ncap, sizeof *tc);
-  uint32_t *o = alloc_array(ncap, sizeof *o), *nw = alloc_array(ncap, sizeof *nw);
-  if (!v || !k || !tc || !o || !nw) {
-    free(v), free(k), free(tc), free(o), free(nw);
+  uint64_t *k = alloc_array(ncap, sizeof *k);
+  row_meta *m = alloc_array(ncap, sizeof *m);
+  if (!v || !k || !m) {
+    free(v), free(k), free(m);
     return PS_ENOMEM;
   }
   const size_t h = t->rows_hwm;
   if (h) {
     memcpy(v, t->vals, h * t->stride * sizeof *v);
     memcpy(k, t->keys, h * sizeof *k);
-    memcpy(tc, t->touched, h * sizeof *tc);
-    memcpy(o, t->older, h * sizeof *o);
-    memcpy(nw, t->newer, h * sizeof *nw);
+    memcpy(m, t->meta, h * sizeof *m);
   }
-  free(t->vals), free(t->keys), free(t->touched), free(t->older), free(t->newer);
-  t->vals = v, t->keys = k, t->touched = tc, t->older = o, t->newer = nw;
+  free(t->vals), free(t->keys), free(t->meta);
+  t->vals = v, t->keys = k, t->meta = m;
   t->rows_cap = (uint32_t)ncap;
   return 0;
 }
 
 static void lru_unlink(psd_table *t, uint32_t r) {
-  const uint32_t o = t->older[r], n = t->newer[r];
-  if (o != NIL) t->newer[o] = n;
+  const uint32_t o = t->meta[r].older, n = t->meta[r].newer;
+  if (o != NIL) t->meta[o].newer = n;
   else t->lru_old = n;
-  if (n != NIL) t->older[n] = o;
+  if (n != NIL) t->meta[n].older = o;
   else t->lru_new = o;
 }
 
 static void lru_push_new(psd_table *t, uint32_t r) {
-  t->older[r] = t->lru_new;
-  t->newer[r] = NIL;
-  if (t->lru_new != NIL) t->newer[t->lru_new] = r;
+  t->meta[r].older = t->lru_new;
+  t->meta[r].newer = NIL;
+  if (t->lru_new != NIL) t->meta[t->lru_new].newer = r;
   else t->lru_old = r;
   t->lru_new = r;
 }
 
 /* A pull or an update of row r at the current step. */
 static void touch(psd_table *t, uint32_t r) {
-  t->touched[r] = t->step;
+  t->meta[r].touched = t->step;
   if (t->lru_new != r) {
     lru_unlink(t, r);
     lru_push_new(t, r);
@@ -355,7 +359,7 @@ static void evict(psd_table *t, uint32_t r) {
     if (e != NIL) acc_forget(t, t->keys[r], e);
   }
   lru_unlink(t, r);
-  t->newer[r] = t->free_head;
+  t->meta[r].newer = t->free_head;
   t->free_head = r;
   t->st.rows--;
 }
@@ -369,7 +373,7 @@ static uint32_t take_row(psd_table *t) {
   }
   if (t->free_head != NIL) {
     uint32_t r = t->free_head;
-    t->free_head = t->newer[r];
+    t->free_head = t->meta[r].newer;
     return r;
   }
   if (t->rows_hwm == t->rows_cap && grow_rows(t) != 0) return NIL;
@@ -385,7 +389,7 @@ static uint32_t store_row(psd_table *t, uint64_t key) {
   if (r == NIL) return NIL;
   psd_kindex_insert(&t->index, key, r);
   t->keys[r] = key;
-  t->touched[r] = t->step;
+  t->meta[r].touched = t->step;
   lru_push_new(t, r);
   t->st.rows++;
   return r;
@@ -398,7 +402,7 @@ static void evict_expired(psd_table *t) {
   const uint64_t ttl = t->spec.evict_after_steps;
   if (ttl == 0) return;
   while (t->lru_old != NIL) {
-    const uint64_t at = t->touched[t->lru_old];
+    const uint64_t at = t->meta[t->lru_old].touched;
     if (at >= t->step || t->step - at <= ttl) break;
     evict(t, t->lru_old);
     t->st.evictions_ttl++;
@@ -421,9 +425,7 @@ static void prefetch_row(const psd_table *t, uint32_t r) {
   const char *v = (const char *)(t->vals + (size_t)r * t->stride);
   __builtin_prefetch(v, 1);
   __builtin_prefetch(v + 63, 1); /* a row may straddle two lines */
-  __builtin_prefetch(&t->touched[r], 1);
-  __builtin_prefetch(&t->older[r], 1);
-  __builtin_prefetch(&t->newer[r], 1);
+  __builtin_prefetch(&t->meta[r], 1);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -695,9 +697,9 @@ int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t 
 /* Checkpoints */
 
 void psd_table_walk(const psd_table *t, psd_table_row_fn fn, void *ctx) {
-  for (uint32_t r = t->lru_old; r != NIL; r = t->newer[r]) {
+  for (uint32_t r = t->lru_old; r != NIL; r = t->meta[r].newer) {
     const float *row = row_at(t, r);
-    fn(ctx, t->keys[r], row, row + t->dim, t->touched[r]);
+    fn(ctx, t->keys[r], row, row + t->dim, t->meta[r].touched);
   }
 }
 
@@ -722,7 +724,7 @@ int psd_table_restore_row(psd_table *t, uint64_t key, const float *values,
   float *row = row_at(t, r);
   memcpy(row, values, (size_t)t->dim * sizeof *row);
   if (t->nstate) memcpy(row + t->dim, state, (size_t)t->nstate * sizeof *row);
-  t->touched[r] = touched;
+  t->meta[r].touched = touched;
   return 0;
 }
 

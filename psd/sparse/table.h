@@ -6,10 +6,10 @@
  * Storage: an open-addressing (linear probing, backward-shift deletion)
  * index of (key, row) pairs over contiguous, 64-byte aligned row storage:
  * each row is `dim` values followed by the optimizer's state floats, with
- * its key, last-touch step and LRU links in parallel arrays. No per-row
- * malloc; storage grows by doubling up to `capacity` rows, which is
- * reserved (psd_table_bytes) against psd --max-memory when the table is
- * created.
+ * its key and (one record) its last-touch step and LRU links in parallel
+ * arrays. No per-row malloc; storage grows by doubling up to `capacity`
+ * rows, which is reserved (psd_table_bytes) against psd --max-memory when
+ * the table is created.
  *
  * Steps: like a slice (shard.h), the table is at step s (updates applied).
  * A worker's push computed at step t < s is stale; at t == s it is summed
