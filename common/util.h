@@ -36,6 +36,20 @@ typedef struct ps__array {
  * moved stay valid, only larger). */
 int ps__grow_all(const ps__array *a, size_t n, size_t *cap, size_t need);
 
+/* Copies a short row of n floats (src and dst do not overlap). The common
+ * widths are constant-size copies the compiler writes inline: a call to
+ * memcpy costs as much as copying a 16-float row, once per key. */
+static inline void ps__copy_row(float *restrict dst, const float *restrict src, size_t n) {
+  switch (n) {
+    case 4: __builtin_memcpy(dst, src, 4 * sizeof(float)); return;
+    case 8: __builtin_memcpy(dst, src, 8 * sizeof(float)); return;
+    case 16: __builtin_memcpy(dst, src, 16 * sizeof(float)); return;
+    case 32: __builtin_memcpy(dst, src, 32 * sizeof(float)); return;
+    case 64: __builtin_memcpy(dst, src, 64 * sizeof(float)); return;
+    default: __builtin_memcpy(dst, src, n * sizeof(float)); return;
+  }
+}
+
 /* Asks the kernel to back the 2 MiB-aligned interior of a fresh block of
  * `bytes` (at least PS__HUGE_MIN) with huge pages, before its pages are
  * first touched: a big array read at random (a sparse table's index and

@@ -315,6 +315,12 @@ int ps__tstep_start(ps_client *c, ps_table *const *tables, size_t n, uint64_t mi
   return 0;
 }
 
+/* Row i of the caller's keys into out + i * dim, from rows in key order. */
+static void tpull_scatter(const ps__tpull *tp, const float *rows) {
+  for (size_t i = 0; i < tp->n; i++)
+    ps__copy_row(tp->out + i * tp->dim, rows + tp->inv[i] * tp->dim, tp->dim);
+}
+
 int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePullReply *m) {
   int p = k->index;
   if (!r->first_reply_at) r->first_reply_at = ps__now();
@@ -342,10 +348,7 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
   if (k->shm_src && c->num_ps == 1 && oldest == tp->nu) {
     /* The whole pull in one frame in the pull ring: its rows go straight
      * into the caller's order, one copy. */
-    const float *src = (const float *)(const void *)k->shm_src;
-    size_t row = (size_t)tp->dim * sizeof(float);
-    for (size_t i = 0; i < tp->n; i++)
-      memcpy(tp->out + i * tp->dim, src + tp->inv[i] * tp->dim, row);
+    tpull_scatter(tp, (const float *)(const void *)k->shm_src);
     tp->direct = 1;
     return 1;
   }
@@ -361,12 +364,6 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
   return 0;
 }
 
-/* Row i of the caller's keys into out + i * dim. */
-static void tpull_scatter(const ps__tpull *tp) {
-  size_t row = (size_t)tp->dim * sizeof(float);
-  for (size_t i = 0; i < tp->n; i++)
-    memcpy(tp->out + i * tp->dim, tp->rows + tp->inv[i] * tp->dim, row);
-}
 
 void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
   int p = k->index;
@@ -379,7 +376,7 @@ void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
       ps__req_fail(c, r, PS_ENOMEM, e);
       return;
     }
-    if (r->pending == 1 && !tp->direct) tpull_scatter(tp); /* this was the last reply */
+    if (r->pending == 1 && !tp->direct) tpull_scatter(tp, tp->rows); /* this was the last reply */
   }
   ps__req_answered(c, r, p, 1);
 }

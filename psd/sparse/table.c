@@ -475,12 +475,6 @@ static int admit(psd_table *t, uint64_t key) {
   return sketch_sight(t, key) >= s->admit_count;
 }
 
-/* A row's values out (inline: a call to memcpy costs as much as the copy
- * of a short row). */
-static inline void copy_row(float *restrict o, const float *restrict row, size_t dim) {
-  for (size_t i = 0; i < dim; i++) o[i] = row[i];
-}
-
 /* Key i of a pull (rows[j]: its row as a batch's lookup found it, valid
  * while *stored is 0: a new row may evict one a later key of the batch
  * found, so after one the keys are looked up again). 0 or PS_ENOMEM. */
@@ -506,7 +500,7 @@ static int pull_one(psd_table *t, uint64_t key, uint32_t r, int create, int rc, 
     psd_rowinit_fill(&t->spec, t->init_salt, key, o);
     return rc;
   }
-  copy_row(o, row_at(t, r), dim);
+  ps__copy_row(o, row_at(t, r), dim);
   touch(t, r);
   return rc;
 }
