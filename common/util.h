@@ -50,15 +50,6 @@ static inline void ps__copy_row(float *restrict dst, const float *restrict src, 
   }
 }
 
-/* Asks the kernel to back the 2 MiB-aligned interior of a fresh block of
- * `bytes` (at least PS__HUGE_MIN) with huge pages, before its pages are
- * first touched: a big array read at random (a sparse table's index and
- * rows) then misses the TLB once per 2 MiB instead of per 4 KiB page.
- * Advice only: nothing happens where transparent huge pages are off. */
-void ps__advise_huge(void *p, size_t bytes);
-/* Smaller blocks are left alone: a huge page would mostly lie outside them. */
-#define PS__HUGE_MIN ((size_t)8 << 20)
-
 /* Writes a sentence into err (errlen bytes; nothing when err is NULL or
  * errlen 0) and returns code: `return ps__errf(PS_EINVAL, err, errlen,
  * "...", ...)` is how a check reports what it refused. */

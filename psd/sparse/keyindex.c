@@ -44,9 +44,7 @@ static unsigned log2_u64(uint64_t v) { return (unsigned)__builtin_ctzll(v); }
 /* A zeroed array of n slots (every generation 0: empty), or NULL. */
 static psd_kslot *slots_alloc(uint64_t n) {
   if (n > SIZE_MAX / sizeof(psd_kslot)) return NULL;
-  psd_kslot *s = calloc((size_t)n, sizeof(psd_kslot));
-  ps__advise_huge(s, (size_t)n * sizeof(psd_kslot)); /* probed at random: a TLB miss a key */
-  return s;
+  return calloc((size_t)n, sizeof(psd_kslot));
 }
 
 int psd_kindex_init(psd_kindex *x) {

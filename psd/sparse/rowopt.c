@@ -34,6 +34,13 @@ uint64_t psd_rowopt_stride(const psd_table_spec *spec) {
   return (s + PSD_ROW_ALIGN_FLOATS - 1) / PSD_ROW_ALIGN_FLOATS * PSD_ROW_ALIGN_FLOATS;
 }
 
+/* Adam's bias corrections at a row's step t: sqrt(1 - beta2^t) and
+ * 1 - beta1^t (tabled at init for the first steps, the same values). */
+static void adam_corrections(const psd_rowopt *o, uint32_t t, double *sqrt_c2, double *c1) {
+  *sqrt_c2 = sqrt(1.0 - pow(o->beta2, (double)t));
+  *c1 = 1.0 - pow(o->beta1, (double)t);
+}
+
 void psd_rowopt_init(psd_rowopt *o, const psd_table_spec *spec) {
   memset(o, 0, sizeof *o);
   o->kind = spec->opt;
@@ -52,10 +59,8 @@ void psd_rowopt_init(psd_rowopt *o, const psd_table_spec *spec) {
   o->l2 = spec->l2;
   o->ftrl_beta = spec->ftrl_beta;
   if (o->kind == PS_TOPT_ADAM)
-    for (uint32_t t = 1; t <= PSD_ROWOPT_ADAM_STEPS; t++) {
-      o->adam_sqrt_c2[t - 1] = sqrt(1.0 - pow(o->beta2, (double)t));
-      o->adam_c1[t - 1] = 1.0 - pow(o->beta1, (double)t);
-    }
+    for (uint32_t t = 1; t <= PSD_ROWOPT_ADAM_STEPS; t++)
+      adam_corrections(o, t, &o->adam_sqrt_c2[t - 1], &o->adam_c1[t - 1]);
 }
 
 void psd_rowopt_set_lr(psd_rowopt *o, double lr) {
@@ -127,8 +132,7 @@ static void adam_apply(const psd_rowopt *o, float *w, float *state, const float 
     sqrt_c2 = o->adam_sqrt_c2[t - 1];
     c1 = o->adam_c1[t - 1];
   } else {
-    sqrt_c2 = sqrt(1.0 - pow(o->beta2, (double)t));
-    c1 = 1.0 - pow(o->beta1, (double)t);
+    adam_corrections(o, t, &sqrt_c2, &c1);
   }
   const float lr_hat = (float)(o->lr_d * sqrt_c2 / c1);
   adam_row(w, state, state + d, g, s, o, lr_hat, d);

@@ -176,7 +176,6 @@ static float *alloc_floats(uint64_t n) {
   void *p = NULL;
   if (bytes == 0 || bytes > SIZE_MAX || posix_memalign(&p, TABLE_ALIGN, (size_t)bytes) != 0)
     return NULL;
-  ps__advise_huge(p, (size_t)bytes); /* rows are read and updated at random */
   return p;
 }
 
@@ -184,9 +183,7 @@ static float *alloc_floats(uint64_t n) {
 static void *alloc_array(uint64_t n, size_t elem) {
   uint64_t bytes;
   if (ps__mul_u64(n, elem, &bytes) != 0 || bytes > SIZE_MAX) return NULL;
-  void *p = malloc(bytes ? (size_t)bytes : 1);
-  ps__advise_huge(p, (size_t)bytes); /* per-row metadata, touched at random */
-  return p;
+  return malloc(bytes ? (size_t)bytes : 1);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -412,13 +409,6 @@ static void evict_expired(psd_table *t) {
 /* ---------------------------------------------------------------------- */
 /* Batched lookups */
 
-/* rows[j] = the row of keys[j] (NIL: none) for j < n <= LOOKUP_BATCH
- * (keys[n..more) are the keys after the batch: psd_kindex_find_batch). */
-static void lookup_batch(const psd_table *t, const uint64_t *keys, size_t n, size_t more,
-                         uint32_t *rows) {
-  psd_kindex_find_batch(&t->index, keys, n, more, rows);
-}
-
 /* The memory a touch and a read or update of row r will use. */
 static void prefetch_row(const psd_table *t, uint32_t r) {
   if (r == NIL) return;
@@ -513,7 +503,7 @@ int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, flo
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
     int stored = 0;
-    lookup_batch(t, keys + b, m, n - b, rows);
+    psd_kindex_find_batch(&t->index, keys + b, m, n - b, rows);
     for (size_t j = 0; j < m; j++) {
       if (j + ROW_AHEAD < m && !stored) prefetch_row(t, rows[j + ROW_AHEAD]);
       rc = pull_one(t, keys[b + j], rows[j], create, rc, &stored, out + (b + j) * dim);
@@ -598,7 +588,7 @@ static uint64_t accumulate(psd_table *t, const uint64_t *keys, size_t n, const f
   uint32_t rows[LOOKUP_BATCH];
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
-    lookup_batch(t, keys + b, m, n - b, rows);
+    psd_kindex_find_batch(&t->index, keys + b, m, n - b, rows);
     drops += accumulate_batch(t, keys + b, m, grads + b * dim, rows);
   }
   return drops;
@@ -612,7 +602,7 @@ static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const f
   uint32_t rows[LOOKUP_BATCH];
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
-    lookup_batch(t, keys + b, m, n - b, rows);
+    psd_kindex_find_batch(&t->index, keys + b, m, n - b, rows);
     for (size_t j = 0; j < m; j++) {
       if (j + ROW_AHEAD < m) prefetch_row(t, rows[j + ROW_AHEAD]);
       if (rows[j] == NIL) drops++;
