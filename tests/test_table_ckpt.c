@@ -356,17 +356,14 @@ static void next_written(psd_ckptq *q) {
   ck_assert_msg(r.ok, "%s", r.err);
 }
 
-/* Table tab's spare in q, taken, once the writer has prepared it (5 s at
- * most); *cap gets its size. */
+/* Table tab's spare in q, taken: one the writer is still preparing is
+ * waited for (psd_ckptq_spare); *cap gets its size. */
 static uint8_t *prepared_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap) {
-  for (int i = 0; i < 5000; i++) {
-    uint8_t *b = psd_ckptq_spare(q, tab, len, cap);
-    if (b) return b;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
-  ck_abort_msg("the writer never prepared table %u's buffer", tab);
-  return NULL;
+  double waited = -1;
+  uint8_t *b = psd_ckptq_spare(q, tab, len, cap, &waited);
+  ck_assert_msg(b != NULL, "table %u's buffer, being prepared, was not waited for", tab);
+  ck_assert(waited >= 0);
+  return b;
 }
 
 /* Queues table id's record (t encoded into buf, cap bytes) for f. */
@@ -403,7 +400,7 @@ START_TEST(table_buffers_one_spare_a_table) {
     uint8_t *b0 = file == 0 ? prepared_spare(q, 0, 1, &cap) : psd_ckptq_buf_new(16384);
     add_copy(q, f, 0, t[0], b0, file == 0 ? cap : 16384);
     /* Table 1: a new buffer, then the spare it left. */
-    uint8_t *b1 = file == 0 ? psd_ckptq_buf_new(len1) : psd_ckptq_spare(q, 1, len1, &cap);
+    uint8_t *b1 = file == 0 ? psd_ckptq_buf_new(len1) : prepared_spare(q, 1, len1, &cap);
     add_copy(q, f, 1, t[1], b1, len1);
     psd_ckptq_commit(q, f);
     next_written(q);

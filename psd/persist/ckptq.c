@@ -70,6 +70,7 @@ struct psd_ckptq_rec {
 struct psd_ckptq {
   psd_bg *bg;                   /* the writer thread */
   pthread_mutex_t mu;           /* guards records' pos, held, done, own, lost */
+  pthread_cond_t prepared;      /* a spare's preparing went to 0 (under mu) */
   uint32_t busy;                /* files begun, result not yet taken (loop only) */
   const psd_ckptdir *d;         /* the directory (not owned) */
   uint32_t ps_index, num_ps;    /* whose files, for pruning */
@@ -213,10 +214,21 @@ int psd_ckptq_add_table(psd_ckptq *q, psd_ckptq_file *f, uint32_t tab, uint8_t *
   return 0;
 }
 
-uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap) {
+uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap,
+                         double *waited) {
+  *waited = 0;
   if (tab >= PS__MAX_TABLES) return NULL;
+  double t0 = ps__now();
   pthread_mutex_lock(&q->mu);
   psd_ckptq_rec *r = q->spare[tab];
+  /* Being faulted in by the writer, big enough: waiting for it costs less
+   * than faulting a fresh buffer in here, and it is next in the writer's
+   * queue (prepares are queued only while no file is on its way). */
+  while (r && r->preparing && r->want >= len) {
+    pthread_cond_wait(&q->prepared, &q->mu);
+    r = q->spare[tab];
+    *waited = ps__now() - t0;
+  }
   if (r && !r->preparing && r->cap >= len) {
     q->spare[tab] = NULL;
     q->table_bytes -= r->cap; /* the loop's now, until it queues it again */
@@ -404,6 +416,7 @@ static void prepare_spare(psd_ckptq *q, psd_ckptq_rec *r) {
     }
   }
   r->preparing = 0;
+  pthread_cond_broadcast(&q->prepared);
   pthread_mutex_unlock(&q->mu);
   free(gone);
 }
@@ -503,6 +516,7 @@ int psd_ckptq_create(psd_ckptq **out, const psd_ckptdir *d, uint32_t ps_index,
     return -1;
   }
   pthread_mutex_init(&q->mu, NULL);
+  pthread_cond_init(&q->prepared, NULL);
   *out = q;
   return 0;
 }
@@ -519,6 +533,7 @@ void psd_ckptq_destroy(psd_ckptq *q) {
   }
   psd_bg_destroy(q->bg);
   psd_ckptq_drop_spares(q);
+  pthread_cond_destroy(&q->prepared);
   pthread_mutex_destroy(&q->mu);
   free(q->bounce);
   free(q);

@@ -84,10 +84,13 @@ int psd_ckptq_add(psd_ckptq *q, psd_ckptq_file *f, const psd_ckpt_rec *r, psd_ck
  * mremap, keeping the pages it had) and fault in a buffer for it.
  * Table buffers are mapped (psd_ckptq_buf_new), never malloc'd.
  *
- * Table tab's spare when it has at least len bytes and is not being
- * prepared, taken out of the pool (the caller owns it), with *cap its
- * size; NULL otherwise. */
-uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap);
+ * Table tab's spare when it has at least len bytes, taken out of the pool
+ * (the caller owns it), with *cap its size; NULL otherwise. One being
+ * prepared that will be big enough is waited for (*waited: seconds; the
+ * writer runs prepares before any file's jobs, so the wait is its page
+ * faults, which the caller would otherwise take itself). */
+uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap,
+                         double *waited);
 /* The size of table tab's spare, or of the one being prepared for it; 0
  * when it has none. */
 size_t psd_ckptq_ready(psd_ckptq *q, uint32_t tab);

@@ -133,7 +133,11 @@ static int fits(const psd_persist *p, uint64_t more, uint64_t *have) {
  * it. NULL with a logged error otherwise. */
 static uint8_t *copy_buffer(psd_persist *p, uint32_t id, const char *name, size_t len,
                             size_t *cap, int *reused) {
-  uint8_t *buf = psd_ckptq_spare(p->q, id, len, cap);
+  double waited = 0;
+  uint8_t *buf = psd_ckptq_spare(p->q, id, len, cap, &waited);
+  if (waited > 0)
+    psd_debug("table '%s': waited %.1f ms for its copy's buffer, being faulted in off the loop "
+              "(faulting a fresh one in here takes longer)", name, waited * 1e3);
   *reused = buf != NULL;
   if (buf) return buf;
   *cap = with_room(p->tabs[id].t, len);
