@@ -49,6 +49,9 @@
 #define PSD_ARENA_KEEP_MAX ((size_t)4 << 20)
 /* Seconds a CLOSING connection may take to drain its error reply. */
 #define PSD_CLOSING_MAX_S 2.0
+/* Seconds a big staging buffer stays unused before it is given back: a
+ * step slower than this pays its page faults once per step, a small share. */
+#define PSD_STAGE_IDLE_S 2.0
 /* Seconds a new connection has to complete its handshake. */
 #define PSD_HANDSHAKE_TIMEOUT_S 10.0
 
@@ -463,6 +466,27 @@ void psd_conn_auth_done(psd_conn *c) {
   }
 }
 
+/* A staging over PS__MAX_SLICE_BYTES (TABLE_PUSH data; no dense item
+ * needs that much) is kept by ps__reuse_note's rule (fresh pages cost a
+ * 1M x 16 push 72 MB of page faults a step) and after PSD_STAGE_IDLE_S
+ * unused goes (psd_conns_tick): no connection keeps up to
+ * PS__MAX_TABLE_PUSH_BYTES for good. Counted (psd_conns_held_bytes). */
+static void stage_free(psd_conn *c) {
+  free(c->stage);
+  c->stage = NULL;
+  c->stage_cap = c->stage_small = 0;
+}
+
+static int stage_big(const psd_conn *c) { return c->stage_cap * 4 > PS__MAX_SLICE_BYTES; }
+
+static void stage_note(psd_conn *c) {
+  if (!stage_big(c)) return;
+  if (!ps__reuse_note(c->stage_cap * sizeof(float), c->blob_len, &c->stage_small))
+    stage_free(c);
+  else if (c->stage_small == 0)
+    c->stage_used_at = ps__now();
+}
+
 void psd_conns_close_all(psd_conns *cs) {
   while (cs->head) {
     psd_conn *c = cs->head;
@@ -501,6 +525,8 @@ void psd_conns_tick(psd_conns *cs, double now) {
                      PSD_HANDSHAKE_TIMEOUT_S);
       psd_conn_write(c);
     }
+    if (stage_big(c) && c->state == PSD_CONN_HEADER && now - c->stage_used_at > PSD_STAGE_IDLE_S)
+      stage_free(c);
   }
 }
 
@@ -593,13 +619,7 @@ static void frame_done(psd_conn *c) {
   k->frame(k->ctx, c);
   c->items = NULL;
   c->n_items = 0;
-  if (c->blob_len > PS__MAX_SLICE_BYTES) {
-    /* A big table frame: give the staging back rather than keep up to
-     * PS__MAX_TABLE_PUSH_BYTES per connection for good. */
-    free(c->stage);
-    c->stage = NULL;
-    c->stage_cap = 0;
-  }
+  stage_note(c);
   c->blob_len = 0;
   c->blob_skip = 0;
   c->shm_src = NULL;

@@ -289,11 +289,13 @@ def test_table(bin_dir):
     if [u['rule'] for u in upd] != ['sgd', 'adagrad', 'adam', 'ftrl']:
         fail('table_update lines %r' % upd)
     for u in upd:
-        positive(u, 'rows_per_s', 'copy_rows_per_s', 'ratio')
-        if not close(u['ratio'], u['rows_per_s'] / u['copy_rows_per_s']):
+        positive(u, 'rows_per_s', 'rule_rows_per_s', 'copy_rows_per_s', 'ratio', 'rule_ratio')
+        if not close(u['ratio'], u['rows_per_s'] / u['copy_rows_per_s']) or \
+           not close(u['rule_ratio'], u['rule_rows_per_s'] / u['copy_rows_per_s']):
             fail('ratio of %r' % u)
-    if not any(r['name'] == 'summary' and r['of'] == 'update_over_copy' for r in rows):
-        fail('no update_over_copy summary')
+    for of in ('update_over_copy', 'rule_over_copy'):
+        if not any(r['name'] == 'summary' and r['of'] == of for r in rows):
+            fail('no %s summary' % of)
 
 
 def main():

@@ -360,6 +360,87 @@ START_TEST(test_max_memory_counts_tables) {
 }
 END_TEST
 
+/* ---- a table job's staging ------------------------------------------------- */
+
+static ps_client *client_tcp(tu_psd *p) {
+  const char *old = getenv("PS_TRANSPORT");
+  char *saved = old ? strdup(old) : NULL;
+  setenv("PS_TRANSPORT", "tcp", 1);
+  ps_client *c = client_of(p);
+  if (saved) setenv("PS_TRANSPORT", saved, 1);
+  else unsetenv("PS_TRANSPORT");
+  free(saved);
+  return c;
+}
+
+/* psd's minor page faults so far (/proc/PID/stat), -1 if unreadable. */
+static long minflt_of(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  char *s = tu_read_file(path);
+  long v = -1;
+  char *q = s ? strrchr(s, ')') : NULL;
+  /* state ppid pgrp session tty tpgid flags minflt */
+  if (q && sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %ld", &v) != 1) v = -1;
+  free(s);
+  return v;
+}
+
+/* A table push over PS__MAX_SLICE_BYTES (1,100 keys of 16,384 floats:
+ * 72 MB, over TCP) is staged in a buffer psd keeps between the steps
+ * that use it: the next step faults in no fresh 72 MB (it did, some
+ * 18,000 pages a step, while each such frame gave its staging back), and
+ * psd gives it back once the connection has used it for 2 s
+ * (PSD_STAGE_IDLE_S). */
+START_TEST(test_table_push_staging_kept) {
+  enum { N = 1100, DIM = 16384 };
+  tu_psd p;
+  const char *args[] = {"--workers", "1", NULL};
+  ck_assert_int_eq(start_measured(&p, args), 0);
+  /* Over TCP whatever the run forces: a 72 MB push would not fit a push
+   * ring anyway, but TCP is what stages it. */
+  ps_client *c = client_tcp(&p);
+  ps_table_config g;
+  ps_table_config_init(&g);
+  g.dim = DIM;
+  g.capacity = 2 * N;
+  g.opt = PS_TOPT_SGD;
+  g.lr = 0.1;
+  ps_table *t = NULL;
+  ck_assert_msg(ps_client_table_create(c, "wide", &g, &t) == 0, "%s", ps_client_errmsg(c));
+  uint64_t *keys = malloc(N * sizeof *keys);
+  float *grads = calloc((size_t)N * DIM, sizeof *grads);
+  ck_assert(keys && grads);
+  for (int i = 0; i < N; i++) keys[i] = (uint64_t)i + 1;
+  long faults[3];
+  uint64_t step = 0;
+  for (int s = 0; s < 3; s++) {
+    faults[s] = minflt_of(p.pid);
+    int stale = 0, rc = ps_table_add_grad(t, keys, N, grads);
+    if (!rc) rc = ps_client_step(c, &step, &stale);
+    ck_assert_msg(rc == 0, "step %d: %s", s, ps_client_errmsg(c));
+  }
+  long after = minflt_of(p.pid), rss1 = vm_kib(p.pid, "VmRSS:");
+  const long pages = (long)((uint64_t)N * (DIM * sizeof(float) + sizeof(uint64_t)) / 4096);
+  sleep(4); /* PSD_STAGE_IDLE_S, and psd's once-a-second tick */
+  long rss2 = vm_kib(p.pid, "VmRSS:");
+  fprintf(stderr, "bounds: 72 MB table pushes: psd minor faults per step %ld, %ld, %ld "
+          "(%ld pages a push); VmRSS %ld KiB, %ld after 4 s idle\n", faults[1] - faults[0],
+          faults[2] - faults[1], after - faults[2], pages, rss1, rss2);
+  free(keys);
+  free(grads);
+  ps_client_destroy(c);
+  tu_psd_kill(&p);
+  ck_assert_msg(faults[0] >= 0 && after - faults[2] < pages / 4 && faults[2] - faults[1] < pages / 4,
+                "psd faulted in %ld and %ld pages for the second and third 72 MB pushes "
+                "(%ld pages each): their staging was not kept", faults[2] - faults[1],
+                after - faults[2], pages);
+  ck_assert_msg(rss1 - rss2 > pages * 4 / 2,
+                "psd's VmRSS went from %ld to %ld KiB in 4 s idle: the 72 MB staging was "
+                "not given back", rss1, rss2);
+}
+END_TEST
+
 /* With no --max-memory, a cgroup limit below RAM sets the default (here a
  * fake v2 tree of 100 MB): psd says so, and refuses a variable past 90%. */
 START_TEST(test_max_memory_from_cgroup) {
@@ -493,6 +574,7 @@ Suite *suite_bounds(void) {
   tcase_add_test(tc, test_client_rejects_huge_slice_id);
   tcase_add_test(tc, test_max_memory_counts_tables);
   tcase_add_test(tc, test_max_memory_from_cgroup);
+  tcase_add_test(tc, test_table_push_staging_kept);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -6,6 +6,9 @@
  *   find     the same pull again (every key found, its row copied out);
  *   update   per rule (sgd, adagrad, adam, ftrl): psd_table_push of K
  *            gradient rows onto the K stored rows (find, the rule, LRU);
+ *   rule     the rule alone (psd_rowopt_apply) on those K rows where they
+ *            lie, a gradient row each: the per-row update without the find
+ *            that "find" times;
  *   copy     memcpy of the rows' bytes (K x stride floats: values and the
  *            rule's state), the memory-bound bound an update is held to.
  *
@@ -15,10 +18,12 @@
  * over the copy's rows/s of the same round.
  *
  *   name "table_store": round keys dim insert_keys_per_s find_keys_per_s
- *   name "table_update": round keys dim rule rows_per_s copy_rows_per_s ratio
+ *   name "table_update": round keys dim rule rows_per_s rule_rows_per_s
+ *                         copy_rows_per_s ratio rule_ratio
  */
 #define _GNU_SOURCE
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,7 +48,8 @@ static const int rule_opt[STORE_RULES] = {PS_TOPT_SGD, PS_TOPT_ADAGRAD, PS_TOPT_
 typedef struct store_series {
   table_shape shape;
   double insert[MAX_ROUNDS], find[MAX_ROUNDS];   /* keys/s */
-  double update[STORE_RULES][MAX_ROUNDS];        /* rows/s */
+  double update[STORE_RULES][MAX_ROUNDS];        /* rows/s, a push */
+  double rule[STORE_RULES][MAX_ROUNDS];          /* rows/s, the rule alone */
   double copy[STORE_RULES][MAX_ROUNDS];          /* rows/s of the rule's stride */
 } store_series;
 
@@ -91,6 +97,42 @@ static double store_push(psd_table *t, const uint64_t *keys, size_t n, const flo
   return now_s() - t0;
 }
 
+/* The stored rows, for the rule alone: psd_table_walk lends them const
+ * (a checkpoint only reads them); the bench owns the table and updates
+ * them as psd_table_push would, minus the find. */
+typedef struct row_list {
+  float **rows;
+  size_t n, cap;
+} row_list;
+
+static void collect_row(void *ctx, uint64_t key, const float *values, const float *state,
+                        uint64_t touched) {
+  (void)key, (void)state, (void)touched;
+  row_list *l = ctx;
+  if (l->n < l->cap) l->rows[l->n++] = (float *)(uintptr_t)values;
+}
+
+/* The rule of sp on every stored row of t, gradient rows g cycling over a
+ * chunk's: seconds, NAN without memory or with a row missing. */
+static double store_rule_alone(const psd_table *t, const psd_table_spec *sp, size_t n,
+                               const float *g, size_t chunk) {
+  psd_rowopt *o = malloc(sizeof *o);
+  row_list l = {malloc(n * sizeof(float *)), 0, n};
+  double s = NAN;
+  if (o && l.rows) {
+    psd_rowopt_init(o, sp);
+    psd_table_walk(t, collect_row, &l);
+    const size_t d = sp->dim;
+    double t0 = now_s();
+    for (size_t i = 0, j = 0; i < l.n; i++, j = j + 1 == chunk ? 0 : j + 1)
+      psd_rowopt_apply(o, l.rows[i], l.rows[i] + d, g + j * d, 1.0f);
+    if (l.n == n) s = now_s() - t0;
+  }
+  free(l.rows);
+  free(o);
+  return s;
+}
+
 /* Copies of the rows' bytes timed, the fastest kept: one copy alone is
  * at the mercy of a neighbour's burst on this shared machine. */
 #define STORE_COPIES 3
@@ -131,12 +173,15 @@ static int store_rule(store_series *x, int r, int rule, const uint64_t *keys, fl
     progress("table-store: %s", err);
     return 1;
   }
+  size_t chunk = n < STORE_CHUNK ? n : STORE_CHUNK;
   double fill = store_pull(t, keys, n, out), upd = store_push(t, keys, n, g);
+  double alone = store_rule_alone(t, &sp, n, g, chunk);
   psd_table_destroy(t);
   double cp = store_copy(n * psd_rowopt_stride(&sp) * sizeof(float));
   x->update[rule][r] = n / upd;
+  x->rule[rule][r] = n / alone;
   x->copy[rule][r] = n / cp;
-  return !isfinite(fill) || !isfinite(upd) || !isfinite(cp);
+  return !isfinite(fill) || !isfinite(upd) || !isfinite(alone) || !isfinite(cp);
 }
 
 /* Insert and find of round r on a fresh SGD table. */
@@ -168,16 +213,19 @@ static void print_round(const store_series *x, int r) {
     printf("%5d table_store %10llux%-5u insert %8.2f M keys/s  find %8.2f M keys/s\n", r + 1,
            k, x->shape.dim, x->insert[r] / 1e6, x->find[r] / 1e6);
   for (int u = 0; u < STORE_RULES; u++) {
-    double ratio = x->update[u][r] / x->copy[u][r];
+    double ratio = x->update[u][r] / x->copy[u][r], rratio = x->rule[u][r] / x->copy[u][r];
+    char e[32], f[32];
     if (opt.json)
       printf("{\"name\":\"table_update\",\"round\":%d,\"keys\":%llu,\"dim\":%u,\"rule\":\"%s\","
-             "\"rows_per_s\":%s,\"copy_rows_per_s\":%s,\"ratio\":%s}\n", r + 1, k,
-             x->shape.dim, rule_names[u], jnum(x->update[u][r], a, sizeof a),
-             jnum(x->copy[u][r], b, sizeof b), jnum(ratio, c, sizeof c));
+             "\"rows_per_s\":%s,\"rule_rows_per_s\":%s,\"copy_rows_per_s\":%s,\"ratio\":%s,"
+             "\"rule_ratio\":%s}\n", r + 1, k, x->shape.dim, rule_names[u],
+             jnum(x->update[u][r], a, sizeof a), jnum(x->rule[u][r], e, sizeof e),
+             jnum(x->copy[u][r], b, sizeof b), jnum(ratio, c, sizeof c),
+             jnum(rratio, f, sizeof f));
     else
-      printf("%5d table_update %-8s %10llux%-5u %8.2f M rows/s  copy %8.2f M rows/s  "
-             "%.3fx\n", r + 1, rule_names[u], k, x->shape.dim, x->update[u][r] / 1e6,
-             x->copy[u][r] / 1e6, ratio);
+      printf("%5d table_update %-8s %10llux%-5u push %8.2f M rows/s %.3fx  rule alone %8.2f M "
+             "rows/s %.3fx  of copy %8.2f M rows/s\n", r + 1, rule_names[u], k, x->shape.dim,
+             x->update[u][r] / 1e6, ratio, x->rule[u][r] / 1e6, rratio, x->copy[u][r] / 1e6);
   }
   fflush(stdout);
 }
@@ -216,6 +264,8 @@ static void print_summaries(const store_series *x) {
     print_stat(x, rule_names[u], "update_rows_per_s", x->update[u], NULL);
     print_stat(x, rule_names[u], "copy_rows_per_s", x->copy[u], NULL);
     print_stat(x, rule_names[u], "update_over_copy", x->update[u], x->copy[u]);
+    print_stat(x, rule_names[u], "rule_rows_per_s", x->rule[u], NULL);
+    print_stat(x, rule_names[u], "rule_over_copy", x->rule[u], x->copy[u]);
   }
 }
 

@@ -4,10 +4,11 @@
  * (its dim values followed by the rule's state floats, psd_rowopt_state_floats)
  * with one gradient row. The constants of a table's rule are converted once
  * (psd_rowopt_init); each kernel is one pass over the row with restrict
- * pointers so gcc vectorizes it. Adam's bias correction uses the row's own
- * step t (lazy Adam: a row's moments and t advance only when it gets a
- * gradient) and is computed in double; FTRL runs in double per element
- * (its sqrt(n) - sqrt(n_old) cancels badly in float), stored in float.
+ * pointers so gcc vectorizes it (compiled for AVX2 too: PS__VECTOR_CLONES).
+ * Adam's bias correction uses the row's own step t (lazy Adam: a row's
+ * moments and t advance only when it gets a gradient) and is computed in
+ * double; FTRL's sqrt(n) - sqrt(n_old) is computed without cancellation,
+ * so it too runs in float.
  */
 #ifndef PSD_ROWOPT_H
 #define PSD_ROWOPT_H
@@ -30,12 +31,13 @@ typedef struct psd_rowopt {
   uint32_t kind;            /* ps_table_opt */
   uint32_t dim;             /* values per row */
   float lr;                 /* learning rate in float (SGD, ADAGRAD loops) */
-  double lr_d;              /* learning rate in double (ADAM scalar, FTRL) */
+  double lr_d;              /* learning rate in double (ADAM's scalar) */
   float eps;                /* ADAGRAD, ADAM: epsilon */
   float init_acc;           /* ADAGRAD: a new row's accumulator */
   double beta1, beta2;      /* ADAM: decays, for the bias correction */
   float b1, c1, b2, c2;     /* ADAM: beta1, 1 - beta1, beta2, 1 - beta2 */
   double l1, l2, ftrl_beta; /* FTRL: regularization and rate beta */
+  float inv_lr;             /* FTRL: 1 / lr */
   /* ADAM: sqrt(1 - beta2^t) and 1 - beta1^t for t = 1..PSD_ROWOPT_ADAM_STEPS
    * ([t - 1]); later steps compute them (the same values either way). */
   double adam_sqrt_c2[PSD_ROWOPT_ADAM_STEPS], adam_c1[PSD_ROWOPT_ADAM_STEPS];
