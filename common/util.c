@@ -2,6 +2,7 @@
  * escaped names. */
 #include "util.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "invariant.h"
@@ -11,6 +12,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* Transparent huge pages are this size on x86-64 and most arm64 kernels. */
+#define HUGE_PAGE ((uintptr_t)2 << 20)
+
+void ps__advise_huge(void *p, size_t bytes) {
+#ifdef MADV_HUGEPAGE
+  if (!p || bytes < PS__HUGE_MIN) return;
+  uintptr_t lo = ((uintptr_t)p + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+  uintptr_t hi = ((uintptr_t)p + bytes) & ~(HUGE_PAGE - 1);
+  if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* advice: errors ignored */
+#else
+  (void)p, (void)bytes;
+#endif
+}
 
 int ps__grow(void **p, size_t *cap, size_t need, size_t elem) {
   if (need <= *cap) return 0;

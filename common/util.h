@@ -51,6 +51,16 @@ static inline int ps__reuse_note(size_t cap, size_t used, unsigned *small) {
 #define PS__VECTOR_CLONES __attribute__((noinline))
 #endif
 
+/* Asks the kernel to back the 2 MiB-aligned interior of a fresh block of
+ * `bytes` (at least PS__HUGE_MIN) with transparent huge pages before its
+ * pages are first touched: an array probed at random (a sparse table's
+ * key index) then misses the TLB once per 2 MiB, not once per 4 KiB page,
+ * which under a virtual machine's nested paging is most of a probe's
+ * cost. Advice only: nothing changes where huge pages are off. */
+void ps__advise_huge(void *p, size_t bytes);
+/* Smaller blocks are left alone: a huge page would mostly lie outside them. */
+#define PS__HUGE_MIN ((size_t)8 << 20)
+
 /* One of several parallel arrays that share a capacity. */
 typedef struct ps__array {
   void **p;    /* the array's pointer (updated when it moves) */

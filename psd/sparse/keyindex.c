@@ -44,7 +44,9 @@ static unsigned log2_u64(uint64_t v) { return (unsigned)__builtin_ctzll(v); }
 /* A zeroed array of n slots (every generation 0: empty), or NULL. */
 static psd_kslot *slots_alloc(uint64_t n) {
   if (n > SIZE_MAX / sizeof(psd_kslot)) return NULL;
-  return calloc((size_t)n, sizeof(psd_kslot));
+  psd_kslot *s = calloc((size_t)n, sizeof(psd_kslot));
+  ps__advise_huge(s, (size_t)n * sizeof(psd_kslot)); /* probed at random */
+  return s;
 }
 
 int psd_kindex_init(psd_kindex *x) {
