@@ -812,14 +812,14 @@ static uint64_t pipe_run(int nw, size_t numel, int steps) {
  * frames, each sent as soon as it is in the ring, the pull answered slice
  * by slice) find room for every frame, so Stats counts none over TCP (the
  * ring's restart arithmetic once sent most of every such step over TCP,
- * unseen). A variable bigger than a ring (72 MiB in 64 MiB rings) goes
- * partly over TCP, and Stats counts those frames. */
+ * unseen). A variable bigger than a ring (8 MiB more than the reference
+ * client's rings) goes partly over TCP, and Stats counts those frames. */
 START_TEST(test_rings_keep_up) {
   uint64_t n = pipe_run(2, (size_t)4 << 20, 12);
   ck_assert_msg(n == 0, "%llu frames over TCP", (unsigned long long)n);
-  /* The first pull's reply (72 MiB at once) cannot fit; later ones, slice
-   * by slice, may, depending on how far psd runs ahead. */
-  n = pipe_run(1, (size_t)18 << 20, 3);
+  /* The first pull's reply (all of it at once) cannot fit; later ones,
+   * slice by slice, may, depending on how far psd runs ahead. */
+  n = pipe_run(1, (size_t)((PS__SHM_RING_DEFAULT + (8 << 20)) / sizeof(float)), 3);
   ck_assert_msg(n >= 1, "%llu frames over TCP for a variable bigger than the ring",
                 (unsigned long long)n);
 }
