@@ -41,17 +41,6 @@
 #define NW 2     /* workers of the training runs */
 #define STEPS 30 /* their steps */
 
-static long vm_kib(pid_t pid, const char *field) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  char *s = tu_read_file(path);
-  long v = -1;
-  char *q = s ? strstr(s, field) : NULL;
-  if (q) v = strtol(q + strlen(field) + 1, NULL, 10);
-  free(s);
-  return v;
-}
-
 /* Descriptors psd has open. */
 static int fd_count(pid_t pid) {
   char cmd[96];
@@ -196,7 +185,7 @@ START_TEST(test_held_unauthenticated) {
   usleep(200000);
   double idle = -1, s;
   if (psctl_path()) psctl_stats_vs(&p, &idle, &s);
-  long rss0 = vm_kib(p.pid, "VmRSS:");
+  long rss0 = tu_vm_kib(p.pid, "VmRSS:");
   int fd0 = fd_count(p.pid);
   static int held[HELD];
   for (int i = 0; i < HELD; i++) {
@@ -206,7 +195,7 @@ START_TEST(test_held_unauthenticated) {
   }
   wait_fds(p.pid, fd0 + HELD);
   usleep(300000);
-  long rss1 = vm_kib(p.pid, "VmRSS:");
+  long rss1 = tu_vm_kib(p.pid, "VmRSS:");
   ck_assert_msg(rss0 > 0 && rss1 > 0 && (rss1 - rss0) * 1024 < HELD * PSD_TEST_RSS_PER_CONN,
                 "psd's RSS grew from %ld to %ld KiB for %d unauthenticated connections "
                 "(bound %ld bytes each)",

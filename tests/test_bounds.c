@@ -36,17 +36,6 @@
 
 /* ---- frames over raw sockets --------------------------------------------- */
 
-static long vm_kib(pid_t pid, const char *field) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  char *s = tu_read_file(path);
-  long v = -1;
-  char *q = s ? strstr(s, field) : NULL;
-  if (q) v = strtol(q + strlen(field) + 1, NULL, 10);
-  free(s);
-  return v;
-}
-
 /* Starts a psd whose RSS is measured. Under AddressSanitizer freed blocks
  * sit in a quarantine of up to 256 MiB, so RSS would climb without any
  * retention: such a psd gets a small quarantine (without ASan the option
@@ -221,7 +210,7 @@ START_TEST(test_slow_reader_bounded) {
   /* One push first, so psd's staging buffer is part of the baseline. */
   ck_assert_int_eq(send_items(good, PS__MSG_PUSH, 2, 0, (uint32_t)id), 0);
   ck_assert(recv_until(good, PS__MSG_PUSH_REPLY, meta, sizeof meta) >= 0);
-  long rss0 = vm_kib(p.pid, "VmRSS:");
+  long rss0 = tu_vm_kib(p.pid, "VmRSS:");
   for (int i = 0; i < 10; i++) {
     uint32_t ids[1] = {(uint32_t)id};
     Ps__Pull m = PS__PULL__INIT;
@@ -237,7 +226,7 @@ START_TEST(test_slow_reader_bounded) {
                   "push %llu not answered (log %s)", (unsigned long long)s, p.log_path);
   }
   usleep(200 * 1000);
-  long rss1 = vm_kib(p.pid, "VmRSS:");
+  long rss1 = tu_vm_kib(p.pid, "VmRSS:");
   long bound = (OUT_HIGH_WATER_MIB + (long)(BIG_N * sizeof(float) / MIB) + SLACK_MIB) * 1024;
   fprintf(stderr, "bounds: slow reader: psd VmRSS %ld -> %ld KiB (bound +%ld KiB)\n", rss0,
           rss1, bound);
@@ -262,7 +251,7 @@ START_TEST(test_slow_reader_bounded) {
                 p.log_path);
   close(slow);
   close(good);
-  ck_assert_msg(vm_kib(p.pid, "VmRSS:") > 0, "psd died (log %s)", p.log_path);
+  ck_assert_msg(tu_vm_kib(p.pid, "VmRSS:") > 0, "psd died (log %s)", p.log_path);
   tu_psd_kill(&p);
 }
 END_TEST
@@ -292,7 +281,7 @@ START_TEST(test_admin_stats_bounded) {
     fds[i] = hello(p.addr, PS__ROLE__ROLE_ADMIN, 0, 0, 0);
     ck_assert_msg(fds[i] >= 0, "admin handshake failed (log %s)", p.log_path);
   }
-  long rss0 = vm_kib(p.pid, "VmRSS:");
+  long rss0 = tu_vm_kib(p.pid, "VmRSS:");
   static uint8_t meta[PS__MAX_META];
   for (int r = 0; r < ROUNDS; r++)
     for (int i = 0; i < NCONN; i++) {
@@ -302,7 +291,7 @@ START_TEST(test_admin_stats_bounded) {
       ck_assert_msg(recv_until(fds[i], PS__MSG_STATS_REPLY, meta, sizeof meta) >= 0,
                     "stats not answered (log %s)", p.log_path);
     }
-  long rss1 = vm_kib(p.pid, "VmRSS:");
+  long rss1 = tu_vm_kib(p.pid, "VmRSS:");
   free(pad);
   /* One request's peak (~45 MiB of unknown-field records) plus slack;
    * before, each connection kept its own (8 x 45 MiB). */
@@ -373,19 +362,6 @@ static ps_client *client_tcp(tu_psd *p) {
   return c;
 }
 
-/* psd's minor page faults so far (/proc/PID/stat), -1 if unreadable. */
-static long minflt_of(pid_t pid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  char *s = tu_read_file(path);
-  long v = -1;
-  char *q = s ? strrchr(s, ')') : NULL;
-  /* state ppid pgrp session tty tpgid flags minflt */
-  if (q && sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %ld", &v) != 1) v = -1;
-  free(s);
-  return v;
-}
-
 /* A table push over PS__MAX_SLICE_BYTES (1,100 keys of 16,384 floats:
  * 72 MB, over TCP) is staged in a buffer psd keeps between the steps
  * that use it: the next step faults in no fresh 72 MB (it did, some
@@ -415,15 +391,15 @@ START_TEST(test_table_push_staging_kept) {
   long faults[3];
   uint64_t step = 0;
   for (int s = 0; s < 3; s++) {
-    faults[s] = minflt_of(p.pid);
+    faults[s] = (long)tu_proc_stat(p.pid, 10);
     int stale = 0, rc = ps_table_add_grad(t, keys, N, grads);
     if (!rc) rc = ps_client_step(c, &step, &stale);
     ck_assert_msg(rc == 0, "step %d: %s", s, ps_client_errmsg(c));
   }
-  long after = minflt_of(p.pid), rss1 = vm_kib(p.pid, "VmRSS:");
+  long after = (long)tu_proc_stat(p.pid, 10), rss1 = tu_vm_kib(p.pid, "VmRSS:");
   const long pages = (long)((uint64_t)N * (DIM * sizeof(float) + sizeof(uint64_t)) / 4096);
   sleep(4); /* PSD_STAGE_IDLE_S, and psd's once-a-second tick */
-  long rss2 = vm_kib(p.pid, "VmRSS:");
+  long rss2 = tu_vm_kib(p.pid, "VmRSS:");
   fprintf(stderr, "bounds: 72 MB table pushes: psd minor faults per step %ld, %ld, %ld "
           "(%ld pages a push); VmRSS %ld KiB, %ld after 4 s idle\n", faults[1] - faults[0],
           faults[2] - faults[1], after - faults[2], pages, rss1, rss2);
@@ -431,7 +407,8 @@ START_TEST(test_table_push_staging_kept) {
   free(grads);
   ps_client_destroy(c);
   tu_psd_kill(&p);
-  ck_assert_msg(faults[0] >= 0 && after - faults[2] < pages / 4 && faults[2] - faults[1] < pages / 4,
+  ck_assert_msg(faults[0] >= 0 && after - faults[2] < pages / 4 &&
+                    faults[2] - faults[1] < pages / 4,
                 "psd faulted in %ld and %ld pages for the second and third 72 MB pushes "
                 "(%ld pages each): their staging was not kept", faults[2] - faults[1],
                 after - faults[2], pages);
@@ -536,7 +513,7 @@ START_TEST(test_client_rejects_huge_slice_id) {
   snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(sa.sin_port));
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, fake_main, &f), 0);
-  long rss0 = vm_kib(getpid(), "VmRSS:");
+  long rss0 = tu_vm_kib(getpid(), "VmRSS:");
   const char *hp[1] = {addr};
   ps_config cfg;
   ps_config_init(&cfg);
@@ -552,7 +529,7 @@ START_TEST(test_client_rejects_huge_slice_id) {
   int64_t shape[1] = {16};
   ps_var *v = NULL;
   int rc = ps_client_var_create(c, "v", shape, 1, NULL, NULL, &v);
-  long rss1 = vm_kib(getpid(), "VmRSS:");
+  long rss1 = tu_vm_kib(getpid(), "VmRSS:");
   fprintf(stderr, "bounds: client: %s\n", ps_client_errmsg(c));
   ck_assert_msg(rc == PS_EPROTO, "var create gave %d (%s)", rc, ps_client_errmsg(c));
   ck_assert_msg(strstr(ps_client_errmsg(c), addr) && strstr(ps_client_errmsg(c), "4294967280"),

@@ -62,17 +62,6 @@ static void sleep_ms(int ms) {
 /* ---- psd's resources ------------------------------------------------------ */
 
 /* A "Vm...:" field of /proc/PID/status in KiB, or -1. */
-static long vm_kib(pid_t pid, const char *field) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  char *s = tu_read_file(path);
-  long v = -1;
-  char *q = s ? strstr(s, field) : NULL;
-  if (q) v = strtol(q + strlen(field), NULL, 10);
-  free(s);
-  return v;
-}
-
 static int fd_count(pid_t pid) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
@@ -108,8 +97,8 @@ static sample *take(samples *ss, pid_t pid, int conns, int allowed, const char *
   x->t = ps__now() - ss->t0;
   x->conns = conns;
   x->allowed = allowed;
-  x->rss = vm_kib(pid, "VmRSS:");
-  x->data = vm_kib(pid, "VmData:");
+  x->rss = tu_vm_kib(pid, "VmRSS:");
+  x->data = tu_vm_kib(pid, "VmData:");
   x->fds = fd_count(pid);
   x->what = what;
   return x;

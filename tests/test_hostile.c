@@ -1048,21 +1048,10 @@ END_TEST
 
 /* ---- 3: the pre-handshake limit bounds memory ------------------------------ */
 
-static long vm_kib(pid_t pid, const char *field) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-  char *s = tu_read_file(path);
-  long v = -1;
-  char *q = s ? strstr(s, field) : NULL;
-  if (q) v = strtol(q + strlen(field) + 1, NULL, 10);
-  free(s);
-  return v;
-}
-
 START_TEST(test_preauth_limit_bounds_memory) {
   tu_psd p;
   start_psd(&p, "1");
-  long peak0 = vm_kib(p.pid, "VmPeak:");
+  long peak0 = tu_vm_kib(p.pid, "VmPeak:");
   int fd = tu_connect(p.addr);
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
@@ -1080,7 +1069,7 @@ START_TEST(test_preauth_limit_bounds_memory) {
   ck_assert_msg(e.found && e.fatal && e.code == PS_ETOOBIG && strstr(e.msg, "too large"),
                 "expected a fatal 'too large' error, got '%s'", e.msg);
   expect_serving(&p, "a 4 GiB + 2^60-byte HELLO header");
-  long peak1 = vm_kib(p.pid, "VmPeak:");
+  long peak1 = tu_vm_kib(p.pid, "VmPeak:");
   ck_assert_msg(peak0 > 0 && peak1 > 0 && peak1 - peak0 < 64 * 1024,
                 "psd's peak virtual memory grew from %ld to %ld KiB", peak0, peak1);
 
@@ -1208,7 +1197,7 @@ END_TEST
 START_TEST(test_hello_num_workers_bounded) {
   tu_psd p;
   start_psd(&p, NULL);
-  long peak0 = vm_kib(p.pid, "VmPeak:");
+  long peak0 = tu_vm_kib(p.pid, "VmPeak:");
   int fd = tu_connect(p.addr);
   ck_assert(fd >= 0);
   hbuf h = {{0}, 0};
@@ -1216,7 +1205,7 @@ START_TEST(test_hello_num_workers_bounded) {
   tu_send_all(fd, h.b, h.n);
   static rframe f;
   int got = read_frame(fd, &f, 3.0);
-  long peak1 = vm_kib(p.pid, "VmPeak:");
+  long peak1 = tu_vm_kib(p.pid, "VmPeak:");
   close(fd);
   expect_serving(&p, "a HELLO claiming 50000000 workers");
   tu_psd_kill(&p);
@@ -1229,17 +1218,8 @@ START_TEST(test_hello_num_workers_bounded) {
 END_TEST
 
 static double cpu_s(pid_t pid) {
-  char path[64];
-  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-  char *s = tu_read_file(path);
-  double v = -1;
-  char *q = s ? strrchr(s, ')') : NULL;
-  unsigned long ut, st;
-  /* state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
-  if (q && sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
-    v = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-  free(s);
-  return v;
+  long long ut = tu_proc_stat(pid, 14), st = tu_proc_stat(pid, 15);
+  return ut < 0 || st < 0 ? -1 : (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
 }
 
 /* Connections that never say HELLO, more than psd has descriptors for: psd
@@ -1548,14 +1528,14 @@ START_TEST(test_table_parked_pulls_of_slow_reader_bounded) {
   }
   free(keys);
   usleep(300000);
-  long before = vm_kib(p.pid, "VmRSS:");
+  long before = tu_vm_kib(p.pid, "VmRSS:");
   /* b completes step 0 of every table: a's 8 pulls are due; a reads nothing. */
   for (int i = 0; i < K; i++) {
     send_table_push_head(b, 300 + (uint64_t)i, (uint32_t)i, 0, 0, 0);
     ck_assert_int_eq(table_reply(b, &f, &e, 10.0), PS__MSG_TABLE_PUSH_REPLY);
   }
   usleep(500000);
-  long after = vm_kib(p.pid, "VmRSS:");
+  long after = tu_vm_kib(p.pid, "VmRSS:");
   /* a reads again: every reply comes, late. */
   int got = drain_pull_replies(a, K, 30.0);
   close(a);
@@ -1682,7 +1662,7 @@ START_TEST(test_table_mem_unread_replies) {
   ck_assert_int_eq(table_register(a, &big, &e), 0);
   ck_assert_int_eq(table_register(c, &small, &e), 1);
   usleep(100000);
-  long base = vm_kib(p.pid, "VmRSS:");
+  long base = tu_vm_kib(p.pid, "VmRSS:");
   uint64_t *keys = malloc(4096 * sizeof *keys);
   ck_assert(keys);
   for (int i = 0; i < 4096; i++) keys[i] = (uint64_t)i + 1;
@@ -1698,7 +1678,7 @@ START_TEST(test_table_mem_unread_replies) {
   }
   free(keys);
   tm_legit_step(c, 1, 8, "two connections holding unread pulls of 'big'");
-  long hwm = vm_kib(p.pid, "VmHWM:");
+  long hwm = tu_vm_kib(p.pid, "VmHWM:");
   fprintf(stderr, "table memory: unread replies: psd VmRSS %ld KiB before, peak %ld KiB "
           "(limit %llu KiB)\n", base, hwm, (unsigned long long)(TM_LIMIT >> 10));
   /* Now read: the refusals, then a's reply. */
@@ -1741,7 +1721,7 @@ START_TEST(test_table_mem_staged_pushes) {
   ck_assert_int_eq(table_register(w[0], &big, &e), 0);
   ck_assert_int_eq(table_register(c, &small, &e), 1);
   usleep(100000);
-  long base = vm_kib(p.pid, "VmRSS:");
+  long base = tu_vm_kib(p.pid, "VmRSS:");
   uint8_t *d = calloc(1, len);
   ck_assert(d);
   for (uint64_t i = 0; i < NK; i++) { /* ascending keys; zero gradients */
@@ -1754,7 +1734,7 @@ START_TEST(test_table_mem_staged_pushes) {
     usleep(200000);
   }
   tm_legit_step(c, 1, 8, "three connections staging 256 MiB pushes");
-  long hwm = vm_kib(p.pid, "VmHWM:");
+  long hwm = tu_vm_kib(p.pid, "VmHWM:");
   fprintf(stderr, "table memory: staged pushes: psd VmRSS %ld KiB before, peak %ld KiB "
           "(limit %llu KiB)\n", base, hwm, (unsigned long long)(TM_LIMIT >> 10));
   herr e1, e2;
@@ -1810,7 +1790,7 @@ START_TEST(test_table_mem_parked_pulls) {
   Ps__TableSpec small = tspec("small", 8, 1024);
   ck_assert_int_eq(table_register(c, &small, &e), K);
   usleep(100000);
-  long base = vm_kib(p.pid, "VmRSS:");
+  long base = tu_vm_kib(p.pid, "VmRSS:");
   uint64_t *keys = malloc(nk * sizeof *keys);
   ck_assert(keys);
   for (uint64_t i = 0; i < nk; i++) keys[i] = i + 1;
@@ -1822,7 +1802,7 @@ START_TEST(test_table_mem_parked_pulls) {
   free(keys);
   usleep(200000);
   tm_legit_step(c, K, 8, "32 parked pulls of 32 MiB of keys");
-  long hwm = vm_kib(p.pid, "VmHWM:");
+  long hwm = tu_vm_kib(p.pid, "VmHWM:");
   fprintf(stderr, "table memory: parked pulls: psd VmRSS %ld KiB before, peak %ld KiB "
           "(limit %llu KiB)\n", base, hwm, (unsigned long long)(TM_LIMIT >> 10));
   /* The last connection's pulls came when the limit was reached. */

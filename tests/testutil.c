@@ -61,6 +61,34 @@ char *tu_read_file(const char *path) {
   return buf;
 }
 
+long tu_vm_kib(pid_t pid, const char *field) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  char *s = tu_read_file(path);
+  long v = -1;
+  char *q = s ? strstr(s, field) : NULL;
+  if (q) v = strtol(q + strlen(field), NULL, 10);
+  free(s);
+  return v;
+}
+
+long long tu_proc_stat(pid_t pid, int n) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  char *s = tu_read_file(path);
+  long long v = -1;
+  /* Fields 1 and 2 (pid, "(comm)") end at the last ')': comm may hold
+   * spaces and parentheses. Then field 3 (the state), and so on. */
+  char *q = s ? strrchr(s, ')') : NULL;
+  for (int f = 3; q && f <= n; f++) {
+    q += strspn(q + 1, " ") + 1;
+    if (f == n) v = strtoll(q, NULL, 10);
+    else q += strcspn(q, " ");
+  }
+  free(s);
+  return v;
+}
+
 const char *tu_psd_preload;
 const char *tu_psd_secret;
 

@@ -98,6 +98,12 @@ int tu_log_contains(const tu_psd *p, const char *needle);
 int tu_log_count(const tu_psd *p, const char *needle);
 /* Whole file, NUL-terminated, malloc'd (NULL if unreadable). */
 char *tu_read_file(const char *path);
+/* A "Field:  N kB" line of /proc/PID/status ("VmRSS:", "VmHWM:"...): N,
+ * or -1 if unreadable. */
+long tu_vm_kib(pid_t pid, const char *field);
+/* Field n of /proc/PID/stat as proc(5) numbers them (n >= 3: 10 minflt,
+ * 14 utime, 15 stime, in clock ticks), or -1 if unreadable. */
+long long tu_proc_stat(pid_t pid, int n);
 /* A fresh private directory for this test process. */
 const char *tu_tmpdir(void);
 /* Raw sockets for hostile-peer tests. tu_connect: TCP to "host:port" with
