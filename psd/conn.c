@@ -477,7 +477,9 @@ static void stage_free(psd_conn *c) {
   c->stage_cap = c->stage_small = 0;
 }
 
-static int stage_big(const psd_conn *c) { return c->stage_cap * 4 > PS__MAX_SLICE_BYTES; }
+static int stage_big(const psd_conn *c) {
+  return c->stage_cap * sizeof(float) > PS__MAX_SLICE_BYTES;
+}
 
 static void stage_note(psd_conn *c) {
   if (!stage_big(c)) return;
