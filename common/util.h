@@ -24,22 +24,6 @@ static inline int ps__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
  * bytes would overflow (*p and *cap unchanged then). */
 int ps__grow(void **p, size_t *cap, size_t need, size_t elem);
 
-/* A reusable buffer's keep rule: it stays while one of the last
- * PS__REUSE_USES uses took at least a PS__REUSE_SLACK-th of it, and goes
- * after that many smaller uses in a row (a one-off burst does not pin its
- * size; a table step's small frames between two big ones do not drop it,
- * so steady big frames touch no fresh pages). */
-#define PS__REUSE_SLACK 4
-#define PS__REUSE_USES 8u
-
-/* Notes one use of used bytes of a buffer of cap bytes (*small: the
- * smaller uses in a row so far). 1: keep it; 0: give it back. */
-static inline int ps__reuse_note(size_t cap, size_t used, unsigned *small) {
-  if (cap / PS__REUSE_SLACK <= used) *small = 0;
-  else if (*small < PS__REUSE_USES) (*small)++;
-  return *small < PS__REUSE_USES;
-}
-
 /* A hot loop compiled for AVX2 and for baseline x86-64 and picked at load
  * time (GCC ifunc): wider vectors with no -march. Not x86-64-v3, whose FMA
  * would fuse a*b+c and change results between machines. Off under ASan

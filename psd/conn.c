@@ -49,9 +49,11 @@
 #define PSD_ARENA_KEEP_MAX ((size_t)4 << 20)
 /* Seconds a CLOSING connection may take to drain its error reply. */
 #define PSD_CLOSING_MAX_S 2.0
-/* Seconds a big staging buffer stays unused before it is given back: a
- * step slower than this pays its page faults once per step, a small share. */
+/* Seconds a big staging goes without a frame that needs a
+ * PSD_STAGE_SLACK-th of it before it is given back: a step slower than
+ * this pays its page faults once per step, a small share. */
 #define PSD_STAGE_IDLE_S 2.0
+#define PSD_STAGE_SLACK 4
 /* Seconds a new connection has to complete its handshake. */
 #define PSD_HANDSHAKE_TIMEOUT_S 10.0
 
@@ -467,14 +469,14 @@ void psd_conn_auth_done(psd_conn *c) {
 }
 
 /* A staging over PS__MAX_SLICE_BYTES (TABLE_PUSH data; no dense item
- * needs that much) is kept by ps__reuse_note's rule (fresh pages cost a
- * 1M x 16 push 72 MB of page faults a step) and after PSD_STAGE_IDLE_S
- * unused goes (psd_conns_tick): no connection keeps up to
- * PS__MAX_TABLE_PUSH_BYTES for good. Counted (psd_conns_held_bytes). */
+ * needs that much) is kept while frames keep using it (fresh pages cost a
+ * 1M x 16 push 72 MB of page faults a step), however many small ones come
+ * between (a pull in pieces sends several), and goes after
+ * PSD_STAGE_IDLE_S unused (psd_conns_tick). Counted (psd_conns_held_bytes). */
 static void stage_free(psd_conn *c) {
   free(c->stage);
   c->stage = NULL;
-  c->stage_cap = c->stage_small = 0;
+  c->stage_cap = 0;
 }
 
 static int stage_big(const psd_conn *c) {
@@ -482,10 +484,7 @@ static int stage_big(const psd_conn *c) {
 }
 
 static void stage_note(psd_conn *c) {
-  if (!stage_big(c)) return;
-  if (!ps__reuse_note(c->stage_cap * sizeof(float), c->blob_len, &c->stage_small))
-    stage_free(c);
-  else if (c->stage_small == 0)
+  if (stage_big(c) && c->blob_len >= c->stage_cap * sizeof(float) / PSD_STAGE_SLACK)
     c->stage_used_at = ps__now();
 }
 

@@ -168,9 +168,8 @@ typedef struct psd_conn {
                                  before its data came (psd_conn_skip_blob) */
   const void *blob_msg;       /* ... and its unpacked message (in arena) */
   uint64_t stage_cap;         /* floats in stage */
-  unsigned stage_small;       /* a stage over PS__MAX_SLICE_BYTES: data frames
-                                 in a row that used less (ps__reuse_note) */
-  double stage_used_at;       /* ... and when a frame last used it */
+  double stage_used_at;       /* a stage over PS__MAX_SLICE_BYTES: when a
+                                 frame last used most of it */
   int32_t *status;            /* per item result of the current Push */
   int data_assign;            /* DATA: the Init is an assign (Init.assign) */
   int data_rc;                /* DATA: the first refused item of this Push or

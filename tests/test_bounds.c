@@ -364,10 +364,11 @@ static ps_client *client_tcp(tu_psd *p) {
 
 /* A table push over PS__MAX_SLICE_BYTES (1,100 keys of 16,384 floats:
  * 72 MB, over TCP) is staged in a buffer psd keeps between the steps
- * that use it: the next step faults in no fresh 72 MB (it did, some
- * 18,000 pages a step, while each such frame gave its staging back), and
- * psd gives it back once the connection has used it for 2 s
- * (PSD_STAGE_IDLE_S). */
+ * that use it, with ten small pulls between them (as a pull in pieces
+ * sends): the next step faults in no fresh 72 MB (it did, some 18,000
+ * pages a step, while each such frame gave its staging back, and again
+ * while eight small frames in a row did), and psd gives it back once the
+ * connection has not used it for 2 s (PSD_STAGE_IDLE_S). */
 START_TEST(test_table_push_staging_kept) {
   enum { N = 1100, DIM = 16384 };
   tu_psd p;
@@ -392,7 +393,10 @@ START_TEST(test_table_push_staging_kept) {
   uint64_t step = 0;
   for (int s = 0; s < 3; s++) {
     faults[s] = (long)tu_proc_stat(p.pid, 10);
-    int stale = 0, rc = ps_table_add_grad(t, keys, N, grads);
+    int stale = 0, rc = 0;
+    for (int i = 0; i < 10 && !rc; i++)
+      rc = ps_table_pull(t, 0, keys + 4 * i, 4, grads, PS_TABLE_READ_ONLY, NULL);
+    if (!rc) rc = ps_table_add_grad(t, keys, N, grads);
     if (!rc) rc = ps_client_step(c, &step, &stale);
     ck_assert_msg(rc == 0, "step %d: %s", s, ps_client_errmsg(c));
   }

@@ -16,6 +16,12 @@
  * written; steady traffic (headers and protobuf) stays below and so
  * allocates nothing. */
 #define PS__OUTQ_KEEP ((size_t)1 << 20)
+/* keep_recent: a buffer more than this many times the bytes drained is
+ * given back after PS__OUTQ_KEEP_DRAINS such drains in a row (a one-off
+ * burst does not pin its size; a table step's pull keys between two big
+ * pushes, or a push reply between two big pull replies, do not drop it). */
+#define PS__OUTQ_SLACK 4
+#define PS__OUTQ_KEEP_DRAINS 8
 /* Alignment of the data of frames written in place (ps__outq_frame_inline):
  * malloc's, so floats and uint64 keys are aligned however long the
  * protobuf part before them is. */
@@ -137,12 +143,14 @@ int ps__outq_write(ps__outq *q, int fd) {
   const size_t used = q->len;
   q->first = q->n = q->first_done = 0;
   q->len = q->ext_len = 0;
-  /* keep_recent: ps__reuse_note's rule (a table step's pull keys between
-   * two big pushes, or a push reply between two big pull replies, do not
-   * drop the buffer). */
-  const int recent = ps__reuse_note(q->bufcap, used, &q->small_drains);
-  if (q->small_drains == 0 && q->bufcap > PS__OUTQ_KEEP) q->kept = used;
-  if (q->bufcap > PS__OUTQ_KEEP && !(q->keep_recent && recent)) {
+  if (q->bufcap / PS__OUTQ_SLACK <= used) {
+    q->small_drains = 0;
+    if (q->bufcap > PS__OUTQ_KEEP) q->kept = used;
+  } else if (q->small_drains < PS__OUTQ_KEEP_DRAINS) {
+    q->small_drains++;
+  }
+  if (q->bufcap > PS__OUTQ_KEEP &&
+      !(q->keep_recent && q->small_drains < PS__OUTQ_KEEP_DRAINS)) {
     free(q->buf);
     q->buf = NULL;
     q->bufcap = 0;

@@ -32,10 +32,12 @@ typedef struct ps__outq {
   void (*release)(void *ctx, void *ref); /* ... and no longer does */
   void *ctx;                     /* for the hooks */
   int keep_recent;               /* a drained queue keeps a buffer over
-                                    PS__OUTQ_KEEP by ps__reuse_note's rule
-                                    (steady table pushes and replies, with
-                                    small frames between them: no fresh
-                                    pages a step); 0: gives it back at once */
+                                    PS__OUTQ_KEEP while one of the last
+                                    PS__OUTQ_KEEP_DRAINS drains used at
+                                    least a PS__OUTQ_SLACK-th of it (steady
+                                    table pushes and replies, with small
+                                    frames between them: no fresh pages a
+                                    step); 0: gives it back at once */
   unsigned small_drains;         /* drains in a row that used less */
   size_t kept;                   /* bytes the last big drain used: what a
                                     kept buffer holds in touched pages
