@@ -169,7 +169,7 @@ typedef struct psd_conn {
   const void *blob_msg;       /* ... and its unpacked message (in arena) */
   uint64_t stage_cap;         /* floats in stage */
   double stage_used_at;       /* a stage over PS__MAX_SLICE_BYTES: when a
-                                 frame last used most of it */
+                                 frame last needed a PSD_STAGE_SLACK-th of it */
   int32_t *status;            /* per item result of the current Push */
   int data_assign;            /* DATA: the Init is an assign (Init.assign) */
   int data_rc;                /* DATA: the first refused item of this Push or
