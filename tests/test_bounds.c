@@ -308,8 +308,8 @@ END_TEST
 
 /* ---- --max-memory: per-slice tables and the cgroup default ---------------- */
 
-/* Makes a 1-worker client of p. */
-static ps_client *client_of(tu_psd *p) {
+/* Makes a 1-worker client of p over the given transport. */
+static ps_client *client_via(tu_psd *p, ps_transport transport) {
   static char hosts[1][64];
   static const char *hp[1];
   tu_hosts(p, 1, hosts, hp);
@@ -318,6 +318,7 @@ static ps_client *client_of(tu_psd *p) {
   cfg.hosts = hp;
   cfg.num_ps = 1;
   cfg.num_workers = 1;
+  cfg.transport = transport;
   ps_client *c = NULL;
   char err[512];
   ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
@@ -331,7 +332,7 @@ START_TEST(test_max_memory_counts_tables) {
   tu_psd p;
   const char *args[] = {"--workers", "1", "--max-memory", "200000", NULL};
   ck_assert_int_eq(tu_psd_start(&p, args), 0);
-  ps_client *c = client_of(&p);
+  ps_client *c = client_via(&p, PS_TRANSPORT_DEFAULT);
   int64_t shape[1] = {1};
   int i, rc = 0;
   for (i = 0; i < 5000 && rc == 0; i++) {
@@ -351,17 +352,6 @@ END_TEST
 
 /* ---- a table job's staging ------------------------------------------------- */
 
-static ps_client *client_tcp(tu_psd *p) {
-  const char *old = getenv("PS_TRANSPORT");
-  char *saved = old ? strdup(old) : NULL;
-  setenv("PS_TRANSPORT", "tcp", 1);
-  ps_client *c = client_of(p);
-  if (saved) setenv("PS_TRANSPORT", saved, 1);
-  else unsetenv("PS_TRANSPORT");
-  free(saved);
-  return c;
-}
-
 /* A table push over PS__MAX_SLICE_BYTES (1,100 keys of 16,384 floats:
  * 72 MB, over TCP) is staged in a buffer psd keeps between the steps
  * that use it, with ten small pulls between them (as a pull in pieces
@@ -374,9 +364,9 @@ START_TEST(test_table_push_staging_kept) {
   tu_psd p;
   const char *args[] = {"--workers", "1", NULL};
   ck_assert_int_eq(start_measured(&p, args), 0);
-  /* Over TCP whatever the run forces: a 72 MB push would not fit a push
-   * ring anyway, but TCP is what stages it. */
-  ps_client *c = client_tcp(&p);
+  /* Over TCP whatever the run forces: psd stages what comes over TCP
+   * (through a ring it reads a push where it lies). */
+  ps_client *c = client_via(&p, PS_TRANSPORT_TCP);
   ps_table_config g;
   ps_table_config_init(&g);
   g.dim = DIM;
@@ -447,7 +437,7 @@ START_TEST(test_max_memory_from_cgroup) {
   int rc = tu_psd_start(&p, args);
   unsetenv("PSD_CGROUP_ROOT");
   ck_assert_int_eq(rc, 0);
-  ps_client *c = client_of(&p);
+  ps_client *c = client_via(&p, PS_TRANSPORT_DEFAULT);
   ck_assert_msg(tu_log_contains(&p, "slices may take 90000000 bytes (90% of the cgroup limit"),
                 "no cgroup line in %s", p.log_path);
   int64_t big[1] = {12 << 20}, small[1] = {1000}; /* 96 MiB of params + sums */

@@ -89,13 +89,15 @@ void psd_rowopt_new_state(const psd_rowopt *o, float *state) {
 }
 
 /* w -= lr * g. */
-PS__VECTOR_CLONES static void sgd_row(float *restrict w, const float *restrict g, float s, float lr,
+PS__VECTOR_CLONES
+static void sgd_row(float *restrict w, const float *restrict g, float s, float lr,
                     uint32_t d) {
   for (uint32_t i = 0; i < d; i++) w[i] = w[i] - lr * (s * g[i]);
 }
 
 /* a += g*g; w -= lr * g / (sqrt(a) + eps). */
-PS__VECTOR_CLONES static void adagrad_row(float *restrict w, float *restrict a, const float *restrict g,
+PS__VECTOR_CLONES
+static void adagrad_row(float *restrict w, float *restrict a, const float *restrict g,
                         float s, float lr, float eps, uint32_t d) {
   for (uint32_t i = 0; i < d; i++) {
     float gi = s * g[i];
@@ -106,7 +108,8 @@ PS__VECTOR_CLONES static void adagrad_row(float *restrict w, float *restrict a, 
 }
 
 /* m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr_hat m / (sqrt(v) + eps). */
-PS__VECTOR_CLONES static void adam_row(float *restrict w, float *restrict m, float *restrict v,
+PS__VECTOR_CLONES
+static void adam_row(float *restrict w, float *restrict m, float *restrict v,
                      const float *restrict g, float s, const psd_rowopt *o, float lr_hat,
                      uint32_t d) {
   const float b1 = o->b1, c1 = o->c1, b2 = o->b2, c2 = o->c2, eps = o->eps;
@@ -146,14 +149,15 @@ static void adam_apply(const psd_rowopt *o, float *w, float *state, const float 
  * w = |z| <= l1 ? 0 : -(z - sign(z) l1) / ((beta + sqrt(n)) / lr + l2).
  * sqrt(n) - sqrt(n_old) is computed as g^2 / (sqrt(n) + sqrt(n_old)), the
  * same value without the cancellation that would lose it in float, so the
- * rule runs in float: 8 lanes, not 2 doubles. Branch-free so it vectorizes: z - sign(z) l1 is
- * copysign(max(|z| - l1, 0), z) when |z| > l1, and that max is 0 exactly
- * when |z| <= l1 (+0.0 turns the -0 of a negative z into 0). The
+ * rule runs in float: 8 lanes, not 2 doubles. Branch-free so it
+ * vectorizes: z - sign(z) l1 is copysign(max(|z| - l1, 0), z) when
+ * |z| > l1, and that max is 0 exactly when |z| <= l1 (+0.0 turns the -0
+ * of a negative z into 0). The
  * denominator is 0 only with beta = l2 = 0 and n = 0, where z is 0 too:
  * dividing that 0 by 1 instead keeps w at 0, not NaN. */
-PS__VECTOR_CLONES static void ftrl_row(float *restrict w, float *restrict z, float *restrict n,
-                                       const float *restrict g, float s, const psd_rowopt *o,
-                                       uint32_t d) {
+PS__VECTOR_CLONES
+static void ftrl_row(float *restrict w, float *restrict z, float *restrict n,
+                     const float *restrict g, float s, const psd_rowopt *o, uint32_t d) {
   const float inv_lr = o->inv_lr, l1 = (float)o->l1, l2 = (float)o->l2,
               beta = (float)o->ftrl_beta;
   for (uint32_t i = 0; i < d; i++) {
