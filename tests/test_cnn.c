@@ -627,13 +627,32 @@ typedef struct {
   int B, N;
   float *z;
   uint8_t *lab;
+  float smooth; /* label smoothing */
 } xent_ctx;
 
 static double xent_loss(void *vc) {
   xent_ctx *c = vc;
   float sum = NAN;
-  c->be->softmax_xent(c->be, c->B, c->N, c->z, c->lab, 0.0f, NULL, NULL, &sum);
+  c->be->softmax_xent(c->be, c->B, c->N, c->z, c->lab, c->smooth, 0.0f, NULL, NULL, &sum);
   return sum / c->B;
+}
+
+/* The loss of c's batch in double: -sum_j q_j log softmax_j, q the
+ * smoothed one-hot target; argmaxes into am. */
+static double xent_ref(const xent_ctx *c, int32_t *am) {
+  double ref = 0.0;
+  for (int b = 0; b < c->B; b++) {
+    const float *z = c->z + b * c->N;
+    double mx = -1e30, s = 0.0;
+    for (int j = 0; j < c->N; j++)
+      if (z[j] > mx) mx = z[j], am[b] = j;
+    for (int j = 0; j < c->N; j++) s += exp(z[j] - mx);
+    for (int j = 0; j < c->N; j++) {
+      double q = c->smooth / c->N + (j == c->lab[b] ? 1.0 - c->smooth : 0.0);
+      ref -= q * (z[j] - mx - log(s));
+    }
+  }
+  return ref;
 }
 
 typedef struct {
@@ -653,34 +672,35 @@ static double l2_loss(void *vc) {
 START_TEST(test_xent_decay_sgd) {
   const cnn_backend *be = be_for(_i);
   seed(51 + _i);
-  xent_ctx c = {be, 7, 10, 0, 0};
+  xent_ctx c = {be, 7, 10, 0, 0, 0.0f};
   c.z = randn(70, 3.0f);
   c.lab = malloc(7);
   for (int b = 0; b < 7; b++) c.lab[b] = (uint8_t)(ur() * 10);
   c.z[3 * 10 + 4] = 100.0f; /* large logits must not overflow */
-  float dz[70];
-  int32_t pred[7];
-  float Lf = NAN;
-  be->softmax_xent(be, 7, 10, c.z, c.lab, 1.0f / 7, dz, pred, &Lf);
-  double L = Lf;
-  double ref = 0.0;
-  for (int b = 0; b < 7; b++) {
-    double mx = -1e30, s = 0.0;
-    int am = 0;
-    for (int j = 0; j < 10; j++)
-      if (c.z[b * 10 + j] > mx) mx = c.z[b * 10 + j], am = j;
-    for (int j = 0; j < 10; j++) s += exp(c.z[b * 10 + j] - mx);
-    ref += log(s) + mx - c.z[b * 10 + c.lab[b]];
-    ck_assert_int_eq(pred[b], am);
+  float dz[70], dz0[70];
+  int32_t pred[7], am[7];
+  /* one-hot, then label smoothing 0.1 (its gradient differs from the
+   * one-hot one by smooth (onehot - 1/N) / B) */
+  for (int k = 0; k < 2; k++) {
+    c.smooth = k ? 0.1f : 0.0f;
+    float Lf = NAN;
+    be->softmax_xent(be, 7, 10, c.z, c.lab, c.smooth, 1.0f / 7, k ? dz : dz0, pred, &Lf);
+    double ref = xent_ref(&c, am);
+    ck_assert_double_eq_tol(Lf, ref, 1e-4 * ref);
+    ck_assert_mem_eq(pred, am, sizeof pred);
+    ck_assert_int_eq(pred[3], 4);
+    /* the loss is float: a wide step keeps its rounding out */
+    check_grad(k ? "xent dlogits, smoothed" : "xent dlogits", xent_loss, &c, c.z, k ? dz : dz0,
+               70, 0, 5e-2f, 1e-2);
   }
-  ck_assert_double_eq_tol(L, ref, 1e-4 * ref);
-  ck_assert_int_eq(pred[3], 4);
-  /* the loss is float: a wide step keeps its rounding out */
-  check_grad("xent dlogits", xent_loss, &c, c.z, dz, 70, 0, 5e-2f, 1e-2);
+  for (int i = 0; i < 70; i++) {
+    double want = 0.1 * ((i % 10 == c.lab[i / 10]) - 0.1) / 7;
+    ck_assert_double_eq_tol(dz[i] - dz0[i], want, 1e-6);
+  }
   /* no labels: loss 0, predictions only */
   int32_t pred2[7];
   float L0 = NAN;
-  be->softmax_xent(be, 7, 10, c.z, NULL, 0.0f, NULL, pred2, &L0);
+  be->softmax_xent(be, 7, 10, c.z, NULL, 0.0f, 0.0f, NULL, pred2, &L0);
   ck_assert_float_eq(L0, 0.0f);
   ck_assert_mem_eq(pred, pred2, sizeof pred);
   free(c.z);

@@ -53,6 +53,7 @@ typedef struct sim_op {
   int a, b, c, d;   /* ints: B C H W, M K N relu, ... */
   size_t n;         /* element or byte counts */
   float f;          /* lr, wd, grad_scale */
+  float f2;         /* label smoothing */
   const void *in[4];
   void *out[5];
 } sim_op;
@@ -139,8 +140,8 @@ static void run_op(const cnn_backend *cpu, const sim_op *o) {
     cpu->lrn_bwd(cpu, o->n, o->a, &o->lp, o->in[0], o->in[1], o->in[2], o->b, o->out[0]);
     break;
   case T_XENT:
-    cpu->softmax_xent(cpu, o->a, o->b, o->in[0], o->in[1], o->f, o->out[0], o->out[1],
-                      o->out[2]);
+    cpu->softmax_xent(cpu, o->a, o->b, o->in[0], o->in[1], o->f2, o->f, o->out[0],
+                      o->out[1], o->out[2]);
     break;
   case T_L2: cpu->l2_decay(cpu, o->n, o->f, o->in[0], o->out[0], o->out[1]); break;
   case T_SGD: cpu->sgd(cpu, o->n, o->f, o->in[0], o->out[0]); break;
@@ -214,10 +215,10 @@ static void s_lrn_b(const cnn_backend *be, size_t rows, int C, const cnn_lrn_par
                       .in = {x, scale, dy}, .out = {dx}});
 }
 static void s_xent(const cnn_backend *be, int B, int N, const float *logits,
-                   const uint8_t *labels, float grad_scale, float *dlogits, int32_t *pred,
-                   float *loss) {
-  queue(be, &(sim_op){.kind = T_XENT, .a = B, .b = N, .f = grad_scale, .in = {logits, labels},
-                      .out = {dlogits, pred, loss}});
+                   const uint8_t *labels, float smooth, float grad_scale, float *dlogits,
+                   int32_t *pred, float *loss) {
+  queue(be, &(sim_op){.kind = T_XENT, .a = B, .b = N, .f = grad_scale, .f2 = smooth,
+                      .in = {logits, labels}, .out = {dlogits, pred, loss}});
 }
 static void s_l2(const cnn_backend *be, size_t n, float wd, const float *w, float *dw,
                  float *loss) {

@@ -270,8 +270,9 @@ static void test_xent_decay_sgd(void) {
   float loss = 0, *gz = up(z, B * N * 4), *gdz = up(NULL, B * N * 4), *gl = up(NULL, 4);
   uint8_t *glab = up(lab, B);
   int32_t *gpred = up(NULL, B * 4);
-  gpu->softmax_xent(gpu, B, N, gz, glab, 1.0f / B, gdz, gpred, gl);
-  cpu->softmax_xent(cpu, B, N, z, lab, 1.0f / B, dz, pred, &loss);
+  /* label smoothing on: both parts of the target */
+  gpu->softmax_xent(gpu, B, N, gz, glab, 0.1f, 1.0f / B, gdz, gpred, gl);
+  cpu->softmax_xent(cpu, B, N, z, lab, 0.1f, 1.0f / B, dz, pred, &loss);
   float *h = down(gdz, (size_t)B * N);
   cmp("xent dlogits", h, dz, (size_t)B * N, 1e-6, maxabs(dz, (size_t)B * N));
   free(h);

@@ -424,9 +424,9 @@ START_TEST(test_elementwise) {
   uint8_t *lab = malloc(Bx);
   int32_t *pred = malloc(Bx * sizeof(int32_t)), *predr = malloc(Bx * sizeof(int32_t));
   for (int b = 0; b < Bx; b++) lab[b] = (uint8_t)(ur() * 10);
-  for (int b = 0; b < Bx; b++) rowloss[b] = cnn_e_xent(b, N, z, lab, 1.0f / Bx, dz, pred);
+  for (int b = 0; b < Bx; b++) rowloss[b] = cnn_e_xent(b, N, z, lab, 0.1f, 1.0f / Bx, dz, pred);
   g_colsum(rowloss, Bx, 1, 1.0f, &xl);
-  be->softmax_xent(be, Bx, N, z, lab, 1.0f / Bx, dzr, predr, &xlr);
+  be->softmax_xent(be, Bx, N, z, lab, 0.1f, 1.0f / Bx, dzr, predr, &xlr);
   near("xent dlogits", dz, dzr, (size_t)Bx * N, 0.0, 0.0);
   ck_assert_mem_eq(pred, predr, Bx * sizeof(int32_t));
   CHECK(fabs(xl - xlr) <= 1e-5 * xlr, "xent loss %.9g, cpu %.9g", (double)xl, (double)xlr);

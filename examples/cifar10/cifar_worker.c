@@ -55,6 +55,7 @@ typedef struct opts {
   int eval_views;      /* --eval-views: 1 (centre crop), 2 (and its mirror) or 10 */
   double average;      /* --average DECAY: the servers keep an EMA (0: none) */
   double contrast_lo, contrast_hi; /* --contrast LO:HI (1:1: none) */
+  double smooth;       /* --label-smoothing (0: one-hot targets) */
 } opts;
 
 static double now_s(void) {
@@ -81,6 +82,7 @@ static void usage(FILE *f) {
           "                    [--momentum M] [--warmup-epochs W] [--threads T] [--seed N]\n"
           "                    [--metrics FILE] [--eval-every N] [--no-lrn]\n"
           "                    [--average DECAY] [--eval-views N] [--contrast LO:HI]\n"
+          "                    [--label-smoothing E]\n"
           "                    [--device cpu|gpu|auto]\n"
           "       cifar_worker --bench [--batch B] [--threads T] [--bench-steps N] [--no-lrn]\n"
           "Trains the TensorFlow CIFAR-10 tutorial CNN through psd (run it under psrun).\n"
@@ -108,6 +110,9 @@ static void usage(FILE *f) {
           "  --contrast LO:HI  TensorFlow's random contrast: each training image's\n"
           "                    channels scaled about their means by a factor in\n"
           "                    [LO, HI] before the standardization (its recipe: 0.2:1.8)\n"
+          "  --label-smoothing E train against (1 - E) x the one-hot label + E / 10,\n"
+          "                    as torch's CrossEntropyLoss(label_smoothing=E); the\n"
+          "                    loss reported is against that target [0]\n"
           "  --eval-views N    predict from the mean softmax over N views of each test\n"
           "                    image: 1 centre crop, 2 and its mirror, 10 centre and\n"
           "                    corners, each mirrored [1]\n"
@@ -171,6 +176,7 @@ static void parse(opts *o, int argc, char **argv) {
     else if (!strcmp(f, "--warmup-epochs")) o->warmup_epochs = num(f, v, 0, 1e6);
     else if (!strcmp(f, "--dump-params")) snprintf(o->dump, sizeof o->dump, "%s", v);
     else if (!strcmp(f, "--average")) o->average = num(f, v, 0.5, 0.999999);
+    else if (!strcmp(f, "--label-smoothing")) o->smooth = num(f, v, 0, 0.99);
     else if (!strcmp(f, "--contrast")) {
       char lo[64];
       const char *colon = strchr(v, ':');
@@ -427,6 +433,8 @@ static void trainer_connect(trainer *t) {
   t->be = pick_backend(o, t->w, t->threads);
   if (cnn_create(t->be, o->batch, o->lrn, &t->m) != 0)
     die("cannot create the model (out of memory?)");
+  if (cnn_set_label_smoothing(t->m, (float)o->smooth) != 0)
+    die("--label-smoothing %g refused", o->smooth);
   ps_optimizer opt;
   ps_optimizer_default(&opt, o->lr);
   if (o->momentum > 0) {

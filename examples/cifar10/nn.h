@@ -191,6 +191,13 @@ void cnn_host_free(const cnn_backend *be, void *p);
  * kept (cnn_get_run_info) and logged once on stderr. */
 void cnn_use_graphs(cnn *m, int on);
 
+/* Label smoothing of the training loss (Szegedy et al. 2016, as
+ * torch.nn.CrossEntropyLoss(label_smoothing=)): each step's target is
+ * (1 - smooth) onehot(label) + smooth / 10, and the loss it returns is
+ * against that target. 0 (the default) is the plain one-hot loss;
+ * cnn_eval always uses 0. Returns 0, or -1 when smooth is not in [0, 1). */
+int cnn_set_label_smoothing(cnn *m, float smooth);
+
 #define CNN_INFO_TEXT 256 /* room for a reason in cnn_run_info */
 
 /* What the model's training steps really did (cnn_get_run_info). */

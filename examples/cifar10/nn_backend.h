@@ -133,14 +133,16 @@ struct cnn_backend {
                   const cnn_lrn_param *p, const float *x, const float *scale,
                   const float *dy, int relu_mask, float *dx);
   /* Softmax cross-entropy of logits [B][N] against labels (device uint8).
-   * Writes to *loss (a device float; NULL: not computed) the SUM over the
-   * batch of -log p(label). If dlogits is not NULL: dlogits = (softmax -
-   * onehot) * grad_scale. If pred is not NULL: pred[b] = argmax (device
-   * int32). labels may be NULL when dlogits is NULL: the loss is then 0. */
+   * The target of row b is q = (1 - smooth) onehot(labels[b]) + smooth / N
+   * (label smoothing; 0: one-hot). Writes to *loss (a device float; NULL:
+   * not computed) the SUM over the batch of -sum_j q_j log p_j. If dlogits
+   * is not NULL: dlogits = (softmax - q) * grad_scale. If pred is not NULL:
+   * pred[b] = argmax (device int32). labels may be NULL when dlogits is
+   * NULL: the loss is then 0. */
   void (*softmax_xent)(const cnn_backend *be, int B, int N,
                        const float *logits, const uint8_t *labels,
-                       float grad_scale, float *dlogits, int32_t *pred,
-                       float *loss);
+                       float smooth, float grad_scale, float *dlogits,
+                       int32_t *pred, float *loss);
   /* L2 weight decay: dw += wd * w; *loss = wd * sum(w^2) / 2 (a device
    * float; NULL: not computed). */
   void (*l2_decay)(const cnn_backend *be, size_t n, float wd, const float *w,

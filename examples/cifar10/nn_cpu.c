@@ -724,13 +724,13 @@ static void cpu_lrn_bwd(const cnn_backend *be, size_t rows, int C,
 
 static void cpu_softmax_xent(const cnn_backend *be, int B, int N,
                              const float *logits, const uint8_t *labels,
-                             float grad_scale, float *dlogits, int32_t *pred,
-                             float *loss) {
+                             float smooth, float grad_scale, float *dlogits,
+                             int32_t *pred, float *loss) {
   (void)be;
   double sum = 0.0;
   for (int b = 0; b < B; b++)
     sum += cnn_softmax_xent_row(logits + (size_t)b * N, N,
-                                labels ? (int)labels[b] : -1, grad_scale,
+                                labels ? (int)labels[b] : -1, smooth, grad_scale,
                                 dlogits ? dlogits + (size_t)b * N : NULL,
                                 pred ? pred + b : NULL);
   if (loss) *loss = (float)sum;

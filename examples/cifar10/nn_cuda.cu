@@ -336,10 +336,10 @@ __global__ void k_l2(int n, int len, float wd, const float *w, float *dw,
 }
 
 __global__ void k_xent(int n, int N, const float *logits,
-                       const uint8_t *labels, float scale, float *dlogits,
-                       int32_t *pred, float *rowloss) {
-  GRID_LOOP(b, n) rowloss[b] = cnn_e_xent(b, N, logits, labels, scale,
-                                          dlogits, pred);
+                       const uint8_t *labels, float smooth, float scale,
+                       float *dlogits, int32_t *pred, float *rowloss) {
+  GRID_LOOP(b, n) rowloss[b] = cnn_e_xent(b, N, logits, labels, smooth,
+                                          scale, dlogits, pred);
 }
 
 __global__ void k_sgd(int n, float lr, const float *g, float *w) {
@@ -703,8 +703,8 @@ static void cu_lrn_bwd(const cnn_backend *be, size_t rows, int C,
 
 static void cu_softmax_xent(const cnn_backend *be, int B, int N,
                             const float *logits, const uint8_t *labels,
-                            float grad_scale, float *dlogits, int32_t *pred,
-                            float *loss) {
+                            float smooth, float grad_scale, float *dlogits,
+                            int32_t *pred, float *loss) {
   cuda_be *cb = CB(be);
   if (enter(cb)) return;
   if (B > RED_REGION) {
@@ -712,8 +712,8 @@ static void cu_softmax_xent(const cnn_backend *be, int B, int N,
     return;
   }
   float *rowloss = region(cb, 0);
-  LAUNCH(cb, (size_t)B, k_xent, N, logits, labels, grad_scale, dlogits, pred,
-         rowloss);
+  LAUNCH(cb, (size_t)B, k_xent, N, logits, labels, smooth, grad_scale, dlogits,
+         pred, rowloss);
   if (loss) colsum(cb, rowloss, B, 1, 1.0f, loss);
 }
 

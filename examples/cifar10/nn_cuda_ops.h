@@ -74,10 +74,10 @@ CNN_HD float cnn_e_l2(int j, int J, int n, float wd, const float *w,
 /* Row b of the softmax cross-entropy (nn_ops.h); returns its loss (the
  * first level of the batch sum). */
 CNN_HD float cnn_e_xent(int b, int N, const float *logits,
-                        const uint8_t *labels, float scale, float *dlogits,
-                        int32_t *pred) {
+                        const uint8_t *labels, float smooth, float scale,
+                        float *dlogits, int32_t *pred) {
   return cnn_softmax_xent_row(logits + (size_t)b * N, N,
-                              labels ? (int)labels[b] : -1, scale,
+                              labels ? (int)labels[b] : -1, smooth, scale,
                               dlogits ? dlogits + (size_t)b * N : NULL,
                               pred ? pred + b : NULL);
 }

@@ -113,6 +113,7 @@ typedef struct step_graph {
 struct cnn {
   const cnn_backend *be;  /* ops, memory */
   int max_batch, lrn;     /* largest batch; LRN layers on */
+  float smooth;           /* label smoothing of the training loss */
   float *hval[CNN_NUM_PARAMS], *hgrad[CNN_NUM_PARAMS]; /* caller's */
   float *val[CNN_NUM_PARAMS], *grad[CNN_NUM_PARAMS];   /* device */
   int owns_dev[CNN_NUM_PARAMS]; /* val/grad allocated here (not host_mapped) */
@@ -385,6 +386,13 @@ void cnn_use_graphs(cnn *m, int on) {
   m->graphs_on = on ? 1 : 0;
 }
 
+int cnn_set_label_smoothing(cnn *m, float smooth) {
+  if (!m || !(smooth >= 0.0f && smooth < 1.0f)) return -1;
+  m->smooth = smooth;
+  graphs_drop(m); /* recorded with the old value */
+  return 0;
+}
+
 /* Page-locking failed: no graphs (their copies need locked memory);
  * the copies then go through the driver's staging. Said once. */
 static void pin_failed(cnn *m, const char *why) {
@@ -636,7 +644,7 @@ static void train_ops(cnn *m, const float *himg, const uint8_t *hlab, int B,
   tick(m, P_COPY, t0);
   forward(m, dimg, B, t0);
   need(m, SLOT_LAB);
-  be->softmax_xent(be, B, 10, m->lg, dlab, 1.0f / (float)B, m->dlg, NULL,
+  be->softmax_xent(be, B, 10, m->lg, dlab, m->smooth, 1.0f / (float)B, m->dlg, NULL,
                    m->dloss + LOSS_XENT);
   tick(m, P_XENT, t0);
 
@@ -823,7 +831,7 @@ float cnn_eval(cnn *m, const float *images, const uint8_t *labels, int B,
   const cnn_backend *be = m->be;
   const uint8_t *dlab;
   eval_forward(m, images, labels, B, &dlab);
-  be->softmax_xent(be, B, 10, m->lg, dlab, 0.0f, NULL, pred ? m->pred : NULL,
+  be->softmax_xent(be, B, 10, m->lg, dlab, 0.0f, 0.0f, NULL, pred ? m->pred : NULL,
                    m->dloss + LOSS_XENT);
   if (!be->host_mapped)
     be->to_host(be, m->hloss, m->dloss, LOSS_SLOTS * sizeof(float));

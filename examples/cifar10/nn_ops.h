@@ -77,9 +77,11 @@ CNN_HD float cnn_maxpool_bwd_term(int32_t arg, int32_t idx, float dy) {
 }
 
 /* ---- softmax cross-entropy, one row of n logits ---- */
-/* Returns -log softmax(z)[label] (0 if label < 0); writes
- * dz = (softmax - onehot) * scale if dz, argmax to *pred if pred. */
-CNN_HD float cnn_softmax_xent_row(const float *z, int n, int label,
+/* Against the target q = (1 - smooth) onehot(label) + smooth / n (label
+ * smoothing; smooth 0: the one-hot label): returns -sum_j q_j log
+ * softmax(z)_j (0 if label < 0); writes dz = (softmax - q) * scale if dz,
+ * argmax to *pred if pred. */
+CNN_HD float cnn_softmax_xent_row(const float *z, int n, int label, float smooth,
                                   float scale, float *dz, int32_t *pred) {
   float mx = z[0];
   int am = 0;
@@ -91,13 +93,18 @@ CNN_HD float cnn_softmax_xent_row(const float *z, int n, int label,
   float sum = 0.0f;
   for (int j = 0; j < n; j++) sum += expf(z[j] - mx);
   float lse = logf(sum);
+  const float off = smooth / (float)n, on = 1.0f - smooth + off;
   if (dz) {
     float inv = 1.0f / sum;
     for (int j = 0; j < n; j++)
-      dz[j] = (expf(z[j] - mx) * inv - (j == label ? 1.0f : 0.0f)) * scale;
+      dz[j] = (expf(z[j] - mx) * inv - (j == label ? on : off)) * scale;
   }
   if (pred) *pred = am;
-  return label >= 0 ? lse - (z[label] - mx) : 0.0f;
+  if (label < 0) return 0.0f;
+  float zsum = 0.0f; /* sum_j (z_j - mx): the uniform part of q */
+  if (smooth != 0.0f)
+    for (int j = 0; j < n; j++) zsum += z[j] - mx;
+  return lse - (1.0f - smooth) * (z[label] - mx) - off * zsum;
 }
 
 /* ---- optimizer, decay ---- */
