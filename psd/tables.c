@@ -48,6 +48,7 @@ void psd_tables_free(psd_tables *ts) {
       nx = p->next;
       tpull_free(ts, p);
     }
+    psd_tmemo_forget(&ts->v[i].memos, NULL, &ts->memo_bytes);
     psd_table_destroy(ts->v[i].t);
   }
   free(ts->v);
@@ -139,7 +140,7 @@ static int create_table(psd_tables *ts, const psd_table_spec *sp, uint32_t *id, 
   const psd_job *j = ts->job;
   int rc = psd_table_create(sp, j->num_workers, j->replicas, j->async_mode, &t, err, errlen);
   if (rc) return rc;
-  ts->v[ts->n] = (psd_tentry){t, NULL, need};
+  ts->v[ts->n] = (psd_tentry){t, NULL, NULL, need};
   ts->reserved += need;
   *id = ts->n++;
   return 0;
@@ -208,13 +209,13 @@ static int handle_register(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
 
 /* Bytes psd holds now, as --max-memory counts them: the variables' slices,
  * every table's reservation at capacity, checkpoint copies, parked pulls'
- * keys, the copy of a shared-memory push's keys, and what the connections
- * hold (replies not yet written, request data staged:
- * psd_conns_held_bytes). *conns gets the last part. */
+ * keys, the copy of a shared-memory push's keys, the pulls remembered for
+ * their pushes, and what the connections hold (replies not yet written,
+ * request data staged: psd_conns_held_bytes). *conns gets the last part. */
 static uint64_t held_bytes(const psd_tables *ts, const psd_conn *c, uint64_t *conns) {
   *conns = psd_conns_held_bytes(c->reg);
   return ts->shard->bytes_alloc + ts->reserved + psd_persist_held_bytes(ts->persist) +
-         ts->parked_bytes + ts->kcopy_cap * sizeof *ts->kcopy + *conns;
+         ts->parked_bytes + ts->kcopy_cap * sizeof *ts->kcopy + ts->memo_bytes + *conns;
 }
 
 /* "table 'NAME'" of id (escaped, and cut to fit a refusal's sentence), or
@@ -311,6 +312,23 @@ static float *ring_rows(psd_tables *ts, psd_conn *c, int shm, uint64_t bytes, ui
   return dst;
 }
 
+/* Where the rows of c's pull req of keys[0..n) go for its push (tmemo.h),
+ * or NULL: not remembered (no keys, or no room under --max-memory, which
+ * a memo is never worth refusing a pull for). */
+static uint32_t *remember(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
+                          const uint64_t *keys, size_t n) {
+  psd_tentry *e = &ts->v[id];
+  psd_tmemo *m = n ? psd_tmemo_get(&e->memos, c, 1, &ts->memo_bytes) : NULL;
+  if (!m) return NULL;
+  char err[8];
+  uint64_t grow = psd_tmemo_growth(m, req, n);
+  if (grow && mem_check(ts, c, id, grow, err, sizeof err, "%s", "")) {
+    psd_tmemo_skip(m, req);
+    return NULL;
+  }
+  return psd_tmemo_add(m, req, psd_table_epoch(e->t), keys, n, &ts->memo_bytes);
+}
+
 /* Queues the TablePullReply of keys[0..n) read now: the rows written into
  * c's pull ring when the client asked for that and it has room (shm), else
  * into c's output queue. */
@@ -349,7 +367,7 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   if (n) psd_persist_table_read(ts->persist, id);
   /* PS_ENOMEM here leaves initializer values in the rows it could not
    * store: the reply is still right for this step. */
-  psd_table_pull(e->t, keys, n, !read_only, dst);
+  psd_table_pull_rows(e->t, keys, n, !read_only, dst, remember(ts, id, c, req, keys, n));
   psd_telem_sent(ts->telem, c->worker, bytes);
 }
 
@@ -592,12 +610,19 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
     return;
   }
   size_t n = (size_t)m->count;
-  int rc = check_keys(ts, keys, n, err, sizeof err);
+  /* The keys of this connection's last pull, checked then: its rows are
+   * known (while no row changed hands since: psd_table_push_rows). */
+  psd_tmemo *memo = psd_tmemo_get(&e->memos, c, 0, NULL);
+  uint64_t epoch = 0;
+  const uint32_t *rows = memo ? psd_tmemo_match(memo, keys, n, &epoch) : NULL;
+  int rc = rows ? 0 : check_keys(ts, keys, n, err, sizeof err);
   if (rc == 0) rc = grads_check(e->t, keys, grads, n, err, sizeof err);
   uint64_t dropped = 0;
   double at = ps__now(); /* its data is in: the worker's arrival */
   if (rc == 0)
-    rc = psd_table_push(e->t, (uint32_t)c->worker, m->step, keys, n, grads, &dropped);
+    rc = psd_table_push_rows(e->t, (uint32_t)c->worker, m->step, keys, n, grads, rows, epoch,
+                             &dropped);
+  if (memo) psd_tmemo_clear(memo, &ts->memo_bytes);
   /* The table's step is the job's step when it has no variables: its
    * pushes are the step's arrivals, as a Push's (refusals are not). */
   if (rc >= 0 || rc == PS_ESTALE)
@@ -734,7 +759,8 @@ void psd_tables_wake_all(psd_tables *ts) {
 }
 
 void psd_tables_closed(psd_tables *ts, psd_conn *c) {
-  for (uint32_t i = 0; i < ts->n; i++)
+  for (uint32_t i = 0; i < ts->n; i++) {
+    psd_tmemo_forget(&ts->v[i].memos, c, &ts->memo_bytes);
     for (psd_tpull **pp = &ts->v[i].parked; *pp;) {
       psd_tpull *p = *pp;
       if (p->conn != c) {
@@ -744,6 +770,7 @@ void psd_tables_closed(psd_tables *ts, psd_conn *c) {
       *pp = p->next;
       tpull_free(ts, p);
     }
+  }
 }
 
 void psd_tables_expire(psd_tables *ts, double now) {

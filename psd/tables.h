@@ -27,6 +27,7 @@
 #include "ps.pb-c.h"
 #include "shard.h"
 #include "sparse/table.h"
+#include "sparse/tmemo.h"
 #include "telemetry.h"
 
 /* Keys all parked TablePulls of this psd may hold: each parked pull keeps
@@ -54,6 +55,7 @@ typedef struct psd_tpull {
 typedef struct psd_tentry {
   psd_table *t;            /* rows, state, step (table.c) */
   psd_tpull *parked;       /* pulls waiting for a later step */
+  psd_tmemo *memos;        /* per connection: its last pull's rows */
   uint64_t reserved;       /* bytes reserved against --max-memory */
 } psd_tentry;
 
@@ -62,6 +64,7 @@ typedef struct psd_tables {
   uint32_t n, cap;         /* used, allocated */
   uint64_t reserved;       /* sum of the entries' reservations */
   uint64_t parked_bytes;   /* keys held by parked pulls */
+  uint64_t memo_bytes;     /* what the tables' memos hold (tmemo.h) */
   uint64_t *kcopy;         /* a TablePush's keys out of the push ring */
   size_t kcopy_cap;        /* entries (at most PS__MAX_TABLE_KEYS) */
   const psd_config *cfg;   /* options (--max-memory, --pull-timeout, ps index) */

@@ -1390,6 +1390,53 @@ START_TEST(spec_diff) {
 }
 END_TEST
 
+/* A push with the rows its pull read (psd_table_push_rows) updates those
+ * rows while no row changed hands; after an eviction gave one of them to
+ * another key, the rows are not trusted (the gradient of a key evicted
+ * meanwhile is dropped, not written into its row's new key); a key the
+ * pull found no row for is looked up again. */
+START_TEST(push_rows_trusted_only_while_epoch_holds) {
+  psd_table_spec s = spec_base("rows", 2, 2); /* SGD lr 0.5, zeros, 2 rows */
+  psd_table *t = mk(&s, 1, 1, 0);
+  const uint64_t k12[2] = {1, 2}, k3 = 3;
+  uint32_t rows[2];
+  float out[4], g[4] = {1, 1, 1, 1};
+  ck_assert_int_eq(psd_table_pull_rows(t, k12, 2, 1, out, rows), 0);
+  uint64_t ep = psd_table_epoch(t);
+  ck_assert_uint_ne(rows[0], PSD_TABLE_NO_ROW);
+  ck_assert_int_eq(psd_table_push_rows(t, 0, 0, k12, 2, g, rows, ep, NULL), 1);
+  find_ctx f;
+  ck_assert(find_row(t, 1, &f));
+  ck_assert_float_eq(f.v[0], -0.5f);
+  /* step 1: pull 1 and 2 again, then key 3 evicts the LRU row (1) */
+  ck_assert_int_eq(psd_table_pull_rows(t, k12, 2, 1, out, rows), 0);
+  ep = psd_table_epoch(t);
+  float o3[2];
+  ck_assert_int_eq(psd_table_pull(t, &k3, 1, 1, o3), 0);
+  ck_assert_uint_ne(psd_table_epoch(t), ep);
+  uint64_t dropped = 0;
+  ck_assert_int_eq(psd_table_push_rows(t, 0, 1, k12, 2, g, rows, ep, &dropped), 1);
+  ck_assert_uint_eq(dropped, 1); /* key 1 is gone */
+  ck_assert(find_row(t, 3, &f));
+  ck_assert_float_eq(f.v[0], 0.0f); /* not key 1's gradient */
+  ck_assert(find_row(t, 2, &f));
+  ck_assert_float_eq(f.v[0], -1.0f);
+  psd_table_destroy(t);
+
+  /* a key read with no row (read-only), stored by a pull since: found */
+  t = mk(&s, 1, 1, 0);
+  ck_assert_int_eq(psd_table_pull_rows(t, &k3, 1, 0, o3, rows), 0);
+  ck_assert_uint_eq(rows[0], PSD_TABLE_NO_ROW);
+  ep = psd_table_epoch(t);
+  ck_assert_int_eq(psd_table_pull(t, &k3, 1, 1, o3), 0);
+  ck_assert_int_eq(psd_table_push_rows(t, 0, 0, &k3, 1, g, rows, ep, &dropped), 1);
+  ck_assert_uint_eq(dropped, 0);
+  ck_assert(find_row(t, 3, &f));
+  ck_assert_float_eq(f.v[0], -0.5f);
+  psd_table_destroy(t);
+}
+END_TEST
+
 Suite *suite_table(void) {
   Suite *s = suite_create("table");
   TCase *tc = tcase_create("index");
@@ -1410,6 +1457,7 @@ Suite *suite_table(void) {
   tcase_add_test(tc, sync_refusals);
   tcase_add_test(tc, async_applies_each_push);
   tcase_add_test(tc, sync_dropped_keys);
+  tcase_add_test(tc, push_rows_trusted_only_while_epoch_holds);
   suite_add_tcase(s, tc);
   tc = tcase_create("admission");
   tcase_add_test(tc, admit_by_count);

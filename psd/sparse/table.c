@@ -80,6 +80,8 @@ struct psd_table {
   uint32_t replicas;    /* pushes per step (sync) */
   int async_mode;       /* apply every push at once */
   uint64_t step;        /* sync: steps completed; async: pushes applied */
+  uint64_t epoch;       /* evictions ever: row numbers handed out while it
+                           stays the same still hold their keys */
   uint32_t count;       /* pushes accumulated for `step` (sync) */
   uint64_t *pushed;     /* per worker: step+1 of its last accepted push */
   psd_table_stats st;   /* counters; st.rows is the stored rows */
@@ -359,6 +361,7 @@ static void evict(psd_table *t, uint32_t r) {
   t->meta[r].newer = t->free_head;
   t->free_head = r;
   t->st.rows--;
+  t->epoch++; /* r may now be handed to another key */
 }
 
 /* A row for a new key: the LRU row evicted when full, else a free row,
@@ -467,9 +470,10 @@ static int admit(psd_table *t, uint64_t key) {
 
 /* Key i of a pull (rows[j]: its row as a batch's lookup found it, valid
  * while *stored is 0: a new row may evict one a later key of the batch
- * found, so after one the keys are looked up again). 0 or PS_ENOMEM. */
+ * found, so after one the keys are looked up again). *used gets the row
+ * read (NIL: none). 0 or PS_ENOMEM. */
 static int pull_one(psd_table *t, uint64_t key, uint32_t r, int create, int rc, int *stored,
-                    float *o) {
+                    float *o, uint32_t *used) {
   const size_t dim = t->dim;
   if (*stored) r = psd_kindex_find(&t->index, key);
   if (r != NIL) {
@@ -486,6 +490,7 @@ static int pull_one(psd_table *t, uint64_t key, uint32_t r, int create, int rc, 
       t->st.admissions++;
     }
   }
+  *used = r;
   if (r == NIL) {
     psd_rowinit_fill(&t->spec, t->init_salt, key, o);
     return rc;
@@ -495,22 +500,44 @@ static int pull_one(psd_table *t, uint64_t key, uint32_t r, int create, int rc, 
   return rc;
 }
 
-int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, float *out) {
+int psd_table_pull_rows(psd_table *t, const uint64_t *keys, size_t n, int create, float *out,
+                        uint32_t *rows_out) {
   const size_t dim = t->dim;
   int rc = 0;
   t->st.keys_pulled += n;
-  uint32_t rows[LOOKUP_BATCH];
+  uint32_t rows[LOOKUP_BATCH], used[LOOKUP_BATCH];
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
     int stored = 0;
     psd_kindex_find_batch(&t->index, keys + b, m, n - b, rows);
+    uint32_t *u = rows_out ? rows_out + b : used;
     for (size_t j = 0; j < m; j++) {
       if (j + ROW_AHEAD < m && !stored) prefetch_row(t, rows[j + ROW_AHEAD]);
-      rc = pull_one(t, keys[b + j], rows[j], create, rc, &stored, out + (b + j) * dim);
+      rc = pull_one(t, keys[b + j], rows[j], create, rc, &stored, out + (b + j) * dim, u + j);
     }
   }
   if (create) sketch_age(t, n);
   return rc;
+}
+
+int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, float *out) {
+  return psd_table_pull_rows(t, keys, n, create, out, NULL);
+}
+
+uint64_t psd_table_epoch(const psd_table *t) { return t->epoch; }
+
+/* Rows of keys[0..m) into rows: hint's (rows a pull read while the epoch
+ * stayed as it is now), a key it has none for looked up again (another
+ * pull may have stored one since); without a hint, the index's. more:
+ * keys from keys[0] on, for find_batch's prefetch. */
+static void lookup(const psd_table *t, const uint64_t *keys, size_t m, size_t more,
+                   const uint32_t *hint, uint32_t *rows) {
+  if (!hint) {
+    psd_kindex_find_batch(&t->index, keys, m, more, rows);
+    return;
+  }
+  for (size_t j = 0; j < m; j++)
+    rows[j] = hint[j] != NIL ? hint[j] : psd_kindex_find(&t->index, keys[j]);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -581,14 +608,15 @@ static uint64_t accumulate_batch(psd_table *t, const uint64_t *keys, size_t m,
 }
 
 /* Sums a push into the accumulator (room reserved). Keys with no stored
- * row are dropped; returns how many. */
-static uint64_t accumulate(psd_table *t, const uint64_t *keys, size_t n, const float *grads) {
+ * row are dropped; returns how many. hint: as for lookup (NULL: none). */
+static uint64_t accumulate(psd_table *t, const uint64_t *keys, size_t n, const float *grads,
+                           const uint32_t *hint) {
   const size_t dim = t->dim;
   uint64_t drops = 0;
   uint32_t rows[LOOKUP_BATCH];
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
-    psd_kindex_find_batch(&t->index, keys + b, m, n - b, rows);
+    lookup(t, keys + b, m, n - b, hint ? hint + b : NULL, rows);
     drops += accumulate_batch(t, keys + b, m, grads + b * dim, rows);
   }
   return drops;
@@ -597,12 +625,13 @@ static uint64_t accumulate(psd_table *t, const uint64_t *keys, size_t n, const f
 /* Applies a push's gradients directly (async, or a step of one push),
  * a batch of lookups at a time (rows do not move: a push creates and
  * evicts none until the step advances). Returns the keys dropped. */
-static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const float *grads) {
+static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const float *grads,
+                           const uint32_t *hint) {
   uint64_t drops = 0;
   uint32_t rows[LOOKUP_BATCH];
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
-    psd_kindex_find_batch(&t->index, keys + b, m, n - b, rows);
+    lookup(t, keys + b, m, n - b, hint ? hint + b : NULL, rows);
     for (size_t j = 0; j < m; j++) {
       if (j + ROW_AHEAD < m) prefetch_row(t, rows[j + ROW_AHEAD]);
       if (rows[j] == NIL) drops++;
@@ -629,7 +658,7 @@ static void advance(psd_table *t) {
 
 /* Sync mode: the step rule of psd_shard_push, per table. */
 static int push_sync(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
-                     size_t n, const float *grads, uint64_t *drops) {
+                     size_t n, const float *grads, const uint32_t *hint, uint64_t *drops) {
   if (step < t->step) {
     t->st.stale++;
     return PS_ESTALE;
@@ -638,10 +667,10 @@ static int push_sync(psd_table *t, uint32_t worker, uint64_t step, const uint64_
   if (t->pushed[worker] == step + 1) return PS_EDUPLICATE;
   const int last = t->count + 1 >= t->replicas;
   if (last && t->count == 0) {
-    *drops = apply_push(t, keys, n, grads); /* nothing to sum it with */
+    *drops = apply_push(t, keys, n, grads, hint); /* nothing to sum it with */
   } else {
     if (acc_reserve(t, n) != 0) return PS_ENOMEM;
-    *drops = accumulate(t, keys, n, grads);
+    *drops = accumulate(t, keys, n, grads, hint);
     if (last) apply_acc(t, 1.0f / (float)(t->count + 1));
   }
   t->pushed[worker] = step + 1;
@@ -654,9 +683,11 @@ static int push_sync(psd_table *t, uint32_t worker, uint64_t step, const uint64_
   return 1;
 }
 
-int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
-                   size_t n, const float *grads, uint64_t *dropped) {
+int psd_table_push_rows(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
+                        size_t n, const float *grads, const uint32_t *rows, uint64_t rows_epoch,
+                        uint64_t *dropped) {
   uint64_t drops = 0;
+  if (rows && rows_epoch != t->epoch) rows = NULL; /* a row may have changed hands */
   if (dropped) *dropped = 0;
   if (worker >= t->num_workers) return PS_EINVAL;
   /* The update that completes step s (or, async, is applied at s) runs
@@ -664,17 +695,22 @@ int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t 
   if (t->scheduled) psd_rowopt_set_lr(&t->opt, psd_opt_lr(&t->sched, t->step));
   int rc;
   if (t->async_mode) {
-    drops = apply_push(t, keys, n, grads);
+    drops = apply_push(t, keys, n, grads, rows);
     advance(t);
     rc = 1;
   } else {
-    rc = push_sync(t, worker, step, keys, n, grads, &drops);
+    rc = push_sync(t, worker, step, keys, n, grads, rows, &drops);
     if (rc < 0) return rc;
   }
   t->st.keys_pushed += n;
   t->st.dropped += drops;
   if (dropped) *dropped = drops;
   return rc;
+}
+
+int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
+                   size_t n, const float *grads, uint64_t *dropped) {
+  return psd_table_push_rows(t, worker, step, keys, n, grads, NULL, 0, dropped);
 }
 
 /* ---------------------------------------------------------------------- */

@@ -104,6 +104,15 @@ uint64_t psd_table_bytes_now(const psd_table *t);
  * at the current step. Returns 0 or PS_ENOMEM (growing the storage failed:
  * out holds initializer values for the rows that could not be stored). */
 int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, float *out);
+/* As psd_table_pull, and rows_out[0..n) (NULL: not wanted) gets the row
+ * each key was read from (PSD_TABLE_NO_ROW: none), for a push of the same
+ * keys while psd_table_epoch stays what it was before the pull. */
+int psd_table_pull_rows(psd_table *t, const uint64_t *keys, size_t n, int create, float *out,
+                        uint32_t *rows_out);
+#define PSD_TABLE_NO_ROW UINT32_MAX
+/* Changes whenever a row may pass to another key (an eviction): rows a
+ * pull read under one epoch still hold their keys while it lasts. */
+uint64_t psd_table_epoch(const psd_table *t);
 
 /* Worker's gradients (grads[n * dim], row i for keys[i], keys strictly
  * ascending) computed at step. Returns 1 if the table advanced (sync: this
@@ -115,6 +124,13 @@ int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, flo
  * keys that had no stored row. */
 int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
                    size_t n, const float *grads, uint64_t *dropped);
+/* As psd_table_push, with rows[i] the row psd_table_pull_rows read keys[i]
+ * from at rows_epoch: the index is not searched again for them (a key
+ * with none is). rows NULL, or an epoch that is no longer the table's:
+ * every key is looked up. */
+int psd_table_push_rows(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
+                        size_t n, const float *grads, const uint32_t *rows, uint64_t rows_epoch,
+                        uint64_t *dropped);
 
 /* Workers that have not pushed for the current step (sync): fills
  * missing[0..) up to cap and returns how many. */
