@@ -57,10 +57,11 @@ typedef struct ps__array {
  * moved stay valid, only larger). */
 int ps__grow_all(const ps__array *a, size_t n, size_t *cap, size_t need);
 
-/* Copies a short row of n floats (src and dst do not overlap). The common
- * widths are constant-size copies the compiler writes inline: a call to
- * memcpy costs as much as copying a 16-float row, once per key. */
-static inline void ps__copy_row(float *restrict dst, const float *restrict src, size_t n) {
+/* Copies a short row of n floats (src and dst do not overlap; either may
+ * be unaligned: a frame's data). The common widths are constant-size
+ * copies the compiler writes inline: a call to memcpy costs as much as
+ * copying a 16-float row, once per key. */
+static inline void ps__copy_row(void *restrict dst, const void *restrict src, size_t n) {
   switch (n) {
     case 4: __builtin_memcpy(dst, src, 4 * sizeof(float)); return;
     case 8: __builtin_memcpy(dst, src, 8 * sizeof(float)); return;

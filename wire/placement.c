@@ -195,15 +195,3 @@ int ps__placement_check(uint32_t num_ps, uint32_t ps_index,
   return 0;
 }
 
-uint64_t ps__mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  x ^= x >> 31;
-  return x;
-}
-
-uint32_t ps__table_shard(uint64_t key, uint32_t num_ps) {
-  return num_ps <= 1 ? 0 : (uint32_t)(ps__mix64(key) % num_ps);
-}

@@ -52,12 +52,23 @@ int ps__placement_check(uint32_t num_ps, uint32_t ps_index,
                         uint64_t numel, uint64_t offset, uint64_t length,
                         char *err, size_t errlen);
 
+/* The 64-bit mix under ps__table_shard (splitmix64's finalizer). Inline,
+ * as ps__table_shard: a table step calls them for every key, several
+ * times. */
+static inline uint64_t ps__mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
 /* Sparse tables: the ps that holds `key` of any table (every table the
  * same): splitmix64's finalizer of the key modulo num_ps, so consecutive
  * or patterned ids spread evenly. psd refuses a key that is not its own. */
-uint32_t ps__table_shard(uint64_t key, uint32_t num_ps);
-
-/* The 64-bit mix under ps__table_shard (splitmix64's finalizer). */
-uint64_t ps__mix64(uint64_t x);
+static inline uint32_t ps__table_shard(uint64_t key, uint32_t num_ps) {
+  return num_ps <= 1 ? 0 : (uint32_t)(ps__mix64(key) % num_ps);
+}
 
 #endif /* PS_WIRE_PLACEMENT_H */

@@ -430,7 +430,7 @@ static void push_fill(const ps_table *t, const ps__kp *kp, size_t n, const size_
     memcpy(d + (g - lo) * sizeof(uint64_t), &key, sizeof key);
     const float *first = grads + kp[i].pos * dim;
     if (i + 1 >= n || kp[i + 1].key != key) { /* no duplicate: one copy */
-      memcpy(gd + (g - lo) * row, first, row);
+      ps__copy_row(gd + (g - lo) * row, first, dim); /* inline: no call per row */
       continue;
     }
     memcpy(acc, first, row);
