@@ -576,6 +576,59 @@ START_TEST(refused_push_fails_at_once) {
 }
 END_TEST
 
+/* A step's add_grad writes the table's push straight into the push ring
+ * and holds it there until the step sends it: meanwhile other pushes go
+ * over TCP, so more than a ring of them (160 MB against 128 MiB: the
+ * ring would have wrapped over the held bytes) leaves the table's
+ * gradient intact. Over TCP the same steps check nothing more than the
+ * sums. Async mode: every push is applied at once. */
+START_TEST(held_table_push_survives_other_pushes) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  const char *extra[] = {"--mode", "async", NULL};
+  start_ps(ps, 1, hosts, hp, extra);
+  ps_config cfg;
+  ps_config_init(&cfg);
+  cfg.hosts = hp;
+  cfg.num_ps = 1;
+  cfg.num_workers = 1;
+  cfg.async_mode = 1;
+  cfg.telemetry = "off";
+  cfg.no_signal_handlers = 1;
+  ps_client *c = NULL;
+  char err[512];
+  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  ps_table_config g = tcfg(4, PS_TOPT_SGD, 1.0);
+  ps_table *t = create_ok(c, "held", &g);
+  enum { FLOATS = 1 << 20, PUSHES = 40 }; /* 4 MiB a push */
+  int64_t shape[1] = {FLOATS};
+  ps_optimizer o;
+  ps_optimizer_default(&o, 1e-6);
+  ps_var *v = NULL;
+  ck_assert_int_eq(ps_client_var_create(c, "w", shape, 1, NULL, &o, &v), 0);
+  uint64_t keys[3] = {5, 6, 7}, step = 0;
+  float rows[12], g1[12];
+  ck_assert_int_eq(ps_table_pull(t, 0, keys, 3, rows, 0, NULL), 0);
+  for (int i = 0; i < 12; i++) g1[i] = (float)(i + 1) / 4.0f;
+  ck_assert_int_eq(ps_table_add_grad(t, keys, 3, g1), 0);
+  for (size_t e = 0; e < FLOATS; e++) ps_var_grad(v)[e] = 0.5f;
+  for (int s = 0; s < PUSHES; s++) {
+    ps_req *r = NULL;
+    ck_assert_int_eq(ps_client_push_async(c, step, NULL, 0, &r), 0);
+    ck_assert_msg(ps_req_wait(r, -1, NULL) == 0, "%s", ps_client_errmsg(c));
+    ps_req_destroy(r);
+  }
+  ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "%s", ps_client_errmsg(c));
+  ck_assert_int_eq(ps_table_pull(t, 0, keys, 3, rows, 0, NULL), 0);
+  for (int i = 0; i < 12; i++)
+    ck_assert_msg(rows[i] == -g1[i], "element %d of the rows is %g, want %g", i,
+                  (double)rows[i], (double)-g1[i]);
+  ps_client_destroy(c);
+  stop_ps(ps, 1);
+}
+END_TEST
+
 /* One psd, its only worker (*c, a 60 s request timeout) and table `name`
  * of dim 1, SGD with lr 1: a row moves by minus each gradient. */
 static ps_table *solo_table(tu_psd *ps, char hosts[][64], const char **hp, ps_client **c,
@@ -1204,6 +1257,7 @@ Suite *suite_tables(void) {
   tcase_add_test(tc, step_with_tables_only_waits_for_them);
   tcase_add_test(tc, step_with_tables_and_variables);
   tcase_add_test(tc, step_async_tables);
+  tcase_add_test(tc, held_table_push_survives_other_pushes);
   tcase_add_test(tc, refused_push_fails_at_once);
   tcase_add_test(tc, step_after_refused_push_goes_on);
   tcase_add_test(tc, later_parked_pull_replaces_earlier);

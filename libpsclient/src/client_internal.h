@@ -243,6 +243,9 @@ struct ps_table {
   size_t *pfirst;         /* 2 num_ps + 1: each ps's first key in pbuf,
                              then the layout's scratch */
   int prepared;           /* pbuf holds this step's rows (not skeys) */
+  uint8_t *pheld;         /* num_ps: where each ps's prepared data is
+                             (PS__HELD_*, tablexfer.c) */
+  int sent;               /* ps__tables_step_push: queued in its first pass */
 };
 
 /* In-flight requests by id: slot id & (cap - 1). Ids are handed out so
@@ -254,6 +257,17 @@ typedef struct ps__req_table {
   size_t cap;     /* power of two (0 before the first request) */
   size_t n;       /* requests in flight */
 } ps__req_table;
+
+/* Push-ring bytes written ahead of their frame (a step's table gradients,
+ * gathered there by ps_table_add_grad and sent by the step: one copy, not
+ * two). While a hold is on, no other frame takes push-ring room (they go
+ * over TCP), so the ring's frames still go out in the order of their
+ * positions, and nothing is written over the held bytes. The segment
+ * stays mapped until ps__conn_free, a broken connection's too, so the
+ * bytes stay readable for as long as the hold. */
+typedef struct ps__push_hold {
+  uint64_t pos, len;           /* ring position and bytes; len 0: no hold */
+} ps__push_hold;
 
 typedef struct ps__conn {
   int index;                   /* ps index */
@@ -290,6 +304,7 @@ typedef struct ps__conn {
   size_t discard_cap;          /* its size */
   ps__shm shm;                 /* the segment handed to this ps (2.4; shm.map
                                   NULL: tensors go over TCP) */
+  ps__push_hold hold;          /* push-ring bytes written before their frame */
 } ps__conn;
 
 /* Remote slice id -> index in c->slices, for one server. */
@@ -432,6 +447,19 @@ int ps__queue_frame(ps_client *c, ps__conn *k, unsigned type, const ProtobufCMes
                     const float *const *data, const uint64_t *counts, size_t nseg);
 /* Writes as much queued output as the socket takes. 0, or <0 (broken). */
 int ps__conn_flush(ps_client *c, ps__conn *k);
+/* Room for len bytes of a frame's data in k's push ring, its position in
+ * *pos; NULL: over TCP (no segment, a hold on, or no room now). */
+uint8_t *ps__push_reserve(ps__conn *k, uint64_t len, uint64_t *pos);
+/* Reserves len bytes of k's push ring and holds them (ps__push_hold):
+ * where to write them, or NULL (no segment, a hold on already, no room). */
+uint8_t *ps__push_hold_take(ps__conn *k, uint64_t len);
+/* The held bytes, in the ring. */
+uint8_t *ps__push_held(const ps__conn *k);
+/* Queues the frame (type, m) whose data are the held bytes and ends the
+ * hold: 0, or PS_ENOMEM / PS_ETOOBIG (the hold stays). */
+int ps__push_hold_queue(ps__conn *k, unsigned type, const ProtobufCMessage *m);
+/* Ends a hold without a frame (its bytes were copied elsewhere). */
+void ps__push_hold_drop(ps__conn *k);
 /* Closes k and fails the requests still waiting for it. */
 void ps__conn_break(ps_client *c, ps__conn *k, int code, const char *why);
 /* Frees k's buffers and closes its socket. */

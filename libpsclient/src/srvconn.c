@@ -27,8 +27,7 @@ static int queue_shm(ps__conn *k, unsigned type, const ProtobufCMessage *m,
   uint64_t dlen = 0;
   for (size_t i = 0; i < nseg; i++) dlen += counts[i] * sizeof(float);
   uint64_t pos;
-  uint8_t *dst = dlen ? ps__shm_reserve(&k->shm.push, ps__shm_load(k->shm.push_done), dlen, &pos)
-                      : NULL;
+  uint8_t *dst = ps__push_reserve(k, dlen, &pos);
   if (!dst) return 0;
   for (size_t i = 0; i < nseg; i++) {
     memcpy(dst, data[i], counts[i] * sizeof(float));
@@ -49,6 +48,30 @@ int ps__queue_frame(ps_client *c, ps__conn *k, unsigned type, const ProtobufCMes
     return ps__seterr(c, rc, "a %s message exceeds the frame limits", ps__msg_name(type));
   if (rc) return ps__seterr(c, rc, "out of memory queueing a message");
   return 0;
+}
+
+uint8_t *ps__push_reserve(ps__conn *k, uint64_t len, uint64_t *pos) {
+  if (!k->shm.map || k->hold.len || !len) return NULL;
+  return ps__shm_reserve(&k->shm.push, ps__shm_load(k->shm.push_done), len, pos);
+}
+
+uint8_t *ps__push_hold_take(ps__conn *k, uint64_t len) {
+  uint64_t pos;
+  uint8_t *d = ps__push_reserve(k, len, &pos);
+  if (d) k->hold = (ps__push_hold){pos, len};
+  return d;
+}
+
+uint8_t *ps__push_held(const ps__conn *k) {
+  return k->shm.push.base + k->hold.pos % k->shm.push.size; /* reserved: never wraps */
+}
+
+void ps__push_hold_drop(ps__conn *k) { k->hold = (ps__push_hold){0, 0}; }
+
+int ps__push_hold_queue(ps__conn *k, unsigned type, const ProtobufCMessage *m) {
+  int rc = ps__outq_frame_shm(&k->out, type, m, k->hold.len, k->hold.pos);
+  if (rc == 0) ps__push_hold_drop(k);
+  return rc;
 }
 
 int ps__conn_flush(ps_client *c, ps__conn *k) {
@@ -101,6 +124,7 @@ void ps__conn_free(ps__conn *k) {
   free(k->discard);
   free(k->wire16);
   free(k->widen);
+  ps__push_hold_drop(k);
   ps__shm_unmap(&k->shm);
 }
 

@@ -44,6 +44,7 @@ void ps__tables_free(ps_client *c) {
     free(t->kp);
     free(t->pbuf);
     free(t->pfirst);
+    free(t->pheld);
     free(t);
   }
   free(c->tables);
@@ -447,15 +448,25 @@ int ps__tables_step_pull(ps_client *c, uint64_t min_step, ps_req **out) {
 int ps__tables_step_push(ps_client *c, uint64_t step, ps_req **out) {
   ps_req *r = ps__req_new(c, PS__REQ_TPUSH);
   if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  /* Prepared tables first: their data may be held in the push rings,
+   * which take no other frame until it is queued (a frame behind a hold
+   * goes over TCP). */
+  int rc = 0;
   for (size_t i = 0; i < c->ntables; i++) {
     ps_table *t = c->tables[i];
-    int rc = t->prepared ? ps__tpush_queue_prepared(t, r, step)
-                         : ps__tpush_queue(t, r, step, t->skeys, t->sn, t->sgrads);
-    if (rc) {
-      ps__req_release(c, r);
-      return rc;
-    }
-    t->sn = 0; /* sent: the next step starts empty */
+    t->sent = 0;
+    if (rc || !t->prepared) continue;
+    rc = ps__tpush_queue_prepared(t, r, step);
+    t->sent = rc == 0;
+  }
+  for (size_t i = 0; i < c->ntables && !rc; i++) {
+    ps_table *t = c->tables[i];
+    if (!t->sent) rc = ps__tpush_queue(t, r, step, t->skeys, t->sn, t->sgrads);
+    if (!rc) t->sn = 0; /* sent: the next step starts empty */
+  }
+  if (rc) {
+    ps__req_release(c, r);
+    return rc;
   }
   if (r->pending == 0) ps__req_finish(c, r);
   *out = r;

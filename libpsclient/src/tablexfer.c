@@ -447,8 +447,7 @@ static void push_fill(const ps_table *t, const ps__kp *kp, size_t n, const size_
  * position in *pos; NULL: over TCP (no segment, a server older than 2.9,
  * or no room now). */
 static uint8_t *push_ring(ps__conn *k, uint64_t bytes, uint64_t *pos) {
-  if (!k->shm.map || k->minor < 9 || !bytes) return NULL;
-  return ps__shm_reserve(&k->shm.push, ps__shm_load(k->shm.push_done), bytes, pos);
+  return k->minor < 9 ? NULL : ps__push_reserve(k, bytes, pos);
 }
 
 /* The TablePush of cnt keys of t for ps p in step, for r. */
@@ -463,6 +462,39 @@ static Ps__TablePush push_msg(const ps_table *t, const ps_req *r, int p, uint64_
   return m;
 }
 
+/* Where a ps's prepared data is (t->pheld). */
+enum {
+  PS__HELD_NO = 0, /* in pbuf */
+  PS__HELD_RING,   /* held in its push ring (ps__push_hold) */
+  PS__HELD_SENT    /* sent from there by a step that failed at a later ps:
+                      gone from the ring, so a retry sends that ps no keys
+                      (it has them; it answers the same step's second push
+                      as a duplicate) */
+};
+
+/* Ends the holds t took in its push rings (its data is sent or copied). */
+static void tpush_unhold(ps_table *t) {
+  for (int p = 0; p < t->c->num_ps; p++) {
+    if (t->pheld[p] == PS__HELD_RING) ps__push_hold_drop(&t->c->conns[p]);
+    t->pheld[p] = PS__HELD_NO;
+  }
+}
+
+/* Holds room for each ps's prepared data in its push ring where there is
+ * some (2.9; the frame is queued at the step, from there); returns the
+ * bytes of the rest, which go to pbuf. */
+static size_t tpush_hold(ps_table *t, const size_t *first, uint64_t per_key) {
+  size_t staged = 0;
+  for (int p = 0; p < t->c->num_ps; p++) {
+    ps__conn *k = &t->c->conns[p];
+    uint64_t bytes = (first[p + 1] - first[p]) * per_key;
+    int held = k->minor >= 9 && bytes && ps__push_hold_take(k, bytes) != NULL;
+    t->pheld[p] = held ? PS__HELD_RING : PS__HELD_NO;
+    if (!held) staged += (size_t)bytes;
+  }
+  return staged;
+}
+
 int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *grads) {
   ps_client *c = t->c;
   size_t nps = (size_t)c->num_ps;
@@ -472,13 +504,17 @@ int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *
     if (c->conns[p].out.ext_len) return 1;
   if (!t->pfirst && !(t->pfirst = malloc((2 * nps + 1) * sizeof *t->pfirst)))
     return ps__seterr(c, PS_ENOMEM, "out of memory");
+  if (!t->pheld && !(t->pheld = calloc(nps, 1))) return ps__seterr(c, PS_ENOMEM, "out of memory");
   int rc = tsort(t, keys, n);
   if (rc) return rc;
   size_t *first = t->pfirst;
   if (push_fits(t, n, first) != 0) return 1; /* refused at the step, as staged rows are */
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
-  size_t bytes = (size_t)(first[nps] * per_key); /* fits: push_fits bounds each ps's */
-  if (too_big(t->pcap, bytes)) {
+  /* pbuf takes what no ring holds, at the same offsets as if it took all
+   * (fits: push_fits bounds each ps's; only the pages written are touched) */
+  size_t staged = tpush_hold(t, first, per_key);
+  size_t bytes = staged ? (size_t)(first[nps] * per_key) : 0;
+  if (too_big(t->pcap, staged)) {
     free(t->pbuf);
     t->pbuf = NULL;
     t->pcap = 0;
@@ -487,12 +523,14 @@ int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *
   if (!acc || ps__grow((void **)&t->pbuf, &t->pcap, bytes ? bytes : 1, 1) ||
       ps__grow((void **)&c->kgrp, &c->kgrp_cap, first[nps] ? first[nps] : 1, sizeof *c->kgrp)) {
     free(acc);
+    tpush_unhold(t);
     return ps__seterr(c, PS_ENOMEM, "table '%s': out of memory staging %zu gradients",
                       t->name, n);
   }
   ps__key_layout(t->kp, n, (uint32_t)nps, first, first + nps + 1, NULL, NULL, c->kgrp);
   for (size_t p = 0; p < nps; p++)
-    push_fill(t, t->kp, n, c->kgrp, first[p], first[p + 1], grads, t->pbuf + first[p] * per_key,
+    push_fill(t, t->kp, n, c->kgrp, first[p], first[p + 1], grads,
+              t->pheld[p] == PS__HELD_RING ? ps__push_held(&c->conns[p]) : t->pbuf + first[p] * per_key,
               acc);
   free(acc);
   tscratch_trim(t, n);
@@ -509,12 +547,14 @@ int ps__tpush_unprepare(ps_table *t) {
                       t->name, all);
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)dim * sizeof(float);
   for (size_t p = 0; p < nps; p++) {
-    size_t cnt = t->pfirst[p + 1] - t->pfirst[p];
-    const uint8_t *d = t->pbuf + t->pfirst[p] * per_key;
+    size_t cnt = t->pheld[p] == PS__HELD_SENT ? 0 : t->pfirst[p + 1] - t->pfirst[p];
+    const uint8_t *d = t->pheld[p] == PS__HELD_RING ? ps__push_held(&t->c->conns[p])
+                                                    : t->pbuf + t->pfirst[p] * per_key;
     memcpy(t->skeys + t->sn, d, cnt * sizeof(uint64_t));
     memcpy(t->sgrads + t->sn * dim, d + cnt * sizeof(uint64_t), cnt * dim * sizeof(float));
     t->sn += cnt;
   }
+  tpush_unhold(t); /* its bytes stay as a gap the ring's next frame skips */
   t->prepared = 0;
   return 0;
 }
@@ -523,18 +563,22 @@ int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
   ps_client *c = t->c;
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
   for (int p = 0; p < c->num_ps; p++) {
-    size_t cnt = t->pfirst[p + 1] - t->pfirst[p];
+    const int held = t->pheld[p];
+    size_t cnt = held == PS__HELD_SENT ? 0 : t->pfirst[p + 1] - t->pfirst[p];
     Ps__TablePush m = push_msg(t, r, p, step, cnt);
     /* By reference: the data is written from pbuf, which nothing changes
      * while a frame is queued (ps__tpush_prepare checks). */
     const float *seg = (const float *)(const void *)(t->pbuf + t->pfirst[p] * per_key);
     uint64_t floats = cnt * per_key / sizeof(float), pos;
-    uint8_t *ring = push_ring(&c->conns[p], cnt * per_key, &pos);
+    uint8_t *ring = held ? NULL : push_ring(&c->conns[p], cnt * per_key, &pos);
     if (ring) memcpy(ring, seg, cnt * per_key);
-    int rc = ring ? ps__outq_frame_shm(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,
-                                       cnt * per_key, pos)
-                  : ps__outq_frame(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, &seg, &floats,
-                                   NULL, cnt ? 1 : 0);
+    int rc = held == PS__HELD_RING
+                 ? ps__push_hold_queue(&c->conns[p], PS__MSG_TABLE_PUSH, &m.base)
+             : ring ? ps__outq_frame_shm(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,
+                                         cnt * per_key, pos)
+                    : ps__outq_frame(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, &seg,
+                                     &floats, NULL, cnt ? 1 : 0);
+    if (!rc && held == PS__HELD_RING) t->pheld[p] = PS__HELD_SENT;
     if (rc)
       return ps__seterr(c, rc, "table '%s': %s queueing a push of %zu keys", t->name,
                         rc == PS_ETOOBIG ? "frame limits exceeded" : "out of memory", cnt);
@@ -542,6 +586,7 @@ int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
     ps__telem_bytes(&c->telem, p, 0, cnt * per_key);
     ps__conn_flush(c, &c->conns[p]);
   }
+  memset(t->pheld, PS__HELD_NO, (size_t)c->num_ps);
   t->prepared = 0;
   return 0;
 }

@@ -211,8 +211,10 @@ int ps_client_step_push(ps_client *c, uint64_t step, ps_var *const *vars, size_t
 
 /* Sends a step's requests. The pulls go first, so the servers answer each
  * slice (and table) the moment its update is applied, while the rest of
- * the push is still arriving. A table push too big for its frames fails
- * before anything is sent. */
+ * the push is still arriving. The tables' pushes go before the variables'
+ * push: a table's gradients held in a push ring (ps_table_add_grad wrote
+ * them there) keep every other frame out of it until they are queued. A
+ * table push too big for its frames fails before anything is sent. */
 static int step_send(ps_client *c, uint64_t step, step_reqs *s) {
   uint64_t want = c->async_mode ? 0 : step + 1;
   int rc = ps__tables_step_check(c);
@@ -220,10 +222,10 @@ static int step_send(ps_client *c, uint64_t step, step_reqs *s) {
   /* Async mode waits for nothing: a table's zero-key pull would only say
    * its step, which the worker does not use. */
   if (!rc && c->ntables && !c->async_mode) rc = ps__tables_step_pull(c, want, &s->tpull);
+  if (!rc && c->ntables) rc = ps__tables_step_push(c, step, &s->tpush);
   size_t n = 0;
   if (!rc && c->nearly) rc = rest_of_push(c, &n);
   if (!rc) rc = ps_client_push_async(c, step, c->nearly ? c->rest : NULL, n, &s->push);
-  if (!rc && c->ntables) rc = ps__tables_step_push(c, step, &s->tpush);
   if (rc) step_release(c, s);
   return rc;
 }
