@@ -19,7 +19,14 @@ static void insertion_sort(ps__kp *a, size_t n) {
 }
 
 void ps__keysort(const uint64_t *keys, size_t n, ps__kp *pairs, ps__kp *tmp) {
-  for (size_t i = 0; i < n; i++) pairs[i] = (ps__kp){keys[i], i};
+  /* Keys that come sorted (torch.unique's output, ids of a sorted batch)
+   * need no pass: noticed while the pairs are written. */
+  size_t descents = 0;
+  for (size_t i = 0; i < n; i++) {
+    pairs[i] = (ps__kp){keys[i], i};
+    descents += i && keys[i] < keys[i - 1];
+  }
+  if (descents == 0) return;
   if (n < PS__KEYSORT_SMALL) {
     insertion_sort(pairs, n); /* stable: equal keys keep their order */
     return;
