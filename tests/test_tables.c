@@ -504,11 +504,8 @@ START_TEST(step_with_tables_and_variables) {
 }
 END_TEST
 
-/* Async mode: each push applied at once, the step is the worker's own. */
-START_TEST(step_async_tables) {
-  tu_psd ps[1];
-  char hosts[1][64];
-  const char *hp[1];
+/* One psd in async mode (every push applied at once) and its only worker. */
+static ps_client *async_solo(tu_psd *ps, char hosts[][64], const char **hp) {
   const char *extra[] = {"--mode", "async", NULL};
   start_ps(ps, 1, hosts, hp, extra);
   ps_config cfg;
@@ -522,6 +519,15 @@ START_TEST(step_async_tables) {
   ps_client *c = NULL;
   char err[512];
   ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  return c;
+}
+
+/* Async mode: each push applied at once, the step is the worker's own. */
+START_TEST(step_async_tables) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  ps_client *c = async_solo(ps, hosts, hp);
   ps_table_config g = tcfg(1, PS_TOPT_SGD, 0.5);
   ps_table *t = create_ok(c, "a", &g);
   uint64_t k = 9, step = 0;
@@ -586,19 +592,7 @@ START_TEST(held_table_push_survives_other_pushes) {
   tu_psd ps[1];
   char hosts[1][64];
   const char *hp[1];
-  const char *extra[] = {"--mode", "async", NULL};
-  start_ps(ps, 1, hosts, hp, extra);
-  ps_config cfg;
-  ps_config_init(&cfg);
-  cfg.hosts = hp;
-  cfg.num_ps = 1;
-  cfg.num_workers = 1;
-  cfg.async_mode = 1;
-  cfg.telemetry = "off";
-  cfg.no_signal_handlers = 1;
-  ps_client *c = NULL;
-  char err[512];
-  ck_assert_msg(ps_client_create(&cfg, &c, err, sizeof err) == 0, "%s", err);
+  ps_client *c = async_solo(ps, hosts, hp);
   ps_table_config g = tcfg(4, PS_TOPT_SGD, 1.0);
   ps_table *t = create_ok(c, "held", &g);
   enum { FLOATS = 1 << 20, PUSHES = 40 }; /* 4 MiB a push */
