@@ -633,6 +633,40 @@ static ps_table *solo_table(tu_psd *ps, char hosts[][64], const char **hp, ps_cl
   return create_ok(*c, name, &g);
 }
 
+/* An early push of variables (ps_client_step_push, as psd.torch's
+ * overlap sends finished buckets) after a table's add_grad moves the
+ * table's gradients out of the push ring, which the variables' push then
+ * takes: the step applies both, each once. */
+START_TEST(step_push_after_add_grad) {
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  ps_client *c;
+  ps_table *t = solo_table(ps, hosts, hp, &c, "e");
+  int64_t shape[1] = {4};
+  ps_optimizer o;
+  ps_optimizer_default(&o, 1.0);
+  ps_var *v = NULL;
+  ck_assert_int_eq(ps_client_var_create(c, "w", shape, 1, NULL, &o, &v), 0);
+  uint64_t keys[3] = {40, 41, 42}, step = 0;
+  float rows[3], g[3] = {0.5f, 0.25f, 2.0f};
+  for (int s = 0; s < 2; s++) {
+    ck_assert_int_eq(ps_table_pull(t, step, keys, 3, rows, 0, NULL), 0);
+    ck_assert_int_eq(ps_table_add_grad(t, keys, 3, g), 0);
+    for (int e = 0; e < 4; e++) ps_var_grad(v)[e] = (float)e;
+    ck_assert_msg(ps_client_step_push(c, step, &v, 1) == 0, "%s", ps_client_errmsg(c));
+    ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "%s", ps_client_errmsg(c));
+  }
+  ck_assert_int_eq(ps_table_pull(t, step, keys, 3, rows, 0, NULL), 0);
+  for (int i = 0; i < 3; i++)
+    ck_assert_msg(rows[i] == -2 * g[i], "row %d is %g, want %g", i, (double)rows[i],
+                  (double)(-2 * g[i]));
+  for (int e = 0; e < 4; e++) ck_assert(ps_var_data(v)[e] == -2.0f * (float)e);
+  ps_client_destroy(c);
+  stop_ps(ps, 1);
+}
+END_TEST
+
 /* A step whose push is refused (a NaN gradient) leaves its zero-key pull
  * parked on psd for a step that comes only with the next push: the next
  * step's own pull replaces it (not PS_EBUSY), and that step completes at
@@ -1252,6 +1286,7 @@ Suite *suite_tables(void) {
   tcase_add_test(tc, step_with_tables_and_variables);
   tcase_add_test(tc, step_async_tables);
   tcase_add_test(tc, held_table_push_survives_other_pushes);
+  tcase_add_test(tc, step_push_after_add_grad);
   tcase_add_test(tc, refused_push_fails_at_once);
   tcase_add_test(tc, step_after_refused_push_goes_on);
   tcase_add_test(tc, later_parked_pull_replaces_earlier);

@@ -532,6 +532,10 @@ int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *
 /* Moves t's prepared rows into its staging (a second add_grad of the
  * step). 0 or PS_ENOMEM (nothing changed). */
 int ps__tpush_unprepare(ps_table *t);
+/* Moves t's prepared data held in push rings into pbuf (a copy) and ends
+ * those holds, so the rings take other frames again: 0, or PS_ENOMEM
+ * (nothing changed). */
+int ps__tpush_unhold(ps_table *t);
 /* Queues t's prepared TablePush frames of step for r, by reference. */
 int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step);
 /* Queues t's TablePush for step on every ps (each its distinct keys,
@@ -607,5 +611,10 @@ int ps__tables_step_pull(ps_client *c, uint64_t min_step, ps_req **out);
 /* ps_client_step: every table's staged gradients pushed for step (to
  * every ps), the staging cleared once sent. */
 int ps__tables_step_push(ps_client *c, uint64_t step, ps_req **out);
+/* ps_client_step_push: every table's gradients held in a push ring are
+ * moved out of it (ps__tpush_unhold), so the variables' early push goes
+ * through the ring; a table that cannot (out of memory) keeps its hold
+ * and that push goes over TCP. */
+void ps__tables_unhold(ps_client *c);
 
 #endif /* PS_CLIENT_INTERNAL_H */

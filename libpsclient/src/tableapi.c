@@ -445,6 +445,10 @@ int ps__tables_step_pull(ps_client *c, uint64_t min_step, ps_req **out) {
   return ps__tstep_start(c, c->tables, c->ntables, min_step, out);
 }
 
+void ps__tables_unhold(ps_client *c) {
+  for (size_t i = 0; i < c->ntables; i++) (void)ps__tpush_unhold(c->tables[i]);
+}
+
 int ps__tables_step_push(ps_client *c, uint64_t step, ps_req **out) {
   ps_req *r = ps__req_new(c, PS__REQ_TPUSH);
   if (!r) return ps__seterr(c, PS_ENOMEM, "out of memory");

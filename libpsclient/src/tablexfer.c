@@ -472,12 +472,14 @@ enum {
                       as a duplicate) */
 };
 
-/* Ends the holds t took in its push rings (its data is sent or copied). */
-static void tpush_unhold(ps_table *t) {
-  for (int p = 0; p < t->c->num_ps; p++) {
-    if (t->pheld[p] == PS__HELD_RING) ps__push_hold_drop(&t->c->conns[p]);
-    t->pheld[p] = PS__HELD_NO;
-  }
+/* Ends the holds t took in its push rings (their data was copied to
+ * pbuf, or out of it); a ps sent already stays so. */
+static void tpush_drop_holds(ps_table *t) {
+  for (int p = 0; p < t->c->num_ps; p++)
+    if (t->pheld[p] == PS__HELD_RING) {
+      ps__push_hold_drop(&t->c->conns[p]);
+      t->pheld[p] = PS__HELD_NO;
+    }
 }
 
 /* Holds room for each ps's prepared data in its push ring where there is
@@ -523,7 +525,7 @@ int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *
   if (!acc || ps__grow((void **)&t->pbuf, &t->pcap, bytes ? bytes : 1, 1) ||
       ps__grow((void **)&c->kgrp, &c->kgrp_cap, first[nps] ? first[nps] : 1, sizeof *c->kgrp)) {
     free(acc);
-    tpush_unhold(t);
+    tpush_drop_holds(t);
     return ps__seterr(c, PS_ENOMEM, "table '%s': out of memory staging %zu gradients",
                       t->name, n);
   }
@@ -554,8 +556,27 @@ int ps__tpush_unprepare(ps_table *t) {
     memcpy(t->sgrads + t->sn * dim, d + cnt * sizeof(uint64_t), cnt * dim * sizeof(float));
     t->sn += cnt;
   }
-  tpush_unhold(t); /* its bytes stay as a gap the ring's next frame skips */
+  tpush_drop_holds(t); /* its bytes stay as a gap the ring's next frame skips */
+  memset(t->pheld, PS__HELD_NO, nps);
   t->prepared = 0;
+  return 0;
+}
+
+int ps__tpush_unhold(ps_table *t) {
+  if (!t->prepared) return 0;
+  ps_client *c = t->c;
+  size_t nps = (size_t)c->num_ps, bytes = 0;
+  uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
+  for (size_t p = 0; p < nps; p++)
+    if (t->pheld[p] == PS__HELD_RING) bytes = (size_t)(t->pfirst[nps] * per_key);
+  if (!bytes) return 0;
+  if (ps__grow((void **)&t->pbuf, &t->pcap, bytes, 1))
+    return ps__seterr(c, PS_ENOMEM, "table '%s': out of memory", t->name);
+  for (size_t p = 0; p < nps; p++)
+    if (t->pheld[p] == PS__HELD_RING)
+      memcpy(t->pbuf + t->pfirst[p] * per_key, ps__push_held(&c->conns[p]),
+             (t->pfirst[p + 1] - t->pfirst[p]) * per_key);
+  tpush_drop_holds(t);
   return 0;
 }
 

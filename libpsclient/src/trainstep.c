@@ -201,6 +201,7 @@ int ps_client_step_push(ps_client *c, uint64_t step, ps_var *const *vars, size_t
   if (ps__grow_all(a, 1, &c->capearly, c->nearly + 1))
     return ps__seterr(c, PS_ENOMEM, "out of memory");
   ps_req *r;
+  ps__tables_unhold(c); /* a table's gradients held in a ring would send this over TCP */
   int rc = ps_client_push_async(c, step, vars, n, &r);
   if (rc) return rc;
   for (size_t i = 0; i < n; i++) vars[i]->early = 1;
