@@ -527,17 +527,19 @@ int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, flo
 uint64_t psd_table_epoch(const psd_table *t) { return t->epoch; }
 
 /* Rows of keys[0..m) into rows: hint's (rows a pull read while the epoch
- * stayed as it is now), a key it has none for looked up again (another
- * pull may have stored one since); without a hint, the index's. more:
- * keys from keys[0] on, for find_batch's prefetch. */
+ * stayed as it is now), or the index's without a hint or when the hint
+ * has none for a key (another pull may have stored one since; the batch
+ * is looked up whole then, prefetched, as unadmitted keys come in
+ * numbers). more: keys from keys[0] on, for find_batch's prefetch. */
 static void lookup(const psd_table *t, const uint64_t *keys, size_t m, size_t more,
                    const uint32_t *hint, uint32_t *rows) {
+  for (size_t j = 0; hint && j < m; j++)
+    if (hint[j] == NIL) hint = NULL;
   if (!hint) {
     psd_kindex_find_batch(&t->index, keys, m, more, rows);
     return;
   }
-  for (size_t j = 0; j < m; j++)
-    rows[j] = hint[j] != NIL ? hint[j] : psd_kindex_find(&t->index, keys[j]);
+  memcpy(rows, hint, m * sizeof *rows);
 }
 
 /* ---------------------------------------------------------------------- */
