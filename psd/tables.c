@@ -248,11 +248,13 @@ static int mem_check(const psd_tables *ts, const psd_conn *c, uint32_t id, uint6
   snprintf(err, errlen,
            "%s: %s would take this server past --max-memory (%.0f bytes; "
            "%llu already held: variables, tables reserved at capacity, checkpoint copies, "
-           "%llu of parked pulls, and %llu of replies not yet read by their connections "
-           "and requests being received): refused; pull or push fewer keys at once, read "
-           "replies as they come, or raise --max-memory",
+           "%llu of parked pulls, %llu of pulls' rows kept for their pushes, and %llu of "
+           "replies not yet read by their connections and requests being received): "
+           "refused; pull or push fewer keys at once, read replies as they come, or raise "
+           "--max-memory",
            label, what, ts->cfg->max_memory, (unsigned long long)have,
-           (unsigned long long)ts->parked_bytes, (unsigned long long)conns);
+           (unsigned long long)ts->parked_bytes, (unsigned long long)ts->memo_bytes,
+           (unsigned long long)conns);
   return PS_ENOMEM;
 }
 
@@ -314,7 +316,8 @@ static float *ring_rows(psd_tables *ts, psd_conn *c, int shm, uint64_t bytes, ui
 
 /* Where the rows of c's pull req of keys[0..n) go for its push (tmemo.h),
  * or NULL: not remembered (no keys, or no room under --max-memory, which
- * a memo is never worth refusing a pull for). */
+ * a memo is never worth refusing a pull for). A read-only pull is never
+ * remembered: no push of its keys follows it (an evaluation's). */
 static uint32_t *remember(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
                           const uint64_t *keys, size_t n) {
   psd_tentry *e = &ts->v[id];
@@ -323,7 +326,7 @@ static uint32_t *remember(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req
   char err[8];
   uint64_t grow = psd_tmemo_growth(m, req, n);
   if (grow && mem_check(ts, c, id, grow, err, sizeof err, "%s", "")) {
-    psd_tmemo_skip(m, req);
+    psd_tmemo_skip(m, req, &ts->memo_bytes);
     return NULL;
   }
   return psd_tmemo_add(m, req, psd_table_epoch(e->t), keys, n, &ts->memo_bytes);
@@ -367,7 +370,8 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   if (n) psd_persist_table_read(ts->persist, id);
   /* PS_ENOMEM here leaves initializer values in the rows it could not
    * store: the reply is still right for this step. */
-  psd_table_pull_rows(e->t, keys, n, !read_only, dst, remember(ts, id, c, req, keys, n));
+  psd_table_pull_rows(e->t, keys, n, !read_only, dst,
+                      read_only ? NULL : remember(ts, id, c, req, keys, n));
   psd_telem_sent(ts->telem, c->worker, bytes);
 }
 

@@ -47,9 +47,15 @@ START_TEST(pieces_join_and_match_exactly) {
   /* cleared after its push: nothing matches until the next pull */
   psd_tmemo_clear(m, &held);
   ck_assert_ptr_null(psd_tmemo_match(m, k, 2, &ep));
-  /* skipped (no room under --max-memory): its pieces are not taken */
-  psd_tmemo_skip(m, 9);
+  /* skipped (no room under --max-memory): its pieces are not taken, and
+   * the buffers the last step kept are given back */
+  const uint64_t empty = held - 1024 * PSD_TMEMO_KEY_BYTES;
+  psd_tmemo_skip(m, 9, &held);
+  ck_assert_uint_eq(held, empty);
   ck_assert_ptr_null(psd_tmemo_add(m, 9, 43, k, 2, &held));
+  ck_assert_uint_eq(held, empty);
+  ck_assert_ptr_nonnull(psd_tmemo_add(m, 10, 44, k, 2, &held)); /* the next request is */
+  ck_assert_ptr_nonnull(psd_tmemo_match(m, k, 2, &ep));
   ck_assert_ptr_nonnull(psd_tmemo_get(&list, &owner_b, 1, &held));
   ck_assert_uint_gt(held, 0);
   psd_tmemo_forget(&list, &owner_a, &held);

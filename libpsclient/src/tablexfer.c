@@ -516,7 +516,7 @@ int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *
    * (fits: push_fits bounds each ps's; only the pages written are touched) */
   size_t staged = tpush_hold(t, first, per_key);
   size_t bytes = staged ? (size_t)(first[nps] * per_key) : 0;
-  if (too_big(t->pcap, staged)) {
+  if (too_big(t->pcap, bytes)) {
     free(t->pbuf);
     t->pbuf = NULL;
     t->pcap = 0;
@@ -550,6 +550,7 @@ int ps__tpush_unprepare(ps_table *t) {
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)dim * sizeof(float);
   for (size_t p = 0; p < nps; p++) {
     size_t cnt = t->pheld[p] == PS__HELD_SENT ? 0 : t->pfirst[p + 1] - t->pfirst[p];
+    if (!cnt) continue; /* pbuf may not reach this ps's offset then */
     const uint8_t *d = t->pheld[p] == PS__HELD_RING ? ps__push_held(&t->c->conns[p])
                                                     : t->pbuf + t->pfirst[p] * per_key;
     memcpy(t->skeys + t->sn, d, cnt * sizeof(uint64_t));
@@ -588,11 +589,13 @@ int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
     size_t cnt = held == PS__HELD_SENT ? 0 : t->pfirst[p + 1] - t->pfirst[p];
     Ps__TablePush m = push_msg(t, r, p, step, cnt);
     /* By reference: the data is written from pbuf, which nothing changes
-     * while a frame is queued (ps__tpush_prepare checks). */
-    const float *seg = (const float *)(const void *)(t->pbuf + t->pfirst[p] * per_key);
+     * while a frame is queued (ps__tpush_prepare checks). A ps whose data
+     * is held in its ring, or has none, has no part of pbuf. */
+    const float *seg = held || !cnt ? NULL
+                                    : (const float *)(const void *)(t->pbuf + t->pfirst[p] * per_key);
     uint64_t floats = cnt * per_key / sizeof(float), pos;
     uint8_t *ring = held ? NULL : push_ring(&c->conns[p], cnt * per_key, &pos);
-    if (ring) memcpy(ring, seg, cnt * per_key);
+    if (ring && cnt) memcpy(ring, seg, cnt * per_key);
     int rc = held == PS__HELD_RING
                  ? ps__push_hold_queue(&c->conns[p], PS__MSG_TABLE_PUSH, &m.base)
              : ring ? ps__outq_frame_shm(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,

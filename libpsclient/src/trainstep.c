@@ -223,9 +223,11 @@ static int step_send(ps_client *c, uint64_t step, step_reqs *s) {
   /* Async mode waits for nothing: a table's zero-key pull would only say
    * its step, which the worker does not use. */
   if (!rc && c->ntables && !c->async_mode) rc = ps__tables_step_pull(c, want, &s->tpull);
-  if (!rc && c->ntables) rc = ps__tables_step_push(c, step, &s->tpush);
+  /* The list of the rest is made before any gradient is sent: running
+   * out of memory for it must not leave the tables' gradients gone. */
   size_t n = 0;
   if (!rc && c->nearly) rc = rest_of_push(c, &n);
+  if (!rc && c->ntables) rc = ps__tables_step_push(c, step, &s->tpush);
   if (!rc) rc = ps_client_push_async(c, step, c->nearly ? c->rest : NULL, n, &s->push);
   if (rc) step_release(c, s);
   return rc;

@@ -69,7 +69,8 @@ static int reserve(psd_tmemo *m, size_t want, uint64_t *held) {
 uint32_t *psd_tmemo_add(psd_tmemo *m, uint64_t req, uint64_t epoch, const uint64_t *keys,
                         size_t n, uint64_t *held) {
   if (m->req != req) { /* a new pull: the last one's rows are of no use now */
-    psd_tmemo_skip(m, req);
+    m->req = req;
+    m->n = 0;
     m->epoch = epoch;
     m->bad = 0;
   }
@@ -88,10 +89,10 @@ uint32_t *psd_tmemo_add(psd_tmemo *m, uint64_t req, uint64_t epoch, const uint64
   return rows;
 }
 
-void psd_tmemo_skip(psd_tmemo *m, uint64_t req) {
+void psd_tmemo_skip(psd_tmemo *m, uint64_t req, uint64_t *held) {
+  release(m, held); /* refused for want of room: the room it held goes too */
   m->req = req;
   m->bad = 1;
-  m->n = 0;
 }
 
 const uint32_t *psd_tmemo_match(const psd_tmemo *m, const uint64_t *keys, size_t n,

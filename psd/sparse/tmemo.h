@@ -44,8 +44,10 @@ uint64_t psd_tmemo_growth(const psd_tmemo *m, uint64_t req, size_t n);
 uint32_t *psd_tmemo_add(psd_tmemo *m, uint64_t req, uint64_t epoch, const uint64_t *keys,
                         size_t n, uint64_t *held);
 
-/* Request req is not remembered (psd --max-memory has no room for it). */
-void psd_tmemo_skip(psd_tmemo *m, uint64_t req);
+/* Request req is not remembered (psd --max-memory has no room for it):
+ * m's buffers are given back too (*held shrinks), not kept for a later
+ * step as after a push. */
+void psd_tmemo_skip(psd_tmemo *m, uint64_t req, uint64_t *held);
 
 /* The rows of keys[0..n) if they are exactly the keys remembered (same
  * count, same order), else NULL. *epoch gets the epoch they were read at. */
