@@ -71,6 +71,9 @@ def torch_training(net):
     return opt, update
 
 
+STOP_WAIT_STEPS = 20000  # steps past the last one a stopping run may take
+
+
 def main():
     hosts, w, nw, b, steps, out = sys.argv[1:7]
     opts = dict(a.split("=") for a in sys.argv[7:])
@@ -86,8 +89,13 @@ def main():
         net, client, optimizer=topt or psd.SGD(lr=0.1, momentum=0.9),
         bucket_bytes=int(opts.get("bucket", 1 << 20)), overlap=opts.get("overlap", "1") == "1")
     step = model.start()
+    # A stop ends the run at the step the chief picks once every ps has
+    # written its file; training goes on while it is written (as long as
+    # the disk takes: docs/checkpoint.md), so a stopping run steps past
+    # `steps` until psd.Stopped, within a bound that fails the test.
+    limit = steps + STOP_WAIT_STEPS if opts.get("stop_at") else steps
     try:
-        while step < steps:
+        while step < limit:
             if opts.get("stop_at") and step == int(opts["stop_at"]) and w == 0:
                 client.request_stop()
             x, y, ids = batch(step, w * b, (w + 1) * b, dtype)
@@ -109,6 +117,9 @@ def main():
         client.finish()
         np.savez(out, step=step, stop_step=client.stop_step)
         sys.exit(psd.EXIT_STOPPED)
+    if opts.get("stop_at"):
+        sys.exit("torch_worker: stop requested at step %s, still not stopped at step %d"
+                 % (opts["stop_at"], step))
     params = {k: v.detach().double().numpy() for k, v in net.named_parameters()}
     params.update({"buf." + k: v.detach().double().numpy() for k, v in net.named_buffers()})
     if net.emb is not None:
