@@ -1,9 +1,11 @@
 /* config.c - psd's option table (parsed by the shared common/opt.c), the
  * rules between options, and the shared secret. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "config.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,6 +13,7 @@
 
 #include "memlimit.h"
 #include "opt.h"
+#include "par.h"
 #include "ps/version.h"
 #include "psdlog.h"
 #include "wire.h"
@@ -112,10 +115,22 @@ static const ps__opt OPTIONS[] = {
      "how workers on this node may send tensors: auto and shm offer a shared-memory "
      "segment (a worker of psd's uid hands over a sealed memfd; frames stay on TCP), shm "
      "fails at start if it cannot be offered, tcp offers none"},
+    {"table-threads", 0, PS_OPT_INT, F(table_threads), "0", 0, PSD_PAR_MAX_THREADS, NULL,
+     "threads that share a table pull or push of 32768 keys or more (psd's own included; "
+     "0: as many CPUs as psd may run on, at most 8; 1: the event loop alone)"},
     {"keepalive", 0, PS_OPT_INT, F(keepalive_s), "20", 0, 86400, NULL,
      "seconds after which a peer whose host died is dropped (TCP keepalive and "
      "TCP_USER_TIMEOUT; 0: off, else at least 2)"},
 };
+
+/* --table-threads 0: the CPUs psd may run on (a Slurm step's cpuset,
+ * taskset), at most PSD_PAR_MAX_THREADS. */
+static int auto_threads(void) {
+  cpu_set_t set;
+  int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  if (n < 1) n = 1;
+  return n > (int)PSD_PAR_MAX_THREADS ? (int)PSD_PAR_MAX_THREADS : n;
+}
 
 /* Share of the memory limit --max-memory defaults to: the rest is for
  * psd's own code, buffers and connections, and the kernel's page cache. */
@@ -185,6 +200,7 @@ int psd_config_parse(psd_config *cfg, int argc, char **argv, char *err,
   else snprintf(cfg->max_memory_from, sizeof cfg->max_memory_from, "--max-memory");
   if (!cfg->name[0]) snprintf(cfg->name, sizeof cfg->name, "ps%d", cfg->ps_index);
   if (cfg->protocol_minor < 0) cfg->protocol_minor = (int)PS__PROTOCOL_MINOR;
+  if (cfg->table_threads == 0) cfg->table_threads = auto_threads();
   return 0;
 }
 

@@ -29,6 +29,7 @@ typedef struct psd_config {
   double stall_s;          /* a step waiting longer than this is logged */
   double startup_timeout_s;/* all workers must have joined by then; 0: never */
   double pull_timeout_s;   /* default deadline of a parked pull */
+  int table_threads;       /* threads for a big table pull or push (0: auto) */
   int log_every;           /* log every Nth applied step */
   int log_level;           /* PSD_LOG_* */
   char name[64];           /* identity in log lines; default "ps<index>" */

@@ -380,6 +380,12 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   psd_pace_init(&srv->pace, cfg->pace_ahead, cfg->pace_loopback, cfg->recv_buf,
                 psd_conn_pace_progress);
   psd_tables_init(&srv->tables, cfg, &srv->job, &srv->shard, &srv->persist, &srv->telem);
+  int perr = psd_par_create((unsigned)cfg->table_threads, &srv->par);
+  if (perr) {
+    psd_error("cannot start %d table threads: %s", cfg->table_threads, strerror(perr));
+    return -1;
+  }
+  srv->tables.par = srv->par;
   srv->h = (psd_handlers){.cfg = cfg, .shard = &srv->shard, .tables = &srv->tables,
                           .job = &srv->job,
                           .persist = &srv->persist, .waiters = &srv->waiters,
@@ -456,6 +462,7 @@ void psd_server_free(psd_server *srv) {
   if (srv->lfd >= 0) close(srv->lfd);
   psd_shard_free(&srv->shard);
   psd_tables_free(&srv->tables);
+  psd_par_destroy(srv->par);
   psd_waiters_free(&srv->waiters);
   psd_telem_free(&srv->telem);
   psd_job_free(&srv->job);

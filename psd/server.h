@@ -32,6 +32,7 @@
 #include "tables.h"
 #include "job.h"
 #include "pace.h"
+#include "par.h"
 #include "persist/persist.h"
 #include "shmgate.h"
 #include "shard.h"
@@ -53,6 +54,7 @@ typedef struct psd_server {
   struct event *munge_ev;      /* ... which have answers */
   psd_shard shard;             /* variables held here */
   psd_tables tables;           /* sparse tables held here */
+  psd_par *par;                /* helper threads for big table requests */
   psd_telem telem;             /* per-step telemetry (telemetry.c) */
   psd_job job;                 /* admission, workers' states, exit decision */
   psd_waiters waiters;         /* parked pulls, deadlines, ready lists */

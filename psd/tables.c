@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "par.h"
 #include "psdlog.h"
 #include "wire.h"
 
@@ -140,6 +141,7 @@ static int create_table(psd_tables *ts, const psd_table_spec *sp, uint32_t *id, 
   const psd_job *j = ts->job;
   int rc = psd_table_create(sp, j->num_workers, j->replicas, j->async_mode, &t, err, errlen);
   if (rc) return rc;
+  psd_table_set_par(t, ts->par);
   ts->v[ts->n] = (psd_tentry){t, NULL, NULL, need};
   ts->reserved += need;
   *id = ts->n++;
@@ -570,16 +572,32 @@ static void push_refusal(const psd_conn *c, const psd_table *t, uint64_t step, i
 /* 0 if every one of the n floats at g is finite; else PS_EINVAL with err
  * naming the first that is not (its key and element). The common case is
  * one branch-free pass over the bits (vectorized). */
-static int grads_check(const psd_table *t, const uint64_t *keys, const float *g, size_t n,
-                       char *err, size_t errlen) {
-  const size_t dim = psd_table_spec_of(t)->dim, all = n * dim;
+typedef struct finite_ctx {
+  const float *g;
+  size_t dim;
+  int bad; /* set (atomically) by a part that saw a NaN or an infinity */
+} finite_ctx;
+
+/* A part of grads_check's scan: rows [lo, hi). Branch-free, vectorized. */
+static void finite_part(void *arg, size_t lo, size_t hi) {
+  finite_ctx *a = arg;
+  const float *g = a->g + lo * a->dim;
+  const size_t all = (hi - lo) * a->dim;
   uint32_t bad = 0;
   for (size_t i = 0; i < all; i++) {
     uint32_t b;
     memcpy(&b, g + i, sizeof b);
     bad |= (b & 0x7f800000u) == 0x7f800000u;
   }
-  if (!bad) return 0;
+  if (bad) __atomic_store_n(&a->bad, 1, __ATOMIC_RELAXED);
+}
+
+static int grads_check(const psd_tables *ts, const psd_table *t, const uint64_t *keys,
+                       const float *g, size_t n, char *err, size_t errlen) {
+  const size_t dim = psd_table_spec_of(t)->dim;
+  finite_ctx a = {g, dim, 0};
+  psd_par_run(ts->par, n, finite_part, &a);
+  if (!a.bad) return 0;
   size_t i = 0;
   while (isfinite(g[i])) i++;
   snprintf(err, errlen, "gradient of table '%s' for key %llu (position %zu), element %zu, "
@@ -620,7 +638,7 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
   uint64_t epoch = 0;
   const uint32_t *rows = memo ? psd_tmemo_match(memo, keys, n, &epoch) : NULL;
   int rc = rows ? 0 : check_keys(ts, keys, n, err, sizeof err);
-  if (rc == 0) rc = grads_check(e->t, keys, grads, n, err, sizeof err);
+  if (rc == 0) rc = grads_check(ts, e->t, keys, grads, n, err, sizeof err);
   uint64_t dropped = 0;
   double at = ps__now(); /* its data is in: the worker's arrival */
   if (rc == 0)

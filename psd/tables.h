@@ -67,6 +67,7 @@ typedef struct psd_tables {
   uint64_t memo_bytes;     /* what the tables' memos hold (tmemo.h) */
   uint64_t *kcopy;         /* a TablePush's keys out of the push ring */
   size_t kcopy_cap;        /* entries (at most PS__MAX_TABLE_KEYS) */
+  struct psd_par *par;     /* helper threads every table uses (not owned) */
   const psd_config *cfg;   /* options (--max-memory, --pull-timeout, ps index) */
   psd_job *job;            /* workers, replicas and mode once pinned */
   const psd_shard *shard;  /* the variables' bytes, for --max-memory */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "par.h"
 #include "sparse/keyindex.h"
 #include "psclient.h"
 #include "sparse/rowinit.h"
@@ -1437,6 +1438,109 @@ START_TEST(push_rows_trusted_only_while_epoch_holds) {
 }
 END_TEST
 
+
+/* ---------------------------------------------------------------------- */
+/* Helper threads (psd/par.c) */
+
+typedef struct snap {
+  uint64_t *keys, *touched;
+  float *vals; /* per row: dim values, then nstate state floats */
+  size_t n, cap, width;
+} snap;
+static void snap_fn(void *ctx, uint64_t key, const float *v, const float *st, uint64_t touched) {
+  snap *x = ctx;
+  ck_assert_uint_lt(x->n, x->cap);
+  x->keys[x->n] = key;
+  x->touched[x->n] = touched;
+  memcpy(x->vals + x->n * x->width, v, g_dim * sizeof *v);
+  memcpy(x->vals + x->n * x->width + g_dim, st, g_nstate * sizeof *st);
+  x->n++;
+}
+
+/* a and b hold the same rows, in the same walk order, bit for bit, and
+ * the same counters. */
+static void same_tables(psd_table *a, psd_table *b, size_t cap, const char *when) {
+  snap x[2];
+  psd_table *t[2] = {a, b};
+  g_dim = psd_table_spec_of(a)->dim;
+  g_nstate = psd_rowopt_state_floats(psd_table_spec_of(a));
+  for (int i = 0; i < 2; i++) {
+    x[i] = (snap){malloc(cap * 8), malloc(cap * 8), malloc(cap * (g_dim + g_nstate) * 4), 0,
+                  cap, g_dim + g_nstate};
+    ck_assert(x[i].keys && x[i].touched && x[i].vals);
+    psd_table_walk(t[i], snap_fn, &x[i]);
+  }
+  ck_assert_msg(x[0].n == x[1].n, "%s: %zu rows vs %zu", when, x[0].n, x[1].n);
+  ck_assert_msg(memcmp(x[0].keys, x[1].keys, x[0].n * 8) == 0, "%s: rows differ", when);
+  ck_assert_msg(memcmp(x[0].touched, x[1].touched, x[0].n * 8) == 0, "%s: touches", when);
+  ck_assert_msg(memcmp(x[0].vals, x[1].vals, x[0].n * x[0].width * 4) == 0, "%s: values", when);
+  psd_table_stats sa = psd_table_get_stats(a), sb = psd_table_get_stats(b);
+  ck_assert_msg(memcmp(&sa, &sb, sizeof sa) == 0, "%s: counters differ", when);
+  for (int i = 0; i < 2; i++) free(x[i].keys), free(x[i].touched), free(x[i].vals);
+}
+
+/* The same pulls and pushes on a table served by the loop alone and on
+ * one whose big requests run on helper threads: the same replies, rows,
+ * LRU order and counters, through admission by count, pulls that evict
+ * mid-way (the helpers' reads are redone from there), pushes that use
+ * the pull's rows and two workers' sums. */
+START_TEST(threads_change_nothing) {
+  uint64_t rs = tu_seed("threads_change_nothing");
+  psd_par *par = NULL;
+  ck_assert_int_eq(psd_par_create(3, &par), 0);
+  const size_t n = 3 * PSD_PAR_MIN_PART + 1000, universe = 3 * n, cap = n + n / 4;
+  uint64_t *keys = malloc(n * 8), *pool = malloc(universe * 8);
+  uint32_t *rows[2] = {malloc(n * 4), malloc(n * 4)};
+  float *out[2] = {malloc(n * 4 * 4), malloc(n * 4 * 4)}, *g = malloc(n * 4 * 4);
+  ck_assert(keys && pool && rows[0] && rows[1] && out[0] && out[1] && g);
+  for (size_t i = 0; i < universe; i++) pool[i] = rnd64(&rs);
+  for (uint32_t workers = 1; workers <= 2; workers++) {
+    psd_table_spec sp = spec_base("par", 4, cap);
+    sp.opt = PS_TOPT_ADAM;
+    sp.init_kind = PS_INIT_UNIFORM, sp.init_a = -1, sp.init_b = 1;
+    sp.admit_count = 2;
+    psd_table *t[2] = {mk(&sp, workers, workers, 0), mk(&sp, workers, workers, 0)};
+    psd_table_set_par(t[1], par);
+    for (uint64_t step = 0; step < 8; step++) {
+      /* n distinct keys of the pool (as psd checks they are); odd steps
+       * pull the last step's keys again: every row found */
+      if (step % 2 == 0)
+        for (size_t i = 0; i < n; i++) {
+          size_t j = i + rndn(&rs, (uint32_t)(universe - i));
+          uint64_t k = pool[j];
+          pool[j] = pool[i], pool[i] = k, keys[i] = k;
+        }
+      for (uint32_t w = 0; w < workers; w++) {
+        uint64_t ep[2], drop[2];
+        int rc[2];
+        for (int i = 0; i < 2; i++) {
+          ep[i] = psd_table_epoch(t[i]);
+          rc[i] = psd_table_pull_rows(t[i], keys + w, n - w, 1, out[i], rows[i]);
+        }
+        ck_assert_int_eq(rc[0], rc[1]);
+        ck_assert_msg(memcmp(out[0], out[1], (n - w) * 4 * 4) == 0, "step %llu: replies differ",
+                      (unsigned long long)step);
+        ck_assert(memcmp(rows[0], rows[1], (n - w) * 4) == 0);
+        for (size_t i = 0; i < (n - w) * 4; i++) g[i] = (float)(rndu(&rs) - 0.5);
+        for (int i = 0; i < 2; i++)
+          rc[i] = psd_table_push_rows(t[i], w, step, keys + w, n - w, g, rows[i], ep[i], &drop[i]);
+        ck_assert_int_eq(rc[0], rc[1]);
+        ck_assert_uint_eq(drop[0], drop[1]);
+      }
+      char when[64];
+      snprintf(when, sizeof when, "%u workers, step %llu", workers, (unsigned long long)step);
+      same_tables(t[0], t[1], cap, when);
+    }
+    psd_table_stats st = psd_table_get_stats(t[1]);
+    ck_assert_uint_gt(st.evictions_lru, 0); /* pulls evicted: the hand-over ran */
+    psd_table_destroy(t[0]);
+    psd_table_destroy(t[1]);
+  }
+  psd_par_destroy(par);
+  free(keys), free(pool), free(rows[0]), free(rows[1]), free(out[0]), free(out[1]), free(g);
+}
+END_TEST
+
 Suite *suite_table(void) {
   Suite *s = suite_create("table");
   TCase *tc = tcase_create("index");
@@ -1458,6 +1562,7 @@ Suite *suite_table(void) {
   tcase_add_test(tc, async_applies_each_push);
   tcase_add_test(tc, sync_dropped_keys);
   tcase_add_test(tc, push_rows_trusted_only_while_epoch_holds);
+  tcase_add_test(tc, threads_change_nothing);
   suite_add_tcase(s, tc);
   tc = tcase_create("admission");
   tcase_add_test(tc, admit_by_count);

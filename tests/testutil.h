@@ -57,6 +57,7 @@ Suite *suite_waiters(void);
 Suite *suite_shard(void);
 Suite *suite_table(void);
 Suite *suite_tmemo(void);
+Suite *suite_par(void);
 Suite *suite_memlimit(void);
 Suite *suite_bounds(void);
 Suite *suite_admission(void);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "keyindex.h"
+#include "par.h"
 #include "rowinit.h"
 #include "optimizer.h"
 #include "rowopt.h"
@@ -99,6 +100,7 @@ struct psd_table {
   uint64_t *keys;        /* per row: its key */
   row_meta *meta;        /* per row: last touch and LRU links */
   psd_kindex index;      /* key -> row */
+  psd_par *par;          /* helper threads for big requests, or NULL */
 
   psd_kindex acc_index;  /* key -> accumulator slot, this step's keys */
   float *acc;            /* acc_cap * dim floats: sums of this step */
@@ -421,6 +423,11 @@ static void prefetch_row(const psd_table *t, uint32_t r) {
   __builtin_prefetch(&t->meta[r], 1);
 }
 
+/* Whether a request of n keys is worth the helper threads. */
+static int use_par(const psd_table *t, size_t n) {
+  return psd_par_threads(t->par) > 1 && n >= 2 * PSD_PAR_MIN_PART;
+}
+
 /* ---------------------------------------------------------------------- */
 /* Admission and pulls */
 
@@ -500,11 +507,11 @@ static int pull_one(psd_table *t, uint64_t key, uint32_t r, int create, int rc, 
   return rc;
 }
 
-int psd_table_pull_rows(psd_table *t, const uint64_t *keys, size_t n, int create, float *out,
-                        uint32_t *rows_out) {
+/* The pull of keys[0..n) one key after another (rows_out: as for
+ * psd_table_pull_rows, or NULL); rc: the pull's code so far. */
+static int pull_serial(psd_table *t, const uint64_t *keys, size_t n, int create, float *out,
+                       uint32_t *rows_out, int rc) {
   const size_t dim = t->dim;
-  int rc = 0;
-  t->st.keys_pulled += n;
   uint32_t rows[LOOKUP_BATCH], used[LOOKUP_BATCH];
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
@@ -516,6 +523,67 @@ int psd_table_pull_rows(psd_table *t, const uint64_t *keys, size_t n, int create
       rc = pull_one(t, keys[b + j], rows[j], create, rc, &stored, out + (b + j) * dim, u + j);
     }
   }
+  return rc;
+}
+
+typedef struct pull_part_ctx {
+  const psd_table *t;
+  const uint64_t *keys;
+  float *out;
+  uint32_t *rows;
+} pull_part_ctx;
+
+/* A part of a pull on a helper thread: keys [lo, hi) looked up, the rows
+ * found copied out (rows[i]: the row, or NIL). Reads the table only. */
+static void pull_part(void *arg, size_t lo, size_t hi) {
+  const pull_part_ctx *a = arg;
+  const psd_table *t = a->t;
+  const size_t dim = t->dim;
+  for (size_t b = lo; b < hi; b += LOOKUP_BATCH) {
+    const size_t m = hi - b < LOOKUP_BATCH ? hi - b : LOOKUP_BATCH;
+    uint32_t *rows = a->rows + b;
+    psd_kindex_find_batch(&t->index, a->keys + b, m, hi - b, rows);
+    for (size_t j = 0; j < m; j++) {
+      if (j + ROW_AHEAD < m && rows[j + ROW_AHEAD] != NIL)
+        __builtin_prefetch(row_at(t, rows[j + ROW_AHEAD]));
+      if (rows[j] != NIL) ps__copy_row(a->out + (b + j) * dim, row_at(t, rows[j]), dim);
+    }
+  }
+}
+
+/* After pull_part: the rows found are touched and the keys without one
+ * admitted, in key order, as pull_serial would. An eviction (a row
+ * handed to another key) ends it: the rest goes through pull_serial. */
+static int pull_settle(psd_table *t, const uint64_t *keys, size_t n, int create, float *out,
+                       uint32_t *rows) {
+  const uint64_t epoch = t->epoch;
+  int rc = 0, stored = 0; /* after a store a key with no row is looked up again */
+  size_t i = 0;
+  for (; i < n && t->epoch == epoch; i++) {
+    if (i + 2 * ROW_AHEAD < n && rows[i + 2 * ROW_AHEAD] != NIL)
+      __builtin_prefetch(&t->meta[rows[i + 2 * ROW_AHEAD]], 1);
+    if (rows[i] != NIL) {
+      t->st.hits++;
+      touch(t, rows[i]);
+    } else {
+      rc = pull_one(t, keys[i], NIL, create, rc, &stored, out + i * t->dim, rows + i);
+    }
+  }
+  if (i < n) rc = pull_serial(t, keys + i, n - i, create, out + i * t->dim, rows + i, rc);
+  return rc;
+}
+
+int psd_table_pull_rows(psd_table *t, const uint64_t *keys, size_t n, int create, float *out,
+                        uint32_t *rows_out) {
+  int rc;
+  t->st.keys_pulled += n;
+  if (rows_out && use_par(t, n)) {
+    pull_part_ctx a = {t, keys, out, rows_out};
+    psd_par_run(t->par, n, pull_part, &a);
+    rc = pull_settle(t, keys, n, create, out, rows_out);
+  } else {
+    rc = pull_serial(t, keys, n, create, out, rows_out, 0);
+  }
   if (create) sketch_age(t, n);
   return rc;
 }
@@ -525,6 +593,8 @@ int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, flo
 }
 
 uint64_t psd_table_epoch(const psd_table *t) { return t->epoch; }
+
+void psd_table_set_par(psd_table *t, psd_par *par) { t->par = par; }
 
 /* Rows of keys[0..m) into rows: hint's (rows a pull read while the epoch
  * stayed as it is now), or the index's without a hint or when the hint
@@ -624,11 +694,68 @@ static uint64_t accumulate(psd_table *t, const uint64_t *keys, size_t n, const f
   return drops;
 }
 
+typedef struct rule_part_ctx {
+  const psd_table *t;
+  const uint64_t *keys; /* looked up with hint (lookup), or NULL: hint are the rows */
+  const uint32_t *hint;
+  const float *grads;   /* a row of dim floats per key */
+  float scale;
+} rule_part_ctx;
+
+/* A part of an update on a helper thread: the rule applied to the rows of
+ * [lo, hi), each row its own (a push's keys are distinct, and so are an
+ * accumulator's slots). Writes those rows only; touches nothing. */
+static void rule_part(void *arg, size_t lo, size_t hi) {
+  const rule_part_ctx *a = arg;
+  const psd_table *t = a->t;
+  const size_t dim = t->dim;
+  uint32_t found[LOOKUP_BATCH];
+  for (size_t b = lo; b < hi; b += LOOKUP_BATCH) {
+    const size_t m = hi - b < LOOKUP_BATCH ? hi - b : LOOKUP_BATCH;
+    const uint32_t *rows = a->hint + b;
+    if (a->keys) {
+      lookup(t, a->keys + b, m, hi - b, a->hint + b, found);
+      rows = found;
+    }
+    for (size_t j = 0; j < m; j++) {
+      if (j + ROW_AHEAD < m && rows[j + ROW_AHEAD] != NIL)
+        __builtin_prefetch(row_at(t, rows[j + ROW_AHEAD]), 1);
+      if (rows[j] == NIL) continue;
+      float *row = row_at(t, rows[j]);
+      psd_rowopt_apply(&t->opt, row, row + dim, a->grads + (b + j) * dim, a->scale);
+    }
+  }
+}
+
+/* After rule_part over a push: its rows touched in key order, as
+ * update_row would have; returns the keys with no row (dropped). */
+static uint64_t touch_pushed(psd_table *t, const uint64_t *keys, size_t n, const uint32_t *hint) {
+  uint64_t drops = 0;
+  uint32_t rows[LOOKUP_BATCH];
+  for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
+    const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
+    lookup(t, keys + b, m, n - b, hint + b, rows);
+    for (size_t j = 0; j < m; j++) {
+      if (j + 2 * ROW_AHEAD < m && rows[j + 2 * ROW_AHEAD] != NIL)
+        __builtin_prefetch(&t->meta[rows[j + 2 * ROW_AHEAD]], 1);
+      if (rows[j] == NIL) drops++;
+      else touch(t, rows[j]);
+    }
+  }
+  return drops;
+}
+
 /* Applies a push's gradients directly (async, or a step of one push),
  * a batch of lookups at a time (rows do not move: a push creates and
- * evicts none until the step advances). Returns the keys dropped. */
+ * evicts none until the step advances). Returns the keys dropped. With
+ * the pull's rows (hint) a big push's rules run on the helper threads. */
 static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const float *grads,
                            const uint32_t *hint) {
+  if (hint && use_par(t, n)) {
+    rule_part_ctx a = {t, keys, hint, grads, 1.0f};
+    psd_par_run(t->par, n, rule_part, &a);
+    return touch_pushed(t, keys, n, hint);
+  }
   uint64_t drops = 0;
   uint32_t rows[LOOKUP_BATCH];
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
@@ -646,8 +773,14 @@ static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const f
 /* Applies the step's sums, scaled, slot by slot, and empties the
  * accumulator. */
 static void apply_acc(psd_table *t, float scale) {
-  for (uint32_t e = 0; e < t->acc_n; e++)
-    update_row(t, t->acc_rows[e], t->acc + (size_t)e * t->dim, scale);
+  if (use_par(t, t->acc_n)) {
+    rule_part_ctx a = {t, NULL, t->acc_rows, t->acc, scale};
+    psd_par_run(t->par, t->acc_n, rule_part, &a);
+    for (uint32_t e = 0; e < t->acc_n; e++) touch(t, t->acc_rows[e]);
+  } else {
+    for (uint32_t e = 0; e < t->acc_n; e++)
+      update_row(t, t->acc_rows[e], t->acc + (size_t)e * t->dim, scale);
+  }
   t->acc_n = 0;
   psd_kindex_clear(&t->acc_index);
 }

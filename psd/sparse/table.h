@@ -88,6 +88,10 @@ int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t 
                      int async_mode, psd_table **out, char *err, size_t errlen);
 /* NULL is a no-op. */
 void psd_table_destroy(psd_table *t);
+/* Helper threads for big pulls and pushes (par.h; NULL: none, the
+ * default). The results are the same either way. Not owned. */
+struct psd_par;
+void psd_table_set_par(psd_table *t, struct psd_par *par);
 
 const psd_table_spec *psd_table_spec_of(const psd_table *t);
 uint64_t psd_table_step(const psd_table *t);
