@@ -9,13 +9,11 @@
 
 #include "wire.h"
 
-/* XORed into a key before mixing, so a key 0 does not hash to 0. */
-#define KINDEX_SALT 0x9e3779b97f4a7c15ULL
-
-/* MurmurHash3's 64-bit finalizer: full avalanche, and other constants and
- * shifts than splitmix64's (ps__mix64), whose low bits choose the ps. */
-static inline uint64_t kindex_hash(uint64_t key) {
-  key ^= KINDEX_SALT;
+/* MurmurHash3's 64-bit finalizer of key ^ the index's salt: full
+ * avalanche, and other constants and shifts than splitmix64's
+ * (ps__mix64), whose low bits choose the ps. */
+static inline uint64_t kindex_hash(const psd_kindex *x, uint64_t key) {
+  key ^= x->salt;
   key ^= key >> 33;
   key *= 0xff51afd7ed558ccdULL;
   key ^= key >> 33;
@@ -56,6 +54,10 @@ int psd_kindex_init(psd_kindex *x) {
   x->nslots = PSD_KINDEX_MIN_SLOTS;
   x->shift = 64 - log2_u64(PSD_KINDEX_MIN_SLOTS);
   x->gen = 1;
+  /* Unpredictable (libsodium); without it, at least not a constant. */
+  if (ps__random(&x->salt, sizeof x->salt) != 0)
+    x->salt = ps__mix64((uint64_t)(uintptr_t)x ^ (uint64_t)(ps__now() * 1e9));
+  x->salt |= 1; /* never 0: a key 0 does not hash to 0 */
   return 0;
 }
 
@@ -67,7 +69,7 @@ void psd_kindex_free(psd_kindex *x) {
 uint64_t psd_kindex_bytes(const psd_kindex *x) { return x->nslots * sizeof(psd_kslot); }
 
 uint64_t psd_kindex_home(const psd_kindex *x, uint64_t key) {
-  return kindex_hash(key) >> x->shift;
+  return kindex_hash(x, key) >> x->shift;
 }
 
 uint32_t psd_kindex_find(const psd_kindex *x, uint64_t key) {
@@ -75,7 +77,7 @@ uint32_t psd_kindex_find(const psd_kindex *x, uint64_t key) {
   const uint32_t gen = x->gen;
   const psd_kslot *s = x->slots;
   /* The load factor keeps an empty slot in every probe sequence. */
-  for (uint64_t i = kindex_hash(key) >> x->shift;; i = (i + 1) & mask) {
+  for (uint64_t i = kindex_hash(x, key) >> x->shift;; i = (i + 1) & mask) {
     if (s[i].gen != gen) return PSD_KINDEX_NONE;
     if (s[i].key == key) return s[i].val;
   }
@@ -92,12 +94,12 @@ void psd_kindex_find_batch(const psd_kindex *x, const uint64_t *keys, size_t n, 
   const psd_kslot *s = x->slots;
   uint64_t home[PSD_KINDEX_BATCH];
   PS_ASSERT(n <= PSD_KINDEX_BATCH);
-  for (size_t j = 0; j < n; j++) home[j] = kindex_hash(keys[j]) >> x->shift;
+  for (size_t j = 0; j < n; j++) home[j] = kindex_hash(x, keys[j]) >> x->shift;
   for (size_t j = 0; j < n && j < KINDEX_AHEAD; j++) __builtin_prefetch(&s[home[j]]);
   for (size_t j = 0; j < n; j++) {
     if (j + KINDEX_AHEAD < n) __builtin_prefetch(&s[home[j + KINDEX_AHEAD]]);
     else if (j + KINDEX_AHEAD < more) /* the next batch's first keys */
-      __builtin_prefetch(&s[kindex_hash(keys[j + KINDEX_AHEAD]) >> x->shift]);
+      __builtin_prefetch(&s[kindex_hash(x, keys[j + KINDEX_AHEAD]) >> x->shift]);
     uint32_t v = PSD_KINDEX_NONE;
     for (uint64_t i = home[j]; s[i].gen == gen; i = (i + 1) & mask)
       if (s[i].key == keys[j]) {
@@ -111,7 +113,7 @@ void psd_kindex_find_batch(const psd_kindex *x, const uint64_t *keys, size_t n, 
 /* The first free slot of key's probe sequence (key absent). */
 static uint64_t free_slot(const psd_kindex *x, uint64_t key) {
   const uint64_t mask = x->nslots - 1;
-  uint64_t i = kindex_hash(key) >> x->shift;
+  uint64_t i = kindex_hash(x, key) >> x->shift;
   while (x->slots[i].gen == x->gen) i = (i + 1) & mask;
   return i;
 }
@@ -157,7 +159,7 @@ void psd_kindex_insert(psd_kindex *x, uint64_t key, uint32_t val) {
 uint32_t psd_kindex_upsert(psd_kindex *x, uint64_t key, uint32_t val_if_new, int *added) {
   const uint64_t mask = x->nslots - 1;
   psd_kslot *s = x->slots;
-  uint64_t i = kindex_hash(key) >> x->shift;
+  uint64_t i = kindex_hash(x, key) >> x->shift;
   for (; s[i].gen == x->gen; i = (i + 1) & mask)
     if (s[i].key == key) {
       *added = 0;
@@ -173,7 +175,7 @@ uint32_t psd_kindex_upsert(psd_kindex *x, uint64_t key, uint32_t val_if_new, int
 
 void psd_kindex_set(psd_kindex *x, uint64_t key, uint32_t val) {
   const uint64_t mask = x->nslots - 1;
-  for (uint64_t i = kindex_hash(key) >> x->shift; x->slots[i].gen == x->gen; i = (i + 1) & mask)
+  for (uint64_t i = kindex_hash(x, key) >> x->shift; x->slots[i].gen == x->gen; i = (i + 1) & mask)
     if (x->slots[i].key == key) {
       x->slots[i].val = val;
       return;
@@ -183,7 +185,7 @@ void psd_kindex_set(psd_kindex *x, uint64_t key, uint32_t val) {
 int psd_kindex_remove(psd_kindex *x, uint64_t key) {
   const uint64_t mask = x->nslots - 1;
   psd_kslot *s = x->slots;
-  uint64_t i = kindex_hash(key) >> x->shift;
+  uint64_t i = kindex_hash(x, key) >> x->shift;
   for (;; i = (i + 1) & mask) {
     if (s[i].gen != x->gen) return 0;
     if (s[i].key == key) break;
@@ -192,7 +194,7 @@ int psd_kindex_remove(psd_kindex *x, uint64_t key) {
    * not cyclically inside (i, j] can move into the hole at i, which then
    * moves to j. The cluster ends at the first empty slot. */
   for (uint64_t j = (i + 1) & mask; s[j].gen == x->gen; j = (j + 1) & mask) {
-    uint64_t home = kindex_hash(s[j].key) >> x->shift;
+    uint64_t home = kindex_hash(x, s[j].key) >> x->shift;
     if (((j - home) & mask) >= ((j - i) & mask)) {
       s[i] = s[j];
       i = j;

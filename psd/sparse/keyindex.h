@@ -10,7 +10,10 @@
  * by moving to the next generation. The home slot comes from the top bits
  * of a mix of the key that is NOT the splitmix64 finalizer ps__table_shard
  * uses: every key on one ps shares ps__mix64(key) % num_ps, and a related
- * hash would crowd them into related slots.
+ * hash would crowd them into related slots. The key is XORed with a salt
+ * each index draws at random first: keys chosen to share a home under a
+ * hash known in advance (the source is public) would make one cluster of
+ * linear probing, every insert and lookup walking all of it.
  *
  * Callers reserve room (psd_kindex_reserve) before inserting, so an insert
  * never allocates and never fails: a table checks for memory before it
@@ -45,6 +48,7 @@ typedef struct psd_kindex {
   uint64_t nslots;  /* a power of two >= PSD_KINDEX_MIN_SLOTS */
   uint64_t n;       /* occupied slots */
   unsigned shift;   /* 64 - log2(nslots): a key's home is hash >> shift */
+  uint64_t salt;    /* drawn at init: the hash mixes key ^ salt */
   uint32_t gen;     /* current generation (>= 1): other slots are empty */
 } psd_kindex;
 
