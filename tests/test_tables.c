@@ -1147,13 +1147,14 @@ END_TEST
  * positions, repeated keys too, exactly (SGD from zeros: -lr * the summed
  * gradient, each a small integer). Over TCP and (2 ps) shared memory. */
 START_TEST(pull_in_pieces_parked_then_pipelined) {
-  enum { N = 90000, U = 70000, D = 4 }; /* 20000 keys twice; ~35000 per ps */
+  enum { N = 320000, U = 300000, D = 4 }; /* 20000 keys twice; ~150000 per ps: 5 pieces each */
   tu_psd ps[2];
   char hosts[2][64];
   const char *hp[2];
   start_ps(ps, 2, hosts, hp, NULL);
   ps_client *c = tu_client(hp, 2, 0, 1, 0, 0);
   ps_table_config g = tcfg(D, PS_TOPT_SGD, 0.5);
+  g.capacity = 2 * U; /* every key keeps its row, on either ps */
   ps_table *t = create_ok(c, "pieces", &g);
   uint64_t *keys = malloc(N * sizeof *keys);
   float *grads = malloc((size_t)N * D * sizeof *grads), *out = malloc((size_t)N * D * sizeof *out);

@@ -22,7 +22,10 @@
  * so a small pull stays one frame (and over shared memory, one copy). */
 #define PS__TPULL_PIECES 8
 #define PS__TPULL_WINDOW 4
-#define PS__TPULL_MIN_FRAME 8192
+/* A piece no smaller than psd's threshold for sharing a request with its
+ * helper threads (psd/par.h: 2 x PSD_PAR_MIN_PART): 100k x 16 over TCP
+ * took 4% less in 3 pieces than in 8, with the threads, the same without. */
+#define PS__TPULL_MIN_FRAME 32768
 
 /* Scratch kept between calls (sort pairs, a push's groups, a pull's
  * block): a steady step reuses its memory and faults in no fresh pages.
