@@ -27,9 +27,10 @@ int ps__grow(void **p, size_t *cap, size_t need, size_t elem);
 /* A hot loop compiled for AVX2 and for baseline x86-64 and picked at load
  * time (GCC ifunc): wider vectors with no -march. Not x86-64-v3, whose FMA
  * would fuse a*b+c and change results between machines. Off under ASan
- * (its resolvers run before ASan is set up) and elsewhere. */
+ * and TSan (their resolvers run before the sanitizer is set up) and
+ * elsewhere. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define PS__VECTOR_CLONES __attribute__((noinline, target_clones("avx2", "default")))
 #else
 #define PS__VECTOR_CLONES __attribute__((noinline))

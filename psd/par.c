@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Chunks per thread: a few, so a thread that starts late or runs slower
  * (its CPU shared) leaves its share to the others. */
@@ -74,16 +75,14 @@ int psd_par_create(unsigned threads, psd_par **out) {
   pthread_mutex_init(&p->mu, NULL);
   pthread_cond_init(&p->go, NULL);
   pthread_cond_init(&p->done, NULL);
-  for (unsigned i = 0; i + 1 < threads; i++) {
-    int rc = pthread_create(&p->th[i], NULL, helper, p);
-    if (rc != 0) {
-      psd_par_destroy(p);
-      return rc;
-    }
-    p->started++;
+  int rc = 0;
+  for (unsigned i = 0; i + 1 < threads && rc == 0; i++) {
+    rc = pthread_create(&p->th[i], NULL, helper, p);
+    if (rc == 0) p->started++;
   }
+  p->threads = p->started + 1; /* fewer than asked when a thread could not start */
   *out = p;
-  return 0;
+  return rc;
 }
 
 void psd_par_destroy(psd_par *p) {
@@ -125,4 +124,30 @@ void psd_par_run(psd_par *p, size_t n, psd_par_fn fn, void *ctx) {
   run_chunks(p);
   while (p->pending) pthread_cond_wait(&p->done, &p->mu);
   pthread_mutex_unlock(&p->mu);
+}
+
+typedef struct finite_ctx {
+  const float *v;
+  size_t dim;
+  int bad; /* set (atomically) by a chunk that saw a NaN or an infinity */
+} finite_ctx;
+
+/* A chunk of psd_par_all_finite: rows [lo, hi). Branch-free, vectorized. */
+static void finite_chunk(void *arg, size_t lo, size_t hi) {
+  finite_ctx *a = arg;
+  const float *v = a->v + lo * a->dim;
+  const size_t all = (hi - lo) * a->dim;
+  uint32_t bad = 0;
+  for (size_t i = 0; i < all; i++) {
+    uint32_t b;
+    memcpy(&b, v + i, sizeof b);
+    bad |= (b & 0x7f800000u) == 0x7f800000u;
+  }
+  if (bad) __atomic_store_n(&a->bad, 1, __ATOMIC_RELAXED);
+}
+
+int psd_par_all_finite(psd_par *p, const float *v, size_t rows, size_t dim) {
+  finite_ctx a = {v, dim, 0};
+  psd_par_run(p, rows, finite_chunk, &a);
+  return !a.bad;
 }

@@ -26,7 +26,9 @@ typedef struct psd_par psd_par;
 typedef void (*psd_par_fn)(void *ctx, size_t lo, size_t hi);
 
 /* threads in all (the caller's included; 1: every range runs inline, no
- * thread started). 0 or an errno value. */
+ * thread started). 0, or an errno value: ENOMEM with *out NULL (ranges
+ * then run inline), or pthread_create's with *out a pool of the threads
+ * that did start (psd_par_threads says how many). */
 int psd_par_create(unsigned threads, psd_par **out);
 /* Ends and joins the helpers. NULL is a no-op. */
 void psd_par_destroy(psd_par *p);
@@ -40,5 +42,8 @@ size_t psd_par_chunks(const psd_par *p, size_t n);
  * that is not running yet leaves its chunks to the others. NULL p:
  * inline. */
 void psd_par_run(psd_par *p, size_t n, psd_par_fn fn, void *ctx);
+/* 1 when v[0 .. rows * dim) holds no NaN and no infinity, scanned in
+ * chunks of rows (a push's gradients: psd refuses it whole otherwise). */
+int psd_par_all_finite(psd_par *p, const float *v, size_t rows, size_t dim);
 
 #endif

@@ -380,11 +380,12 @@ int psd_server_init(psd_server *srv, psd_config *cfg) {
   psd_pace_init(&srv->pace, cfg->pace_ahead, cfg->pace_loopback, cfg->recv_buf,
                 psd_conn_pace_progress);
   psd_tables_init(&srv->tables, cfg, &srv->job, &srv->shard, &srv->persist, &srv->telem);
+  /* Helper threads only speed big table requests up: fewer than asked
+   * (a process or memory limit) is a warning, not a reason not to run. */
   int perr = psd_par_create((unsigned)cfg->table_threads, &srv->par);
-  if (perr) {
-    psd_error("cannot start %d table threads: %s", cfg->table_threads, strerror(perr));
-    return -1;
-  }
+  if (perr)
+    psd_warn("--table-threads %d: only %u could run (%s); big table requests use those",
+             cfg->table_threads, psd_par_threads(srv->par), strerror(perr));
   srv->tables.par = srv->par;
   srv->h = (psd_handlers){.cfg = cfg, .shard = &srv->shard, .tables = &srv->tables,
                           .job = &srv->job,

@@ -572,40 +572,30 @@ static void push_refusal(const psd_conn *c, const psd_table *t, uint64_t step, i
 /* 0 if every one of the n floats at g is finite; else PS_EINVAL with err
  * naming the first that is not (its key and element). The common case is
  * one branch-free pass over the bits (vectorized). */
-typedef struct finite_ctx {
-  const float *g;
-  size_t dim;
-  int bad; /* set (atomically) by a part that saw a NaN or an infinity */
-} finite_ctx;
-
-/* A part of grads_check's scan: rows [lo, hi). Branch-free, vectorized. */
-static void finite_part(void *arg, size_t lo, size_t hi) {
-  finite_ctx *a = arg;
-  const float *g = a->g + lo * a->dim;
-  const size_t all = (hi - lo) * a->dim;
-  uint32_t bad = 0;
-  for (size_t i = 0; i < all; i++) {
-    uint32_t b;
-    memcpy(&b, g + i, sizeof b);
-    bad |= (b & 0x7f800000u) == 0x7f800000u;
-  }
-  if (bad) __atomic_store_n(&a->bad, 1, __ATOMIC_RELAXED);
-}
-
 static int grads_check(const psd_tables *ts, const psd_table *t, const uint64_t *keys,
                        const float *g, size_t n, char *err, size_t errlen) {
   const size_t dim = psd_table_spec_of(t)->dim;
-  finite_ctx a = {g, dim, 0};
-  psd_par_run(ts->par, n, finite_part, &a);
-  if (!a.bad) return 0;
+  if (psd_par_all_finite(ts->par, g, n, dim)) return 0;
+  /* Found again to name it, within the push: gradients in the push ring
+   * may have been rewritten by the peer since the scan. */
+  const size_t all = n * dim;
+  float v = 0.0f;
   size_t i = 0;
-  while (isfinite(g[i])) i++;
-  snprintf(err, errlen, "gradient of table '%s' for key %llu (position %zu), element %zu, "
-           "is %s: the push is refused whole (a NaN or infinite gradient would make the "
-           "row NaN for every worker); nothing of it was applied",
-           PS__ESC(psd_table_spec_of(t)->name),
-           (unsigned long long)keys[i / dim], i / dim, i % dim,
-           isnan(g[i]) ? "NaN" : g[i] > 0 ? "+Inf" : "-Inf");
+  for (; i < all; i++) {
+    v = g[i];
+    if (!isfinite(v)) break;
+  }
+  if (i == all)
+    snprintf(err, errlen, "gradients of table '%s' held a NaN or an infinity, then none "
+             "(rewritten while psd read them): the push is refused whole; nothing of it "
+             "was applied", PS__ESC(psd_table_spec_of(t)->name));
+  else
+    snprintf(err, errlen, "gradient of table '%s' for key %llu (position %zu), element %zu, "
+             "is %s: the push is refused whole (a NaN or infinite gradient would make the "
+             "row NaN for every worker); nothing of it was applied",
+             PS__ESC(psd_table_spec_of(t)->name),
+             (unsigned long long)keys[i / dim], i / dim, i % dim,
+             isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf");
   return PS_EINVAL;
 }
 

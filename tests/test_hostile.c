@@ -1388,12 +1388,36 @@ START_TEST(test_table_push_table_registered_midframe) {
 }
 END_TEST
 
+/* A push of BIG_PUSH_KEYS keys (ascending from 1) whose only non-finite
+ * gradient is the last element: psd's scan runs in chunks on its helper
+ * threads (--table-threads 2), and the last chunk's find must name it. */
+#define BIG_PUSH_KEYS 40000u
+static void big_push_last_inf(int fd, uint64_t req) {
+  const size_t dim = 4, bytes = BIG_PUSH_KEYS * (8 + dim * 4);
+  uint8_t *d = malloc(bytes);
+  ck_assert_ptr_nonnull(d);
+  for (uint64_t i = 0; i < BIG_PUSH_KEYS; i++) {
+    uint64_t k = i + 1;
+    memcpy(d + i * 8, &k, 8);
+  }
+  float *g = (float *)(void *)(d + BIG_PUSH_KEYS * 8);
+  for (size_t i = 0; i < BIG_PUSH_KEYS * dim; i++) g[i] = 0.5f;
+  g[BIG_PUSH_KEYS * dim - 1] = INFINITY;
+  send_table_push_head(fd, req, 0, 0, BIG_PUSH_KEYS, bytes);
+  ck_assert_int_eq(tu_send_all(fd, d, bytes), 0);
+  free(d);
+}
+
 /* A TABLE_PUSH whose gradients hold NaN and Inf: refused whole, naming the
  * key, and the row keeps its values (a NaN summed into a sync step's
- * accumulator would make the row NaN for every worker, for good). */
+ * accumulator would make the row NaN for every worker, for good). So is a
+ * big push whose one infinity is its last element. */
 START_TEST(test_table_push_nonfinite_refused) {
   tu_psd p;
-  start_psd(&p, "2");
+  const char *args[] = {"--num-ps", "1", "--ps-index", "0", "--startup-timeout", "30",
+                        "--grace-period", "5", "--workers", "2", "--table-threads", "2",
+                        NULL};
+  ck_assert_msg(tu_psd_start(&p, args) == 0, "psd did not start (log %s)", p.log_path);
   int a = tu_connect(p.addr);
   ck_assert(a >= 0);
   do_setup(a, SETUP_HELLO, 0, "nonfinite");
@@ -1421,6 +1445,16 @@ START_TEST(test_table_push_nonfinite_refused) {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", r->message ? r->message : "");
   ps__table_push_reply__free_unpacked(r, NULL);
+  big_push_last_inf(a, 63);
+  ck_assert_int_eq(table_reply(a, &f, &e, 10.0), PS__MSG_TABLE_PUSH_REPLY);
+  r = ps__table_push_reply__unpack(NULL, f.h.meta_len, f.meta);
+  ck_assert(r);
+  int big_status = r->status;
+  char big_msg[512], want[64];
+  snprintf(big_msg, sizeof big_msg, "%s", r->message ? r->message : "");
+  ps__table_push_reply__free_unpacked(r, NULL);
+  snprintf(want, sizeof want, "key %u (position %u), element 3, is +Inf", BIG_PUSH_KEYS,
+           BIG_PUSH_KEYS - 1);
   /* The row as it is now (read_only, at the current step). */
   send_table_pull_head(a, 62, 0, 0, 1, sizeof key, 1);
   ck_assert_int_eq(tu_send_all(a, &key, sizeof key), 0);
@@ -1439,6 +1473,8 @@ START_TEST(test_table_push_nonfinite_refused) {
   ck_assert_msg(status == PS_EINVAL && strstr(msg, "12345") && strstr(msg, "NaN"),
                 "expected PS_EINVAL naming key 12345 and NaN, got status %d (step %llu): %s",
                 status, (unsigned long long)step, msg);
+  ck_assert_msg(big_status == PS_EINVAL && strstr(big_msg, want),
+                "expected PS_EINVAL with \"%s\", got status %d: %s", want, big_status, big_msg);
   ck_assert_msg(got, "no TablePullReply with the row after the refused push");
   for (int i = 0; i < 4; i++)
     ck_assert_msg(row[i] == 0.0f, "row[%d] is %g after a refused push", i, row[i]);

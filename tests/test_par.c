@@ -1,8 +1,11 @@
 /* test_par.c - psd/par.c: a range is cut into chunks that cover it once,
  * helpers take chunks while the caller is busy, the caller takes them all
- * when no helper comes, small ranges and a NULL pool run inline, and many
- * rounds in a row neither lose nor repeat a chunk. */
+ * when no helper comes, small ranges and a NULL pool run inline, many
+ * rounds in a row neither lose nor repeat a chunk, and the finite scan
+ * sees every chunk. */
 #include <check.h>
+#include <float.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +107,33 @@ START_TEST(rounds_back_to_back) {
 }
 END_TEST
 
+/* The scan finds a NaN or an infinity in any chunk, the last element's
+ * too, and passes finite values (the largest, the smallest denormal). */
+START_TEST(all_finite_sees_every_chunk) {
+  psd_par *p = NULL;
+  ck_assert_int_eq(psd_par_create(3, &p), 0);
+  const size_t rows = 9 * PSD_PAR_MIN_PART + 5, dim = 3, all = rows * dim;
+  float *v = malloc(all * sizeof *v);
+  ck_assert_ptr_nonnull(v);
+  for (size_t i = 0; i < all; i++) v[i] = i % 2 ? FLT_MAX : -FLT_TRUE_MIN;
+  ck_assert_int_eq(psd_par_all_finite(p, v, rows, dim), 1);
+  ck_assert_int_eq(psd_par_all_finite(NULL, v, rows, dim), 1);
+  const size_t at[] = {0, all / 2, all - 1};
+  const float bad[] = {NAN, INFINITY, -INFINITY};
+  for (size_t a = 0; a < 3; a++)
+    for (size_t b = 0; b < 3; b++) {
+      float keep = v[at[a]];
+      v[at[a]] = bad[b];
+      ck_assert_msg(psd_par_all_finite(p, v, rows, dim) == 0, "%g at %zu not seen", bad[b],
+                    at[a]);
+      v[at[a]] = keep;
+    }
+  ck_assert_int_eq(psd_par_all_finite(p, NULL, 0, dim), 1);
+  free(v);
+  psd_par_destroy(p);
+}
+END_TEST
+
 Suite *suite_par(void) {
   Suite *s = suite_create("par");
   TCase *tc = tcase_create("par");
@@ -111,6 +141,7 @@ Suite *suite_par(void) {
   tcase_add_test(tc, chunks_cover_the_range_once);
   tcase_add_test(tc, inline_without_a_pool);
   tcase_add_test(tc, rounds_back_to_back);
+  tcase_add_test(tc, all_finite_sees_every_chunk);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1526,12 +1526,14 @@ static void same_tables(psd_table *a, psd_table *b, size_t cap, const char *when
  * one whose big requests run on helper threads: the same replies, rows,
  * LRU order and counters, through admission by count, pulls that evict
  * mid-way (the helpers' reads are redone from there), pushes that use
- * the pull's rows and two workers' sums. */
+ * the pull's rows (other rows touched in between) and two workers'
+ * sums. */
 START_TEST(threads_change_nothing) {
   uint64_t rs = tu_seed("threads_change_nothing");
   psd_par *par = NULL;
   ck_assert_int_eq(psd_par_create(3, &par), 0);
   const size_t n = 3 * PSD_PAR_MIN_PART + 1000, universe = 3 * n, cap = n + n / 4;
+  const size_t other = n / 8; /* read-only pulls between a pull and its push */
   uint64_t *keys = malloc(n * 8), *pool = malloc(universe * 8);
   uint32_t *rows[2] = {malloc(n * 4), malloc(n * 4)};
   float *out[2] = {malloc(n * 4 * 4), malloc(n * 4 * 4)}, *g = malloc(n * 4 * 4);
@@ -1565,6 +1567,11 @@ START_TEST(threads_change_nothing) {
                       (unsigned long long)step);
         ck_assert(memcmp(rows[0], rows[1], (n - w) * 4) == 0);
         for (size_t i = 0; i < (n - w) * 4; i++) g[i] = (float)(rndu(&rs) - 0.5);
+        /* Rows of other keys (the last steps') touched in between: the
+         * push's own touches then move its rows back to the front. */
+        for (int i = 0; i < 2; i++)
+          ck_assert_int_eq(psd_table_pull(t[i], pool + n, other, 0, out[i]), 0);
+        ck_assert(memcmp(out[0], out[1], other * 4 * 4) == 0);
         for (int i = 0; i < 2; i++)
           rc[i] = psd_table_push_rows(t[i], w, step, keys + w, n - w, g, rows[i], ep[i], &drop[i]);
         ck_assert_int_eq(rc[0], rc[1]);

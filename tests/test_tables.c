@@ -1147,7 +1147,7 @@ END_TEST
  * positions, repeated keys too, exactly (SGD from zeros: -lr * the summed
  * gradient, each a small integer). Over TCP and (2 ps) shared memory. */
 START_TEST(pull_in_pieces_parked_then_pipelined) {
-  enum { N = 320000, U = 300000, D = 4 }; /* 20000 keys twice; ~150000 per ps: 5 pieces each */
+  enum { N = 320000, U = 300000, D = 4 }; /* 20000 keys twice; ~150000 per ps: 4 pieces each */
   tu_psd ps[2];
   char hosts[2][64];
   const char *hp[2];

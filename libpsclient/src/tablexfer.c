@@ -238,17 +238,20 @@ static ps__tpull *tpull_alloc(ps_client *c, size_t bytes) {
   return tp;
 }
 
-/* Keys per TablePull frame: a ps's keys in PS__TPULL_PIECES pieces (of
- * the ps with most), none under PS__TPULL_MIN_FRAME, none over what one
- * frame takes (keys, or rows of data). One ps through shared memory gets
+/* Keys per TablePull frame: a ps's keys in as many even pieces of at
+ * least PS__TPULL_MIN_FRAME as they make, at most PS__TPULL_PIECES (of
+ * the ps with most), none over what one frame takes (keys, or rows of
+ * data). One ps through shared memory gets
  * the pull whole: its rows are then copied once, from the pull ring
  * straight into the caller's order (measured faster than pieces). */
 static size_t tpull_per_frame(const ps_client *c, const ps__tpull *tp, size_t nps) {
   uint64_t most = 0, cap = PS__MAX_DATA / ((uint64_t)tp->dim * sizeof(float));
   for (size_t p = 0; p < nps; p++)
     if (tp->first[p + 1] - tp->first[p] > most) most = tp->first[p + 1] - tp->first[p];
-  uint64_t k = (most + PS__TPULL_PIECES - 1) / PS__TPULL_PIECES;
-  if (k < PS__TPULL_MIN_FRAME) k = PS__TPULL_MIN_FRAME;
+  uint64_t pieces = most / PS__TPULL_MIN_FRAME;
+  if (pieces > PS__TPULL_PIECES) pieces = PS__TPULL_PIECES;
+  if (pieces < 1) pieces = 1;
+  uint64_t k = most ? (most + pieces - 1) / pieces : 1; /* never 0: it divides */
   if (nps == 1 && tpull_shm(c, 0) && most > k) k = most;
   if (k > cap) k = cap;
   return k < PS__MAX_TABLE_KEYS ? (size_t)k : PS__MAX_TABLE_KEYS;
