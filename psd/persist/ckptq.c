@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "bg.h"
+#include "log.h"
 #include "util.h"
 #include "wire.h"
 
@@ -63,6 +64,7 @@ struct psd_ckptq_rec {
   int preparing;                /* table spare: the writer is mapping or
                                    growing it to `want` bytes (under mu) */
   size_t want;
+  int hurry;                    /* preparing: the loop waits for it (atomic) */
   psd_ckptq_rec *next_gone;     /* a list of spares to free */
   job j;                        /* its JOB_ADD or JOB_PREPARE */
 };
@@ -148,21 +150,31 @@ static void copy_out(const psd_ckptq_rec *rec, size_t pos, uint8_t *dst, size_t 
 
 /* ---- table buffers -------------------------------------------------------- */
 
-/* Faults in every page of b[0, len) (page-aligned b) on this thread. Out
- * of memory, it stops: the copy then faults in the rest as it goes. */
-static void populate(uint8_t *b, size_t len) {
+/* Faults in every page of b[0, len) (page-aligned b) on this thread, 4 MiB
+ * at a time, and stops early once *hurry is set (the loop wants the buffer
+ * now: the copy faults in the rest as it goes, which beats the loop
+ * waiting on a writer the kernel is not running). Out of memory, it stops
+ * too. The bytes faulted in. */
+static size_t populate(uint8_t *b, size_t len, const int *hurry) {
   size_t o = 0;
 #ifdef MADV_POPULATE_WRITE
-  for (; o < len; o += POPULATE_CHUNK)
+  for (; o < len; o += POPULATE_CHUNK) {
+    if (hurry && __atomic_load_n(hurry, __ATOMIC_RELAXED)) return o;
     if (madvise(b + o, len - o < POPULATE_CHUNK ? len - o : POPULATE_CHUNK,
                 MADV_POPULATE_WRITE) != 0)
       break;
-  if (o >= len || errno != EINVAL) return;
+  }
+  if (o >= len) return len;
+  if (errno != EINVAL) return o;
 #endif
   /* A kernel before 5.14: a write per page faults it in all the same (what
-   * the buffer holds does not matter). */
-  for (size_t pg = (size_t)sysconf(_SC_PAGESIZE); o < len; o += pg)
+   * the buffer holds does not matter: it is the writer's alone). */
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  for (; o < len; o += pg) {
+    if (o % POPULATE_CHUNK == 0 && hurry && __atomic_load_n(hurry, __ATOMIC_RELAXED)) return o;
     ((volatile uint8_t *)b)[o] = 0;
+  }
+  return len;
 }
 
 /* Mapped rather than malloc'd, so a spare can grow by mremap: the pages it
@@ -174,7 +186,7 @@ static uint8_t *map_buf(size_t cap) {
 
 uint8_t *psd_ckptq_buf_new(size_t cap) {
   uint8_t *b = map_buf(cap);
-  if (b) populate(b, cap); /* faster than a fault per page as it is written */
+  if (b) populate(b, cap, NULL); /* faster than a fault per page as it is written */
   return b;
 }
 
@@ -221,10 +233,11 @@ uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap,
   double t0 = ps__now();
   pthread_mutex_lock(&q->mu);
   psd_ckptq_rec *r = q->spare[tab];
-  /* Being faulted in by the writer, big enough: waiting for it costs less
-   * than faulting a fresh buffer in here, and it is next in the writer's
-   * queue (prepares are queued only while no file is on its way). */
+  /* Being faulted in by the writer, big enough: the writer stops within
+   * one chunk and hands it over, its mapping whole (prepares are queued
+   * only while no file is on its way, so it is next in the queue). */
   while (r && r->preparing && r->want >= len) {
+    __atomic_store_n(&r->hurry, 1, __ATOMIC_RELAXED); /* hand it over as it is */
     pthread_cond_wait(&q->prepared, &q->mu);
     r = q->spare[tab];
     *waited = ps__now() - t0;
@@ -248,6 +261,14 @@ size_t psd_ckptq_ready(psd_ckptq *q, uint32_t tab) {
   pthread_mutex_lock(&q->mu);
   const psd_ckptq_rec *r = q->spare[tab];
   size_t n = !r ? 0 : r->preparing ? r->want : r->cap;
+  pthread_mutex_unlock(&q->mu);
+  return n;
+}
+
+int psd_ckptq_preparing(psd_ckptq *q, uint32_t tab) {
+  if (tab >= PS__MAX_TABLES) return 0;
+  pthread_mutex_lock(&q->mu);
+  int n = q->spare[tab] && q->spare[tab]->preparing;
   pthread_mutex_unlock(&q->mu);
   return n;
 }
@@ -392,9 +413,10 @@ static void spare_back(psd_ckptq *q, psd_ckptq_rec *rec) {
 }
 
 /* Maps (or grows) a table's spare to r->want bytes and faults its pages
- * in. r is the writer's alone meanwhile (preparing): the loop neither
- * takes nor frees it. */
+ * in, unless the loop hurries it. r is the writer's alone meanwhile
+ * (preparing): the loop neither takes nor frees it. */
 static void prepare_spare(psd_ckptq *q, psd_ckptq_rec *r) {
+  double t0 = ps__now();
   uint8_t *b = NULL;
   if (!r->own) {
     b = map_buf(r->want);
@@ -402,7 +424,8 @@ static void prepare_spare(psd_ckptq *q, psd_ckptq_rec *r) {
     void *m = mremap(r->own, r->cap, r->want, MREMAP_MAYMOVE);
     b = m == MAP_FAILED ? NULL : m; /* the old mapping stays then */
   }
-  if (b) populate(b, r->want); /* the old pages are in already: cheap */
+  /* The old pages are in already: cheap. */
+  size_t in = b ? populate(b, r->want, &r->hurry) : 0;
   psd_ckptq_rec *gone = NULL;
   pthread_mutex_lock(&q->mu);
   if (b) {
@@ -415,10 +438,18 @@ static void prepare_spare(psd_ckptq *q, psd_ckptq_rec *r) {
       gone = r;
     }
   }
+  uint32_t tab = r->tab; /* r may be the loop's (or freed) once unlocked */
+  size_t want = r->want;
+  __atomic_store_n(&r->hurry, 0, __ATOMIC_RELAXED);
   r->preparing = 0;
   pthread_cond_broadcast(&q->prepared);
   pthread_mutex_unlock(&q->mu);
   free(gone);
+  if (b)
+    ps__log(PS_LOG_DEBUG, "checkpoint writer: table #%u's copy buffer ready, %.1f of %.1f MB "
+            "faulted in off the loop in %.1f ms%s", tab, in / 1e6, want / 1e6,
+            (ps__now() - t0) * 1e3, in < want ? " (the loop wanted it: its copy faults in the rest)"
+                                              : "");
 }
 
 /* Writes one record: its header, then its data a chunk at a time, each

@@ -86,14 +86,17 @@ int psd_ckptq_add(psd_ckptq *q, psd_ckptq_file *f, const psd_ckpt_rec *r, psd_ck
  *
  * Table tab's spare when it has at least len bytes, taken out of the pool
  * (the caller owns it), with *cap its size; NULL otherwise. One being
- * prepared that will be big enough is waited for (*waited: seconds; the
- * writer runs prepares before any file's jobs, so the wait is its page
- * faults, which the caller would otherwise take itself). */
+ * prepared that will be big enough is handed over at once, mapped whole:
+ * the writer stops faulting it in within one 4 MiB chunk (*waited:
+ * seconds), and the caller's copy faults in the rest, so the caller never
+ * waits on a writer the kernel is not running. */
 uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap,
                          double *waited);
 /* The size of table tab's spare, or of the one being prepared for it; 0
  * when it has none. */
 size_t psd_ckptq_ready(psd_ckptq *q, uint32_t tab);
+/* 1 while the writer is preparing table tab's spare. */
+int psd_ckptq_preparing(psd_ckptq *q, uint32_t tab);
 /* Queues preparing a buffer of cap bytes for table tab, every page faulted
  * in, off the loop: its spare grown, or a new one. Its bytes count in
  * psd_ckptq_table_bytes from now. Nothing happens when the table's spare
