@@ -321,9 +321,9 @@ static float *ring_rows(psd_tables *ts, psd_conn *c, int shm, uint64_t bytes, ui
  * a memo is never worth refusing a pull for). A read-only pull is never
  * remembered: no push of its keys follows it (an evaluation's). */
 static uint32_t *remember(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
-                          const uint64_t *keys, size_t n) {
+                          const uint64_t *keys, size_t n, psd_tmemo **memo) {
   psd_tentry *e = &ts->v[id];
-  psd_tmemo *m = n ? psd_tmemo_get(&e->memos, c, 1, &ts->memo_bytes) : NULL;
+  psd_tmemo *m = *memo = n ? psd_tmemo_get(&e->memos, c, 1, &ts->memo_bytes) : NULL;
   if (!m) return NULL;
   char err[8];
   uint64_t grow = psd_tmemo_growth(m, req, n);
@@ -372,8 +372,11 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   if (n) psd_persist_table_read(ts->persist, id);
   /* PS_ENOMEM here leaves initializer values in the rows it could not
    * store: the reply is still right for this step. */
-  psd_table_pull_rows(e->t, keys, n, !read_only, dst,
-                      read_only ? NULL : remember(ts, id, c, req, keys, n));
+  psd_tmemo *memo = NULL;
+  uint32_t *rows = read_only ? NULL : remember(ts, id, c, req, keys, n, &memo);
+  const uint64_t clock = psd_table_lru_clock(e->t);
+  psd_table_pull_rows(e->t, keys, n, !read_only, dst, rows);
+  if (rows) psd_tmemo_touched(memo, clock, psd_table_lru_clock(e->t), n);
   psd_telem_sent(ts->telem, c->worker, bytes);
 }
 
@@ -627,13 +630,14 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
   psd_tmemo *memo = psd_tmemo_get(&e->memos, c, 0, NULL);
   uint64_t epoch = 0;
   const uint32_t *rows = memo ? psd_tmemo_match(memo, keys, n, &epoch) : NULL;
+  const uint64_t clock = rows ? memo->clock : 0;
   int rc = rows ? 0 : check_keys(ts, keys, n, err, sizeof err);
   if (rc == 0) rc = grads_check(ts, e->t, keys, grads, n, err, sizeof err);
   uint64_t dropped = 0;
   double at = ps__now(); /* its data is in: the worker's arrival */
   if (rc == 0)
     rc = psd_table_push_rows(e->t, (uint32_t)c->worker, m->step, keys, n, grads, rows, epoch,
-                             &dropped);
+                             clock, &dropped);
   if (memo) psd_tmemo_clear(memo, &ts->memo_bytes);
   /* The table's step is the job's step when it has no variables: its
    * pushes are the step's arrivals, as a Push's (refusals are not). */

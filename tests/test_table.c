@@ -1448,7 +1448,7 @@ START_TEST(push_rows_trusted_only_while_epoch_holds) {
   ck_assert_int_eq(psd_table_pull_rows(t, k12, 2, 1, out, rows), 0);
   uint64_t ep = psd_table_epoch(t);
   ck_assert_uint_ne(rows[0], PSD_TABLE_NO_ROW);
-  ck_assert_int_eq(psd_table_push_rows(t, 0, 0, k12, 2, g, rows, ep, NULL), 1);
+  ck_assert_int_eq(psd_table_push_rows(t, 0, 0, k12, 2, g, rows, ep, 0, NULL), 1);
   find_ctx f;
   ck_assert(find_row(t, 1, &f));
   ck_assert_float_eq(f.v[0], -0.5f);
@@ -1459,7 +1459,7 @@ START_TEST(push_rows_trusted_only_while_epoch_holds) {
   ck_assert_int_eq(psd_table_pull(t, &k3, 1, 1, o3), 0);
   ck_assert_uint_ne(psd_table_epoch(t), ep);
   uint64_t dropped = 0;
-  ck_assert_int_eq(psd_table_push_rows(t, 0, 1, k12, 2, g, rows, ep, &dropped), 1);
+  ck_assert_int_eq(psd_table_push_rows(t, 0, 1, k12, 2, g, rows, ep, 0, &dropped), 1);
   ck_assert_uint_eq(dropped, 1); /* key 1 is gone */
   ck_assert(find_row(t, 3, &f));
   ck_assert_float_eq(f.v[0], 0.0f); /* not key 1's gradient */
@@ -1473,7 +1473,7 @@ START_TEST(push_rows_trusted_only_while_epoch_holds) {
   ck_assert_uint_eq(rows[0], PSD_TABLE_NO_ROW);
   ep = psd_table_epoch(t);
   ck_assert_int_eq(psd_table_pull(t, &k3, 1, 1, o3), 0);
-  ck_assert_int_eq(psd_table_push_rows(t, 0, 0, &k3, 1, g, rows, ep, &dropped), 1);
+  ck_assert_int_eq(psd_table_push_rows(t, 0, 0, &k3, 1, g, rows, ep, 0, &dropped), 1);
   ck_assert_uint_eq(dropped, 0);
   ck_assert(find_row(t, 3, &f));
   ck_assert_float_eq(f.v[0], -0.5f);
@@ -1526,8 +1526,8 @@ static void same_tables(psd_table *a, psd_table *b, size_t cap, const char *when
  * one whose big requests run on helper threads: the same replies, rows,
  * LRU order and counters, through admission by count, pulls that evict
  * mid-way (the helpers' reads are redone from there), pushes that use
- * the pull's rows (other rows touched in between) and two workers'
- * sums. */
+ * the pull's rows (other rows touched in between, or not: the push's
+ * touches are skipped) and two workers' sums. */
 START_TEST(threads_change_nothing) {
   uint64_t rs = tu_seed("threads_change_nothing");
   psd_par *par = NULL;
@@ -1546,34 +1546,41 @@ START_TEST(threads_change_nothing) {
     sp.admit_count = 2;
     psd_table *t[2] = {mk(&sp, workers, workers, 0), mk(&sp, workers, workers, 0)};
     psd_table_set_par(t[1], par);
-    for (uint64_t step = 0; step < 8; step++) {
-      /* n distinct keys of the pool (as psd checks they are); odd steps
-       * pull the last step's keys again: every row found */
-      if (step % 2 == 0)
+    for (uint64_t step = 0; step < 9; step++) {
+      /* n distinct keys of the pool (as psd checks they are) every third
+       * step, pulled again in the next two: seen, admitted, every row
+       * found */
+      if (step % 3 == 0)
         for (size_t i = 0; i < n; i++) {
           size_t j = i + rndn(&rs, (uint32_t)(universe - i));
           uint64_t k = pool[j];
           pool[j] = pool[i], pool[i] = k, keys[i] = k;
         }
       for (uint32_t w = 0; w < workers; w++) {
-        uint64_t ep[2], drop[2];
+        uint64_t ep[2], drop[2], clock[2] = {0, 0};
         int rc[2];
         for (int i = 0; i < 2; i++) {
           ep[i] = psd_table_epoch(t[i]);
+          uint64_t c0 = psd_table_lru_clock(t[i]);
           rc[i] = psd_table_pull_rows(t[i], keys + w, n - w, 1, out[i], rows[i]);
+          /* t[1] passes the clock on as psd's memo would (tmemo.h) */
+          if (i == 1 && psd_table_lru_clock(t[1]) - c0 == n - w) clock[1] = c0 + n - w;
         }
         ck_assert_int_eq(rc[0], rc[1]);
         ck_assert_msg(memcmp(out[0], out[1], (n - w) * 4 * 4) == 0, "step %llu: replies differ",
                       (unsigned long long)step);
         ck_assert(memcmp(rows[0], rows[1], (n - w) * 4) == 0);
         for (size_t i = 0; i < (n - w) * 4; i++) g[i] = (float)(rndu(&rs) - 0.5);
-        /* Rows of other keys (the last steps') touched in between: the
-         * push's own touches then move its rows back to the front. */
-        for (int i = 0; i < 2; i++)
+        /* Rows of other keys (the last steps') touched in between, in
+         * the even steps: the push's own touches then move its rows back
+         * to the front. At step 5, every row found and nothing between,
+         * t[1]'s push skips them (t[0] never does). */
+        for (int i = 0; i < 2 && step % 2 == 0; i++)
           ck_assert_int_eq(psd_table_pull(t[i], pool + n, other, 0, out[i]), 0);
-        ck_assert(memcmp(out[0], out[1], other * 4 * 4) == 0);
+        ck_assert(step % 2 || memcmp(out[0], out[1], other * 4 * 4) == 0);
         for (int i = 0; i < 2; i++)
-          rc[i] = psd_table_push_rows(t[i], w, step, keys + w, n - w, g, rows[i], ep[i], &drop[i]);
+          rc[i] = psd_table_push_rows(t[i], w, step, keys + w, n - w, g, rows[i], ep[i],
+                                      clock[i], &drop[i]);
         ck_assert_int_eq(rc[0], rc[1]);
         ck_assert_uint_eq(drop[0], drop[1]);
       }
@@ -1583,11 +1590,61 @@ START_TEST(threads_change_nothing) {
     }
     psd_table_stats st = psd_table_get_stats(t[1]);
     ck_assert_uint_gt(st.evictions_lru, 0); /* pulls evicted: the hand-over ran */
+    /* steps 2 (the read-only pull between found none of its keys stored
+     * yet: it touched nothing) and 5; two workers' pushes are summed,
+     * touched as the sum is applied */
+    ck_assert_uint_eq(psd_table_touch_skips(t[1]), workers == 1 ? 2 : 0);
+    ck_assert_uint_eq(psd_table_touch_skips(t[0]), 0);
     psd_table_destroy(t[0]);
     psd_table_destroy(t[1]);
   }
   psd_par_destroy(par);
   free(keys), free(pool), free(rows[0]), free(rows[1]), free(out[0]), free(out[1]), free(g);
+}
+END_TEST
+
+/* A push whose pull touched exactly its rows, with nothing since, skips
+ * its touches (they would change nothing); anything that moved the LRU
+ * clock between them (another pull's touch, a store, a step) makes it
+ * touch them. Each case against a table told no clock: the same rows,
+ * LRU order and counters. Small pushes: the loop's own path. */
+START_TEST(push_skips_touches_its_pull_made) {
+  psd_table_spec sp = spec_base("skip", 2, 8); /* SGD lr 0.5 */
+  psd_table *t[2] = {mk(&sp, 1, 1, 0), mk(&sp, 1, 1, 0)};
+  const uint64_t k[3] = {1, 2, 3}, k1 = 1, k9 = 9;
+  uint32_t rows[3];
+  float out[6], g[6] = {1, 2, 3, 4, 5, 6};
+  /* what comes between each step's pull and push: nothing (the skip),
+   * a pull of key 1, a pull storing key 9 */
+  enum { NOTHING, TOUCH, STORE, NCASES };
+  uint64_t step = 0, skips = 0;
+  for (int round = 0; round < 2; round++) {
+    for (int between = 0; between < NCASES; between++, step++) {
+      uint64_t clock[2] = {0, 0};
+      for (int i = 0; i < 2; i++) {
+        uint64_t ep = psd_table_epoch(t[i]), c0 = psd_table_lru_clock(t[i]);
+        ck_assert_int_eq(psd_table_pull_rows(t[i], k, 3, 1, out, rows), 0);
+        if (i == 1 && psd_table_lru_clock(t[1]) - c0 == 3) clock[1] = c0 + 3;
+        float o[2];
+        if (between == TOUCH) ck_assert_int_eq(psd_table_pull(t[i], &k1, 1, 0, o), 0);
+        if (between == STORE) ck_assert_int_eq(psd_table_pull(t[i], &k9, 1, 1, o), 0);
+        ck_assert_int_eq(psd_table_push_rows(t[i], 0, step, k, 3, g, rows, ep, clock[i], NULL),
+                         1);
+      }
+      /* the first pull stored its keys (the clock moved by more than 3) */
+      skips += step > 0 && between == NOTHING;
+      ck_assert_uint_eq(psd_table_touch_skips(t[1]), skips);
+      char when[48];
+      snprintf(when, sizeof when, "step %llu", (unsigned long long)step);
+      same_tables(t[0], t[1], 8, when);
+    }
+  }
+  ck_assert_uint_eq(skips, 1);
+  find_ctx f;
+  ck_assert(find_row(t[1], 3, &f));
+  ck_assert_float_eq(f.v[0], -0.5f * 5 * (float)step); /* every push applied */
+  psd_table_destroy(t[0]);
+  psd_table_destroy(t[1]);
 }
 END_TEST
 
@@ -1613,6 +1670,7 @@ Suite *suite_table(void) {
   tcase_add_test(tc, async_applies_each_push);
   tcase_add_test(tc, sync_dropped_keys);
   tcase_add_test(tc, push_rows_trusted_only_while_epoch_holds);
+  tcase_add_test(tc, push_skips_touches_its_pull_made);
   tcase_add_test(tc, threads_change_nothing);
   suite_add_tcase(s, tc);
   tc = tcase_create("admission");

@@ -67,6 +67,42 @@ START_TEST(pieces_join_and_match_exactly) {
 }
 END_TEST
 
+/* The table's LRU clock after a request's pieces is kept only while each
+ * piece moved it by exactly its keys, each starting where the last ended
+ * (nothing else touched the table between them); a new request, a clear
+ * or a piece that breaks the run forgets it. */
+START_TEST(clock_kept_only_for_an_unbroken_run) {
+  uint64_t held = 0, k[6];
+  psd_tmemo *list = NULL;
+  static int owner;
+  psd_tmemo *m = psd_tmemo_get(&list, &owner, 1, &held);
+  keys_from(k, 6, 10);
+  ck_assert_ptr_nonnull(psd_tmemo_add(m, 1, 0, k, 4, &held));
+  psd_tmemo_touched(m, 100, 104, 4);
+  ck_assert_uint_eq(m->clock, 104);
+  ck_assert_ptr_nonnull(psd_tmemo_add(m, 1, 0, k + 4, 2, &held));
+  psd_tmemo_touched(m, 104, 106, 2);
+  ck_assert_uint_eq(m->clock, 106); /* two pieces, back to back */
+  ck_assert_ptr_nonnull(psd_tmemo_add(m, 2, 0, k, 4, &held));
+  ck_assert_uint_eq(m->clock, 0); /* a new request */
+  psd_tmemo_touched(m, 200, 204, 4);
+  ck_assert_ptr_nonnull(psd_tmemo_add(m, 2, 0, k + 4, 2, &held));
+  psd_tmemo_touched(m, 205, 207, 2); /* a touch came between the pieces */
+  ck_assert_uint_eq(m->clock, 0);
+  ck_assert_ptr_nonnull(psd_tmemo_add(m, 3, 0, k, 4, &held));
+  psd_tmemo_touched(m, 300, 306, 4); /* stored rows: moved by more */
+  ck_assert_uint_eq(m->clock, 0);
+  ck_assert_ptr_nonnull(psd_tmemo_add(m, 3, 0, k + 4, 2, &held));
+  psd_tmemo_touched(m, 306, 308, 2); /* a broken run stays broken */
+  ck_assert_uint_eq(m->clock, 0);
+  ck_assert_ptr_nonnull(psd_tmemo_add(m, 4, 0, k, 4, &held));
+  psd_tmemo_touched(m, 400, 404, 4);
+  psd_tmemo_clear(m, &held);
+  ck_assert_uint_eq(m->clock, 0);
+  psd_tmemo_forget(&list, NULL, &held);
+}
+END_TEST
+
 /* More keys than one TablePush carries are never remembered, and a big
  * buffer goes after a step that used a small part of it. */
 START_TEST(bounded_and_shrinks) {
@@ -110,6 +146,7 @@ Suite *suite_tmemo(void) {
   Suite *s = suite_create("tmemo");
   TCase *tc = tcase_create("tmemo");
   tcase_add_test(tc, pieces_join_and_match_exactly);
+  tcase_add_test(tc, clock_kept_only_for_an_unbroken_run);
   tcase_add_test(tc, bounded_and_shrinks);
   suite_add_tcase(s, tc);
   return s;

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "admit.h"
 #include "keyindex.h"
 #include "par.h"
 #include "rowinit.h"
@@ -34,32 +35,12 @@ _Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row
 #define TABLE_FIRST_ROWS 64u
 /* Per-row bytes besides the values and state: key, touched, two links. */
 #define ROW_META_BYTES (sizeof(uint64_t) + sizeof(row_meta))
-/* Count-min sketch: rows of counters (4: the estimate's error bound holds
- * with probability 1 - e^-4), each at least this wide (a small table still
- * gets a sketch whose collisions are rare). */
-#define SKETCH_ROWS 4u
-#define SKETCH_MIN_WIDTH 1024u
-/* The sketch's counts halve after this many keys pulled (sightings of
- * stored keys too) per counter of a row: TinyLFU's sample of 10 x its
- * width. So a key sighted a few times long ago is not admitted by one
- * stray sighting, and the counters never stay saturated. */
-#define SKETCH_SAMPLE_PER_WIDTH 10u
 /* Rows a batch looks up before it works on them: the index probes of a
  * batch run back to back with their slots prefetched, then the rows are
  * read or updated with their memory prefetched ROW_AHEAD rows ahead. On
  * the stack: 1 KiB of row numbers. */
 #define LOOKUP_BATCH PSD_KINDEX_BATCH
 #define ROW_AHEAD 4u
-/* Admission generator's state at the front of the aux bytes, then (with
- * a sketch) the keys pulled since its counts last halved, then the sketch.
- * Checkpoints before the count (0.2.7) hold the generator and the sketch. */
-#define AUX_RNG_BYTES sizeof(uint64_t)
-#define AUX_SINCE_BYTES sizeof(uint64_t)
-/* Salts that make the admission generator and the sketch's two hashes
- * streams of their own (not the initializer's, not ps__table_shard's). */
-#define ADMIT_RNG_SALT 0x6a09e667f3bcc909ULL
-#define SKETCH_SALT_A 0xbb67ae8584caa73bULL
-#define SKETCH_SALT_B 0x3c6ef372fe94f82bULL
 
 /* What a touch reads and writes of a row besides its values, in one
  * 16-byte record (a quarter of a cache line): a pull or an update of a
@@ -83,6 +64,8 @@ struct psd_table {
   uint64_t step;        /* sync: steps completed; async: pushes applied */
   uint64_t epoch;       /* evictions ever: row numbers handed out while it
                            stays the same still hold their keys */
+  uint64_t clock;       /* the LRU clock (psd_table_lru_clock) */
+  uint64_t touch_skips; /* pushes that skipped their touches */
   uint32_t count;       /* pushes accumulated for `step` (sync) */
   uint64_t *pushed;     /* per worker: step+1 of its last accepted push */
   psd_table_stats st;   /* counters; st.rows is the stored rows */
@@ -108,11 +91,7 @@ struct psd_table {
   uint32_t acc_n;        /* slots in use this step */
   uint32_t acc_cap;      /* slots allocated (<= max_rows) */
 
-  uint8_t *aux;          /* the generator's state, then the sketch */
-  size_t aux_len;        /* bytes of aux */
-  uint8_t *sketch;       /* SKETCH_ROWS rows of width counters, or NULL
-                            when admission does not count sightings */
-  uint64_t sketch_mask;  /* the sketch's width - 1 (a power of two) */
+  psd_admit admit;       /* who gets a row (its state is checkpointed) */
 };
 
 /* ---------------------------------------------------------------------- */
@@ -135,23 +114,6 @@ static uint64_t aligned_bytes(uint64_t n) {
                                       : (b + TABLE_ALIGN - 1) / TABLE_ALIGN * TABLE_ALIGN;
 }
 
-/* Sightings are counted only to admit at the N-th, N > 1. */
-static int counts_sightings(const psd_table_spec *s) {
-  return s->admit_prob == 0.0 && s->admit_count > 1;
-}
-
-/* The sketch's width: a power of two >= capacity, >= SKETCH_MIN_WIDTH. */
-static uint64_t sketch_width(const psd_table_spec *s) {
-  uint64_t w = SKETCH_MIN_WIDTH;
-  while (w < s->capacity && w <= UINT64_MAX / 2) w *= 2;
-  return w;
-}
-
-static uint64_t aux_bytes(const psd_table_spec *s) {
-  if (!counts_sightings(s)) return AUX_RNG_BYTES;
-  return sat_add(AUX_RNG_BYTES + AUX_SINCE_BYTES, sat_mul(SKETCH_ROWS, sketch_width(s)));
-}
-
 uint64_t psd_table_bytes(const psd_table_spec *s) {
   const uint64_t c = s->capacity;
   const uint64_t slots = psd_kindex_slots_for(c);
@@ -161,7 +123,7 @@ uint64_t psd_table_bytes(const psd_table_spec *s) {
   b = sat_add(b, sat_mul(2, slots ? sat_mul(slots, sizeof(psd_kslot)) : UINT64_MAX));
   b = sat_add(b, aligned_bytes(sat_mul(c, s->dim))); /* accumulator */
   b = sat_add(b, sat_mul(c, sizeof(uint32_t)));      /* its rows */
-  return sat_add(b, aux_bytes(s));
+  return sat_add(b, psd_admit_bytes(s));
 }
 
 uint64_t psd_table_bytes_now(const psd_table *t) {
@@ -171,7 +133,7 @@ uint64_t psd_table_bytes_now(const psd_table *t) {
   b += psd_kindex_bytes(&t->index) + psd_kindex_bytes(&t->acc_index);
   b += aligned_bytes((uint64_t)t->acc_cap * t->dim) * (t->acc_cap > 0);
   b += (uint64_t)t->acc_cap * sizeof(uint32_t);
-  return b + t->aux_len;
+  return b + t->admit.len;
 }
 
 /* n floats, TABLE_ALIGN aligned, uninitialized; NULL when out of memory. */
@@ -203,35 +165,16 @@ void psd_table_destroy(psd_table *t) {
   psd_kindex_free(&t->acc_index);
   free(t->acc);
   free(t->acc_rows);
-  free(t->aux);
+  psd_admit_free(&t->admit);
   free(t);
-}
-
-/* The admission generator: splitmix64 over the state in aux. */
-static uint64_t rng_next(psd_table *t) {
-  uint64_t x;
-  memcpy(&x, t->aux, sizeof x);
-  x += 0x9e3779b97f4a7c15ULL;
-  memcpy(t->aux, &x, sizeof x);
-  return ps__mix64(x);
 }
 
 /* Everything but the rows and accumulator storage, which come on demand. */
 static int table_alloc(psd_table *t) {
-  uint64_t aux = aux_bytes(&t->spec);
-  if (aux > SIZE_MAX) return PS_ENOMEM;
   t->pushed = calloc(t->num_workers ? t->num_workers : 1, sizeof *t->pushed);
-  t->aux_len = (size_t)aux;
-  t->aux = calloc(1, t->aux_len);
-  if (!t->pushed || !t->aux) return PS_ENOMEM;
+  if (!t->pushed || psd_admit_init(&t->admit, &t->spec, t->init_salt) != 0) return PS_ENOMEM;
   if (psd_kindex_init(&t->index) != 0 || psd_kindex_init(&t->acc_index) != 0)
     return PS_ENOMEM;
-  if (counts_sightings(&t->spec)) {
-    t->sketch = t->aux + AUX_RNG_BYTES + AUX_SINCE_BYTES;
-    t->sketch_mask = sketch_width(&t->spec) - 1;
-  }
-  uint64_t seed = ps__mix64(t->init_salt ^ ADMIT_RNG_SALT);
-  memcpy(t->aux, &seed, sizeof seed);
   return 0;
 }
 
@@ -257,6 +200,7 @@ int psd_table_create(const psd_table_spec *spec, uint32_t num_workers, uint32_t 
   t->stride = psd_rowopt_stride(spec);
   t->max_rows = (uint32_t)spec->capacity;
   t->free_head = t->lru_old = t->lru_new = NIL;
+  t->clock = 1; /* 0 is no clock's (psd_table_push_rows) */
   if (table_alloc(t) != 0) {
     psd_table_destroy(t);
     return ps__errf(PS_ENOMEM, err, errlen, "out of memory creating table '%s'",
@@ -278,8 +222,7 @@ uint32_t psd_table_missing(const psd_table *t, uint32_t *missing, uint32_t cap) 
 }
 
 const void *psd_table_aux(const psd_table *t, size_t *len) {
-  *len = t->aux_len;
-  return t->aux;
+  return psd_admit_state(&t->admit, len);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -328,6 +271,7 @@ static void lru_push_new(psd_table *t, uint32_t r) {
 
 /* A pull or an update of row r at the current step. */
 static void touch(psd_table *t, uint32_t r) {
+  t->clock++;
   t->meta[r].touched = t->step;
   if (t->lru_new != r) {
     lru_unlink(t, r);
@@ -360,6 +304,7 @@ static void evict(psd_table *t, uint32_t r) {
     if (e != NIL) acc_forget(t, t->keys[r], e);
   }
   lru_unlink(t, r);
+  t->clock++;
   t->meta[r].newer = t->free_head;
   t->free_head = r;
   t->st.rows--;
@@ -393,6 +338,7 @@ static uint32_t store_row(psd_table *t, uint64_t key) {
   t->keys[r] = key;
   t->meta[r].touched = t->step;
   lru_push_new(t, r);
+  t->clock++;
   t->st.rows++;
   return r;
 }
@@ -431,50 +377,6 @@ static int use_par(const psd_table *t, size_t n) {
 /* ---------------------------------------------------------------------- */
 /* Admission and pulls */
 
-/* Counts a sighting of key (conservative update: only the counters at the
- * minimum grow, so a key's estimate stays >= its true count and collisions
- * inflate it less) and returns its estimated sightings, saturating. */
-static uint32_t sketch_sight(psd_table *t, uint64_t key) {
-  /* Double hashing gives SKETCH_ROWS independent-enough positions. */
-  const uint64_t h1 = ps__mix64(key ^ SKETCH_SALT_A);
-  const uint64_t h2 = ps__mix64(key ^ SKETCH_SALT_B) | 1;
-  const uint64_t w = t->sketch_mask + 1;
-  uint8_t *c[SKETCH_ROWS];
-  uint8_t min = UINT8_MAX;
-  for (uint32_t r = 0; r < SKETCH_ROWS; r++) {
-    c[r] = t->sketch + r * w + ((h1 + r * h2) & t->sketch_mask);
-    if (*c[r] < min) min = *c[r];
-  }
-  if (min == UINT8_MAX) return UINT8_MAX;
-  for (uint32_t r = 0; r < SKETCH_ROWS; r++)
-    if (*c[r] == min) (*c[r])++;
-  return (uint32_t)min + 1;
-}
-
-/* n more keys pulled: past the sample (SKETCH_SAMPLE_PER_WIDTH x width
- * since the last time), every counter halves. At the end of a pull, so
- * the halving falls between pulls, the same on a resumed run. */
-static void sketch_age(psd_table *t, size_t n) {
-  if (!t->sketch) return;
-  uint64_t since;
-  memcpy(&since, t->aux + AUX_RNG_BYTES, sizeof since);
-  const uint64_t w = t->sketch_mask + 1;
-  since += n;
-  if (since >= SKETCH_SAMPLE_PER_WIDTH * w) {
-    for (uint64_t i = 0; i < SKETCH_ROWS * w; i++) t->sketch[i] >>= 1;
-    since = 0;
-  }
-  memcpy(t->aux + AUX_RNG_BYTES, &since, sizeof since);
-}
-
-/* A sighting of a key with no row: whether to store it now. */
-static int admit(psd_table *t, uint64_t key) {
-  const psd_table_spec *s = &t->spec;
-  if (s->admit_prob > 0.0) return (double)(rng_next(t) >> 11) * 0x1p-53 < s->admit_prob;
-  if (!t->sketch) return 1;
-  return sketch_sight(t, key) >= s->admit_count;
-}
-
 /* Key i of a pull (rows[j]: its row as a batch's lookup found it, valid
  * while *stored is 0: a new row may evict one a later key of the batch
  * found, so after one the keys are looked up again). *used gets the row
@@ -485,7 +387,7 @@ static int pull_one(psd_table *t, uint64_t key, uint32_t r, int create, int rc, 
   if (*stored) r = psd_kindex_find(&t->index, key);
   if (r != NIL) {
     t->st.hits++;
-  } else if (create && rc == 0 && admit(t, key)) {
+  } else if (create && rc == 0 && psd_admit_key(&t->admit, key)) {
     r = store_row(t, key);
     *stored = 1;
     if (r == NIL) {
@@ -584,7 +486,7 @@ int psd_table_pull_rows(psd_table *t, const uint64_t *keys, size_t n, int create
   } else {
     rc = pull_serial(t, keys, n, create, out, rows_out, 0);
   }
-  if (create) sketch_age(t, n);
+  if (create) psd_admit_age(&t->admit, n);
   return rc;
 }
 
@@ -593,6 +495,10 @@ int psd_table_pull(psd_table *t, const uint64_t *keys, size_t n, int create, flo
 }
 
 uint64_t psd_table_epoch(const psd_table *t) { return t->epoch; }
+
+uint64_t psd_table_lru_clock(const psd_table *t) { return t->clock; }
+
+uint64_t psd_table_touch_skips(const psd_table *t) { return t->touch_skips; }
 
 void psd_table_set_par(psd_table *t, psd_par *par) { t->par = par; }
 
@@ -750,11 +656,14 @@ static uint64_t touch_pushed(psd_table *t, const uint64_t *keys, size_t n, const
  * evicts none until the step advances). Returns the keys dropped. With
  * the pull's rows (hint) a big push's rules run on the helper threads. */
 static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const float *grads,
-                           const uint32_t *hint) {
-  if (hint && use_par(t, n)) {
+                           const uint32_t *hint, int touched) {
+  if (touched || (hint && use_par(t, n))) {
     rule_part_ctx a = {t, keys, hint, grads, 1.0f};
-    psd_par_run(t->par, n, rule_part, &a);
-    return touch_pushed(t, keys, n, hint);
+    if (use_par(t, n)) psd_par_run(t->par, n, rule_part, &a);
+    else rule_part(&a, 0, n);
+    if (!touched) return touch_pushed(t, keys, n, hint);
+    t->touch_skips++;
+    return 0;
   }
   uint64_t drops = 0;
   uint32_t rows[LOOKUP_BATCH];
@@ -788,12 +697,14 @@ static void apply_acc(psd_table *t, float scale) {
 /* The table moves to the next step; rows too old go. */
 static void advance(psd_table *t) {
   t->step++;
+  t->clock++; /* a touch now stamps another step */
   evict_expired(t);
 }
 
 /* Sync mode: the step rule of psd_shard_push, per table. */
 static int push_sync(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
-                     size_t n, const float *grads, const uint32_t *hint, uint64_t *drops) {
+                     size_t n, const float *grads, const uint32_t *hint, int touched,
+                     uint64_t *drops) {
   if (step < t->step) {
     t->st.stale++;
     return PS_ESTALE;
@@ -802,7 +713,7 @@ static int push_sync(psd_table *t, uint32_t worker, uint64_t step, const uint64_
   if (t->pushed[worker] == step + 1) return PS_EDUPLICATE;
   const int last = t->count + 1 >= t->replicas;
   if (last && t->count == 0) {
-    *drops = apply_push(t, keys, n, grads, hint); /* nothing to sum it with */
+    *drops = apply_push(t, keys, n, grads, hint, touched); /* nothing to sum it with */
   } else {
     if (acc_reserve(t, n) != 0) return PS_ENOMEM;
     *drops = accumulate(t, keys, n, grads, hint);
@@ -818,11 +729,24 @@ static int push_sync(psd_table *t, uint32_t worker, uint64_t step, const uint64_
   return 1;
 }
 
+/* Whether a push with the rows its pull read may skip its touches: that
+ * pull moved the LRU clock by exactly its key count (the caller's word
+ * for clock), so with a row for every key it touched exactly these rows,
+ * in this order; and nothing has moved the clock since (no touch, store,
+ * eviction or step). Touching them again would change nothing. */
+static int touches_done(const psd_table *t, const uint32_t *rows, size_t n, uint64_t clock) {
+  if (!rows || !clock || clock != t->clock) return 0;
+  for (size_t i = 0; i < n; i++)
+    if (rows[i] == NIL) return 0;
+  return 1;
+}
+
 int psd_table_push_rows(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
                         size_t n, const float *grads, const uint32_t *rows, uint64_t rows_epoch,
-                        uint64_t *dropped) {
+                        uint64_t rows_clock, uint64_t *dropped) {
   uint64_t drops = 0;
   if (rows && rows_epoch != t->epoch) rows = NULL; /* a row may have changed hands */
+  const int touched = touches_done(t, rows, n, rows_clock);
   if (dropped) *dropped = 0;
   if (worker >= t->num_workers) return PS_EINVAL;
   /* The update that completes step s (or, async, is applied at s) runs
@@ -830,11 +754,11 @@ int psd_table_push_rows(psd_table *t, uint32_t worker, uint64_t step, const uint
   if (t->scheduled) psd_rowopt_set_lr(&t->opt, psd_opt_lr(&t->sched, t->step));
   int rc;
   if (t->async_mode) {
-    drops = apply_push(t, keys, n, grads, rows);
+    drops = apply_push(t, keys, n, grads, rows, touched);
     advance(t);
     rc = 1;
   } else {
-    rc = push_sync(t, worker, step, keys, n, grads, rows, &drops);
+    rc = push_sync(t, worker, step, keys, n, grads, rows, touched, &drops);
     if (rc < 0) return rc;
   }
   t->st.keys_pushed += n;
@@ -845,7 +769,7 @@ int psd_table_push_rows(psd_table *t, uint32_t worker, uint64_t step, const uint
 
 int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
                    size_t n, const float *grads, uint64_t *dropped) {
-  return psd_table_push_rows(t, worker, step, keys, n, grads, NULL, 0, dropped);
+  return psd_table_push_rows(t, worker, step, keys, n, grads, NULL, 0, 0, dropped);
 }
 
 /* ---------------------------------------------------------------------- */
@@ -859,16 +783,7 @@ void psd_table_walk(const psd_table *t, psd_table_row_fn fn, void *ctx) {
 }
 
 int psd_table_restore_aux(psd_table *t, const void *aux, size_t len) {
-  if (t->sketch && len == t->aux_len - AUX_SINCE_BYTES) {
-    /* A checkpoint from before the sketch aged (0.2.7): no count kept. */
-    memcpy(t->aux, aux, AUX_RNG_BYTES);
-    memset(t->aux + AUX_RNG_BYTES, 0, AUX_SINCE_BYTES);
-    memcpy(t->sketch, (const uint8_t *)aux + AUX_RNG_BYTES, len - AUX_RNG_BYTES);
-    return 0;
-  }
-  if (len != t->aux_len) return PS_EINVAL;
-  memcpy(t->aux, aux, len);
-  return 0;
+  return psd_admit_restore(&t->admit, aux, len);
 }
 
 int psd_table_restore_row(psd_table *t, uint64_t key, const float *values,
@@ -880,12 +795,14 @@ int psd_table_restore_row(psd_table *t, uint64_t key, const float *values,
   memcpy(row, values, (size_t)t->dim * sizeof *row);
   if (t->nstate) memcpy(row + t->dim, state, (size_t)t->nstate * sizeof *row);
   t->meta[r].touched = touched;
+  t->clock++;
   return 0;
 }
 
 void psd_table_restore_step(psd_table *t, uint64_t step, const psd_table_stats *counters) {
   const uint64_t rows = t->st.rows;
   t->step = step;
+  t->clock++;
   t->st = *counters;
   t->st.rows = rows; /* what is stored, whatever the file says */
   t->count = 0;

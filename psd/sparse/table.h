@@ -117,6 +117,13 @@ int psd_table_pull_rows(psd_table *t, const uint64_t *keys, size_t n, int create
 /* Changes whenever a row may pass to another key (an eviction): rows a
  * pull read under one epoch still hold their keys while it lasts. */
 uint64_t psd_table_epoch(const psd_table *t);
+/* The LRU clock: it moves by one at every touch of a row, every row
+ * stored or evicted and every step. A pull of n keys that all had rows
+ * moves it by exactly n; if it has not moved since, touching the same
+ * rows again in the same order changes nothing (psd_table_push_rows). */
+uint64_t psd_table_lru_clock(const psd_table *t);
+/* Pushes whose touches were skipped that way (for tests). */
+uint64_t psd_table_touch_skips(const psd_table *t);
 
 /* Worker's gradients (grads[n * dim], row i for keys[i], keys strictly
  * ascending) computed at step. Returns 1 if the table advanced (sync: this
@@ -131,10 +138,13 @@ int psd_table_push(psd_table *t, uint32_t worker, uint64_t step, const uint64_t 
 /* As psd_table_push, with rows[i] the row psd_table_pull_rows read keys[i]
  * from at rows_epoch: the index is not searched again for them (a key
  * with none is). rows NULL, or an epoch that is no longer the table's:
- * every key is looked up. */
+ * every key is looked up. rows_clock: the LRU clock right after the pull
+ * touched rows, which moved it by exactly n (0: unknown); while it still
+ * reads so and every key has a row, the push's touches are skipped (they
+ * would change nothing). */
 int psd_table_push_rows(psd_table *t, uint32_t worker, uint64_t step, const uint64_t *keys,
                         size_t n, const float *grads, const uint32_t *rows, uint64_t rows_epoch,
-                        uint64_t *dropped);
+                        uint64_t rows_clock, uint64_t *dropped);
 
 /* Workers that have not pushed for the current step (sync): fills
  * missing[0..) up to cap and returns how many. */

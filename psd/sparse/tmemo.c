@@ -73,6 +73,7 @@ uint32_t *psd_tmemo_add(psd_tmemo *m, uint64_t req, uint64_t epoch, const uint64
     m->n = 0;
     m->epoch = epoch;
     m->bad = 0;
+    m->clock = 0;
   }
   if (m->bad) return NULL;
   /* Each piece's keys were checked ascending; across pieces they must be
@@ -103,10 +104,16 @@ const uint32_t *psd_tmemo_match(const psd_tmemo *m, const uint64_t *keys, size_t
   return m->rows;
 }
 
+void psd_tmemo_touched(psd_tmemo *m, uint64_t before, uint64_t after, size_t n) {
+  const int first = m->n == n; /* its first piece */
+  m->clock = !m->bad && after - before == n && (first || before == m->clock) ? after : 0;
+}
+
 void psd_tmemo_clear(psd_tmemo *m, uint64_t *held) {
   if (m->cap > TMEMO_KEEP_MIN && m->cap / TMEMO_SLACK > m->n) release(m, held);
   m->n = 0;
   m->req = 0;
+  m->clock = 0;
   m->bad = 1; /* until the next pull's first keys */
 }
 

@@ -26,6 +26,10 @@ typedef struct psd_tmemo {
   size_t n, cap;          /* keys remembered, room */
   uint64_t *keys;         /* strictly ascending across the request's pieces */
   uint32_t *rows;         /* the row each was read from */
+  uint64_t clock;         /* the table's LRU clock after the request's
+                             last piece, while its pieces moved it by
+                             exactly their keys, one after the other
+                             (psd_table_lru_clock); else 0 */
   struct psd_tmemo *next; /* the table's other connections' memos */
 } psd_tmemo;
 
@@ -43,6 +47,10 @@ uint64_t psd_tmemo_growth(const psd_tmemo *m, uint64_t req, size_t n);
  * empty until the next request). *held follows the allocations. */
 uint32_t *psd_tmemo_add(psd_tmemo *m, uint64_t req, uint64_t epoch, const uint64_t *keys,
                         size_t n, uint64_t *held);
+
+/* The keys psd_tmemo_add took last (n of them) moved the table's LRU
+ * clock from `before` to `after` as they were read. */
+void psd_tmemo_touched(psd_tmemo *m, uint64_t before, uint64_t after, size_t n);
 
 /* Request req is not remembered (psd --max-memory has no room for it):
  * m's buffers are given back too (*held shrinks), not kept for a later
