@@ -33,6 +33,10 @@
  * ~40 bytes on the socket but may name up to a whole ring of data, so the
  * read budget alone would let one connection apply gigabytes at once. */
 #define PSD_SHM_BUDGET ((uint64_t)32 << 20)
+/* Reply bytes written before the next buffered frame is taken up: a
+ * piece of a pull goes out while psd looks up the next (small replies
+ * still go out together). */
+#define PSD_EAGER_WRITE ((size_t)64 << 10)
 /* Protobuf arena's first block: a Push of ~1000 items fits. */
 #define PSD_ARENA_INITIAL (64u * 1024u)
 /* Bytes of reply a connection may have queued, copied or referenced in
@@ -57,83 +61,12 @@
 /* Seconds a new connection has to complete its handshake. */
 #define PSD_HANDSHAKE_TIMEOUT_S 10.0
 
-/* ---- arena ------------------------------------------------------------- */
-
-static void *arena_alloc(void *ud, size_t size) {
-  psd_arena *a = ud;
-  size = (size + 15) & ~(size_t)15;
-  if (a->used + size <= a->cap) {
-    void *p = a->buf + a->used;
-    a->used += size;
-    return p;
-  }
-  if (a->n_extra == a->cap_extra) {
-    size_t nc = a->cap_extra ? a->cap_extra * 2 : 16;
-    void **ne = realloc(a->extra, nc * sizeof *ne);
-    if (!ne) {
-      a->failed = 1;
-      return NULL;
-    }
-    a->extra = ne;
-    a->cap_extra = nc;
-  }
-  void *p = malloc(size);
-  if (!p) {
-    a->failed = 1;
-    return NULL;
-  }
-  a->extra[a->n_extra++] = p;
-  a->extra_bytes += size;
-  return p;
-}
-
-static void arena_free(void *ud, void *p) {
-  (void)ud;
-  (void)p; /* released at reset */
-}
-
-/* Forgets this frame's allocations; the main block grows to what the
- * frame needed (so a steady stream allocates nothing) up to keep bytes. */
-static void arena_reset(psd_arena *a, size_t keep) {
-  if (a->n_extra && a->cap == 0) {
-    /* Not set up yet (before the handshake): no main block to grow. */
-    for (size_t i = 0; i < a->n_extra; i++) free(a->extra[i]);
-    a->n_extra = 0;
-    a->extra_bytes = 0;
-  } else if (a->n_extra || a->cap > keep) {
-    for (size_t i = 0; i < a->n_extra; i++) free(a->extra[i]);
-    size_t ncap = (a->cap + a->extra_bytes) * 2;
-    if (ncap > keep) ncap = keep;
-    char *nb = malloc(ncap);
-    if (nb) {
-      free(a->buf);
-      a->buf = nb;
-      a->cap = ncap;
-    }
-    a->n_extra = 0;
-    a->extra_bytes = 0;
-  }
-  if (a->cap_extra > 16) { /* the overflow list too goes back to small */
-    free(a->extra);
-    a->extra = NULL;
-    a->cap_extra = 0;
-  }
-  a->used = 0;
-  a->failed = 0;
-}
-
-static void arena_destroy(psd_arena *a) {
-  arena_reset(a, 0);
-  free(a->buf);
-  free(a->extra);
-}
-
 /* After a frame: the arena keeps what steady traffic needs. An admin
  * connection (an idle psctl between Stats calls) goes back to the initial
  * sizes of its arena and input buffer, so it holds little between
  * requests whatever its last request was. */
 static void frame_reset(psd_conn *c) {
-  arena_reset(&c->arena, c->admin ? PSD_ARENA_INITIAL : PSD_ARENA_KEEP_MAX);
+  psd_arena_reset(&c->arena, c->admin ? PSD_ARENA_INITIAL : PSD_ARENA_KEEP_MAX);
   if (!c->admin || c->in_cap <= PSD_IN_INITIAL || c->in_len > PSD_IN_INITIAL) return;
   memmove(c->in, c->in + c->in_off, c->in_len);
   c->in_off = 0;
@@ -328,9 +261,7 @@ psd_conn *psd_conn_new(psd_conns *cs, int fd, const char *peer) {
   snprintf(c->name, sizeof c->name, "conn#%llu", (unsigned long long)c->seq);
   c->in_cap = PSD_IN_PREAUTH;
   c->in = malloc(c->in_cap);
-  c->alloc.alloc = arena_alloc;
-  c->alloc.free = arena_free;
-  c->alloc.allocator_data = &c->arena;
+  c->alloc = psd_arena_allocator(&c->arena);
   c->out.hold = slice_hold;
   c->out.release = slice_release;
   c->out.ctx = NULL;
@@ -388,7 +319,7 @@ void psd_conn_close(psd_conn *c, const char *why) {
 static void conn_free(psd_conn *c) {
   if (c->rev) event_free(c->rev);
   if (c->wev) event_free(c->wev);
-  arena_destroy(&c->arena);
+  psd_arena_destroy(&c->arena);
   free(c->in);
   free(c->stage);
   free(c->stage16);
@@ -822,6 +753,8 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
     /* Buffered frames too wait while the output is over the mark. */
     while (!c->auth_wait && ps__outq_bytes(&c->out) <= PSD_OUT_HIGH_WATER && shm_budget &&
            (r = step(c, &shm_budget)) > 0 && !c->dead) {
+      if (c->in_len && ps__outq_bytes(&c->out) >= PSD_EAGER_WRITE && psd_conn_write(c) != 0)
+        break;
     }
     if (r < 0 || c->dead) break;
     if (!shm_budget) {

@@ -18,6 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "arena.h"
 #include "pace.h"
 #include "ps.pb-c.h"
 #include "ratelog.h"
@@ -36,16 +37,6 @@ typedef enum psd_conn_state {
   PSD_CONN_CLOSING, /* an error was sent; close once it is written (final) */
   PSD_CONN_STATE_MAX_
 } psd_conn_state;
-
-/* Bump allocator for protobuf-c unpacking, reset after every frame, so a
- * steady stream of frames allocates nothing. */
-typedef struct psd_arena {
-  char *buf;          /* main block */
-  size_t cap, used;   /* its size and bytes handed out */
-  void **extra;       /* overflow blocks until the next reset */
-  size_t n_extra, cap_extra, extra_bytes;
-  int failed;         /* an allocation failed since the reset */
-} psd_arena;
 
 /* What the layer above does with a connection's traffic; conn.c only
  * frames, checks and hands over. */

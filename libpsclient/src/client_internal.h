@@ -228,6 +228,9 @@ struct ps_table {
   ps_table_config cfg;    /* as created (library layout, defaults resolved):
                              a second create of the name must agree */
   uint32_t *ids;          /* num_ps: each server's id for it */
+  uint64_t *seen_step;    /* num_ps: the table's step each server's last
+                             pull reply named (steps only grow: a pull for
+                             that step or before is answered at once) */
   uint64_t *skeys;        /* ps_table_add_grad's keys for the next step */
   float *sgrads;          /* ... and their gradients (sn * dim floats) */
   size_t sn;              /* keys staged */

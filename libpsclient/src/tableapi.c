@@ -39,6 +39,7 @@ void ps__tables_free(ps_client *c) {
     ps_table *t = c->tables[i];
     free(t->name);
     free(t->ids);
+    free(t->seen_step);
     free(t->skeys);
     free(t->sgrads);
     free(t->kp);
@@ -274,6 +275,7 @@ static void table_free(ps_table *t) {
   if (!t) return;
   free(t->name);
   free(t->ids);
+  free(t->seen_step);
   free(t);
 }
 
@@ -317,8 +319,9 @@ int ps_client_table_create(ps_client *c, const char *name, const ps_table_config
     t->cfg = g;
     t->name = strdup(name);
     t->ids = calloc((size_t)c->num_ps, sizeof *t->ids);
+    t->seen_step = calloc((size_t)c->num_ps, sizeof *t->seen_step);
   }
-  if (!t || !t->name || !t->ids ||
+  if (!t || !t->name || !t->ids || !t->seen_step ||
       ps__grow((void **)&c->tables, &c->captables, c->ntables + 1, sizeof *c->tables)) {
     table_free(t);
     return ps__seterr(c, PS_ENOMEM, "out of memory creating table '%s'", name);

@@ -184,14 +184,17 @@ static int tpull_send(ps_client *c, ps_req *r, int p) {
   return 0;
 }
 
-/* Sends ps p's next frames: one alone until it is answered (it may park
- * for its step, and psd parks one pull per connection), then up to
- * PS__TPULL_WINDOW in flight, so psd looks up one piece while the next
- * is on the wire and the last one's rows come back. 0 or PS_ENOMEM. */
+/* Sends ps p's next frames: one alone until it is answered when it may
+ * park for its step (psd parks one pull per connection, and a second
+ * would replace it), then up to PS__TPULL_WINDOW in flight, so psd looks
+ * up one piece while the next is on the wire and the last one's rows come
+ * back. A pull for a step the ps has named already cannot park: its
+ * window is open from the start. 0 or PS_ENOMEM. */
 static int tpull_fill(ps_client *c, ps_req *r, int p) {
   ps__tpull *tp = r->tp;
   size_t total = tp->first[p + 1] - tp->first[p];
-  size_t window = tp->done[p] ? PS__TPULL_WINDOW : 1;
+  int open = tp->done[p] || tp->min_step <= tp->t->seen_step[p];
+  size_t window = open ? PS__TPULL_WINDOW : 1;
   while (tp->sent[p] < total &&
          (tp->sent[p] - tp->done[p] + tp->per_frame - 1) / tp->per_frame < window) {
     int rc = tpull_send(c, r, p);
@@ -327,6 +330,15 @@ static void tpull_scatter(const ps__tpull *tp, const float *rows) {
     ps__copy_row(tp->out + i * tp->dim, rows + tp->inv[i] * tp->dim, tp->dim);
 }
 
+/* ps p named step for its table id: remembered as that table's (the
+ * largest yet). */
+static void seen_step(ps_client *c, int p, uint32_t id, uint64_t step) {
+  for (size_t i = 0; i < c->ntables; i++) {
+    ps_table *t = c->tables[i];
+    if (t->ids[p] == id && t->seen_step[p] < step) t->seen_step[p] = step;
+  }
+}
+
 int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePullReply *m) {
   int p = k->index;
   if (!r->first_reply_at) r->first_reply_at = ps__now();
@@ -334,6 +346,7 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
     if (m->count || k->hdr.data_len)
       return ps__proto_err(c, k, "it sent rows for a table pull of no keys");
     if (m->step < r->step) r->step = m->step;
+    seen_step(c, p, m->table_id, m->step);
     return 0;
   }
   if (r->type != PS__REQ_TPULL || !r->tp)
@@ -351,6 +364,7 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
     return ps__proto_err(c, k, e);
   }
   if (m->step < r->step) r->step = m->step;
+  if (tp->t->seen_step[p] < m->step) tp->t->seen_step[p] = m->step;
   if (k->shm_src && c->num_ps == 1 && oldest == tp->nu) {
     /* The whole pull in one frame in the pull ring: its rows go straight
      * into the caller's order, one copy. */
