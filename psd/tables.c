@@ -344,27 +344,33 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   uint64_t bytes = (uint64_t)n * sp->dim * sizeof(float), pos = 0;
   if (reply_too_big(e, c, req, n)) return;
   float *ring = ring_rows(ts, c, shm, bytes, &pos);
-  /* The reply is built whole in c's output queue and held until c reads
-   * it: counted against --max-memory with everything else psd holds. */
+  /* The keys are remembered first (the reply says whether), then the
+   * reply is built whole in c's output queue and held until c reads it:
+   * both counted against --max-memory with everything else psd holds. */
+  psd_tmemo *memo = NULL;
+  uint32_t *rows = read_only ? NULL : remember(ts, id, c, req, keys, n, &memo);
   char err[900];
+  float *dst = NULL;
   if (!ring && mem_check(ts, c, id, out_growth(c, bytes), err, sizeof err,
                          "a reply of %zu rows (%llu bytes)", n, (unsigned long long)bytes)) {
     psd_conn_error(c, req, PS_ENOMEM, 0, "%s", err);
-    return;
+  } else {
+    Ps__TablePullReply r = PS__TABLE_PULL_REPLY__INIT;
+    r.request_id = req;
+    r.table_id = id;
+    r.step = psd_table_step(e->t);
+    r.count = n;
+    r.remembered = rows != NULL && ts->cfg->protocol_minor >= 10;
+    psd_persist_flags(ts->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+    dst = ring ? ring : ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes);
+    if (ring && ps__outq_frame_shm(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes, pos) != 0)
+      dst = NULL; /* the ring's bytes stay unused: the client never hears of them */
+    if (!dst)
+      psd_conn_error(c, req, PS_ENOMEM, 0, "out of memory for a %llu-byte reply of table '%s'",
+                     (unsigned long long)bytes, PS__ESC(sp->name));
   }
-  Ps__TablePullReply r = PS__TABLE_PULL_REPLY__INIT;
-  r.request_id = req;
-  r.table_id = id;
-  r.step = psd_table_step(e->t);
-  r.count = n;
-  psd_persist_flags(ts->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
-  float *dst = ring ? ring : ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base,
-                                                   bytes);
-  if (ring && ps__outq_frame_shm(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes, pos) != 0)
-    dst = NULL; /* the ring's bytes stay unused: the client never hears of them */
   if (!dst) {
-    psd_conn_error(c, req, PS_ENOMEM, 0, "out of memory for a %llu-byte reply of table '%s'",
-                   (unsigned long long)bytes, PS__ESC(sp->name));
+    if (rows) psd_tmemo_skip(memo, req, &ts->memo_bytes); /* its rows are never read */
     return;
   }
   /* Even a read-only pull touches rows (LRU order): a checkpoint of this
@@ -372,8 +378,6 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   if (n) psd_persist_table_read(ts->persist, id);
   /* PS_ENOMEM here leaves initializer values in the rows it could not
    * store: the reply is still right for this step. */
-  psd_tmemo *memo = NULL;
-  uint32_t *rows = read_only ? NULL : remember(ts, id, c, req, keys, n, &memo);
   const uint64_t clock = psd_table_lru_clock(e->t);
   psd_table_pull_rows(e->t, keys, n, !read_only, dst, rows);
   if (rows) psd_tmemo_touched(memo, clock, psd_table_lru_clock(e->t), n);
@@ -602,8 +606,16 @@ static int grads_check(const psd_tables *ts, const psd_table *t, const uint64_t 
   return PS_EINVAL;
 }
 
-/* A TablePush whose data (count keys, then count * dim floats) is at
- * keys and grads (NULL for none). */
+/* Whether m's data is its gradients alone (2.10: it names its pull; a
+ * server announcing an older minor reads the frame as that release did,
+ * keys and all). */
+static int push_keyless(const psd_tables *ts, const Ps__TablePush *m) {
+  return m->pull_id != 0 && ts->cfg->protocol_minor >= 10;
+}
+
+/* A TablePush whose data (count keys, then count * dim floats; the
+ * floats alone when it names its pull) is at keys and grads (NULL for
+ * none). */
 static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const uint64_t *keys,
                     const float *grads) {
   char err[600] = "";
@@ -617,8 +629,9 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
    * table registered since (by another connection, while this data was
    * read) must not size it now: its data would be read past the end. */
   uint64_t dim = psd_table_spec_of(e->t)->dim;
+  const int keyless = push_keyless(ts, m);
   if (m->count > PS__MAX_TABLE_KEYS ||
-      c->hdr.data_len != m->count * (sizeof(uint64_t) + dim * sizeof(float))) {
+      c->hdr.data_len != m->count * ((keyless ? 0 : sizeof(uint64_t)) + dim * sizeof(float))) {
     snprintf(err, sizeof err, "TABLE_PUSH names table id %u, which did not exist when the "
              "push arrived (register the table before pushing to it)", m->table_id);
     push_reply(ts, c, m->request_id, PS_ENOTFOUND, err, 0, 0);
@@ -629,9 +642,23 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
    * known (while no row changed hands since: psd_table_push_rows). */
   psd_tmemo *memo = psd_tmemo_get(&e->memos, c, 0, NULL);
   uint64_t epoch = 0;
-  const uint32_t *rows = memo ? psd_tmemo_match(memo, keys, n, &epoch) : NULL;
+  const uint32_t *rows = NULL;
+  int rc = 0;
+  if (keyless) { /* 2.10: the keys of the pull it names, held since */
+    rows = memo ? psd_tmemo_of_pull(memo, m->pull_id, n, &epoch) : NULL;
+    if (rows)
+      keys = memo->keys;
+    else
+      rc = ps__errf(PS_ENOTFOUND, err, sizeof err, "TABLE_PUSH of table '%s' names pull "
+                    "request %llu for its %zu keys, which this server does not hold for this "
+                    "connection (held only where its replies said remembered, until the "
+                    "table's next pull or push on it): send the keys",
+                    PS__ESC(psd_table_spec_of(e->t)->name), (unsigned long long)m->pull_id, n);
+  } else {
+    rows = memo ? psd_tmemo_match(memo, keys, n, &epoch) : NULL;
+    rc = rows ? 0 : check_keys(ts, keys, n, err, sizeof err);
+  }
   const uint64_t clock = rows ? memo->clock : 0;
-  int rc = rows ? 0 : check_keys(ts, keys, n, err, sizeof err);
   if (rc == 0) rc = grads_check(ts, e->t, keys, grads, n, err, sizeof err);
   uint64_t dropped = 0;
   double at = ps__now(); /* its data is in: the worker's arrival */
@@ -662,6 +689,10 @@ static void do_push(psd_tables *ts, psd_conn *c, const Ps__TablePush *m, const u
  * PS__MAX_TABLE_KEYS keys (handle_push checked the count). */
 static void do_push_shm(psd_tables *ts, psd_conn *c, const Ps__TablePush *m) {
   size_t n = (size_t)m->count;
+  if (push_keyless(ts, m)) { /* its gradients alone: no keys to copy out */
+    do_push(ts, c, m, NULL, (const float *)c->shm_src);
+    return;
+  }
   /* An unknown table's frame was checked against no dim: count may claim
    * more keys than its data holds. do_push refuses it before any read. */
   if (m->table_id >= ts->n || (uint64_t)n * sizeof(uint64_t) > c->hdr.data_len) {
@@ -701,8 +732,8 @@ static int handle_push(psd_tables *ts, psd_conn *c, const uint8_t *meta) {
   uint64_t want = c->hdr.data_len; /* an unknown table: read it whole, then refuse */
   if (m->table_id < ts->n) {
     uint64_t dim = psd_table_spec_of(ts->v[m->table_id].t)->dim;
-    want = m->count <= PS__MAX_TABLE_KEYS ? m->count * (sizeof(uint64_t) + dim * sizeof(float))
-                                          : UINT64_MAX;
+    uint64_t per_key = (push_keyless(ts, m) ? 0 : sizeof(uint64_t)) + dim * sizeof(float);
+    want = m->count <= PS__MAX_TABLE_KEYS ? m->count * per_key : UINT64_MAX;
   }
   if (m->count > PS__MAX_TABLE_KEYS || want != c->hdr.data_len ||
       want > PS__MAX_TABLE_PUSH_BYTES) {
@@ -764,6 +795,8 @@ void psd_tables_data(psd_tables *ts, psd_conn *c) {
     do_pull(ts, c, c->blob_msg, (const uint64_t *)c->stage);
   else if (c->hdr.type == PS__MSG_TABLE_PUSH && c->shm_src)
     do_push_shm(ts, c, c->blob_msg);
+  else if (c->hdr.type == PS__MSG_TABLE_PUSH && push_keyless(ts, c->blob_msg))
+    do_push(ts, c, c->blob_msg, NULL, (const float *)c->stage);
   else if (c->hdr.type == PS__MSG_TABLE_PUSH)
     do_push(ts, c, c->blob_msg, (const uint64_t *)c->stage,
             (const float *)((const uint8_t *)c->stage +
@@ -841,47 +874,4 @@ void psd_tables_expire(psd_tables *ts, double now) {
       tpull_free(ts, p);
     }
   }
-}
-
-/* ---- stats --------------------------------------------------------------- */
-
-int psd_tables_stats(const psd_tables *ts, Ps__TableStats ***out, size_t *n_out) {
-  *out = NULL;
-  *n_out = 0;
-  if (!ts->n) return 0;
-  Ps__TableStats **v = calloc(ts->n, sizeof *v);
-  if (!v) return PS_ENOMEM;
-  for (uint32_t i = 0; i < ts->n; i++) {
-    const psd_table *t = ts->v[i].t;
-    const psd_table_spec *sp = psd_table_spec_of(t);
-    psd_table_stats st = psd_table_get_stats(t);
-    Ps__TableStats *s = malloc(sizeof *s);
-    if (!s) {
-      psd_tables_stats_free(v, i);
-      return PS_ENOMEM;
-    }
-    ps__table_stats__init(s);
-    s->name = (char *)sp->name;
-    s->dim = sp->dim;
-    s->step = psd_table_step(t);
-    s->rows = st.rows;
-    s->capacity = sp->capacity;
-    s->keys_pulled = st.keys_pulled;
-    s->keys_pushed = st.keys_pushed;
-    s->hits = st.hits;
-    s->admissions = st.admissions;
-    s->evictions_lru = st.evictions_lru;
-    s->evictions_ttl = st.evictions_ttl;
-    s->dropped = st.dropped;
-    s->bytes = psd_table_bytes_now(t);
-    v[i] = s;
-  }
-  *out = v;
-  *n_out = ts->n;
-  return 0;
-}
-
-void psd_tables_stats_free(Ps__TableStats **v, size_t n) {
-  for (size_t i = 0; i < n; i++) free(v[i]);
-  free(v);
 }

@@ -1296,19 +1296,26 @@ static long table_register(int fd, Ps__TableSpec *spec, herr *e) {
 }
 
 /* Header and protobuf of a TABLE_PUSH whose data (data_len bytes) the
- * caller sends itself. */
-static void send_table_push_head(int fd, uint64_t req, uint32_t table, uint64_t step,
-                                 uint64_t count, uint64_t data_len) {
+ * caller sends itself; pull_id not 0: it names that pull for its keys
+ * (2.10). */
+static void send_table_push_named(int fd, uint64_t req, uint32_t table, uint64_t step,
+                                  uint64_t count, uint64_t data_len, uint64_t pull_id) {
   Ps__TablePush m = PS__TABLE_PUSH__INIT;
   m.request_id = req;
   m.table_id = table;
   m.step = step;
   m.count = count;
+  m.pull_id = pull_id;
   uint8_t b[256];
   size_t ml = protobuf_c_message_get_packed_size(&m.base);
   ps__header_encode(b, PS__MSG_TABLE_PUSH, (uint32_t)ml, data_len);
   protobuf_c_message_pack(&m.base, b + PS__HEADER_SIZE);
   ck_assert_int_eq(tu_send_all(fd, b, PS__HEADER_SIZE + ml), 0);
+}
+
+static void send_table_push_head(int fd, uint64_t req, uint32_t table, uint64_t step,
+                                 uint64_t count, uint64_t data_len) {
+  send_table_push_named(fd, req, table, step, count, data_len, 0);
 }
 
 static void send_table_pull_head(int fd, uint64_t req, uint32_t table, uint64_t min_step,
@@ -1385,6 +1392,77 @@ START_TEST(test_table_push_table_registered_midframe) {
                     strstr(msg, "table id 1"),
                 "expected a TablePushReply PS_ENOTFOUND naming table id 1, got frame %d "
                 "status %d: %s", t, status, msg);
+}
+END_TEST
+
+/* The status and message of the next frame, a TablePushReply (-1000:
+ * another frame; msg then says which). */
+static int push_status(int fd, char *msg, size_t len) {
+  static rframe f;
+  herr e;
+  int t = table_reply(fd, &f, &e, 5.0);
+  Ps__TablePushReply *r = t == PS__MSG_TABLE_PUSH_REPLY
+                              ? ps__table_push_reply__unpack(NULL, f.h.meta_len, f.meta)
+                              : NULL;
+  if (!r) {
+    snprintf(msg, len, "frame %d: %s", t, e.msg);
+    return -1000;
+  }
+  int st = r->status;
+  snprintf(msg, len, "%s", r->message ? r->message : "");
+  ps__table_push_reply__free_unpacked(r, NULL);
+  return st;
+}
+
+/* 2.10: a TablePush that names a pull for its keys (gradients alone) gets
+ * that connection's pull's keys, only while psd holds them: a pull never
+ * made, another connection's, or one its push used already is refused
+ * (non-fatal PS_ENOTFOUND, "send the keys"); the pull's replies say
+ * remembered; data sized as if it carried its keys is a framing error. */
+START_TEST(test_table_push_naming_its_pull) {
+  tu_psd p;
+  start_psd(&p, "2");
+  int a = tu_connect(p.addr), b = tu_connect(p.addr);
+  ck_assert(a >= 0 && b >= 0);
+  do_setup(a, SETUP_HELLO, 0, "named");
+  do_setup(b, SETUP_HELLO, 1, "named");
+  herr e;
+  Ps__TableSpec s0 = tspec("t0", 4, 16);
+  ck_assert_int_eq(table_register(a, &s0, &e), 0);
+  const uint64_t keys[2] = {3, 9};
+  const float g[8] = {1, 1, 1, 1, 2, 2, 2, 2};
+  char msg[1100];
+  send_table_push_named(a, 60, 0, 0, 2, sizeof g, 99); /* no pull 99 */
+  ck_assert_int_eq(tu_send_all(a, g, sizeof g), 0);
+  int st = push_status(a, msg, sizeof msg);
+  ck_assert_msg(st == PS_ENOTFOUND && strstr(msg, "send the keys"), "%d: %s", st, msg);
+  send_table_pull_head(a, 61, 0, 0, 2, sizeof keys, 0);
+  ck_assert_int_eq(tu_send_all(a, keys, sizeof keys), 0);
+  static rframe f;
+  ck_assert_int_eq(table_reply(a, &f, &e, 5.0), PS__MSG_TABLE_PULL_REPLY);
+  Ps__TablePullReply *pr = ps__table_pull_reply__unpack(NULL, f.h.meta_len, f.meta);
+  ck_assert(pr && pr->remembered);
+  ps__table_pull_reply__free_unpacked(pr, NULL);
+  send_table_push_named(b, 62, 0, 0, 2, sizeof g, 61); /* b never pulled */
+  ck_assert_int_eq(tu_send_all(b, g, sizeof g), 0);
+  st = push_status(b, msg, sizeof msg);
+  ck_assert_msg(st == PS_ENOTFOUND, "another connection's pull: %d: %s", st, msg);
+  send_table_push_named(a, 63, 0, 0, 2, sizeof g, 61);
+  ck_assert_int_eq(tu_send_all(a, g, sizeof g), 0);
+  st = push_status(a, msg, sizeof msg);
+  ck_assert_msg(st == 0, "the push of the keys it pulled: %d: %s", st, msg);
+  send_table_push_named(a, 64, 0, 0, 2, sizeof g, 61); /* used by 63 */
+  ck_assert_int_eq(tu_send_all(a, g, sizeof g), 0);
+  st = push_status(a, msg, sizeof msg);
+  ck_assert_msg(st == PS_ENOTFOUND, "a pull its push used: %d: %s", st, msg);
+  /* Keys and gradients, as before 2.10, while naming a pull: fatal. */
+  send_table_push_named(b, 65, 0, 0, 2, sizeof keys + sizeof g, 61);
+  ck_assert_int_eq(table_reply(b, &f, &e, 5.0), PS__MSG_ERROR); /* at its header */
+  ck_assert_int_eq(e.code, PS_EPROTO);
+  close(a);
+  close(b);
+  expect_serving(&p, "TABLE_PUSHes naming pulls psd does not hold");
+  tu_psd_kill(&p);
 }
 END_TEST
 
@@ -1979,6 +2057,7 @@ Suite *suite_hostile(void) {
   TCase *tt = tcase_create("tables");
   tcase_set_timeout(tt, 60);
   tcase_add_test(tt, test_table_push_table_registered_midframe);
+  tcase_add_test(tt, test_table_push_naming_its_pull);
   tcase_add_test(tt, test_table_push_nonfinite_refused);
   tcase_add_test(tt, test_table_register_float_zero_refused);
   tcase_add_test(tt, test_table_parked_pulls_of_slow_reader_bounded);

@@ -1191,6 +1191,78 @@ START_TEST(pull_in_pieces_parked_then_pipelined) {
 }
 END_TEST
 
+/* Gradient bytes psd took from worker 0 (its Stats), summed over ps. */
+static uint64_t worker_bytes_in(tu_psd *ps, int n) {
+  uint64_t in = 0;
+  for (int i = 0; i < n; i++) {
+    ps__auth au = {NULL, 0, 0, NULL, 0, 0};
+    Ps__StatsReply *r = NULL;
+    char err[600];
+    ck_assert_msg(ps__admin_stats(ps[i].addr, &au, 5000, &r, err, sizeof err) == 0,
+                  "stats of ps %d: %s", i, err);
+    if (r->n_workers) in += r->workers[0]->bytes_in;
+    ps__stats_reply__free_unpacked(r, NULL);
+  }
+  return in;
+}
+
+/* 2.10: a step's push of the keys it pulled names the pull, and over TCP
+ * carries its gradients alone (psd's bytes in say so); a push with no
+ * pull since, or after a read-only pull, carries its keys; through the
+ * push ring (shared memory) the keys go along; against a psd announcing
+ * 2.9 they always do. Every row is right in each case (SGD from zeros,
+ * repeated keys summed). */
+START_TEST(push_names_its_pull) {
+  enum { N = 1000, U = 700, D = 4, STEPS = 3 };
+  uint64_t keys[N];
+  static float grads[N * D], out[N * D];
+  for (int i = 0; i < N; i++) {
+    keys[i] = ps__mix64((uint64_t)(i % U));
+    for (int j = 0; j < D; j++) grads[i * D + j] = (float)(keys[i] % 5 + (uint64_t)j);
+  }
+  for (int old = 0; old < 2; old++) {
+    tu_psd ps[2];
+    char hosts[2][64];
+    const char *hp[2];
+    const char *older[] = {"--protocol-minor", "9", NULL};
+    start_ps(ps, 2, hosts, hp, old ? older : NULL);
+    ps_client *c = tu_client(hp, 2, 0, 1, 0, 0);
+    int tcp = strcmp(ps_client_transport(c, 0), "tcp") == 0;
+    ps_table_config g = tcfg(D, PS_TOPT_SGD, 0.5);
+    ps_table *t = create_ok(c, "named", &g);
+    uint64_t step = 0, bytes[STEPS];
+    for (int s = 0; s < STEPS; s++) {
+      uint64_t before = worker_bytes_in(ps, 2);
+      /* step 0 pulls, step 1 does not, step 2 pulls read-only */
+      if (s != 1)
+        ck_assert_msg(ps_table_pull(t, step, keys, N, out, s == 2 ? PS_TABLE_READ_ONLY : 0,
+                                    NULL) == 0, "%s", ps_client_errmsg(c));
+      ck_assert_msg(ps_table_add_grad(t, keys, N, grads) == 0, "%s", ps_client_errmsg(c));
+      ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "%s", ps_client_errmsg(c));
+      bytes[s] = worker_bytes_in(ps, 2) - before;
+    }
+    const uint64_t with_keys = U * (8 + D * 4), alone = U * D * 4;
+    ck_assert_msg(bytes[0] == (tcp && !old ? alone : with_keys) && bytes[1] == with_keys &&
+                      bytes[2] == with_keys,
+                  "%s, protocol %s: %llu, %llu, %llu bytes in (keys alone %llu, with keys "
+                  "%llu)", tcp ? "tcp" : "shm", old ? "2.9" : "2.10",
+                  (unsigned long long)bytes[0], (unsigned long long)bytes[1],
+                  (unsigned long long)bytes[2], (unsigned long long)alone,
+                  (unsigned long long)with_keys);
+    ck_assert_msg(ps_table_pull(t, step, keys, N, out, PS_TABLE_READ_ONLY, NULL) == 0, "%s",
+                  ps_client_errmsg(c));
+    for (int i = 0; i < N; i++) {
+      float times = (i % U) < N - U ? 2.0f : 1.0f;
+      for (int j = 0; j < D; j++)
+        ck_assert_msg(out[i * D + j] == -0.5f * STEPS * times * grads[i * D + j],
+                      "key position %d, %d: %g", i, j, out[i * D + j]);
+    }
+    ps_client_destroy(c);
+    stop_ps(ps, 2);
+  }
+}
+END_TEST
+
 /* A client whose waits are 40 ms gives up on a pull of 128 MiB of rows
  * while they arrive: the rest is read and dropped (not written into the
  * freed request), and its next pulls get the right rows. */
@@ -1299,6 +1371,7 @@ Suite *suite_tables(void) {
   tcase_add_test(tc, create_idempotent_and_mismatch);
   tcase_add_test(tc, pull_split_into_frames);
   tcase_add_test(tc, pull_in_pieces_parked_then_pipelined);
+  tcase_add_test(tc, push_names_its_pull);
   tcase_add_test(tc, abandoned_pull_is_discarded);
   tcase_add_test(tc, pull_released_mid_frame);
   suite_add_tcase(s, tc);

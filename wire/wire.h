@@ -29,7 +29,7 @@
 /* Additions a peer of the same version may lack, announced in
  * HelloReply.protocol_minor (1: Init.assign, OPT_NONE, warm-up and cosine
  * schedules). A client uses them only with servers that announce them. */
-#define PS__PROTOCOL_MINOR 9u /* 2: sparse tables (TABLE_* frames); 3: 16-bit
+#define PS__PROTOCOL_MINOR 10u /* 2: sparse tables (TABLE_* frames); 3: 16-bit
                                  wire dtypes (Item.dtype, Pull.dtype); 4: the
                                  shared-memory transport (PS__FLAG_SHM); 5:
                                  mean variables (OPT_MEAN); 6: Adagrad,
@@ -40,7 +40,11 @@
                                  aggregation rule (Optimizer 24); 9:
                                  table rows through the segment
                                  (TablePull.shm_reply, PS__FLAG_SHM on
-                                 TablePush and TablePullReply) */
+                                 TablePush and TablePullReply); 10: a
+                                 TablePush of the keys its connection
+                                 pulled names the pull instead of
+                                 carrying them (TablePush.pull_id,
+                                 TablePullReply.remembered) */
 #define PS__HEADER_SIZE 24u          /* magic4 ver2 type2 meta4 flags4 data8 */
 
 /* Largest protobuf part of a frame. A Register of ~20k slices or a Pull of

@@ -219,6 +219,8 @@ typedef struct ps__tpull {
                          ps's last) */
   int direct;         /* the rows went straight from the pull ring into
                          out: nothing to scatter */
+  uint64_t kp_gen;    /* the table's kp_gen when it was sorted */
+  size_t *kept;       /* num_ps: every reply of it said remembered */
 } ps__tpull;
 
 /* A sparse table (tableapi.c). */
@@ -238,6 +240,13 @@ struct ps_table {
   ps__kp *kp;             /* the last sort's pairs (keysort.c): a push of the
                              keys the step pulled reuses the pull's sort */
   size_t kp_n;            /* pairs in kp (0: none valid) */
+  uint64_t kp_gen;        /* sorts kp has held (a pull in flight notes it) */
+  uint64_t kp_pull;       /* 2.10: the pull (request id) whose keys kp holds,
+                             done, its keys held by the servers of kept;
+                             0: none (a push then carries its keys) */
+  uint8_t *kept;          /* num_ps: kp_pull's replies from it all said
+                             remembered */
+  uint64_t p_pull;        /* the prepared push's: it may name this pull */
   size_t kp_cap;          /* entries allocated */
   uint8_t *pbuf;          /* a step's one add_grad, prepared (tablexfer.c):
                              each ps's TablePush data (keys, then summed

@@ -40,6 +40,7 @@ void ps__tables_free(ps_client *c) {
     free(t->name);
     free(t->ids);
     free(t->seen_step);
+    free(t->kept);
     free(t->skeys);
     free(t->sgrads);
     free(t->kp);
@@ -276,6 +277,7 @@ static void table_free(ps_table *t) {
   free(t->name);
   free(t->ids);
   free(t->seen_step);
+  free(t->kept);
   free(t);
 }
 
@@ -320,8 +322,9 @@ int ps_client_table_create(ps_client *c, const char *name, const ps_table_config
     t->name = strdup(name);
     t->ids = calloc((size_t)c->num_ps, sizeof *t->ids);
     t->seen_step = calloc((size_t)c->num_ps, sizeof *t->seen_step);
+    t->kept = calloc((size_t)c->num_ps, sizeof *t->kept);
   }
-  if (!t || !t->name || !t->ids || !t->seen_step ||
+  if (!t || !t->name || !t->ids || !t->seen_step || !t->kept ||
       ps__grow((void **)&c->tables, &c->captables, c->ntables + 1, sizeof *c->tables)) {
     table_free(t);
     return ps__seterr(c, PS_ENOMEM, "out of memory creating table '%s'", name);

@@ -79,6 +79,8 @@ static int tsort(ps_table *t, const uint64_t *keys, size_t n) {
   ps_client *c = t->c;
   if (tsorted(t, keys, n)) return 0;
   t->kp_n = 0;
+  t->kp_gen++;
+  t->kp_pull = 0; /* other keys than the last pull's */
   size_t want = n ? n : 1;
   if (ps__grow((void **)&t->kp, &t->kp_cap, want, sizeof *t->kp) ||
       ps__grow((void **)&c->kp_tmp, &c->kp_cap, want, sizeof *c->kp_tmp))
@@ -208,7 +210,7 @@ static int tpull_fill(ps_client *c, ps_req *r, int p) {
  * and rows, each part 8-byte aligned. 0 on overflow. */
 static size_t tpull_bytes(size_t nps, size_t n, size_t nu, uint32_t dim) {
   uint64_t per_ps = 0, inv = 0, keys = 0, rows = 0, total = sizeof(ps__tpull);
-  if (ps__mul_u64(4 * (uint64_t)nps + 1, sizeof(size_t), &per_ps) ||
+  if (ps__mul_u64(5 * (uint64_t)nps + 1, sizeof(size_t), &per_ps) ||
       ps__mul_u64(n, sizeof(size_t), &inv) || ps__mul_u64(nu, sizeof(uint64_t), &keys) ||
       ps__mul_u64(nu, (uint64_t)dim * sizeof(float), &rows) ||
       ps__add_u64(total, per_ps, &total) || ps__add_u64(total, inv, &total) ||
@@ -224,7 +226,8 @@ static void tpull_carve(ps__tpull *tp, size_t nps) {
   tp->first = z;
   tp->sent = z + nps + 1;
   tp->done = z + 2 * nps + 1;
-  tp->inv = z + 4 * nps + 1; /* [3 nps + 1, 4 nps + 1): the layout's scratch */
+  tp->kept = z + 4 * nps + 1; /* [3 nps + 1, 4 nps + 1): the layout's scratch */
+  tp->inv = z + 5 * nps + 1;
   tp->keys = (uint64_t *)(tp->inv + tp->n);
   tp->rows = (float *)(tp->keys + tp->nu);
 }
@@ -277,6 +280,9 @@ int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t
                     .dim = t->cfg.dim, .min_step = min_step, .read_only = read_only};
   tpull_carve(tp, nps);
   memset(tp->sent, 0, 3 * nps * sizeof *tp->sent);
+  for (size_t p = 0; p < nps; p++) tp->kept[p] = 1;
+  tp->kp_gen = t->kp_gen;
+  if (!read_only) t->kp_pull = 0; /* the servers' memory of the last pull goes */
   ps__key_split(kp, n, (uint32_t)nps, tp->first);
   ps__key_layout(kp, n, (uint32_t)nps, tp->first, tp->done + nps, tp->keys, tp->inv, NULL);
   tp->per_frame = tpull_per_frame(c, tp, nps);
@@ -365,6 +371,7 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
   }
   if (m->step < r->step) r->step = m->step;
   if (tp->t->seen_step[p] < m->step) tp->t->seen_step[p] = m->step;
+  if (!m->remembered) tp->kept[p] = 0;
   if (k->shm_src && c->num_ps == 1 && oldest == tp->nu) {
     /* The whole pull in one frame in the pull ring: its rows go straight
      * into the caller's order, one copy. */
@@ -385,6 +392,15 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
 }
 
 
+/* r, a pull, is answered whole: a push of its keys (their sort still the
+ * table's) may name it to the servers that remembered them (2.10). */
+static void tpull_kept(const ps__tpull *tp, const ps_req *r) {
+  ps_table *t = tp->t;
+  if (r->status || tp->read_only || tp->kp_gen != t->kp_gen) return;
+  t->kp_pull = r->id;
+  for (int p = 0; p < t->c->num_ps; p++) t->kept[p] = tp->kept[p] != 0;
+}
+
 void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
   int p = k->index;
   if (r->type == PS__REQ_TPULL) {
@@ -397,6 +413,7 @@ void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
       return;
     }
     if (r->pending == 1 && !tp->direct) tpull_scatter(tp, tp->rows); /* this was the last reply */
+    if (r->pending == 1) tpull_kept(tp, r);
   }
   ps__req_answered(c, r, p, 1);
 }
@@ -527,8 +544,12 @@ int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *
   if (!t->pfirst && !(t->pfirst = malloc((2 * nps + 1) * sizeof *t->pfirst)))
     return ps__seterr(c, PS_ENOMEM, "out of memory");
   if (!t->pheld && !(t->pheld = calloc(nps, 1))) return ps__seterr(c, PS_ENOMEM, "out of memory");
+  const uint64_t gen = t->kp_gen;
   int rc = tsort(t, keys, n);
   if (rc) return rc;
+  /* The keys of the table's last pull: the push may name it (once). */
+  t->p_pull = t->kp_gen == gen ? t->kp_pull : 0;
+  t->kp_pull = 0;
   size_t *first = t->pfirst;
   if (push_fits(t, n, first) != 0) return 1; /* refused at the step, as staged rows are */
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
@@ -604,6 +625,10 @@ int ps__tpush_unhold(ps_table *t) {
 int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
   ps_client *c = t->c;
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
+  /* Only the first try names the pull: the servers forget its keys at
+   * the push, and one that has the push answers a retry as a duplicate. */
+  const uint64_t pull = t->p_pull;
+  t->p_pull = 0;
   for (int p = 0; p < c->num_ps; p++) {
     const int held = t->pheld[p];
     size_t cnt = held == PS__HELD_SENT ? 0 : t->pfirst[p + 1] - t->pfirst[p];
@@ -611,23 +636,30 @@ int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
     /* By reference: the data is written from pbuf, which nothing changes
      * while a frame is queued (ps__tpush_prepare checks). A ps whose data
      * is held in its ring, or has none, has no part of pbuf. */
-    const float *seg = held || !cnt ? NULL
-                                    : (const float *)(const void *)(t->pbuf + t->pfirst[p] * per_key);
-    uint64_t floats = cnt * per_key / sizeof(float), pos;
-    uint8_t *ring = held ? NULL : push_ring(&c->conns[p], cnt * per_key, &pos);
-    if (ring && cnt) memcpy(ring, seg, cnt * per_key);
+    const uint8_t *seg = held || !cnt ? NULL : t->pbuf + t->pfirst[p] * per_key;
+    uint64_t bytes = cnt * per_key, pos;
+    if (seg && pull && t->kept[p] && c->conns[p].minor >= 10) {
+      /* 2.10: the server holds these keys from the pull: gradients alone */
+      m.pull_id = pull;
+      seg += cnt * sizeof(uint64_t);
+      bytes = cnt * (uint64_t)t->cfg.dim * sizeof(float);
+    }
+    uint64_t floats = bytes / sizeof(float);
+    const float *fseg = (const float *)(const void *)seg;
+    uint8_t *ring = held ? NULL : push_ring(&c->conns[p], bytes, &pos);
+    if (ring && cnt) memcpy(ring, seg, bytes);
     int rc = held == PS__HELD_RING
                  ? ps__push_hold_queue(&c->conns[p], PS__MSG_TABLE_PUSH, &m.base)
-             : ring ? ps__outq_frame_shm(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base,
-                                         cnt * per_key, pos)
-                    : ps__outq_frame(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, &seg,
+             : ring ? ps__outq_frame_shm(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, bytes,
+                                         pos)
+                    : ps__outq_frame(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, &fseg,
                                      &floats, NULL, cnt ? 1 : 0);
     if (!rc && held == PS__HELD_RING) t->pheld[p] = PS__HELD_SENT;
     if (rc)
       return ps__seterr(c, rc, "table '%s': %s queueing a push of %zu keys", t->name,
                         rc == PS_ETOOBIG ? "frame limits exceeded" : "out of memory", cnt);
     ps__req_expect(r, p, 1);
-    ps__telem_bytes(&c->telem, p, 0, cnt * per_key);
+    ps__telem_bytes(&c->telem, p, 0, bytes);
     ps__conn_flush(c, &c->conns[p]);
   }
   memset(t->pheld, PS__HELD_NO, (size_t)c->num_ps);

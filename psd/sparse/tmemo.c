@@ -104,6 +104,12 @@ const uint32_t *psd_tmemo_match(const psd_tmemo *m, const uint64_t *keys, size_t
   return m->rows;
 }
 
+const uint32_t *psd_tmemo_of_pull(const psd_tmemo *m, uint64_t req, size_t n, uint64_t *epoch) {
+  if (m->bad || m->req != req || m->n != n || n == 0) return NULL;
+  *epoch = m->epoch;
+  return m->rows;
+}
+
 void psd_tmemo_touched(psd_tmemo *m, uint64_t before, uint64_t after, size_t n) {
   const int first = m->n == n; /* its first piece */
   m->clock = !m->bad && after - before == n && (first || before == m->clock) ? after : 0;

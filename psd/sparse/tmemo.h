@@ -62,6 +62,11 @@ void psd_tmemo_skip(psd_tmemo *m, uint64_t req, uint64_t *held);
 const uint32_t *psd_tmemo_match(const psd_tmemo *m, const uint64_t *keys, size_t n,
                                 uint64_t *epoch);
 
+/* The rows of request req's keys if m holds them all and n of them (a
+ * push that names its pull instead of carrying its keys: they are
+ * m->keys), else NULL. *epoch as psd_tmemo_match. */
+const uint32_t *psd_tmemo_of_pull(const psd_tmemo *m, uint64_t req, size_t n, uint64_t *epoch);
+
 /* Empties m after the push it served (or failed to): a step pulls anew.
  * Its buffers are kept for the next step unless far bigger than this one
  * used. */
