@@ -33,9 +33,9 @@
  * ~40 bytes on the socket but may name up to a whole ring of data, so the
  * read budget alone would let one connection apply gigabytes at once. */
 #define PSD_SHM_BUDGET ((uint64_t)32 << 20)
-/* Reply bytes written before the next buffered frame is taken up: a
- * piece of a pull goes out while psd looks up the next (small replies
- * still go out together). */
+/* A frame's reply of this many bytes is written before the next buffered
+ * frame is taken up: a piece of a pull goes out while psd looks up the
+ * next (small replies still go out together). */
 #define PSD_EAGER_WRITE ((size_t)64 << 10)
 /* Protobuf arena's first block: a Push of ~1000 items fits. */
 #define PSD_ARENA_INITIAL (64u * 1024u)
@@ -751,10 +751,14 @@ static void on_read(evutil_socket_t fd, short what, void *arg) {
   while (!c->dead && c->state != PSD_CONN_CLOSING) {
     int r = 1;
     /* Buffered frames too wait while the output is over the mark. */
-    while (!c->auth_wait && ps__outq_bytes(&c->out) <= PSD_OUT_HIGH_WATER && shm_budget &&
+    size_t queued = ps__outq_bytes(&c->out);
+    while (!c->auth_wait && queued <= PSD_OUT_HIGH_WATER && shm_budget &&
            (r = step(c, &shm_budget)) > 0 && !c->dead) {
-      if (c->in_len && ps__outq_bytes(&c->out) >= PSD_EAGER_WRITE && psd_conn_write(c) != 0)
+      /* Not while the socket is full (the write event is armed then). */
+      if (c->in_len && ps__outq_bytes(&c->out) >= queued + PSD_EAGER_WRITE &&
+          !event_pending(c->wev, EV_WRITE, NULL) && psd_conn_write(c) != 0)
         break;
+      queued = ps__outq_bytes(&c->out);
     }
     if (r < 0 || c->dead) break;
     if (!shm_budget) {

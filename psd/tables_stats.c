@@ -33,6 +33,7 @@ int psd_tables_stats(const psd_tables *ts, Ps__TableStats ***out, size_t *n_out)
     s->evictions_ttl = st.evictions_ttl;
     s->dropped = st.dropped;
     s->bytes = psd_table_bytes_now(t);
+    s->touches_skipped = psd_table_touch_skips(t);
     v[i] = s;
   }
   *out = v;

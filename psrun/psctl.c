@@ -151,13 +151,14 @@ static void print_tables_json(const Ps__StatsReply *r) {
     json_str(t->name);
     printf(",\"dim\":%u,\"step\":%llu,\"rows\":%llu,\"capacity\":%llu,\"keys_pulled\":%llu,"
            "\"keys_pushed\":%llu,\"hits\":%llu,\"hit_rate\":%.4f,\"admissions\":%llu,"
-           "\"evictions_lru\":%llu,\"evictions_ttl\":%llu,\"dropped\":%llu,\"bytes\":%llu}",
+           "\"evictions_lru\":%llu,\"evictions_ttl\":%llu,\"dropped\":%llu,\"bytes\":%llu,"
+           "\"touches_skipped\":%llu}",
            t->dim, (unsigned long long)t->step, (unsigned long long)t->rows,
            (unsigned long long)t->capacity, (unsigned long long)t->keys_pulled,
            (unsigned long long)t->keys_pushed, (unsigned long long)t->hits, hit_pct(t) / 100.0,
            (unsigned long long)t->admissions, (unsigned long long)t->evictions_lru,
            (unsigned long long)t->evictions_ttl, (unsigned long long)t->dropped,
-           (unsigned long long)t->bytes);
+           (unsigned long long)t->bytes, (unsigned long long)t->touches_skipped);
   }
   printf("]");
 }

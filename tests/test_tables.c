@@ -64,11 +64,11 @@ static ps_table *create_ok(ps_client *c, const char *name, const ps_table_config
 /* Stored rows, admissions and dropped keys of table `name` summed over
  * every ps (psctl's Stats). */
 typedef struct tstats {
-  uint64_t rows, admissions, dropped, keys_pulled;
+  uint64_t rows, admissions, dropped, keys_pulled, touches_skipped;
 } tstats;
 
 static tstats stats_of(tu_psd *ps, int n, const char *name) {
-  tstats s = {0, 0, 0, 0};
+  tstats s = {0, 0, 0, 0, 0};
   for (int i = 0; i < n; i++) {
     ps__auth au = {NULL, 0, 0, NULL, 0, 0};
     Ps__StatsReply *r = NULL;
@@ -81,6 +81,7 @@ static tstats stats_of(tu_psd *ps, int n, const char *name) {
       s.admissions += r->tables[j]->admissions;
       s.dropped += r->tables[j]->dropped;
       s.keys_pulled += r->tables[j]->keys_pulled;
+      s.touches_skipped += r->tables[j]->touches_skipped;
     }
     ps__stats_reply__free_unpacked(r, NULL);
   }
@@ -1211,9 +1212,10 @@ static uint64_t worker_bytes_in(tu_psd *ps, int n) {
  * pull since, or after a read-only pull, carries its keys; through the
  * push ring (shared memory) the keys go along; against a psd announcing
  * 2.9 they always do. Every row is right in each case (SGD from zeros,
- * repeated keys summed). */
+ * repeated keys summed). And psd's Stats count the pushes that skipped
+ * their LRU touches (table.h): those right after their pull. */
 START_TEST(push_names_its_pull) {
-  enum { N = 1000, U = 700, D = 4, STEPS = 3 };
+  enum { N = 1000, U = 700, D = 4, STEPS = 4 };
   uint64_t keys[N];
   static float grads[N * D], out[N * D];
   for (int i = 0; i < N; i++) {
@@ -1230,25 +1232,34 @@ START_TEST(push_names_its_pull) {
     int tcp = strcmp(ps_client_transport(c, 0), "tcp") == 0;
     ps_table_config g = tcfg(D, PS_TOPT_SGD, 0.5);
     ps_table *t = create_ok(c, "named", &g);
-    uint64_t step = 0, bytes[STEPS];
+    uint64_t step = 0, bytes[STEPS], skipped[STEPS];
     for (int s = 0; s < STEPS; s++) {
-      uint64_t before = worker_bytes_in(ps, 2);
-      /* step 0 pulls, step 1 does not, step 2 pulls read-only */
-      if (s != 1)
-        ck_assert_msg(ps_table_pull(t, step, keys, N, out, s == 2 ? PS_TABLE_READ_ONLY : 0,
+      uint64_t before = worker_bytes_in(ps, 2), skips = stats_of(ps, 2, "named").touches_skipped;
+      /* steps 0 and 1 pull, step 2 does not, step 3 pulls read-only */
+      if (s != 2)
+        ck_assert_msg(ps_table_pull(t, step, keys, N, out, s == 3 ? PS_TABLE_READ_ONLY : 0,
                                     NULL) == 0, "%s", ps_client_errmsg(c));
       ck_assert_msg(ps_table_add_grad(t, keys, N, grads) == 0, "%s", ps_client_errmsg(c));
       ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "%s", ps_client_errmsg(c));
       bytes[s] = worker_bytes_in(ps, 2) - before;
+      skipped[s] = stats_of(ps, 2, "named").touches_skipped - skips;
     }
+    /* Step 1's push finds the rows its pull just touched, on both ps
+     * (step 0's pull stored them: a pull that admits moves the LRU more);
+     * steps 2 and 3 have no pull remembered. */
+    ck_assert_msg(skipped[0] == 0 && skipped[1] == 2 && skipped[2] == 0 && skipped[3] == 0,
+                  "pushes that skipped their touches: %llu, %llu, %llu, %llu",
+                  (unsigned long long)skipped[0], (unsigned long long)skipped[1],
+                  (unsigned long long)skipped[2], (unsigned long long)skipped[3]);
     const uint64_t with_keys = U * (8 + D * 4), alone = U * D * 4;
-    ck_assert_msg(bytes[0] == (tcp && !old ? alone : with_keys) && bytes[1] == with_keys &&
-                      bytes[2] == with_keys,
-                  "%s, protocol %s: %llu, %llu, %llu bytes in (keys alone %llu, with keys "
-                  "%llu)", tcp ? "tcp" : "shm", old ? "2.9" : "2.10",
+    const uint64_t named = tcp && !old ? alone : with_keys;
+    ck_assert_msg(bytes[0] == named && bytes[1] == named && bytes[2] == with_keys &&
+                      bytes[3] == with_keys,
+                  "%s, protocol %s: %llu, %llu, %llu, %llu bytes in (gradients alone %llu, "
+                  "with keys %llu)", tcp ? "tcp" : "shm", old ? "2.9" : "2.10",
                   (unsigned long long)bytes[0], (unsigned long long)bytes[1],
-                  (unsigned long long)bytes[2], (unsigned long long)alone,
-                  (unsigned long long)with_keys);
+                  (unsigned long long)bytes[2], (unsigned long long)bytes[3],
+                  (unsigned long long)alone, (unsigned long long)with_keys);
     ck_assert_msg(ps_table_pull(t, step, keys, N, out, PS_TABLE_READ_ONLY, NULL) == 0, "%s",
                   ps_client_errmsg(c));
     for (int i = 0; i < N; i++) {

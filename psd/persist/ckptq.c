@@ -64,7 +64,8 @@ struct psd_ckptq_rec {
   int preparing;                /* table spare: the writer is mapping or
                                    growing it to `want` bytes (under mu) */
   size_t want;
-  int hurry;                    /* preparing: the loop waits for it (atomic) */
+  size_t unfaulted;             /* table spare: bytes at its end the writer
+                                   left for the loop to fault in (hurried) */
   psd_ckptq_rec *next_gone;     /* a list of spares to free */
   job j;                        /* its JOB_ADD or JOB_PREPARE */
 };
@@ -73,6 +74,8 @@ struct psd_ckptq {
   psd_bg *bg;                   /* the writer thread */
   pthread_mutex_t mu;           /* guards records' pos, held, done, own, lost */
   pthread_cond_t prepared;      /* a spare's preparing went to 0 (under mu) */
+  int hurry;                    /* the loop waits for a spare: any prepare
+                                   hands its buffer over as it is (atomic) */
   uint32_t busy;                /* files begun, result not yet taken (loop only) */
   const psd_ckptdir *d;         /* the directory (not owned) */
   uint32_t ps_index, num_ps;    /* whose files, for pruning */
@@ -152,9 +155,9 @@ static void copy_out(const psd_ckptq_rec *rec, size_t pos, uint8_t *dst, size_t 
 
 /* Faults in every page of b[0, len) (page-aligned b) on this thread, 4 MiB
  * at a time, and stops early once *hurry is set (the loop wants the buffer
- * now: the copy faults in the rest as it goes, which beats the loop
- * waiting on a writer the kernel is not running). Out of memory, it stops
- * too. The bytes faulted in. */
+ * now: it faults in the rest itself, rather than wait for a writer the
+ * kernel may not be running). Out of memory, it stops too. The bytes
+ * faulted in (a multiple of 4 MiB, or of a page, short of len). */
 static size_t populate(uint8_t *b, size_t len, const int *hurry) {
   size_t o = 0;
 #ifdef MADV_POPULATE_WRITE
@@ -234,14 +237,16 @@ uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap,
   pthread_mutex_lock(&q->mu);
   psd_ckptq_rec *r = q->spare[tab];
   /* Being faulted in by the writer, big enough: the writer stops within
-   * one chunk and hands it over, its mapping whole (prepares are queued
-   * only while no file is on its way, so it is next in the queue). */
+   * one chunk (this prepare, or another table's ahead of it: prepares are
+   * queued only while no file is on its way) and hands it over, mapped
+   * whole. */
   while (r && r->preparing && r->want >= len) {
-    __atomic_store_n(&r->hurry, 1, __ATOMIC_RELAXED); /* hand it over as it is */
+    __atomic_store_n(&q->hurry, 1, __ATOMIC_RELAXED);
     pthread_cond_wait(&q->prepared, &q->mu);
     r = q->spare[tab];
     *waited = ps__now() - t0;
   }
+  __atomic_store_n(&q->hurry, 0, __ATOMIC_RELAXED);
   if (r && !r->preparing && r->cap >= len) {
     q->spare[tab] = NULL;
     q->table_bytes -= r->cap; /* the loop's now, until it queues it again */
@@ -252,6 +257,9 @@ uint8_t *psd_ckptq_spare(psd_ckptq *q, uint32_t tab, size_t len, size_t *cap,
   if (!r) return NULL;
   uint8_t *b = r->own;
   *cap = r->cap;
+  /* What the writer left, faulted in here as it would have been, a call
+   * per 4 MiB (not a fault per page as the copy writes it). */
+  if (r->unfaulted) populate(b + r->cap - r->unfaulted, r->unfaulted, NULL);
   free(r);
   return b;
 }
@@ -425,12 +433,14 @@ static void prepare_spare(psd_ckptq *q, psd_ckptq_rec *r) {
     b = m == MAP_FAILED ? NULL : m; /* the old mapping stays then */
   }
   /* The old pages are in already: cheap. */
-  size_t in = b ? populate(b, r->want, &r->hurry) : 0;
+  size_t in = b ? populate(b, r->want, &q->hurry) : 0;
+  const int hurried = in < r->want && __atomic_load_n(&q->hurry, __ATOMIC_RELAXED);
   psd_ckptq_rec *gone = NULL;
   pthread_mutex_lock(&q->mu);
   if (b) {
     r->own = b;
     r->cap = r->want;
+    r->unfaulted = hurried ? r->want - in : 0; /* out of memory: the copy's faults */
   } else {
     q->table_bytes -= r->want - r->cap;
     if (!r->own) { /* nothing to keep */
@@ -440,7 +450,6 @@ static void prepare_spare(psd_ckptq *q, psd_ckptq_rec *r) {
   }
   uint32_t tab = r->tab; /* r may be the loop's (or freed) once unlocked */
   size_t want = r->want;
-  __atomic_store_n(&r->hurry, 0, __ATOMIC_RELAXED);
   r->preparing = 0;
   pthread_cond_broadcast(&q->prepared);
   pthread_mutex_unlock(&q->mu);
@@ -448,8 +457,9 @@ static void prepare_spare(psd_ckptq *q, psd_ckptq_rec *r) {
   if (b)
     ps__log(PS_LOG_DEBUG, "checkpoint writer: table #%u's copy buffer ready, %.1f of %.1f MB "
             "faulted in off the loop in %.1f ms%s", tab, in / 1e6, want / 1e6,
-            (ps__now() - t0) * 1e3, in < want ? " (the loop wanted it: its copy faults in the rest)"
-                                              : "");
+            (ps__now() - t0) * 1e3,
+            hurried ? " (the loop wanted it now: it faults in the rest)"
+            : in < want ? " (out of memory: the copy's writes fault in the rest)" : "");
 }
 
 /* Writes one record: its header, then its data a chunk at a time, each
