@@ -1207,11 +1207,10 @@ static uint64_t worker_bytes_in(tu_psd *ps, int n) {
   return in;
 }
 
-/* 2.10: a step's push of the keys it pulled names the pull, and over TCP
- * carries its gradients alone (psd's bytes in say so); a push with no
- * pull since, or after a read-only pull, carries its keys; through the
- * push ring (shared memory) the keys go along; against a psd announcing
- * 2.9 they always do. Every row is right in each case (SGD from zeros,
+/* 2.10: a step's push of the keys it pulled names the pull and carries
+ * its gradients alone, over TCP or through the push ring (psd's bytes in
+ * say so); a push with no pull since, or after a read-only pull, carries
+ * its keys; against a psd announcing 2.9 they always do. Every row is right in each case (SGD from zeros,
  * repeated keys summed). And psd's Stats count the pushes that skipped
  * their LRU touches (table.h): those right after their pull. */
 START_TEST(push_names_its_pull) {
@@ -1229,7 +1228,7 @@ START_TEST(push_names_its_pull) {
     const char *older[] = {"--protocol-minor", "9", NULL};
     start_ps(ps, 2, hosts, hp, old ? older : NULL);
     ps_client *c = tu_client(hp, 2, 0, 1, 0, 0);
-    int tcp = strcmp(ps_client_transport(c, 0), "tcp") == 0;
+    const int tcp = strcmp(ps_client_transport(c, 0), "tcp") == 0;
     ps_table_config g = tcfg(D, PS_TOPT_SGD, 0.5);
     ps_table *t = create_ok(c, "named", &g);
     uint64_t step = 0, bytes[STEPS], skipped[STEPS];
@@ -1252,7 +1251,7 @@ START_TEST(push_names_its_pull) {
                   (unsigned long long)skipped[0], (unsigned long long)skipped[1],
                   (unsigned long long)skipped[2], (unsigned long long)skipped[3]);
     const uint64_t with_keys = U * (8 + D * 4), alone = U * D * 4;
-    const uint64_t named = tcp && !old ? alone : with_keys;
+    const uint64_t named = !old ? alone : with_keys;
     ck_assert_msg(bytes[0] == named && bytes[1] == named && bytes[2] == with_keys &&
                       bytes[3] == with_keys,
                   "%s, protocol %s: %llu, %llu, %llu, %llu bytes in (gradients alone %llu, "

@@ -467,9 +467,10 @@ uint8_t *ps__push_reserve(ps__conn *k, uint64_t len, uint64_t *pos);
 uint8_t *ps__push_hold_take(ps__conn *k, uint64_t len);
 /* The held bytes, in the ring. */
 uint8_t *ps__push_held(const ps__conn *k);
-/* Queues the frame (type, m) whose data are the held bytes and ends the
- * hold: 0, or PS_ENOMEM / PS_ETOOBIG (the hold stays). */
-int ps__push_hold_queue(ps__conn *k, unsigned type, const ProtobufCMessage *m);
+/* Queues the frame (type, m) whose data are the held bytes but the first
+ * skip (left as a gap the server steps over) and ends the hold: 0, or
+ * PS_ENOMEM / PS_ETOOBIG (the hold stays). */
+int ps__push_hold_queue(ps__conn *k, unsigned type, const ProtobufCMessage *m, uint64_t skip);
 /* Ends a hold without a frame (its bytes were copied elsewhere). */
 void ps__push_hold_drop(ps__conn *k);
 /* Closes k and fails the requests still waiting for it. */

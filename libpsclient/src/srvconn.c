@@ -68,8 +68,8 @@ uint8_t *ps__push_held(const ps__conn *k) {
 
 void ps__push_hold_drop(ps__conn *k) { k->hold = (ps__push_hold){0, 0}; }
 
-int ps__push_hold_queue(ps__conn *k, unsigned type, const ProtobufCMessage *m) {
-  int rc = ps__outq_frame_shm(&k->out, type, m, k->hold.len, k->hold.pos);
+int ps__push_hold_queue(ps__conn *k, unsigned type, const ProtobufCMessage *m, uint64_t skip) {
+  int rc = ps__outq_frame_shm(&k->out, type, m, k->hold.len - skip, k->hold.pos + skip);
   if (rc == 0) ps__push_hold_drop(k);
   return rc;
 }

@@ -636,20 +636,19 @@ int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
     /* By reference: the data is written from pbuf, which nothing changes
      * while a frame is queued (ps__tpush_prepare checks). A ps whose data
      * is held in its ring, or has none, has no part of pbuf. */
-    const uint8_t *seg = held || !cnt ? NULL : t->pbuf + t->pfirst[p] * per_key;
-    uint64_t bytes = cnt * per_key, pos;
-    if (seg && pull && t->kept[p] && c->conns[p].minor >= 10) {
-      /* 2.10: the server holds these keys from the pull: gradients alone */
-      m.pull_id = pull;
-      seg += cnt * sizeof(uint64_t);
-      bytes = cnt * (uint64_t)t->cfg.dim * sizeof(float);
-    }
+    /* 2.10: the server holds these keys from the pull: the gradients
+     * alone (in the ring, the keys before them are a gap psd steps over) */
+    const int keyless = cnt && pull && t->kept[p] && c->conns[p].minor >= 10;
+    const uint64_t skip = keyless ? cnt * sizeof(uint64_t) : 0;
+    if (keyless) m.pull_id = pull;
+    const uint8_t *seg = held || !cnt ? NULL : t->pbuf + t->pfirst[p] * per_key + skip;
+    uint64_t bytes = cnt * per_key - skip, pos;
     uint64_t floats = bytes / sizeof(float);
     const float *fseg = (const float *)(const void *)seg;
     uint8_t *ring = held ? NULL : push_ring(&c->conns[p], bytes, &pos);
     if (ring && cnt) memcpy(ring, seg, bytes);
     int rc = held == PS__HELD_RING
-                 ? ps__push_hold_queue(&c->conns[p], PS__MSG_TABLE_PUSH, &m.base)
+                 ? ps__push_hold_queue(&c->conns[p], PS__MSG_TABLE_PUSH, &m.base, skip)
              : ring ? ps__outq_frame_shm(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, bytes,
                                          pos)
                     : ps__outq_frame(&c->conns[p].out, PS__MSG_TABLE_PUSH, &m.base, &fseg,
