@@ -1214,7 +1214,7 @@ static uint64_t worker_bytes_in(tu_psd *ps, int n) {
  * repeated keys summed). And psd's Stats count the pushes that skipped
  * their LRU touches (table.h): those right after their pull. */
 START_TEST(push_names_its_pull) {
-  enum { N = 1000, U = 700, D = 4, STEPS = 4 };
+  enum { N = 1000, U = 700, D = 4, STEPS = 6 };
   uint64_t keys[N];
   static float grads[N * D], out[N * D];
   for (int i = 0; i < N; i++) {
@@ -1234,11 +1234,17 @@ START_TEST(push_names_its_pull) {
     uint64_t step = 0, bytes[STEPS], skipped[STEPS];
     for (int s = 0; s < STEPS; s++) {
       uint64_t before = worker_bytes_in(ps, 2), skips = stats_of(ps, 2, "named").touches_skipped;
-      /* steps 0 and 1 pull, step 2 does not, step 3 pulls read-only */
+      /* steps 0 and 1 pull, step 2 does not, step 3 pulls read-only,
+       * steps 4 and 5 add their gradients before they pull (at step 5
+       * the keys are step 4's pull's, but step 5's pull replaces it in
+       * psd: the push carries its keys) */
+      if (s >= 4)
+        ck_assert_msg(ps_table_add_grad(t, keys, N, grads) == 0, "%s", ps_client_errmsg(c));
       if (s != 2)
         ck_assert_msg(ps_table_pull(t, step, keys, N, out, s == 3 ? PS_TABLE_READ_ONLY : 0,
                                     NULL) == 0, "%s", ps_client_errmsg(c));
-      ck_assert_msg(ps_table_add_grad(t, keys, N, grads) == 0, "%s", ps_client_errmsg(c));
+      if (s < 4)
+        ck_assert_msg(ps_table_add_grad(t, keys, N, grads) == 0, "%s", ps_client_errmsg(c));
       ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "%s", ps_client_errmsg(c));
       bytes[s] = worker_bytes_in(ps, 2) - before;
       skipped[s] = stats_of(ps, 2, "named").touches_skipped - skips;
@@ -1253,11 +1259,12 @@ START_TEST(push_names_its_pull) {
     const uint64_t with_keys = U * (8 + D * 4), alone = U * D * 4;
     const uint64_t named = !old ? alone : with_keys;
     ck_assert_msg(bytes[0] == named && bytes[1] == named && bytes[2] == with_keys &&
-                      bytes[3] == with_keys,
-                  "%s, protocol %s: %llu, %llu, %llu, %llu bytes in (gradients alone %llu, "
-                  "with keys %llu)", tcp ? "tcp" : "shm", old ? "2.9" : "2.10",
+                      bytes[3] == with_keys && bytes[4] == with_keys && bytes[5] == with_keys,
+                  "%s, protocol %s: %llu, %llu, %llu, %llu, %llu, %llu bytes in (gradients "
+                  "alone %llu, with keys %llu)", tcp ? "tcp" : "shm", old ? "2.9" : "2.10",
                   (unsigned long long)bytes[0], (unsigned long long)bytes[1],
                   (unsigned long long)bytes[2], (unsigned long long)bytes[3],
+                  (unsigned long long)bytes[4], (unsigned long long)bytes[5],
                   (unsigned long long)alone, (unsigned long long)with_keys);
     ck_assert_msg(ps_table_pull(t, step, keys, N, out, PS_TABLE_READ_ONLY, NULL) == 0, "%s",
                   ps_client_errmsg(c));

@@ -282,7 +282,9 @@ int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t
   memset(tp->sent, 0, 3 * nps * sizeof *tp->sent);
   for (size_t p = 0; p < nps; p++) tp->kept[p] = 1;
   tp->kp_gen = t->kp_gen;
-  if (!read_only) t->kp_pull = 0; /* the servers' memory of the last pull goes */
+  if (!read_only) /* the servers' memory of the last pull goes: a push
+                   * prepared already (add_grad before the pull) names none */
+    t->kp_pull = t->p_pull = 0;
   ps__key_split(kp, n, (uint32_t)nps, tp->first);
   ps__key_layout(kp, n, (uint32_t)nps, tp->first, tp->done + nps, tp->keys, tp->inv, NULL);
   tp->per_frame = tpull_per_frame(c, tp, nps);
