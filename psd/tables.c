@@ -317,17 +317,18 @@ static float *ring_rows(psd_tables *ts, psd_conn *c, int shm, uint64_t bytes, ui
 }
 
 /* Where the rows of c's pull req of keys[0..n) go for its push (tmemo.h),
- * or NULL: not remembered (no keys, or no room under --max-memory, which
- * a memo is never worth refusing a pull for). A read-only pull is never
- * remembered: no push of its keys follows it (an evaluation's). */
+ * or NULL: not remembered (no keys, or no room under --max-memory beside
+ * the reply's `reply` bytes still to come, which a memo is never worth
+ * refusing a pull for). A read-only pull is never remembered: no push of
+ * its keys follows it (an evaluation's). */
 static uint32_t *remember(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
-                          const uint64_t *keys, size_t n, psd_tmemo **memo) {
+                          const uint64_t *keys, size_t n, uint64_t reply, psd_tmemo **memo) {
   psd_tentry *e = &ts->v[id];
   psd_tmemo *m = *memo = n ? psd_tmemo_get(&e->memos, c, 1, &ts->memo_bytes) : NULL;
   if (!m) return NULL;
   char err[8];
   uint64_t grow = psd_tmemo_growth(m, req, n);
-  if (grow && mem_check(ts, c, id, grow, err, sizeof err, "%s", "")) {
+  if (grow && mem_check(ts, c, id, grow + reply, err, sizeof err, "%s", "")) {
     psd_tmemo_skip(m, req, &ts->memo_bytes);
     return NULL;
   }
@@ -344,33 +345,34 @@ static void answer_pull(psd_tables *ts, uint32_t id, psd_conn *c, uint64_t req,
   uint64_t bytes = (uint64_t)n * sp->dim * sizeof(float), pos = 0;
   if (reply_too_big(e, c, req, n)) return;
   float *ring = ring_rows(ts, c, shm, bytes, &pos);
-  /* The keys are remembered first (the reply says whether), then the
-   * reply is built whole in c's output queue and held until c reads it:
-   * both counted against --max-memory with everything else psd holds. */
-  psd_tmemo *memo = NULL;
-  uint32_t *rows = read_only ? NULL : remember(ts, id, c, req, keys, n, &memo);
+  /* The reply is built whole in c's output queue and held until c reads
+   * it, and the keys are remembered if there is room beside it (the reply
+   * says whether): both counted against --max-memory with everything else
+   * psd holds. */
   char err[900];
-  float *dst = NULL;
-  if (!ring && mem_check(ts, c, id, out_growth(c, bytes), err, sizeof err,
-                         "a reply of %zu rows (%llu bytes)", n, (unsigned long long)bytes)) {
+  const uint64_t reply = ring ? 0 : out_growth(c, bytes);
+  if (reply && mem_check(ts, c, id, reply, err, sizeof err, "a reply of %zu rows (%llu bytes)",
+                         n, (unsigned long long)bytes)) {
     psd_conn_error(c, req, PS_ENOMEM, 0, "%s", err);
-  } else {
-    Ps__TablePullReply r = PS__TABLE_PULL_REPLY__INIT;
-    r.request_id = req;
-    r.table_id = id;
-    r.step = psd_table_step(e->t);
-    r.count = n;
-    r.remembered = rows != NULL && ts->cfg->protocol_minor >= 10;
-    psd_persist_flags(ts->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
-    dst = ring ? ring : ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes);
-    if (ring && ps__outq_frame_shm(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes, pos) != 0)
-      dst = NULL; /* the ring's bytes stay unused: the client never hears of them */
-    if (!dst)
-      psd_conn_error(c, req, PS_ENOMEM, 0, "out of memory for a %llu-byte reply of table '%s'",
-                     (unsigned long long)bytes, PS__ESC(sp->name));
+    return;
   }
+  psd_tmemo *memo = NULL;
+  uint32_t *rows = read_only ? NULL : remember(ts, id, c, req, keys, n, reply, &memo);
+  Ps__TablePullReply r = PS__TABLE_PULL_REPLY__INIT;
+  r.request_id = req;
+  r.table_id = id;
+  r.step = psd_table_step(e->t);
+  r.count = n;
+  r.remembered = rows != NULL && ts->cfg->protocol_minor >= 10;
+  psd_persist_flags(ts->persist, &r.want_checkpoint, &r.want_stop, &r.stop_step, &r.stopped);
+  float *dst = ring ? ring : ps__outq_frame_inline(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base,
+                                                   bytes);
+  if (ring && ps__outq_frame_shm(&c->out, PS__MSG_TABLE_PULL_REPLY, &r.base, bytes, pos) != 0)
+    dst = NULL; /* the ring's bytes stay unused: the client never hears of them */
   if (!dst) {
     if (rows) psd_tmemo_skip(memo, req, &ts->memo_bytes); /* its rows are never read */
+    psd_conn_error(c, req, PS_ENOMEM, 0, "out of memory for a %llu-byte reply of table '%s'",
+                   (unsigned long long)bytes, PS__ESC(sp->name));
     return;
   }
   /* Even a read-only pull touches rows (LRU order): a checkpoint of this

@@ -1280,6 +1280,67 @@ START_TEST(push_names_its_pull) {
 }
 END_TEST
 
+/* A push names a pull only while psd still holds its keys there, by the
+ * frames sent since (a review's sequences, each refused with
+ * PS_ENOTFOUND before): a pull answered before the step's push, which
+ * used and cleared it, then completed (a prefetching loop); a pull whose
+ * keys an async push of the same keys used; a pull whose last pieces
+ * went out after another pull's (5 pieces, 4 in flight). Each step must
+ * succeed. */
+START_TEST(push_names_only_a_pull_psd_holds) {
+  enum { N = 200000, SMALL = 100, D = 2 };
+  tu_psd ps[1];
+  char hosts[1][64];
+  const char *hp[1];
+  start_ps(ps, 1, hosts, hp, NULL);
+  ps_client *c = tu_client(hp, 1, 0, 1, 0, 0);
+  ps_table_config g = tcfg(D, PS_TOPT_SGD, 0.5);
+  g.capacity = 2 * N;
+  ps_table *t = create_ok(c, "holds", &g);
+  uint64_t *keys = malloc(N * sizeof *keys), step = 0;
+  float *grads = calloc((size_t)N * D, sizeof *grads), *out = malloc((size_t)N * D * 4);
+  float *out2 = malloc((size_t)N * D * 4);
+  ck_assert(keys && grads && out && out2);
+  for (size_t i = 0; i < N; i++) keys[i] = ps__mix64(i);
+  ps_req *r = NULL, *r2 = NULL;
+  /* (1) prefetching: the next step's pull goes out before this step's
+   * gradients, is answered before the push, and completes after it */
+  ck_assert_int_eq(ps_table_pull_async(t, 0, keys, SMALL, out, 0, &r), 0);
+  for (int s = 0; s < 3; s++) {
+    ck_assert_msg(ps_req_wait(r, -1, NULL) == 0, "%s", ps_client_errmsg(c));
+    ps_req_destroy(r);
+    r = NULL;
+    if (s < 2) ck_assert_int_eq(ps_table_pull_async(t, 0, keys, SMALL, out, 0, &r), 0);
+    ck_assert_msg(ps_table_add_grad(t, keys, SMALL, grads) == 0, "%s", ps_client_errmsg(c));
+    ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "prefetching, step %d: %s", s,
+                  ps_client_errmsg(c));
+  }
+  /* (2) an async push of the pulled keys, then the step's */
+  ck_assert_msg(ps_table_pull(t, step, keys, SMALL, out, 0, NULL) == 0, "%s",
+                ps_client_errmsg(c));
+  ck_assert_int_eq(ps_table_push_async(t, step, keys, SMALL, grads, &r), 0);
+  ck_assert_msg(ps_req_wait(r, -1, NULL) == 0, "%s", ps_client_errmsg(c));
+  ps_req_destroy(r);
+  ck_assert_msg(ps_table_add_grad(t, keys, SMALL, grads) == 0, "%s", ps_client_errmsg(c));
+  ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "after an async push: %s",
+                ps_client_errmsg(c));
+  /* (3) two pulls at once: the big one's last piece after the small one */
+  ck_assert_int_eq(ps_table_pull_async(t, step, keys, N, out, 0, &r), 0);
+  ck_assert_int_eq(ps_table_pull_async(t, step, keys + N - SMALL, SMALL, out2, 0, &r2), 0);
+  ck_assert_msg(ps_req_wait(r2, -1, NULL) == 0, "%s", ps_client_errmsg(c));
+  ck_assert_msg(ps_req_wait(r, -1, NULL) == 0, "%s", ps_client_errmsg(c));
+  ps_req_destroy(r);
+  ps_req_destroy(r2);
+  ck_assert_msg(ps_table_add_grad(t, keys + N - SMALL, SMALL, grads) == 0, "%s",
+                ps_client_errmsg(c));
+  ck_assert_msg(ps_client_step(c, &step, NULL) == 0, "after overlapping pulls: %s",
+                ps_client_errmsg(c));
+  free(keys), free(grads), free(out), free(out2);
+  ps_client_destroy(c);
+  stop_ps(ps, 1);
+}
+END_TEST
+
 /* A client whose waits are 40 ms gives up on a pull of 128 MiB of rows
  * while they arrive: the rest is read and dropped (not written into the
  * freed request), and its next pulls get the right rows. */
@@ -1389,6 +1450,7 @@ Suite *suite_tables(void) {
   tcase_add_test(tc, pull_split_into_frames);
   tcase_add_test(tc, pull_in_pieces_parked_then_pipelined);
   tcase_add_test(tc, push_names_its_pull);
+  tcase_add_test(tc, push_names_only_a_pull_psd_holds);
   tcase_add_test(tc, abandoned_pull_is_discarded);
   tcase_add_test(tc, pull_released_mid_frame);
   suite_add_tcase(s, tc);

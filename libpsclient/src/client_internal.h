@@ -246,6 +246,9 @@ struct ps_table {
                              0: none (a push then carries its keys) */
   uint8_t *kept;          /* num_ps: kp_pull's replies from it all said
                              remembered */
+  uint64_t *memo_req;     /* num_ps: the pull whose keys that server holds
+                             for a push, as the frames sent say (its pieces
+                             in a run, no push since); 0: none */
   uint64_t p_pull;        /* the prepared push's: it may name this pull */
   size_t kp_cap;          /* entries allocated */
   uint8_t *pbuf;          /* a step's one add_grad, prepared (tablexfer.c):

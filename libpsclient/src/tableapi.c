@@ -41,6 +41,7 @@ void ps__tables_free(ps_client *c) {
     free(t->ids);
     free(t->seen_step);
     free(t->kept);
+    free(t->memo_req);
     free(t->skeys);
     free(t->sgrads);
     free(t->kp);
@@ -278,6 +279,7 @@ static void table_free(ps_table *t) {
   free(t->ids);
   free(t->seen_step);
   free(t->kept);
+  free(t->memo_req);
   free(t);
 }
 
@@ -323,8 +325,9 @@ int ps_client_table_create(ps_client *c, const char *name, const ps_table_config
     t->ids = calloc((size_t)c->num_ps, sizeof *t->ids);
     t->seen_step = calloc((size_t)c->num_ps, sizeof *t->seen_step);
     t->kept = calloc((size_t)c->num_ps, sizeof *t->kept);
+    t->memo_req = calloc((size_t)c->num_ps, sizeof *t->memo_req);
   }
-  if (!t || !t->name || !t->ids || !t->seen_step || !t->kept ||
+  if (!t || !t->name || !t->ids || !t->seen_step || !t->kept || !t->memo_req ||
       ps__grow((void **)&c->tables, &c->captables, c->ntables + 1, sizeof *c->tables)) {
     table_free(t);
     return ps__seterr(c, PS_ENOMEM, "out of memory creating table '%s'", name);

@@ -180,6 +180,13 @@ static int tpull_send(ps_client *c, ps_req *r, int p) {
                                   (uint64_t)k * sizeof(uint64_t));
   if (!d) return ps__seterr(c, PS_ENOMEM, "out of memory queueing a pull of %zu keys", k);
   memcpy(d, tp->keys + tp->first[p] + tp->sent[p], k * sizeof(uint64_t));
+  if (!tp->read_only) {
+    /* psd's memo (tmemo.h) starts over with a request's first piece; a
+     * later piece after another request's holds only the rest */
+    ps_table *t = tp->t;
+    if (tp->sent[p] && t->memo_req[p] != r->id) tp->kept[p] = 0;
+    t->memo_req[p] = r->id;
+  }
   tp->sent[p] += k;
   ps__req_expect(r, p, 1);
   ps__telem_bytes(&c->telem, p, 0, (uint64_t)k * sizeof(uint64_t));
@@ -402,6 +409,9 @@ static void tpull_kept(const ps__tpull *tp, const ps_req *r) {
   t->kp_pull = r->id;
   for (int p = 0; p < t->c->num_ps; p++) t->kept[p] = tp->kept[p] != 0;
 }
+
+/* A TablePush of t queued for ps p: psd forgets its memo of t there. */
+static void tpush_sent(ps_table *t, int p) { t->memo_req[p] = 0; }
 
 void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
   int p = k->index;
@@ -640,7 +650,8 @@ int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
      * is held in its ring, or has none, has no part of pbuf. */
     /* 2.10: the server holds these keys from the pull: the gradients
      * alone (in the ring, the keys before them are a gap psd steps over) */
-    const int keyless = cnt && pull && t->kept[p] && c->conns[p].minor >= 10;
+    const int keyless = cnt && pull && t->kept[p] && t->memo_req[p] == pull &&
+                        c->conns[p].minor >= 10;
     const uint64_t skip = keyless ? cnt * sizeof(uint64_t) : 0;
     if (keyless) m.pull_id = pull;
     const uint8_t *seg = held || !cnt ? NULL : t->pbuf + t->pfirst[p] * per_key + skip;
@@ -659,6 +670,7 @@ int ps__tpush_queue_prepared(ps_table *t, ps_req *r, uint64_t step) {
     if (rc)
       return ps__seterr(c, rc, "table '%s': %s queueing a push of %zu keys", t->name,
                         rc == PS_ETOOBIG ? "frame limits exceeded" : "out of memory", cnt);
+    tpush_sent(t, p);
     ps__req_expect(r, p, 1);
     ps__telem_bytes(&c->telem, p, 0, bytes);
     ps__conn_flush(c, &c->conns[p]);
@@ -699,6 +711,7 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
       break;
     }
     push_fill(t, t->kp, n, c->kgrp, first[p], first[p + 1], grads, d, acc);
+    tpush_sent(t, p);
     ps__req_expect(r, p, 1);
     ps__telem_bytes(&c->telem, p, 0, cnt * per_key);
     ps__conn_flush(c, &c->conns[p]);
