@@ -1132,6 +1132,15 @@ START_TEST(pull_split_into_frames) {
   int differ = 0;
   for (size_t i = 1; i < 100; i++) differ += out[i] != out[0];
   ck_assert_int_gt(differ, 90);
+  /* Ascending distinct keys are read straight into out (no scatter):
+   * the same rows as their reverse, which is scattered. */
+  for (size_t i = 0; i < n; i++) keys[i] = 1000 + 7 * (uint64_t)i;
+  for (size_t i = 0; i < n; i++) rev[i] = keys[n - 1 - i];
+  ck_assert(ps_table_pull(t, 0, keys, n, out, PS_TABLE_READ_ONLY, NULL) == 0);
+  ck_assert(ps_table_pull(t, 0, rev, n, out2, PS_TABLE_READ_ONLY, NULL) == 0);
+  bad = 0;
+  for (size_t i = 0; i < n; i++) bad += out[i] != out2[n - 1 - i];
+  ck_assert_msg(bad == 0, "%zu rows of ascending keys differ from their reverse's", bad);
   free(keys);
   free(rev);
   free(out);
@@ -1416,6 +1425,11 @@ START_TEST(pull_released_mid_frame) {
     mid = k->rstate == PS__RD_DATA && k->data_own && k->dst_got > 0;
   }
   ck_assert_msg(mid, "never saw the reply in the middle of its rows (rc %d)", rc);
+  /* Ascending distinct keys: the rows are read straight into out. */
+  const float *into = k->dst[0].iov_base;
+  ck_assert_msg(into >= out && into < out + n * 16,
+                "rows of ascending keys read into %p, not out (%p)", (const void *)into,
+                (void *)out);
   ps__req_release(c, r); /* what a timed-out ps_table_pull does */
   free(out);
   ck_assert_int_eq(ps_table_pull(t, 0, small, 3, again, PS_TABLE_READ_ONLY, NULL), 0);

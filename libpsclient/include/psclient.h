@@ -563,7 +563,9 @@ PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
  * On success ps_req_wait's step_out gets the smallest table step among the
  * servers asked. The rows arrive in a buffer of the request (distinct keys
  * x dim floats, plus 8 bytes per key and per distinct key), freed with
- * it; a ps's keys beyond one frame (2^22 keys, or 1 GiB of rows) go out
+ * it, or straight into out when the keys are distinct and in the order
+ * the servers send them (ascending, on one ps: torch.unique's output);
+ * a ps's keys beyond one frame (2^22 keys, or 1 GiB of rows) go out
  * in several frames, each after the previous one's rows.
  * n == 0 (keys and out may be NULL) asks every ps for the
  * table's step only: it waits for min_step there (sync mode).
@@ -573,7 +575,8 @@ PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
  * counts, so the pull a failed step left waiting never blocks the next).
  * A server's error (PS_ETIMEDOUT, PS_EBUSY, PS_ENOMEM...) fails the request
  * with the server's sentence in ps_client_errmsg; out is then left as it
- * was. Releasing the request before it completes is safe: rows still
+ * was, but for the rows that arrived straight into it before the error.
+ * Releasing the request before it completes is safe: rows still
  * arriving are discarded. */
 PS_EXTERN int ps_table_pull_async(ps_table *t, uint64_t min_step, const uint64_t *keys,
                                   size_t n, float *out, unsigned flags, ps_req **req);

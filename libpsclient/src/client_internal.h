@@ -219,6 +219,9 @@ typedef struct ps__tpull {
                          ps's last) */
   int direct;         /* the rows went straight from the pull ring into
                          out: nothing to scatter */
+  int in_order;       /* distinct keys laid out in the caller's order
+                         (inv[i] == i): rows == out, read straight
+                         there, nothing to scatter */
   uint64_t kp_gen;    /* the table's kp_gen when it was sorted */
   size_t *kept;       /* num_ps: every reply of it said remembered */
 } ps__tpull;

@@ -270,6 +270,17 @@ static size_t tpull_per_frame(const ps_client *c, const ps__tpull *tp, size_t np
   return k < PS__MAX_TABLE_KEYS ? (size_t)k : PS__MAX_TABLE_KEYS;
 }
 
+/* Whether tp's distinct keys are laid out in the caller's own order
+ * (sorted distinct keys on one ps, as torch.unique gives them): each row's
+ * place in out is then its place in the replies, and the rows are read
+ * straight into out, saving a copy of every row. */
+static int tpull_in_order(const ps__tpull *tp) {
+  if (tp->n != tp->nu) return 0;
+  for (size_t i = 0; i < tp->n; i++)
+    if (tp->inv[i] != i) return 0;
+  return 1;
+}
+
 int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t n,
                     float *out, int read_only, ps_req **out_req) {
   ps_client *c = t->c;
@@ -295,6 +306,7 @@ int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t
   ps__key_split(kp, n, (uint32_t)nps, tp->first);
   ps__key_layout(kp, n, (uint32_t)nps, tp->first, tp->done + nps, tp->keys, tp->inv, NULL);
   tp->per_frame = tpull_per_frame(c, tp, nps);
+  if ((tp->in_order = tpull_in_order(tp)) != 0) tp->rows = out;
   tscratch_trim(t, n);
   ps_req *r = ps__req_new(c, PS__REQ_TPULL);
   if (!r) {
@@ -384,7 +396,10 @@ int ps__table_pull_reply(ps_client *c, ps__conn *k, ps_req *r, const Ps__TablePu
   if (k->shm_src && c->num_ps == 1 && oldest == tp->nu) {
     /* The whole pull in one frame in the pull ring: its rows go straight
      * into the caller's order, one copy. */
-    tpull_scatter(tp, (const float *)(const void *)k->shm_src);
+    if (tp->in_order)
+      memcpy(tp->out, k->shm_src, (size_t)want);
+    else
+      tpull_scatter(tp, (const float *)(const void *)k->shm_src);
     tp->direct = 1;
     return 1;
   }
@@ -424,7 +439,8 @@ void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
       ps__req_fail(c, r, PS_ENOMEM, e);
       return;
     }
-    if (r->pending == 1 && !tp->direct) tpull_scatter(tp, tp->rows); /* this was the last reply */
+    if (r->pending == 1 && !tp->direct && !tp->in_order)
+      tpull_scatter(tp, tp->rows); /* this was the last reply */
     if (r->pending == 1) tpull_kept(tp, r);
   }
   ps__req_answered(c, r, p, 1);
