@@ -64,6 +64,8 @@ int ps__grow_all(const ps__array *a, size_t n, size_t *cap, size_t need);
  * copying a 16-float row, once per key. */
 static inline void ps__copy_row(void *restrict dst, const void *restrict src, size_t n) {
   switch (n) {
+    case 1: __builtin_memcpy(dst, src, 1 * sizeof(float)); return;
+    case 2: __builtin_memcpy(dst, src, 2 * sizeof(float)); return;
     case 4: __builtin_memcpy(dst, src, 4 * sizeof(float)); return;
     case 8: __builtin_memcpy(dst, src, 8 * sizeof(float)); return;
     case 16: __builtin_memcpy(dst, src, 16 * sizeof(float)); return;

@@ -360,6 +360,29 @@ START_TEST(duplicate_gradients_summed) {
   for (int i = 0; i < U * 2; i++)
     ck_assert_msg(mo[i] == 2 * want[i], "row %d element %d: %g, want %g", i / 2, i % 2,
                   (double)mo[i], (double)(2 * want[i]));
+  /* Ascending runs (their rows copied as blocks), broken by a repeated
+   * key, a descent and the other ps's keys: each row still its own sum. */
+  enum { R = 64, RN = R + 3 };
+  uint64_t rk[RN], ru[R];
+  float rg[RN * 2], rwant[R * 2] = {0}, ro[R * 2];
+  for (int u = 0; u < R; u++) ru[u] = 1000 + (uint64_t)u;
+  for (int i = 0; i < RN; i++) {
+    int u = i < 40 ? i : i == 40 ? 20 : i < 50 ? 90 - i : i - 3; /* 20 twice; 41..49 down */
+    rk[i] = ru[u];
+    rg[2 * i] = (float)(i + 1);
+    rg[2 * i + 1] = -(float)(i % 7);
+    rwant[2 * u] -= rg[2 * i];
+    rwant[2 * u + 1] -= rg[2 * i + 1];
+  }
+  ps_table *rt = create_ok(c, "runs", &g);
+  ck_assert_int_eq(ps_table_pull(rt, 0, ru, R, ro, 0, NULL), 0); /* stores them */
+  ck_assert_int_eq(ps_table_push_async(rt, 0, rk, RN, rg, &pr), 0);
+  ck_assert_msg(ps_req_wait(pr, -1, NULL) == 0, "%s", ps_client_errmsg(c));
+  ps_req_destroy(pr);
+  ck_assert_int_eq(ps_table_pull(rt, 1, ru, R, ro, PS_TABLE_READ_ONLY, NULL), 0);
+  for (int i = 0; i < R * 2; i++)
+    ck_assert_msg(ro[i] == rwant[i], "run row %d element %d: %g, want %g", i / 2, i % 2,
+                  (double)ro[i], (double)rwant[i]);
   free(mk);
   free(mg);
   free(mo);

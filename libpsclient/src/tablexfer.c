@@ -481,6 +481,18 @@ int ps__tpush_check(ps_table *t, const uint64_t *keys, size_t n) {
   return rc;
 }
 
+/* Keys from grp[g] on (before hi) that are distinct and in the caller's
+ * order, one after another (ascending keys, as torch.unique gives them):
+ * their gradients are one block of the caller's. 0 when g's key has
+ * duplicates. */
+static size_t in_order_run(const ps__kp *kp, size_t n, const size_t *grp, size_t g, size_t hi) {
+  size_t i = grp[g], r = 0;
+  while (g + r < hi && grp[g + r] == i + r && kp[i + r].pos == kp[i].pos + r &&
+         (i + r + 1 >= n || kp[i + r + 1].key != kp[i + r].key))
+    r++;
+  return r;
+}
+
 /* Writes ps p's keys and summed gradients (first[p]..first[p+1] of the
  * grouped layout, grp: their first pairs) into a frame's data d. acc:
  * dim floats of scratch (d need not be aligned). */
@@ -494,6 +506,14 @@ static void push_fill(const ps_table *t, const ps__kp *kp, size_t n, const size_
     uint64_t key = kp[i].key;
     memcpy(d + (g - lo) * sizeof(uint64_t), &key, sizeof key);
     const float *first = grads + kp[i].pos * dim;
+    size_t run = in_order_run(kp, n, grp, g, hi);
+    if (run > 1) { /* distinct keys in the caller's order: their rows at once */
+      for (size_t r = 1; r < run; r++)
+        memcpy(d + (g + r - lo) * sizeof(uint64_t), &kp[i + r].key, sizeof(uint64_t));
+      memcpy(gd + (g - lo) * row, first, run * row);
+      g += run - 1;
+      continue;
+    }
     if (i + 1 >= n || kp[i + 1].key != key) { /* no duplicate: one copy */
       ps__copy_row(gd + (g - lo) * row, first, dim); /* inline: no call per row */
       continue;
