@@ -17,9 +17,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "admin.h"
 #include "client_internal.h" /* one test looks at a connection's reader */
 #include "testutil.h"
+#include "tu_stats.h"
 
 /* ---- helpers -------------------------------------------------------------- */
 
@@ -70,11 +70,7 @@ typedef struct tstats {
 static tstats stats_of(tu_psd *ps, int n, const char *name) {
   tstats s = {0, 0, 0, 0, 0};
   for (int i = 0; i < n; i++) {
-    ps__auth au = {NULL, 0, 0, NULL, 0, 0};
-    Ps__StatsReply *r = NULL;
-    char err[600];
-    int rc = ps__admin_stats(ps[i].addr, &au, 5000, &r, err, sizeof err);
-    ck_assert_msg(rc == 0, "stats of ps %d: %s", i, err);
+    Ps__StatsReply *r = tu_stats(&ps[i]);
     for (size_t j = 0; j < r->n_tables; j++) {
       if (strcmp(r->tables[j]->name, name) != 0) continue;
       s.rows += r->tables[j]->rows;
@@ -995,10 +991,7 @@ START_TEST(bad_configs_are_named) {
   ck_assert_ptr_null(ps_client_table_find(c, "bad"));
   ck_assert_msg(strstr(ps_client_errmsg(c), "no table 'bad'"), "%s", ps_client_errmsg(c));
   /* Nothing reached the server. */
-  Ps__StatsReply *r = NULL;
-  ps__auth au = {NULL, 0, 0, NULL, 0, 0};
-  char err[600];
-  ck_assert_int_eq(ps__admin_stats(ps[0].addr, &au, 5000, &r, err, sizeof err), 0);
+  Ps__StatsReply *r = tu_stats(&ps[0]);
   ck_assert_uint_eq(r->n_tables, 0);
   ps__stats_reply__free_unpacked(r, NULL);
   ps_client_destroy(c);
@@ -1226,16 +1219,8 @@ END_TEST
 
 /* Gradient bytes psd took from worker 0 (its Stats), summed over ps. */
 static uint64_t worker_bytes_in(tu_psd *ps, int n) {
-  uint64_t in = 0;
-  for (int i = 0; i < n; i++) {
-    ps__auth au = {NULL, 0, 0, NULL, 0, 0};
-    Ps__StatsReply *r = NULL;
-    char err[600];
-    ck_assert_msg(ps__admin_stats(ps[i].addr, &au, 5000, &r, err, sizeof err) == 0,
-                  "stats of ps %d: %s", i, err);
-    if (r->n_workers) in += r->workers[0]->bytes_in;
-    ps__stats_reply__free_unpacked(r, NULL);
-  }
+  uint64_t in, out;
+  tu_worker_bytes(ps, n, 0, &in, &out);
   return in;
 }
 

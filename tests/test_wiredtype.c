@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "admin.h"
 #include "testutil.h"
+#include "tu_stats.h"
 #include "wire.h"
 
 #define NPS 2
@@ -81,21 +81,6 @@ static float value(uint64_t *s) {
 }
 
 /* psd's Stats for worker 0 on every ps: gradient and parameter bytes. */
-static void wire_bytes(tu_psd *ps, uint64_t *in, uint64_t *out) {
-  *in = *out = 0;
-  for (int i = 0; i < NPS; i++) {
-    ps__auth au = {NULL, 0, 0, NULL, 0, 0};
-    Ps__StatsReply *r = NULL;
-    char err[600];
-    ck_assert_msg(ps__admin_stats(ps[i].addr, &au, 5000, &r, err, sizeof err) == 0,
-                  "stats of ps %d: %s", i, err);
-    ck_assert_uint_ge(r->n_workers, 1);
-    *in += r->workers[0]->bytes_in;
-    *out += r->workers[0]->bytes_out;
-    ps__stats_reply__free_unpacked(r, NULL);
-  }
-}
-
 /* One run: variables big and small (small's dtypes set per variable when
  * vpush/vpull are not -1) trained STEPS steps by one worker; after every
  * step each variable's data must be exactly the float32 master (updated
@@ -170,7 +155,7 @@ static void train(const run *rn) {
   }
   /* psd counts the bytes that crossed the wire. */
   uint64_t in, out;
-  wire_bytes(ps, &in, &out);
+  tu_worker_bytes(ps, NPS, 0, &in, &out);
   ck_assert_msg(in == want_in && out == want_out,
                 "psd counted %llu gradient and %llu parameter bytes, want %llu and %llu",
                 (unsigned long long)in, (unsigned long long)out, (unsigned long long)want_in,
@@ -276,7 +261,7 @@ START_TEST(env_selects_bf16) {
                   (double)ps_var_data(v)[i]);
   ck_assert(ps_var_data(v)[0] != v0[0]); /* a tie: rounded to even (1.0) */
   uint64_t in, out;
-  wire_bytes(ps, &in, &out);
+  tu_worker_bytes(ps, NPS, 0, &in, &out);
   ck_assert_uint_eq(out, 5 * 2);
   ps_client_destroy(c);
   for (const char *const *e = (const char *const[]){"PS_HOSTS", "PS_WORKER_INDEX",
