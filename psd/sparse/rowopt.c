@@ -95,6 +95,23 @@ static void sgd_row(float *restrict w, const float *restrict g, float s, float l
   for (uint32_t i = 0; i < d; i++) w[i] = w[i] - lr * (s * g[i]);
 }
 
+/* Rows read or updated this many ahead are prefetched (as table.c's). */
+#define ROWOPT_AHEAD 4u
+
+/* sgd_row on rows[0..m) of vals (psd_rowopt_apply_rows). */
+PS__VECTOR_CLONES
+static void sgd_rows(float *vals, uint64_t stride, const uint32_t *rows, size_t m,
+                     const float *restrict g, float s, float lr, uint32_t d) {
+  for (size_t j = 0; j < m; j++) {
+    if (j + ROWOPT_AHEAD < m && rows[j + ROWOPT_AHEAD] != PSD_ROWOPT_NO_ROW)
+      __builtin_prefetch(vals + rows[j + ROWOPT_AHEAD] * stride, 1);
+    if (rows[j] == PSD_ROWOPT_NO_ROW) continue;
+    float *restrict w = vals + rows[j] * stride;
+    const float *restrict gj = g + j * d;
+    for (uint32_t i = 0; i < d; i++) w[i] = w[i] - lr * (s * gj[i]);
+  }
+}
+
 /* a += g*g; w -= lr * g / (sqrt(a) + eps). */
 PS__VECTOR_CLONES
 static void adagrad_row(float *restrict w, float *restrict a, const float *restrict g,
@@ -188,5 +205,21 @@ void psd_rowopt_apply(const psd_rowopt *o, float *w, float *state, const float *
     case PS_TOPT_ADAM: adam_apply(o, w, state, g, scale); break;
     case PS_TOPT_FTRL: ftrl_row(w, state, state + o->dim, g, scale, o, o->dim); break;
     default: break; /* refused by psd_tablespec_check */
+  }
+}
+
+void psd_rowopt_apply_rows(const psd_rowopt *o, float *vals, uint64_t stride,
+                           const uint32_t *rows, size_t m, const float *g, float scale) {
+  const uint32_t d = o->dim;
+  if (o->kind == PS_TOPT_SGD) {
+    sgd_rows(vals, stride, rows, m, g, scale, o->lr, d);
+    return;
+  }
+  for (size_t j = 0; j < m; j++) { /* heavier rules: the call is a small part */
+    if (j + ROWOPT_AHEAD < m && rows[j + ROWOPT_AHEAD] != PSD_ROWOPT_NO_ROW)
+      __builtin_prefetch(vals + rows[j + ROWOPT_AHEAD] * stride, 1);
+    if (rows[j] == PSD_ROWOPT_NO_ROW) continue;
+    float *w = vals + rows[j] * stride;
+    psd_rowopt_apply(o, w, w + d, g + j * d, scale);
   }
 }

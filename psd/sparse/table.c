@@ -27,7 +27,8 @@
 /* No row: the end of the LRU list and of the free list. Row numbers stay
  * below it (capacity <= PSD_TABLE_MAX_ROWS < UINT32_MAX). */
 #define NIL UINT32_MAX
-_Static_assert(NIL == PSD_KINDEX_NONE, "the index and the lists share the no-row value");
+_Static_assert(NIL == PSD_KINDEX_NONE && NIL == PSD_ROWOPT_NO_ROW,
+               "the index, the lists and the rules share the no-row value");
 /* Alignment of the row and accumulator storage: whole cache lines. */
 #define TABLE_ALIGN 64u
 /* Rows (and accumulator slots) of the first block: a table that holds a
@@ -623,13 +624,7 @@ static void rule_part(void *arg, size_t lo, size_t hi) {
       lookup(t, a->keys + b, m, hi - b, a->hint + b, found);
       rows = found;
     }
-    for (size_t j = 0; j < m; j++) {
-      if (j + ROW_AHEAD < m && rows[j + ROW_AHEAD] != NIL)
-        __builtin_prefetch(row_at(t, rows[j + ROW_AHEAD]), 1);
-      if (rows[j] == NIL) continue;
-      float *row = row_at(t, rows[j]);
-      psd_rowopt_apply(&t->opt, row, row + dim, a->grads + (b + j) * dim, a->scale);
-    }
+    psd_rowopt_apply_rows(&t->opt, t->vals, t->stride, rows, m, a->grads + b * dim, a->scale);
   }
 }
 
