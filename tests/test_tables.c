@@ -1166,10 +1166,17 @@ START_TEST(pull_split_into_frames) {
 }
 END_TEST
 
+/* TablePull frames of table pull r in flight to ps p (tablexfer.c). */
+static size_t frames_in_flight(const ps_req *r, int p) {
+  const ps__tpull *tp = r->tp;
+  return (tp->sent[p] - tp->done[p] + tp->per_frame - 1) / tp->per_frame;
+}
+
 /* A pull of more keys per ps than PS__TPULL_MIN_FRAME goes out in
  * pieces, several in flight once the first is answered (tablexfer.c):
  * here 2 ps, the first piece of each parked for step 1 until the push
- * completes it, then the rest pipelined. Every row lands at its caller's
+ * completes it, then the rest pipelined; a pull for a step already named
+ * sends its pieces together. Every row lands at its caller's
  * positions, repeated keys too, exactly (SGD from zeros: -lr * the summed
  * gradient, each a small integer). Over TCP and (2 ps) shared memory. */
 START_TEST(pull_in_pieces_parked_then_pipelined) {
@@ -1192,6 +1199,9 @@ START_TEST(pull_in_pieces_parked_then_pipelined) {
   ck_assert_msg(ps_table_pull(t, 0, keys, N, out, 0, NULL) == 0, "%s", ps_client_errmsg(c));
   ps_req *pull = NULL, *push = NULL;
   ck_assert_int_eq(ps_table_pull_async(t, 1, keys, N, out, 0, &pull), 0);
+  /* It may park (step 1 is not reached): one piece a server goes first. */
+  ck_assert_uint_eq(frames_in_flight(pull, 0), 1);
+  ck_assert_uint_eq(frames_in_flight(pull, 1), 1);
   ck_assert_int_eq(ps_table_push_async(t, 0, keys, N, grads, &push), 0);
   ck_assert_msg(ps_req_wait(push, -1, NULL) == 0, "push: %s", ps_client_errmsg(c));
   uint64_t got = 0;
@@ -1207,6 +1217,14 @@ START_TEST(pull_in_pieces_parked_then_pipelined) {
     }
   ck_assert_msg(bad == 0, "%zu values wrong, the first at key position %zu: %g", bad,
                 first_bad, out[first_bad * D]);
+  /* Step 1 is named now: a pull for it cannot park, and its pieces go
+   * out together (up to the window), not one after another's reply. */
+  ps_req *again = NULL;
+  ck_assert_int_eq(ps_table_pull_async(t, 1, keys, N, out, 0, &again), 0);
+  ck_assert_uint_gt(frames_in_flight(again, 0), 1);
+  ck_assert_uint_gt(frames_in_flight(again, 1), 1);
+  ck_assert_msg(ps_req_wait(again, 30000, NULL) == 0, "%s", ps_client_errmsg(c));
+  ps_req_destroy(again);
   ps_req_destroy(pull);
   ps_req_destroy(push);
   free(keys);
