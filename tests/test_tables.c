@@ -363,7 +363,9 @@ START_TEST(duplicate_gradients_summed) {
   float rg[RN * 2], rwant[R * 2] = {0}, ro[R * 2];
   for (int u = 0; u < R; u++) ru[u] = 1000 + (uint64_t)u;
   for (int i = 0; i < RN; i++) {
-    int u = i < 40 ? i : i == 40 ? 20 : i < 50 ? 90 - i : i - 3; /* 20 twice; 41..49 down */
+    /* 16 twice (it ends a run of ascending keys on its ps); 41..49 down,
+     * then 47..63 up (47, 48, 49 twice); 40 never */
+    int u = i < 40 ? i : i == 40 ? 16 : i < 50 ? 90 - i : i - 3;
     rk[i] = ru[u];
     rg[2 * i] = (float)(i + 1);
     rg[2 * i + 1] = -(float)(i % 7);
@@ -1172,11 +1174,23 @@ static size_t frames_in_flight(const ps_req *r, int p) {
   return (tp->sent[p] - tp->done[p] + tp->per_frame - 1) / tp->per_frame;
 }
 
+/* A key and its index in a test's universe, ordered by key for qsort. */
+typedef struct key_u {
+  uint64_t key;
+  uint32_t u;
+} key_u;
+
+static int key_u_cmp(const void *a, const void *b) {
+  uint64_t x = ((const key_u *)a)->key, y = ((const key_u *)b)->key;
+  return x < y ? -1 : x > y;
+}
+
 /* A pull of more keys per ps than PS__TPULL_MIN_FRAME goes out in
  * pieces, several in flight once the first is answered (tablexfer.c):
  * here 2 ps, the first piece of each parked for step 1 until the push
  * completes it, then the rest pipelined; a pull for a step already named
- * sends its pieces together. Every row lands at its caller's
+ * sends its pieces together; keys grouped as the servers hold them are
+ * read straight into out, from both. Every row lands at its caller's
  * positions, repeated keys too, exactly (SGD from zeros: -lr * the summed
  * gradient, each a small integer). Over TCP and (2 ps) shared memory. */
 START_TEST(pull_in_pieces_parked_then_pipelined) {
@@ -1225,6 +1239,34 @@ START_TEST(pull_in_pieces_parked_then_pipelined) {
   ck_assert_uint_gt(frames_in_flight(again, 1), 1);
   ck_assert_msg(ps_req_wait(again, 30000, NULL) == 0, "%s", ps_client_errmsg(c));
   ps_req_destroy(again);
+  /* The distinct keys grouped as the servers hold them (each server's
+   * ascending): their own order on both servers, so each connection reads
+   * its rows straight into its part of out. */
+  key_u *gk = malloc(U * sizeof *gk);
+  uint64_t *gkeys = malloc(U * sizeof *gkeys);
+  ck_assert(gk && gkeys);
+  size_t m = 0, m0 = 0; /* m0: server 0's */
+  for (uint32_t s = 0; s < 2; s++) {
+    for (uint32_t u = 0; u < U; u++)
+      if (ps__table_shard(ps__mix64(u), 2) == s) gk[m++] = (key_u){ps__mix64(u), u};
+    if (s == 0) m0 = m;
+  }
+  qsort(gk, m0, sizeof *gk, key_u_cmp);
+  qsort(gk + m0, U - m0, sizeof *gk, key_u_cmp);
+  for (size_t i = 0; i < U; i++) gkeys[i] = gk[i].key;
+  ck_assert_int_eq(ps_table_pull_async(t, 1, gkeys, U, out, PS_TABLE_READ_ONLY, &again), 0);
+  ck_assert_msg(again->tp->in_order, "keys in the servers' order not read straight into out");
+  ck_assert_msg(ps_req_wait(again, 30000, NULL) == 0, "%s", ps_client_errmsg(c));
+  ps_req_destroy(again);
+  for (size_t i = 0; i < U; i++)
+    for (int j = 0; j < D; j++) {
+      float times = gk[i].u < N - U ? 2.0f : 1.0f;
+      float want = 0.0f - 0.5f * (times * (float)(gk[i].key % 7 + (uint64_t)j));
+      if (out[i * D + j] != want && !bad++) first_bad = i;
+    }
+  ck_assert_msg(bad == 0, "grouped keys: %zu values wrong, the first at %zu", bad, first_bad);
+  free(gk);
+  free(gkeys);
   ps_req_destroy(pull);
   ps_req_destroy(push);
   free(keys);

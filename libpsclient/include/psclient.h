@@ -554,9 +554,10 @@ PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
 
 /* Asks for the rows of keys[0..n) (any order, duplicates allowed) at a
  * step >= min_step (sync mode: the call waits for the table there; async:
- * the latest rows). out must hold n * dim floats: row i lands at
+ * the latest rows). out must hold n * dim floats: row i is at
  * out + i * dim when the request completes (ps_req_wait), in the caller's
- * order. The library sorts and de-duplicates the keys and sends each ps
+ * order; until it completes, fails or is released, out may be written at
+ * any time the client runs. The library sorts and de-duplicates the keys and sends each ps
  * only its own. Keys with no stored row are created on the way (subject to
  * admission) unless flags has PS_TABLE_READ_ONLY. out and keys must stay
  * valid until the request completes (keys only until this call returns).
@@ -575,7 +576,8 @@ PS_EXTERN uint32_t ps_table_dim(const ps_table *t);
  * counts, so the pull a failed step left waiting never blocks the next).
  * A server's error (PS_ETIMEDOUT, PS_EBUSY, PS_ENOMEM...) fails the request
  * with the server's sentence in ps_client_errmsg; out is then left as it
- * was, but for the rows that arrived straight into it before the error.
+ * was, but for the rows that arrived straight into it before the error (a
+ * pull that fails or times out may leave some rows there).
  * Releasing the request before it completes is safe: rows still
  * arriving are discarded. */
 PS_EXTERN int ps_table_pull_async(ps_table *t, uint64_t min_step, const uint64_t *keys,

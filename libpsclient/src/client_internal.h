@@ -195,7 +195,8 @@ typedef struct ps__kp {
 
 /* A table pull of keys in flight (PS__REQ_TPULL): the caller's keys sorted
  * and de-duplicated, grouped by ps (each ps's keys ascending), the rows
- * read straight into `rows`, scattered into `out` when the last arrives.
+ * read straight into `rows`, scattered into `out` when the last arrives
+ * (rows is out itself when that is their order: in_order).
  * One allocation: the struct, then its arrays. */
 typedef struct ps__tpull {
   size_t bytes;       /* of the whole block (kept for the next pull when
@@ -243,6 +244,8 @@ struct ps_table {
   ps__kp *kp;             /* the last sort's pairs (keysort.c): a push of the
                              keys the step pulled reuses the pull's sort */
   size_t kp_n;            /* pairs in kp (0: none valid) */
+  int kp_ascending;       /* kp's keys came strictly ascending: each pair
+                             is (keys[i], i), every key distinct */
   uint64_t kp_gen;        /* sorts kp has held (a pull in flight notes it) */
   uint64_t kp_pull;       /* 2.10: the pull (request id) whose keys kp holds,
                              done, its keys held by the servers of kept;
@@ -308,9 +311,10 @@ typedef struct ps__conn {
   uint64_t data_req;           /* PullReply being received: request id */
   int data_items;              /* ... and the slices it completes */
   int data_kind;               /* PS__DATA_PULL or PS__DATA_TABLE */
-  int data_own;                /* dst points into the request's own memory
-                                  (a table pull's rows): if the request goes
-                                  away mid-frame, the rest is discarded */
+  int data_own;                /* dst points into a table pull's rows (the
+                                  request's memory, or its caller's out): if
+                                  the request goes away mid-frame, the rest
+                                  is discarded */
   int stopped;                 /* this server wrote the stop checkpoint */
   uint32_t minor;              /* its HelloReply.protocol_minor: what of 2.x it
                                  knows (3: 16-bit wire dtypes) */
@@ -491,8 +495,9 @@ int ps__proto_err(ps_client *c, ps__conn *k, const char *msg);
 
 /* Fills pairs[i] = (keys[i], i) and sorts them by key, equal keys in
  * position order (a stable LSD radix sort, passes over bytes all keys
- * share skipped; tmp: n entries of scratch). */
-void ps__keysort(const uint64_t *keys, size_t n, ps__kp *pairs, ps__kp *tmp);
+ * share skipped; tmp: n entries of scratch). Returns 1 when the keys came
+ * strictly ascending (distinct, and the pairs in place), else 0. */
+int ps__keysort(const uint64_t *keys, size_t n, ps__kp *pairs, ps__kp *tmp);
 /* Counts the distinct keys of sorted pairs[0..n) per ps (ps__table_shard)
  * into first[0..nps] as offsets: ps p's are [first[p], first[p+1]) in the
  * grouped order below. Returns the number of distinct keys. */

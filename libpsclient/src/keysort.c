@@ -18,18 +18,19 @@ static void insertion_sort(ps__kp *a, size_t n) {
   }
 }
 
-void ps__keysort(const uint64_t *keys, size_t n, ps__kp *pairs, ps__kp *tmp) {
+int ps__keysort(const uint64_t *keys, size_t n, ps__kp *pairs, ps__kp *tmp) {
   /* Keys that come sorted (torch.unique's output, ids of a sorted batch)
    * need no pass: noticed while the pairs are written. */
-  size_t descents = 0;
+  size_t descents = 0, ties = 0;
   for (size_t i = 0; i < n; i++) {
     pairs[i] = (ps__kp){keys[i], i};
     descents += i && keys[i] < keys[i - 1];
+    ties += i && keys[i] == keys[i - 1];
   }
-  if (descents == 0) return;
+  if (descents == 0) return ties == 0;
   if (n < PS__KEYSORT_SMALL) {
     insertion_sort(pairs, n); /* stable: equal keys keep their order */
-    return;
+    return 0;
   }
   /* One pass counts every byte position; a byte all keys share needs no
    * pass (small or patterned ids skip most of the eight). */
@@ -53,6 +54,7 @@ void ps__keysort(const uint64_t *keys, size_t n, ps__kp *pairs, ps__kp *tmp) {
     dst = t;
   }
   if (src != pairs) memcpy(pairs, src, n * sizeof *pairs);
+  return 0;
 }
 
 size_t ps__key_split(const ps__kp *pairs, size_t n, uint32_t nps, size_t *first) {

@@ -149,9 +149,9 @@ static ssize_t read_buffered(ps__conn *k) {
 }
 
 int ps__conn_read(ps_client *c, ps__conn *k) {
-  /* A table pull's rows are read into its request's memory: released
-   * since the frame began (only the caller releases, between pumps), the
-   * rest goes to the discard sink. */
+  /* A table pull's rows are read into its request's memory or its
+   * caller's out: released (or failed) since the frame began (only the
+   * caller releases, between pumps), the rest goes to the discard sink. */
   if (k->rstate == PS__RD_DATA && k->data_own && !ps__req_find(c, k->data_req)) {
     ps__data_abandon(c, k);
     if (k->fd < 0) return PS_ENOMEM;

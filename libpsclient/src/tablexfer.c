@@ -2,7 +2,9 @@
  * replies do. Keys go out sorted, de-duplicated and split by the ps that
  * holds them (keysort.c); a pull's rows are read straight into the
  * request's own buffer (reader.c's dst iovecs) and scattered into the
- * caller's order when the last one is in; a push's gradients of duplicate
+ * caller's order when the last one is in, or straight into the caller's
+ * out when that is their order (ascending distinct keys on one ps); a
+ * push's gradients of duplicate
  * keys are summed straight into the frame. Keys and gradients are copied
  * into the output queue (ps__outq_frame_inline), so nothing queued points
  * at memory a request or the caller may free; the one exception, a step's
@@ -85,9 +87,23 @@ static int tsort(ps_table *t, const uint64_t *keys, size_t n) {
   if (ps__grow((void **)&t->kp, &t->kp_cap, want, sizeof *t->kp) ||
       ps__grow((void **)&c->kp_tmp, &c->kp_cap, want, sizeof *c->kp_tmp))
     return ps__seterr(c, PS_ENOMEM, "out of memory sorting %zu keys", n);
-  ps__keysort(keys, n, t->kp, c->kp_tmp);
+  t->kp_ascending = ps__keysort(keys, n, t->kp, c->kp_tmp);
   t->kp_n = n;
   return 0;
+}
+
+/* Whether t's sorted keys (tsort) are laid out in the caller's own order:
+ * strictly ascending, on one ps. Then they need no split, grouping or
+ * scatter: ps 0 takes keys[0..n) as they are (torch.unique's output). */
+static int tin_order(const ps_table *t) { return t->kp_ascending && t->c->num_ps == 1; }
+
+/* ps__key_split of t's n sorted keys into first (nps + 1), in one step
+ * for keys in the caller's order. Returns the distinct keys. */
+static size_t tsplit(const ps_table *t, size_t n, size_t *first) {
+  if (!tin_order(t)) return ps__key_split(t->kp, n, (uint32_t)t->c->num_ps, first);
+  first[0] = 0;
+  first[1] = n;
+  return n;
 }
 
 /* ---- registration ---------------------------------------------------------- */
@@ -288,7 +304,10 @@ int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t
   if (tsort(t, keys, n)) return PS_ENOMEM;
   const ps__kp *kp = t->kp;
   size_t nu = 0;
-  for (size_t i = 0; i < n; i++) nu += i == 0 || kp[i].key != kp[i - 1].key;
+  if (tin_order(t))
+    nu = n;
+  else
+    for (size_t i = 0; i < n; i++) nu += i == 0 || kp[i].key != kp[i - 1].key;
   size_t bytes = tpull_bytes(nps, n, nu, t->cfg.dim);
   ps__tpull *tp = bytes ? tpull_alloc(c, bytes) : NULL;
   if (!tp)
@@ -303,10 +322,16 @@ int ps__tpull_start(ps_table *t, uint64_t min_step, const uint64_t *keys, size_t
   if (!read_only) /* the servers' memory of the last pull goes: a push
                    * prepared already (add_grad before the pull) names none */
     t->kp_pull = t->p_pull = 0;
-  ps__key_split(kp, n, (uint32_t)nps, tp->first);
-  ps__key_layout(kp, n, (uint32_t)nps, tp->first, tp->done + nps, tp->keys, tp->inv, NULL);
+  tsplit(t, n, tp->first);
+  if (tin_order(t)) { /* no grouping: the keys as given (inv unused) */
+    memcpy(tp->keys, keys, n * sizeof *keys);
+    tp->in_order = 1;
+  } else {
+    ps__key_layout(kp, n, (uint32_t)nps, tp->first, tp->done + nps, tp->keys, tp->inv, NULL);
+    tp->in_order = tpull_in_order(tp);
+  }
   tp->per_frame = tpull_per_frame(c, tp, nps);
-  if ((tp->in_order = tpull_in_order(tp)) != 0) tp->rows = out;
+  if (tp->in_order) tp->rows = out;
   tscratch_trim(t, n);
   ps_req *r = ps__req_new(c, PS__REQ_TPULL);
   if (!r) {
@@ -452,7 +477,7 @@ void ps__table_pull_done(ps_client *c, ps__conn *k, ps_req *r) {
  * 0, or PS_ETOOBIG when one ps's would exceed a TablePush. */
 static int push_fits(ps_table *t, size_t n, size_t *first) {
   ps_client *c = t->c;
-  ps__key_split(t->kp, n, (uint32_t)c->num_ps, first);
+  tsplit(t, n, first);
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
   for (int p = 0; p < c->num_ps; p++) {
     uint64_t cnt = first[p + 1] - first[p];
@@ -494,13 +519,19 @@ static size_t in_order_run(const ps__kp *kp, size_t n, const size_t *grp, size_t
 }
 
 /* Writes ps p's keys and summed gradients (first[p]..first[p+1] of the
- * grouped layout, grp: their first pairs) into a frame's data d. acc:
- * dim floats of scratch (d need not be aligned). */
+ * grouped layout, grp: their first pairs; NULL: the keys are in the
+ * caller's order, tin_order) into a frame's data d. acc: dim floats of
+ * scratch (d need not be aligned). */
 static void push_fill(const ps_table *t, const ps__kp *kp, size_t n, const size_t *grp,
                       size_t lo, size_t hi, const float *grads, uint8_t *d, float *acc) {
   uint32_t dim = t->cfg.dim;
   size_t row = (size_t)dim * sizeof(float);
   uint8_t *gd = d + (hi - lo) * sizeof(uint64_t);
+  if (!grp) { /* pair g is (key g, position g): one block of gradients */
+    for (size_t g = lo; g < hi; g++) memcpy(d + (g - lo) * sizeof(uint64_t), &kp[g].key, 8);
+    memcpy(gd, grads + lo * dim, (hi - lo) * row);
+    return;
+  }
   for (size_t g = lo; g < hi; g++) {
     size_t i = grp[g];
     uint64_t key = kp[i].key;
@@ -618,9 +649,10 @@ int ps__tpush_prepare(ps_table *t, const uint64_t *keys, size_t n, const float *
     return ps__seterr(c, PS_ENOMEM, "table '%s': out of memory staging %zu gradients",
                       t->name, n);
   }
-  ps__key_layout(t->kp, n, (uint32_t)nps, first, first + nps + 1, NULL, NULL, c->kgrp);
+  const size_t *grp = tin_order(t) ? NULL : c->kgrp;
+  if (grp) ps__key_layout(t->kp, n, (uint32_t)nps, first, first + nps + 1, NULL, NULL, c->kgrp);
   for (size_t p = 0; p < nps; p++)
-    push_fill(t, t->kp, n, c->kgrp, first[p], first[p + 1], grads,
+    push_fill(t, t->kp, n, grp, first[p], first[p + 1], grads,
               t->pheld[p] == PS__HELD_RING ? ps__push_held(&c->conns[p]) : t->pbuf + first[p] * per_key,
               acc);
   free(acc);
@@ -727,7 +759,8 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
   if (!rc && ps__grow((void **)&c->kgrp, &c->kgrp_cap, first[nps] ? first[nps] : 1,
                       sizeof *c->kgrp))
     rc = ps__seterr(c, PS_ENOMEM, "out of memory");
-  if (!rc)
+  const size_t *grp = tin_order(t) ? NULL : c->kgrp;
+  if (!rc && grp)
     ps__key_layout(t->kp, n, (uint32_t)nps, first, first + nps + 1, NULL, NULL, c->kgrp);
   uint64_t per_key = sizeof(uint64_t) + (uint64_t)t->cfg.dim * sizeof(float);
   for (int p = 0; p < c->num_ps && !rc; p++) {
@@ -746,7 +779,7 @@ int ps__tpush_queue(ps_table *t, ps_req *r, uint64_t step, const uint64_t *keys,
                       t->name, cnt);
       break;
     }
-    push_fill(t, t->kp, n, c->kgrp, first[p], first[p + 1], grads, d, acc);
+    push_fill(t, t->kp, n, grp, first[p], first[p + 1], grads, d, acc);
     tpush_sent(t, p);
     ps__req_expect(r, p, 1);
     ps__telem_bytes(&c->telem, p, 0, cnt * per_key);
