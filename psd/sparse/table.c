@@ -553,13 +553,6 @@ static int acc_reserve(psd_table *t, size_t more) {
   return 0;
 }
 
-/* Applies scale * g to stored row r and touches it. */
-static void update_row(psd_table *t, uint32_t r, const float *g, float scale) {
-  float *row = row_at(t, r);
-  psd_rowopt_apply(&t->opt, row, row + t->dim, g, scale);
-  touch(t, r);
-}
-
 /* Sums a batch of a push (rows: their lookups) into the accumulator;
  * returns the keys with no stored row (dropped). */
 static uint64_t accumulate_batch(psd_table *t, const uint64_t *keys, size_t m,
@@ -628,20 +621,28 @@ static void rule_part(void *arg, size_t lo, size_t hi) {
   }
 }
 
-/* After rule_part over a push: its rows touched in key order, as
- * update_row would have; returns the keys with no row (dropped). */
+/* rows[0..m) touched in order (LRU); returns those that are NIL. */
+static uint64_t touch_rows(psd_table *t, const uint32_t *rows, size_t m) {
+  uint64_t nil = 0;
+  for (size_t j = 0; j < m; j++) {
+    if (j + 2 * ROW_AHEAD < m && rows[j + 2 * ROW_AHEAD] != NIL)
+      __builtin_prefetch(&t->meta[rows[j + 2 * ROW_AHEAD]], 1);
+    if (rows[j] == NIL) nil++;
+    else touch(t, rows[j]);
+  }
+  return nil;
+}
+
+/* After rule_part over a push: its rows touched in key order, as a touch
+ * after each row's rule would have; returns the keys with no row
+ * (dropped). */
 static uint64_t touch_pushed(psd_table *t, const uint64_t *keys, size_t n, const uint32_t *hint) {
   uint64_t drops = 0;
   uint32_t rows[LOOKUP_BATCH];
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
     lookup(t, keys + b, m, n - b, hint + b, rows);
-    for (size_t j = 0; j < m; j++) {
-      if (j + 2 * ROW_AHEAD < m && rows[j + 2 * ROW_AHEAD] != NIL)
-        __builtin_prefetch(&t->meta[rows[j + 2 * ROW_AHEAD]], 1);
-      if (rows[j] == NIL) drops++;
-      else touch(t, rows[j]);
-    }
+    drops += touch_rows(t, rows, m);
   }
   return drops;
 }
@@ -665,11 +666,10 @@ static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const f
   for (size_t b = 0; b < n; b += LOOKUP_BATCH) {
     const size_t m = n - b < LOOKUP_BATCH ? n - b : LOOKUP_BATCH;
     lookup(t, keys + b, m, n - b, hint ? hint + b : NULL, rows);
-    for (size_t j = 0; j < m; j++) {
-      if (j + ROW_AHEAD < m) prefetch_row(t, rows[j + ROW_AHEAD]);
-      if (rows[j] == NIL) drops++;
-      else update_row(t, rows[j], grads + (b + j) * t->dim, 1.0f);
-    }
+    /* The batch's rules, then its touches in key order: the same rows and
+     * LRU order as a touch after each rule (a rule moves no row). */
+    psd_rowopt_apply_rows(&t->opt, t->vals, t->stride, rows, m, grads + b * t->dim, 1.0f);
+    drops += touch_rows(t, rows, m);
   }
   return drops;
 }
@@ -677,14 +677,10 @@ static uint64_t apply_push(psd_table *t, const uint64_t *keys, size_t n, const f
 /* Applies the step's sums, scaled, slot by slot, and empties the
  * accumulator. */
 static void apply_acc(psd_table *t, float scale) {
-  if (use_par(t, t->acc_n)) {
-    rule_part_ctx a = {t, NULL, t->acc_rows, t->acc, scale};
-    psd_par_run(t->par, t->acc_n, rule_part, &a);
-    for (uint32_t e = 0; e < t->acc_n; e++) touch(t, t->acc_rows[e]);
-  } else {
-    for (uint32_t e = 0; e < t->acc_n; e++)
-      update_row(t, t->acc_rows[e], t->acc + (size_t)e * t->dim, scale);
-  }
+  rule_part_ctx a = {t, NULL, t->acc_rows, t->acc, scale};
+  if (use_par(t, t->acc_n)) psd_par_run(t->par, t->acc_n, rule_part, &a);
+  else rule_part(&a, 0, t->acc_n);
+  (void)touch_rows(t, t->acc_rows, t->acc_n); /* every slot has its row */
   t->acc_n = 0;
   psd_kindex_clear(&t->acc_index);
 }
